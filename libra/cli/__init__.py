@@ -1,0 +1,64 @@
+"""The `libra` command: parse arguments, call the library, print a table or one JSON object.
+
+Each subcommand lives in its own module with `register(subparsers)` and a `run(args) -> int`.
+Errors the user can fix print one line on stderr and exit 2; nothing prints a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from libra.cli._common import CLIError
+
+_SUBCOMMANDS = ("plan", "trace", "route_eval", "simulate")
+
+
+def _load_subcommand(name: str):
+    import importlib
+
+    try:
+        return importlib.import_module(f"libra.cli.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name == f"libra.cli.{name}":
+            return None
+        raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="libra",
+        description="Resource management for agentic RL post-training: plan GPU splits, route requests, simulate.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _SUBCOMMANDS:
+        module = _load_subcommand(name)
+        if module is not None:
+            module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from libra.spec import SpecError
+    from libra.workloads import TraceError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "run", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.run(args) or 0)
+    except (CLIError, SpecError, TraceError) as exc:
+        print(f"libra: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("libra: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the contract is one line, never a traceback
+        print(f"libra: internal error: {type(exc).__name__}: {exc} (please report it)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

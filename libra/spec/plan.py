@@ -1,0 +1,160 @@
+"""Plans and buckets: the planner's decisions, as values.
+
+A **bucket** is the set of rollout instances of one TP degree plus the range of trajectory lengths it serves;
+its upper end is `max_tokens` (inclusive; `math.inf` for the last bucket).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+
+from libra.spec.errors import SpecError
+
+TP_DEGREES = (1, 2, 4, 8)
+
+
+def _finite_or_inf(value: float) -> float | int | None:
+    return None if math.isinf(value) else value
+
+
+@attrs.frozen(kw_only=True)
+class Bucket:
+    """Instances of degree `tp` serve trajectories whose total length is at most `max_tokens`."""
+
+    tp: int
+    max_tokens: float
+
+    def __attrs_post_init__(self) -> None:
+        if self.tp < 1:
+            raise SpecError(f"Bucket.tp must be >= 1, got {self.tp}")
+        if not self.max_tokens > 0:
+            raise SpecError(f"Bucket.max_tokens must be > 0, got {self.max_tokens}")
+
+
+def parse_buckets(spec: str) -> tuple[Bucket, ...]:
+    """Parse `"1:4000,2:12000,4:30000,8:inf"`: comma-separated `tp:max_tokens`, limits strictly increasing."""
+    if not spec or not spec.strip():
+        raise SpecError("empty bucket spec; expected e.g. '1:4000,2:12000,4:30000,8:inf'")
+    buckets = []
+    for part in spec.split(","):
+        tp_text, sep, limit_text = part.strip().partition(":")
+        if not sep:
+            raise SpecError(f"bucket {part.strip()!r} is not 'tp:max_tokens' (e.g. '2:12000')")
+        try:
+            tp = int(tp_text)
+            limit = math.inf if limit_text.strip().lower() in ("inf", "infinity") else float(limit_text)
+        except ValueError:
+            raise SpecError(f"bucket {part.strip()!r}: tp must be an integer and max_tokens a number or 'inf'") from None
+        buckets.append(Bucket(tp=tp, max_tokens=limit))
+    for a, b in zip(buckets, buckets[1:]):
+        if not b.max_tokens > a.max_tokens:
+            raise SpecError(f"bucket limits must increase: {a.max_tokens:g} then {b.max_tokens:g} in {spec!r}")
+    return tuple(buckets)
+
+
+def format_buckets(buckets: tuple[Bucket, ...]) -> str:
+    return ",".join(f"{b.tp}:{'inf' if math.isinf(b.max_tokens) else int(b.max_tokens)}" for b in buckets)
+
+
+def bucket_index(buckets: tuple[Bucket, ...], length: float) -> int:
+    """Index of the first bucket whose `max_tokens` holds `length`; the last bucket takes the overflow."""
+    for i, b in enumerate(buckets):
+        if length <= b.max_tokens:
+            return i
+    return len(buckets) - 1
+
+
+@attrs.frozen(kw_only=True)
+class TrainConfig:
+    """Training parallelism for `num_gpus = tp * pp * dp * ep`-style layouts (EP re-uses the DP x TP ranks of
+    the expert layers in Megatron; here `ep` divides `dp * tp` and the GPU count is `tp * pp * dp`)."""
+
+    num_gpus: int
+    tp: int
+    pp: int
+    dp: int
+    ep: int = 1
+    micro_batch: int = 1
+    time_s: float = 0.0
+    memory_gb: float = 0.0
+
+    def __attrs_post_init__(self) -> None:
+        if self.tp * self.pp * self.dp != self.num_gpus:
+            raise SpecError(
+                f"tp({self.tp}) * pp({self.pp}) * dp({self.dp}) != num_gpus({self.num_gpus}) in TrainConfig"
+            )
+        if (self.dp * self.tp) % self.ep:
+            raise SpecError(f"ep({self.ep}) must divide dp({self.dp}) * tp({self.tp}) in TrainConfig")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gpus": self.num_gpus, "tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep,
+                "micro_batch": self.micro_batch, "time_s": self.time_s}
+
+
+@attrs.frozen(kw_only=True)
+class InstanceGroup:
+    """`count` instances of degree `tp` that serve lengths in (`min_tokens`, `max_tokens`]."""
+
+    tp: int
+    count: int
+    max_tokens: float
+    min_tokens: float = 0.0
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.count
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tp": self.tp, "count": self.count, "max_tokens": _finite_or_inf(self.max_tokens)}
+
+
+@attrs.frozen(kw_only=True)
+class RolloutConfig:
+    num_gpus: int
+    time_s: float
+    instances: tuple[InstanceGroup, ...]
+
+    def __attrs_post_init__(self) -> None:
+        used = sum(g.num_gpus for g in self.instances)
+        if used > self.num_gpus:
+            raise SpecError(f"rollout instances use {used} GPUs but only {self.num_gpus} are given")
+
+    @property
+    def buckets(self) -> tuple[Bucket, ...]:
+        """One bucket per instance group, in length order; the last one is open-ended."""
+        groups = sorted(self.instances, key=lambda g: g.max_tokens)
+        return tuple(
+            Bucket(tp=g.tp, max_tokens=math.inf if i == len(groups) - 1 else g.max_tokens)
+            for i, g in enumerate(groups)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gpus": self.num_gpus, "time_s": self.time_s, "instances": [g.to_dict() for g in self.instances]}
+
+
+@attrs.frozen(kw_only=True)
+class Plan:
+    """A complete decision for one GPU budget. `lower_bound_s` is the fluid bound: the makespan if training and
+    rollout both scaled perfectly with GPUs, so `makespan_s / lower_bound_s` says how far from ideal a plan is."""
+
+    train: TrainConfig
+    rollout: RolloutConfig
+    makespan_s: float
+    lower_bound_s: float = 0.0
+    solve_time_s: float = 0.0
+
+    @property
+    def num_gpus(self) -> int:
+        return self.train.num_gpus + self.rollout.num_gpus
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "makespan_s": self.makespan_s,
+            "lower_bound_s": self.lower_bound_s,
+            "solve_time_s": self.solve_time_s,
+            "train": self.train.to_dict(),
+            "rollout": self.rollout.to_dict(),
+        }

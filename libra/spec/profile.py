@@ -1,0 +1,107 @@
+"""WorkloadProfile: what the planner needs to know of one step's trajectories.
+
+It keeps a sorted sample of per-trajectory shapes (total length and tokens decoded), plus summary statistics.
+The planner groups the sample into length quantiles, so a profile of 8,192 trajectories costs it little.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+
+from libra.spec.errors import SpecError
+
+
+@attrs.frozen(kw_only=True)
+class LengthGroup:
+    """`count` trajectories with these mean shapes; `max_total` is the longest in the group."""
+
+    count: int
+    mean_total: float
+    mean_gen: float
+    max_total: float
+    mean_turns: float = 1.0
+
+
+@attrs.frozen(kw_only=True)
+class WorkloadProfile:
+    """One step's trajectories. `total_lengths[i]` = prompt + generated + tool tokens of trajectory i and
+    `gen_tokens[i]` its decoded tokens; both sorted by total length. `requests_per_step` is how many trajectories
+    one step generates (the sample may be smaller or larger; the planner scales it)."""
+
+    name: str
+    total_lengths: tuple[float, ...]
+    gen_tokens: tuple[float, ...]
+    turns: tuple[float, ...] = attrs.field(default=())
+    requests_per_step: int = 8192
+    mean_tool_time_s: float = 0.0
+
+    def __attrs_post_init__(self) -> None:
+        if not self.total_lengths:
+            raise SpecError(f"WorkloadProfile {self.name!r} has no trajectories")
+        if len(self.gen_tokens) != len(self.total_lengths):
+            raise SpecError("WorkloadProfile.gen_tokens must have one entry per trajectory")
+        if self.turns and len(self.turns) != len(self.total_lengths):
+            raise SpecError("WorkloadProfile.turns must be empty or have one entry per trajectory")
+        if any(b < a for a, b in zip(self.total_lengths, self.total_lengths[1:])):
+            raise SpecError("WorkloadProfile.total_lengths must be sorted ascending (use WorkloadProfile.build)")
+        if self.requests_per_step < 1:
+            raise SpecError(f"WorkloadProfile.requests_per_step must be >= 1, got {self.requests_per_step}")
+
+    @classmethod
+    def build(cls, *, name: str, shapes: list[tuple[float, float, float]], requests_per_step: int | None = None,
+              mean_tool_time_s: float = 0.0) -> WorkloadProfile:
+        """From unsorted `(total_tokens, gen_tokens, turns)` triples."""
+        if not shapes:
+            raise SpecError(f"WorkloadProfile {name!r} has no trajectories")
+        shapes = sorted(shapes)
+        return cls(name=name, total_lengths=tuple(float(s[0]) for s in shapes),
+                   gen_tokens=tuple(float(s[1]) for s in shapes), turns=tuple(float(s[2]) for s in shapes),
+                   requests_per_step=requests_per_step or len(shapes), mean_tool_time_s=mean_tool_time_s)
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.total_lengths)
+
+    @property
+    def mean_length(self) -> float:
+        return sum(self.total_lengths) / self.num_samples
+
+    @property
+    def total_tokens_per_step(self) -> float:
+        return self.mean_length * self.requests_per_step
+
+    def quantile(self, q: float) -> float:
+        if not 0 <= q <= 1:
+            raise SpecError(f"quantile must be in [0, 1], got {q}")
+        idx = min(self.num_samples - 1, max(0, math.ceil(q * self.num_samples) - 1))
+        return self.total_lengths[idx]
+
+    def groups(self, num_groups: int) -> tuple[LengthGroup, ...]:
+        """Split the sorted sample into at most `num_groups` contiguous groups of (nearly) equal count, scaled so
+        that the counts add up to `requests_per_step`."""
+        n = self.num_samples
+        k = max(1, min(num_groups, n))
+        scale = self.requests_per_step / n
+        out = []
+        bounds = [round(i * n / k) for i in range(k + 1)]
+        for lo, hi in zip(bounds, bounds[1:]):
+            if hi <= lo:
+                continue
+            size = hi - lo
+            turns = self.turns[lo:hi] if self.turns else (1.0,) * size
+            out.append(LengthGroup(
+                count=max(1, round(size * scale)) if scale != 1 else size,
+                mean_total=sum(self.total_lengths[lo:hi]) / size,
+                mean_gen=sum(self.gen_tokens[lo:hi]) / size,
+                max_total=self.total_lengths[hi - 1],
+                mean_turns=sum(turns) / size,
+            ))
+        return tuple(out)
+
+    def summary(self) -> dict[str, Any]:
+        return {"name": self.name, "trajectories": self.num_samples, "requests_per_step": self.requests_per_step,
+                "mean_tokens": self.mean_length, "p50_tokens": self.quantile(0.5), "p90_tokens": self.quantile(0.9),
+                "p99_tokens": self.quantile(0.99), "max_tokens": self.total_lengths[-1]}

@@ -1,0 +1,18 @@
+"""Trace schema and loader, workload profiles, and synthetic agentic workload generators."""
+
+from libra.workloads.profile import profile_from_trajectories, profiles_over_steps
+from libra.workloads.trace import (
+    TOOL_STATUSES,
+    TraceError,
+    Trajectory,
+    Turn,
+    group_by_step,
+    iter_trace,
+    load_trace,
+    write_trace,
+)
+
+__all__ = [
+    "TOOL_STATUSES", "TraceError", "Trajectory", "Turn", "group_by_step", "iter_trace", "load_trace",
+    "profile_from_trajectories", "profiles_over_steps", "write_trace",
+]

@@ -1,0 +1,38 @@
+"""Build a WorkloadProfile from trajectories, over a sliding window of recent steps so that drift shows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from libra.spec import SpecError, WorkloadProfile
+from libra.workloads.trace import Trajectory, group_by_step
+
+
+def profile_from_trajectories(trajectories: Sequence[Trajectory], *, name: str = "trace",
+                              window_steps: int | None = None, requests_per_step: int | None = None,
+                              mean_tool_time_s: float = 0.0) -> WorkloadProfile:
+    """Profile of the last `window_steps` steps (all of them when None). Without step labels the file is one step.
+    `requests_per_step` defaults to the mean number of trajectories per step in the window."""
+    if not trajectories:
+        raise SpecError("cannot build a workload profile from zero trajectories")
+    steps = group_by_step(list(trajectories))
+    if window_steps is not None:
+        if window_steps < 1:
+            raise SpecError(f"window_steps must be >= 1, got {window_steps}")
+        steps = steps[-window_steps:]
+    chosen = [t for step in steps for t in step]
+    shapes = [(float(t.total_tokens), float(t.gen_tokens), float(len(t.turns))) for t in chosen]
+    per_step = requests_per_step or max(1, round(len(chosen) / len(steps)))
+    return WorkloadProfile.build(name=name, shapes=shapes, requests_per_step=per_step,
+                                 mean_tool_time_s=mean_tool_time_s)
+
+
+def profiles_over_steps(trajectories: Sequence[Trajectory], *, window_steps: int = 1,
+                        name: str = "trace") -> list[WorkloadProfile]:
+    """One profile per step, each over the `window_steps` steps ending there: the drift of the workload."""
+    steps = group_by_step(list(trajectories))
+    out = []
+    for end in range(1, len(steps) + 1):
+        window = [t for step in steps[max(0, end - window_steps):end] for t in step]
+        out.append(profile_from_trajectories(window, name=f"{name}@{end - 1}"))
+    return out

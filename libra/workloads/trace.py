@@ -1,0 +1,194 @@
+"""The trace schema (DESIGN.md): JSON Lines, one trajectory per line, with a validating loader.
+
+A turn is one generation plus the tool return that goes back into the context. Unknown keys are kept in `extra`.
+A bad line raises `TraceError` naming the file, the line number and the field.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+TOOL_STATUSES = ("ok", "error", "timeout")
+_KNOWN_KEYS = {"prompt_id", "sample", "step", "prompt_tokens", "turns", "reward"}
+_TURN_KEYS = {"gen_tokens", "tool", "tool_status", "tool_tokens"}
+
+
+class TraceError(ValueError):
+    """A trace file (or one of its lines) does not follow the schema."""
+
+    def __init__(self, path: str | Path, line: int | None, field: str | None, message: str) -> None:
+        where = f"{path}" + (f":{line}" if line is not None else "")
+        what = f" field {field!r}:" if field else ""
+        super().__init__(f"{where}:{what} {message}")
+        self.path, self.line, self.field = str(path), line, field
+
+
+@attrs.frozen(kw_only=True)
+class Turn:
+    gen_tokens: int
+    tool: str | None = None
+    tool_status: str | None = None
+    tool_tokens: int = 0
+    extra: dict[str, Any] = attrs.field(factory=dict, eq=False, hash=False)
+
+
+@attrs.frozen(kw_only=True)
+class Trajectory:
+    prompt_id: str
+    prompt_tokens: int
+    turns: tuple[Turn, ...]
+    sample: int | None = None
+    step: int | None = None
+    reward: float | None = None
+    extra: dict[str, Any] = attrs.field(factory=dict, eq=False, hash=False)
+
+    @property
+    def gen_tokens(self) -> int:
+        return sum(t.gen_tokens for t in self.turns)
+
+    @property
+    def tool_tokens(self) -> int:
+        return sum(t.tool_tokens for t in self.turns)
+
+    @property
+    def total_tokens(self) -> int:
+        """prompt_tokens + sum(gen_tokens + tool_tokens)."""
+        return self.prompt_tokens + self.gen_tokens + self.tool_tokens
+
+    @property
+    def num_tool_calls(self) -> int:
+        return sum(1 for t in self.turns if t.tool is not None)
+
+    def context_after(self, num_turns: int) -> int:
+        """Tokens in the context after the first `num_turns` turns (generation and tool return)."""
+        return self.prompt_tokens + sum(t.gen_tokens + t.tool_tokens for t in self.turns[:num_turns])
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"prompt_id": self.prompt_id}
+        if self.sample is not None:
+            out["sample"] = self.sample
+        if self.step is not None:
+            out["step"] = self.step
+        out["prompt_tokens"] = self.prompt_tokens
+        out["turns"] = [
+            {"gen_tokens": t.gen_tokens, "tool": t.tool, "tool_status": t.tool_status, "tool_tokens": t.tool_tokens,
+             **t.extra}
+            for t in self.turns
+        ]
+        if self.reward is not None:
+            out["reward"] = self.reward
+        out.update(self.extra)
+        return out
+
+
+def _int_field(obj: dict, key: str, path: Path, line: int, *, required: bool = True, default: int = 0) -> int:
+    if key not in obj or obj[key] is None:
+        if required:
+            raise TraceError(path, line, key, "missing")
+        return default
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TraceError(path, line, key, f"must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _parse_turn(raw: Any, index: int, path: Path, line: int) -> Turn:
+    name = f"turns[{index}]"
+    if not isinstance(raw, dict):
+        raise TraceError(path, line, name, f"must be an object, got {type(raw).__name__}")
+    gen = _int_field(raw, "gen_tokens", path, line)
+    tool = raw.get("tool")
+    if tool is not None and (not isinstance(tool, str) or not tool):
+        raise TraceError(path, line, f"{name}.tool", f"must be a non-empty string or null, got {tool!r}")
+    status = raw.get("tool_status")
+    if tool is None:
+        if status is not None:
+            raise TraceError(path, line, f"{name}.tool_status", "must be null when tool is null")
+    elif status not in TOOL_STATUSES:
+        raise TraceError(path, line, f"{name}.tool_status", f"must be one of {', '.join(TOOL_STATUSES)}, got {status!r}")
+    tool_tokens = _int_field(raw, "tool_tokens", path, line, required=False)
+    if tool is None and tool_tokens:
+        raise TraceError(path, line, f"{name}.tool_tokens", "must be 0 when tool is null")
+    extra = {k: v for k, v in raw.items() if k not in _TURN_KEYS}
+    return Turn(gen_tokens=gen, tool=tool, tool_status=status, tool_tokens=tool_tokens, extra=extra)
+
+
+def parse_line(text: str, path: Path, line: int) -> Trajectory:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TraceError(path, line, None, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(obj, dict):
+        raise TraceError(path, line, None, "each line must be a JSON object")
+    prompt_id = obj.get("prompt_id")
+    if isinstance(prompt_id, int) and not isinstance(prompt_id, bool):
+        prompt_id = str(prompt_id)
+    if not isinstance(prompt_id, str) or not prompt_id:
+        raise TraceError(path, line, "prompt_id", f"must be a non-empty string, got {prompt_id!r}")
+    prompt_tokens = _int_field(obj, "prompt_tokens", path, line)
+    turns_raw = obj.get("turns")
+    if not isinstance(turns_raw, list) or not turns_raw:
+        raise TraceError(path, line, "turns", "must be a non-empty list of turns")
+    turns = tuple(_parse_turn(t, i, path, line) for i, t in enumerate(turns_raw))
+    for i, t in enumerate(turns[:-1]):
+        if t.tool is None:
+            raise TraceError(path, line, f"turns[{i}].tool", "only the last turn may have no tool call")
+    sample = _int_field(obj, "sample", path, line, required=False, default=-1)
+    step = _int_field(obj, "step", path, line, required=False, default=-1)
+    reward = obj.get("reward")
+    if reward is not None and (isinstance(reward, bool) or not isinstance(reward, int | float)):
+        raise TraceError(path, line, "reward", f"must be a number or null, got {reward!r}")
+    extra = {k: v for k, v in obj.items() if k not in _KNOWN_KEYS}
+    return Trajectory(prompt_id=prompt_id, prompt_tokens=prompt_tokens, turns=turns,
+                      sample=None if sample < 0 else sample, step=None if step < 0 else step,
+                      reward=None if reward is None else float(reward), extra=extra)
+
+
+def iter_trace(path: str | Path) -> Iterator[Trajectory]:
+    """Yield trajectories in file order; blank lines are skipped."""
+    path = Path(path)
+    try:
+        handle = path.open()
+    except OSError as exc:
+        raise TraceError(path, None, None, f"cannot open trace: {exc.strerror}") from None
+    with handle:
+        for number, text in enumerate(handle, start=1):
+            if text.strip():
+                yield parse_line(text, path, number)
+
+
+def load_trace(path: str | Path) -> list[Trajectory]:
+    """All trajectories of a trace file; an empty file is an error."""
+    trajectories = list(iter_trace(path))
+    if not trajectories:
+        raise TraceError(path, None, None, "trace holds no trajectories")
+    return trajectories
+
+
+def write_trace(path: str | Path, trajectories: Iterable[Trajectory]) -> int:
+    """Write trajectories as JSON Lines; returns how many were written."""
+    count = 0
+    with Path(path).open("w") as out:
+        for traj in trajectories:
+            out.write(json.dumps(traj.to_json(), separators=(",", ":")) + "\n")
+            count += 1
+    return count
+
+
+def group_by_step(trajectories: list[Trajectory], *, steps_without_label: int = 1) -> list[list[Trajectory]]:
+    """Trajectories grouped by `step` in ascending order. Without `step` labels, file order is time order: the
+    file is cut into `steps_without_label` consecutive chunks."""
+    if all(t.step is not None for t in trajectories):
+        by_step: dict[int, list[Trajectory]] = {}
+        for t in trajectories:
+            by_step.setdefault(int(t.step), []).append(t)  # type: ignore[arg-type]
+        return [by_step[s] for s in sorted(by_step)]
+    n = len(trajectories)
+    k = max(1, min(steps_without_label, n))
+    bounds = [round(i * n / k) for i in range(k + 1)]
+    return [trajectories[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Install everything the tests need into .venv (idempotent) and run lint, layer checks and the whole test suite.
+# Usage: bash scripts/test.sh [extra pytest args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PIP_CONSTRAINT="$PWD/constraints.txt"   # keeps pip on the CPU torch wheel (no multi-GB CUDA build)
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+. .venv/bin/activate
+if ! python -c "import libra, vllm, deepspeed, megatron.core, ray, pytest" >/dev/null 2>&1 \
+   || [ pyproject.toml -nt .venv/.installed ]; then
+  echo "== installing libra[all] into .venv (about 2 minutes on a fresh machine)" >&2
+  pip install -q --upgrade pip
+  pip install -q -e '.[all]'
+  # PyPI's torchvision/torchaudio are CUDA builds that break vLLM's imports beside the CPU torch.
+  pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  touch .venv/.installed
+fi
+export HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled VLLM_CPU_KVCACHE_SPACE=1 TOKENIZERS_PARALLELISM=false
+echo "== ruff" >&2
+ruff check libra tests benchmarks examples ext
+echo "== import-linter (layer rules of DESIGN.md)" >&2
+lint-imports
+echo "== pytest" >&2
+python -m pytest -q "$@"
