@@ -1,0 +1,110 @@
+"""Seeded synthetic agentic workloads with drift: `search-r1`, `dapo-math`, `r2e-gym`.
+
+A run draws `num_prompts` prompts per step from a data set of `num_dataset_prompts` prompts (an epoch is a seeded
+permutation of it, so prompts recur across steps as in real RL training) and `samples_per_prompt` samples of each.
+Every prompt has latent traits (difficulty, verbosity) that its samples share; tool returns shift, but do not
+fix, how long a trajectory goes on. Lengths drift with the step: `progress = min(1, step / drift_steps)`.
+
+`WorkloadGenerator.step(s)` depends only on (name, seed, sizes, s): any call order gives the same trajectories.
+"""
+
+from __future__ import annotations
+
+import zlib
+from types import ModuleType
+
+import numpy as np
+
+from libra.spec import SpecError
+from libra.workloads.generators import dapo_math, r2e_gym, search_r1
+from libra.workloads.generators._base import PromptPool, cap_lengths, to_trajectories
+from libra.workloads.trace import Trajectory
+
+_MODULES: dict[str, ModuleType] = {m.NAME: m for m in (search_r1, dapo_math, r2e_gym)}
+WORKLOAD_NAMES: tuple[str, ...] = tuple(_MODULES)
+
+__all__ = ["WORKLOAD_NAMES", "WorkloadGenerator", "generate"]
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+class WorkloadGenerator:
+    """Trajectories of one synthetic workload, step by step.
+
+    `num_dataset_prompts` defaults to 4 x `num_prompts` (each prompt comes back about every fourth step).
+    Trajectories are cut at `max_model_len` total tokens. Each tool turn carries `tool_latency_s` in `extra`.
+    """
+
+    def __init__(self, name: str, *, seed: int, num_prompts: int = 64, samples_per_prompt: int = 16,
+                 max_model_len: int = 40960, drift_steps: int = 100, num_dataset_prompts: int | None = None) -> None:
+        if name not in _MODULES:
+            raise SpecError(f"unknown workload {name!r}; expected one of {', '.join(WORKLOAD_NAMES)}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise SpecError(f"seed must be a non-negative integer, got {seed!r}")
+        self.name = name
+        self.seed = seed
+        self.num_prompts = _positive_int("num_prompts", num_prompts)
+        self.samples_per_prompt = _positive_int("samples_per_prompt", samples_per_prompt)
+        self.max_model_len = _positive_int("max_model_len", max_model_len)
+        self.drift_steps = _positive_int("drift_steps", drift_steps)
+        self.num_dataset_prompts = _positive_int(
+            "num_dataset_prompts", 4 * num_prompts if num_dataset_prompts is None else num_dataset_prompts)
+        self._module = _MODULES[name]
+        self._tag = zlib.crc32(name.encode())
+        rng = np.random.default_rng([seed, self._tag, 0])
+        self._pool = PromptPool(prompt_tokens=self._module.prompt_tokens(rng, self.num_dataset_prompts),
+                                traits=rng.standard_normal((self.num_dataset_prompts, self._module.NUM_TRAITS)))
+        self._epochs: dict[int, np.ndarray] = {}
+
+    @property
+    def tools(self) -> tuple[str, ...]:
+        return self._module.TOOLS
+
+    def progress(self, step: int) -> float:
+        """Where `step` lies in the drift: 0 at the start, 1 at `drift_steps` and after."""
+        return min(1.0, step / self.drift_steps)
+
+    def _epoch(self, epoch: int) -> np.ndarray:
+        if epoch not in self._epochs:
+            self._epochs[epoch] = np.random.default_rng([self.seed, self._tag, 2, epoch]).permutation(
+                self.num_dataset_prompts)
+        return self._epochs[epoch]
+
+    def prompt_indices(self, step: int) -> np.ndarray:
+        """Data-set indices of the prompts of `step`: consecutive slices of seeded per-epoch permutations."""
+        start = step * self.num_prompts
+        positions = np.arange(start, start + self.num_prompts)
+        epochs, offsets = np.divmod(positions, self.num_dataset_prompts)
+        return np.array([self._epoch(int(e))[o] for e, o in zip(epochs, offsets)], np.int64)
+
+    def step(self, step: int) -> list[Trajectory]:
+        """All `num_prompts * samples_per_prompt` trajectories of one step, grouped by prompt."""
+        if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+            raise SpecError(f"step must be a non-negative integer, got {step!r}")
+        step = int(step)
+        prompts = np.repeat(self.prompt_indices(step), self.samples_per_prompt)
+        rng = np.random.default_rng([self.seed, self._tag, 1, step])
+        ptoks = self._pool.prompt_tokens[prompts]
+        batch = self._module.simulate(rng, self._pool.traits[prompts], ptoks, self.progress(step))
+        batch = cap_lengths(batch, ptoks, self.max_model_len)
+        ids = [f"{self.name}-p{i}" for i in prompts.tolist()]
+        samples = np.tile(np.arange(self.samples_per_prompt), self.num_prompts)
+        return to_trajectories(batch, tool_names=self._module.TOOLS, prompt_ids=ids, prompt_tokens=ptoks,
+                               samples=samples, step=step)
+
+
+def generate(name: str, *, num_steps: int, seed: int, num_prompts: int = 64, samples_per_prompt: int = 16,
+             start_step: int = 0, **kw) -> list[Trajectory]:
+    """Trajectories of steps `start_step .. start_step + num_steps - 1`, in step order."""
+    _positive_int("num_steps", num_steps)
+    if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+        raise SpecError(f"start_step must be a non-negative integer, got {start_step!r}")
+    gen = WorkloadGenerator(name, seed=seed, num_prompts=num_prompts, samples_per_prompt=samples_per_prompt, **kw)
+    out: list[Trajectory] = []
+    for s in range(start_step, start_step + num_steps):
+        out.extend(gen.step(s))
+    return out
