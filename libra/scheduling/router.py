@@ -1,0 +1,200 @@
+"""The router contract: requests in, `RouteDecision` values out.
+
+A rollout loop (the simulator, the vLLM adapter, any RL framework) calls, per request:
+`admit` once, then `on_progress` as the generation grows and `on_tool_return` after each tool call, in any
+interleaving with other requests, then `finish` once with the finished trajectory. At a step boundary it calls
+`end_step()`, which is the only place a router learns from finished trajectories; routing within step s therefore
+uses only trajectories finished in earlier steps. Each call returns a decision (except `finish`/`end_step`): the
+bucket the request should be in now and, if that differs from where it was, a migration whose cost is the
+context already in KV cache (`migrated_tokens`) that the destination must re-prefill or receive.
+
+Buckets are indices into the `buckets` tuple given at construction (`Bucket(tp, max_tokens)`, limits ascending).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import attrs
+
+from libra.spec import Bucket, SpecError
+from libra.workloads.trace import Trajectory
+
+
+@attrs.frozen(kw_only=True)
+class RouteDecision:
+    """Where request `request_id` should run now. `migrate` is True when `bucket != from_bucket`; then
+    `migrated_tokens` is the context the move carries. `reason` is a short tag (admit, stay, tool-return, overflow,
+    promote, predicted) for logs and tests."""
+
+    request_id: Any
+    bucket: int
+    migrate: bool
+    from_bucket: int | None
+    migrated_tokens: int
+    reason: str
+
+
+class Request:
+    """What a router remembers about one request in flight (mutable, private to the router)."""
+
+    __slots__ = ("request_id", "prompt_id", "prompt_tokens", "final_tokens", "bucket", "context", "tool_tokens",
+                 "migrations", "state")
+
+    def __init__(self, request_id: Any, prompt_id: str, prompt_tokens: int, final_tokens: int | None,
+                 bucket: int) -> None:
+        self.request_id = request_id
+        self.prompt_id = prompt_id
+        self.prompt_tokens = prompt_tokens
+        self.final_tokens = final_tokens
+        self.bucket = bucket
+        self.context = prompt_tokens
+        self.tool_tokens = 0
+        self.migrations = 0
+        self.state: Any = None  # per-policy scratch
+
+
+def _check_count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SpecError(f"{name} must be a non-negative integer, got {value!r}")
+    return value
+
+
+class Router(ABC):
+    """Base class of every routing policy. Subclasses implement `_admit` (and may override `_tool_return`,
+    `_progress`, `_learn`); this class keeps the books: a request is admitted once, finished once, and every
+    decision names an existing bucket."""
+
+    name: ClassVar[str] = "router"
+
+    def __init__(self, buckets: Sequence[Bucket]) -> None:
+        buckets = tuple(buckets)
+        if not buckets or not all(isinstance(b, Bucket) for b in buckets):
+            raise SpecError("a router needs at least one Bucket (see libra.spec.parse_buckets)")
+        if any(b.max_tokens <= a.max_tokens for a, b in zip(buckets, buckets[1:])):
+            raise SpecError("bucket limits must increase strictly")
+        self.buckets = buckets
+        self.limits = tuple(b.max_tokens for b in buckets)
+        self._requests: dict[Any, Request] = {}
+        self._finished: list[Trajectory] = []
+
+    # -- the contract --------------------------------------------------------------------------------------------
+    def admit(self, request_id: Any, *, prompt_id: str, prompt_tokens: int,
+              final_tokens: int | None = None) -> RouteDecision:
+        """Place a new request. `final_tokens` (the true final length) is read only by the `oracle` policy."""
+        if request_id in self._requests:
+            raise SpecError(f"request {request_id!r} is already admitted (a request is routed once)")
+        _check_count("prompt_tokens", prompt_tokens)
+        req = Request(request_id, str(prompt_id), prompt_tokens, final_tokens, 0)
+        req.bucket = self._admit(req)
+        self._requests[request_id] = req
+        return RouteDecision(request_id=request_id, bucket=req.bucket, migrate=False, from_bucket=None,
+                             migrated_tokens=0, reason="admit")
+
+    def on_tool_return(self, request_id: Any, *, tool: str, tool_tokens: int, status: str,
+                       context_tokens: int) -> RouteDecision:
+        """A tool call of the request returned `tool_tokens` tokens with `status` (ok/error/timeout);
+        `context_tokens` is the context including that return. A migration here carries the context already in KV
+        cache, `context_tokens - tool_tokens`: the tool return is prefilled at the destination either way."""
+        req = self._get(request_id)
+        _check_count("tool_tokens", tool_tokens)
+        _check_count("context_tokens", context_tokens)
+        req.context = context_tokens
+        req.tool_tokens += tool_tokens
+        target, reason = self._tool_return(req, tool, tool_tokens, status)
+        return self._move(req, target, context_tokens - tool_tokens, reason)
+
+    def on_progress(self, request_id: Any, *, context_tokens: int) -> RouteDecision:
+        """The request's generation has grown its context to `context_tokens`."""
+        req = self._get(request_id)
+        _check_count("context_tokens", context_tokens)
+        req.context = context_tokens
+        target, reason = self._progress(req)
+        return self._move(req, target, context_tokens, reason)
+
+    def finish(self, request_id: Any, trajectory: Trajectory) -> None:
+        """The request is done; its trajectory is kept for `end_step`. Finishing twice is an error."""
+        self._get(request_id)
+        del self._requests[request_id]
+        self._finished.append(trajectory)
+
+    def end_step(self) -> None:
+        """Step boundary: learn from the trajectories finished since the last boundary."""
+        finished, self._finished = self._finished, []
+        self._learn(finished)
+
+    # -- introspection -------------------------------------------------------------------------------------------
+    @property
+    def num_active(self) -> int:
+        return len(self._requests)
+
+    def bucket_of(self, request_id: Any) -> int:
+        return self._get(request_id).bucket
+
+    def migrations_of(self, request_id: Any) -> int:
+        return self._get(request_id).migrations
+
+    # -- for subclasses ------------------------------------------------------------------------------------------
+    def bucket_for(self, length: float) -> int:
+        """The bucket whose range holds `length` (the last bucket takes the overflow)."""
+        for i, limit in enumerate(self.limits):
+            if length <= limit:
+                return i
+        return len(self.limits) - 1
+
+    @abstractmethod
+    def _admit(self, req: Request) -> int:
+        """The bucket a new request starts in."""
+
+    def _tool_return(self, req: Request, tool: str, tool_tokens: int, status: str) -> tuple[int, str]:
+        return req.bucket, "stay"
+
+    def _progress(self, req: Request) -> tuple[int, str]:
+        return req.bucket, "stay"
+
+    def _learn(self, finished: list[Trajectory]) -> None:
+        """Update from one step's finished trajectories (default: nothing to learn)."""
+        return None
+
+    def _get(self, request_id: Any) -> Request:
+        req = self._requests.get(request_id)
+        if req is None:
+            raise SpecError(f"request {request_id!r} is not in flight (never admitted, or already finished)")
+        return req
+
+    def _move(self, req: Request, target: int, carried: int, reason: str) -> RouteDecision:
+        if target == req.bucket:
+            return RouteDecision(request_id=req.request_id, bucket=target, migrate=False, from_bucket=target,
+                                 migrated_tokens=0, reason="stay")
+        source = req.bucket
+        req.bucket = target
+        req.migrations += 1
+        return RouteDecision(request_id=req.request_id, bucket=target, migrate=True, from_bucket=source,
+                             migrated_tokens=max(0, carried), reason=reason)
+
+
+_REGISTRY: dict[str, type[Router]] = {}
+
+
+def register_router(cls: type[Router]) -> type[Router]:
+    """Class decorator: make a policy available to `make_router` under `cls.name`."""
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def router_names() -> tuple[str, ...]:
+    return tuple(_REGISTRY)
+
+
+def make_router(name: str, buckets: Sequence[Bucket], **options: Any) -> Router:
+    """A router by policy name (`cmlfq`, `mlfq`, `predictor`, `oracle`, `fcfs`); options go to its constructor.
+    An unknown name or option raises SpecError."""
+    cls = _REGISTRY.get(name)
+    if cls is None:
+        raise SpecError(f"unknown routing policy {name!r}; expected one of {', '.join(_REGISTRY)}")
+    try:
+        return cls(buckets, **options)
+    except TypeError as exc:
+        raise SpecError(f"policy {name!r}: {exc}") from None

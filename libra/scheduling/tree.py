@@ -1,0 +1,280 @@
+"""The causal prefix tree: remaining-token statistics keyed by prompt id and the ordered tool-return states so far.
+
+A node stands for a point in a trajectory: the root of prompt `p` is "admitted, no tool return yet"; its child for
+state `s1` is "after the first tool return, which was `s1`"; and so on. Each node keeps the remaining tokens (total
+length minus the context at that point) of the last `window` trajectories that passed through it, and from them
+the count, the mean and the P90 (nearest rank). A second, prompt-agnostic tree (all prompts pooled) answers for
+prompts never seen.
+
+Why a bounded window and not a streaming quantile sketch: lengths drift as the policy learns, so old observations
+mislead; the last 200 (the published choice) track the drift, keep memory bounded per node, make merging exact and
+make the statistics reproducible by brute force. docs/routing.md measures window sizes against accuracy.
+
+Memory is bounded by `max_nodes`: after an update, the least useful leaves (oldest last update, then fewest
+observations) are evicted until the tree fits. The prompt-agnostic root is never evicted.
+
+Statistics change only in `update` (called at step end with finished trajectories), never during a step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import attrs
+
+from libra.scheduling.states import DEFAULT_SIZE_EDGES, StateCodec, ToolReturnState
+from libra.spec import SpecError
+from libra.workloads.trace import Trajectory
+
+FORMAT_VERSION = 1
+
+
+class Node:
+    """One prefix-tree node. `count`, `mean`, `p90` describe `window` as of the last update."""
+
+    __slots__ = ("children", "window", "total", "last_step", "count", "mean", "p90")
+
+    def __init__(self) -> None:
+        self.children: dict[int, Node] = {}
+        self.window: list[int] = []
+        self.total = 0  # observations ever recorded (the window keeps the last few)
+        self.last_step = -1
+        self.count = 0
+        self.mean = 0.0
+        self.p90 = 0.0
+
+    def refresh(self, limit: int) -> None:
+        w = self.window
+        if len(w) > limit:
+            del w[: len(w) - limit]
+        n = len(w)
+        self.count = n
+        if n:
+            self.mean = sum(w) / n
+            self.p90 = float(sorted(w)[math.ceil(0.9 * n) - 1])
+
+
+@attrs.frozen(kw_only=True)
+class NodeStats:
+    """Statistics of remaining tokens at one node (a value for callers outside the hot path)."""
+
+    count: int
+    mean: float
+    p90: float
+    total: int
+    last_step: int
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(f"PrefixTree.{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+class PrefixTree:
+    """Prefix trees of remaining tokens, one per prompt plus one prompt-agnostic tree.
+
+    `window`: observations kept per node. `max_nodes`: cap on nodes (both trees together). `max_depth`: tool
+    returns beyond this depth extend no path (the deepest node answers). `codec` classifies tool returns
+    (size-class edges, optional closed tool set).
+    """
+
+    def __init__(self, *, window: int = 200, max_nodes: int = 200_000, max_depth: int = 32,
+                 codec: StateCodec | None = None, size_edges: Sequence[int] = DEFAULT_SIZE_EDGES,
+                 tools: Iterable[str] | None = None) -> None:
+        self.window = _positive_int("window", window)
+        self.max_nodes = _positive_int("max_nodes", max_nodes)
+        self.max_depth = _positive_int("max_depth", max_depth)
+        self.codec = codec if codec is not None else StateCodec(size_edges=tuple(size_edges), tools=tools)
+        self.agnostic = Node()
+        self.prompts: dict[str, Node] = {}
+        self.num_nodes = 1
+        self.steps = 0  # updates applied so far
+        self.evicted = 0
+
+    # -- reading -------------------------------------------------------------------------------------------------
+    def root(self, prompt_id: str | None) -> Node | None:
+        """The root of a prompt's tree (None if unseen); `None` as prompt id means the prompt-agnostic tree."""
+        return self.agnostic if prompt_id is None else self.prompts.get(prompt_id)
+
+    def node(self, prompt_id: str | None, path: Sequence[int]) -> Node | None:
+        """The exact node for a path of state codes, or None."""
+        node = self.root(prompt_id)
+        for code in path[: self.max_depth]:
+            if node is None:
+                return None
+            node = node.children.get(code)
+        return node
+
+    def stats(self, prompt_id: str | None, path: Sequence[int] = ()) -> NodeStats | None:
+        node = self.node(prompt_id, path)
+        if node is None or not node.count:
+            return None
+        return NodeStats(count=node.count, mean=node.mean, p90=node.p90, total=node.total, last_step=node.last_step)
+
+    def iter_nodes(self) -> Iterator[tuple[str | None, tuple[int, ...], Node]]:
+        """Every node as (prompt id or None for the agnostic tree, path of codes, node), depth first."""
+        roots: list[tuple[str | None, Node]] = [(None, self.agnostic), *self.prompts.items()]
+        for prompt_id, root in roots:
+            stack: list[tuple[tuple[int, ...], Node]] = [((), root)]
+            while stack:
+                path, node = stack.pop()
+                yield prompt_id, path, node
+                stack.extend((path + (c,), child) for c, child in node.children.items())
+
+    # -- writing -------------------------------------------------------------------------------------------------
+    def update(self, trajectories: Iterable[Trajectory]) -> None:
+        """Record finished trajectories (one step's worth), refresh the statistics they touched, then evict."""
+        step = self.steps
+        touched: list[Node] = []
+        limit = self.max_depth
+        encode = self.codec.encode
+        batch = list(trajectories)
+        # classify every tool return first, so that a bad one (unknown tool) leaves the tree untouched
+        paths = [[encode(t.tool, t.tool_tokens, t.tool_status) for t in traj.turns[:limit] if t.tool is not None]
+                 for traj in batch]
+        for traj, path in zip(batch, paths):
+            total = traj.total_tokens
+            context = traj.prompt_tokens
+            prompt_root = self.prompts.get(traj.prompt_id)
+            if prompt_root is None:
+                prompt_root = self.prompts[traj.prompt_id] = Node()
+                self.num_nodes += 1
+            nodes = (prompt_root, self.agnostic)
+            turns = traj.turns
+            for depth in range(len(path) + 1):
+                if depth:
+                    turn = turns[depth - 1]
+                    context += turn.gen_tokens + turn.tool_tokens
+                    code = path[depth - 1]
+                    nxt = []
+                    for node in nodes:
+                        child = node.children.get(code)
+                        if child is None:
+                            child = node.children[code] = Node()
+                            self.num_nodes += 1
+                        nxt.append(child)
+                    nodes = nxt
+                remaining = total - context
+                for node in nodes:
+                    if node.last_step != step:
+                        node.last_step = step
+                        touched.append(node)
+                    node.window.append(remaining)
+                    node.total += 1
+        for node in touched:
+            node.refresh(self.window)
+        self.steps += 1
+        if self.num_nodes > self.max_nodes:
+            self._evict(self.num_nodes - self.max_nodes)
+
+    def _evict(self, excess: int) -> None:
+        """Drop the least useful leaves (oldest update, then fewest observations, deepest first) until `excess`
+        nodes are gone; a prompt whose root becomes a leaf may go too. The agnostic root stays."""
+        while excess > 0:
+            leaves: list[tuple[int, int, int, int, dict, object]] = []
+            seq = 0
+            stack: list[tuple[dict, object, Node, int]] = [(self.prompts, pid, n, 0) for pid, n in self.prompts.items()]
+            stack.extend((self.agnostic.children, c, n, 1) for c, n in self.agnostic.children.items())
+            while stack:
+                owner, key, node, depth = stack.pop()
+                if node.children:
+                    stack.extend((node.children, c, ch, depth + 1) for c, ch in node.children.items())
+                else:
+                    seq += 1
+                    leaves.append((node.last_step, node.total, -depth, seq, owner, key))
+            if not leaves:
+                return
+            leaves.sort(key=lambda x: x[:4])
+            for *_, owner, key in leaves[:excess]:
+                del owner[key]  # type: ignore[arg-type]
+            removed = min(excess, len(leaves))
+            self.num_nodes -= removed
+            self.evicted += removed
+            excess -= removed
+
+    # -- serialise, load, merge ----------------------------------------------------------------------------------
+    def _node_to_dict(self, node: Node) -> dict:
+        out: dict = {"w": list(node.window), "n": node.total, "s": node.last_step}
+        if node.children:
+            out["c"] = {self.codec.decode(c).key(): self._node_to_dict(ch) for c, ch in node.children.items()}
+        return out
+
+    def to_dict(self) -> dict:
+        """A JSON-able copy: configuration, both trees, with state codes written as `tool|size_class|status`."""
+        return {"version": FORMAT_VERSION, "window": self.window, "max_nodes": self.max_nodes,
+                "max_depth": self.max_depth, "steps": self.steps, **self.codec.config(),
+                "agnostic": self._node_to_dict(self.agnostic),
+                "prompts": {pid: self._node_to_dict(n) for pid, n in self.prompts.items()}}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), separators=(",", ":")))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> PrefixTree:
+        if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
+            raise SpecError(f"not a prefix tree of format version {FORMAT_VERSION}")
+        try:
+            tree = cls(window=data["window"], max_nodes=data["max_nodes"], max_depth=data["max_depth"],
+                       size_edges=tuple(data["size_edges"]), tools=data["tools"])
+            tree.steps = int(data["steps"])
+            tree._absorb(tree.agnostic, data["agnostic"])
+            for pid, raw in data["prompts"].items():
+                root = tree.prompts[pid] = Node()
+                tree.num_nodes += 1
+                tree._absorb(root, raw)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise SpecError(f"malformed prefix tree: {type(exc).__name__}: {exc}") from None
+        return tree
+
+    @classmethod
+    def load(cls, path: str | Path) -> PrefixTree:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise SpecError(f"cannot read prefix tree {path}: {exc}") from None
+        return cls.from_dict(data)
+
+    def _absorb(self, node: Node, raw: dict) -> None:
+        """Add a serialised subtree's observations to `node` as newer than its own."""
+        node.window.extend(int(x) for x in raw["w"])
+        node.total += int(raw["n"])
+        node.last_step = max(node.last_step, int(raw["s"]))
+        node.refresh(self.window)
+        for key, child_raw in raw.get("c", {}).items():
+            code = self.codec.encode_state(ToolReturnState.from_key(key))
+            child = node.children.get(code)
+            if child is None:
+                child = node.children[code] = Node()
+                self.num_nodes += 1
+            self._absorb(child, child_raw)
+
+    def merge(self, other: PrefixTree) -> None:
+        """Fold another tree in (e.g. one per rollout rank, merged at step end). Its observations count as newer
+        than ours; windows keep the last `window`. Both trees must classify tool returns the same way."""
+        if other.window != self.window or other.codec.config() != self.codec.config():
+            raise SpecError("cannot merge prefix trees with different window or size-class edges or tool sets: "
+                            f"{self.window}/{self.codec.config()} vs {other.window}/{other.codec.config()}")
+        data = other.to_dict()
+        self._absorb(self.agnostic, data["agnostic"])
+        for pid, raw in data["prompts"].items():
+            root = self.prompts.get(pid)
+            if root is None:
+                root = self.prompts[pid] = Node()
+                self.num_nodes += 1
+            self._absorb(root, raw)
+        self.steps = max(self.steps, other.steps)
+        if self.num_nodes > self.max_nodes:
+            self._evict(self.num_nodes - self.max_nodes)
+
+    def memory_bytes(self) -> int:
+        """Approximate bytes held by the nodes (objects, child dicts, windows and their ints)."""
+        total = 0
+        for _, _, node in self.iter_nodes():
+            total += sys.getsizeof(node) + sys.getsizeof(node.children) + sys.getsizeof(node.window)
+            total += sum(sys.getsizeof(x) for x in node.window if x > 256)  # small ints are shared
+        return total
