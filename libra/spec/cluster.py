@@ -56,7 +56,8 @@ class ClusterSpec:
         for node in range(self.num_nodes):
             switch = f"node{node}"
             g.add_node(switch, kind="switch", node=node)
-            g.add_edge(switch, "core", kind="network", bandwidth_gbs=self.gpu.network_bandwidth_gbs * self.gpus_per_node)
+            uplink = self.gpu.network_bandwidth_gbs * self.gpus_per_node
+            g.add_edge(switch, "core", kind="network", bandwidth_gbs=uplink)
             gpus = list(self.gpus_of_node(node))
             for gid in gpus:
                 g.add_node(gid, kind="gpu", node=node)

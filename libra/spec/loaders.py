@@ -33,7 +33,9 @@ def _construct(cls: type, data: dict[str, Any], path: Path) -> Any:
     fields = {f.name for f in attrs.fields(cls)}
     unknown = sorted(set(data) - fields)
     if unknown:
-        raise SpecError(f"{path}: unknown field(s) {', '.join(unknown)} for {cls.__name__}; known: {', '.join(sorted(fields))}")
+        raise SpecError(
+            f"{path}: unknown field(s) {', '.join(unknown)} for {cls.__name__}; known: {', '.join(sorted(fields))}"
+        )
     try:
         return cls(**data)
     except TypeError as exc:

@@ -47,7 +47,9 @@ def parse_buckets(spec: str) -> tuple[Bucket, ...]:
             tp = int(tp_text)
             limit = math.inf if limit_text.strip().lower() in ("inf", "infinity") else float(limit_text)
         except ValueError:
-            raise SpecError(f"bucket {part.strip()!r}: tp must be an integer and max_tokens a number or 'inf'") from None
+            raise SpecError(
+                f"bucket {part.strip()!r}: tp must be an integer and max_tokens a number or 'inf'"
+            ) from None
         buckets.append(Bucket(tp=tp, max_tokens=limit))
     for a, b in zip(buckets, buckets[1:]):
         if not b.max_tokens > a.max_tokens:
@@ -69,8 +71,10 @@ def bucket_index(buckets: tuple[Bucket, ...], length: float) -> int:
 
 @attrs.frozen(kw_only=True)
 class TrainConfig:
-    """Training parallelism for `num_gpus = tp * pp * dp * ep`-style layouts (EP re-uses the DP x TP ranks of
-    the expert layers in Megatron; here `ep` divides `dp * tp` and the GPU count is `tp * pp * dp`)."""
+    """Training parallelism: `num_gpus = tp * pp * dp`. For MoE models the expert layers are split over `ep`
+    ranks taken from the data-parallel ranks (as in Megatron-core), so `ep` divides `dp`; each expert is
+    tensor-parallel over `tp`. `micro_batch` is sequences per micro-batch; `recompute` is full activation
+    recomputation; `memory_gb` is the predicted peak per GPU."""
 
     num_gpus: int
     tp: int
@@ -78,6 +82,7 @@ class TrainConfig:
     dp: int
     ep: int = 1
     micro_batch: int = 1
+    recompute: bool = False
     time_s: float = 0.0
     memory_gb: float = 0.0
 
@@ -86,12 +91,13 @@ class TrainConfig:
             raise SpecError(
                 f"tp({self.tp}) * pp({self.pp}) * dp({self.dp}) != num_gpus({self.num_gpus}) in TrainConfig"
             )
-        if (self.dp * self.tp) % self.ep:
-            raise SpecError(f"ep({self.ep}) must divide dp({self.dp}) * tp({self.tp}) in TrainConfig")
+        if self.dp % self.ep:
+            raise SpecError(f"ep({self.ep}) must divide dp({self.dp}) in TrainConfig")
 
     def to_dict(self) -> dict[str, Any]:
         return {"gpus": self.num_gpus, "tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep,
-                "micro_batch": self.micro_batch, "time_s": self.time_s}
+                "micro_batch": self.micro_batch, "recompute": self.recompute, "time_s": self.time_s,
+                "memory_gb": self.memory_gb}
 
 
 @attrs.frozen(kw_only=True)

@@ -110,7 +110,8 @@ def _parse_turn(raw: Any, index: int, path: Path, line: int) -> Turn:
         if status is not None:
             raise TraceError(path, line, f"{name}.tool_status", "must be null when tool is null")
     elif status not in TOOL_STATUSES:
-        raise TraceError(path, line, f"{name}.tool_status", f"must be one of {', '.join(TOOL_STATUSES)}, got {status!r}")
+        allowed = ", ".join(TOOL_STATUSES)
+        raise TraceError(path, line, f"{name}.tool_status", f"must be one of {allowed}, got {status!r}")
     tool_tokens = _int_field(raw, "tool_tokens", path, line, required=False)
     if tool is None and tool_tokens:
         raise TraceError(path, line, f"{name}.tool_tokens", "must be 0 when tool is null")

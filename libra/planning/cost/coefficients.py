@@ -1,0 +1,40 @@
+"""Coefficients of the cost model: data, not code. `calibrate` fits them to measurements.
+
+The defaults were fitted (with `calibrate`) to the published measurements in shared/PAPER.md for Qwen3-14B on
+A800 (the TP-1 x 8 against TP-8 throughput ratios at 0-2K and 16K-32K tokens, and the growth of rollout and
+training time from 1K to 32K tokens); each number below has a physical meaning and a plausible range.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen(kw_only=True)
+class CostCoefficients:
+    # --- rollout (inference engine) ---------------------------------------------------------------------------
+    gpu_memory_utilization: float = 0.90  # share of GPU memory the engine may use (vLLM's default)
+    activation_reserve_gb: float = 6.0  # per GPU: activations, sampler and CUDA-graph workspace, not KV
+    kv_fill: float = 0.80  # usable share of the KV pool (paging fragmentation, growth headroom, preemption)
+    hbm_efficiency: float = 0.80  # achieved / peak HBM bandwidth for weight and KV reads in decode
+    decode_mfu: float = 0.45  # achieved / peak FLOP/s for decode GEMMs when compute-bound
+    prefill_mfu: float = 0.55  # achieved / peak FLOP/s for prefill
+    kv_headroom_seqs: float = 4.0  # KV kept free for the growth of running sequences, in resident contexts
+    preemption_factor: float = 12.0  # KV-bound decode slows by (1 + factor / B): preemption and re-prefill churn
+    max_num_seqs: int = 512  # engine cap on concurrent sequences per instance
+    step_overhead_s: float = 0.004  # host-side cost of one engine step (scheduling, sampling launch)
+    tp_step_overhead_s: float = 0.005  # extra host/sync cost per step for a multi-GPU (TP > 1) instance
+    per_seq_overhead_s: float = 30e-6  # per sequence per engine step (bookkeeping, detokenisation), one process
+    per_request_overhead_s: float = 0.3  # per request, serial in one engine: admission, tokenising, output, tools I/O
+    allreduce_latency_s: float = 9e-6  # per ring hop of one all-reduce (NCCL small-message latency)
+    link_efficiency: float = 0.70  # achieved / peak NVLink or network bandwidth for collectives
+    # --- training ---------------------------------------------------------------------------------------------
+    train_mfu: float = 0.50  # achieved / peak FLOP/s of training GEMMs at large micro-batches
+    train_attention_efficiency: float = 0.45  # attention kernels relative to GEMM efficiency
+    microbatch_overhead_s: float = 0.0035  # per micro-batch per layer: kernel launches and synchronisation
+    dp_overlap: float = 0.70  # share of the DP gradient all-reduce hidden behind backward
+    optimizer_bytes_per_param: float = 16.0  # fp32 master + Adam m, v read and written per step
+    logprob_forward_passes: int = 1  # extra forward passes per step (old-policy log-probs for GRPO/PPO)
+
+    def replace(self, **changes: float) -> CostCoefficients:
+        return attrs.evolve(self, **changes)

@@ -1,0 +1,114 @@
+"""Rollout cost: how long one inference instance of TP degree `tp` takes to serve a set of requests.
+
+Notation (per instance): W = weight bytes per GPU = weights / tp; k(tp) = KV bytes per token per GPU;
+K = KV capacity in tokens = (util * M - W - reserve) / k(tp); R = mean resident context while decoding,
+weighted by decode tokens (per request: total - gen / 2); B = concurrent sequences
+= min(max_num_seqs, kv_fill * K / R - headroom, requests).
+
+    t_step(B)  = max(mem, compute) + tp_comm + overhead                          (one decode iteration)
+    mem        = (W_active(B) + B * R * k(tp)) / (hbm_bw * hbm_eff)              (memory-bandwidth bound)
+    compute    = B * (2 * active_params + 4 * layers * heads * head_dim * R) / (tp * flops * decode_mfu)
+    tp_comm    = 2 * layers * (2 (tp-1) * latency + 2 (tp-1)/tp * B * hidden * bytes / (nvlink * link_eff))
+    overhead   = step + [tp > 1] * tp_step + per_seq * B
+    T_instance = prefill + max(D / B * t_step(B),  max_gen * t_step(B) + max_turns * tool_latency)
+
+with D the decode tokens of the instance and `prefill` the prompt and tool tokens at prefill speed. The first term
+of the max is the throughput phase, the second the tail: the longest request decodes its tokens one at a time.
+Every function broadcasts over numpy arrays so the rollout DP evaluates whole tables at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from libra.planning.cost.coefficients import CostCoefficients
+from libra.spec import GPUSpec, ModelSpec
+
+
+class RolloutCost:
+    """Rollout side of the cost model for one (GPU, model) pair."""
+
+    def __init__(self, gpu: GPUSpec, model: ModelSpec, coeffs: CostCoefficients) -> None:
+        self.gpu, self.model, self.c = gpu, model, coeffs
+
+    # --- memory -----------------------------------------------------------------------------------------------
+    def kv_capacity_tokens(self, tp: int) -> float:
+        """Tokens of KV cache one instance of degree `tp` holds (0 when the weights leave no room)."""
+        c, m = self.c, self.model
+        free = c.gpu_memory_utilization * self.gpu.memory_bytes - m.weight_bytes / tp - c.activation_reserve_gb * 1e9
+        return max(0.0, free / m.kv_bytes_per_token(tp))
+
+    def fits(self, tp: int, max_total_tokens: float) -> bool:
+        """One instance of degree `tp` can hold a request of `max_total_tokens` tokens."""
+        return self.kv_capacity_tokens(tp) >= max_total_tokens
+
+    def kv_limit(self, tp: int, resident_context):
+        """Sequences the KV pool holds at once, after the headroom kept for their growth."""
+        context = np.maximum(resident_context, 1.0)
+        return np.maximum(1.0, self.c.kv_fill * self.kv_capacity_tokens(tp) / context - self.c.kv_headroom_seqs)
+
+    def concurrency(self, tp: int, resident_context, num_requests):
+        """Concurrent sequences B, limited by the engine cap, the KV pool and the requests available."""
+        kv_limit = self.kv_limit(tp, resident_context)
+        return np.maximum(1.0, np.minimum(np.minimum(self.c.max_num_seqs, kv_limit), num_requests))
+
+    def effective_step_time(self, tp: int, batch, resident_context, num_requests):
+        """Decode step time including preemption churn: when the KV pool, not the engine cap or the supply of
+        requests, bounds the batch, growing sequences evict and re-prefill each other; the waste per step
+        scales like 1 / B (a handful of long sequences thrash; hundreds barely notice)."""
+        kv_limit = self.kv_limit(tp, resident_context)
+        kv_bound = kv_limit < np.minimum(self.c.max_num_seqs, num_requests)
+        churn = np.where(kv_bound, 1.0 + self.c.preemption_factor / batch, 1.0)
+        return self.decode_step_time(tp, batch, resident_context) * churn
+
+    # --- one decode step --------------------------------------------------------------------------------------
+    def decode_step_time(self, tp: int, batch, resident_context):
+        """Seconds for one decode iteration of `batch` sequences with `resident_context` tokens each."""
+        c, m, g = self.c, self.model, self.gpu
+        if m.is_moe:  # a decode step reads only the experts its tokens route to
+            touched = np.minimum(m.num_experts, batch * m.experts_per_token)
+            weights = (m.weight_bytes - m.num_layers * (m.num_experts - touched) * m.expert_params * m.dtype_bytes)
+        else:
+            weights = m.weight_bytes
+        kv_bytes = batch * resident_context * m.kv_bytes_per_token(tp)
+        mem = (weights / tp + kv_bytes) / (g.hbm_bytes_per_s * c.hbm_efficiency)
+        attn_flops = 4.0 * m.num_layers * m.num_heads * m.head_dim * resident_context
+        compute = batch * (2.0 * m.active_params + attn_flops) / (tp * g.flops * c.decode_mfu)
+        overhead = c.step_overhead_s + c.per_seq_overhead_s * batch + (c.tp_step_overhead_s if tp > 1 else 0.0)
+        return np.maximum(mem, compute) + self.tp_comm_time(tp, batch) + overhead
+
+    def tp_comm_time(self, tp: int, tokens):
+        """Two all-reduces of the hidden state per layer for `tokens` tokens inside one NVLink domain."""
+        if tp == 1:
+            return 0.0 * tokens
+        c, m = self.c, self.model
+        volume = 2.0 * (tp - 1) / tp * tokens * m.hidden_size * m.dtype_bytes
+        bandwidth = self.gpu.nvlink_bandwidth_gbs * 1e9 * c.link_efficiency
+        per_allreduce = 2 * (tp - 1) * c.allreduce_latency_s + volume / bandwidth
+        return 2 * m.num_layers * per_allreduce
+
+    # --- prefill ----------------------------------------------------------------------------------------------
+    def prefill_time(self, tp: int, tokens, context=0.0):
+        """Seconds to prefill `tokens` tokens that attend to `context` earlier tokens on average (compute-bound)."""
+        c, m, g = self.c, self.model, self.gpu
+        flops = tokens * (2.0 * m.active_params + 4.0 * m.num_layers * m.num_heads * m.head_dim * context)
+        return flops / (tp * g.flops * c.prefill_mfu) + self.tp_comm_time(tp, tokens)
+
+    # --- a whole instance -------------------------------------------------------------------------------------
+    def instance_time(self, tp: int, *, num_requests, decode_tokens, prefill_tokens, resident_context,
+                      max_gen, max_turns=1.0, tool_latency_s: float = 0.0):
+        """Seconds for one instance to serve `num_requests` requests (totals over the instance), continuous
+        batching; `max_gen` / `max_turns` describe the longest request (the tail)."""
+        batch = self.concurrency(tp, resident_context, num_requests)
+        step = self.effective_step_time(tp, batch, resident_context, num_requests)
+        throughput = decode_tokens / batch * step
+        tail = max_gen * step + max_turns * tool_latency_s
+        prefill = self.prefill_time(tp, prefill_tokens, resident_context / 2.0)
+        return prefill + num_requests * self.c.per_request_overhead_s + np.maximum(throughput, tail)
+
+    def fluid_gpu_seconds(self, tp: int, *, num_requests, decode_tokens, prefill_tokens, resident_context):
+        """GPU-seconds to serve the work at full concurrency with no tail: a lower bound on any real layout."""
+        batch = self.concurrency(tp, resident_context, np.inf)
+        step = self.effective_step_time(tp, batch, resident_context, np.inf)
+        prefill = self.prefill_time(tp, prefill_tokens, resident_context / 2.0)
+        return tp * (decode_tokens / batch * step + prefill + num_requests * self.c.per_request_overhead_s)
