@@ -1,0 +1,223 @@
+// Libra snapshot extension: pack tensors into contiguous byte buckets, unpack them, checksum them (CRC-32, the
+// same polynomial and framing as zlib.crc32, so the pure-Python reference in libra/elastic/pack.py gives the same
+// numbers). The byte layout (which bucket, which offset) is computed in Python and passed in, so both paths write
+// identical bytes: tensor bytes at their offsets, zeros everywhere else.
+//
+// Copies and checksums run in parallel over chunks of at most kChunk bytes (at::parallel_for); the CRC of a bucket
+// is assembled from per-chunk CRCs with crc32_combine (zlib's GF(2) matrix method).
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#ifdef LIBRA_WITH_CUDA
+#include "pack_cuda.h"
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+namespace {
+
+constexpr int64_t kChunk = int64_t(1) << 20;  // 1 MiB: small enough to spread over cores, big enough to amortise
+
+uint32_t g_table[8][256];
+
+struct TableInit {
+  TableInit() {
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      g_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; ++i)
+      for (int t = 1; t < 8; ++t) g_table[t][i] = (g_table[t - 1][i] >> 8) ^ g_table[0][g_table[t - 1][i] & 0xFF];
+  }
+} g_table_init;
+
+// Raw CRC-32 update (no pre/post inversion), slicing-by-8.
+uint32_t crc_update(uint32_t crc, const uint8_t* p, int64_t n) {
+  while (n >= 8) {
+    uint32_t lo, hi;
+    std::memcpy(&lo, p, 4);
+    std::memcpy(&hi, p + 4, 4);
+    lo ^= crc;
+    crc = g_table[7][lo & 0xFF] ^ g_table[6][(lo >> 8) & 0xFF] ^ g_table[5][(lo >> 16) & 0xFF] ^
+          g_table[4][lo >> 24] ^ g_table[3][hi & 0xFF] ^ g_table[2][(hi >> 8) & 0xFF] ^
+          g_table[1][(hi >> 16) & 0xFF] ^ g_table[0][hi >> 24];
+    p += 8;
+    n -= 8;
+  }
+  while (n-- > 0) crc = g_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+  return crc;
+}
+
+uint32_t crc32_plain(const uint8_t* p, int64_t n) { return ~crc_update(0xFFFFFFFFu, p, n); }
+
+uint32_t gf2_times(const uint32_t* mat, uint32_t vec) {
+  uint32_t sum = 0;
+  while (vec) {
+    if (vec & 1) sum ^= *mat;
+    vec >>= 1;
+    ++mat;
+  }
+  return sum;
+}
+
+void gf2_square(uint32_t* square, const uint32_t* mat) {
+  for (int n = 0; n < 32; ++n) square[n] = gf2_times(mat, mat[n]);
+}
+
+// CRC of A||B from crc(A), crc(B) and len(B) (zlib's crc32_combine).
+uint32_t crc32_combine(uint32_t crc1, uint32_t crc2, int64_t len2) {
+  if (len2 <= 0) return crc1;
+  uint32_t even[32], odd[32];
+  odd[0] = 0xEDB88320u;
+  uint32_t row = 1;
+  for (int n = 1; n < 32; ++n) {
+    odd[n] = row;
+    row <<= 1;
+  }
+  gf2_square(even, odd);
+  gf2_square(odd, even);
+  do {
+    gf2_square(even, odd);
+    if (len2 & 1) crc1 = gf2_times(even, crc1);
+    len2 >>= 1;
+    if (len2 == 0) break;
+    gf2_square(odd, even);
+    if (len2 & 1) crc1 = gf2_times(odd, crc1);
+    len2 >>= 1;
+  } while (len2 != 0);
+  return crc1 ^ crc2;
+}
+
+uint32_t crc32_parallel(const uint8_t* p, int64_t n) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  if (chunks <= 1) return crc32_plain(p, n);
+  std::vector<uint32_t> crcs(chunks);
+  at::parallel_for(0, chunks, 1, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      const int64_t off = c * kChunk;
+      crcs[c] = crc32_plain(p + off, std::min(kChunk, n - off));
+    }
+  });
+  uint32_t crc = crcs[0];
+  for (int64_t c = 1; c < chunks; ++c) crc = crc32_combine(crc, crcs[c], std::min(kChunk, n - c * kChunk));
+  return crc;
+}
+
+struct Copy {
+  uint8_t* dst;
+  const uint8_t* src;
+  int64_t n;
+};
+
+void run_copies(const std::vector<Copy>& copies) {
+  at::parallel_for(0, static_cast<int64_t>(copies.size()), 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) std::memcpy(copies[i].dst, copies[i].src, copies[i].n);
+  });
+}
+
+void add_chunked(std::vector<Copy>& copies, uint8_t* dst, const uint8_t* src, int64_t n) {
+  for (int64_t off = 0; off < n; off += kChunk) copies.push_back({dst + off, src + off, std::min(kChunk, n - off)});
+}
+
+void check_layout(size_t num_tensors, const std::vector<int64_t>& slot_bucket, const std::vector<int64_t>& slot_offset) {
+  TORCH_CHECK(slot_bucket.size() == num_tensors && slot_offset.size() == num_tensors,
+              "layout has ", slot_bucket.size(), " bucket ids and ", slot_offset.size(), " offsets for ", num_tensors,
+              " tensors");
+}
+
+int64_t nbytes_of(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+}  // namespace
+
+// Pack CPU tensors into new uint8 buckets of the given sizes; bytes outside every slot are zero.
+std::vector<at::Tensor> pack(const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& bucket_sizes,
+                             const std::vector<int64_t>& slot_bucket, const std::vector<int64_t>& slot_offset) {
+  check_layout(tensors.size(), slot_bucket, slot_offset);
+  std::vector<at::Tensor> buckets;
+  buckets.reserve(bucket_sizes.size());
+  for (int64_t size : bucket_sizes) buckets.push_back(at::empty({size}, at::TensorOptions().dtype(at::kByte)));
+  // Zero only the gaps (padding and tails) so that every byte is defined without a full extra pass.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> used(bucket_sizes.size());
+  std::vector<at::Tensor> keep;  // contiguous copies must outlive the parallel copy
+  std::vector<Copy> copies;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    TORCH_CHECK(t.device().is_cpu(), "pack: tensor ", i, " is on ", t.device(), "; use the CUDA path");
+    at::Tensor c = t.contiguous();
+    keep.push_back(c);
+    const int64_t b = slot_bucket[i], off = slot_offset[i], n = nbytes_of(c);
+    TORCH_CHECK(b >= 0 && b < (int64_t)buckets.size() && off >= 0 && off + n <= bucket_sizes[b], "pack: tensor ", i,
+                " (", n, " bytes) does not fit bucket ", b, " at offset ", off);
+    used[b].push_back({off, off + n});
+    add_chunked(copies, buckets[b].data_ptr<uint8_t>() + off, static_cast<const uint8_t*>(c.data_ptr()), n);
+  }
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    std::sort(used[b].begin(), used[b].end());
+    uint8_t* base = buckets[b].data_ptr<uint8_t>();
+    int64_t cursor = 0;
+    for (auto& r : used[b]) {
+      if (r.first > cursor) std::memset(base + cursor, 0, r.first - cursor);
+      cursor = std::max(cursor, r.second);
+    }
+    if (bucket_sizes[b] > cursor) std::memset(base + cursor, 0, bucket_sizes[b] - cursor);
+  }
+  run_copies(copies);
+  return buckets;
+}
+
+// Copy slot bytes from buckets back into existing contiguous CPU tensors (in place).
+void unpack(const std::vector<at::Tensor>& buckets, const std::vector<at::Tensor>& tensors,
+            const std::vector<int64_t>& slot_bucket, const std::vector<int64_t>& slot_offset) {
+  check_layout(tensors.size(), slot_bucket, slot_offset);
+  std::vector<Copy> copies;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), "unpack: tensor ", i, " must be a contiguous CPU tensor");
+    const int64_t b = slot_bucket[i], off = slot_offset[i], n = nbytes_of(t);
+    TORCH_CHECK(b >= 0 && b < (int64_t)buckets.size(), "unpack: bucket id ", b, " out of range");
+    const at::Tensor& bucket = buckets[b];
+    TORCH_CHECK(bucket.scalar_type() == at::kByte && bucket.is_contiguous() && off + n <= bucket.numel(),
+                "unpack: bucket ", b, " is not a contiguous uint8 tensor holding ", off + n, " bytes");
+    add_chunked(copies, static_cast<uint8_t*>(t.data_ptr()), bucket.data_ptr<uint8_t>() + off, n);
+  }
+  run_copies(copies);
+}
+
+// CRC-32 (zlib.crc32 compatible) of a contiguous CPU tensor's bytes.
+int64_t checksum(const at::Tensor& t) {
+  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), "checksum: need a contiguous CPU tensor");
+  return static_cast<int64_t>(crc32_parallel(static_cast<const uint8_t*>(t.data_ptr()), nbytes_of(t)));
+}
+
+#ifdef LIBRA_WITH_CUDA
+// GPU path: gather CUDA tensors into a device bucket and copy it into a pinned host bucket, both on the current
+// stream (asynchronous: synchronise the stream before reading `host`).
+void pack_cuda_into(const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& slot_offset,
+                    at::Tensor device_bucket, at::Tensor host) {
+  TORCH_CHECK(host.is_pinned(), "pack_cuda_into: host bucket must be pinned");
+  std::vector<libra_copy_op> ops;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    TORCH_CHECK(tensors[i].is_cuda() && tensors[i].is_contiguous(), "pack_cuda_into: tensor ", i, " must be CUDA");
+    ops.push_back({reinterpret_cast<const uint8_t*>(tensors[i].data_ptr()), slot_offset[i], nbytes_of(tensors[i])});
+  }
+  auto stream = at::cuda::getCurrentCUDAStream();
+  C10_CUDA_CHECK(libra_pack_to_host_async(ops.data(), static_cast<int>(ops.size()), device_bucket.data_ptr<uint8_t>(),
+                                          host.data_ptr<uint8_t>(), device_bucket.numel(), stream.stream()));
+}
+#endif
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "Libra snapshot buckets: pack/unpack tensors into contiguous byte buckets and CRC-32 them";
+  m.def("pack", &pack, "pack CPU tensors into uint8 buckets (layout given)");
+  m.def("unpack", &unpack, "unpack uint8 buckets into existing CPU tensors (in place)");
+  m.def("checksum", &checksum, "CRC-32 (zlib-compatible) of a contiguous CPU tensor's bytes");
+#ifdef LIBRA_WITH_CUDA
+  m.def("pack_cuda_into", &pack_cuda_into, "gather CUDA tensors into a device bucket and copy to pinned host (async)");
+#endif
+}

@@ -1,0 +1,327 @@
+"""The core replica's end of the side channel: :class:`CoreExchange`.
+
+A core replica calls :meth:`CoreExchange.begin_step` before computing step ``t`` (it learns its shard of the fixed
+global batch) and :meth:`CoreExchange.reduce` at the gradient hook point, in place of the data-parallel
+all-reduce: reduce receives the contributions of its paired hybrid replicas (with a timeout), adds the real ones
+to its own gradient, all-reduces over the core process group (created once by the caller, never here), divides by
+the number of replicas that contributed real gradients and sends the result back to its hybrids. Then the caller
+runs ``optimizer.step()``.
+
+Joining is non-blocking for the core: at a step boundary it packs a snapshot of version ``t`` (a copy) and a
+background send ships it; meanwhile it keeps the reduced gradients of steps ``t, t+1, ...`` so that the hybrid
+can replay them. A hybrid is attached as a placeholder (contributes nothing, receives the reduced gradient) and
+becomes active only when it holds every reduced gradient up to the previous step, i.e. is bitwise equal to the
+core. Anything wrong with a contribution (timeout, closed peer, bad checksum, wrong step or version, a gradient
+from a placeholder) skips it; failures detach that hybrid; the core step always completes.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable, Sequence
+
+import attrs
+import torch
+
+from libra.elastic.grads import Mode, StepAssignment, flatten, unflatten_into
+from libra.elastic.snapshot import capture
+from libra.elastic.states import JoinEvent, JoinState, Transition, WorkerStates
+from libra.elastic.wire import Kind, Link, LinkError, Message, SendHandle, SideChannelServer, as_bytes
+
+
+@attrs.frozen(kw_only=True)
+class StepRecord:
+    """What one core step did: replicas counted, which hybrids contributed real gradients, time spent waiting."""
+
+    step: int
+    num_replicas: int
+    hybrid_contributors: tuple[str, ...]
+    wait_s: float
+
+
+@attrs.define
+class ExchangeStats:
+    accepted: int = 0
+    placeholders: int = 0
+    skipped: int = 0  # stale step, wrong version, gradient from a placeholder, size/dtype mismatch
+    failures: int = 0
+    leaves: int = 0
+
+
+@attrs.define(eq=False)
+class _Slot:
+    worker: str
+    link: Link
+    state: JoinState
+    snapshot_version: int = -1
+    send: SendHandle | None = None
+    next_replay: int = 0  # first step whose reduced gradient the hybrid has not been sent yet
+    placeholder_steps: int = 0
+    mode: Mode = Mode.PLACEHOLDER
+
+
+class CoreExchange:
+    """Side channel of one core replica (``core_rank`` of ``num_core_replicas`` in ``core_group``)."""
+
+    def __init__(
+        self,
+        *,
+        core_group,
+        core_rank: int,
+        num_core_replicas: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        timeout_s: float,
+        snapshot_timeout_s: float = 60.0,
+        max_catchup_steps: int = 32,
+        min_placeholder_steps: int = 1,
+        server: SideChannelServer | None = None,
+        backend: str = "auto",
+        on_transition: Callable[[Transition], None] | None = None,
+        history: int = 10_000,
+    ) -> None:
+        self._group, self.core_rank, self.num_core = core_group, core_rank, num_core_replicas
+        self._model, self._optimizer = model, optimizer
+        self.timeout_s, self.snapshot_timeout_s = timeout_s, snapshot_timeout_s
+        self.max_catchup_steps, self.min_placeholder_steps = max_catchup_steps, min_placeholder_steps
+        self._server, self._backend, self._on_transition = server, backend, on_transition
+        self.states = WorkerStates()
+        self.stats = ExchangeStats()
+        self.records: collections.deque[StepRecord] = collections.deque(maxlen=history)
+        self._pending: list[Link] = []
+        self._slots: dict[str, _Slot] = {}
+        self._replay: dict[int, torch.Tensor] = {}  # step -> reduced flat gradient, kept while a hybrid needs it
+        self._assignment: StepAssignment | None = None
+
+    # -- membership ---------------------------------------------------------------------------------------------
+
+    def admit(self, link: Link) -> None:
+        """Take a link whose hybrid will send JOIN (TCP links arrive through the server by themselves)."""
+        self._pending.append(link)
+
+    def remove(self, worker: str, *, step: int, why: str) -> None:
+        """Detach ``worker`` now (leave if active, cancel otherwise); it is told with a best-effort LEAVE."""
+        slot = self._slots.pop(worker, None)
+        if slot is None:
+            return
+        event = JoinEvent.LEAVE if slot.state == JoinState.ACTIVE else JoinEvent.CANCEL
+        self._transition(slot, event, step, why)
+        self.stats.leaves += 1
+        try:
+            if slot.send is None or slot.send.done():
+                slot.link.send(Message(kind=Kind.LEAVE, step=step, version=step, info={"why": why}), timeout=1.0)
+        except LinkError:
+            pass
+        self._close(slot)
+
+    def workers(self, state: JoinState | None = None) -> tuple[str, ...]:
+        return tuple(sorted(w for w, s in self._slots.items() if state is None or s.state == state))
+
+    def close(self) -> None:
+        for worker in list(self._slots):
+            self.remove(worker, step=-1, why="exchange closed")
+        for link in self._pending:
+            link.close()
+        self._pending.clear()
+        self._replay.clear()
+
+    # -- the step protocol --------------------------------------------------------------------------------------
+
+    def begin_step(self, step: int) -> StepAssignment:
+        """Admit joiners, serve snapshots, promote caught-up placeholders, agree on membership for ``step``."""
+        if self._server is not None:
+            self._pending.extend(self._server.accept_ready())
+        self._admit_pending(step)
+        self._progress_fetches(step)
+        for slot in self._live():
+            if (
+                slot.state == JoinState.PLACEHOLDER
+                and slot.placeholder_steps >= self.min_placeholder_steps
+                and slot.next_replay == step
+            ):
+                self._transition(slot, JoinEvent.CAUGHT_UP, step, "holds every reduced gradient before this step")
+        active = [s for s in self._live() if s.state == JoinState.ACTIVE]
+        counts = torch.zeros(self.num_core, dtype=torch.int64)
+        counts[self.core_rank] = len(active)
+        torch.distributed.all_reduce(counts, group=self._group)
+        num_replicas = self.num_core + int(counts.sum())
+        first = self.num_core + int(counts[: self.core_rank].sum())
+        index = {s.worker: first + i for i, s in enumerate(active)}
+        for slot in self._live():
+            slot.mode = Mode.ACTIVE if slot.worker in index else Mode.PLACEHOLDER
+            replay = list(range(slot.next_replay, step))
+            info = {
+                "mode": slot.mode.value,
+                "replica_index": index.get(slot.worker, -1),
+                "num_replicas": num_replicas,
+                "replay": replay,
+            }
+            blobs = tuple(as_bytes(self._replay[s]) for s in replay)
+            if self._send(slot, Message(kind=Kind.STEP, step=step, version=step, info=info, blobs=blobs), step):
+                slot.next_replay = step
+        self._prune_replay()
+        self._assignment = StepAssignment(
+            step=step, mode=Mode.ACTIVE, replica_index=self.core_rank, num_replicas=num_replicas
+        )
+        return self._assignment
+
+    def reduce(self, step: int, grads: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+        """Mean over replicas with real gradients, written into ``grads`` (and returned). Call optimizer.step()
+        afterwards. ``grads`` is this replica's gradient for ``step`` (see :mod:`libra.elastic.grads` for order)."""
+        if self._assignment is None or self._assignment.step != step:
+            raise RuntimeError(f"reduce({step}) without begin_step({step})")
+        flat = flatten(grads)
+        count = 1
+        contributors = []
+        waited = 0.0
+        for slot in self._live():
+            start = time.monotonic()
+            msg = self._recv_contribution(slot, step)
+            waited += time.monotonic() - start
+            if msg is None:
+                continue
+            if msg.kind == Kind.PLACEHOLDER:
+                self.stats.placeholders += 1
+                continue
+            expected = flat.numel() * flat.element_size()
+            if (
+                slot.mode != Mode.ACTIVE
+                or msg.version != step
+                or len(msg.blobs) != 1
+                or msg.info.get("dtype") != str(flat.dtype)
+                or msg.blobs[0].numel() != expected
+            ):
+                self.stats.skipped += 1
+                continue
+            flat += msg.blobs[0].view(flat.dtype)
+            count += 1
+            contributors.append(slot.worker)
+            self.stats.accepted += 1
+        total = torch.tensor([count], dtype=torch.int64)
+        torch.distributed.all_reduce(flat, group=self._group)
+        torch.distributed.all_reduce(total, group=self._group)
+        flat.div_(int(total))
+        if any(s.state == JoinState.FETCHING_STATE for s in self._slots.values()):
+            self._replay[step] = flat.clone()
+        for slot in self._live():
+            sent = self._send(slot, Message(kind=Kind.REDUCED, step=step, version=step, blobs=(as_bytes(flat),)), step)
+            if sent:
+                slot.next_replay = step + 1
+                if slot.state == JoinState.PLACEHOLDER:
+                    slot.placeholder_steps += 1
+        unflatten_into(flat, grads)
+        self.records.append(
+            StepRecord(step=step, num_replicas=int(total), hybrid_contributors=tuple(contributors), wait_s=waited)
+        )
+        self._assignment = None
+        return grads
+
+    # -- internals ----------------------------------------------------------------------------------------------
+
+    def _live(self) -> list[_Slot]:
+        """Slots in the step protocol (placeholder or active), in a fixed order."""
+        return [
+            self._slots[w]
+            for w in sorted(self._slots)
+            if self._slots[w].state in (JoinState.PLACEHOLDER, JoinState.ACTIVE)
+        ]
+
+    def _admit_pending(self, step: int) -> None:
+        still = []
+        for link in self._pending:
+            if not link.poll():
+                still.append(link)
+                continue
+            try:
+                msg = link.recv(timeout=self.timeout_s)
+            except LinkError:
+                link.close()
+                continue
+            worker = str(msg.info.get("worker", ""))
+            if msg.kind != Kind.JOIN or not worker or worker in self._slots:
+                link.close()
+                continue
+            slot = _Slot(worker=worker, link=link, state=self.states.state(worker))
+            self._slots[worker] = slot
+            if slot.state == JoinState.FAILED:
+                self._transition(slot, JoinEvent.RECOVER, step, "rejoined after a failure")
+            self._transition(slot, JoinEvent.REQUEST, step, "JOIN received")
+            snap = capture(self._model, self._optimizer, version=step, backend=self._backend)
+            slot.snapshot_version = slot.next_replay = step
+            slot.send = link.send_async(snap.to_message(), timeout=self.snapshot_timeout_s)
+            self._transition(slot, JoinEvent.START_FETCH, step, f"snapshot v{step} ({snap.nbytes} bytes) sending")
+        self._pending = still
+
+    def _progress_fetches(self, step: int) -> None:
+        for slot in [s for s in self._slots.values() if s.state == JoinState.FETCHING_STATE]:
+            assert slot.send is not None
+            if slot.send.error() is not None:
+                self._fail(slot, step, f"snapshot send failed: {slot.send.error()}")
+            elif step - slot.snapshot_version > self.max_catchup_steps:
+                self._fail(slot, step, f"still fetching after {self.max_catchup_steps} steps")
+            elif slot.link.poll():
+                try:
+                    msg = slot.link.recv(timeout=self.timeout_s)
+                except LinkError as exc:
+                    self._fail(slot, step, f"attach: {exc}")
+                    continue
+                if msg.kind != Kind.ATTACH or msg.version != slot.snapshot_version:
+                    self._fail(
+                        slot, step, f"expected ATTACH v{slot.snapshot_version}, got {msg.kind.name} v{msg.version}"
+                    )
+                    continue
+                slot.send.close()
+                slot.send = None
+                self._transition(slot, JoinEvent.RESTORED, step, f"restored snapshot v{msg.version}")
+
+    def _recv_contribution(self, slot: _Slot, step: int) -> Message | None:
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                msg = slot.link.recv(timeout=max(deadline - time.monotonic(), 0.0))
+            except LinkError as exc:
+                self._fail(slot, step, f"no contribution for step {step}: {exc}")
+                return None
+            if msg.kind == Kind.LEAVE:
+                self.remove(slot.worker, step=step, why=f"hybrid left: {msg.info.get('why', '')}")
+                return None
+            if msg.kind in (Kind.GRAD, Kind.PLACEHOLDER) and msg.step < step:
+                self.stats.skipped += 1  # stale: a contribution for a step the core already finished
+                continue
+            if msg.kind not in (Kind.GRAD, Kind.PLACEHOLDER) or msg.step != step:
+                self._fail(slot, step, f"protocol: got {msg.kind.name} for step {msg.step} during step {step}")
+                return None
+            return msg
+
+    def _send(self, slot: _Slot, msg: Message, step: int) -> bool:
+        try:
+            slot.link.send(msg, timeout=self.timeout_s)
+            return True
+        except LinkError as exc:
+            self._fail(slot, step, f"send {msg.kind.name}: {exc}")
+            return False
+
+    def _prune_replay(self) -> None:
+        needed = [s.snapshot_version for s in self._slots.values() if s.state == JoinState.FETCHING_STATE]
+        keep_from = min(needed) if needed else None
+        for s in [s for s in self._replay if keep_from is None or s < keep_from]:
+            del self._replay[s]
+
+    def _fail(self, slot: _Slot, step: int, why: str) -> None:
+        self.stats.failures += 1
+        self._transition(slot, JoinEvent.FAIL, step, why)
+        self._slots.pop(slot.worker, None)
+        self._close(slot)
+
+    def _close(self, slot: _Slot) -> None:
+        slot.link.close()
+        if slot.send is not None:
+            slot.send.close()
+            slot.send = None
+
+    def _transition(self, slot: _Slot, event: JoinEvent, step: int, why: str) -> None:
+        record = self.states.apply(slot.worker, event, step=step, why=why)
+        slot.state = record.dst
+        if self._on_transition is not None:
+            self._on_transition(record)

@@ -1,0 +1,87 @@
+"""Shared values and gradient helpers of the side channel: step assignments, batch shards, flat buckets.
+
+Gradient order everywhere is ``[p.grad for p in model.parameters() if p.requires_grad]``; a flat bucket is their
+concatenation (one dtype).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import StrEnum
+
+import attrs
+import torch
+
+
+class Mode(StrEnum):
+    """What a hybrid replica does in one step: ``ACTIVE`` sends a real gradient, ``PLACEHOLDER`` sends none (the
+    core treats it as exact zeros that are not counted) and still steps with the reduced gradient."""
+
+    ACTIVE = "active"
+    PLACEHOLDER = "placeholder"
+
+
+@attrs.frozen(kw_only=True)
+class StepAssignment:
+    """Membership of one step, agreed by the core before any replica computes: this replica's index among the
+    ``num_replicas`` that contribute real gradients, and its mode. Placeholders get ``replica_index == -1``."""
+
+    step: int
+    mode: Mode
+    replica_index: int
+    num_replicas: int
+
+    def shard(self, global_batch: int) -> slice:
+        """This replica's part of a fixed global batch (see :func:`shard_bounds`); empty for a placeholder."""
+        if self.mode == Mode.PLACEHOLDER:
+            return slice(0, 0)
+        return slice(*shard_bounds(global_batch, self.replica_index, self.num_replicas))
+
+
+def shard_bounds(global_batch: int, index: int, num_replicas: int) -> tuple[int, int]:
+    """[start, stop) of replica ``index`` when ``global_batch`` samples are split over ``num_replicas``.
+
+    Shards differ by at most one sample; the global batch never changes with membership (more replicas, fewer
+    samples each). The mean over replicas equals the global mean exactly when ``num_replicas`` divides the batch.
+    """
+    if not 0 <= index < num_replicas:
+        raise ValueError(f"replica index {index} not in [0, {num_replicas})")
+    if global_batch < num_replicas:
+        raise ValueError(f"global batch {global_batch} is smaller than num_replicas {num_replicas}")
+    base, extra = divmod(global_batch, num_replicas)
+    start = index * base + min(index, extra)
+    return start, start + base + (1 if index < extra else 0)
+
+
+def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def flatten(grads: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One contiguous 1-D copy of the gradients (a single dtype)."""
+    dtypes = {g.dtype for g in grads}
+    if len(dtypes) > 1:
+        raise ValueError(f"gradients mix dtypes {sorted(map(str, dtypes))}; exchange one bucket per dtype")
+    return torch.cat([g.detach().reshape(-1) for g in grads]) if grads else torch.empty(0)
+
+
+def unflatten_into(flat: torch.Tensor, grads: Sequence[torch.Tensor]) -> None:
+    """Copy a flat bucket back into the gradient tensors, in place."""
+    total = sum(g.numel() for g in grads)
+    if flat.numel() != total:
+        raise ValueError(f"flat bucket has {flat.numel()} elements, gradients {total}")
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def set_grads(model: torch.nn.Module, flat: torch.Tensor) -> list[torch.Tensor]:
+    """Make every trainable parameter's ``.grad`` hold its part of ``flat`` (creating zeros where absent)."""
+    params = trainable(model)
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
+    unflatten_into(flat, grads)
+    return grads

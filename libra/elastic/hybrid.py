@@ -1,0 +1,192 @@
+"""The hybrid replica's end of the side channel: :class:`HybridReplica`.
+
+A hybrid worker that the controller borrowed for training runs::
+
+    hybrid = HybridReplica(worker="hybrid-0", model=model, optimizer=optimizer, timeout_s=5.0)
+    hybrid.join(TcpLink.connect(host, port, timeout=5.0))    # JOIN, fetch + restore the snapshot, ATTACH
+    while training:
+        a = hybrid.begin_step()          # waits for the core's STEP; replays missed steps; None once told to leave
+        if a is None: break
+        grads = compute gradients on batch[a.shard(global_batch)] if a.mode == ACTIVE else zeros
+        hybrid.reduce(a.step, grads)     # sends the gradient (or a placeholder), receives the reduced one into grads
+        optimizer.step()
+    hybrid.leave()                       # at once; the worker goes back to rollout
+
+Its state version is the number of optimizer steps its state has taken; it is bitwise equal to the core's at every
+step boundary after the snapshot is restored and the replay is done, because it applies exactly the reduced
+gradients the core applied, with the same optimizer. A placeholder never sends a gradient.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+import torch
+
+from libra.elastic.grads import Mode, StepAssignment, flatten, set_grads, unflatten_into
+from libra.elastic.snapshot import Snapshot, restore
+from libra.elastic.states import JoinEvent, JoinState, WorkerStates
+from libra.elastic.wire import FaultHook, Kind, Link, LinkError, Message, _no_fault, as_bytes
+
+
+class HybridReplica:
+    def __init__(
+        self,
+        *,
+        worker: str,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        timeout_s: float,
+        backend: str = "auto",
+        fault: FaultHook = _no_fault,
+    ) -> None:
+        self.worker, self._model, self._optimizer = worker, model, optimizer
+        self.timeout_s, self._backend, self._fault = timeout_s, backend, fault
+        self.states = WorkerStates(log_limit=10_000)
+        self.version = -1
+        self.mode: Mode | None = None
+        self._link: Link | None = None
+        self._step = -1
+
+    @property
+    def state(self) -> JoinState:
+        return self.states.state(self.worker)
+
+    def join(self, link: Link, *, snapshot_timeout_s: float = 60.0) -> int:
+        """Announce, fetch and restore the core's snapshot, attach. Returns the restored version."""
+        if self.state == JoinState.FAILED:
+            self._event(JoinEvent.RECOVER, "restarting a join")
+        self._link = link
+        self._event(JoinEvent.REQUEST, "joining training")
+        try:
+            link.send(
+                Message(kind=Kind.JOIN, step=-1, version=-1, info={"worker": self.worker}), timeout=self.timeout_s
+            )
+            self._event(JoinEvent.START_FETCH, "JOIN sent")
+            self._fault("fetching")
+            msg = link.recv(timeout=snapshot_timeout_s)
+            snapshot = Snapshot.from_message(msg)
+            self._fault("restoring")
+            restore(snapshot, self._model, self._optimizer, backend=self._backend)
+            self.version = snapshot.version
+            self._event(JoinEvent.RESTORED, f"restored snapshot v{snapshot.version}")
+            link.send(Message(kind=Kind.ATTACH, step=self.version, version=self.version), timeout=self.timeout_s)
+        except Exception as exc:
+            self._die(f"join: {exc}")
+            raise
+        return self.version
+
+    def begin_step(self) -> StepAssignment | None:
+        """Wait for the core's STEP message; replay the reduced gradients it carries; None if told to leave."""
+        link = self._require_link()
+        try:
+            msg = link.recv(timeout=self.timeout_s)
+            if msg.kind == Kind.LEAVE:
+                self._leave_now(f"core detached us: {msg.info.get('why', '')}")
+                return None
+            if msg.kind != Kind.STEP:
+                raise LinkError(f"expected STEP, got {msg.kind.name}")
+            replay = msg.info["replay"]
+            for s, blob in zip(replay, msg.blobs, strict=True):
+                if s != self.version:
+                    raise LinkError(f"replay of step {s} but state is at version {self.version}")
+                self._fault("catchup")
+                grads = set_grads(self._model, blob.view(self._dtype()))
+                del grads
+                self._optimizer.step()
+                self.version += 1
+            if msg.step != self.version:
+                raise LinkError(f"STEP {msg.step} but state is at version {self.version} after replay")
+            mode = Mode(msg.info["mode"])
+            if mode == Mode.ACTIVE and self.state == JoinState.PLACEHOLDER:
+                self._event(JoinEvent.CAUGHT_UP, f"active from step {msg.step}")
+            self.mode, self._step = mode, msg.step
+            return StepAssignment(
+                step=msg.step,
+                mode=mode,
+                replica_index=int(msg.info["replica_index"]),
+                num_replicas=int(msg.info["num_replicas"]),
+            )
+        except Exception as exc:
+            self._die(f"step: {exc}")
+            raise
+
+    def reduce(self, step: int, grads: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+        """Send this step's gradient (placeholder: nothing), receive the reduced gradient into ``grads``.
+        Call ``optimizer.step()`` once afterwards."""
+        link = self._require_link()
+        if step != self._step:
+            raise RuntimeError(f"reduce({step}) but the current step is {self._step}")
+        try:
+            if self.mode == Mode.ACTIVE:
+                flat = flatten(grads)
+                self._fault("active")
+                link.send(
+                    Message(
+                        kind=Kind.GRAD,
+                        step=step,
+                        version=self.version,
+                        info={"dtype": str(flat.dtype)},
+                        blobs=(as_bytes(flat),),
+                    ),
+                    timeout=self.timeout_s,
+                )
+            else:
+                self._fault("placeholder")
+                link.send(Message(kind=Kind.PLACEHOLDER, step=step, version=self.version), timeout=self.timeout_s)
+            msg = link.recv(timeout=self.timeout_s)
+            if msg.kind == Kind.LEAVE:
+                self._leave_now(f"core detached us: {msg.info.get('why', '')}")
+                raise LinkError("detached by the core during the step")
+            if msg.kind != Kind.REDUCED or msg.step != step:
+                raise LinkError(f"expected REDUCED {step}, got {msg.kind.name} {msg.step}")
+            unflatten_into(msg.blobs[0].view(self._dtype()), grads)
+            self.version += 1
+            return grads
+        except Exception as exc:
+            if self._link is not None:
+                self._die(f"reduce: {exc}")
+            raise
+
+    def leave(self, why: str = "released to rollout") -> None:
+        """Leave at once (best-effort LEAVE to the core); the worker is back in rollout."""
+        if self._link is None:
+            return
+        self._fault("leave")
+        with contextlib.suppress(LinkError):
+            self._link.send(
+                Message(kind=Kind.LEAVE, step=self._step, version=self.version, info={"why": why}),
+                timeout=min(self.timeout_s, 1.0),
+            )
+        self._leave_now(why)
+
+    # -- internals ----------------------------------------------------------------------------------------------
+
+    def _dtype(self) -> torch.dtype:
+        return next(p.dtype for p in self._model.parameters() if p.requires_grad)
+
+    def _require_link(self) -> Link:
+        if self._link is None:
+            raise RuntimeError(f"hybrid {self.worker!r} is not in training (state {self.state.value})")
+        return self._link
+
+    def _leave_now(self, why: str) -> None:
+        event = JoinEvent.LEAVE if self.state == JoinState.ACTIVE else JoinEvent.CANCEL
+        if self.state in (JoinState.REQUESTED, JoinState.FETCHING_STATE, JoinState.PLACEHOLDER, JoinState.ACTIVE):
+            self._event(event, why)
+        self._close()
+
+    def _die(self, why: str) -> None:
+        if self.state != JoinState.FAILED:
+            self._event(JoinEvent.FAIL, why)
+        self._close()
+
+    def _close(self) -> None:
+        if self._link is not None:
+            self._link.close()
+            self._link = None
+        self.mode = None
+
+    def _event(self, event: JoinEvent, why: str) -> None:
+        self.states.apply(self.worker, event, step=max(self.version, 0), why=why)

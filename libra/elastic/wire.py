@@ -1,0 +1,392 @@
+"""Side-channel messages and the two transports that carry them.
+
+A :class:`Message` is a kind, a training step, a state version, a small JSON ``info`` dict and a list of byte
+blobs (1-D uint8 CPU tensors; a gradient or a snapshot bucket viewed as bytes). Every blob travels with its
+CRC-32, checked on receipt, so a truncated or corrupted contribution is rejected, never applied.
+
+Transports (both implement :class:`Link`):
+
+- :class:`TcpLink`: a socket on 127.0.0.1 (or any address the caller binds), for hybrid workers that are not in the
+  core's torch.distributed world (a rollout worker started elsewhere). :class:`SideChannelServer` accepts them
+  without a thread: the core polls it at step boundaries.
+- :class:`DistLink`: torch.distributed point-to-point (``isend``/``irecv``) between two ranks of a fixed world,
+  on the default group, never on the core's groups. Note (gloo): a receive that times out tears down that pair's
+  connection, so a timed-out dist link is dead for good; rejoin over TCP or restart the world.
+
+Every blocking call takes a timeout; expiry raises :class:`LinkTimeout`, a closed peer :class:`LinkClosed`, a bad
+checksum or framing :class:`LinkCorrupt` (all are :class:`LinkError`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import select
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Sequence
+from enum import IntEnum
+from typing import Protocol
+
+import attrs
+import torch
+
+from libra.elastic.pack import checksum
+
+_PREFIX = struct.Struct("<4sB3xqqQ")  # magic, kind, step, version, meta length
+_MAGIC = b"LBR1"
+_MAX_META = 16 << 20
+
+
+class Kind(IntEnum):
+    JOIN = 1  # hybrid -> core: hello; info = {"worker": name}
+    SNAPSHOT = 2  # core -> hybrid: versioned model + optimizer state (buckets)
+    ATTACH = 3  # hybrid -> core: snapshot restored at ``version``
+    STEP = 4  # core -> hybrid: step start; info = mode, replica index, num replicas; blobs = catch-up gradients
+    GRAD = 5  # hybrid -> core: a real gradient for ``step`` computed on state ``version``
+    PLACEHOLDER = 6  # hybrid -> core: no gradient this step (exact zeros, not counted)
+    REDUCED = 7  # core -> hybrid: the reduced gradient of ``step``
+    LEAVE = 8  # either way: detach now
+
+
+class LinkError(ConnectionError):
+    """The side channel to one peer failed; the caller drops that peer's contribution."""
+
+
+class LinkTimeout(LinkError):
+    pass
+
+
+class LinkClosed(LinkError):
+    pass
+
+
+class LinkCorrupt(LinkError):
+    pass
+
+
+@attrs.frozen(kw_only=True)
+class Message:
+    kind: Kind
+    step: int
+    version: int
+    info: dict = attrs.field(factory=dict, eq=False)
+    blobs: tuple[torch.Tensor, ...] = attrs.field(default=(), eq=False)
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A 1-D uint8 view of a contiguous CPU tensor (no copy)."""
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def _encode_meta(msg: Message) -> bytes:
+    blobs = [[int(b.numel()), checksum(b)] for b in msg.blobs]
+    return json.dumps({"info": msg.info, "blobs": blobs}, separators=(",", ":")).encode()
+
+
+def _decode_prefix(raw: bytes) -> tuple[Kind, int, int, int]:
+    magic, kind, step, version, meta_len = _PREFIX.unpack(raw)
+    if magic != _MAGIC or meta_len > _MAX_META:
+        raise LinkCorrupt(f"bad frame: magic {magic!r}, meta length {meta_len}")
+    try:
+        return Kind(kind), step, version, meta_len
+    except ValueError:
+        raise LinkCorrupt(f"bad frame: unknown kind {kind}") from None
+
+
+def _check_blob(i: int, blob: torch.Tensor, crc: int) -> None:
+    got = checksum(blob)
+    if got != crc:
+        raise LinkCorrupt(f"blob {i}: checksum {got:#010x} != sent {crc:#010x}")
+
+
+class SendHandle(Protocol):
+    def done(self) -> bool: ...
+    def error(self) -> BaseException | None: ...
+    def close(self) -> None: ...
+
+
+class Link(Protocol):
+    """One side-channel connection to one peer."""
+
+    def send(self, msg: Message, *, timeout: float) -> None: ...
+    def send_async(self, msg: Message, *, timeout: float) -> SendHandle: ...
+    def poll(self) -> bool: ...
+    def recv(self, *, timeout: float) -> Message: ...
+    def close(self) -> None: ...
+
+
+FaultHook = Callable[[str], None]
+
+
+def _no_fault(_: str) -> None:
+    return None
+
+
+# -- TCP ------------------------------------------------------------------------------------------------------
+
+
+class _ThreadSend:
+    def __init__(self, link: TcpLink, msg: Message, timeout: float) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(link, msg, timeout), daemon=True, name="libra-snap")
+        self._thread.start()
+
+    def _run(self, link: TcpLink, msg: Message, timeout: float) -> None:
+        try:
+            link.send(msg, timeout=timeout)
+        except BaseException as exc:  # reported through error(); the core must not die of a peer's failure
+            self._error = exc
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def close(self) -> None:
+        self._thread.join(timeout=5.0)
+
+
+class TcpLink:
+    """A framed message stream over one TCP socket. ``fault`` is called at named points (fault-injection tests)."""
+
+    def __init__(self, sock: socket.socket, *, fault: FaultHook = _no_fault) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock = sock
+        self._fault = fault
+        self._send_lock = threading.Lock()
+
+    @classmethod
+    def connect(cls, host: str, port: int, *, timeout: float, fault: FaultHook = _no_fault) -> TcpLink:
+        try:
+            sock = socket.create_connection((host, port), timeout=timeout)
+        except OSError as exc:
+            raise LinkError(f"connect to {host}:{port}: {exc}") from exc
+        return cls(sock, fault=fault)
+
+    def send(self, msg: Message, *, timeout: float) -> None:
+        meta = _encode_meta(msg)
+        deadline = time.monotonic() + timeout
+        with self._send_lock:
+            self._sendall(_PREFIX.pack(_MAGIC, int(msg.kind), msg.step, msg.version, len(meta)) + meta, deadline)
+            for blob in msg.blobs:
+                view = memoryview(blob.numpy()).cast("B")
+                half = len(view) // 2
+                self._sendall(view[:half], deadline)
+                self._fault(f"mid_send:{msg.kind.name}")
+                self._sendall(view[half:], deadline)
+
+    def send_async(self, msg: Message, *, timeout: float) -> SendHandle:
+        return _ThreadSend(self, msg, timeout)
+
+    def poll(self) -> bool:
+        try:
+            readable, _, _ = select.select([self._sock], [], [], 0)
+        except (OSError, ValueError):
+            return True  # closed: let recv() raise
+        return bool(readable)
+
+    def recv(self, *, timeout: float) -> Message:
+        deadline = time.monotonic() + timeout
+        kind, step, version, meta_len = _decode_prefix(self._recv_exact(_PREFIX.size, deadline))
+        meta = json.loads(self._recv_exact(meta_len, deadline))
+        blobs = []
+        for i, (n, crc) in enumerate(meta["blobs"]):
+            blob = torch.empty(n, dtype=torch.uint8)
+            self._recv_into(memoryview(blob.numpy()).cast("B"), deadline)
+            _check_blob(i, blob, crc)
+            blobs.append(blob)
+        return Message(kind=kind, step=step, version=version, info=meta["info"], blobs=tuple(blobs))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+
+    def _remaining(self, deadline: float) -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise LinkTimeout("side channel timed out")
+        return left
+
+    def _sendall(self, data: bytes | memoryview, deadline: float) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            try:
+                self._sock.settimeout(self._remaining(deadline))
+                sent = self._sock.send(view)
+            except TimeoutError as exc:
+                raise LinkTimeout("side channel send timed out") from exc
+            except OSError as exc:
+                raise LinkClosed(f"side channel send failed: {exc}") from exc
+            view = view[sent:]
+
+    def _recv_into(self, view: memoryview, deadline: float) -> None:
+        while view:
+            try:
+                self._sock.settimeout(self._remaining(deadline))
+                got = self._sock.recv_into(view)
+            except TimeoutError as exc:
+                raise LinkTimeout("side channel receive timed out") from exc
+            except OSError as exc:
+                raise LinkClosed(f"side channel receive failed: {exc}") from exc
+            if got == 0:
+                raise LinkClosed("peer closed the side channel")
+            view = view[got:]
+
+    def _recv_exact(self, n: int, deadline: float) -> bytes:
+        buf = bytearray(n)
+        self._recv_into(memoryview(buf), deadline)
+        return bytes(buf)
+
+
+class SideChannelServer:
+    """A listening socket on the core replica; :meth:`accept_ready` takes pending hybrid connections without
+    blocking (called at step boundaries, so no acceptor thread exists)."""
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self._sock.listen(64)
+        self._sock.setblocking(False)
+        self.host, self.port = self._sock.getsockname()[:2]
+
+    def accept_ready(self) -> list[TcpLink]:
+        links = []
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return links
+            conn.setblocking(True)
+            links.append(TcpLink(conn))
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now (bind to port 0 and read it back)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+# -- torch.distributed point-to-point --------------------------------------------------------------------------
+
+
+class _WorksSend:
+    def __init__(self, works: list, keep: Sequence[torch.Tensor]) -> None:
+        self._works, self._keep = works, list(keep)
+
+    def done(self) -> bool:
+        return all(w.is_completed() for w in self._works)
+
+    def error(self) -> BaseException | None:
+        for w in self._works:
+            if w.is_completed() and not w.is_success():
+                return LinkError(str(w.exception()))
+        return None
+
+    def close(self) -> None:
+        self._keep.clear()
+
+
+_POSTED: dict[tuple[int, int, int], tuple[object, torch.Tensor]] = {}
+
+
+class DistLink:
+    """Framed messages over ``torch.distributed`` isend/irecv with ``peer`` (a global rank), on ``group`` (the
+    default group when None; never a core group). All messages of one link use ``tag``."""
+
+    def __init__(self, peer: int, *, group=None, tag: int = 7) -> None:
+        self.peer, self._group, self._tag = peer, group, tag
+        self._key = (id(group), peer, tag)
+
+    # A posted prefix receive belongs to the (group, peer, tag) channel, not to one link object: gloo cannot withdraw
+    # it, so a later link to the same peer must reuse it rather than post a second one that would lose the race.
+    @property
+    def _pending(self) -> tuple[object, torch.Tensor] | None:
+        return _POSTED.get(self._key)
+
+    @_pending.setter
+    def _pending(self, value: tuple[object, torch.Tensor] | None) -> None:
+        if value is None:
+            _POSTED.pop(self._key, None)
+        else:
+            _POSTED[self._key] = value
+
+    def _wait(self, work, deadline: float) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0 and not work.is_completed():
+            raise LinkTimeout("side channel (dist) timed out")
+        try:
+            work.wait(datetime.timedelta(seconds=max(left, 0.001)))
+        except RuntimeError as exc:
+            kind = LinkTimeout if "imed out" in str(exc) else LinkClosed
+            raise kind(f"side channel (dist) with rank {self.peer}: {exc}") from exc
+
+    def _isend_all(self, msg: Message) -> tuple[list, list[torch.Tensor]]:
+        import torch.distributed as dist
+
+        meta = _encode_meta(msg)
+        prefix = _PREFIX.pack(_MAGIC, int(msg.kind), msg.step, msg.version, len(meta))
+        # Prefix and meta are separate messages: the receiver learns the meta length from the fixed-size prefix.
+        parts = [
+            torch.frombuffer(bytearray(prefix), dtype=torch.uint8),
+            torch.frombuffer(bytearray(meta), dtype=torch.uint8),
+        ]
+        parts += [b for b in msg.blobs if b.numel()]
+        works = [dist.isend(p, dst=self.peer, group=self._group, tag=self._tag) for p in parts]
+        return works, parts
+
+    def send(self, msg: Message, *, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        works, _parts = self._isend_all(msg)
+        for w in works:
+            self._wait(w, deadline)
+
+    def send_async(self, msg: Message, *, timeout: float) -> SendHandle:
+        works, parts = self._isend_all(msg)
+        return _WorksSend(works, parts)
+
+    def _irecv(self, n: int) -> tuple[object, torch.Tensor]:
+        import torch.distributed as dist
+
+        buf = torch.empty(n, dtype=torch.uint8)
+        return dist.irecv(buf, src=self.peer, group=self._group, tag=self._tag), buf
+
+    def poll(self) -> bool:
+        if self._pending is None:
+            self._pending = self._irecv(_PREFIX.size)
+        return bool(self._pending[0].is_completed())
+
+    def recv(self, *, timeout: float) -> Message:
+        deadline = time.monotonic() + timeout
+        if self._pending is None:
+            self._pending = self._irecv(_PREFIX.size)
+        work, buf = self._pending
+        self._wait(work, deadline)
+        self._pending = None
+        kind, step, version, meta_len = _decode_prefix(bytes(buf.numpy()))
+        work, buf = self._irecv(meta_len)
+        self._wait(work, deadline)
+        meta = json.loads(bytes(buf.numpy()))
+        blobs = []
+        for i, (n, crc) in enumerate(meta["blobs"]):
+            if n == 0:
+                blobs.append(torch.empty(0, dtype=torch.uint8))
+                continue
+            work, blob = self._irecv(n)
+            self._wait(work, deadline)
+            _check_blob(i, blob, crc)
+            blobs.append(blob)
+        return Message(kind=kind, step=step, version=version, info=meta["info"], blobs=tuple(blobs))
+
+    def close(self) -> None:
+        """Nothing to release: a posted prefix receive stays with the channel (see ``_pending``)."""
