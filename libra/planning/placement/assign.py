@@ -54,12 +54,12 @@ def _assign_training(problem: PlacementProblem, solution: NodeSolution, free: _F
         blocks[r.block].append(r)
     remaining = list(solution.counts[TRAIN_KIND])
     free_blocks = []
-    for b, members in sorted(blocks.items()):
+    for _, members in sorted(blocks.items()):
         pinned = next((old[r.name] for r in members if r.name in solution.kept), None)
         if pinned is None:
             free_blocks.append(members)
             continue
-        for s, n in enumerate(pinned.nodes):
+        for n in pinned.nodes:
             remaining[n] -= 1
             for r in members:
                 if r.name not in solution.kept:

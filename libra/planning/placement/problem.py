@@ -5,14 +5,12 @@ Notation (used by `model.py`, `assign.py` and `brute.py`)
 - `N` nodes of `G` GPUs each (`cluster.num_nodes`, `cluster.gpus_per_node`).
 - A **unit** is a set of GPUs that must share one node. A rollout instance of degree `tp` is one unit of `tp` GPUs.
   A training replica has `pp` pipeline stages; stage `s` of a replica is its TP group of `tp` GPUs.
-- **EP block.** Expert parallelism re-uses the DP x TP ranks of one pipeline stage: rank `r * tp + j` is TP rank `j`
-  of replica `r`, and each EP group is `ep` consecutive ranks, as each TP group is `tp` consecutive ranks. The
-  smallest run of consecutive ranks that is a union of whole EP groups and whole TP groups has
-  `L = lcm(ep, tp)` ranks, so the stage-`s` TP groups of the `k = L / tp` replicas `b*k .. b*k + k - 1` (EP block
-  `b`) must all sit in one node: that is necessary (overlapping groups chain together up to a common multiple of
-  `ep` and `tp`) and sufficient (every EP group and every TP group lies inside one block). With `ep | tp`, `k = 1`
-  and the constraint is just "each stage's TP group in one node". A training unit is one **block-stage**: `k * tp`
-  GPUs, and the plan has `(dp / k) * pp` of them. `k` divides `dp` because `ep | dp * tp`.
+- **EP block.** As in Megatron-core (and `TrainConfig`), the expert layers of a stage are split over `ep` ranks
+  taken from the data-parallel ranks: for TP rank `j`, the EP group of block `b` is TP rank `j` of the stage-`s` TP
+  groups of the `ep` replicas `b*ep .. b*ep + ep - 1`. Each EP group meets every TP group of those replicas, so
+  "every EP group and every TP group inside one node" holds exactly when the stage-`s` TP groups of the block's
+  `k = ep` replicas share one node. A training unit is one **block-stage**: `k * tp` GPUs in one node, and the plan
+  has `(dp / k) * pp` of them (`ep` divides `dp`). With `ep = 1` a unit is one stage's TP group.
 - A **kind** groups units of equal shape: `train` (block-stages) and `rollout-tp<x>` (instances of degree `x`).
 - A worker of `current` with the same name, role, `tp` and GPU count, whose GPUs lie in the cluster and whose TP
   groups each lie in one node, is **keepable**: the solver may give it back exactly its old GPUs. If `current` gives
@@ -24,8 +22,6 @@ no meaning, so two placements of a worker are equal when each TP group holds the
 """
 
 from __future__ import annotations
-
-import math
 
 import attrs
 
@@ -114,7 +110,7 @@ def plan_workers(plan: Plan) -> tuple[tuple[WorkerShape, ...], int]:
     """Workers of `plan` with stable names: `train-<i>` and `rollout-tp<x>-<i>` (numbered per TP degree across
     instance groups, in plan order). Returns the workers and `k`, the replicas per EP block."""
     t = plan.train
-    k = math.lcm(t.ep, t.tp) // t.tp if t.dp > 0 else 1
+    k = t.ep if t.dp > 0 else 1
     workers = [
         WorkerShape(name=f"train-{i}", role=Role.TRAIN_REPLICA, pool=Pool.CORE_TRAIN, tp=t.tp, num_stages=t.pp,
                     kind=TRAIN_KIND, block=i // k)
@@ -163,8 +159,8 @@ def _precheck(plan: Plan, cluster: ClusterSpec, workers: tuple[WorkerShape, ...]
             out.append(f"replica train-0 needs each stage's TP-{t.tp} group ({t.tp} GPUs) in one node "
                        f"but nodes have {g}")
         else:
-            out.append(f"replicas train-0..train-{k - 1} form an EP block (ep={t.ep}, tp={t.tp}: {k} replicas x "
-                       f"{t.tp} GPUs = {k * t.tp} GPUs per stage) that must share one node but nodes have {g}")
+            out.append(f"replicas train-0..train-{k - 1} form an EP block (ep={t.ep} replicas x TP-{t.tp} = "
+                       f"{k * t.tp} GPUs per stage) that must share one node but nodes have {g}")
     wide = sorted({w.tp for w in workers if w.role is Role.ROLLOUT_INSTANCE and w.tp > g}, reverse=True)
     for tp in wide:
         n = sum(1 for w in workers if w.kind == rollout_kind(tp))
@@ -193,7 +189,8 @@ def _rollout_memory(workers: tuple[WorkerShape, ...], cluster: ClusterSpec, mode
         need = rollout_gb_per_gpu(model, tp, kv_reserve_tokens)
         if need <= cap:
             continue
-        fits = [d for d in range(1, cluster.gpus_per_node + 1) if rollout_gb_per_gpu(model, d, kv_reserve_tokens) <= cap]
+        fits = [d for d in range(1, cluster.gpus_per_node + 1)
+                if rollout_gb_per_gpu(model, d, kv_reserve_tokens) <= cap]
         hint = (f"the smallest TP degree that fits is TP-{fits[0]}" if fits else
                 f"{model.name} fits nowhere: even TP-{cluster.gpus_per_node} (a whole node) needs "
                 f"{rollout_gb_per_gpu(model, cluster.gpus_per_node, kv_reserve_tokens):.1f} GB per GPU")
