@@ -213,16 +213,26 @@ def solve_nodes(problem: PlacementProblem, *, time_limit_s: float, num_workers: 
 
 def _explain(problem: PlacementProblem, dec: Decomposition, time_limit_s: float) -> list[str]:
     """Solve again with the guards as assumptions (sequential search, no presolve: the setting in which CP-SAT
-    reports a useful core) and name the guards in the core. Capacity is built into the patterns, so it is always
-    part of the conflict and is always named."""
+    reports a useful core), then shrink the core by deletion (drop a guard when the rest stays infeasible), so
+    that every constraint named is needed for the conflict. Capacity is built into the patterns, so it is part of
+    every conflict and always named."""
     model, v = build_model(problem, dec, explain=True)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit_s
-    solver.parameters.num_workers = 1
-    solver.parameters.cp_model_presolve = False
-    status = solver.solve(model)
+    lits = {lit.index: lit for lit in v.guard_lits}
     cap = v.guard_lits[-1].index
-    core = solver.sufficient_assumptions_for_infeasibility() if status == cp_model.INFEASIBLE else []
-    names = [v.guards[i] for i in core if i in v.guards and i != cap] or [
-        v.guards[lit.index] for lit in v.guard_lits if lit.index != cap]
-    return [*names, v.guards[cap]]
+
+    def infeasible(indices: list[int]) -> list[int] | None:
+        model.clear_assumptions()
+        model.add_assumptions([lits[i] for i in indices])
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = time_limit_s
+        solver.parameters.num_workers = 1
+        solver.parameters.cp_model_presolve = False
+        if solver.solve(model) != cp_model.INFEASIBLE:
+            return None
+        return [i for i in solver.sufficient_assumptions_for_infeasibility() if i in lits]
+
+    core = infeasible(list(lits)) or list(lits)
+    for i in list(core):
+        if i != cap and len(core) > 1 and infeasible([j for j in core if j != i]) is not None:
+            core.remove(i)
+    return [v.guards[i] for i in core if i != cap] + [v.guards[cap]]
