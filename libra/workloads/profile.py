@@ -23,6 +23,10 @@ def profile_from_trajectories(trajectories: Sequence[Trajectory], *, name: str =
     chosen = [t for step in steps for t in step]
     shapes = [(float(t.total_tokens), float(t.gen_tokens), float(len(t.turns))) for t in chosen]
     per_step = requests_per_step or max(1, round(len(chosen) / len(steps)))
+    if not mean_tool_time_s:  # traces may record each tool call's wall time as `tool_latency_s`
+        latencies = [float(u.extra["tool_latency_s"]) for t in chosen for u in t.turns
+                     if u.tool is not None and isinstance(u.extra.get("tool_latency_s"), int | float)]
+        mean_tool_time_s = sum(latencies) / len(latencies) if latencies else 0.0
     return WorkloadProfile.build(name=name, shapes=shapes, requests_per_step=per_step,
                                  mean_tool_time_s=mean_tool_time_s)
 

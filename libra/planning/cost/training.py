@@ -69,7 +69,8 @@ class TrainingCost:
         states = 6.0 * (dense + expert) + 12.0 * (dense / dp + expert / np.maximum(dp / ep, 1))
         tokens = micro_batch * batch.max_len
         layers = m.num_layers / pp
-        per_layer = tokens * m.hidden_size * m.dtype_bytes * (1.0 if recompute else 34.0 / tp)
+        # layer inputs are kept (recompute) or all activations (34 * s * h bytes); sequence parallel shards both
+        per_layer = tokens * m.hidden_size * m.dtype_bytes * (1.0 if recompute else 34.0) / tp
         in_flight = np.minimum(pp, np.maximum(1.0, batch.num_sequences / (dp * micro_batch)))
         working = tokens * m.hidden_size * m.dtype_bytes * 34.0 / tp  # one layer's full activations
         logits = tokens * m.vocab_size / tp * 4.0

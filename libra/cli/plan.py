@@ -1,0 +1,143 @@
+"""`libra plan`: the optimal GPU split, training layout and rollout instance mix for a cluster, model, workload."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from libra.cli._common import CLIError, emit_json, key_values, log, table
+
+DEFAULT_WORKLOAD = "r2e-gym"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="plan the GPU split, training parallelism and rollout instances",
+                       description="Find the plan minimising the iteration makespan max(T_train, T_rollout). "
+                                   "Defaults: 48 x A800-80GB (6 nodes x 8), Qwen3-14B, an R2E-Gym-like workload.")
+    p.add_argument("--gpus", type=int, default=48, help="total GPUs (default 48)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node, joined by NVLink (default 8)")
+    p.add_argument("--gpu", default="A800-80GB", help="GPU preset (A800-80GB, A100-80GB, H100-80GB, H200)")
+    p.add_argument("--cluster", metavar="FILE", help="YAML/JSON cluster file (overrides --gpus/--gpus-per-node/--gpu)")
+    p.add_argument("--model", default="Qwen3-14B", help="model preset name or a YAML/JSON file of ModelSpec fields")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--trace", metavar="FILE", help="plan from a trace file (JSON Lines, DESIGN.md schema)")
+    src.add_argument("--workload", default=DEFAULT_WORKLOAD, help="synthetic workload: search-r1, dapo-math, r2e-gym")
+    p.add_argument("--step", type=int, default=0, help="step of the synthetic workload to plan for (drift)")
+    p.add_argument("--window-steps", type=int, default=None, help="with --trace: profile only the last N steps")
+    p.add_argument("--prompts", type=int, default=512, help="prompts per RL step (default 512)")
+    p.add_argument("--samples", type=int, default=16, help="samples per prompt (default 16)")
+    p.add_argument("--max-len", type=int, default=40960, help="maximum model length in tokens (default 40960)")
+    p.add_argument("--tp-degrees", default="1,2,4,8", help="rollout TP degrees to consider (default 1,2,4,8)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload")
+    p.add_argument("--place", action="store_true", help="also map the plan onto GPU ids (OR-Tools CP-SAT)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.set_defaults(run=run)
+
+
+def _cluster(args: argparse.Namespace):
+    from libra.spec import ClusterSpec, get_gpu, load_cluster
+
+    if args.cluster:
+        return load_cluster(args.cluster)
+    return ClusterSpec.from_total(gpu=get_gpu(args.gpu), num_gpus=args.gpus, gpus_per_node=args.gpus_per_node)
+
+
+def _profile(args: argparse.Namespace, requests_per_step: int):
+    from libra.workloads import load_trace, profile_from_trajectories
+
+    if args.trace:
+        trajectories = load_trace(args.trace)
+        return profile_from_trajectories(trajectories, name=args.trace, window_steps=args.window_steps,
+                                         requests_per_step=requests_per_step)
+    from libra.workloads.generators import WorkloadGenerator
+
+    gen = WorkloadGenerator(args.workload, seed=args.seed, num_prompts=args.prompts,
+                            samples_per_prompt=args.samples, max_model_len=args.max_len)
+    return profile_from_trajectories(gen.step(args.step), name=args.workload, requests_per_step=requests_per_step)
+
+
+def _tp_degrees(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise CLIError(f"--tp-degrees must be comma-separated integers, got {text!r}") from None
+    if not values:
+        raise CLIError("--tp-degrees is empty")
+    return values
+
+
+def _range(low: float, high: float) -> str:
+    hi = "inf" if math.isinf(high) else f"{high:,.0f}"
+    return f"({low:,.0f}, {hi}]"
+
+
+def run(args: argparse.Namespace) -> int:
+    from libra.planning import GlobalPlanner, PlannerOptions
+    from libra.spec import RLSettings, load_model
+
+    if args.gpus < 2 and not args.cluster:
+        raise CLIError(f"--gpus must be at least 2 (one for training, one for rollout), got {args.gpus}")
+    cluster = _cluster(args)
+    model = load_model(args.model)
+    rl = RLSettings(num_prompts=args.prompts, samples_per_prompt=args.samples, max_model_len=args.max_len)
+    tps = _tp_degrees(args.tp_degrees)
+    profile = _profile(args, rl.global_batch)
+    planner = GlobalPlanner(cluster=cluster, model=model, rl=rl, options=PlannerOptions(tp_degrees=tps))
+    plan = planner.plan(profile)
+    single = []
+    for tp in tps:
+        try:
+            single.append((tp, planner.plan(profile, tp_degrees=(tp,)).makespan_s))
+        except Exception:  # noqa: BLE001 - a degree the model does not fit on is simply absent
+            single.append((tp, math.inf))
+    best_single = min(single, key=lambda x: x[1])
+    placement = None
+    if args.place:
+        from libra.planning.placement import place
+
+        placement = place(plan, cluster, model=model)
+
+    out: dict[str, Any] = plan.to_dict()
+    out.update(cluster={"gpus": cluster.num_gpus, "gpus_per_node": cluster.gpus_per_node, "gpu": cluster.gpu.name},
+               model=model.name, workload=profile.summary(),
+               best_single_tp={"tp": best_single[0], "makespan_s": best_single[1]})
+    if placement is not None:
+        out["placement"] = [{"name": w.name, "role": str(w.role), "gpus": list(w.gpu_ids)} for w in placement.workers]
+    if args.json:
+        emit_json(out)
+        return 0
+    log(f"planned in {plan.solve_time_s * 1e3:.1f} ms")
+    t = plan.train
+    print(key_values([("cluster", f"{cluster.num_gpus} x {cluster.gpu.name} ({cluster.num_nodes} nodes x "
+                                  f"{cluster.gpus_per_node})"),
+                      ("model", model.name),
+                      ("workload", f"{profile.name}: {rl.global_batch} trajectories/step, mean "
+                                   f"{profile.mean_length:,.0f} tokens, p90 {profile.quantile(0.9):,.0f}")],
+                     title="Libra plan"))
+    print()
+    print(table(["GPUs", "TP", "PP", "DP", "EP", "micro-batch", "recompute", "memory GB/GPU", "step s"],
+                [[t.num_gpus, t.tp, t.pp, t.dp, t.ep, t.micro_batch, "yes" if t.recompute else "no",
+                  round(t.memory_gb, 1), round(t.time_s, 1)]], title="Training"))
+    print()
+    rows = [[g.tp, g.count, g.num_gpus, _range(g.min_tokens, g.max_tokens)] for g in plan.rollout.instances]
+    used = sum(g.num_gpus for g in plan.rollout.instances)
+    title = f"Rollout ({plan.rollout.num_gpus} GPUs" + (f", {plan.rollout.num_gpus - used} idle)" if
+                                                        used < plan.rollout.num_gpus else ")")
+    print(table(["TP", "instances", "GPUs", "request length (tokens)"], rows, title=title))
+    print()
+    gap = plan.makespan_s / plan.lower_bound_s - 1 if plan.lower_bound_s > 0 else math.nan
+    single_gap = best_single[1] / plan.makespan_s - 1
+    print(key_values([
+        ("training time", f"{t.time_s:,.1f} s"),
+        ("rollout time", f"{plan.rollout.time_s:,.1f} s"),
+        ("makespan", f"{plan.makespan_s:,.1f} s per step"),
+        ("fluid lower bound", f"{plan.lower_bound_s:,.1f} s (plan is {gap:+.1%} above it)"),
+        ("best single-TP plan", f"TP-{best_single[0]} only: {best_single[1]:,.1f} s ({single_gap:+.1%})"),
+        ("solve time", f"{plan.solve_time_s * 1e3:.1f} ms"),
+    ], title="Prediction"))
+    if placement is not None:
+        print()
+        rows = [[w.name, str(w.role), ",".join(map(str, w.gpu_ids))] for w in placement.workers]
+        print(table(["worker", "role", "GPUs"], rows, title="Placement"))
+    return 0

@@ -1,0 +1,222 @@
+"""The global planner: split the GPUs between training and rollout, pick the training layout and the rollout
+instance mix, minimising the iteration makespan `max(T_train, T_rollout)` of the asynchronous pipeline.
+
+    minimise over t:  max( T_train*(t), T_rollout*(G - t) )
+
+T_train*(t) is the best layout on at most t GPUs (`TrainingSearch.frontier`, a running minimum: spare GPUs may
+idle) and T_rollout*(g) the rollout optimum with g GPUs (`RolloutTable`). Both are non-increasing, so
+`feasible(T) := tmin(T) + M(T) <= G` is monotone in T, and the optimum is the smallest feasible T: one bisection
+over T answers the joint search exactly (to float precision) without enumerating splits. Training times and
+bucket tables are memoised per profile, so replanning with another budget costs a few milliseconds.
+
+The fluid lower bound is `(W_train + W_rollout) / G`, with W the least GPU-seconds of each side (training at
+its most efficient layout, each length group on its most efficient TP degree at full concurrency): the
+makespan if both sides scaled perfectly with GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict
+
+import attrs
+import numpy as np
+
+from libra.planning.cost import BatchStats, CostCoefficients, CostModel
+from libra.planning.rollout_dp import BucketChoice, RolloutTable, bisect_min
+from libra.planning.train_tree import TrainingSearch, TreeOptions
+from libra.spec import (
+    TP_DEGREES,
+    ClusterSpec,
+    InstanceGroup,
+    ModelSpec,
+    Plan,
+    RLSettings,
+    RolloutConfig,
+    SpecError,
+    TrainConfig,
+    WorkloadProfile,
+    bucket_index,
+)
+
+
+class PlanningError(SpecError):
+    """No plan exists (e.g. the model fits neither training nor any rollout instance on these GPUs)."""
+
+
+@attrs.frozen(kw_only=True)
+class PlannerOptions:
+    tp_degrees: tuple[int, ...] = TP_DEGREES
+    num_groups: int = 64  # length quantile groups for the rollout DP
+    tree: TreeOptions = TreeOptions()
+    fill_spare_gpus: bool = True  # give GPUs the optimum leaves unused to the slowest rollout bucket
+    cache_size: int = 8  # profiles whose tables stay memoised
+
+
+class _Tables:
+    """Everything the search needs for one profile: training frontier and rollout bucket table."""
+
+    def __init__(self, planner: GlobalPlanner, profile: WorkloadProfile, tp_degrees: tuple[int, ...]) -> None:
+        cm, g = planner.cost_model, planner.cluster.num_gpus
+        self.batch = planner.batch_stats(profile)
+        self.search = TrainingSearch(cm, self.batch, planner.options.tree)
+        times, configs = self.search.frontier(g)
+        self.train_times, self.train_configs = times, configs
+        self.train_runmin = np.minimum.accumulate(times)
+        scaled = attrs.evolve(profile, requests_per_step=planner.rl.global_batch)
+        self.groups = scaled.groups(planner.options.num_groups)
+        self.rollout = RolloutTable(cm.rollout, self.groups, tp_degrees=tp_degrees, max_gpus=g,
+                                    tool_latency_s=profile.mean_tool_time_s)
+
+    def train_gpus_within(self, limit: float) -> int | None:
+        """Fewest GPUs whose best layout finishes within `limit`."""
+        idx = int(np.searchsorted(-self.train_runmin, -limit, side="left"))
+        return idx if idx < len(self.train_runmin) else None
+
+    def best_train_config(self, gpus: int) -> TrainConfig:
+        """The best layout on at most `gpus` GPUs (the running minimum's owner)."""
+        t = int(np.argmin(self.train_times[: gpus + 1]))
+        config = self.train_configs[t]
+        assert config is not None
+        return config
+
+
+class GlobalPlanner:
+    """Plans for one cluster, model and RL settings; `plan(profile)` per workload profile."""
+
+    def __init__(self, *, cluster: ClusterSpec, model: ModelSpec, rl: RLSettings | None = None,
+                 coeffs: CostCoefficients | None = None, options: PlannerOptions | None = None) -> None:
+        self.cluster, self.model = cluster, model
+        self.rl = rl or RLSettings()
+        self.options = options or PlannerOptions()
+        self.cost_model = CostModel(cluster, model, coeffs)
+        self._cache: OrderedDict[tuple, _Tables] = OrderedDict()
+
+    def batch_stats(self, profile: WorkloadProfile) -> BatchStats:
+        lengths = np.minimum(np.asarray(profile.total_lengths), self.rl.max_model_len)
+        return BatchStats.from_lengths(lengths, num_sequences=self.rl.global_batch)
+
+    def tables(self, profile: WorkloadProfile, tp_degrees: tuple[int, ...] | None = None) -> _Tables:
+        tps = tuple(sorted(tp_degrees or self.options.tp_degrees))
+        bad = [tp for tp in tps if tp < 1 or tp > self.cluster.gpus_per_node]
+        if bad:
+            node = self.cluster.gpus_per_node
+            raise SpecError(f"TP degree(s) {bad} must be between 1 and the GPUs per node ({node})")
+        key = (profile, tps)
+        if key not in self._cache:
+            self._cache[key] = _Tables(self, profile, tps)
+            while len(self._cache) > self.options.cache_size:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(key)
+        return self._cache[key]
+
+    # --- the search -------------------------------------------------------------------------------------------
+    def plan(self, profile: WorkloadProfile, *, num_gpus: int | None = None,
+             tp_degrees: tuple[int, ...] | None = None) -> Plan:
+        """The optimal plan for `profile` on `num_gpus` GPUs (all of the cluster by default)."""
+        start = time.perf_counter()
+        budget = self.cluster.num_gpus if num_gpus is None else num_gpus
+        if not 2 <= budget <= self.cluster.num_gpus:
+            raise SpecError(f"num_gpus must be between 2 and {self.cluster.num_gpus}, got {budget}")
+        tab = self.tables(profile, tp_degrees)
+
+        def feasible(limit: float) -> bool:
+            t = tab.train_gpus_within(limit)
+            return t is not None and t < budget and t + tab.rollout.min_gpus(limit)[0] <= budget
+
+        hi = self._upper_bound(tab, budget, feasible)
+        lo = float(tab.train_runmin[budget - 1]) * (1.0 - 1e-12)  # no plan trains faster than on G - 1 GPUs
+        if feasible(lo):
+            lo = 0.0
+
+        def candidates(a: float, b: float) -> np.ndarray:
+            train = tab.train_runmin[(tab.train_runmin > a) & (tab.train_runmin <= b)]
+            return np.unique(np.concatenate([train, tab.rollout.candidates(a, b)]))
+
+        best = bisect_min(feasible, lo, hi, candidates=candidates)
+        train_gpus = tab.train_gpus_within(best)
+        assert train_gpus is not None
+        train = tab.best_train_config(train_gpus)
+        _, buckets = tab.rollout.min_gpus(best)
+        rollout_gpus = budget - train.num_gpus
+        if self.options.fill_spare_gpus:
+            buckets = self._fill_spares(tab.rollout, buckets, rollout_gpus)
+        t_roll = max(b.time_s for b in buckets)
+        lower = (float(np.min(tab.train_times[1:budget] * np.arange(1, budget))) + tab.rollout.fluid_gpu_seconds())
+        rollout = RolloutConfig(num_gpus=rollout_gpus, time_s=t_roll, instances=tab.rollout.instance_groups(buckets))
+        return Plan(train=train, rollout=rollout, makespan_s=max(train.time_s, t_roll), lower_bound_s=lower / budget,
+                    solve_time_s=time.perf_counter() - start)
+
+    def _upper_bound(self, tab: _Tables, budget: int, feasible) -> float:
+        finite = tab.train_runmin[np.isfinite(tab.train_runmin)]
+        if finite.size == 0:
+            raise PlanningError(f"{self.model.name} cannot be trained on {budget} {self.cluster.gpu.name} GPUs with a "
+                                f"global batch of {self.rl.global_batch}: no layout fits memory and divides the batch")
+        hi = max(float(finite.max()), 1.0)
+        for _ in range(80):
+            if feasible(hi):
+                return hi
+            hi *= 4.0
+        longest = max(g.max_total for g in tab.groups)
+        raise PlanningError(f"no plan for {self.model.name} on {budget} GPUs: training and rollout do not both fit "
+                            f"(rollout needs an instance whose KV cache holds {longest:.0f} tokens)")
+
+    @staticmethod
+    def _fill_spares(table: RolloutTable, buckets: list[BucketChoice], gpus: int) -> list[BucketChoice]:
+        """Hand unused rollout GPUs to the slowest bucket while that makes it faster (never slower)."""
+        buckets = list(buckets)
+        spare = gpus - sum(b.tp * b.count for b in buckets)
+        while True:
+            order = sorted(range(len(buckets)), key=lambda k: -buckets[k].time_s)
+            for k in order:
+                b = buckets[k]
+                if b.tp <= spare:
+                    faster = table.time(b.start, b.stop, b.tp, b.count + 1)
+                    if faster < b.time_s:
+                        buckets[k] = attrs.evolve(b, count=b.count + 1, time_s=faster)
+                        spare -= b.tp
+                        break
+                    continue
+            else:
+                return buckets
+
+    # --- evaluation -------------------------------------------------------------------------------------------
+    def evaluate(self, plan: Plan, profile: WorkloadProfile) -> tuple[float, float]:
+        """(T_train, T_rollout) of an existing plan on another workload profile (e.g. after drift)."""
+        tr = plan.train
+        batch = self.batch_stats(profile)
+        t_train = float(self.cost_model.training.step_time(tr.tp, tr.pp, tr.dp, tr.ep, tr.micro_batch,
+                                                           tr.recompute, batch))
+        if not self.cost_model.training.fits(self.cost_model.training.memory_bytes(
+                tr.tp, tr.pp, tr.dp, tr.ep, tr.micro_batch, tr.recompute, batch)):
+            t_train = math.inf
+        return t_train, self.rollout_time(plan.rollout.instances, profile)
+
+    def rollout_time(self, instances: tuple[InstanceGroup, ...], profile: WorkloadProfile) -> float:
+        """Rollout time of a fixed instance mix: each request goes to the bucket its length falls in."""
+        groups = sorted(instances, key=lambda g: g.max_tokens)
+        buckets = RolloutConfig(num_gpus=sum(g.num_gpus for g in groups), time_s=0.0, instances=tuple(groups)).buckets
+        scale = self.rl.global_batch / profile.num_samples
+        members: list[list[int]] = [[] for _ in groups]
+        for i, length in enumerate(profile.total_lengths):
+            members[bucket_index(buckets, length)].append(i)
+        worst = 0.0
+        rc = self.cost_model.rollout
+        for group, idx in zip(groups, members):
+            if not idx:
+                continue
+            total = np.asarray(profile.total_lengths)[idx]
+            gen = np.asarray(profile.gen_tokens)[idx]
+            turns = np.asarray(profile.turns)[idx] if profile.turns else np.ones(len(idx))
+            if not rc.fits(group.tp, float(total.max())):
+                return math.inf
+            n = len(idx) * scale / group.count
+            decode = float(gen.sum()) * scale / group.count
+            resident = float(np.sum(gen * (total - gen / 2)) / max(gen.sum(), 1e-9))
+            t = rc.instance_time(group.tp, num_requests=n, decode_tokens=decode,
+                                 prefill_tokens=float((total - gen).sum()) * scale / group.count,
+                                 resident_context=resident, max_gen=float(gen.max()), max_turns=float(turns.max()),
+                                 tool_latency_s=profile.mean_tool_time_s)
+            worst = max(worst, float(t))
+        return worst

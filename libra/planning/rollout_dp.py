@@ -1,0 +1,202 @@
+"""Rollout planning: which TP-1/2/4/8 instances to run and which length range each bucket serves.
+
+Requests are sorted by length and grouped into Q length quantiles (`WorkloadProfile.groups`). A **bucket** is a
+contiguous range of groups [j, i) served by `c` instances of degree `tp` that share its requests evenly; its time
+`T(j, i, tp, c)` comes from `RolloutCost.instance_time`. Rollout time is the slowest bucket.
+
+The published DP, `dp[g][i]` = least makespan serving the first i groups with g GPUs, is computed through its
+inverse, which has the same optimum and is cheap to tabulate:
+
+    M(T) = least GPUs that serve all Q groups with every bucket finishing within T
+         = f[Q],  f[0] = 0,  f[i] = min_{j < i, tp} f[j] + tp * cmin(j, i, tp, T)
+
+where cmin is the fewest instances with T(j, i, tp, c) <= T (times are taken as a running minimum over c: an
+instance may idle, so more instances are never slower). Then `T_rollout(g) = min {T : M(T) <= g}`, found by
+bisection over T; M is monotone, so the bisection is exact up to float precision (the final plan's time lies in
+(lo, hi] with hi - lo below one ulp of the answer). Every bucket-time table is computed once per profile and
+memoised, so all budgets, and the joint search with training, reuse it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import numpy as np
+
+from libra.planning.cost import RolloutCost
+from libra.spec import InstanceGroup, LengthGroup
+
+
+@attrs.frozen(kw_only=True)
+class BucketChoice:
+    start: int  # first group (inclusive)
+    stop: int  # last group (exclusive)
+    tp: int
+    count: int
+    time_s: float
+
+
+class RolloutTable:
+    """Bucket times for every contiguous range of groups, TP degree and instance count (flat ragged arrays)."""
+
+    def __init__(self, cost: RolloutCost, groups: tuple[LengthGroup, ...], *, tp_degrees: tuple[int, ...],
+                 max_gpus: int, tool_latency_s: float = 0.0) -> None:
+        self.cost, self.groups, self.max_gpus = cost, groups, max_gpus
+        q = len(groups)
+        self.num_groups = q
+        count = np.array([g.count for g in groups], dtype=float)
+        gen = np.array([g.mean_gen for g in groups], dtype=float)
+        total = np.array([g.mean_total for g in groups], dtype=float)
+        pre = lambda x: np.concatenate([[0.0], np.cumsum(x)])  # noqa: E731
+        n_p, d_p = pre(count), pre(count * gen)
+        p_p, r_p = pre(count * (total - gen)), pre(count * gen * (total - gen / 2.0))
+        starts, stops = np.triu_indices(q + 1, k=1)
+        self.starts, self.stops = starts, stops
+        n = n_p[stops] - n_p[starts]
+        decode = d_p[stops] - d_p[starts]
+        prefill = p_p[stops] - p_p[starts]
+        resident = (r_p[stops] - r_p[starts]) / np.maximum(decode, 1e-9)
+        last = [groups[i - 1] for i in stops]
+        max_total = np.array([g.max_total for g in last])
+        max_gen = max_total * np.array([g.mean_gen / max(g.mean_total, 1e-9) for g in last])
+        max_turns = np.array([g.mean_turns for g in last])
+        self.stats = dict(n=n, decode=decode, prefill=prefill, resident=resident, max_total=max_total)
+        self.tp_degrees = tuple(tp for tp in tp_degrees if tp <= max_gpus)
+        self.times: dict[int, np.ndarray] = {}  # tp -> flat running-min times
+        self.offsets: dict[int, np.ndarray] = {}  # tp -> start offset of each range in the flat array
+        for tp in self.tp_degrees:
+            caps = np.minimum(np.ceil(n), max_gpus // tp).astype(int)
+            fits = max_total <= cost.kv_capacity_tokens(tp)
+            caps = np.where(fits, caps, 0)
+            offsets = np.concatenate([[0], np.cumsum(caps)])
+            rng = np.repeat(np.arange(len(caps)), caps)
+            c = (np.arange(offsets[-1]) - offsets[rng] + 1).astype(float)
+            t = cost.instance_time(tp, num_requests=n[rng] / c, decode_tokens=decode[rng] / c,
+                                   prefill_tokens=prefill[rng] / c, resident_context=resident[rng],
+                                   max_gen=max_gen[rng], max_turns=max_turns[rng], tool_latency_s=tool_latency_s)
+            self.times[tp] = _segmented_running_min(np.asarray(t, dtype=float), caps, offsets)
+            self.offsets[tp] = offsets
+
+    @property
+    def num_entries(self) -> int:
+        return sum(len(t) for t in self.times.values())
+
+    def time(self, start: int, stop: int, tp: int, count: int) -> float:
+        """T(start, stop, tp, count): inf when the range doesn't fit that TP degree or count is out of range."""
+        r = self._range_index(start, stop)
+        a, b = self.offsets[tp][r], self.offsets[tp][r + 1]
+        return float(self.times[tp][a + count - 1]) if 1 <= count <= b - a else math.inf
+
+    def _range_index(self, start: int, stop: int) -> int:
+        q = self.num_groups
+        return start * (2 * q + 1 - start) // 2 + (stop - start - 1)
+
+    def min_counts(self, limit: float) -> dict[int, np.ndarray]:
+        """tp -> per range, the fewest instances finishing within `limit` (0 = impossible)."""
+        out = {}
+        for tp, t in self.times.items():
+            offsets = self.offsets[tp]
+            caps = np.diff(offsets)
+            above = np.concatenate([[0], np.cumsum(t > limit)])
+            slower = above[offsets[1:]] - above[offsets[:-1]]
+            ok = (caps > 0) & (slower < caps)
+            out[tp] = np.where(ok, slower + 1, 0)
+        return out
+
+    def min_gpus(self, limit: float) -> tuple[float, list[BucketChoice]]:
+        """M(limit): fewest GPUs so that every bucket finishes within `limit`, and the buckets achieving it."""
+        q = self.num_groups
+        counts = self.min_counts(limit)
+        cost = np.full(len(self.starts), np.inf)
+        choice_tp = np.zeros(len(self.starts), dtype=int)
+        for tp in self.tp_degrees:  # ascending TP: ties keep the smaller degree
+            gpus = np.where(counts[tp] > 0, counts[tp] * tp, np.inf)
+            better = gpus < cost
+            cost[better], choice_tp[better] = gpus[better], tp
+        matrix = np.full((q + 1, q + 1), np.inf)
+        matrix[self.starts, self.stops] = cost
+        f = np.full(q + 1, np.inf)
+        f[0] = 0.0
+        back = np.zeros(q + 1, dtype=int)
+        for i in range(1, q + 1):
+            vals = f[:i] + matrix[:i, i]
+            j = int(vals.argmin())
+            f[i], back[i] = vals[j], j
+        if not np.isfinite(f[q]):
+            return math.inf, []
+        buckets, i = [], q
+        while i > 0:
+            j = int(back[i])
+            r = self._range_index(j, i)
+            tp = int(choice_tp[r])
+            c = int(counts[tp][r])
+            buckets.append(BucketChoice(start=j, stop=i, tp=tp, count=c, time_s=self.time(j, i, tp, c)))
+            i = j
+        return float(f[q]), buckets[::-1]
+
+    def fluid_gpu_seconds(self) -> float:
+        """Least GPU-seconds of rollout work if every group ran at full concurrency on its best TP degree."""
+        g = self.groups
+        count = np.array([x.count for x in g], dtype=float)
+        gen = np.array([x.mean_gen for x in g])
+        total = np.array([x.mean_total for x in g])
+        max_total = np.array([x.max_total for x in g])
+        best = np.full(len(g), np.inf)
+        for tp in self.tp_degrees:
+            work = self.cost.fluid_gpu_seconds(tp, num_requests=count, decode_tokens=count * gen,
+                                               prefill_tokens=count * (total - gen), resident_context=total - gen / 2)
+            best = np.minimum(best, np.where(max_total <= self.cost.kv_capacity_tokens(tp), work, np.inf))
+        return float(best.sum())
+
+    def candidates(self, lo: float, hi: float) -> np.ndarray:
+        """Every bucket time in (lo, hi]: the optimum lies among them or among the training times."""
+        found = [t[(t > lo) & (t <= hi)] for t in self.times.values()]
+        return np.unique(np.concatenate(found)) if found else np.empty(0)
+
+    def instance_groups(self, buckets: list[BucketChoice]) -> tuple[InstanceGroup, ...]:
+        out = []
+        for k, b in enumerate(buckets):
+            low = 0.0 if k == 0 else self.groups[b.start - 1].max_total
+            high = math.inf if k == len(buckets) - 1 else self.groups[b.stop - 1].max_total
+            out.append(InstanceGroup(tp=b.tp, count=b.count, max_tokens=high, min_tokens=low))
+        return tuple(out)
+
+
+def _segmented_running_min(values: np.ndarray, caps: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Running minimum inside each segment [offsets[r], offsets[r+1]) of a flat ragged array, in row chunks
+    padded to a rectangle (exact; memory bounded by the chunk)."""
+    out = values.copy()
+    rows = np.nonzero(caps > 1)[0]
+    for chunk in np.array_split(rows, max(1, int(caps.sum()) // 2_000_000 + 1)):
+        if chunk.size == 0:
+            continue
+        width = int(caps[chunk].max())
+        cols = np.arange(width)
+        mask = cols[None, :] < caps[chunk, None]
+        flat = (offsets[chunk, None] + cols[None, :])[mask]
+        block = np.full((chunk.size, width), np.inf)
+        block[mask] = values[flat]
+        out[flat] = np.minimum.accumulate(block, axis=1)[mask]
+    return out
+
+
+def bisect_min(feasible, lo: float, hi: float, *, candidates=None, iterations: int = 200,
+               switch_ratio: float = 1e-6) -> float:
+    """Smallest T in (lo, hi] with feasible(T), for monotone `feasible` with feasible(hi) true and feasible(lo)
+    false. Bisects in log space; once hi/lo - 1 < switch_ratio and `candidates(lo, hi)` (every value the optimum
+    can take inside the interval) is given, tests those in order instead, so the answer is exact."""
+    for _ in range(iterations):
+        if candidates is not None and lo > 0 and hi / lo - 1.0 < switch_ratio:
+            for value in candidates(lo, hi):
+                if feasible(value):
+                    return float(value)
+            return hi
+        mid = math.sqrt(lo * hi) if lo > 0 else hi / 2.0
+        if not lo < mid < hi:
+            break
+        if feasible(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
