@@ -4,15 +4,16 @@ Variables
 ---------
 - `x[C, p]` in `0..|C|`: how many nodes of class `C` take pattern `p` (a pattern fixes, for one node, which of its
   entities are kept and how many units of each kind it hosts, within `G` GPUs).
-- For each coupled node `n` (touched by an EP block whose kept replicas would span nodes): `c[t][n]` in
+- For each single node `n` (touched by an EP block whose kept replicas would span nodes, or in a class with too
+  many patterns): `c[t][n]` in
   `0..G // size_t` units of kind `t`, `keep[e]` per entity on `n`, `keep[r]` per replica of a coupled block, and
   `fixed[b, s, n]`: block-stage `(b, s)` is pinned to `n` by a kept replica whose stage `s` was there.
-- `ut[n]`, `u[n]` (bool) for coupled nodes: `n` hosts training / any unit.
+- `ut[n]`, `u[n]` (bool) for single nodes: `n` hosts training / any unit.
 
 Hard constraints, each behind a named guard literal (`add_assumptions`, as in `assumptions_sample_sat.py`)
 ---------------------------------------------------------------------------------------------------------
 - `place <kind>`: `sum_{C,p} x[C, p] * units_t(p) + sum_n c[t][n] = count_t`: every unit placed exactly once.
-- `node capacity`: `sum_t size_t * c[t][n] <= G` on coupled nodes; patterns respect it by construction.
+- `node capacity`: `sum_t size_t * c[t][n] <= G` on single nodes; patterns respect it by construction.
 Unguarded, because `keep = 0` always satisfies them: `sum_p x[C, p] = |C|`; `c[t][n] >= pinned units of kept
 entities and fixed block-stages on n`; `fixed[b, s, n] >= keep[r]`; `sum_n fixed[b, s, n] <= 1`.
 
@@ -33,8 +34,11 @@ set: `assign.py` gives kept workers their old GPUs (disjoint, inside their units
 units. Conversely every GPU-level placement projects onto such counts with an objective no worse (a worker that
 lands on its old GPUs by chance can be marked kept). Nodes of one class are interchangeable, so counting nodes per
 pattern instead of choosing a pattern per node loses nothing either. The model has `O(sum_C patterns(C))` variables
-(a few hundred on 8-GPU nodes, whatever the number of nodes) plus per-node variables on coupled nodes only, instead
+(a few hundred on 8-GPU nodes, whatever the number of nodes) plus per-node variables on single nodes only, instead
 of one boolean per (worker, GPU).
+
+Single nodes that nothing pins are interchangeable too: their `c[train][n]`, `ut[n]` and `u[n]` are made
+non-increasing in node order (symmetry breaking; sorting them so keeps every objective term).
 
 Solving: first without assumptions (guards fixed true: full presolve); only an INFEASIBLE result is solved again
 with the guards as assumptions, which yields `sufficient_assumptions_for_infeasibility`.
@@ -74,13 +78,13 @@ class _Vars:
     guard_lits: list[cp_model.IntVar] = attrs.Factory(list)
 
 
-def _coupled(model: cp_model.CpModel, problem: PlacementProblem, dec: Decomposition, v: _Vars):
-    """Per-node variables for coupled nodes. Returns per-kind unit sums, kept count, training/any-use indicators."""
+def _single(model: cp_model.CpModel, problem: PlacementProblem, dec: Decomposition, v: _Vars):
+    """Per-node variables for single nodes. Returns per-kind unit sums, kept count, training/any-use indicators."""
     g = problem.cluster.gpus_per_node
     units: dict[str, list] = defaultdict(list)
     saved, used_train, used = [], [], []
     pinned: dict[tuple[str, int], list] = defaultdict(list)
-    for n in dec.coupled_nodes:
+    for n in dec.single_nodes:
         for k in problem.kinds:
             v.c[(k.key, n)] = model.new_int_var(0, g // k.size, f"{k.key} on node {n}")
             units[k.key].append(v.c[(k.key, n)])
@@ -113,6 +117,14 @@ def _coupled(model: cp_model.CpModel, problem: PlacementProblem, dec: Decomposit
             model.add_at_most_one(lits)
     for (kind, n), terms in pinned.items():
         model.add(v.c[(kind, n)] >= sum(terms))
+    # Symmetry breaking: single nodes that nothing pins are interchangeable, so order them by use.
+    touched = {n for names in dec.coupled_blocks.values() for name in names for n in old[name].nodes}
+    free = [i for i, n in enumerate(dec.single_nodes) if n not in touched and n not in dec.entities]
+    for a, b in zip(free, free[1:]):
+        model.add(used_train[a] >= used_train[b])
+        model.add(used[a] >= used[b])
+        if TRAIN_KIND in units:
+            model.add(units[TRAIN_KIND][a] >= units[TRAIN_KIND][b])
     return units, saved, used_train, used
 
 
@@ -127,12 +139,12 @@ def build_model(problem: PlacementProblem, dec: Decomposition, *, explain: bool)
         v.guard_lits.append(lit)
         return lit
 
-    # Variables: nodes per (class, pattern), and the coupled nodes' own variables.
+    # Variables: nodes per (class, pattern), and the single nodes' own variables.
     for ci, cls in enumerate(dec.classes):
         for pi, _ in enumerate(cls.patterns):
             v.x[(ci, pi)] = model.new_int_var(0, len(cls.nodes), f"class {ci} pattern {pi}")
         model.add(sum(v.x[(ci, pi)] for pi in range(len(cls.patterns))) == len(cls.nodes))
-    units, saved, used_train, used = _coupled(model, problem, dec, v)
+    units, saved, used_train, used = _single(model, problem, dec, v)
 
     # Constraints.
     for k in problem.kinds:
@@ -141,7 +153,7 @@ def build_model(problem: PlacementProblem, dec: Decomposition, *, explain: bool)
         model.add(sum(terms) + sum(units[k.key]) == k.count).only_enforce_if(guard(k.label))
     g = problem.cluster.gpus_per_node
     cap = guard(f"node capacity: {problem.cluster.num_nodes} nodes x {g} GPUs, each GPU used at most once")
-    for n in dec.coupled_nodes:
+    for n in dec.single_nodes:
         model.add(sum(k.size * v.c[(k.key, n)] for k in problem.kinds) <= g).only_enforce_if(cap)
 
     # Objective.

@@ -3,13 +3,15 @@
 An **entity** is what a node can keep on its own: a keepable rollout instance (1 unit of its kind, saves 1 move), or
 an EP block whose keepable replicas have every stage on one node `n` (it pins `pp` training units on `n` and saves
 one move per keepable replica: keeping one of them costs the same GPUs as keeping all, so all or none are kept).
-A block whose keepable replicas have stages on several nodes is **coupled**: the nodes it touches are modelled one
-by one. Every other node belongs to a **class**: nodes holding the same multiset of entity types
+A block whose keepable replicas have stages on several nodes is **coupled**: the nodes it touches are **single
+nodes**, modelled one by one. Every other node belongs to a **class**: nodes holding the same multiset of entity types
 `(kind, units, saves)`. Nodes of one class are interchangeable (swapping two of them, entities included, changes no
 constraint and no objective term), so the model only decides how many nodes of each class take each **pattern**:
 which entities a node keeps and how many new units of each kind it adds, within `G` GPUs. Patterns that add a new
 unit of a kind while leaving an entity of that kind unkept (and of no more units) are dropped: keeping the entity
-instead uses the same GPUs and saves a move, so an optimum never needs them.
+instead uses the same GPUs and saves a move, so an optimum never needs them. A class with more than
+`MAX_PATTERNS` patterns (wide nodes: 72 GPUs with TP-1..8 instances have ~10^5) is not enumerated: its nodes
+become single nodes too.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import attrs
 from libra.planning.placement.problem import TRAIN_KIND, PlacementProblem
 
 EntityType = tuple[str, int, int]  # (kind, units, saves)
+MAX_PATTERNS = 2000
 
 
 @attrs.frozen(kw_only=True)
@@ -65,12 +68,12 @@ class NodeClass:
 
 @attrs.frozen(kw_only=True)
 class Decomposition:
-    """Entities per node, the coupled blocks (block -> names of its keepable replicas), the coupled nodes and the
-    classes of the remaining nodes."""
+    """Entities per node, the coupled blocks (block -> names of its keepable replicas), the nodes modelled one by
+    one and the classes of the remaining nodes."""
 
     entities: dict[int, tuple[Entity, ...]]
     coupled_blocks: dict[int, tuple[str, ...]]
-    coupled_nodes: tuple[int, ...]
+    single_nodes: tuple[int, ...]
     classes: tuple[NodeClass, ...]
 
 
@@ -93,7 +96,9 @@ def _entities(problem: PlacementProblem) -> tuple[list[Entity], dict[int, tuple[
     return entities, coupled
 
 
-def _patterns(problem: PlacementProblem, types: tuple[EntityType, ...], avail: tuple[int, ...]) -> list[Pattern]:
+def _patterns(problem: PlacementProblem, types: tuple[EntityType, ...],
+              avail: tuple[int, ...]) -> list[Pattern] | None:
+    """The class's patterns, or None when there are more than `MAX_PATTERNS`."""
     g = problem.cluster.gpus_per_node
     size = {k.key: k.size for k in problem.kinds}
     limit = {k.key: k.count for k in problem.kinds}
@@ -117,6 +122,8 @@ def _patterns(problem: PlacementProblem, types: tuple[EntityType, ...], avail: t
                 continue
             units = tuple((k, pinned[k] + extra[k]) for k in keys)
             out.append(Pattern(kept=tuple(kept), units=units, saves=saves))
+            if len(out) > MAX_PATTERNS:
+                return None
     return out
 
 
@@ -134,13 +141,13 @@ def _fill(keys: list[str], size: dict[str, int], limit: dict[str, int], pinned: 
 def decompose(problem: PlacementProblem) -> Decomposition:
     entities, coupled_blocks = _entities(problem)
     coupled_names = {name for names in coupled_blocks.values() for name in names}
-    coupled_nodes = sorted({n for o in problem.old if o.name in coupled_names for n in o.nodes})
+    single = {n for o in problem.old if o.name in coupled_names for n in o.nodes}
     per_node: dict[int, list[Entity]] = defaultdict(list)
     for e in entities:
         per_node[e.node].append(e)
     members: dict[tuple[tuple[EntityType, int], ...], list[int]] = defaultdict(list)
     for n in range(problem.cluster.num_nodes):
-        if n in coupled_nodes:
+        if n in single:
             continue
         profile: dict[EntityType, int] = defaultdict(int)
         for e in per_node.get(n, ()):
@@ -149,7 +156,10 @@ def decompose(problem: PlacementProblem) -> Decomposition:
     classes = []
     for profile, nodes in sorted(members.items(), key=lambda item: item[1][0]):
         types = tuple(t for t, _ in profile)
-        avail = tuple(a for _, a in profile)
-        classes.append(NodeClass(nodes=tuple(nodes), types=types, patterns=tuple(_patterns(problem, types, avail))))
+        patterns = _patterns(problem, types, tuple(a for _, a in profile))
+        if patterns is None:
+            single.update(nodes)
+        else:
+            classes.append(NodeClass(nodes=tuple(nodes), types=types, patterns=tuple(patterns)))
     return Decomposition(entities={n: tuple(es) for n, es in per_node.items()}, coupled_blocks=coupled_blocks,
-                         coupled_nodes=tuple(coupled_nodes), classes=tuple(classes))
+                         single_nodes=tuple(sorted(single)), classes=tuple(classes))
