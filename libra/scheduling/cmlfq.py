@@ -34,9 +34,10 @@ class _Walk:
     """Where a request stands in the prompt tree and the agnostic tree: the deepest node reached on its path and
     the context when it got there; `exact` turns False once its path leaves the tree."""
 
-    __slots__ = ("p_node", "p_ctx", "p_exact", "a_node", "a_ctx", "a_exact")
+    __slots__ = ("p_root", "p_node", "p_ctx", "p_exact", "a_node", "a_ctx", "a_exact")
 
     def __init__(self, p_node: Node | None, a_node: Node, ctx: int) -> None:
+        self.p_root = p_node
         self.p_node, self.p_ctx, self.p_exact = p_node, ctx, p_node is not None
         self.a_node, self.a_ctx, self.a_exact = a_node, ctx, True
 
@@ -49,14 +50,18 @@ class CMLFQRouter(Router):
     name = "cmlfq"
 
     def __init__(self, buckets: Sequence[Bucket], *, tree: PrefixTree | None = None, admit: str = "smallest",
-                 fallback: str = "parent", min_count: int = 2, cost_ratio: float = 0.1, window: int = 200,
-                 max_nodes: int = 200_000, max_depth: int = 32, size_edges: Sequence[int] = DEFAULT_SIZE_EDGES,
+                 rule: str = "mean-p90", confidence: float = 0.5, fallback: str = "parent", min_count: int = 2,
+                 cost_ratio: float = 0.5, overflow: bool = True, window: int = 200, max_nodes: int = 200_000,
+                 max_depth: int = 32, size_edges: Sequence[int] = DEFAULT_SIZE_EDGES,
                  tools: Iterable[str] | None = None) -> None:
         super().__init__(buckets)
+        self.confidence = confidence
+        self.overflow = overflow
+        self.rule = rule
         if admit not in ("smallest", "predicted"):
             raise SpecError(f"cmlfq: admit must be 'smallest' or 'predicted', got {admit!r}")
-        if fallback not in ("parent", "agnostic"):
-            raise SpecError(f"cmlfq: fallback must be 'parent' or 'agnostic', got {fallback!r}")
+        if fallback not in ("parent", "agnostic", "scaled"):
+            raise SpecError(f"cmlfq: fallback must be 'parent', 'agnostic' or 'scaled', got {fallback!r}")
         if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
             raise SpecError(f"cmlfq: min_count must be an integer >= 1, got {min_count!r}")
         if not cost_ratio >= 0:
@@ -96,45 +101,95 @@ class CMLFQRouter(Router):
                 walk.a_exact = False
             else:
                 walk.a_node, walk.a_ctx = child, ctx
-        node, anchor = self._pick(walk)
-        if node is None:
+        pred = self._predict(walk, ctx)
+        if pred is None:
             return self._overflow(req, None)
-        mean = max(ctx, anchor + node.mean)
-        b_mean = self.bucket_for(mean)
-        if b_mean != req.bucket and b_mean == self.bucket_for(max(ctx, anchor + node.p90)):
+        mean, p50, p90 = pred
+        if self.rule == "probability":
+            target, agree = self._likeliest(walk, ctx, req.bucket)
+        elif self.rule == "median":
+            target, agree = self.bucket_for(p50), True
+        else:
+            target = self.bucket_for(mean)
+            agree = target == self.bucket_for(p90)
+        if target != req.bucket and agree:
             carried = ctx - tool_tokens
             if mean - ctx >= self.cost_ratio * carried:
-                return b_mean, "tool-return"
-        return self._overflow(req, mean)
+                return target, "tool-return"
+        return self._overflow(req, mean, ctx - tool_tokens)
 
-    def _pick(self, walk: _Walk) -> tuple[Node | None, int]:
-        """The node whose statistics stand for the request now, and the context at that node."""
+    def _likeliest(self, walk: _Walk, ctx: int, current: int) -> tuple[int, bool]:
+        """The bucket the final length most likely falls in, from the node's window (remaining tokens at least
+        0), and whether that is likely enough (>= `confidence`) to act on."""
+        node, anchor = self._node(walk)
+        if node is None:
+            return current, False
+        lo = node.fraction_at_most(ctx - anchor - 1)  # observations already below the current context
+        alive = 1.0 - lo
+        if alive <= 0:
+            return current, False
+        best, best_p, below = current, -1.0, lo
+        for b, limit in enumerate(self.limits):
+            upto = node.fraction_at_most(limit - anchor) if limit != float("inf") else 1.0
+            p = (upto - below) / alive
+            below = max(below, upto)
+            if p > best_p:
+                best, best_p = b, p
+        return best, best_p >= self.confidence
+
+    def _node(self, walk: _Walk) -> tuple[Node | None, int]:
         m = self.min_count
-        p_ok = walk.p_node is not None and walk.p_node.count >= m
-        if p_ok and walk.p_exact:
+        if walk.p_node is not None and walk.p_node.count >= m and walk.p_exact:
             return walk.p_node, walk.p_ctx
-        a_ok = walk.a_node.count >= m
-        if self.fallback == "agnostic" and a_ok and walk.a_exact:
+        if walk.a_node.count >= m and walk.a_exact:
             return walk.a_node, walk.a_ctx
-        if p_ok:
+        if walk.p_node is not None and walk.p_node.count >= m:
             return walk.p_node, walk.p_ctx
-        if a_ok:
+        if walk.a_node.count >= m:
             return walk.a_node, walk.a_ctx
         return None, 0
 
-    def _overflow(self, req: Request, predicted_mean: float | None) -> tuple[int, str]:
-        if req.context <= self.limits[req.bucket]:
+    def _predict(self, walk: _Walk, ctx: int) -> tuple[float, float, float] | None:
+        """Predicted final length (mean, P50, P90) from the node that stands for the request now, or None when
+        no node has `min_count` observations. Never below the current context."""
+        m = self.min_count
+        p_ok = walk.p_node is not None and walk.p_node.count >= m
+        a_ok = walk.a_node.count >= m
+        scale = 1.0
+        if p_ok and walk.p_exact:
+            node, anchor = walk.p_node, walk.p_ctx
+        elif self.fallback == "scaled" and p_ok and a_ok and walk.a_exact and walk.p_root.count >= m:
+            # the agnostic node for this path, scaled by how long this prompt runs relative to all prompts
+            node, anchor = walk.a_node, walk.a_ctx
+            base = self.tree.agnostic.mean
+            scale = walk.p_root.mean / base if base > 0 else 1.0
+        elif self.fallback == "agnostic" and a_ok and walk.a_exact:
+            node, anchor = walk.a_node, walk.a_ctx
+        elif p_ok:
+            node, anchor = walk.p_node, walk.p_ctx
+        elif a_ok:
+            node, anchor = walk.a_node, walk.a_ctx
+        else:
+            return None
+        return (max(ctx, anchor + scale * node.mean), max(ctx, anchor + scale * node.p50),
+                max(ctx, anchor + scale * node.p90))
+
+    def _overflow(self, req: Request, predicted_mean: float | None, carried: int | None = None) -> tuple[int, str]:
+        if not self.overflow or req.context <= self.limits[req.bucket]:
             return req.bucket, "stay"
         target = self.bucket_for(req.context)
         if predicted_mean is not None:
             target = max(target, self.bucket_for(predicted_mean))
+            carried = req.context if carried is None else carried
+            if predicted_mean - req.context < self.cost_ratio * carried:
+                return req.bucket, "stay"
         return target, "overflow"
 
     def _progress(self, req: Request) -> tuple[int, str]:
         if req.context <= self.limits[req.bucket]:
             return req.bucket, "stay"
-        node, anchor = self._pick(req.state)
-        return self._overflow(req, None if node is None else max(req.context, anchor + node.mean))
+        pred = self._predict(req.state, req.context)
+        return self._overflow(req, None if pred is None else pred[0])
 
     def _learn(self, finished: list[Trajectory]) -> None:
         self.tree.update(finished)

@@ -46,22 +46,29 @@ class RouteEvalResult:
 
 
 def replay(router: Router, trajectories: Sequence[Trajectory], *, policy: str | None = None,
-           num_chunks: int = 10, progress_every: int = 512) -> RouteEvalResult:
-    """Drive `router` with `trajectories` (see the module docstring) and score it."""
+           num_chunks: int = 10, progress_every: int = 512, warmup_steps: int = 0) -> RouteEvalResult:
+    """Drive `router` with `trajectories` (see the module docstring) and score it. The first `warmup_steps` steps
+    are replayed (the router learns from them) but not scored."""
     if not trajectories:
         raise SpecError("route evaluation needs at least one trajectory")
     if progress_every < 1:
         raise SpecError(f"progress_every must be >= 1, got {progress_every}")
+    steps = group_by_step(list(trajectories), steps_without_label=num_chunks)
+    if not 0 <= warmup_steps < len(steps):
+        raise SpecError(f"warmup_steps must be in 0..{len(steps) - 1} for a trace of {len(steps)} steps, "
+                        f"got {warmup_steps}")
     buckets: tuple[Bucket, ...] = router.buckets
     k = len(buckets)
     confusion = [[0] * k for _ in range(k)]
     single_shot = right = migrations = migrated = total = 0
-    steps = group_by_step(list(trajectories), steps_without_label=num_chunks)
-    rid = 0
-    for step in steps:
+    rid = n = 0
+    for index, step in enumerate(steps):
         for traj in step:
             rid += 1
             moved, carried, final = _drive(router, rid, traj, progress_every)
+            if index < warmup_steps:
+                continue
+            n += 1
             truth = router.bucket_for(traj.total_tokens)
             confusion[truth][final] += 1
             right += final == truth
@@ -72,9 +79,9 @@ def replay(router: Router, trajectories: Sequence[Trajectory], *, policy: str | 
         router.end_step()
     if router.num_active:
         raise SpecError(f"{router.num_active} requests were admitted but never finished")
-    n = len(trajectories)
     return RouteEvalResult(policy=policy or router.name, buckets=format_buckets(buckets), trajectories=n,
-                           steps=len(steps), routing_accuracy=single_shot / n, final_bucket_accuracy=right / n,
+                           steps=len(steps) - warmup_steps, routing_accuracy=single_shot / n,
+                           final_bucket_accuracy=right / n,
                            migrated_token_fraction=migrated / max(1, total), migrations_per_trajectory=migrations / n,
                            migrated_tokens=migrated, total_tokens=total,
                            confusion=tuple(tuple(row) for row in confusion))

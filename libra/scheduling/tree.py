@@ -18,6 +18,7 @@ Statistics change only in `update` (called at step end with finished trajectorie
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import sys
@@ -34,9 +35,9 @@ FORMAT_VERSION = 1
 
 
 class Node:
-    """One prefix-tree node. `count`, `mean`, `p90` describe `window` as of the last update."""
+    """One prefix-tree node. `count`, `mean`, `p50`, `p90` (nearest rank) describe `window` as of the last update."""
 
-    __slots__ = ("children", "window", "total", "last_step", "count", "mean", "p90")
+    __slots__ = ("children", "window", "total", "last_step", "count", "mean", "p50", "p90", "ordered")
 
     def __init__(self) -> None:
         self.children: dict[int, Node] = {}
@@ -45,7 +46,14 @@ class Node:
         self.last_step = -1
         self.count = 0
         self.mean = 0.0
+        self.p50 = 0.0
         self.p90 = 0.0
+        self.ordered: list[int] = []  # the window, sorted: quantiles and bucket probabilities by bisection
+
+    def fraction_at_most(self, tokens: float) -> float:
+        """Share of the window whose remaining tokens are <= `tokens` (0 for an empty window)."""
+        n = len(self.ordered)
+        return bisect.bisect_right(self.ordered, tokens) / n if n else 0.0
 
     def refresh(self, limit: int) -> None:
         w = self.window
@@ -55,7 +63,9 @@ class Node:
         self.count = n
         if n:
             self.mean = sum(w) / n
-            self.p90 = float(sorted(w)[math.ceil(0.9 * n) - 1])
+            self.ordered = ordered = sorted(w)
+            self.p50 = float(ordered[math.ceil(0.5 * n) - 1])
+            self.p90 = float(ordered[math.ceil(0.9 * n) - 1])
 
 
 @attrs.frozen(kw_only=True)
@@ -64,6 +74,7 @@ class NodeStats:
 
     count: int
     mean: float
+    p50: float
     p90: float
     total: int
     last_step: int
@@ -114,7 +125,8 @@ class PrefixTree:
         node = self.node(prompt_id, path)
         if node is None or not node.count:
             return None
-        return NodeStats(count=node.count, mean=node.mean, p90=node.p90, total=node.total, last_step=node.last_step)
+        return NodeStats(count=node.count, mean=node.mean, p50=node.p50, p90=node.p90, total=node.total,
+                         last_step=node.last_step)
 
     def iter_nodes(self) -> Iterator[tuple[str | None, tuple[int, ...], Node]]:
         """Every node as (prompt id or None for the agnostic tree, path of codes, node), depth first."""
