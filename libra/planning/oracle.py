@@ -81,7 +81,7 @@ def brute_force_rollout(cm: CostModel, groups: tuple[LengthGroup, ...], gpus: in
 def brute_force_plan(cm: CostModel, batch: BatchStats, groups: tuple[LengthGroup, ...], num_gpus: int,
                      tp_options: tuple[int, ...], search: TrainingSearch, tool_latency_s: float = 0.0) -> float:
     """Least makespan max(T_train, T_rollout) over every split, training layout and rollout plan."""
-    train = np.array([brute_force_training(cm, batch, t, search) for t in range(num_gpus + 1)])
+    train = np.array([math.inf] + [brute_force_training(cm, batch, t, search) for t in range(1, num_gpus + 1)])
     best = math.inf
     for t in range(1, num_gpus):
         t_train = float(np.min(train[: t + 1]))  # spare training GPUs may idle

@@ -1,0 +1,75 @@
+"""`libra plan`: defaults, JSON keys of the CLI contract, traces, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from libra.cli import main
+
+
+def test_plan_defaults_print_a_table(capsys) -> None:
+    assert main(["plan"]) == 0
+    out = capsys.readouterr().out
+    for word in ("Training", "Rollout", "makespan", "fluid lower bound", "single-TP", "solve time"):
+        assert word in out
+
+
+def test_plan_json_has_the_documented_keys(capsys) -> None:
+    assert main(["plan", "--json", "--gpus", "16"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {"makespan_s", "solve_time_s", "train", "rollout"} <= set(data)
+    assert {"gpus", "tp", "pp", "dp", "ep", "micro_batch", "time_s"} <= set(data["train"])
+    assert {"gpus", "time_s", "instances"} <= set(data["rollout"])
+    assert data["train"]["gpus"] + data["rollout"]["gpus"] == 16
+    assert all({"tp", "count", "max_tokens"} <= set(i) for i in data["rollout"]["instances"])
+    assert data["makespan_s"] >= data["lower_bound_s"] > 0
+
+
+def test_plan_from_a_trace(tmp_path, capsys) -> None:
+    from libra.workloads import write_trace
+    from libra.workloads.generators import WorkloadGenerator
+
+    path = tmp_path / "t.jsonl"
+    write_trace(path, WorkloadGenerator("search-r1", seed=1, num_prompts=16).step(0))
+    assert main(["plan", "--trace", str(path), "--json", "--prompts", "16"]) == 0
+    assert json.loads(capsys.readouterr().out)["makespan_s"] > 0
+
+
+def test_plan_with_placement(capsys) -> None:
+    assert main(["plan", "--gpus", "16", "--place", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    gpus = [g for w in data["placement"] for g in w["gpus"]]
+    assert len(gpus) == len(set(gpus)) and max(gpus) < 16
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "GPT-9"], "unknown model"),
+    (["--gpus", "0"], "at least 2"),
+    (["--gpus", "12"], "must divide"),
+    (["--gpu", "TPU"], "unknown GPU"),
+    (["--workload", "chess"], "unknown workload"),
+    (["--tp-degrees", "1,x"], "comma-separated"),
+    (["--model", "Llama-3-70B", "--gpus", "8", "--gpu", "A100-80GB"], "cannot be trained"),
+])
+def test_bad_input_is_one_line_without_traceback(args, message, capsys) -> None:
+    assert main(["plan", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_malformed_trace_names_the_line(tmp_path, capsys) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt_id": "a", "prompt_tokens": 5, "turns": [{"gen_tokens": 3}]}\n{"prompt_id": 1\n')
+    assert main(["plan", "--trace", str(path)]) == 2
+    assert f"{path}:2" in capsys.readouterr().err
+
+
+def test_the_installed_command_runs() -> None:
+    done = subprocess.run([sys.executable, "-m", "libra", "plan", "--gpus", "16", "--json"], capture_output=True,
+                          text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["rollout"]["gpus"] > 0

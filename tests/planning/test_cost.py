@@ -1,0 +1,125 @@
+"""Cost model: reproduces the published measurements out of the box; behaves physically; calibrates."""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from libra.planning.cost import BatchStats, CostCoefficients, CostModel
+from libra.planning.cost.calibrate import RolloutMeasurement, TrainingMeasurement, calibrate, mape
+from libra.planning.cost.published import published_checks
+from libra.spec import ClusterSpec, SpecError, get_gpu, get_model
+
+
+@pytest.fixture(scope="module")
+def checks():
+    return {c.name: c for c in published_checks()}
+
+
+def test_tp1x8_beats_tp8_on_short_sequences_within_35_percent(checks) -> None:
+    c = checks["short_tp1x8_over_tp8"]
+    assert c.model_value > 1.0
+    assert abs(c.relative_error) <= 0.35
+
+
+def test_tp8_beats_tp1x8_on_long_sequences_within_35_percent(checks) -> None:
+    c = checks["long_tp8_over_tp1x8"]
+    assert c.model_value > 1.0
+    assert abs(c.relative_error) <= 0.35
+
+
+def test_rollout_grows_far_faster_with_length_than_training(checks) -> None:
+    rollout, training = checks["rollout_growth_1k_32k"], checks["training_growth_1k_32k"]
+    assert rollout.published / 2 <= rollout.model_value <= rollout.published * 2
+    assert training.published / 2 <= training.model_value <= training.published * 2
+    assert rollout.model_value > 10 * training.model_value
+
+
+def _node(name: str = "Qwen3-14B") -> CostModel:
+    return CostModel(ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=8, gpus_per_node=8), get_model(name))
+
+
+def test_kv_bytes_per_token_matches_the_published_formula() -> None:
+    m = get_model("Qwen3-14B")
+    assert m.kv_bytes_per_token(1) == 2 * 40 * 8 * 128 * 2
+    assert m.kv_bytes_per_token(8) == 2 * 40 * 1 * 128 * 2
+    assert 14.0e9 < m.num_params < 15.5e9  # Qwen3-14B: 14.8B parameters
+    moe = get_model("Qwen3-30B-A3B")
+    assert 29e9 < moe.num_params < 32e9 and 2.8e9 < moe.active_params < 3.8e9
+
+
+@settings(max_examples=60, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4, 8]), batch=st.floats(1, 256), context=st.floats(100, 30_000))
+def test_decode_step_grows_with_batch_and_context(tp: int, batch: float, context: float) -> None:
+    r = _node().rollout
+    base = float(r.decode_step_time(tp, batch, context))
+    assert float(r.decode_step_time(tp, batch + 1, context)) > base
+    assert float(r.decode_step_time(tp, batch, context * 1.5)) > base
+
+
+def test_kv_capacity_grows_with_tp_and_bounds_concurrency() -> None:
+    r = _node().rollout
+    caps = [r.kv_capacity_tokens(tp) for tp in (1, 2, 4, 8)]
+    assert caps == sorted(caps) and caps[0] > 0
+    assert float(r.concurrency(1, 20_000, 1_000)) < float(r.concurrency(8, 20_000, 1_000))
+    assert not r.fits(1, 1e9)
+
+
+def test_training_memory_falls_with_more_parallelism() -> None:
+    t = _node().training
+    batch = BatchStats.uniform(num_sequences=64, length=8192)
+    one = float(t.memory_bytes(1, 1, 1, 1, 1, False, batch))
+    assert float(t.memory_bytes(2, 1, 1, 1, 1, False, batch)) < one
+    assert float(t.memory_bytes(1, 2, 1, 1, 1, False, batch)) < one
+    assert float(t.memory_bytes(1, 1, 1, 1, 1, True, batch)) < one
+    assert float(t.step_time(1, 1, 1, 1, 1, True, batch)) > float(t.step_time(1, 1, 1, 1, 1, False, batch))
+    assert np.all(t.ideal_step_time(8, batch) <= t.step_time(8, 1, 1, 1, 1, False, batch))
+
+
+def _synthetic_measurements(truth: CostCoefficients, seed: int, noise: float):
+    cluster = ClusterSpec.from_total(gpu=get_gpu("H100-80GB"), num_gpus=8, gpus_per_node=8)
+    model = get_model("Qwen2.5-7B")
+    cm = CostModel(cluster, model, truth)
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(14):
+        tp, n, length = int(rng.choice([1, 2, 4, 8])), float(rng.integers(8, 128)), float(rng.uniform(500, 16000))
+        m = RolloutMeasurement(tp=tp, num_requests=n, decode_tokens=n * length * 0.7, prefill_tokens=n * length * 0.3,
+                               resident_context=length * 0.65, max_gen=length * 0.9, time_s=1.0)
+        out.append(attrs.evolve(m, time_s=m.predict(cm) * float(rng.lognormal(0, noise))))
+    for _ in range(8):
+        batch = BatchStats.uniform(num_sequences=128, length=float(rng.uniform(1000, 16000)))
+        m = TrainingMeasurement(tp=2, pp=1, dp=4, batch=batch, micro_batch=int(rng.choice([1, 2, 4])), time_s=1.0)
+        out.append(attrs.evolve(m, time_s=m.predict(cm) * float(rng.lognormal(0, noise))))
+    return cluster, model, out
+
+
+def test_calibrate_recovers_known_coefficients_and_reports_mape() -> None:
+    truth = CostCoefficients(hbm_efficiency=0.62, decode_mfu=0.3, train_mfu=0.38, per_request_overhead_s=0.05)
+    cluster, model, measurements = _synthetic_measurements(truth, seed=1, noise=0.0)
+    result = calibrate(cluster, model, measurements)
+    assert result.mape_before > 5.0
+    assert result.mape_after < 1.0
+    assert result.mape_after == pytest.approx(mape(CostModel(cluster, model, result.coeffs), measurements))
+
+
+def test_calibrate_with_noisy_measurements_fits_to_the_noise_level() -> None:
+    truth = CostCoefficients(hbm_efficiency=0.7, train_mfu=0.45)
+    cluster, model, measurements = _synthetic_measurements(truth, seed=2, noise=0.03)
+    result = calibrate(cluster, model, measurements)
+    assert result.mape_after < result.mape_before
+    assert result.mape_after < 6.0
+    assert len(result.errors) == len(measurements)
+
+
+def test_calibrate_rejects_bad_input() -> None:
+    cluster, model, measurements = _synthetic_measurements(CostCoefficients(), seed=3, noise=0.0)
+    with pytest.raises(SpecError, match="at least one"):
+        calibrate(cluster, model, [])
+    with pytest.raises(SpecError, match="unknown coefficient"):
+        calibrate(cluster, model, measurements, fit=("warp_factor",))
+    with pytest.raises(SpecError, match="> 0"):
+        calibrate(cluster, model, [attrs.evolve(measurements[0], time_s=0.0)])

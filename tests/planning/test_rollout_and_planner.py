@@ -1,0 +1,135 @@
+"""Rollout DP and the global planner: exact against brute force; plans consistent with the cluster."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from libra.planning import GlobalPlanner, PlannerOptions
+from libra.planning.oracle import brute_force_plan, brute_force_rollout, bucket_time
+from libra.planning.rollout_dp import RolloutTable, bisect_min
+from libra.spec import RLSettings, WorkloadProfile
+from tests.planning.instances import random_cost_model, random_groups
+
+TPS = (1, 2, 4, 8)
+
+
+def _rollout_optimum(table: RolloutTable, gpus: int) -> float:
+    def feasible(limit: float) -> bool:
+        return table.min_gpus(limit)[0] <= gpus
+
+    hi = 1.0
+    while not feasible(hi):
+        hi *= 4.0
+        if hi > 1e30:
+            return math.inf
+    return bisect_min(feasible, 0.0, hi, candidates=table.candidates)
+
+
+@pytest.mark.parametrize("chunk", range(10))
+def test_rollout_dp_equals_brute_force_on_1000_instances(chunk: int) -> None:
+    for seed in range(chunk * 100, chunk * 100 + 100):
+        cm, rng = random_cost_model(seed, max_gpus=12)
+        groups = random_groups(rng)
+        gpus = int(rng.integers(1, cm.cluster.num_gpus + 1))
+        tps = tuple(tp for tp in TPS if tp <= cm.cluster.gpus_per_node)
+        latency = float(rng.choice([0.0, 2.0]))
+        table = RolloutTable(cm.rollout, groups, tp_degrees=tps, max_gpus=gpus, tool_latency_s=latency)
+        got = _rollout_optimum(table, gpus)
+        expected = brute_force_rollout(cm, groups, gpus, tps, latency)
+        assert got == pytest.approx(expected, rel=1e-9) or got == expected == math.inf, seed
+        if math.isfinite(got):
+            used, buckets = table.min_gpus(got)
+            assert used <= gpus
+            assert [b.start for b in buckets][0] == 0 and buckets[-1].stop == len(groups)
+            assert all(a.stop == b.start for a, b in zip(buckets, buckets[1:]))  # contiguous, no gap
+            for b in buckets:  # the table agrees with a direct computation
+                assert b.time_s == pytest.approx(bucket_time(cm, groups, b.start, b.stop, b.tp, b.count, latency))
+                assert b.time_s <= got * (1 + 1e-12)
+
+
+def _profile_from_groups(groups, rng) -> WorkloadProfile:
+    shapes = []
+    for g in groups:
+        for _ in range(g.count):
+            total = float(rng.uniform(g.mean_total * 0.5, g.max_total))
+            shapes.append((total, total * g.mean_gen / g.mean_total, g.mean_turns))
+    return WorkloadProfile.build(name="random", shapes=shapes)
+
+
+@pytest.mark.parametrize("chunk", range(10))
+def test_global_planner_equals_brute_force_on_1000_instances(chunk: int) -> None:
+    checked = 0
+    for seed in range(chunk * 100, chunk * 100 + 100):
+        cm, rng = random_cost_model(10_000 + seed, max_gpus=8, memory_gb=(4, 16, 32))
+        profile = _profile_from_groups(random_groups(rng, max_groups=2), rng)
+        batch_size = int(rng.choice([8, 16, 32]))
+        rl = RLSettings(num_prompts=batch_size, samples_per_prompt=1, max_model_len=8192)
+        tps = tuple(tp for tp in TPS if tp <= cm.cluster.gpus_per_node)
+        planner = GlobalPlanner(cluster=cm.cluster, model=cm.model, rl=rl, coeffs=cm.coeffs,
+                                options=PlannerOptions(tp_degrees=tps, num_groups=2, fill_spare_gpus=False))
+        if cm.cluster.num_gpus < 2:
+            continue
+        tab = planner.tables(profile)
+        expected = brute_force_plan(cm, tab.batch, tab.groups, cm.cluster.num_gpus, tps, tab.search,
+                                    profile.mean_tool_time_s)
+        try:
+            plan = planner.plan(profile)
+        except Exception:
+            assert expected == math.inf, seed
+            continue
+        checked += 1
+        assert plan.makespan_s == pytest.approx(expected, rel=1e-9), seed
+        assert plan.train.num_gpus + plan.rollout.num_gpus == cm.cluster.num_gpus
+        assert sum(g.num_gpus for g in plan.rollout.instances) <= plan.rollout.num_gpus
+    assert checked >= 30  # most random instances have a plan
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_plans_respect_the_cluster(seed: int) -> None:
+    cm, rng = random_cost_model(seed, max_gpus=16)
+    profile = _profile_from_groups(random_groups(rng, max_groups=3), rng)
+    rl = RLSettings(num_prompts=16, samples_per_prompt=2, max_model_len=8192)
+    tps = tuple(tp for tp in TPS if tp <= cm.cluster.gpus_per_node)
+    planner = GlobalPlanner(cluster=cm.cluster, model=cm.model, rl=rl, options=PlannerOptions(tp_degrees=tps))
+    if cm.cluster.num_gpus < 2:
+        return
+    try:
+        plan = planner.plan(profile)
+    except Exception:
+        return
+    t = plan.train
+    assert t.tp * t.pp * t.dp == t.num_gpus and t.tp <= cm.cluster.gpus_per_node
+    assert plan.num_gpus == cm.cluster.num_gpus
+    assert sum(g.tp * g.count for g in plan.rollout.instances) <= plan.rollout.num_gpus
+    assert all(g.tp <= cm.cluster.gpus_per_node for g in plan.rollout.instances)
+    assert plan.makespan_s == pytest.approx(max(t.time_s, plan.rollout.time_s))
+    limits = [g.max_tokens for g in plan.rollout.instances]
+    assert limits == sorted(limits) and math.isinf(limits[-1])
+
+
+def test_planner_reuses_tables_across_budgets() -> None:
+    for seed in range(100):  # the first random instance that has a plan on 16 GPUs
+        cm, rng = random_cost_model(seed, max_gpus=16, memory_gb=(16, 32))
+        profile = _profile_from_groups(random_groups(rng), rng)
+        planner = GlobalPlanner(cluster=cm.cluster, model=cm.model,
+                                rl=RLSettings(num_prompts=16, samples_per_prompt=1))
+        try:
+            full = planner.plan(profile)
+        except Exception:
+            continue
+        if cm.cluster.num_gpus >= 8:
+            break
+    first = planner.tables(profile)
+    assert planner.tables(profile) is first  # memoised per profile
+    for budget in range(2, cm.cluster.num_gpus):
+        try:
+            smaller = planner.plan(profile, num_gpus=budget)
+        except Exception:
+            continue
+        assert planner.tables(profile) is first
+        assert smaller.makespan_s >= full.makespan_s * (1 - 1e-12)  # fewer GPUs never plan faster

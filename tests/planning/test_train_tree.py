@@ -1,0 +1,79 @@
+"""Training-parallelism search: exact against exhaustive enumeration; layouts consistent with the cluster."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from libra.planning.cost import BatchStats, CostModel
+from libra.planning.oracle import brute_force_training
+from libra.planning.train_tree import TrainingSearch, TreeOptions
+from libra.spec import ClusterSpec, get_gpu, get_model
+from tests.planning.instances import random_batch, random_cost_model
+
+
+@pytest.mark.parametrize("chunk", range(10))
+def test_tree_and_frontier_equal_brute_force_on_1000_instances(chunk: int) -> None:
+    for seed in range(chunk * 100, chunk * 100 + 100):
+        cm, rng = random_cost_model(seed)
+        batch = random_batch(rng)
+        search = TrainingSearch(cm, batch)
+        times, configs = search.frontier(cm.cluster.num_gpus)
+        for gpus in range(1, cm.cluster.num_gpus + 1):
+            expected = brute_force_training(cm, batch, gpus, search)
+            best = search.best(gpus)
+            got = math.inf if best is None else best.time_s
+            assert got == pytest.approx(expected, rel=1e-12) or got == expected == math.inf, (seed, gpus)
+            assert times[gpus] == pytest.approx(expected, rel=1e-12) or times[gpus] == expected == math.inf
+            if configs[gpus] is not None:
+                assert configs[gpus].time_s == pytest.approx(times[gpus], rel=1e-12)
+
+
+def test_bound_pruning_skips_work_on_the_default_scenario() -> None:
+    cluster = ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=48, gpus_per_node=8)
+    cm = CostModel(cluster, get_model("Qwen3-14B"))
+    batch = BatchStats.from_lengths(np.random.default_rng(0).lognormal(8, 0.8, 4096).clip(100, 40960),
+                                    num_sequences=8192)
+    search = TrainingSearch(cm, batch)
+    best = search.best(32)
+    pruned_visits = search.nodes_visited
+    full = TrainingSearch(cm, batch)
+    brute = brute_force_training(cm, batch, 32, full)
+    assert best is not None and best.time_s == pytest.approx(brute)
+    leaves = sum(1 for _ in full.shapes())
+    assert pruned_visits < leaves
+
+
+def test_published_thresholds_are_off_by_default_and_can_lose_the_optimum() -> None:
+    assert TreeOptions().max_bubble is None and TreeOptions().max_comm_ratio is None
+    lost = 0
+    for seed in range(300):
+        cm, rng = random_cost_model(seed)
+        batch = random_batch(rng)
+        exact = TrainingSearch(cm, batch).frontier(cm.cluster.num_gpus)[0]
+        pruned = TrainingSearch(cm, batch, TreeOptions(max_bubble=0.3, max_comm_ratio=0.5)).frontier(
+            cm.cluster.num_gpus)[0]
+        assert np.all(pruned >= exact - 1e-9)  # a heuristic can only lose, never win
+        lost += int(np.any(pruned > exact * (1 + 1e-9)))
+    assert lost > 0  # on some instances the published thresholds discard the optimum
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_layouts_are_consistent_with_the_cluster(seed: int) -> None:
+    cm, rng = random_cost_model(seed)
+    batch = random_batch(rng)
+    _, configs = TrainingSearch(cm, batch).frontier(cm.cluster.num_gpus)
+    for gpus, config in enumerate(configs):
+        if config is None:
+            continue
+        assert config.tp * config.pp * config.dp == gpus == config.num_gpus
+        assert config.tp * config.ep <= cm.cluster.gpus_per_node  # TP and EP groups stay inside a node
+        assert config.dp % config.ep == 0 and cm.model.num_experts % config.ep == 0
+        assert cm.model.num_layers % config.pp == 0
+        assert batch.num_sequences % (config.dp * config.micro_batch) == 0
+        assert config.memory_gb * 1e9 <= cm.cluster.gpu.memory_bytes

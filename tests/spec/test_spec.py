@@ -1,0 +1,110 @@
+"""Spec values validate at construction and name the field, the value and what would be valid."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from libra.spec import (
+    GPU_PRESETS,
+    MODEL_PRESETS,
+    ClusterSpec,
+    ModelSpec,
+    RLSettings,
+    SpecError,
+    TrainConfig,
+    WorkloadProfile,
+    get_gpu,
+    get_model,
+    load_cluster,
+    load_model,
+    parse_buckets,
+)
+
+
+def test_presets_exist_and_are_consistent() -> None:
+    assert {"A800-80GB", "A100-80GB", "H100-80GB", "H200"} <= set(GPU_PRESETS)
+    assert {"Qwen3-4B", "Qwen3-14B", "Qwen3-30B-A3B", "Qwen2.5-7B", "Llama-3-70B"} <= set(MODEL_PRESETS)
+    assert 65e9 < get_model("llama-3-70b").num_params < 75e9
+    assert 7.0e9 < get_model("Qwen2.5-7B").num_params < 8.0e9
+    assert 3.8e9 < get_model("Qwen3-4B").num_params < 4.5e9
+    assert get_gpu("h200").memory_gb == 141
+
+
+def test_unknown_names_list_the_known_ones() -> None:
+    with pytest.raises(SpecError, match="unknown model 'GPT-9'.*Qwen3-14B"):
+        get_model("GPT-9")
+    with pytest.raises(SpecError, match="unknown GPU"):
+        get_gpu("TPU")
+
+
+def test_cluster_validation_names_every_factor() -> None:
+    a800 = get_gpu("A800-80GB")
+    with pytest.raises(SpecError, match=r"GPUs per node \(8\) must divide the number of GPUs \(12\)"):
+        ClusterSpec.from_total(gpu=a800, num_gpus=12, gpus_per_node=8)
+    with pytest.raises(SpecError, match="must be >= 1, got 0"):
+        ClusterSpec.from_total(gpu=a800, num_gpus=0, gpus_per_node=8)
+    c = ClusterSpec.from_total(gpu=a800, num_gpus=16, gpus_per_node=8)
+    assert c.nvlink_domains() == [list(range(8)), list(range(8, 16))]
+    g = c.graph()
+    assert g.edges[0, 1]["kind"] == "nvlink" and not g.has_edge(0, 8)
+    assert c.node_of(9) == 1
+
+
+def test_model_validation() -> None:
+    with pytest.raises(SpecError, match="num_kv_heads"):
+        ModelSpec(name="x", num_layers=2, hidden_size=64, num_heads=6, num_kv_heads=4, head_dim=16,
+                  ffn_hidden_size=128, vocab_size=100)
+    with pytest.raises(SpecError, match="moe_ffn_hidden_size"):
+        ModelSpec(name="x", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=4, head_dim=16,
+                  ffn_hidden_size=128, vocab_size=100, num_experts=4, experts_per_token=2)
+    with pytest.raises(SpecError, match="num_layers must be an integer >= 1, got 0"):
+        ModelSpec(name="x", num_layers=0, hidden_size=64, num_heads=4, num_kv_heads=4, head_dim=16,
+                  ffn_hidden_size=128, vocab_size=100)
+
+
+def test_train_config_checks_its_factors() -> None:
+    with pytest.raises(SpecError, match=r"tp\(2\) \* pp\(2\) \* dp\(2\) != num_gpus\(16\)"):
+        TrainConfig(num_gpus=16, tp=2, pp=2, dp=2)
+    with pytest.raises(SpecError, match=r"ep\(4\) must divide dp\(2\)"):
+        TrainConfig(num_gpus=4, tp=2, pp=1, dp=2, ep=4)
+
+
+def test_bucket_specs() -> None:
+    b = parse_buckets("1:4000, 2:12000,4:30000,8:inf")
+    assert [x.tp for x in b] == [1, 2, 4, 8] and math.isinf(b[-1].max_tokens)
+    for bad, message in [("", "empty"), ("1:4000,2:3000", "must increase"), ("1-4000", "tp:max_tokens"),
+                         ("x:4", "integer"), ("0:100", "tp must be >= 1")]:
+        with pytest.raises(SpecError, match=message):
+            parse_buckets(bad)
+
+
+def test_rl_settings_and_profile() -> None:
+    assert RLSettings().global_batch == 8192
+    with pytest.raises(SpecError, match="samples_per_prompt"):
+        RLSettings(samples_per_prompt=0)
+    p = WorkloadProfile.build(name="t", shapes=[(300, 100, 1), (100, 50, 1), (200, 80, 2)], requests_per_step=30)
+    assert p.total_lengths == (100, 200, 300) and p.quantile(0.5) == 200
+    groups = p.groups(2)
+    assert sum(g.count for g in groups) == 30 and groups[-1].max_total == 300
+    with pytest.raises(SpecError, match="no trajectories"):
+        WorkloadProfile.build(name="t", shapes=[])
+
+
+def test_models_and_clusters_load_from_files(tmp_path) -> None:
+    mf = tmp_path / "tiny.yaml"
+    mf.write_text("num_layers: 4\nhidden_size: 256\nnum_heads: 4\nnum_kv_heads: 2\nhead_dim: 64\n"
+                  "ffn_hidden_size: 512\nvocab_size: 1000\n")
+    m = load_model(str(mf))
+    assert m.name == "tiny" and m.num_layers == 4
+    cf = tmp_path / "c.json"
+    cf.write_text(json.dumps({"gpu": "H100-80GB", "num_nodes": 2, "gpus_per_node": 4}))
+    assert load_cluster(str(cf)).num_gpus == 8
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("num_layers: 4\nwings: 2\n")
+    with pytest.raises(SpecError, match="unknown field.*wings"):
+        load_model(str(bad))
+    with pytest.raises(SpecError, match="cannot read"):
+        load_model(str(tmp_path / "missing.yaml"))
