@@ -55,9 +55,13 @@ class CMLFQRouter(Router):
                  max_depth: int = 32, size_edges: Sequence[int] = DEFAULT_SIZE_EDGES,
                  tools: Iterable[str] | None = None) -> None:
         super().__init__(buckets)
-        self.confidence = confidence
-        self.overflow = overflow
+        if rule not in ("mean-p90", "median", "probability"):
+            raise SpecError(f"cmlfq: rule must be 'mean-p90', 'median' or 'probability', got {rule!r}")
+        if not 0 < confidence <= 1:
+            raise SpecError(f"cmlfq: confidence must be in (0, 1], got {confidence!r}")
         self.rule = rule
+        self.overflow = bool(overflow)
+        self.confidence = float(confidence)
         if admit not in ("smallest", "predicted"):
             raise SpecError(f"cmlfq: admit must be 'smallest' or 'predicted', got {admit!r}")
         if fallback not in ("parent", "agnostic", "scaled"):
@@ -150,8 +154,9 @@ class CMLFQRouter(Router):
         return None, 0
 
     def _predict(self, walk: _Walk, ctx: int) -> tuple[float, float, float] | None:
-        """Predicted final length (mean, P50, P90) from the node that stands for the request now, or None when
-        no node has `min_count` observations. Never below the current context."""
+        """Predicted final length (mean, P50, P90) from the node that stands for the request now, conditioned on
+        the request having grown from the node's context to `ctx`; None when no node has `min_count`
+        observations or none of them ran that long."""
         m = self.min_count
         p_ok = walk.p_node is not None and walk.p_node.count >= m
         a_ok = walk.a_node.count >= m
@@ -171,8 +176,11 @@ class CMLFQRouter(Router):
             node, anchor = walk.a_node, walk.a_ctx
         else:
             return None
-        return (max(ctx, anchor + scale * node.mean), max(ctx, anchor + scale * node.p50),
-                max(ctx, anchor + scale * node.p90))
+        stats = node.beyond((ctx - anchor) / scale - 1)
+        if stats is None:
+            return None
+        _, mean, p50, p90 = stats
+        return anchor + scale * mean, anchor + scale * p50, anchor + scale * p90
 
     def _overflow(self, req: Request, predicted_mean: float | None, carried: int | None = None) -> tuple[int, str]:
         if not self.overflow or req.context <= self.limits[req.bucket]:

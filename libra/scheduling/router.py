@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import attrs
 
 from libra.spec import Bucket, SpecError
-from libra.workloads.trace import Trajectory
+from libra.workloads.trace import TOOL_STATUSES, Trajectory
 
 
 @attrs.frozen(kw_only=True)
@@ -99,6 +99,10 @@ class Router(ABC):
         `context_tokens` is the context including that return. A migration here carries the context already in KV
         cache, `context_tokens - tool_tokens`: the tool return is prefilled at the destination either way."""
         req = self._get(request_id)
+        if status not in TOOL_STATUSES:
+            raise SpecError(f"tool status must be one of {', '.join(TOOL_STATUSES)}, got {status!r}")
+        if not isinstance(tool, str) or not tool:
+            raise SpecError(f"tool must be a non-empty string, got {tool!r}")
         _check_count("tool_tokens", tool_tokens)
         _check_count("context_tokens", context_tokens)
         req.context = context_tokens

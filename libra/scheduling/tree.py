@@ -19,6 +19,7 @@ Statistics change only in `update` (called at step end with finished trajectorie
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import math
 import sys
@@ -37,7 +38,7 @@ FORMAT_VERSION = 1
 class Node:
     """One prefix-tree node. `count`, `mean`, `p50`, `p90` (nearest rank) describe `window` as of the last update."""
 
-    __slots__ = ("children", "window", "total", "last_step", "count", "mean", "p50", "p90", "ordered")
+    __slots__ = ("children", "window", "total", "last_step", "count", "mean", "p50", "p90", "ordered", "prefix")
 
     def __init__(self) -> None:
         self.children: dict[int, Node] = {}
@@ -49,11 +50,25 @@ class Node:
         self.p50 = 0.0
         self.p90 = 0.0
         self.ordered: list[int] = []  # the window, sorted: quantiles and bucket probabilities by bisection
+        self.prefix: list[int] = [0]  # prefix sums of `ordered`: conditional means by bisection
 
     def fraction_at_most(self, tokens: float) -> float:
         """Share of the window whose remaining tokens are <= `tokens` (0 for an empty window)."""
         n = len(self.ordered)
         return bisect.bisect_right(self.ordered, tokens) / n if n else 0.0
+
+    def beyond(self, elapsed: float) -> tuple[int, float, float, float] | None:
+        """(count, mean, P50, P90) of the remaining tokens of the window's trajectories that went on for more
+        than `elapsed` tokens past this node: the distribution conditioned on the request still running after
+        growing by `elapsed`. None when none did."""
+        ordered = self.ordered
+        n = len(ordered)
+        i = bisect.bisect_right(ordered, elapsed)
+        k = n - i
+        if k <= 0:
+            return None
+        return (k, (self.prefix[n] - self.prefix[i]) / k, float(ordered[i + math.ceil(0.5 * k) - 1]),
+                float(ordered[i + math.ceil(0.9 * k) - 1]))
 
     def refresh(self, limit: int) -> None:
         w = self.window
@@ -64,6 +79,7 @@ class Node:
         if n:
             self.mean = sum(w) / n
             self.ordered = ordered = sorted(w)
+            self.prefix = list(itertools.accumulate(ordered, initial=0))
             self.p50 = float(ordered[math.ceil(0.5 * n) - 1])
             self.p90 = float(ordered[math.ceil(0.9 * n) - 1])
 

@@ -1,0 +1,228 @@
+"""The router contract for every policy: books kept, decisions name real buckets, deterministic, no future."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from strategies import steps_of_trajectories
+
+from libra.scheduling import POLICIES, CMLFQRouter, RouteDecision, make_router, router_names
+from libra.spec import SpecError, parse_buckets
+from libra.workloads.trace import Trajectory, Turn
+
+BUCKETS = parse_buckets("2:5000,4:15000,8:inf")
+
+
+def drive(router, steps) -> list[RouteDecision]:
+    """Run every step's trajectories through `router` with interleaved requests; return every decision."""
+    decisions = []
+    rid = 0
+    for step in steps:
+        live = []
+        for t in step:
+            rid += 1
+            decisions.append(router.admit(rid, prompt_id=t.prompt_id, prompt_tokens=t.prompt_tokens,
+                                          final_tokens=t.total_tokens))
+            live.append((rid, t, t.prompt_tokens, 0))
+        while live:  # round-robin over requests in flight: one turn each
+            nxt = []
+            for rid_, t, ctx, k in live:
+                turn = t.turns[k]
+                ctx += turn.gen_tokens
+                decisions.append(router.on_progress(rid_, context_tokens=ctx))
+                if turn.tool is not None:
+                    ctx += turn.tool_tokens
+                    decisions.append(router.on_tool_return(rid_, tool=turn.tool, tool_tokens=turn.tool_tokens,
+                                                           status=turn.tool_status, context_tokens=ctx))
+                if k + 1 < len(t.turns):
+                    nxt.append((rid_, t, ctx, k + 1))
+                else:
+                    router.finish(rid_, t)
+            live = nxt
+        router.end_step()
+    return decisions
+
+
+def test_registry() -> None:
+    assert set(POLICIES) <= set(router_names())
+    with pytest.raises(SpecError, match="unknown routing policy 'sjf'.*cmlfq"):
+        make_router("sjf", BUCKETS)
+    with pytest.raises(SpecError, match="policy 'fcfs'"):
+        make_router("fcfs", BUCKETS, no_such_option=1)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_bad_buckets(name) -> None:
+    with pytest.raises(SpecError):
+        make_router(name, ())
+    with pytest.raises(SpecError):
+        parse_buckets("")
+    with pytest.raises(SpecError, match="increase"):
+        parse_buckets("2:15000,4:5000,8:inf")
+
+
+@pytest.mark.parametrize("name", POLICIES)
+@settings(max_examples=25, deadline=None)
+@given(steps=steps_of_trajectories(max_steps=4, max_per_step=10))
+def test_every_request_is_routed_once_to_an_existing_bucket(name, steps) -> None:
+    router = make_router(name, BUCKETS)
+    decisions = drive(router, steps)
+    n = sum(len(s) for s in steps)
+    admits = [d for d in decisions if d.reason == "admit"]
+    assert sorted(d.request_id for d in admits) == list(range(1, n + 1))
+    assert router.num_active == 0
+    for d in decisions:
+        assert 0 <= d.bucket < len(BUCKETS)
+        assert d.migrate == (d.from_bucket is not None and d.from_bucket != d.bucket)
+        assert d.migrated_tokens >= 0
+        assert d.migrate or d.migrated_tokens == 0
+
+
+@pytest.mark.parametrize("name", POLICIES)
+@settings(max_examples=15, deadline=None)
+@given(steps=steps_of_trajectories(max_steps=4, max_per_step=10))
+def test_routing_is_deterministic(name, steps) -> None:
+    assert drive(make_router(name, BUCKETS), steps) == drive(make_router(name, BUCKETS), steps)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_contract_errors(name) -> None:
+    router = make_router(name, BUCKETS)
+    t = Trajectory(prompt_id="p", prompt_tokens=10, turns=(Turn(gen_tokens=5),))
+    router.admit("r1", prompt_id="p", prompt_tokens=10, final_tokens=15)
+    with pytest.raises(SpecError, match="already admitted"):
+        router.admit("r1", prompt_id="p", prompt_tokens=10, final_tokens=15)
+    with pytest.raises(SpecError, match="not in flight"):
+        router.on_progress("r2", context_tokens=20)
+    with pytest.raises(SpecError):
+        router.on_progress("r1", context_tokens=-1)
+    with pytest.raises(SpecError):
+        router.on_tool_return("r1", tool="search", tool_tokens=10, status="exploded", context_tokens=30)
+    router.finish("r1", t)
+    with pytest.raises(SpecError, match="not in flight"):
+        router.finish("r1", t)
+
+
+def test_oracle_needs_the_final_length() -> None:
+    router = make_router("oracle", BUCKETS)
+    assert router.admit(1, prompt_id="p", prompt_tokens=10, final_tokens=20_000).bucket == 2
+    with pytest.raises(SpecError, match="final_tokens"):
+        router.admit(2, prompt_id="p", prompt_tokens=10)
+
+
+def test_mlfq_promotes_one_level_at_a_time_on_generated_tokens() -> None:
+    router = make_router("mlfq", BUCKETS)
+    router.admit(1, prompt_id="p", prompt_tokens=100)
+    d = router.on_tool_return(1, tool="search", tool_tokens=9000, status="ok", context_tokens=9200)
+    assert not d.migrate  # tool tokens are not service
+    d = router.on_progress(1, context_tokens=9200 + 4950)  # generated 5050 > 5000
+    assert d.migrate and d.bucket == 1 and d.migrated_tokens == 14150
+    d = router.on_progress(1, context_tokens=9200 + 40_000)
+    assert d.migrate and (d.from_bucket, d.bucket) == (1, 2)
+    context = make_router("mlfq", BUCKETS, service="context")
+    context.admit(1, prompt_id="p", prompt_tokens=100)
+    assert context.on_tool_return(1, tool="search", tool_tokens=9000, status="ok", context_tokens=9200).migrate
+
+
+def test_fcfs_ignores_lengths() -> None:
+    router = make_router("fcfs", BUCKETS)
+    got = [router.admit(i, prompt_id="p", prompt_tokens=10 * i).bucket for i in range(6)]
+    assert got == [0, 1, 2, 0, 1, 2]
+    fixed = make_router("fcfs", BUCKETS, bucket=1)
+    assert fixed.admit(1, prompt_id="p", prompt_tokens=10).bucket == 1
+    with pytest.raises(SpecError):
+        make_router("fcfs", BUCKETS, bucket=3)
+
+
+def _long(pid: str, size: int = 8000) -> Trajectory:
+    """One search that returns `size` tokens, then a long answer: 20,000+ tokens in all."""
+    return Trajectory(prompt_id=pid, prompt_tokens=300, turns=(
+        Turn(gen_tokens=200, tool="search", tool_status="ok", tool_tokens=size), Turn(gen_tokens=12_000)))
+
+
+@pytest.mark.parametrize("name", ["cmlfq", "predictor"])
+def test_no_learning_before_the_step_ends(name) -> None:
+    """Trajectories finished within a step change nothing until end_step: routing never reads the future."""
+    router = make_router(name, BUCKETS)
+    for rid in range(1, 9):
+        router.admit(rid, prompt_id="p", prompt_tokens=300, final_tokens=16_500)
+        router.on_tool_return(rid, tool="search", tool_tokens=4000, status="ok", context_tokens=4500)
+        router.finish(rid, _long("p", size=4000))
+
+    def probe(rid: int) -> list[RouteDecision]:
+        first = router.admit(rid, prompt_id="p", prompt_tokens=300, final_tokens=16_500)
+        second = router.on_tool_return(rid, tool="search", tool_tokens=4000, status="ok", context_tokens=4500)
+        return [first, second]
+
+    before = probe(100)
+    assert before[0].bucket == 0 and not before[1].migrate
+    router.end_step()
+    after = probe(101)
+    assert after[0].bucket == 2 or after[1].bucket == 2  # learnt: this prompt and return run long
+
+
+def test_cmlfq_learns_from_tool_returns_at_step_end() -> None:
+    router = make_router("cmlfq", BUCKETS)
+    drive(router, [[_long("p") for _ in range(8)]])
+    d = router.admit(100, prompt_id="p", prompt_tokens=300)
+    assert d.bucket == 0  # the published rule: start small
+    d = router.on_tool_return(100, tool="search", tool_tokens=8000, status="ok", context_tokens=8500)
+    assert d.migrate and d.bucket == 2 and d.reason == "tool-return"
+    assert d.migrated_tokens == 500  # the context already in KV cache, not the fresh tool return
+    # an unseen prompt falls back to the prompt-agnostic tree
+    router.admit(101, prompt_id="never-seen", prompt_tokens=300)
+    d = router.on_tool_return(101, tool="search", tool_tokens=8000, status="ok", context_tokens=8500)
+    assert d.migrate and d.bucket == 2
+    # a small return leads to a node never seen: fall back to the parent, the prompt's root (all ran long)
+    router.admit(102, prompt_id="p", prompt_tokens=300)
+    d = router.on_tool_return(102, tool="search", tool_tokens=100, status="ok", context_tokens=600)
+    assert d.migrate and d.bucket == 2
+    # an unseen prompt on a path unseen in the agnostic tree: its nearest ancestor there (the root) answers
+    router.admit(103, prompt_id="never-seen", prompt_tokens=300)
+    d = router.on_tool_return(103, tool="search", tool_tokens=100, status="ok", context_tokens=600)
+    assert d.bucket == 2
+
+
+def test_cmlfq_admits_into_a_larger_bucket_when_asked() -> None:
+    router = make_router("cmlfq", BUCKETS, admit="predicted")
+    drive(router, [[_long("p") for _ in range(8)]])
+    assert router.admit(1, prompt_id="p", prompt_tokens=300).bucket == 2
+    assert router.admit(2, prompt_id="other", prompt_tokens=300).bucket == 2  # the agnostic root agrees too
+    smallest = make_router("cmlfq", BUCKETS)
+    drive(smallest, [[_long("p") for _ in range(8)]])
+    assert smallest.admit(1, prompt_id="p", prompt_tokens=300).bucket == 0
+
+
+def test_cmlfq_weighs_migration_cost() -> None:
+    """Same node statistics, but a context so large that moving it costs more than the predicted gain."""
+    cheap = make_router("cmlfq", BUCKETS, cost_ratio=0.5)
+    drive(cheap, [[_long("p", size=8000)] * 8])
+    cheap.admit(1, prompt_id="p", prompt_tokens=300)
+    assert cheap.on_tool_return(1, tool="search", tool_tokens=8000, status="ok", context_tokens=8500).migrate
+    costly = make_router("cmlfq", BUCKETS, cost_ratio=100.0)
+    drive(costly, [[_long("p", size=8000)] * 8])
+    costly.admit(1, prompt_id="p", prompt_tokens=300)
+    assert not costly.on_tool_return(1, tool="search", tool_tokens=8000, status="ok", context_tokens=8500).migrate
+
+
+@pytest.mark.parametrize("kw", [{"admit": "largest"}, {"fallback": "none"}, {"rule": "vote"}, {"min_count": 0},
+                                {"cost_ratio": -1.0}, {"confidence": 1.5}])
+def test_cmlfq_bad_options(kw) -> None:
+    with pytest.raises(SpecError):
+        CMLFQRouter(BUCKETS, **kw)
+
+
+def test_cmlfq_unknown_tool_with_a_closed_tool_set() -> None:
+    router = make_router("cmlfq", BUCKETS, tools=("search",))
+    router.admit(1, prompt_id="p", prompt_tokens=10)
+    with pytest.raises(SpecError, match="unknown tool 'bash'"):
+        router.on_tool_return(1, tool="bash", tool_tokens=10, status="ok", context_tokens=30)
+
+
+def test_tree_can_be_shared_and_merged() -> None:
+    a, b = make_router("cmlfq", BUCKETS), make_router("cmlfq", BUCKETS)
+    drive(a, [[_long("p")] * 3])
+    drive(b, [[_long("q")] * 3])
+    a.tree.merge(b.tree)
+    merged = make_router("cmlfq", BUCKETS, tree=a.tree)
+    assert set(merged.tree.prompts) == {"p", "q"}
