@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
-from strategies import steps_of_trajectories
+from sched_strategies import steps_of_trajectories
 
 from libra.scheduling import POLICIES, CMLFQRouter, RouteDecision, make_router, router_names
 from libra.spec import SpecError, parse_buckets

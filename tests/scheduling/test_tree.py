@@ -7,7 +7,7 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import steps_of_trajectories, trajectories
+from sched_strategies import steps_of_trajectories, trajectories
 
 from libra.scheduling import PrefixTree, StateCodec
 from libra.spec import SpecError
