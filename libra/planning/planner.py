@@ -48,7 +48,7 @@ class PlanningError(SpecError):
 @attrs.frozen(kw_only=True)
 class PlannerOptions:
     tp_degrees: tuple[int, ...] = TP_DEGREES
-    num_groups: int = 64  # length quantile groups for the rollout DP
+    num_groups: int = 32  # length quantile groups for the rollout DP (cost grows ~ num_groups^2)
     tree: TreeOptions = TreeOptions()
     fill_spare_gpus: bool = True  # give GPUs the optimum leaves unused to the slowest rollout bucket
     cache_size: int = 8  # profiles whose tables stay memoised

@@ -65,6 +65,9 @@ class RolloutTable:
         self.tp_degrees = tuple(tp for tp in tp_degrees if tp <= max_gpus)
         self.times: dict[int, np.ndarray] = {}  # tp -> flat running-min times
         self.offsets: dict[int, np.ndarray] = {}  # tp -> start offset of each range in the flat array
+        self._values: dict[int, np.ndarray] = {}  # tp -> sorted distinct negated times
+        self._width: dict[int, int] = {}
+        self._keys: dict[int, np.ndarray] = {}
         for tp in self.tp_degrees:
             caps = np.minimum(np.ceil(n), max_gpus // tp).astype(int)
             fits = max_total <= cost.kv_capacity_tokens(tp)
@@ -75,8 +78,14 @@ class RolloutTable:
             t = cost.instance_time(tp, num_requests=n[rng] / c, decode_tokens=decode[rng] / c,
                                    prefill_tokens=prefill[rng] / c, resident_context=resident[rng],
                                    max_gen=max_gen[rng], max_turns=max_turns[rng], tool_latency_s=tool_latency_s)
-            self.times[tp] = _segmented_running_min(np.asarray(t, dtype=float), caps, offsets)
-            self.offsets[tp] = offsets
+            times = _segmented_running_min(np.asarray(t, dtype=float), caps, offsets)
+            self.times[tp], self.offsets[tp] = times, offsets
+            # Integer search keys: within a range times never increase, so (range, rank of -time) is sorted and
+            # "how many instances are too slow for T" is one searchsorted per range for any T.
+            values, ranks = np.unique(-times, return_inverse=True)
+            width = len(values) + 1
+            self._values[tp], self._width[tp] = values, width
+            self._keys[tp] = np.repeat(np.arange(len(caps), dtype=np.int64), caps) * width + ranks
 
     @property
     def num_entries(self) -> int:
@@ -95,11 +104,12 @@ class RolloutTable:
     def min_counts(self, limit: float) -> dict[int, np.ndarray]:
         """tp -> per range, the fewest instances finishing within `limit` (0 = impossible)."""
         out = {}
-        for tp, t in self.times.items():
+        for tp in self.times:
             offsets = self.offsets[tp]
             caps = np.diff(offsets)
-            above = np.concatenate([[0], np.cumsum(t > limit)])
-            slower = above[offsets[1:]] - above[offsets[:-1]]
+            rank = np.searchsorted(self._values[tp], -limit, side="left")  # ranks below it: time > limit
+            queries = np.arange(len(caps), dtype=np.int64) * self._width[tp] + rank
+            slower = np.searchsorted(self._keys[tp], queries, side="left") - offsets[:-1]
             ok = (caps > 0) & (slower < caps)
             out[tp] = np.where(ok, slower + 1, 0)
         return out
@@ -151,7 +161,10 @@ class RolloutTable:
 
     def candidates(self, lo: float, hi: float) -> np.ndarray:
         """Every bucket time in (lo, hi]: the optimum lies among them or among the training times."""
-        found = [t[(t > lo) & (t <= hi)] for t in self.times.values()]
+        found = []
+        for values in self._values.values():  # negated and sorted: times in (lo, hi] are a slice
+            a, b = np.searchsorted(values, -hi, side="left"), np.searchsorted(values, -lo, side="left")
+            found.append(-values[a:b])
         return np.unique(np.concatenate(found)) if found else np.empty(0)
 
     def instance_groups(self, buckets: list[BucketChoice]) -> tuple[InstanceGroup, ...]:
