@@ -117,3 +117,9 @@ def compare(make: Callable[[str], Router], policies: Sequence[str], trajectories
             **kw: Any) -> list[RouteEvalResult]:
     """`replay` for several policies on the same trajectories; `make(policy)` builds a fresh router."""
     return [replay(make(p), trajectories, policy=p, **kw) for p in policies]
+
+
+def as_agent_log(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
+    """The same trajectories as a real agent log usually is: one run per task (every prompt id unique), no step
+    and no sample labels, file order as time order. Routing then has no per-prompt history to lean on."""
+    return [attrs.evolve(t, prompt_id=f"task-{i}", step=None, sample=None) for i, t in enumerate(trajectories)]
