@@ -25,6 +25,12 @@ def _load_subcommand(name: str):
         raise
 
 
+def _is_user_error(exc: Exception) -> bool:
+    """Errors about the user's input raised by modules loaded on demand (placement needs OR-Tools)."""
+    placement = sys.modules.get("libra.planning.placement")
+    return placement is not None and isinstance(exc, placement.PlacementError)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="libra",
@@ -52,12 +58,15 @@ def main(argv: list[str] | None = None) -> int:
     except (CLIError, SpecError, TraceError) as exc:
         print(f"libra: error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # noqa: BLE001 - the contract is one line, never a traceback
+        if _is_user_error(exc):
+            print(f"libra: error: {exc}", file=sys.stderr)
+            return 2
+        print(f"libra: internal error: {type(exc).__name__}: {exc} (please report it)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("libra: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # noqa: BLE001 - the contract is one line, never a traceback
-        print(f"libra: internal error: {type(exc).__name__}: {exc} (please report it)", file=sys.stderr)
-        return 1
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", type=int, default=512, help="prompts per RL step (default 512)")
     p.add_argument("--samples", type=int, default=16, help="samples per prompt (default 16)")
     p.add_argument("--max-len", type=int, default=40960, help="maximum model length in tokens (default 40960)")
-    p.add_argument("--tp-degrees", default="1,2,4,8", help="rollout TP degrees to consider (default 1,2,4,8)")
+    p.add_argument("--tp-degrees", default=None,
+                   help="rollout TP degrees to consider (default 1,2,4,8, those that fit in a node)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload")
     p.add_argument("--place", action="store_true", help="also map the plan onto GPU ids (OR-Tools CP-SAT)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
@@ -81,9 +82,13 @@ def run(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     model = load_model(args.model)
     rl = RLSettings(num_prompts=args.prompts, samples_per_prompt=args.samples, max_model_len=args.max_len)
-    tps = _tp_degrees(args.tp_degrees)
     profile = _profile(args, rl.global_batch)
-    planner = GlobalPlanner(cluster=cluster, model=model, rl=rl, options=PlannerOptions(tp_degrees=tps))
+    options = PlannerOptions() if args.tp_degrees is None else PlannerOptions(tp_degrees=_tp_degrees(args.tp_degrees))
+    planner = GlobalPlanner(cluster=cluster, model=model, rl=rl, options=options)
+    tps = tuple(tp for tp in options.tp_degrees if tp <= cluster.gpus_per_node)
+    if args.tp_degrees is not None and len(tps) < len(options.tp_degrees):
+        raise CLIError(f"--tp-degrees {args.tp_degrees}: a TP group must fit in one node of "
+                       f"{cluster.gpus_per_node} GPUs")
     plan = planner.plan(profile)
     single = []
     for tp in tps:

@@ -98,10 +98,10 @@ class GlobalPlanner:
         return BatchStats.from_lengths(lengths, num_sequences=self.rl.global_batch)
 
     def tables(self, profile: WorkloadProfile, tp_degrees: tuple[int, ...] | None = None) -> _Tables:
-        tps = tuple(sorted(tp_degrees or self.options.tp_degrees))
+        node = self.cluster.gpus_per_node
+        tps = tuple(sorted(tp_degrees or (tp for tp in self.options.tp_degrees if tp <= node)))
         bad = [tp for tp in tps if tp < 1 or tp > self.cluster.gpus_per_node]
         if bad:
-            node = self.cluster.gpus_per_node
             raise SpecError(f"TP degree(s) {bad} must be between 1 and the GPUs per node ({node})")
         key = (profile, tps)
         if key not in self._cache:

@@ -53,6 +53,7 @@ def test_plan_with_placement(capsys) -> None:
     (["--gpu", "TPU"], "unknown GPU"),
     (["--workload", "chess"], "unknown workload"),
     (["--tp-degrees", "1,x"], "comma-separated"),
+    (["--gpus", "16", "--gpus-per-node", "4", "--tp-degrees", "4,8"], "fit in one node"),
     (["--model", "Llama-3-70B", "--gpus", "8", "--gpu", "A100-80GB"], "cannot be trained"),
 ])
 def test_bad_input_is_one_line_without_traceback(args, message, capsys) -> None:
