@@ -1,0 +1,44 @@
+"""`libra trace generate`."""
+
+from __future__ import annotations
+
+import json
+
+from libra.cli import main
+from libra.workloads import load_trace
+from libra.workloads.generators import WorkloadGenerator
+
+
+def one_error_line(err: str) -> bool:
+    """Logs may precede it, but the error itself is one line and there is no traceback."""
+    return "Traceback" not in err and sum(line.startswith("libra:") for line in err.splitlines()) == 1
+
+
+def test_generate_writes_a_loadable_trace(tmp_path, capsys) -> None:
+    out = tmp_path / "t.jsonl"
+    assert main(["trace", "generate", "--workload", "r2e-gym", "--steps", "2", "--seed", "3", "--prompts", "4",
+                 "--samples", "2", "--out", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["trajectories"] == 16 and summary["out"] == str(out) and summary["workload"] == "r2e-gym"
+    trajectories = load_trace(out)
+    gen = WorkloadGenerator("r2e-gym", seed=3, num_prompts=4, samples_per_prompt=2)
+    assert trajectories == gen.step(0) + gen.step(1)
+
+
+def test_defaults_and_table(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["trace", "generate"]) == 0
+    text = capsys.readouterr().out
+    assert "wrote 1024 trajectories" in text and "mean_tokens" in text
+    assert len(load_trace(tmp_path / "search-r1-trace.jsonl")) == 1024
+    assert main(["trace"]) == 0  # the bare command generates with the defaults too
+
+
+def test_errors_are_one_line(tmp_path, capsys) -> None:
+    assert main(["trace", "generate", "--workload", "swe", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert one_error_line(err) and "unknown workload 'swe'" in err
+    assert main(["trace", "generate", "--steps", "0", "--out", str(tmp_path / "x")]) == 2
+    assert "num_steps" in capsys.readouterr().err
+    assert main(["trace", "generate", "--out", str(tmp_path / "missing-dir" / "x.jsonl")]) == 2
+    assert "cannot write" in capsys.readouterr().err

@@ -1,0 +1,96 @@
+"""Routing evaluation on the synthetic workloads: C-MLFQ against the baselines, and the unique-prompt case."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from libra.scheduling import CMLFQRouter, as_agent_log, make_router, replay
+from libra.spec import SpecError, parse_buckets
+from libra.workloads.generators import generate
+
+SEARCH_BUCKETS = parse_buckets("2:5000,4:15000,8:inf")
+
+
+@pytest.fixture(scope="module")
+def search_trace():
+    return generate("search-r1", num_steps=12, seed=11, num_prompts=32)
+
+
+@pytest.fixture(scope="module")
+def search_results(search_trace):
+    runs = {"cmlfq": {}, "mlfq": {}, "predictor": {}, "majority": {"mode": "most_common"}, "oracle": {}, "fcfs": {}}
+    return {name: replay(make_router("predictor" if name == "majority" else name, SEARCH_BUCKETS, **opts),
+                         search_trace, policy=name)
+            for name, opts in runs.items()}
+
+
+def test_cmlfq_beats_length_prediction_and_classic_mlfq(search_results) -> None:
+    cmlfq = search_results["cmlfq"]
+    assert cmlfq.routing_accuracy > 0.8
+    assert cmlfq.routing_accuracy > search_results["predictor"].routing_accuracy + 0.05
+    assert cmlfq.routing_accuracy > search_results["mlfq"].routing_accuracy + 0.15
+    assert cmlfq.migrated_token_fraction < search_results["mlfq"].migrated_token_fraction
+
+
+def test_reference_points(search_results, search_trace) -> None:
+    oracle = search_results["oracle"]
+    assert oracle.routing_accuracy == 1.0 and oracle.migrated_tokens == 0
+    assert search_results["fcfs"].routing_accuracy < 0.45
+    for r in search_results.values():
+        assert r.trajectories == len(search_trace) == sum(map(sum, r.confusion))
+        assert r.total_tokens == sum(t.total_tokens for t in search_trace)
+        assert r.routing_accuracy <= r.final_bucket_accuracy
+        assert r.migrated_token_fraction == pytest.approx(r.migrated_tokens / r.total_tokens)
+
+
+def test_unique_prompt_agent_logs() -> None:
+    """Real agent logs: one run per task, no steps. Only the prompt-agnostic tree and the tool-return path can
+    help; C-MLFQ must beat every baseline, including sending everything to the most common bucket."""
+    log = as_agent_log(generate("search-r1", num_steps=12, seed=5, num_prompts=256, samples_per_prompt=1,
+                                num_dataset_prompts=100_000))
+    assert len({t.prompt_id for t in log}) == len(log) and all(t.step is None for t in log)
+    cmlfq = replay(make_router("cmlfq", SEARCH_BUCKETS), log).routing_accuracy
+    baselines = {"mlfq": make_router("mlfq", SEARCH_BUCKETS), "predictor": make_router("predictor", SEARCH_BUCKETS),
+                 "majority": make_router("predictor", SEARCH_BUCKETS, mode="most_common"),
+                 "fcfs": make_router("fcfs", SEARCH_BUCKETS)}
+    for name, router in baselines.items():
+        assert cmlfq > replay(router, log).routing_accuracy + 0.1, name
+
+
+class _Recorder(CMLFQRouter):
+    def __init__(self, buckets) -> None:
+        super().__init__(buckets)
+        self.log: list = []
+
+    def _move(self, req, target, carried, reason):
+        decision = super()._move(req, target, carried, reason)
+        self.log.append(decision)
+        return decision
+
+
+def test_replay_never_reads_the_future(search_trace) -> None:
+    """Decisions for steps 0..5 are the same whether or not steps 6.. follow, and whatever they hold."""
+    early = [t for t in search_trace if t.step < 6]
+    late = [attrs.evolve(t, prompt_tokens=t.prompt_tokens + 30_000) for t in search_trace if t.step >= 6]
+    a, b = _Recorder(SEARCH_BUCKETS), _Recorder(SEARCH_BUCKETS)
+    replay(a, early)
+    replay(b, early + late)
+    assert b.log[: len(a.log)] == a.log
+
+
+def test_trace_without_steps_is_cut_into_chunks(search_trace) -> None:
+    log = [attrs.evolve(t, step=None) for t in search_trace[:600]]
+    result = replay(make_router("cmlfq", SEARCH_BUCKETS), log, num_chunks=6)
+    assert result.steps == 6 and result.trajectories == 600
+    warm = replay(make_router("cmlfq", SEARCH_BUCKETS), log, num_chunks=6, warmup_steps=2)
+    assert warm.steps == 4 and warm.trajectories == 400
+
+
+def test_bad_evaluation_input(search_trace) -> None:
+    with pytest.raises(SpecError):
+        replay(make_router("cmlfq", SEARCH_BUCKETS), [])
+    with pytest.raises(SpecError, match="warmup_steps"):
+        replay(make_router("cmlfq", SEARCH_BUCKETS), search_trace, warmup_steps=12)
+    with pytest.raises(SpecError):
+        replay(make_router("cmlfq", SEARCH_BUCKETS), search_trace, progress_every=0)
