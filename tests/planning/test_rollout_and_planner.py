@@ -133,3 +133,24 @@ def test_planner_reuses_tables_across_budgets() -> None:
             continue
         assert planner.tables(profile) is first
         assert smaller.makespan_s >= full.makespan_s * (1 - 1e-12)  # fewer GPUs never plan faster
+
+
+def test_evaluate_scores_a_fixed_plan_on_a_drifted_workload() -> None:
+    from libra.spec import ClusterSpec, get_gpu, get_model
+    from libra.workloads import profile_from_trajectories
+    from libra.workloads.generators import WorkloadGenerator
+
+    gen = WorkloadGenerator("r2e-gym", seed=0, num_prompts=32, drift_steps=20)
+    early = profile_from_trajectories(gen.step(0), name="early")
+    late = profile_from_trajectories(gen.step(19), name="late")
+    assert late.mean_length > early.mean_length
+    cluster = ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=16, gpus_per_node=8)
+    planner = GlobalPlanner(cluster=cluster, model=get_model("Qwen3-4B"), rl=RLSettings(num_prompts=32))
+    plan = planner.plan(early)
+    train_now, rollout_now = planner.evaluate(plan, early)
+    assert train_now == pytest.approx(plan.train.time_s)
+    assert 0.5 * plan.rollout.time_s < rollout_now < 2.0 * plan.rollout.time_s  # raw requests vs length groups
+    train_late, rollout_late = planner.evaluate(plan, late)
+    assert train_late > train_now and rollout_late > rollout_now
+    replanned = planner.plan(late)
+    assert replanned.makespan_s <= max(train_late, rollout_late) * 1.05  # replanning never loses (beyond grouping)
