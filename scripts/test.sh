@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_CONSTRAINT="$PWD/constraints.txt"   # keeps pip on the CPU torch wheel (no multi-GB CUDA build)
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+export DS_BUILD_OPS=0                            # DeepSpeed: no ahead-of-time op builds (JIT on first use)
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
