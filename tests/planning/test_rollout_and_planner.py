@@ -108,6 +108,7 @@ def test_plans_respect_the_cluster(seed: int) -> None:
     assert sum(g.tp * g.count for g in plan.rollout.instances) <= plan.rollout.num_gpus
     assert all(g.tp <= cm.cluster.gpus_per_node for g in plan.rollout.instances)
     assert plan.makespan_s == pytest.approx(max(t.time_s, plan.rollout.time_s))
+    assert plan.makespan_s >= plan.lower_bound_s * (1 - 1e-9)  # the fluid bound never exceeds the optimum
     limits = [g.max_tokens for g in plan.rollout.instances]
     assert limits == sorted(limits) and math.isinf(limits[-1])
 
