@@ -32,7 +32,8 @@ def register(subparsers) -> None:
     p.add_argument("--admit", default=None, choices=("smallest", "predicted"),
                    help="cmlfq admission: smallest bucket (published) or predicted from the prompt's statistics")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="router option, repeatable (e.g. rule=median, size_edges=1000,4000, mode=most_common)")
+                   help="router option, repeatable (e.g. rule=median, size_edges=1000,4000, mode=most_common); "
+                        "with --policy all they go to cmlfq only")
     p.add_argument("--unique-prompts", action="store_true", help="score as an agent log: unique prompt ids, no steps")
     p.add_argument("--chunks", type=int, default=10, help="time chunks for a trace without steps (default 10)")
     p.add_argument("--warmup-steps", type=int, default=0, help="steps replayed but not scored (default 0)")
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     options = parse_options(args.option)
     results = []
     for name in policies:
-        opts = dict(options) if args.policy != "all" else {}
+        opts = dict(options) if name == "cmlfq" or args.policy != "all" else {}  # with all: options are cmlfq's
         if name == "cmlfq" and args.admit:
             opts["admit"] = args.admit
         log(f"replaying {len(trajectories)} trajectories through {name}")

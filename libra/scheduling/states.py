@@ -96,6 +96,19 @@ class StateCodec:
         self._states.append(state)
         return code
 
+    def encode_turns(self, turns: Sequence, limit: int) -> list[int]:
+        """Codes of the first `limit` tool returns of a trajectory's turns (validated `Turn` values: integer token
+        counts), the fast path of a step-end tree update."""
+        codes = self._codes
+        edges = self.size_edges
+        out = []
+        for t in turns[:limit]:
+            if t.tool is not None:
+                key = (t.tool, bisect.bisect_right(edges, t.tool_tokens), t.tool_status)
+                code = codes.get(key)
+                out.append(self._intern(key) if code is None else code)
+        return out
+
     def encode_state(self, state: ToolReturnState) -> int:
         key = (state.tool, state.size_class, state.status)
         code = self._codes.get(key)

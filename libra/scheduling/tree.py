@@ -160,40 +160,45 @@ class PrefixTree:
         step = self.steps
         touched: list[Node] = []
         limit = self.max_depth
-        encode = self.codec.encode
+        codec = self.codec
         batch = list(trajectories)
         # classify every tool return first, so that a bad one (unknown tool) leaves the tree untouched
-        paths = [[encode(t.tool, t.tool_tokens, t.tool_status) for t in traj.turns[:limit] if t.tool is not None]
-                 for traj in batch]
+        paths = [codec.encode_turns(traj.turns, limit) for traj in batch]
+        agnostic = self.agnostic
+        prompts = self.prompts
+        created = 0
         for traj, path in zip(batch, paths):
-            total = traj.total_tokens
-            context = traj.prompt_tokens
-            prompt_root = self.prompts.get(traj.prompt_id)
-            if prompt_root is None:
-                prompt_root = self.prompts[traj.prompt_id] = Node()
-                self.num_nodes += 1
-            nodes = (prompt_root, self.agnostic)
             turns = traj.turns
+            context = traj.prompt_tokens
+            total = context + sum(t.gen_tokens + t.tool_tokens for t in turns)
+            p_node = prompts.get(traj.prompt_id)
+            if p_node is None:
+                p_node = prompts[traj.prompt_id] = Node()
+                created += 1
+            a_node = agnostic
             for depth in range(len(path) + 1):
                 if depth:
                     turn = turns[depth - 1]
                     context += turn.gen_tokens + turn.tool_tokens
                     code = path[depth - 1]
-                    nxt = []
-                    for node in nodes:
-                        child = node.children.get(code)
-                        if child is None:
-                            child = node.children[code] = Node()
-                            self.num_nodes += 1
-                        nxt.append(child)
-                    nodes = nxt
+                    child = p_node.children.get(code)
+                    if child is None:
+                        child = p_node.children[code] = Node()
+                        created += 1
+                    p_node = child
+                    child = a_node.children.get(code)
+                    if child is None:
+                        child = a_node.children[code] = Node()
+                        created += 1
+                    a_node = child
                 remaining = total - context
-                for node in nodes:
+                for node in (p_node, a_node):
                     if node.last_step != step:
                         node.last_step = step
                         touched.append(node)
                     node.window.append(remaining)
                     node.total += 1
+        self.num_nodes += created
         for node in touched:
             node.refresh(self.window)
         self.steps += 1

@@ -1,0 +1,81 @@
+"""Router overhead (pytest-benchmark): `on_tool_return` latency, step-end prefix-tree update, memory per node.
+
+    python -m pytest benchmarks/bench_router.py --benchmark-only
+
+Targets (issue 3): on_tool_return median < 20 us; step-end update of 8,192 trajectories < 100 ms. Nothing here
+asserts a time; the numbers go to the benchmark report (and memory per node to `extra_info`).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from libra.scheduling import PrefixTree, make_router
+from libra.spec import parse_buckets
+from libra.workloads.generators import WorkloadGenerator
+
+BUCKETS = {"search-r1": parse_buckets("2:5000,4:15000,8:inf"),
+           "r2e-gym": parse_buckets("1:4000,2:12000,4:30000,8:inf")}
+
+
+def _steps(workload: str, first: int, count: int):
+    gen = WorkloadGenerator(workload, seed=0, num_prompts=512)
+    return [gen.step(s) for s in range(first, first + count)]
+
+
+@pytest.fixture(scope="module", params=["search-r1", "r2e-gym"])
+def warm(request):
+    """A C-MLFQ router whose tree learnt four steps of 512 x 16 trajectories, and the next step's trajectories."""
+    workload = request.param
+    *history, current = _steps(workload, 0, 5)
+    router = make_router("cmlfq", BUCKETS[workload])
+    for step in history:
+        router.tree.update(step)
+    return workload, router, current
+
+
+def test_on_tool_return(benchmark, warm) -> None:
+    workload, router, current = warm
+    tool_turns = [(t, k) for t in current for k, turn in enumerate(t.turns) if turn.tool is not None]
+    ids = itertools.count()
+    cases = itertools.cycle(tool_turns)
+
+    def setup():
+        traj, k = next(cases)
+        rid = next(ids)
+        router.admit(rid, prompt_id=traj.prompt_id, prompt_tokens=traj.prompt_tokens)
+        for j in range(k):  # walk the request down to the tool return we time
+            turn = traj.turns[j]
+            router.on_tool_return(rid, tool=turn.tool, tool_tokens=turn.tool_tokens, status=turn.tool_status,
+                                  context_tokens=traj.context_after(j + 1))
+        turn = traj.turns[k]
+        return (rid,), {"tool": turn.tool, "tool_tokens": turn.tool_tokens, "status": turn.tool_status,
+                        "context_tokens": traj.context_after(k + 1)}
+
+    benchmark.extra_info["workload"] = workload
+    benchmark.pedantic(router.on_tool_return, setup=setup, rounds=3000, iterations=1, warmup_rounds=100)
+
+
+def test_step_end_update(benchmark, warm) -> None:
+    workload, router, current = warm
+    tree = router.tree
+    benchmark.extra_info.update(workload=workload, trajectories=len(current))
+    benchmark.pedantic(tree.update, args=(current,), rounds=5, iterations=1)
+    benchmark.extra_info.update(nodes=tree.num_nodes, bytes_per_node=tree.memory_bytes() / tree.num_nodes)
+
+
+@pytest.mark.parametrize("window", [20, 200])
+def test_memory_per_node(benchmark, window) -> None:
+    """Not a speed test: builds a tree over 8 steps of search-r1 and reports bytes per node."""
+    steps = _steps("search-r1", 0, 8)
+    tree = PrefixTree(window=window)
+
+    def build():
+        for step in steps:
+            tree.update(step)
+
+    benchmark.pedantic(build, rounds=1, iterations=1)
+    benchmark.extra_info.update(window=window, nodes=tree.num_nodes,
+                                bytes_per_node=round(tree.memory_bytes() / tree.num_nodes, 1))
