@@ -11,7 +11,7 @@ import argparse
 from typing import Any
 
 from libra.cli._common import CLIError, emit_json, key_values, log, table
-from libra.scheduling import POLICIES, as_agent_log, make_router, replay
+from libra.scheduling import CMLFQ_PRESETS, POLICIES, as_agent_log, make_router, replay
 from libra.spec import format_buckets, parse_buckets
 from libra.workloads import WORKLOAD_NAMES, generate, load_trace
 
@@ -29,6 +29,8 @@ def register(subparsers) -> None:
     p.add_argument("--samples", type=int, default=16, help="samples per prompt when no --trace (default 16)")
     p.add_argument("--policy", default="cmlfq", help=f"{'|'.join(POLICIES)}|all (default cmlfq)")
     p.add_argument("--buckets", default=DEFAULT_BUCKETS, help=f"tp:max_tokens,... (default {DEFAULT_BUCKETS})")
+    p.add_argument("--preset", default="published", choices=tuple(CMLFQ_PRESETS),
+                   help="cmlfq option set: published rule (default), tuned for accuracy, or for few migrated tokens")
     p.add_argument("--admit", default=None, choices=("smallest", "predicted"),
                    help="cmlfq admission: smallest bucket (published) or predicted from the prompt's statistics")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
@@ -85,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
     results = []
     for name in policies:
         opts = dict(options) if name == "cmlfq" or args.policy != "all" else {}  # with all: options are cmlfq's
+        if name == "cmlfq":
+            opts = {**CMLFQ_PRESETS[args.preset], **opts}
         if name == "cmlfq" and args.admit:
             opts["admit"] = args.admit
         log(f"replaying {len(trajectories)} trajectories through {name}")

@@ -9,7 +9,7 @@ and routing evaluation. Pure Python: any RL framework's rollout loop can call it
 """
 
 from libra.scheduling.baselines import FCFSRouter, MLFQRouter, OracleRouter, PredictorRouter
-from libra.scheduling.cmlfq import CMLFQRouter
+from libra.scheduling.cmlfq import CMLFQ_PRESETS, CMLFQRouter
 from libra.scheduling.evaluate import RouteEvalResult, as_agent_log, compare, replay
 from libra.scheduling.router import RouteDecision, Router, make_router, register_router, router_names
 from libra.scheduling.states import DEFAULT_SIZE_EDGES, StateCodec, ToolReturnState
@@ -18,7 +18,7 @@ from libra.scheduling.tree import NodeStats, PrefixTree
 POLICIES: tuple[str, ...] = ("cmlfq", "mlfq", "predictor", "oracle", "fcfs")
 
 __all__ = [
-    "DEFAULT_SIZE_EDGES", "POLICIES", "CMLFQRouter", "FCFSRouter", "MLFQRouter", "NodeStats", "OracleRouter",
-    "PredictorRouter", "PrefixTree", "RouteDecision", "RouteEvalResult", "Router", "StateCodec", "ToolReturnState",
-    "as_agent_log", "compare", "make_router", "register_router", "replay", "router_names",
+    "CMLFQ_PRESETS", "DEFAULT_SIZE_EDGES", "POLICIES", "CMLFQRouter", "FCFSRouter", "MLFQRouter", "NodeStats",
+    "OracleRouter", "PredictorRouter", "PrefixTree", "RouteDecision", "RouteEvalResult", "Router", "StateCodec",
+    "ToolReturnState", "as_agent_log", "compare", "make_router", "register_router", "replay", "router_names",
 ]

@@ -22,12 +22,23 @@ The tree learns only in `end_step`, from trajectories finished by then: routing 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from libra.scheduling.router import Request, Router, register_router
 from libra.scheduling.states import DEFAULT_SIZE_EDGES
 from libra.scheduling.tree import Node, PrefixTree
 from libra.spec import Bucket, SpecError
 from libra.workloads.trace import Trajectory
+
+CMLFQ_PRESETS: dict[str, dict[str, Any]] = {
+    # the published rule: start small, move when the buckets of the predicted mean and P90 agree
+    "published": {},
+    # tuned on search-r1 seed 0 for single-shot accuracy (docs/routing.md; held-out seeds 1-2 reported there)
+    "accuracy": {"rule": "probability", "confidence": 0.7, "admit": "predicted", "size_edges": (1000, 4000)},
+    # tuned on search-r1 seed 0 for few migrated tokens: decide by tool returns only, never chase an overflow
+    "budget": {"rule": "probability", "confidence": 0.6, "admit": "predicted", "size_edges": (1000, 4000),
+               "overflow": False},
+}
 
 
 class _Walk:
@@ -79,14 +90,11 @@ class CMLFQRouter(Router):
 
     def _admit(self, req: Request) -> int:
         root = self.tree.prompts.get(req.prompt_id)
-        req.state = _Walk(root, self.tree.agnostic, req.prompt_tokens)
+        walk = req.state = _Walk(root, self.tree.agnostic, req.prompt_tokens)
         if self.admit_mode == "smallest":
             return 0
-        node = root if root is not None and root.count >= self.min_count else self.tree.agnostic
-        if node.count < self.min_count:
-            return 0
-        lo = self.bucket_for(req.prompt_tokens + node.mean)
-        return lo if lo == self.bucket_for(req.prompt_tokens + node.p90) else 0
+        target, act = self._decide(walk, req.prompt_tokens, 0, self._predict(walk, req.prompt_tokens))
+        return target if act else 0
 
     def _tool_return(self, req: Request, tool: str, tool_tokens: int, status: str) -> tuple[int, str]:
         code = self.tree.codec.encode(tool, tool_tokens, status)
@@ -106,75 +114,71 @@ class CMLFQRouter(Router):
             else:
                 walk.a_node, walk.a_ctx = child, ctx
         pred = self._predict(walk, ctx)
-        if pred is None:
-            return self._overflow(req, None)
-        mean, p50, p90 = pred
+        target, act = self._decide(walk, ctx, req.bucket, pred)
+        carried = ctx - tool_tokens
+        if act and target != req.bucket and pred is not None and pred[0] - ctx >= self.cost_ratio * carried:
+            return target, "tool-return"
+        return self._overflow(req, None if pred is None else pred[0], carried)
+
+    def _decide(self, walk: _Walk, ctx: int, current: int,
+                pred: tuple[float, float, float] | None) -> tuple[int, bool]:
+        """The bucket the rule points at for a request with context `ctx`, and whether the rule is sure enough
+        to act: mean-p90 (the buckets of the predicted mean and P90 agree), median (the bucket of the predicted
+        P50), probability (the likeliest bucket, if at least `confidence` likely)."""
         if self.rule == "probability":
-            target, agree = self._likeliest(walk, ctx, req.bucket)
-        elif self.rule == "median":
-            target, agree = self.bucket_for(p50), True
-        else:
-            target = self.bucket_for(mean)
-            agree = target == self.bucket_for(p90)
-        if target != req.bucket and agree:
-            carried = ctx - tool_tokens
-            if mean - ctx >= self.cost_ratio * carried:
-                return target, "tool-return"
-        return self._overflow(req, mean, ctx - tool_tokens)
+            return self._likeliest(walk, ctx, current)
+        if pred is None:
+            return current, False
+        mean, p50, p90 = pred
+        if self.rule == "median":
+            return self.bucket_for(p50), True
+        target = self.bucket_for(mean)
+        return target, target == self.bucket_for(p90)
 
     def _likeliest(self, walk: _Walk, ctx: int, current: int) -> tuple[int, bool]:
-        """The bucket the final length most likely falls in, from the node's window (remaining tokens at least
-        0), and whether that is likely enough (>= `confidence`) to act on."""
-        node, anchor = self._node(walk)
+        """The bucket the final length most likely falls in, among the window's trajectories that ran at least
+        as long as the request has, and whether that is likely enough (>= `confidence`) to act on."""
+        node, anchor, scale = self._select(walk)
         if node is None:
             return current, False
-        lo = node.fraction_at_most(ctx - anchor - 1)  # observations already below the current context
-        alive = 1.0 - lo
+        below = node.fraction_at_most((ctx - anchor) / scale - 1)  # ended before reaching the current context
+        alive = 1.0 - below
         if alive <= 0:
             return current, False
-        best, best_p, below = current, -1.0, lo
+        best, best_p = current, -1.0
         for b, limit in enumerate(self.limits):
-            upto = node.fraction_at_most(limit - anchor) if limit != float("inf") else 1.0
+            upto = 1.0 if limit == float("inf") else node.fraction_at_most((limit - anchor) / scale)
             p = (upto - below) / alive
             below = max(below, upto)
             if p > best_p:
                 best, best_p = b, p
         return best, best_p >= self.confidence
 
-    def _node(self, walk: _Walk) -> tuple[Node | None, int]:
-        m = self.min_count
-        if walk.p_node is not None and walk.p_node.count >= m and walk.p_exact:
-            return walk.p_node, walk.p_ctx
-        if walk.a_node.count >= m and walk.a_exact:
-            return walk.a_node, walk.a_ctx
-        if walk.p_node is not None and walk.p_node.count >= m:
-            return walk.p_node, walk.p_ctx
-        if walk.a_node.count >= m:
-            return walk.a_node, walk.a_ctx
-        return None, 0
-
-    def _predict(self, walk: _Walk, ctx: int) -> tuple[float, float, float] | None:
-        """Predicted final length (mean, P50, P90) from the node that stands for the request now, conditioned on
-        the request having grown from the node's context to `ctx`; None when no node has `min_count`
-        observations or none of them ran that long."""
+    def _select(self, walk: _Walk) -> tuple[Node | None, int, float]:
+        """The node whose statistics stand for the request now, the context when the request reached it, and
+        the factor its remaining tokens are scaled by (1 except for the `scaled` fallback)."""
         m = self.min_count
         p_ok = walk.p_node is not None and walk.p_node.count >= m
         a_ok = walk.a_node.count >= m
-        scale = 1.0
         if p_ok and walk.p_exact:
-            node, anchor = walk.p_node, walk.p_ctx
-        elif self.fallback == "scaled" and p_ok and a_ok and walk.a_exact and walk.p_root.count >= m:
+            return walk.p_node, walk.p_ctx, 1.0
+        if self.fallback == "scaled" and p_ok and a_ok and walk.a_exact and walk.p_root.count >= m:
             # the agnostic node for this path, scaled by how long this prompt runs relative to all prompts
-            node, anchor = walk.a_node, walk.a_ctx
             base = self.tree.agnostic.mean
-            scale = walk.p_root.mean / base if base > 0 else 1.0
-        elif self.fallback == "agnostic" and a_ok and walk.a_exact:
-            node, anchor = walk.a_node, walk.a_ctx
-        elif p_ok:
-            node, anchor = walk.p_node, walk.p_ctx
-        elif a_ok:
-            node, anchor = walk.a_node, walk.a_ctx
-        else:
+            return walk.a_node, walk.a_ctx, (walk.p_root.mean / base if base > 0 else 1.0)
+        if self.fallback == "agnostic" and a_ok and walk.a_exact:
+            return walk.a_node, walk.a_ctx, 1.0
+        if p_ok:
+            return walk.p_node, walk.p_ctx, 1.0
+        if a_ok:
+            return walk.a_node, walk.a_ctx, 1.0
+        return None, 0, 1.0
+
+    def _predict(self, walk: _Walk, ctx: int) -> tuple[float, float, float] | None:
+        """Predicted final length (mean, P50, P90) from the selected node, conditioned on the request having grown
+        from the node's context to `ctx`; None when no node has `min_count` observations or none ran that long."""
+        node, anchor, scale = self._select(walk)
+        if node is None:
             return None
         stats = node.beyond((ctx - anchor) / scale - 1)
         if stats is None:

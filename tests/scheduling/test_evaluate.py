@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from libra.scheduling import CMLFQRouter, as_agent_log, make_router, replay
+from libra.scheduling import CMLFQ_PRESETS, CMLFQRouter, as_agent_log, make_router, replay
 from libra.spec import SpecError, parse_buckets
 from libra.workloads.generators import generate
 
@@ -56,6 +56,17 @@ def test_unique_prompt_agent_logs() -> None:
                  "fcfs": make_router("fcfs", SEARCH_BUCKETS)}
     for name, router in baselines.items():
         assert cmlfq > replay(router, log).routing_accuracy + 0.1, name
+
+
+def test_unique_prompt_agent_logs_r2e_gym() -> None:
+    """On r2e-gym logs most trajectories fit the first bucket, so the most common bucket is a strong baseline;
+    the accuracy preset still beats every baseline from the agnostic tree and the tool-return path alone."""
+    buckets = parse_buckets("1:4000,2:12000,4:30000,8:inf")
+    log = as_agent_log(generate("r2e-gym", num_steps=12, seed=3, num_prompts=256, samples_per_prompt=1,
+                                num_dataset_prompts=100_000, drift_steps=12))
+    cmlfq = replay(make_router("cmlfq", buckets, **CMLFQ_PRESETS["accuracy"]), log).routing_accuracy
+    for name, opts in [("mlfq", {}), ("predictor", {}), ("predictor", {"mode": "most_common"}), ("fcfs", {})]:
+        assert cmlfq > replay(make_router(name, buckets, **opts), log).routing_accuracy + 0.01, (name, opts)
 
 
 class _Recorder(CMLFQRouter):

@@ -226,3 +226,31 @@ def test_tree_can_be_shared_and_merged() -> None:
     a.tree.merge(b.tree)
     merged = make_router("cmlfq", BUCKETS, tree=a.tree)
     assert set(merged.tree.prompts) == {"p", "q"}
+
+
+def _short(pid: str, size: int = 8000) -> Trajectory:
+    """The same tool return as `_long`, then a short answer: `size` + 1,000 tokens in all."""
+    return Trajectory(prompt_id=pid, prompt_tokens=300, turns=(
+        Turn(gen_tokens=200, tool="search", tool_status="ok", tool_tokens=size), Turn(gen_tokens=500)))
+
+
+@pytest.mark.parametrize("num_long, moves", [(8, True), (6, False)])
+def test_probability_rule_acts_only_when_sure(num_long, moves) -> None:
+    """8 of 10 past runs after this return ended in bucket 2: 80% >= 0.7, move; 6 of 10: 60%, the rule waits
+    (the rest ended in bucket 0, and the context, 4,500 tokens, still fits bucket 0)."""
+    router = make_router("cmlfq", BUCKETS, rule="probability", confidence=0.7)
+    drive(router, [[_long("p", size=4000)] * num_long + [_short("p", size=4000)] * (10 - num_long)])
+    router.admit(1, prompt_id="p", prompt_tokens=300)
+    d = router.on_tool_return(1, tool="search", tool_tokens=4000, status="ok", context_tokens=4500)
+    assert d.migrate == moves
+    if moves:
+        assert d.bucket == 2
+
+
+def test_presets_build() -> None:
+    from libra.scheduling import CMLFQ_PRESETS
+
+    assert set(CMLFQ_PRESETS) == {"published", "accuracy", "budget"}
+    for options in CMLFQ_PRESETS.values():
+        router = make_router("cmlfq", BUCKETS, **options)
+        drive(router, [[_long("p")] * 3, [_long("p")] * 3])
