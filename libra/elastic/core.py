@@ -115,6 +115,18 @@ class CoreExchange:
             pass
         self._close(slot)
 
+    @property
+    def joining(self) -> int:
+        """Connections and workers on their way in (JOIN not yet read, or requested/fetching state)."""
+        states = (JoinState.REQUESTED, JoinState.FETCHING_STATE)
+        return len(self._pending) + sum(1 for s in self._slots.values() if s.state in states)
+
+    def join_message_waiting(self) -> bool:
+        """Whether a joiner has sent something (JOIN or ATTACH) that the next :meth:`begin_step` would act on.
+        Lets a caller (or a test) pace its steps; the exchange itself never waits for a joiner."""
+        fetching = [s.link for s in self._slots.values() if s.state == JoinState.FETCHING_STATE]
+        return any(link.poll() for link in (*self._pending, *fetching))
+
     def workers(self, state: JoinState | None = None) -> tuple[str, ...]:
         return tuple(sorted(w for w, s in self._slots.items() if state is None or s.state == state))
 

@@ -281,23 +281,54 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class _WorksSend:
-    def __init__(self, works: list, keep: Sequence[torch.Tensor]) -> None:
+    """Posted isends plus a thread that waits for them (gloo completes work only inside ``wait()``)."""
+
+    def __init__(self, works: list, keep: Sequence[torch.Tensor], timeout: float) -> None:
         self._works, self._keep = works, list(keep)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(timeout,), daemon=True, name="libra-dist-send")
+        self._thread.start()
+
+    def _run(self, timeout: float) -> None:
+        try:
+            for w in self._works:
+                w.wait(datetime.timedelta(seconds=timeout))
+        except BaseException as exc:
+            self._error = LinkError(str(exc))
 
     def done(self) -> bool:
-        return all(w.is_completed() for w in self._works)
+        return not self._thread.is_alive()
 
     def error(self) -> BaseException | None:
-        for w in self._works:
-            if w.is_completed() and not w.is_success():
-                return LinkError(str(w.exception()))
-        return None
+        return self._error
 
     def close(self) -> None:
+        self._thread.join(timeout=5.0)
         self._keep.clear()
 
 
-_POSTED: dict[tuple[int, int, int], tuple[object, torch.Tensor]] = {}
+class _Posted:
+    """A posted prefix receive plus a thread that waits for it: gloo marks point-to-point work complete only inside
+    ``wait()``, and a ``wait`` that times out tears the pair down, so a non-blocking poll needs a waiter thread.
+    The thread ends when the message arrives (or the process group's own timeout fires)."""
+
+    def __init__(self, work, buf: torch.Tensor) -> None:
+        self.work, self.buf = work, buf
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._wait, daemon=True, name="libra-dist-poll")
+        self.thread.start()
+
+    def _wait(self) -> None:
+        try:
+            self.work.wait()
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+_POSTED: dict[tuple[int, int, int], _Posted] = {}
 
 
 class DistLink:
@@ -311,11 +342,11 @@ class DistLink:
     # A posted prefix receive belongs to the (group, peer, tag) channel, not to one link object: gloo cannot withdraw
     # it, so a later link to the same peer must reuse it rather than post a second one that would lose the race.
     @property
-    def _pending(self) -> tuple[object, torch.Tensor] | None:
+    def _pending(self) -> _Posted | None:
         return _POSTED.get(self._key)
 
     @_pending.setter
-    def _pending(self, value: tuple[object, torch.Tensor] | None) -> None:
+    def _pending(self, value: _Posted | None) -> None:
         if value is None:
             _POSTED.pop(self._key, None)
         else:
@@ -353,7 +384,7 @@ class DistLink:
 
     def send_async(self, msg: Message, *, timeout: float) -> SendHandle:
         works, parts = self._isend_all(msg)
-        return _WorksSend(works, parts)
+        return _WorksSend(works, parts, timeout)
 
     def _irecv(self, n: int) -> tuple[object, torch.Tensor]:
         import torch.distributed as dist
@@ -363,16 +394,23 @@ class DistLink:
 
     def poll(self) -> bool:
         if self._pending is None:
-            self._pending = self._irecv(_PREFIX.size)
-        return bool(self._pending[0].is_completed())
+            self._pending = _Posted(*self._irecv(_PREFIX.size))
+        return self._pending.done.is_set()
 
     def recv(self, *, timeout: float) -> Message:
         deadline = time.monotonic() + timeout
-        if self._pending is None:
-            self._pending = self._irecv(_PREFIX.size)
-        work, buf = self._pending
-        self._wait(work, deadline)
-        self._pending = None
+        posted = self._pending
+        if posted is None:
+            work, buf = self._irecv(_PREFIX.size)
+            self._wait(work, deadline)
+        else:
+            if not posted.done.wait(max(deadline - time.monotonic(), 0.0)):
+                raise LinkTimeout(f"side channel (dist) with rank {self.peer}: nothing within {timeout}s")
+            posted.thread.join()
+            self._pending = None
+            if posted.error is not None:
+                raise LinkClosed(f"side channel (dist) with rank {self.peer}: {posted.error}")
+            buf = posted.buf
         kind, step, version, meta_len = _decode_prefix(bytes(buf.numpy()))
         work, buf = self._irecv(meta_len)
         self._wait(work, deadline)

@@ -1,0 +1,164 @@
+"""Shared pieces of the multi-process elastic tests: a tiny model, seeded batches, process start/stop, leak probes.
+
+Every process sets one intra-op thread so that CPU kernels are deterministic and replicas computing the same
+thing produce the same bits.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import multiprocessing as mp
+import os
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+GLOBAL_BATCH = 12  # divisible by 1, 2, 3 and 4 replicas
+IN, HIDDEN, OUT = 4, 8, 2
+LR = 1e-2
+
+
+def setup_process() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def make_model(seed: int = 0):
+    import torch
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, OUT))
+    return model, torch.optim.Adam(model.parameters(), lr=LR)
+
+
+def batch(step: int, seed: int = 0):
+    import torch
+
+    g = torch.Generator().manual_seed(1000 * seed + step)
+    return torch.randn(GLOBAL_BATCH, IN, generator=g), torch.randn(GLOBAL_BATCH, OUT, generator=g)
+
+
+def local_grads(model, step: int, shard: slice, seed: int = 0):
+    """This replica's gradient on its shard of the global batch of ``step`` (mean over the shard)."""
+    import torch
+
+    from libra.elastic.grads import trainable
+
+    x, y = batch(step, seed)
+    for p in model.parameters():
+        p.grad = None
+    torch.nn.functional.mse_loss(model(x[shard]), y[shard]).backward()
+    return [p.grad for p in trainable(model)]
+
+
+def zero_grads(model):
+    import torch
+
+    from libra.elastic.grads import trainable
+
+    for p in trainable(model):
+        p.grad = torch.zeros_like(p)
+    return [p.grad for p in trainable(model)]
+
+
+def flat_state(model, optimizer):
+    """Parameters and optimizer state as one flat float64 vector (for tolerance comparisons)."""
+    import torch
+
+    parts = [p.detach().reshape(-1).double() for p in model.parameters()]
+    for state in optimizer.state_dict()["state"].values():
+        parts += [v.detach().reshape(-1).double() for k, v in sorted(state.items()) if isinstance(v, torch.Tensor)]
+    return torch.cat(parts)
+
+
+def init_gloo(rank: int, world: int, port: int) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )
+
+
+def count_new_groups() -> list[int]:
+    """Wrap torch.distributed.new_group so that every call is counted; returns the one-element counter."""
+    import torch.distributed as dist
+
+    counter = [0]
+    original = dist.new_group
+
+    def counting(*args, **kwargs):
+        counter[0] += 1
+        return original(*args, **kwargs)
+
+    dist.new_group = counting
+    return counter
+
+
+def leak_probe() -> dict[str, int]:
+    """Threads, open file descriptors (sockets included) and resident memory of this process."""
+    import threading
+
+    with open("/proc/self/statm") as f:
+        rss_pages = int(f.read().split()[1])
+    return {
+        "threads": len(os.listdir("/proc/self/task")),
+        "py_threads": threading.active_count(),
+        "fds": len(os.listdir("/proc/self/fd")),
+        "rss_bytes": rss_pages * os.sysconf("SC_PAGE_SIZE"),
+    }
+
+
+def _entry(fn: Callable, args: tuple, out: str) -> None:
+    try:
+        setup_process()
+        result = fn(*args)
+        Path(out).write_text(json.dumps({"ok": True, "result": result}))
+    except BaseException:
+        Path(out).write_text(json.dumps({"ok": False, "error": traceback.format_exc()}))
+        raise
+
+
+def run_processes(targets: list[tuple[Callable, tuple]], *, tmp: Path, timeout_s: float) -> list:
+    """Start one spawned process per (fn, args), wait up to ``timeout_s``, kill leftovers, return their results.
+
+    A process that fails makes this raise with its traceback."""
+    ctx = mp.get_context("spawn")
+    outs = [str(tmp / f"proc{i}.json") for i in range(len(targets))]
+    procs = [ctx.Process(target=_entry, args=(fn, args, out), daemon=False) for (fn, args), out in zip(targets, outs)]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:
+            p.join(timeout_s)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    results, errors = [], []
+    for i, (p, out) in enumerate(zip(procs, outs)):
+        if not Path(out).exists():
+            errors.append(f"process {i} left no result (exit code {p.exitcode}; killed after {timeout_s}s?)")
+            continue
+        data = json.loads(Path(out).read_text())
+        if not data["ok"]:
+            errors.append(f"process {i} failed:\n{data['error']}")
+            continue
+        results.append(data["result"])
+    if errors:
+        raise AssertionError("\n".join(errors))
+    return results
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
