@@ -12,7 +12,7 @@ import itertools
 
 import pytest
 
-from libra.scheduling import PrefixTree, make_router
+from libra.scheduling import CMLFQ_PRESETS, PrefixTree, make_router
 from libra.spec import parse_buckets
 from libra.workloads.generators import WorkloadGenerator
 
@@ -26,18 +26,23 @@ def _steps(workload: str, first: int, count: int):
 
 
 @pytest.fixture(scope="module", params=["search-r1", "r2e-gym"])
-def warm(request):
-    """A C-MLFQ router whose tree learnt four steps of 512 x 16 trajectories, and the next step's trajectories."""
+def history(request):
     workload = request.param
-    *history, current = _steps(workload, 0, 5)
-    router = make_router("cmlfq", BUCKETS[workload])
-    for step in history:
+    return workload, _steps(workload, 0, 5)
+
+
+def _warm(history, preset: str = "published"):
+    """A C-MLFQ router whose tree learnt four steps of 512 x 16 trajectories, and the next step's trajectories."""
+    workload, (*learnt, current) = history
+    router = make_router("cmlfq", BUCKETS[workload], **CMLFQ_PRESETS[preset])
+    for step in learnt:
         router.tree.update(step)
     return workload, router, current
 
 
-def test_on_tool_return(benchmark, warm) -> None:
-    workload, router, current = warm
+@pytest.mark.parametrize("preset", ["published", "accuracy"])
+def test_on_tool_return(benchmark, history, preset) -> None:
+    workload, router, current = _warm(history, preset)
     tool_turns = [(t, k) for t in current for k, turn in enumerate(t.turns) if turn.tool is not None]
     ids = itertools.count()
     cases = itertools.cycle(tool_turns)
@@ -54,12 +59,12 @@ def test_on_tool_return(benchmark, warm) -> None:
         return (rid,), {"tool": turn.tool, "tool_tokens": turn.tool_tokens, "status": turn.tool_status,
                         "context_tokens": traj.context_after(k + 1)}
 
-    benchmark.extra_info["workload"] = workload
+    benchmark.extra_info.update(workload=workload, preset=preset)
     benchmark.pedantic(router.on_tool_return, setup=setup, rounds=3000, iterations=1, warmup_rounds=100)
 
 
-def test_step_end_update(benchmark, warm) -> None:
-    workload, router, current = warm
+def test_step_end_update(benchmark, history) -> None:
+    workload, router, current = _warm(history)
     tree = router.tree
     benchmark.extra_info.update(workload=workload, trajectories=len(current))
     benchmark.pedantic(tree.update, args=(current,), rounds=5, iterations=1)

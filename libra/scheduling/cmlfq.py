@@ -55,8 +55,9 @@ class _Walk:
 
 @register_router
 class CMLFQRouter(Router):
-    """The C-MLFQ router; see the module docstring. `tree` may be given (e.g. loaded or merged from other ranks);
-    otherwise one is built from `window`, `max_nodes`, `max_depth`, `size_edges`, `tools`."""
+    """The C-MLFQ router; see the module docstring. `tree` may be given (e.g. loaded or merged from other ranks),
+    and then its own window, size-class edges and tool set apply; otherwise one is built from `window`,
+    `max_nodes`, `max_depth`, `size_edges`, `tools`."""
 
     name = "cmlfq"
 
