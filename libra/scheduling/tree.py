@@ -19,6 +19,7 @@ Statistics change only in `update` (called at step end with finished trajectorie
 from __future__ import annotations
 
 import bisect
+import gc
 import itertools
 import json
 import math
@@ -157,11 +158,21 @@ class PrefixTree:
     # -- writing -------------------------------------------------------------------------------------------------
     def update(self, trajectories: Iterable[Trajectory]) -> None:
         """Record finished trajectories (one step's worth), refresh the statistics they touched, then evict."""
+        # Nodes form no reference cycles; the cyclic collector would only rescan the whole tree while the update
+        # allocates (measured: it made one update in three 3-4x slower), so it is paused for the update.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self._update(list(trajectories))
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+    def _update(self, batch: list[Trajectory]) -> None:
         step = self.steps
         touched: list[Node] = []
         limit = self.max_depth
         codec = self.codec
-        batch = list(trajectories)
         # classify every tool return first, so that a bad one (unknown tool) leaves the tree untouched
         paths = [codec.encode_turns(traj.turns, limit) for traj in batch]
         agnostic = self.agnostic

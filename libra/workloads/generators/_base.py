@@ -6,6 +6,8 @@ A generator simulates every trajectory of a step at once, turn by turn, with num
 
 from __future__ import annotations
 
+import gc
+
 import attrs
 import numpy as np
 
@@ -73,6 +75,18 @@ def cap_lengths(batch: StepBatch, prompt_tokens: np.ndarray, max_model_len: int)
 def to_trajectories(batch: StepBatch, *, tool_names: tuple[str, ...], prompt_ids: list[str],
                     prompt_tokens: np.ndarray, samples: np.ndarray, step: int) -> list[Trajectory]:
     """Trajectory values, one per row. Each tool turn carries `tool_latency_s` in its `extra`."""
+    # ~100K acyclic objects: pause the cyclic collector, which would otherwise rescan them as they are made
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _build(batch, tool_names, prompt_ids, prompt_tokens, samples, step)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _build(batch: StepBatch, tool_names: tuple[str, ...], prompt_ids: list[str], prompt_tokens: np.ndarray,
+           samples: np.ndarray, step: int) -> list[Trajectory]:
     num_turns = batch.num_turns.tolist()
     valid = np.arange(batch.gen_tokens.shape[1])[None, :] < batch.num_turns[:, None]
     gen = batch.gen_tokens[valid].tolist()  # row-major: the turns of row 0, then of row 1, ...
