@@ -1,20 +1,25 @@
 """C-MLFQ: causality-driven multi-level feedback queue (PAPER.md, mechanism 3).
 
-A request starts in the smallest bucket (`admit="smallest"`, the published rule) or, as an option, straight in a
-larger one when the root statistics of its prompt (or of the prompt-agnostic tree, for an unseen prompt) put both
-the mean and the P90 of its final length there (`admit="predicted"`).
+Admission: a request starts in the smallest bucket (`admit="smallest"`, the published rule) or, as an option, in
+the bucket the decision rule picks from the root statistics of its prompt (the prompt-agnostic root for an unseen
+prompt) when the rule is sure (`admit="predicted"`).
 
-After each tool return the router steps down the prefix tree by the return's state and predicts the final length
-as `context + remaining` with the node's mean and P90. It moves the request only when the bucket of the mean and
-the bucket of the P90 agree and differ from the current one, and only when the move pays: the predicted remaining
-tokens must be at least `cost_ratio` times the tokens the move carries (the context already in KV cache, which the
-destination re-prefills or receives). A node seen fewer than `min_count` times counts as unseen: the request falls
-back to the nearest ancestor in the prompt's tree (`fallback="parent"`) or first to the same path in the
-prompt-agnostic tree (`fallback="agnostic"`); a prompt never seen uses the prompt-agnostic tree. From an ancestor
-the prediction is the ancestor's context plus its remaining tokens, never less than the current context.
+After each tool return the router steps down the prefix tree by the return's state. The node's window predicts
+the final length as `anchor + remaining`, where `anchor` is the context when the request reached the node, over
+the window's trajectories that ran at least as long as the request has (conditioning on survival). Decision
+rules: `mean-p90` (published) moves only when the buckets of the predicted mean and P90 agree; `median` moves to
+the bucket of the predicted P50; `probability` moves to the likeliest bucket when it is at least `confidence`
+likely. Any move must pay: the predicted remaining tokens must be at least `cost_ratio` times the tokens the move
+carries (the context already in KV cache, which the destination re-prefills or receives).
+
+Nodes seen fewer than `min_count` times count as unseen. Fallback (`fallback`): `parent` uses the nearest seen
+ancestor in the prompt's tree, then the agnostic tree; `agnostic` prefers the same path in the prompt-agnostic
+tree over the prompt's ancestor; `scaled` uses that agnostic node with its remaining tokens scaled by how long
+this prompt runs relative to all prompts. A prompt never seen uses the prompt-agnostic tree.
 
 When the context outgrows the current bucket's range (`on_progress` or a large tool return) the request is
-promoted to the bucket of its context, or further if the prediction's mean points there ("overflow").
+promoted to the bucket of its context, or further if the predicted mean points there ("overflow"), under the
+same cost test; `overflow=False` never chases an overflow.
 
 The tree learns only in `end_step`, from trajectories finished by then: routing never reads the future.
 """

@@ -10,8 +10,9 @@ Why a bounded window and not a streaming quantile sketch: lengths drift as the p
 mislead; the last 200 (the published choice) track the drift, keep memory bounded per node, make merging exact and
 make the statistics reproducible by brute force. docs/routing.md measures window sizes against accuracy.
 
-Memory is bounded by `max_nodes`: after an update, the least useful leaves (oldest last update, then fewest
-observations) are evicted until the tree fits. The prompt-agnostic root is never evicted.
+Memory is bounded by `max_nodes`: when an update or a merge goes above it, the trees of the least recently seen
+prompts are evicted (then, if the agnostic tree alone is too big, its least useful subtrees) down to 80% of the
+cap. The prompt-agnostic root is never evicted.
 
 Statistics change only in `update` (called at step end with finished trajectories), never during a step.
 """
@@ -121,6 +122,7 @@ class PrefixTree:
         self.agnostic = Node()
         self.prompts: dict[str, Node] = {}
         self.num_nodes = 1
+        self.prompt_sizes: dict[str, int] = {}  # nodes in each prompt's tree, its root included
         self.steps = 0  # updates applied so far
         self.evicted = 0
 
@@ -177,6 +179,7 @@ class PrefixTree:
         paths = [codec.encode_turns(traj.turns, limit) for traj in batch]
         agnostic = self.agnostic
         prompts = self.prompts
+        sizes = self.prompt_sizes
         created = 0
         for traj, path in zip(batch, paths):
             turns = traj.turns
@@ -185,6 +188,7 @@ class PrefixTree:
             p_node = prompts.get(traj.prompt_id)
             if p_node is None:
                 p_node = prompts[traj.prompt_id] = Node()
+                sizes[traj.prompt_id] = 1
                 created += 1
             a_node = agnostic
             for depth in range(len(path) + 1):
@@ -195,6 +199,7 @@ class PrefixTree:
                     child = p_node.children.get(code)
                     if child is None:
                         child = p_node.children[code] = Node()
+                        sizes[traj.prompt_id] += 1
                         created += 1
                     p_node = child
                     child = a_node.children.get(code)
@@ -213,33 +218,50 @@ class PrefixTree:
         for node in touched:
             node.refresh(self.window)
         self.steps += 1
+        self._evict_if_full()
+
+    def _evict_if_full(self) -> None:
+        """Above `max_nodes`, evict down to 80% of it, so that the scan runs every few steps rather than every
+        step once the tree is full."""
         if self.num_nodes > self.max_nodes:
-            self._evict(self.num_nodes - self.max_nodes)
+            self._evict(self.num_nodes - math.ceil(0.8 * self.max_nodes))
 
     def _evict(self, excess: int) -> None:
-        """Drop the least useful leaves (oldest update, then fewest observations, deepest first) until `excess`
-        nodes are gone; a prompt whose root becomes a leaf may go too. The agnostic root stays."""
-        while excess > 0:
-            leaves: list[tuple[int, int, int, int, dict, object]] = []
-            seq = 0
-            stack: list[tuple[dict, object, Node, int]] = [(self.prompts, pid, n, 0) for pid, n in self.prompts.items()]
-            stack.extend((self.agnostic.children, c, n, 1) for c, n in self.agnostic.children.items())
-            while stack:
-                owner, key, node, depth = stack.pop()
-                if node.children:
-                    stack.extend((node.children, c, ch, depth + 1) for c, ch in node.children.items())
-                else:
-                    seq += 1
-                    leaves.append((node.last_step, node.total, -depth, seq, owner, key))
-            if not leaves:
+        """Drop at least `excess` nodes, least useful first. First whole prompt trees, least recently seen prompt
+        first (then fewest observations): their statistics are the stalest, and the prompt-agnostic tree keeps
+        what they taught in pooled form; this looks at prompt roots only. If the agnostic tree alone is still too
+        big, its least useful nodes go (oldest update, fewest observations, deepest first)."""
+        order = sorted(self.prompts.items(), key=lambda kv: (kv[1].last_step, kv[1].total, kv[0]))
+        for pid, _ in order:
+            if excess <= 0:
                 return
-            leaves.sort(key=lambda x: x[:4])
-            for *_, owner, key in leaves[:excess]:
-                del owner[key]  # type: ignore[arg-type]
-            removed = min(excess, len(leaves))
-            self.num_nodes -= removed
-            self.evicted += removed
-            excess -= removed
+            del self.prompts[pid]
+            size = self.prompt_sizes.pop(pid)
+            self.num_nodes -= size
+            self.evicted += size
+            excess -= size
+        if excess > 0:
+            self._evict_agnostic(excess)
+
+    def _evict_agnostic(self, excess: int) -> None:
+        """A node is never updated later or more often than its parent (every update of a node updates its
+        ancestors too), so in (last update, observations, -depth) order each node sorts after its descendants
+        and the first `excess` nodes are whole subtrees: one scan, one sort. The agnostic root stays."""
+        entries: list[tuple[int, int, int, int, dict, int]] = []
+        stack: list[tuple[dict, int, Node, int]] = [(self.agnostic.children, c, n, 1)
+                                                    for c, n in self.agnostic.children.items()]
+        seq = 0
+        while stack:
+            owner, key, node, depth = stack.pop()
+            seq += 1
+            entries.append((node.last_step, node.total, -depth, seq, owner, key))
+            stack.extend((node.children, c, ch, depth + 1) for c, ch in node.children.items())
+        entries.sort()  # `seq` is unique, so tuples never compare their dicts
+        victims = entries[:excess]
+        for *_, owner, key in victims:
+            owner.pop(key, None)
+        self.num_nodes -= len(victims)
+        self.evicted += len(victims)
 
     # -- serialise, load, merge ----------------------------------------------------------------------------------
     def _node_to_dict(self, node: Node) -> dict:
@@ -268,9 +290,7 @@ class PrefixTree:
             tree.steps = int(data["steps"])
             tree._absorb(tree.agnostic, data["agnostic"])
             for pid, raw in data["prompts"].items():
-                root = tree.prompts[pid] = Node()
-                tree.num_nodes += 1
-                tree._absorb(root, raw)
+                tree._absorb_prompt(pid, raw)
         except (KeyError, TypeError, AttributeError) as exc:
             raise SpecError(f"malformed prefix tree: {type(exc).__name__}: {exc}") from None
         return tree
@@ -282,6 +302,15 @@ class PrefixTree:
         except (OSError, json.JSONDecodeError) as exc:
             raise SpecError(f"cannot read prefix tree {path}: {exc}") from None
         return cls.from_dict(data)
+
+    def _absorb_prompt(self, prompt_id: str, raw: dict) -> None:
+        before = self.num_nodes
+        root = self.prompts.get(prompt_id)
+        if root is None:
+            root = self.prompts[prompt_id] = Node()
+            self.num_nodes += 1
+        self._absorb(root, raw)
+        self.prompt_sizes[prompt_id] = self.prompt_sizes.get(prompt_id, 0) + self.num_nodes - before
 
     def _absorb(self, node: Node, raw: dict) -> None:
         """Add a serialised subtree's observations to `node` as newer than its own."""
@@ -296,6 +325,10 @@ class PrefixTree:
                 child = node.children[code] = Node()
                 self.num_nodes += 1
             self._absorb(child, child_raw)
+            # keep "a node is never updated later or more often than its parent", which eviction relies on,
+            # even for a hand-edited file
+            node.last_step = max(node.last_step, child.last_step)
+            node.total = max(node.total, child.total)
 
     def merge(self, other: PrefixTree) -> None:
         """Fold another tree in (e.g. one per rollout rank, merged at step end). Its observations count as newer
@@ -306,14 +339,9 @@ class PrefixTree:
         data = other.to_dict()
         self._absorb(self.agnostic, data["agnostic"])
         for pid, raw in data["prompts"].items():
-            root = self.prompts.get(pid)
-            if root is None:
-                root = self.prompts[pid] = Node()
-                self.num_nodes += 1
-            self._absorb(root, raw)
+            self._absorb_prompt(pid, raw)
         self.steps = max(self.steps, other.steps)
-        if self.num_nodes > self.max_nodes:
-            self._evict(self.num_nodes - self.max_nodes)
+        self._evict_if_full()
 
     def memory_bytes(self) -> int:
         """Approximate bytes held by the nodes (objects, child dicts, windows and their ints)."""
