@@ -1,0 +1,334 @@
+"""The simulator: steps of work, one `PolicyRun` per policy, all advanced in lockstep over the same steps.
+
+Pipelines (PAPER.md: an asynchronous iteration costs max(T_rollout, T_train)):
+- synchronous (colocated): stage k = rollout of step k on every GPU, then training of step k on every GPU;
+  staleness 0.
+- asynchronous (disaggregated, staleness bound 1): stage k = rollout of step k (with the weights of training
+  k - 2, synchronised over the network at the stage start) overlapped with training of step k - 1; the next stage
+  starts when both end. A final stage trains the last step.
+
+Reconfiguration (a policy's `Decision` takes effect at a stage start; defaults from PAPER.md):
+- a rollout instance that is new (its GPUs came from training or from an instance of another degree) starts
+  `to_rollout_s` (10.8 s) later; instances whose degree survives keep running;
+- a new training layout (TP/PP/EP) or, without the elastic pool, any change of the replica count, blocks training
+  for `snapshot_s + restore_s` (3.6 + 4.4 s);
+- with the elastic pool a replica joins without blocking: the core trains while it aligns, and it counts from
+  `join_s` later; a replica leaves at once.
+Elastic hybrid pool, inside a stage: rollout instances left idle (nothing assigned, nothing more routed to their
+bucket) while training still has more than `2 * join_s` to go join it as whole replicas; when training is done and
+requests still queue, the hybrid replicas (all but `core_fraction` of them) start rollout instances of the most
+backlogged bucket (`to_rollout_s` later). Workers that switched pay the way back at the next stage.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import attrs
+import numpy as np
+
+from libra.planning.cost import BatchStats, CostModel
+from libra.sim.policies import Allocation, Decision, Observation, Policy
+from libra.sim.records import StageRecord
+from libra.sim.rollout import DONE, WAIT, Instances, RolloutRun
+from libra.sim.routing import Routes
+from libra.sim.training import TrainingJob
+from libra.sim.workload import StepWork
+from libra.spec import WorkloadProfile
+
+
+@attrs.frozen(kw_only=True)
+class ReconfigCosts:
+    """Seconds a worker needs to switch (PAPER.md: ~10.8 s into rollout, 3.6 s snapshot + 4.4 s restore into
+    training, channel setup tens of ms). `colocated_switch_s` is the per-switch cost of the colocated pipeline
+    (offload/reload); PAPER.md gives no number, so it defaults to 0, which favours `colocated`."""
+
+    to_rollout_s: float = 10.8
+    snapshot_s: float = 3.6
+    restore_s: float = 4.4
+    channel_setup_s: float = 0.05
+    colocated_switch_s: float = 0.0
+
+    @property
+    def to_training_s(self) -> float:
+        return self.snapshot_s + self.restore_s
+
+    @property
+    def join_s(self) -> float:
+        return self.snapshot_s + self.restore_s + self.channel_setup_s
+
+
+@attrs.frozen(kw_only=True)
+class SimOptions:
+    slices_per_rollout: int = 300  # the shortest time slice is the last rollout time over this (fidelity knob)
+    min_slice_s: float = 0.05  # ... but never shorter than this
+    max_slice_s: float = 60.0
+    core_fraction: float = 0.5  # elastic pool: share of training replicas that never leave training
+    min_backlog: int = 16  # elastic pool: queued requests that justify starting borrowed instances
+
+
+def batch_stats(work: StepWork, global_batch: int, max_len: int) -> BatchStats:
+    return BatchStats.from_lengths(np.minimum(work.total_tokens, max_len), num_sequences=global_batch)
+
+
+def weight_sync_s(cm: CostModel) -> float:
+    """Broadcast of the new weights from training to rollout over the network (asynchronous pipeline)."""
+    bw = cm.cluster.gpu.network_bandwidth_gbs * 1e9 * cm.coeffs.link_efficiency
+    return cm.model.weight_bytes / bw
+
+
+class PolicyRun:
+    """One policy's run: its allocation, the time, and a record per stage."""
+
+    def __init__(self, policy: Policy, cm: CostModel, *, global_batch: int, max_len: int, costs: ReconfigCosts,
+                 options: SimOptions) -> None:
+        self.policy, self.cm = policy, cm
+        self.global_batch, self.max_len = global_batch, max_len
+        self.costs, self.options = costs, options
+        self.alloc: Allocation | None = None
+        self.pending: Decision | None = None
+        self.decisions: list[dict[str, Any]] = []
+        self.records: list[StageRecord] = []
+        self.clock = 0.0
+        self.prev_batch: BatchStats | None = None
+        self.rejoin = 0  # hybrid replicas that served rollout last stage and must align again
+        self.restart_gpus = 0  # rollout GPUs that trained last stage and must start their engine again
+        self._delays = (0.0, 0.0, 0)  # (rollout restart s, training block s, joining replicas) of this stage
+        self._new_instances: Counter[int] = Counter()
+        self._last_rollout_s = 300.0  # sets the slice length of the next rollout (a guess before the first)
+        self._lent_log: list[tuple[int, float]] = []  # (GPUs, since when) lent to training this stage
+        self._borrow_log: list[tuple[int, float]] = []  # (GPUs, since when) borrowed from training this stage
+
+    @property
+    def num_gpus(self) -> int:
+        return self.cm.cluster.num_gpus
+
+    def decide(self, decision: Decision) -> None:
+        decision.allocation.check(self.cm.cluster, time_shared=self.policy.synchronous)
+        self.pending = decision
+
+    # --- stage start: apply the pending decision ----------------------------------------------------------------
+    def begin_stage(self) -> Allocation:
+        d, old = self.pending, self.alloc
+        self.pending = None
+        block, joining = 0.0, 0
+        new: Counter[int] = Counter()
+        if d is not None:
+            self.decisions.append({"step": d.step, "reason": d.reason, "saving_s": d.saving_s, "cost_s": d.cost_s,
+                                   "allocation": d.allocation.to_dict()})
+            new_alloc = d.allocation
+            if old is None:
+                pass
+            else:
+                before = Counter()
+                for g in old.rollout:
+                    before[g.tp] += g.count
+                after = Counter()
+                for g in new_alloc.rollout:
+                    after[g.tp] += g.count
+                new = Counter({tp: max(0, after[tp] - before[tp]) for tp in after})
+                ot, nt = old.train, new_alloc.train
+                if (ot.tp, ot.pp, ot.ep) != (nt.tp, nt.pp, nt.ep):
+                    block = self.costs.to_training_s
+                elif nt.dp != ot.dp:
+                    if self.policy.elastic and nt.dp > ot.dp:
+                        joining = nt.dp - ot.dp
+                    elif not self.policy.elastic:
+                        block = self.costs.to_training_s
+            self.alloc = new_alloc
+        self._new_instances = new
+        self._delays = (self.costs.to_rollout_s if sum(new.values()) else 0.0, block, joining)
+        assert self.alloc is not None
+        return self.alloc
+
+    def _instances(self, start: float) -> Instances:
+        assert self.alloc is not None
+        tp, bucket, ready = [], [], []
+        fresh = Counter(self._new_instances)
+        restart = self.restart_gpus
+        for b, g in enumerate(self.alloc.rollout):
+            for _ in range(g.count):
+                delay = 0.0
+                if fresh[g.tp] > 0:
+                    fresh[g.tp] -= 1
+                    delay = self.costs.to_rollout_s
+                elif restart > 0:
+                    restart -= g.tp
+                    delay = self.costs.to_rollout_s
+                tp.append(g.tp)
+                bucket.append(b)
+                ready.append(start + delay)
+        self.restart_gpus = 0
+        return Instances(tp, bucket, ready)
+
+    # --- one stage ----------------------------------------------------------------------------------------------
+    def stage(self, work: StepWork | None, routes: Routes | None) -> StageRecord:
+        """Run the next stage: rollout of `work` (None for the final, training-only stage)."""
+        if self.policy.synchronous:
+            assert work is not None and routes is not None
+            return self._sync_stage(work, routes)
+        return self._async_stage(work, routes)
+
+    def _rollout(self, work: StepWork, routes: Routes, start: float, sync_s: float) -> RolloutRun:
+        inst = self._instances(start)
+        inst.ready_at = np.maximum(inst.ready_at, start + sync_s)
+        slice_s = max(self.options.min_slice_s, self._last_rollout_s / self.options.slices_per_rollout)
+        return RolloutRun(self.cm, work, routes, inst, start=start, min_slice_s=slice_s,
+                          max_slice_s=self.options.max_slice_s)
+
+    def _sync_stage(self, work: StepWork, routes: Routes) -> StageRecord:
+        assert self.alloc is not None
+        t0, sw = self.clock, self.costs.colocated_switch_s
+        roll = self._rollout(work, routes, t0, sw)
+        t = t0
+        while not roll.done:
+            dt = roll.next_event(t) - t
+            roll.advance(t, dt)
+            t += dt
+        b = roll.end_time
+        self._last_rollout_s = b - t0
+        batch = batch_stats(work, self.global_batch, self.max_len)
+        job = TrainingJob(self.cm, self.alloc.train, batch, start=b + sw, replicas=self.alloc.train.dp)
+        end = job.run_to_end()
+        rec = self._record(work, roll, job, t0, end, b - t0, end - b, staleness=0, lent=0.0, borrowed=0.0)
+        self.clock = end
+        return rec
+
+    def _async_stage(self, work: StepWork | None, routes: Routes | None) -> StageRecord:
+        assert self.alloc is not None
+        t0 = self.clock
+        restart_s, block, joining = self._delays
+        cfg = self.alloc.train
+        job = None
+        if self.prev_batch is not None:
+            rejoin = min(self.rejoin, cfg.dp - 1)
+            start_replicas = cfg.dp - joining - rejoin
+            if start_replicas < 1:  # nothing of the old core is left: this is a rebuild
+                start_replicas, block, joining, rejoin = cfg.dp, max(block, self.costs.to_training_s), 0, 0
+            job = TrainingJob(self.cm, cfg, self.prev_batch, start=t0 + block, replicas=start_replicas)
+            job.clock = job.start
+            if joining + rejoin:
+                job.join(t0 + block + self.costs.join_s, joining + rejoin)
+        self.rejoin = 0
+        roll = None
+        end_roll = t0
+        if work is not None and routes is not None:
+            roll = self._rollout(work, routes, t0, weight_sync_s(self.cm))
+            t = t0
+            borrowed_once = False
+            while not roll.done:
+                dt = roll.next_event(t) - t
+                roll.advance(t, dt)
+                t += dt
+                if job is not None:
+                    job.advance_to(t)
+                if self.policy.elastic:
+                    self._lend(roll, job, t)
+                    if not borrowed_once:
+                        borrowed_once = self._borrow(roll, job, t) > 0
+            end_roll = roll.end_time
+            self._last_rollout_s = end_roll - t0
+        end = end_roll
+        train_s = 0.0
+        if job is not None:
+            end_train = job.run_to_end()
+            train_s = end_train - t0
+            end = max(end, end_train)
+        lent_s = float(sum(g * (end - at) for g, at in self._lent_log))
+        borrowed_s = float(sum(g * (end - at) for g, at in self._borrow_log))
+        self._lent_log, self._borrow_log = [], []
+        rec = self._record(work, roll, job, t0, end, end_roll - t0 if roll is not None else 0.0, train_s,
+                           staleness=1, lent=lent_s, borrowed=borrowed_s, reconfig=max(restart_s, block))
+        if work is not None:
+            self.prev_batch = batch_stats(work, self.global_batch, self.max_len)
+        self.clock = end
+        return rec
+
+    # --- the elastic hybrid pool --------------------------------------------------------------------------------
+    def _lend(self, roll: RolloutRun, job: TrainingJob | None, t: float) -> float:
+        """Idle rollout instances join training as whole replicas while training has long enough to go."""
+        if job is None or job.end is not None or job.remaining_s() <= 2 * self.costs.join_s:
+            return 0.0
+        idle = roll.idle_instances()
+        if idle.size == 0:
+            return 0.0
+        size = job.replica_gpus
+        gpus = roll.inst.tp[idle]
+        usable = (int(gpus.sum()) // size) * size
+        if usable == 0:
+            return 0.0
+        take = idle[np.cumsum(gpus) <= usable]
+        taken = int(roll.inst.tp[take].sum())
+        replicas = taken // size
+        if replicas == 0:
+            return 0.0
+        roll.inst.active[take] = False
+        roll.debt[take] = 0.0
+        job.join(t + self.costs.join_s, replicas)
+        self._lent_log.append((taken, t))
+        self.restart_gpus += taken
+        return float(taken)
+
+    def _borrow(self, roll: RolloutRun, job: TrainingJob | None, t: float) -> float:
+        """When training is done and requests queue, hybrid training replicas start rollout instances."""
+        if job is not None and (job.end is None or job.end > t):
+            return 0.0
+        assert self.alloc is not None
+        cfg = self.alloc.train
+        hybrid = cfg.dp - max(1, math.ceil(cfg.dp * self.options.core_fraction))
+        if hybrid < 1:
+            return 0.0
+        queued = (roll.state == WAIT) & roll.fresh
+        if int(queued.sum()) < self.options.min_backlog:
+            return 0.0
+        per_bucket = np.bincount(roll.inst.bucket[roll.where[queued]], minlength=len(self.alloc.rollout))
+        gpus_b = np.array([g.num_gpus for g in self.alloc.rollout], float)
+        b = int(np.argmax(per_bucket / gpus_b))
+        tp = self.alloc.rollout[b].tp
+        count = hybrid * cfg.tp * cfg.pp // tp
+        if count < 1:
+            return 0.0
+        roll.inst.add(tp, b, t + self.costs.to_rollout_s, count)
+        roll.rebalance(b)
+        self.rejoin = hybrid
+        self._borrow_log.append((count * tp, t))
+        return float(count * tp)
+
+    # --- records ------------------------------------------------------------------------------------------------
+    def _record(self, work: StepWork | None, roll: RolloutRun | None, job: TrainingJob | None, t0: float,
+                end: float, rollout_s: float, train_s: float, *, staleness: int, lent: float, borrowed: float,
+                reconfig: float = 0.0) -> StageRecord:
+        assert self.alloc is not None
+        busy = (roll.busy_gpu_s if roll is not None else 0.0) + (job.busy_gpu_s if job is not None else 0.0)
+        if roll is not None:
+            assert (roll.state == DONE).all()
+        rec = StageRecord(
+            step=len(self.records), start=t0, end=end, rollout_s=rollout_s, train_s=train_s,
+            train_gpus=self.alloc.train.num_gpus, rollout_gpus=self.alloc.rollout_gpus, lent_gpu_s=lent,
+            borrowed_gpu_s=borrowed, busy_gpu_s=busy, available_gpu_s=self.num_gpus * (end - t0),
+            tokens=int(work.total_tokens.sum()) if work is not None else 0,
+            gen_tokens=int(work.gen_tokens.sum()) if work is not None else 0,
+            trajectories=work.num_requests if work is not None else 0,
+            migrations=roll.migrations if roll is not None else 0,
+            migrated_tokens=roll.migrated_tokens if roll is not None else 0,
+            reconfiguration_s=reconfig, staleness=staleness, trained=job is not None)
+        self.records.append(rec)
+        return rec
+
+    def observation(self, profile_fn) -> Observation:
+        r = self.records[-1]
+        return Observation(step=r.step, rollout_s=r.rollout_s, train_s=r.train_s, profile=profile_fn)
+
+
+def profile_of(works: list[StepWork], name: str, global_batch: int) -> WorkloadProfile:
+    """The planner's view of recently finished steps: per trajectory (total, decoded, turns)."""
+    total = np.concatenate([w.total_tokens for w in works]).astype(float)
+    gen = np.concatenate([w.gen_tokens for w in works]).astype(float)
+    turns = np.concatenate([w.num_turns for w in works]).astype(float)
+    lat = np.concatenate([w.latency[w.latency > 0] for w in works])
+    order = np.lexsort((turns, gen, total))
+    return WorkloadProfile(name=name, total_lengths=tuple(total[order].tolist()), gen_tokens=tuple(gen[order].tolist()),
+                           turns=tuple(turns[order].tolist()), requests_per_step=global_batch,
+                           mean_tool_time_s=float(lat.mean()) if lat.size else 0.0)

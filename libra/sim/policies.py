@@ -1,0 +1,332 @@
+"""Resource-management policies: each is a small class that returns decisions as data (`Decision`), never acts.
+
+    colocated          verl-style: every GPU does rollout, then every GPU trains (synchronous, on-policy)
+    static-uniform     half the GPUs train, half roll out on instances of one TP degree; never changes
+    greedy             starts as static-uniform; after each step moves `move_gpus` GPUs toward the slower side when
+                       one side is slower than the other by more than `threshold`
+    static-optimal     the planner's plan for the first step's profile (heterogeneous TP buckets, requests promoted
+                       to a larger bucket when their context outgrows theirs), never changed
+    libra-homogeneous  periodic replanning through the replan gate, one TP degree (ablation step 1)
+    libra-hetero-tp    + heterogeneous TP buckets, overflow routing (ablation step 2)
+    libra-cmlfq        + C-MLFQ routing (ablation step 3)
+    libra              + the elastic hybrid pool (non-blocking joins, idle workers lent across sides)
+
+The engine (`libra.sim.engine`) executes decisions: it owns time, costs and the cluster.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import attrs
+
+from libra.planning import GlobalPlanner, ReplanGate
+from libra.planning.cost import BatchStats, CostModel
+from libra.sim.training import nearest_layout
+from libra.spec import (
+    Bucket,
+    ClusterSpec,
+    InstanceGroup,
+    Plan,
+    RLSettings,
+    RolloutConfig,
+    SpecError,
+    TrainConfig,
+    WorkloadProfile,
+)
+
+
+@attrs.frozen(kw_only=True)
+class Allocation:
+    """Who does what: the training layout, the rollout instance groups (one bucket each, in length order) and how
+    requests are routed between buckets (`single`, `overflow`, `cmlfq`)."""
+
+    train: TrainConfig
+    rollout: tuple[InstanceGroup, ...]
+    routing: str
+    predicted_s: float = math.nan
+
+    @property
+    def rollout_gpus(self) -> int:
+        return sum(g.num_gpus for g in self.rollout)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.train.num_gpus + self.rollout_gpus
+
+    @property
+    def buckets(self) -> tuple[Bucket, ...]:
+        return RolloutConfig(num_gpus=self.rollout_gpus, time_s=0.0, instances=self.rollout).buckets
+
+    def check(self, cluster: ClusterSpec, *, time_shared: bool = False) -> None:
+        """Raise SpecError unless the allocation fits the cluster (GPU count, TP inside a node). `time_shared`:
+        training and rollout take turns on the same GPUs (colocated), so each side alone must fit."""
+        used = max(self.train.num_gpus, self.rollout_gpus) if time_shared else self.num_gpus
+        if used > cluster.num_gpus:
+            raise SpecError(f"allocation uses {self.num_gpus} GPUs (train {self.train.num_gpus} + rollout "
+                            f"{self.rollout_gpus}) but the cluster has {cluster.num_gpus}")
+        for g in self.rollout:
+            if g.tp > cluster.gpus_per_node or g.count < 1:
+                raise SpecError(f"rollout group tp={g.tp} count={g.count} does not fit nodes of "
+                                f"{cluster.gpus_per_node} GPUs")
+        if self.train.tp > cluster.gpus_per_node:
+            raise SpecError(f"training TP {self.train.tp} spans more than one node ({cluster.gpus_per_node} GPUs)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"train": self.train.to_dict(), "rollout": [g.to_dict() for g in self.rollout],
+                "routing": self.routing, "predicted_s": self.predicted_s}
+
+
+@attrs.frozen(kw_only=True)
+class Decision:
+    """A policy's decision at the start of `step`: run `allocation` from now on. `reason` says why."""
+
+    step: int
+    allocation: Allocation
+    reason: str
+    saving_s: float = 0.0
+    cost_s: float = 0.0
+
+
+@attrs.frozen(kw_only=True)
+class Observation:
+    """What a policy may read after a step: its measured times and the workload seen so far."""
+
+    step: int
+    rollout_s: float
+    train_s: float
+    profile: Callable[[], WorkloadProfile]  # lengths of recently finished steps only (no future)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class PolicyEnv:
+    cluster: ClusterSpec
+    cost_model: CostModel
+    rl: RLSettings
+    planner: GlobalPlanner
+    to_rollout_s: float = 10.8
+    to_training_s: float = 8.0
+
+
+def _batch(env: PolicyEnv, profile: WorkloadProfile) -> BatchStats:
+    return env.planner.batch_stats(profile)
+
+
+def _uniform_rollout(env: PolicyEnv, gpus: int, tp: int, longest: float) -> tuple[InstanceGroup, ...]:
+    """`gpus // tp` instances of one degree: the smallest degree >= `tp` whose instance holds `longest` tokens."""
+    rc = env.cost_model.rollout
+    degrees = [d for d in (1, 2, 4, 8) if d >= tp and d <= env.cluster.gpus_per_node and rc.fits(d, longest)]
+    if not degrees or gpus < degrees[0]:
+        raise SpecError(f"no rollout instance of TP >= {tp} holding {longest:.0f} tokens fits in {gpus} GPUs")
+    return (InstanceGroup(tp=degrees[0], count=gpus // degrees[0], max_tokens=math.inf),)
+
+
+class Policy(ABC):
+    """The contract: `initial(profile)` once, then `after_step(observation)` after every step (None = no change).
+    `synchronous` selects the colocated pipeline; `elastic` turns on the hybrid pool in the engine."""
+
+    name: ClassVar[str]
+    synchronous: ClassVar[bool] = False
+    elastic: ClassVar[bool] = False
+
+    def __init__(self, env: PolicyEnv, **options: Any) -> None:
+        self.env = env
+        if options:
+            raise SpecError(f"policy {self.name!r} takes no options {sorted(options)}")
+
+    @abstractmethod
+    def initial(self, profile: WorkloadProfile) -> Decision: ...
+
+    def after_step(self, obs: Observation) -> Decision | None:
+        return None
+
+
+class Colocated(Policy):
+    name = "colocated"
+    synchronous = True
+
+    def __init__(self, env: PolicyEnv, *, tp: int = 2) -> None:
+        super().__init__(env)
+        self.tp = tp
+
+    def initial(self, profile: WorkloadProfile) -> Decision:
+        g = self.env.cluster.num_gpus
+        train = nearest_layout(self.env.cost_model, g, _batch(self.env, profile))
+        rollout = _uniform_rollout(self.env, g, self.tp, self.env.rl.max_model_len)
+        return Decision(step=0, allocation=Allocation(train=train, rollout=rollout, routing="single"),
+                        reason=f"all {g} GPUs alternate: rollout on TP-{rollout[0].tp}, then training")
+
+
+class StaticUniform(Policy):
+    name = "static-uniform"
+
+    def __init__(self, env: PolicyEnv, *, tp: int = 2) -> None:
+        super().__init__(env)
+        self.tp = tp
+
+    def split(self, train_gpus: int, profile: WorkloadProfile) -> Allocation:
+        env = self.env
+        train = nearest_layout(env.cost_model, train_gpus, _batch(env, profile))
+        rollout = _uniform_rollout(env, env.cluster.num_gpus - train.num_gpus, self.tp, env.rl.max_model_len)
+        return Allocation(train=train, rollout=rollout, routing="single")
+
+    def initial(self, profile: WorkloadProfile) -> Decision:
+        half = self.env.cluster.num_gpus // 2
+        return Decision(step=0, allocation=self.split(half, profile), reason=f"half/half, TP-{self.tp}")
+
+
+class Greedy(StaticUniform):
+    name = "greedy"
+
+    def __init__(self, env: PolicyEnv, *, tp: int = 2, move_gpus: int | None = None, threshold: float = 0.2) -> None:
+        super().__init__(env, tp=tp)
+        self.move = move_gpus or env.cluster.gpus_per_node
+        self.threshold = threshold
+        self.current: Allocation | None = None
+
+    def initial(self, profile: WorkloadProfile) -> Decision:
+        d = super().initial(profile)
+        self.current = d.allocation
+        return d
+
+    def after_step(self, obs: Observation) -> Decision | None:
+        assert self.current is not None
+        if obs.train_s <= 0:  # nothing trained yet: no imbalance to read
+            return None
+        train_gpus = self.current.train.num_gpus
+        n = self.env.cluster.num_gpus
+        if obs.rollout_s > (1 + self.threshold) * obs.train_s:
+            direction, why = -1, "rollout slower"
+        elif obs.train_s > (1 + self.threshold) * obs.rollout_s:
+            direction, why = 1, "training slower"
+        else:
+            return None
+        alloc = None
+        target = train_gpus + direction * self.move
+        while 1 <= target <= n - self.tp:  # the first GPU count at least `move` away that has a training layout
+            try:
+                alloc = self.split(target, obs.profile())
+            except SpecError:
+                alloc = None
+            if alloc is not None and alloc.train.num_gpus == target:
+                break
+            alloc = None
+            target += direction * self.move
+        if alloc is None:
+            return None
+        self.current = alloc
+        return Decision(step=obs.step + 1, allocation=alloc,
+                        reason=f"{why} ({obs.rollout_s:.0f} s vs {obs.train_s:.0f} s): train {alloc.train.num_gpus}")
+
+
+def _plan_allocation(plan: Plan, routing: str) -> Allocation:
+    groups = tuple(sorted(plan.rollout.instances, key=lambda g: g.max_tokens))
+    if routing == "single":
+        tps = {g.tp for g in groups}
+        if len(tps) != 1:
+            raise SpecError(f"single-bucket routing needs one TP degree, the plan has {sorted(tps)}")
+        groups = (InstanceGroup(tp=groups[0].tp, count=sum(g.count for g in groups), max_tokens=math.inf),)
+    return Allocation(train=plan.train, rollout=groups, routing=routing, predicted_s=plan.makespan_s)
+
+
+class StaticOptimal(Policy):
+    name = "static-optimal"
+
+    def initial(self, profile: WorkloadProfile) -> Decision:
+        plan = self.env.planner.plan(profile)
+        return Decision(step=0, allocation=_plan_allocation(plan, "overflow"),
+                        reason=f"planner optimum for the first profile ({plan.makespan_s:.0f} s predicted)")
+
+
+class Libra(Policy):
+    """Replan every `replan_every` steps on the profile of recently finished steps; apply through the gate."""
+
+    name = "libra"
+    elastic = True
+    homogeneous: ClassVar[bool] = False
+    routing: ClassVar[str] = "cmlfq"
+
+    def __init__(self, env: PolicyEnv, *, replan_every: int = 10, min_relative_gain: float = 0.05,
+                 admit: str = "smallest") -> None:
+        super().__init__(env)
+        if admit not in ("smallest", "predicted"):
+            raise SpecError(f"admit must be 'smallest' or 'predicted', got {admit!r}")
+        self.admit = admit  # where C-MLFQ starts a request (the published rule: the smallest bucket)
+        self.replan_every = replan_every
+        self.gate = ReplanGate(to_rollout_s=env.to_rollout_s, to_training_s=env.to_training_s,
+                               min_relative_gain=min_relative_gain, nonblocking_join=self.elastic)
+        self.plan: Plan | None = None
+
+    def _plan(self, profile: WorkloadProfile) -> Plan:
+        planner = self.env.planner
+        if not self.homogeneous:
+            return planner.plan(profile)
+        plans = []
+        for tp in (1, 2, 4, 8):
+            if tp <= self.env.cluster.gpus_per_node and self.env.cost_model.rollout.fits(tp, profile.total_lengths[-1]):
+                try:
+                    plans.append(planner.plan(profile, tp_degrees=(tp,)))
+                except SpecError:
+                    continue
+        if not plans:
+            raise SpecError("no homogeneous plan exists for this profile")
+        return min(plans, key=lambda p: (p.makespan_s, p.rollout.instances[0].tp))
+
+    def _routing(self) -> str:
+        return "single" if self.homogeneous else self.routing
+
+    def initial(self, profile: WorkloadProfile) -> Decision:
+        self.plan = self._plan(profile)
+        return Decision(step=0, allocation=_plan_allocation(self.plan, self._routing()),
+                        reason=f"initial plan ({self.plan.makespan_s:.0f} s predicted)")
+
+    def after_step(self, obs: Observation) -> Decision | None:
+        if (obs.step + 1) % self.replan_every or self.plan is None:
+            return None
+        profile = obs.profile()
+        candidate = self._plan(profile)
+        current_s = max(self.env.planner.evaluate(self.plan, profile))
+        verdict = self.gate.decide(current=self.plan, candidate=candidate, horizon_steps=self.replan_every,
+                                   current_makespan_s=current_s)
+        allocation = _plan_allocation(candidate, self._routing())
+        if not verdict.apply or allocation == _plan_allocation(self.plan, self._routing()):
+            return None  # the gate said no, or the candidate is the plan already running
+        self.plan = candidate
+        return Decision(step=obs.step + 1, allocation=allocation,
+                        reason=verdict.reason, saving_s=verdict.saving_s, cost_s=verdict.cost_s)
+
+
+class LibraHomogeneous(Libra):
+    name = "libra-homogeneous"
+    elastic = False
+    homogeneous = True
+
+
+class LibraHeteroTP(Libra):
+    name = "libra-hetero-tp"
+    elastic = False
+    routing = "overflow"
+
+
+class LibraCMLFQ(Libra):
+    name = "libra-cmlfq"
+    elastic = False
+    routing = "cmlfq"
+
+
+_REGISTRY: dict[str, type[Policy]] = {c.name: c for c in (
+    Colocated, StaticUniform, Greedy, StaticOptimal, LibraHomogeneous, LibraHeteroTP, LibraCMLFQ, Libra)}
+POLICY_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+
+
+def make_policy(name: str, env: PolicyEnv, **options: Any) -> Policy:
+    cls = _REGISTRY.get(name)
+    if cls is None:
+        raise SpecError(f"unknown policy {name!r}; expected one of {', '.join(POLICY_NAMES)}")
+    try:
+        return cls(env, **options)
+    except TypeError as exc:
+        raise SpecError(f"policy {name!r}: {exc}") from None

@@ -1,0 +1,94 @@
+"""Write a simulation report: one JSON file and three PNG plots (matplotlib, imported lazily, Agg backend)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from libra.sim.simulator import SimReport
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and (math.isinf(value) or math.isnan(value)):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+def write_json(report: SimReport, path: Path) -> Path:
+    path.write_text(json.dumps(_clean(report.to_dict()), indent=1))
+    return path
+
+
+def write_plots(report: SimReport, out: Path) -> list[Path]:
+    """throughput.png (tokens/s per step, per policy), allocation.png (training vs rollout GPUs per step),
+    breakdown.png (mean rollout, training and stage time per policy)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for r in report.results:
+        steps = [x for x in r.records if x.trajectories]
+        ax.plot([x.step for x in steps], [x.tokens / x.duration if x.duration > 0 else 0 for x in steps],
+                label=r.name)
+    ax.set_xlabel("step")
+    ax.set_ylabel("tokens / s (stage)")
+    ax.set_title(f"{report.workload}, {report.num_gpus} GPUs: throughput per step")
+    ax.legend(fontsize=8)
+    paths.append(out / "throughput.png")
+    fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+    n = len(report.results)
+    cols = min(4, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False, sharey=True)
+    for ax, r in zip(axes.flat, report.results):
+        steps = [x.step for x in r.records]
+        train = [x.train_gpus for x in r.records]
+        roll = [x.rollout_gpus for x in r.records]
+        ax.stackplot(steps, train, roll, labels=["training", "rollout"], step="post")
+        ax.set_title(r.name, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    axes[0][0].set_ylabel("GPUs")
+    axes[0][0].legend(fontsize=7, loc="lower left")
+    fig.suptitle("GPU allocation (colocated: every GPU does both, in turn)", fontsize=10)
+    paths.append(out / "allocation.png")
+    fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(9, 5))
+    names = [r.name for r in report.results]
+    summ = [r.summary() for r in report.results]
+    xs = range(len(names))
+    width = 0.27
+    ax.bar([x - width for x in xs], [s["mean_rollout_s"] for s in summ], width, label="rollout")
+    ax.bar(list(xs), [s["mean_train_s"] for s in summ], width, label="training")
+    ax.bar([x + width for x in xs], [s["mean_step_s"] for s in summ], width, label="step (wall)")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("seconds")
+    ax.set_title("Step-time breakdown (asynchronous: step = max of both sides; colocated: their sum)")
+    ax.legend(fontsize=8)
+    paths.append(out / "breakdown.png")
+    fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return paths
+
+
+def write_report(report: SimReport, out: str | Path) -> list[Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return [write_json(report, out / "report.json"), *write_plots(report, out)]

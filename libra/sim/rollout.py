@@ -1,0 +1,343 @@
+"""Timed rollout of one step: instances with continuous batching, KV-limited concurrency, tool calls, migrations.
+
+Model (per instance k of degree tp_k; the formulas are the planner's `RolloutCost`, nothing is fitted here):
+- A request is a sequence of decode segments separated by tool calls. During a tool call it is off the GPU (its KV
+  is released; the prefix stays cached, so on return only the tool tokens are prefilled).
+- Admission is first-come-first-served per instance while the running contexts fit in `kv_fill * K(tp)` minus
+  `kv_headroom_seqs` mean contexts of growth room, and fewer than `max_num_seqs` run; an instance with nothing
+  running always takes its first waiting request.
+- Admitting costs the instance `prefill_time(tp, new tokens, context)` of GPU time (prompt, tool return, or the
+  migrated context), plus `per_request_overhead_s` once per request: work the instance does before decoding.
+- Decoding: every running sequence gains one token per engine step of `decode_step_time(tp, B, mean context)`,
+  times the preemption churn `1 + preemption_factor / B` when the KV pool (not the engine cap or the supply of
+  requests) bounds the batch, as in `RolloutCost.effective_step_time`.
+- Time advances in slices: the batch of each instance is fixed within a slice, a segment that ends inside a slice
+  ends at its exact time, but its slot is refilled at the next slice boundary. A slice ends at the next event
+  (a segment end, a tool return, an instance start) but lasts at least `min_slice_s` (the fidelity knob:
+  `tests/sim` checks that halving it moves results little).
+- Migration (decided by the router on a tool return): the destination either re-prefills the carried context
+  (GPU time there) or receives the KV over the network (`kv bytes / bandwidth`, delaying the request); the
+  cheaper is taken.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from libra.planning.cost import CostModel
+from libra.sim.routing import Routes
+from libra.sim.workload import StepWork
+
+WAIT, RUN, TOOL, DONE = 0, 1, 2, 3
+
+
+class Instances:
+    """The rollout instances of a step: degree, bucket, when each can start serving, and whether it is lent."""
+
+    def __init__(self, tp: list[int], bucket: list[int], ready_at: list[float]) -> None:
+        self.tp = np.array(tp, np.int64)
+        self.bucket = np.array(bucket, np.int64)
+        self.ready_at = np.array(ready_at, float)
+        self.active = np.ones(len(tp), bool)
+
+    def __len__(self) -> int:
+        return len(self.tp)
+
+    def add(self, tp: int, bucket: int, ready_at: float, count: int) -> np.ndarray:
+        k0 = len(self)
+        self.tp = np.concatenate([self.tp, np.full(count, tp, np.int64)])
+        self.bucket = np.concatenate([self.bucket, np.full(count, bucket, np.int64)])
+        self.ready_at = np.concatenate([self.ready_at, np.full(count, ready_at)])
+        self.active = np.concatenate([self.active, np.ones(count, bool)])
+        return np.arange(k0, k0 + count)
+
+    @property
+    def num_gpus(self) -> int:
+        return int(self.tp[self.active].sum())
+
+
+def water_fill(load: np.ndarray, count: int) -> np.ndarray:
+    """How many of `count` new requests each instance gets so that the most loaded ends as low as possible
+    (ties go to lower indices). Deterministic."""
+    out = np.zeros(load.size, np.int64)
+    if count <= 0 or load.size == 0:
+        return out
+    order = np.argsort(load, kind="stable")
+    sl = load[order]
+    # raise the level through the sorted loads until `count` requests are placed
+    fill = np.arange(1, sl.size + 1) * sl - np.cumsum(sl)  # requests needed to bring the first j+1 up to sl[j]
+    j = int(np.searchsorted(fill, count, side="right")) - 1
+    level_base = sl[j]
+    spare = count - int(fill[j])
+    width = j + 1
+    level = level_base + spare // width
+    extra = spare % width
+    give = np.maximum(0, np.floor(level - sl[:width]).astype(np.int64))
+    give[:extra] += 1
+    out[order[:width]] = give
+    return out
+
+
+class RolloutRun:
+    """One step's requests on `instances`, from time `start`. Call `advance(t, dt)` slice by slice."""
+
+    def __init__(self, cost: CostModel, work: StepWork, routes: Routes, instances: Instances, *, start: float,
+                 min_slice_s: float = 0.5, max_slice_s: float = 60.0) -> None:
+        self.cm, self.rc, self.c = cost, cost.rollout, cost.coeffs
+        self.work, self.routes, self.inst = work, routes, instances
+        self.min_slice_s, self.max_slice_s = min_slice_s, max_slice_s
+        n = work.num_requests
+        self.state = np.full(n, WAIT, np.int8)
+        self.turn = np.zeros(n, np.int64)
+        self.rem = work.gen[:, 0].astype(float)
+        self.ctx = work.prompt_tokens.astype(float)  # tokens in the context (what the KV holds while running)
+        self.pending = work.prompt_tokens.astype(float)  # tokens to prefill at the next admission
+        self.ready = np.full(n, start)
+        self.finish = np.full(n, np.nan)
+        self.fresh = np.ones(n, bool)  # never admitted: pays the per-request overhead
+        self.where = np.full(n, -1, np.int64)
+        self.debt = np.zeros(len(instances))  # seconds of prefill/admission work owed by each instance
+        self.migrations = 0
+        self.migrated_tokens = 0
+        self.busy_gpu_s = 0.0
+        self.decoded = 0.0
+        self._last: tuple[np.ndarray, np.ndarray] | None = None  # (still running, step times) after a slice
+        self._assign(np.arange(n), routes.bucket[:, 0])
+        self._deg_key = -1
+        self._deg: tuple[int, ...] = ()
+        self._cap = np.zeros(0)
+
+    # --- bookkeeping --------------------------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return bool((self.state == DONE).all())
+
+    @property
+    def end_time(self) -> float:
+        return float(np.nanmax(self.finish))
+
+    def _grow(self) -> None:
+        extra = len(self.inst) - len(self.debt)
+        if extra > 0:
+            self.debt = np.concatenate([self.debt, np.zeros(extra)])
+
+    def load(self) -> np.ndarray:
+        """Requests assigned to each instance and not finished."""
+        live = (self.state != DONE) & (self.where >= 0)
+        return np.bincount(self.where[live], minlength=len(self.inst))
+
+    def _assign(self, reqs: np.ndarray, buckets: np.ndarray) -> None:
+        """Send requests to the active instances of their bucket, least-loaded first (water-filling, ties by
+        index); a bucket with no active instance falls back to the nearest larger one, then smaller."""
+        if reqs.size == 0:
+            return
+        load = self.load().astype(float)
+        nb = int(self.inst.bucket.max()) + 1
+        for b in np.unique(buckets):
+            members = np.array([], np.int64)
+            for alt in sorted(range(nb), key=lambda x: (x < b, abs(x - b))):
+                members = np.flatnonzero((self.inst.bucket == alt) & self.inst.active)
+                if members.size:
+                    break
+            mine = reqs[buckets == b]
+            counts = water_fill(load[members], mine.size)
+            self.where[mine] = np.repeat(members, counts)
+            load[members] += counts
+
+    # --- one slice ----------------------------------------------------------------------------------------------
+    def advance(self, t: float, dt: float) -> None:
+        self._returns(t)
+        self._admit(t)
+        self._decode(t, dt)
+
+    def _returns(self, t: float) -> None:
+        back = np.flatnonzero((self.state == TOOL) & (self.ready <= t))
+        if back.size == 0:
+            return
+        self.state[back] = WAIT
+        turn = self.turn[back]
+        carried = self.routes.carried[back, turn]
+        moving = back[carried > 0]
+        if moving.size:
+            self.migrations += int(moving.size)
+            self.migrated_tokens += int(carried[carried > 0].sum())
+            self._assign(moving, self.routes.bucket[moving, self.turn[moving]])
+            dst_tp = self.inst.tp[self.where[moving]]
+            ctx = carried[carried > 0].astype(float)
+            reprefill = np.zeros(moving.size)
+            for tp in np.unique(dst_tp):
+                sel = dst_tp == tp
+                reprefill[sel] = self.rc.prefill_time(int(tp), ctx[sel], ctx[sel] / 2.0)
+            bw = self.cm.cluster.gpu.network_bandwidth_gbs * 1e9 * self.c.link_efficiency
+            transfer = ctx * self.cm.model.kv_bytes_per_token(1) / bw
+            use_transfer = transfer < reprefill
+            self.ready[moving] = np.where(use_transfer, self.ready[moving] + transfer, self.ready[moving])
+            self.pending[moving] += np.where(use_transfer, 0.0, ctx)
+            self.state[moving[use_transfer]] = TOOL  # still in flight until the KV lands
+            self.state[moving[use_transfer & (self.ready[moving] <= t)]] = WAIT
+
+    def _admit(self, t: float) -> None:
+        inst = self.inst
+        k_all = len(inst)
+        running = self.state == RUN
+        run_k = np.bincount(self.where[running], minlength=k_all)
+        used_k = np.bincount(self.where[running], weights=self.ctx[running], minlength=k_all)
+        mean_k = used_k / np.maximum(run_k, 1)
+        room = self._cap_k() - used_k - self.c.kv_headroom_seqs * mean_k
+        seats = self.c.max_num_seqs - run_k
+        open_k = inst.active & (inst.ready_at <= t) & (seats > 0) & ((room > 0) | (run_k == 0))
+        waiting = self.state == WAIT
+        cand = np.flatnonzero(waiting & open_k[self.where])
+        if cand.size == 0:
+            return
+        k = self.where[cand]
+        order = np.argsort(k * 1e7 + (self.ready[cand] - self.ready.min()), kind="stable")  # FIFO per instance
+        cand, k = cand[order], k[order]
+        need = self.ctx[cand]
+        first = np.r_[True, k[1:] != k[:-1]]
+        starts = np.flatnonzero(first)
+        group = np.cumsum(first) - 1
+        cs = np.cumsum(need)
+        within = cs - (cs - need)[starts][group]
+        rank = np.arange(cand.size) - starts[group]
+        # an idle instance keeps headroom in units of its first request's context
+        idle_first = run_k[k[starts]] == 0
+        room[k[starts][idle_first]] -= self.c.kv_headroom_seqs * need[starts][idle_first]
+        ok = ((within <= room[k]) & (rank < seats[k])) | ((rank == 0) & (run_k[k] == 0))
+        go = cand[ok]
+        if go.size == 0:
+            return
+        gk = self.where[go]
+        secs = np.where(self.fresh[go], self.c.per_request_overhead_s, 0.0)
+        tps = inst.tp[gk]
+        for tp in self._degrees():
+            sel = tps == tp
+            if sel.any():
+                secs[sel] += self.rc.prefill_time(int(tp), self.pending[go[sel]], self.ctx[go[sel]] / 2.0)
+        self.debt += np.bincount(gk, weights=secs, minlength=k_all)
+        self.pending[go] = 0.0
+        self.fresh[go] = False
+        self.state[go] = RUN
+
+    def _degrees(self) -> tuple[int, ...]:
+        if self._deg_key != len(self.inst):
+            self._deg = tuple(int(x) for x in np.unique(self.inst.tp))
+            self._cap = np.array([self.c.kv_fill * self.rc.kv_capacity_tokens(int(tp)) for tp in self.inst.tp])
+            self._deg_key = len(self.inst)
+        return self._deg
+
+    def _cap_k(self) -> np.ndarray:
+        """KV tokens each instance may fill (`kv_fill` of its pool)."""
+        self._degrees()
+        return self._cap
+
+    def step_times(self, running: np.ndarray) -> np.ndarray:
+        """Engine step seconds of every instance for its current batch (inf where nothing runs)."""
+        inst, k_all = self.inst, len(self.inst)
+        b = np.bincount(self.where[running], minlength=k_all).astype(float)
+        ctx = np.bincount(self.where[running], weights=self.ctx[running], minlength=k_all)
+        waiting = np.bincount(self.where[self.state == WAIT], minlength=k_all)
+        out = np.full(k_all, np.inf)
+        for tp in self._degrees():
+            sel = (inst.tp == tp) & (b > 0)
+            if not sel.any():
+                continue
+            bb, rr = b[sel], ctx[sel] / b[sel]
+            step = self.rc.decode_step_time(int(tp), bb, rr)
+            kv_bound = (waiting[sel] > 0) & (bb < self.c.max_num_seqs)
+            out[sel] = step * np.where(kv_bound, 1.0 + self.c.preemption_factor / bb, 1.0)
+        return out
+
+    def _decode(self, t: float, dt: float) -> None:
+        running = np.flatnonzero(self.state == RUN)
+        k_all = len(self.inst)
+        busy_k = np.minimum(self.debt, dt)
+        self._last = None
+        if running.size:
+            step = self.step_times(running)
+            avail = np.maximum(0.0, dt - self.debt)
+            k = self.where[running]
+            advance = avail[k] / step[k]
+            rem0 = self.rem[running]
+            took = np.minimum(advance, rem0)
+            self.rem[running] = rem0 - took
+            self.ctx[running] += took
+            self.decoded += float(took.sum())
+            has_run = np.bincount(k, minlength=k_all) > 0
+            busy_k = np.where(has_run, dt, busy_k)
+            end = rem0 <= advance
+            ended = running[end]
+            if ended.size:
+                ke = self.where[ended]
+                at = t + np.minimum(self.debt[ke], dt) + rem0[end] * step[ke]
+                self._end_segments(ended, at)
+            self._last = (running[~end], step)
+        self.busy_gpu_s += float((busy_k * self.inst.tp).sum())
+        self.debt = np.maximum(0.0, self.debt - dt)
+
+    def _end_segments(self, ended: np.ndarray, at: np.ndarray) -> None:
+        w = self.work
+        turn = self.turn[ended]
+        last = turn >= w.num_turns[ended] - 1
+        fin = ended[last]
+        self.state[fin] = DONE
+        self.finish[fin] = at[last]
+        go = ended[~last]
+        if go.size:
+            tg = turn[~last]
+            tool_tok = w.tool_tokens[go, tg].astype(float)
+            self.ctx[go] += tool_tok
+            self.pending[go] = tool_tok
+            self.ready[go] = at[~last] + w.latency[go, tg]
+            self.turn[go] = tg + 1
+            self.rem[go] = w.gen[go, tg + 1].astype(float)
+            self.state[go] = TOOL
+
+    # --- when to look again -------------------------------------------------------------------------------------
+    def next_event(self, t: float) -> float:
+        """The next time something changes (a segment end, a tool return, an instance start), at least
+        `min_slice_s` and at most `max_slice_s` ahead. Segment ends use the step times of the last slice."""
+        nxt = t + self.max_slice_s
+        running = self.state == RUN
+        if self._last is not None and self._last[0].size:
+            still, step = self._last
+            k = self.where[still]
+            nxt = min(nxt, t + float(np.min(self.debt[k] + self.rem[still] * step[k])))
+        elif running.any():
+            nxt = t  # admitted in the last slice, not yet decoding
+        tool = self.state == TOOL
+        if tool.any():
+            nxt = min(nxt, float(self.ready[tool].min()))
+        waiting = self.state == WAIT
+        if waiting.any():
+            later = self.inst.ready_at[self.where[waiting]]
+            later = later[later > t]
+            if later.size:
+                nxt = min(nxt, float(later.min()))
+            elif not running.any():
+                nxt = t  # admissible now
+        return max(nxt, t + self.min_slice_s)
+
+    # --- the elastic pool's view --------------------------------------------------------------------------------
+    def idle_instances(self) -> np.ndarray:
+        """Instances the elastic pool may lend: active, nothing assigned, and no unfinished request sits in their
+        bucket or a smaller one (requests move up as they grow, so such a bucket has no more work coming; a rare
+        move down falls back to the nearest larger bucket with an active instance). Causal: it reads only where
+        requests are now."""
+        load = self.load()
+        live = np.flatnonzero(self.state != DONE)
+        seg = self.turn[live] - (self.state[live] == TOOL)  # in a tool call: the bucket it ran in so far
+        lowest = int(self.routes.bucket[live, seg].min()) if live.size else np.inf
+        return np.flatnonzero(self.inst.active & (load == 0) & (self.inst.bucket < lowest))
+
+    def rebalance(self, bucket: int) -> None:
+        """Spread the not-yet-admitted waiting requests of a bucket over its active instances (after new
+        instances join it)."""
+        waiting = np.flatnonzero((self.state == WAIT) & self.fresh & (self.inst.bucket[self.where] == bucket))
+        if waiting.size:
+            self._grow()
+            self.where[waiting] = -1
+            self.state[waiting] = DONE  # hide from load() while re-assigning
+            self._assign(waiting, np.full(waiting.size, bucket))
+            self.state[waiting] = WAIT
+        self._grow()

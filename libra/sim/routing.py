@@ -1,0 +1,130 @@
+"""Routing of one step's requests to buckets, segment by segment, computed before the timed simulation.
+
+Routing decisions depend only on the order of a request's own events (admission, then each tool return) and on
+what the router learned at earlier step boundaries, never on simulated time: the C-MLFQ prefix tree changes only at
+`end_step`. So the simulator replays each step's trajectories through the router once per bucket set and hands the
+timed rollout two arrays: `bucket[i, t]`, the bucket that serves segment t of request i, and `carried[i, t]`, the
+context a migration before segment t carries (0 when the request stays).
+
+Modes: `single` (one bucket, nothing moves), `overflow` (start in the smallest bucket, move to the bucket of the
+context once it outgrows its bucket: length-bucketed serving without prediction), `cmlfq` (the real
+`libra.scheduling.CMLFQRouter`, sharing one prefix tree that learns every step's finished trajectories, so all
+policies see the same tree at step s).
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from libra.scheduling import CMLFQRouter, PrefixTree
+from libra.sim.workload import StepWork
+from libra.spec import Bucket, SpecError
+
+ROUTING_MODES = ("single", "overflow", "cmlfq")
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class Routes:
+    bucket: np.ndarray  # (n, T) int
+    carried: np.ndarray  # (n, T) int, tokens moved before segment t
+
+    @property
+    def migrations(self) -> int:
+        return int((self.carried > 0).sum())
+
+
+def _contexts(work: StepWork) -> tuple[np.ndarray, np.ndarray]:
+    """Context after each turn's generation, and after its tool return."""
+    per_turn = work.gen + work.tool_tokens
+    after_turn = work.prompt_tokens[:, None] + np.cumsum(per_turn, axis=1)
+    return after_turn - work.tool_tokens, after_turn
+
+
+def overflow_routes(work: StepWork, buckets: tuple[Bucket, ...]) -> Routes:
+    n, width = work.gen.shape
+    limits = np.array([b.max_tokens for b in buckets[:-1]], float)
+    bucket = np.zeros((n, width), np.int64)
+    carried = np.zeros((n, width), np.int64)
+    if len(buckets) == 1:
+        return Routes(bucket=bucket, carried=carried)
+    _, after_tool = _contexts(work)
+    current = np.zeros(n, np.int64)
+    for t in range(1, width):
+        ctx = after_tool[:, t - 1]
+        need = np.searchsorted(limits, ctx, side="left")  # first bucket whose max_tokens >= ctx
+        move = (need > current) & (t < work.num_turns)
+        carried[move, t] = ctx[move] - work.tool_tokens[move, t - 1]
+        current = np.where(move, need, current)
+        bucket[:, t] = current
+    return Routes(bucket=bucket, carried=carried)
+
+
+class CausalRouting:
+    """C-MLFQ decisions for every step with one shared prefix tree (`learn` after each step)."""
+
+    def __init__(self, **router_options) -> None:
+        self.tree = PrefixTree()
+        self.options = router_options
+        self._cache: dict[tuple[int, tuple[Bucket, ...], str], Routes] = {}
+        self._learned = -1
+
+    def learn(self, work: StepWork) -> None:
+        """Step boundary: the tree learns this step's finished trajectories (call once per step, in order)."""
+        if work.step <= self._learned:
+            raise SpecError(f"step {work.step} already learned (the tree learns each step once, in order)")
+        self.tree.update(work.trajectories)
+        self._learned = work.step
+        self._cache = {k: v for k, v in self._cache.items() if k[0] > work.step}
+
+    def routes(self, work: StepWork, buckets: tuple[Bucket, ...], *, admit: str = "smallest") -> Routes:
+        """`admit`: where a new request starts, `smallest` (published) or `predicted` (the CMLFQRouter option)."""
+        if work.step <= self._learned:
+            raise SpecError(f"routing step {work.step} with a tree that has learned it (that reads the future)")
+        key = (work.step, buckets, admit)
+        if key not in self._cache:
+            self._cache[key] = self._replay(work, buckets, admit)
+        return self._cache[key]
+
+    def _replay(self, work: StepWork, buckets: tuple[Bucket, ...], admit: str) -> Routes:
+        n, width = work.gen.shape
+        bucket = np.zeros((n, width), np.int64)
+        carried = np.zeros((n, width), np.int64)
+        if len(buckets) == 1:
+            return Routes(bucket=bucket, carried=carried)
+        router = CMLFQRouter(buckets, tree=self.tree, admit=admit, **self.options)
+        limits = router.limits
+        after_gen, after_tool = _contexts(work)
+        after_gen, after_tool = after_gen.tolist(), after_tool.tolist()
+        for i, traj in enumerate(work.trajectories):
+            b = router.admit(i, prompt_id=traj.prompt_id, prompt_tokens=traj.prompt_tokens).bucket
+            last = len(traj.turns) - 1
+            row_b, row_c = bucket[i], carried[i]
+            for t, turn in enumerate(traj.turns[:-1]):
+                moved = 0
+                if after_gen[i][t] > limits[b]:
+                    d = router.on_progress(i, context_tokens=after_gen[i][t])
+                    b, moved = d.bucket, d.migrated_tokens
+                if t < last and turn.tool is not None:
+                    d = router.on_tool_return(i, tool=turn.tool, tool_tokens=turn.tool_tokens,
+                                              status=turn.tool_status, context_tokens=after_tool[i][t])
+                    if d.migrate:
+                        b, moved = d.bucket, d.migrated_tokens
+                row_b[t + 1] = b
+                row_c[t + 1] = moved
+        return Routes(bucket=bucket, carried=carried)
+
+
+def routes_for(mode: str, work: StepWork, buckets: tuple[Bucket, ...], causal: CausalRouting | None, *,
+               admit: str = "smallest") -> Routes:
+    if mode == "single" or len(buckets) == 1:
+        n, width = work.gen.shape
+        zeros = np.zeros((n, width), np.int64)
+        return Routes(bucket=zeros, carried=zeros)
+    if mode == "overflow":
+        return overflow_routes(work, buckets)
+    if mode == "cmlfq":
+        if causal is None:
+            raise SpecError("cmlfq routing needs the shared CausalRouting")
+        return causal.routes(work, buckets, admit=admit)
+    raise SpecError(f"unknown routing mode {mode!r}; expected one of {', '.join(ROUTING_MODES)}")

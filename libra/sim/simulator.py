@@ -1,0 +1,115 @@
+"""`simulate(...)`: build the scenario, run every policy over the same steps, return a `SimReport`.
+
+All policies see the same trajectories (the workload does not depend on the policy: the simulator measures
+resource management, not learning), the same tool latencies and the same C-MLFQ prefix tree (it learns each step's
+trajectories at the step boundary). The first plan of the planner-based policies is made from step 0's profile, as
+a profiling pass would; later plans read only steps that have finished.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from libra.planning import GlobalPlanner
+from libra.planning.cost import CostCoefficients, CostModel
+from libra.sim.engine import PolicyRun, ReconfigCosts, SimOptions, profile_of
+from libra.sim.policies import POLICY_NAMES, PolicyEnv, make_policy
+from libra.sim.records import PolicyResult
+from libra.sim.routing import CausalRouting, routes_for
+from libra.sim.workload import StepWork, WorkSource
+from libra.spec import ClusterSpec, ModelSpec, RLSettings, SpecError
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class Scenario:
+    cluster: ClusterSpec
+    model: ModelSpec
+    rl: RLSettings
+    source: WorkSource
+    coeffs: CostCoefficients | None = None
+    costs: ReconfigCosts = ReconfigCosts()
+    options: SimOptions = SimOptions()
+    profile_window: int = 2  # finished steps a replan reads
+
+
+@attrs.frozen(kw_only=True)
+class SimReport:
+    workload: str
+    num_gpus: int
+    num_steps: int
+    seed: int
+    results: tuple[PolicyResult, ...]
+    elapsed_s: float
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        return {r.name: r.summary() for r in self.results}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"workload": self.workload, "gpus": self.num_gpus, "steps": self.num_steps, "seed": self.seed,
+                "elapsed_s": self.elapsed_s, "policies": self.summary(),
+                "runs": {r.name: r.to_dict() for r in self.results}}
+
+
+def simulate(scenario: Scenario, *, num_steps: int, policies: Sequence[str] = POLICY_NAMES,
+             progress: Callable[[str, int], None] | None = None,
+             policy_options: dict[str, dict[str, Any]] | None = None) -> SimReport:
+    """Run `policies` for `num_steps` steps of `scenario.source`; `progress(policy, step)` after each stage."""
+    if num_steps < 1:
+        raise SpecError(f"num_steps must be >= 1, got {num_steps}")
+    if not policies:
+        raise SpecError("simulate needs at least one policy")
+    started = time.perf_counter()
+    cm = CostModel(scenario.cluster, scenario.model, scenario.coeffs)
+    planner = GlobalPlanner(cluster=scenario.cluster, model=scenario.model, rl=scenario.rl, coeffs=scenario.coeffs)
+    planner.cost_model = cm  # one cost model object: the simulator prices exactly what the planner predicts
+    env = PolicyEnv(cluster=scenario.cluster, cost_model=cm, rl=scenario.rl, planner=planner,
+                    to_rollout_s=scenario.costs.to_rollout_s, to_training_s=scenario.costs.to_training_s)
+    options = policy_options or {}
+    runs = [PolicyRun(make_policy(name, env, **options.get(name, {})), cm, global_batch=scenario.rl.global_batch,
+                      max_len=scenario.rl.max_model_len, costs=scenario.costs, options=scenario.options)
+            for name in policies]
+    causal = CausalRouting() if any(getattr(r.policy, "routing", "") == "cmlfq" for r in runs) else None
+    name = scenario.source.name
+    gb = scenario.rl.global_batch
+    window: deque[StepWork] = deque(maxlen=scenario.profile_window)
+    first = scenario.source.step(0)
+    profile0 = profile_of([first], f"{name}@0", gb)
+    for run in runs:
+        run.decide(run.policy.initial(profile0))
+    for k in range(num_steps):
+        work = first if k == 0 else scenario.source.step(k)
+        for run in runs:
+            alloc = run.begin_stage()
+            routes = routes_for(alloc.routing, work, alloc.buckets, causal,
+                                admit=getattr(run.policy, "admit", "smallest"))
+            run.stage(work, routes)
+            if progress:
+                progress(run.policy.name, k)
+        window.append(work)
+        cached: dict[str, Any] = {}
+
+        def profile(ws=tuple(window), cache=cached, step=k):
+            if "p" not in cache:
+                cache["p"] = profile_of(list(ws), f"{name}@{step}", gb)
+            return cache["p"]
+
+        if k + 1 < num_steps:
+            for run in runs:
+                decision = run.policy.after_step(run.observation(profile))
+                if decision is not None:
+                    run.decide(decision)
+        if causal is not None:
+            causal.learn(work)
+    for run in runs:
+        if not run.policy.synchronous:
+            run.begin_stage()
+            run.stage(None, None)
+    results = tuple(PolicyResult(name=r.policy.name, records=tuple(r.records), decisions=tuple(r.decisions),
+                                 num_gpus=scenario.cluster.num_gpus) for r in runs)
+    return SimReport(workload=name, num_gpus=scenario.cluster.num_gpus, num_steps=num_steps,
+                     seed=scenario.source.seed, results=results, elapsed_s=time.perf_counter() - started)
