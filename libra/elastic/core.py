@@ -32,10 +32,13 @@ from libra.elastic.wire import Kind, Link, LinkError, Message, SendHandle, SideC
 
 @attrs.frozen(kw_only=True)
 class StepRecord:
-    """What one core step did: replicas counted, which hybrids contributed real gradients, time spent waiting."""
+    """What one core step did: the membership agreed at ``begin_step`` (``num_replicas``, which fixes every
+    replica's shard), how many replicas contributed real gradients (the divisor), which hybrids did, and how long
+    this replica waited on the side channel."""
 
     step: int
     num_replicas: int
+    num_contributed: int
     hybrid_contributors: tuple[str, ...]
     wait_s: float
 
@@ -224,7 +227,13 @@ class CoreExchange:
                     slot.placeholder_steps += 1
         unflatten_into(flat, grads)
         self.records.append(
-            StepRecord(step=step, num_replicas=int(total), hybrid_contributors=tuple(contributors), wait_s=waited)
+            StepRecord(
+                step=step,
+                num_replicas=self._assignment.num_replicas,
+                num_contributed=int(total),
+                hybrid_contributors=tuple(contributors),
+                wait_s=waited,
+            )
         )
         self._assignment = None
         return grads

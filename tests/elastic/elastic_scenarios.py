@@ -230,14 +230,13 @@ def cycles(rank: int, core_group, transport: str, num_cycles: int, port: int | N
         if rank == 0 and transport == "dist":
             ex.admit(DistLink(2))
         while True:
-            if rank == 0:
-                if ex.records and ex.records[-1].hybrid_contributors:
-                    ex.remove(HYBRID, step=t, why="cycle")
-                    done += 1
-                    if done == warmup:
-                        probes["warm"] = H.leak_probe()
-                    if transport == "dist" and done < num_cycles:
-                        ex.admit(DistLink(2))
+            if rank == 0 and ex.records and ex.records[-1].hybrid_contributors:
+                ex.remove(HYBRID, step=t, why="cycle")
+                done += 1
+                if done == warmup:
+                    probes["warm"] = H.leak_probe()
+                if transport == "dist" and done < num_cycles:
+                    ex.admit(DistLink(2))
             flag[0] = 1 if (rank == 0 and done < num_cycles) else 0  # rank 0 decides; rank 1 follows
             dist.all_reduce(flag, group=core_group)
             if int(flag[0]) == 0:
