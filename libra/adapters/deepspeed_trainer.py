@@ -67,7 +67,8 @@ class DeepSpeedTrainer:
     def version(self) -> int:
         return self._version
 
-    def train_step(self, batch: Mapping[str, Any], *, grad_hook: GradHook | None = None) -> float:
+    def train_step(self, batch: Mapping[str, Any], *, grad_hook: GradHook | None = None,
+                   step: int | None = None) -> float:
         if grad_hook is None:
             loss = self.loss_fn(self.engine, batch)
             self.engine.backward(loss)
@@ -80,7 +81,7 @@ class DeepSpeedTrainer:
             with self.engine.no_sync():
                 loss = self.loss_fn(self.engine, batch)
                 self.engine.backward(loss)
-            grad_hook(self._version, self.local_grads())
+            grad_hook(self._version if step is None else step, self.local_grads())
             if self.zero_stage == 1:
                 self.engine.allreduce_gradients()
         self.engine.step()

@@ -83,9 +83,11 @@ class TrainerBackend(Protocol):
     def version(self) -> int:
         """Number of optimizer steps applied so far."""
 
-    def train_step(self, batch: Mapping[str, Any], *, grad_hook: GradHook | None = None) -> float:
+    def train_step(self, batch: Mapping[str, Any], *, grad_hook: GradHook | None = None,
+                   step: int | None = None) -> float:
         """Forward + backward on this replica's shard of `batch`, reduce the gradients (through `grad_hook` when
-        given, else the engine's own data-parallel all-reduce), optimizer step. Returns the local loss."""
+        given, called as `grad_hook(step, grads)` with `step` defaulting to `version`; else the engine's own
+        data-parallel all-reduce), optimizer step. Returns the local loss."""
 
     def snapshot(self) -> Mapping[str, Any]:
         """Model + optimizer state at `version` (CPU tensors), enough for a joining replica to become equal."""

@@ -48,7 +48,8 @@ class TorchDDPTrainer:
     def version(self) -> int:
         return self._version
 
-    def train_step(self, batch: Mapping[str, Any], *, grad_hook: GradHook | None = None) -> float:
+    def train_step(self, batch: Mapping[str, Any], *, grad_hook: GradHook | None = None,
+                   step: int | None = None) -> float:
         import contextlib
 
         self.optimizer.zero_grad(set_to_none=False)
@@ -57,7 +58,7 @@ class TorchDDPTrainer:
             loss = self.loss_fn(self.model, batch)
             loss.backward()
         if grad_hook is not None:
-            grad_hook(self._version, self.local_grads())
+            grad_hook(self._version if step is None else step, self.local_grads())
         self.optimizer.step()
         self._version += 1
         return float(loss.detach())

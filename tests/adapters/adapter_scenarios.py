@@ -1,0 +1,168 @@
+"""Bodies of the multi-process trainer tests (run in spawned children; importable by name)."""
+
+from __future__ import annotations
+
+import time
+
+import adapter_procs as P
+
+HYBRID = "hybrid-0"
+
+
+def _pace(ex, cap_s: float = 20.0) -> None:
+    """Test steps take a millisecond; hold a core step while a join is on its way (the exchange never waits)."""
+    deadline = time.monotonic() + cap_s
+    while ex.joining and not ex.join_message_waiting() and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def _state(module, optimizer) -> dict:
+    import copy
+
+    return {"model": copy.deepcopy(module.state_dict()), "optimizer": copy.deepcopy(optimizer.state_dict())}
+
+
+def core_with_hybrid(rank: int, make_trainer, steps: int, port: int, side_port: int) -> dict:
+    """A core replica (rank 0 or 1 of a 2-rank world) training with the elastic side channel as its grad hook;
+    rank 0 serves the hybrid's join. Rank 0 checks every 3-replica step against one-process 3-replica DP."""
+    import torch.distributed as dist
+
+    from libra.adapters.grpo import shard_batch
+    from libra.elastic.core import CoreExchange
+    from libra.elastic.wire import SideChannelServer
+
+    trainer = make_trainer(rank, port)
+    server = SideChannelServer(host="127.0.0.1", port=side_port) if rank == 0 else None
+    ex = CoreExchange(core_group=dist.group.WORLD, core_rank=rank, num_core_replicas=2, model=trainer.module,
+                      optimizer=trainer.optimizer, timeout_s=30.0)
+    if server is not None:  # the hybrid process starts slower than a test step: let it connect first
+        deadline = time.monotonic() + 120
+        while not (links := server.accept_ready()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for link in links:
+            ex.admit(link)
+    before, after, members = {}, {}, {}
+    for t in range(steps):
+        if sum(n == 3 for n in members.values()) >= 2:
+            break
+        _pace(ex)
+        a = ex.begin_step(t)
+        before[t] = _state(trainer.module, trainer.optimizer)
+        trainer.train_step(shard_batch(P.data(t), a.shard(P.GLOBAL_BATCH)), grad_hook=ex.reduce)
+        after[t] = _state(trainer.module, trainer.optimizer)
+        members[t] = a.num_replicas
+    ex.remove(HYBRID, step=steps, why="test over")
+    ex.close()
+    if server is not None:
+        server.close()
+    worst = 0.0
+    for t in (t for t, n in members.items() if n == 3):
+        worst = max(worst, P.max_param_diff(after[t]["model"], P.reference_step(before[t], t, 3)["model"]))
+    dist.barrier()
+    return {"members": members, "worst_3dp_diff": worst, "version": trainer.version}
+
+
+def hybrid(side_port: int) -> dict:
+    import torch
+
+    from libra.adapters.grpo import shard_batch
+    from libra.adapters.torch_ddp import TorchDDPTrainer
+    from libra.elastic.grads import Mode
+    from libra.elastic.hybrid import HybridReplica
+    from libra.elastic.wire import LinkError, TcpLink
+
+    trainer = TorchDDPTrainer(model=P.make_mlp(seed=7), loss_fn=P.mse_loss, distributed=False,
+                              optimizer_factory=lambda ps: torch.optim.Adam(ps, lr=P.LR))
+    hy = HybridReplica(worker=HYBRID, model=trainer.module, optimizer=trainer.optimizer, timeout_s=30.0)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            link = TcpLink.connect("127.0.0.1", side_port, timeout=5.0)
+            break
+        except LinkError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    hy.join(link)
+    active = 0
+    while (a := hy.begin_step()) is not None:
+        if a.mode == Mode.ACTIVE:
+            active += 1
+            batch = shard_batch(P.data(a.step), a.shard(P.GLOBAL_BATCH))
+            trainer.train_step(batch, grad_hook=hy.reduce, step=a.step)  # sends its gradient, gets the mean
+        else:
+            grads = trainer.local_grads()
+            for g in grads:
+                g.zero_()
+            hy.reduce(a.step, grads)
+            trainer.optimizer.step()
+    return {"active_steps": active}
+
+
+def ds_trainer(zero_stage: int):
+    def make(rank: int, port: int):
+        import deepspeed
+
+        from libra.adapters.deepspeed_trainer import DeepSpeedTrainer, deepspeed_config
+
+        P.init_env(rank, 2, port)
+        if not __import__("torch").distributed.is_initialized():
+            deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+        config = deepspeed_config(zero_stage=zero_stage, micro_batch=P.GLOBAL_BATCH // 2, lr=P.LR, dp=2)
+        return DeepSpeedTrainer(model=P.make_mlp(seed=0), config=config, loss_fn=P.mse_loss)
+
+    return make
+
+
+def ds_core(rank: int, steps: int, port: int, side_port: int) -> dict:
+    return core_with_hybrid(rank, ds_trainer(0), steps, port, side_port)
+
+
+def ds_stages(rank: int, port: int, stages: tuple[int, ...], steps: int) -> dict:
+    """Plain DeepSpeed steps (its own reduction) at each ZeRO stage, and with an all-reduce grad hook at stages
+    0/1, against one-process 2-replica DP."""
+    import torch
+    import torch.distributed as dist
+
+    from libra.adapters.grpo import shard_batch
+    from libra.elastic.grads import shard_bounds
+
+    def mean_hook(step, grads):
+        for g in grads:
+            dist.all_reduce(g)
+            g /= dist.get_world_size()
+        return grads
+
+    out = {}
+    for stage in stages:
+        for hooked in (False, True) if stage <= 1 else (False,):
+            trainer = ds_trainer(stage)(rank, port)
+            state = {"model": {k: v.clone() for k, v in P.make_mlp(seed=0).state_dict().items()}, "optimizer": None}
+            worst = 0.0
+            for t in range(steps):
+                rows = slice(*shard_bounds(P.GLOBAL_BATCH, rank, 2))
+                trainer.train_step(shard_batch(P.data(t), rows), grad_hook=mean_hook if hooked else None)
+                state = P.reference_step(state, t, 2)
+                got = {k: v.detach().clone() for k, v in trainer.module.state_dict().items()}
+                worst = max(worst, P.max_param_diff(got, state["model"]))
+            out[f"zero{stage}{'+hook' if hooked else ''}"] = worst
+            del trainer
+    weights = ds_trainer(0)(rank, port).export_weights()
+    out["export_buckets"] = len(weights.buckets)
+    torch.distributed.barrier()
+    return out
+
+
+def ddp_core(rank: int, steps: int, port: int, side_port: int) -> dict:
+    def make(rank: int, port: int):
+        import torch
+        import torch.distributed as dist
+
+        from libra.adapters.torch_ddp import TorchDDPTrainer
+
+        P.init_env(rank, 2, port)
+        dist.init_process_group("gloo", rank=rank, world_size=2)
+        return TorchDDPTrainer(model=P.make_mlp(seed=0), loss_fn=P.mse_loss,
+                               optimizer_factory=lambda ps: torch.optim.Adam(ps, lr=P.LR))
+
+    return core_with_hybrid(rank, make, steps, port, side_port)
