@@ -1,0 +1,129 @@
+"""Side-channel framing over TCP: round trips, checksums, timeouts, closed and truncated peers."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from libra.elastic.grads import flatten, shard_bounds, unflatten_into  # noqa: E402
+from libra.elastic.wire import (  # noqa: E402
+    Kind,
+    LinkClosed,
+    LinkCorrupt,
+    LinkTimeout,
+    Message,
+    SideChannelServer,
+    TcpLink,
+    as_bytes,
+    free_port,
+)
+
+
+@pytest.fixture
+def pair():
+    a, b = socket.socketpair()
+    la, lb = TcpLink.__new__(TcpLink), TcpLink.__new__(TcpLink)
+    for link, sock in ((la, a), (lb, b)):  # socketpair is AF_UNIX: skip the TCP_NODELAY of __init__
+        link._sock, link._fault, link._send_lock = sock, (lambda _: None), threading.Lock()
+    yield la, lb
+    la.close()
+    lb.close()
+
+
+def test_roundtrip_with_blobs(pair):
+    a, b = pair
+    g = torch.randn(1000)
+    a.send(
+        Message(
+            kind=Kind.GRAD,
+            step=4,
+            version=4,
+            info={"dtype": "torch.float32"},
+            blobs=(as_bytes(g), torch.empty(0, dtype=torch.uint8)),
+        ),
+        timeout=5,
+    )
+    msg = b.recv(timeout=5)
+    assert (msg.kind, msg.step, msg.version, msg.info) == (Kind.GRAD, 4, 4, {"dtype": "torch.float32"})
+    assert torch.equal(msg.blobs[0].view(torch.float32), g) and msg.blobs[1].numel() == 0
+
+
+def test_receive_times_out(pair):
+    with pytest.raises(LinkTimeout):
+        pair[1].recv(timeout=0.05)
+
+
+def test_closed_peer_and_truncated_message(pair):
+    a, b = pair
+    a.send(Message(kind=Kind.PLACEHOLDER, step=1, version=1), timeout=5)
+    raw = a._sock
+    # a frame that announces a blob and then stops half way, like a hybrid killed mid-send
+    frame = bytearray()
+    meta = b'{"info":{},"blobs":[[100,0]]}'
+    frame += struct.pack("<4sB3xqqQ", b"LBR1", int(Kind.GRAD), 2, 2, len(meta)) + meta + b"x" * 40
+    raw.sendall(frame)
+    raw.shutdown(socket.SHUT_WR)
+    assert b.recv(timeout=5).kind == Kind.PLACEHOLDER
+    with pytest.raises(LinkClosed):
+        b.recv(timeout=5)
+
+
+def test_corrupted_blob_is_rejected(pair):
+    a, b = pair
+    meta = b'{"info":{},"blobs":[[4,12345]]}'
+    a._sock.sendall(struct.pack("<4sB3xqqQ", b"LBR1", int(Kind.GRAD), 2, 2, len(meta)) + meta + b"abcd")
+    with pytest.raises(LinkCorrupt, match="checksum"):
+        b.recv(timeout=5)
+
+
+def test_bad_magic_is_rejected(pair):
+    a, b = pair
+    a._sock.sendall(b"X" * 32)
+    with pytest.raises(LinkCorrupt):
+        b.recv(timeout=5)
+
+
+def test_server_accepts_without_blocking():
+    server = SideChannelServer(host="127.0.0.1", port=0)
+    try:
+        assert server.accept_ready() == []
+        client = TcpLink.connect("127.0.0.1", server.port, timeout=5)
+        for _ in range(200):
+            links = server.accept_ready()
+            if links:
+                break
+            threading.Event().wait(0.01)
+        assert len(links) == 1
+        client.send(Message(kind=Kind.JOIN, step=-1, version=-1, info={"worker": "h"}), timeout=5)
+        assert links[0].recv(timeout=5).info == {"worker": "h"}
+        client.close()
+        links[0].close()
+    finally:
+        server.close()
+    assert 0 < free_port() < 65536
+
+
+def test_shards_cover_the_global_batch_exactly():
+    for batch in range(4, 40):
+        for n in range(1, 5):
+            bounds = [shard_bounds(batch, i, n) for i in range(n)]
+            assert bounds[0][0] == 0 and bounds[-1][1] == batch
+            assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+            assert max(b - a for a, b in bounds) - min(b - a for a, b in bounds) <= 1
+    with pytest.raises(ValueError):
+        shard_bounds(2, 3, 3)
+
+
+def test_flatten_roundtrip_and_dtype_check():
+    grads = [torch.randn(3, 2), torch.randn(5)]
+    flat = flatten(grads)
+    target = [torch.zeros(3, 2), torch.zeros(5)]
+    unflatten_into(flat, target)
+    assert all(torch.equal(a, b) for a, b in zip(grads, target))
+    with pytest.raises(ValueError, match="mix dtypes"):
+        flatten([torch.zeros(1), torch.zeros(1, dtype=torch.float64)])
