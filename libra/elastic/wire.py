@@ -82,8 +82,8 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
-def _encode_meta(msg: Message) -> bytes:
-    blobs = [[int(b.numel()), checksum(b)] for b in msg.blobs]
+def _encode_meta(msg: Message, backend: str = "auto") -> bytes:
+    blobs = [[int(b.numel()), checksum(b, backend=backend)] for b in msg.blobs]
     return json.dumps({"info": msg.info, "blobs": blobs}, separators=(",", ":")).encode()
 
 
@@ -97,8 +97,8 @@ def _decode_prefix(raw: bytes) -> tuple[Kind, int, int, int]:
         raise LinkCorrupt(f"bad frame: unknown kind {kind}") from None
 
 
-def _check_blob(i: int, blob: torch.Tensor, crc: int) -> None:
-    got = checksum(blob)
+def _check_blob(i: int, blob: torch.Tensor, crc: int, backend: str = "auto") -> None:
+    got = checksum(blob, backend=backend)
     if got != crc:
         raise LinkCorrupt(f"blob {i}: checksum {got:#010x} != sent {crc:#010x}")
 
@@ -152,24 +152,28 @@ class _ThreadSend:
 
 
 class TcpLink:
-    """A framed message stream over one TCP socket. ``fault`` is called at named points (fault-injection tests)."""
+    """A framed message stream over one TCP socket. ``fault`` is called at named points (fault-injection tests);
+    ``backend`` picks the CRC implementation (see :func:`libra.elastic.pack.checksum`)."""
 
-    def __init__(self, sock: socket.socket, *, fault: FaultHook = _no_fault) -> None:
+    def __init__(self, sock: socket.socket, *, fault: FaultHook = _no_fault, backend: str = "auto") -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock = sock
         self._fault = fault
+        self.backend = backend
         self._send_lock = threading.Lock()
 
     @classmethod
-    def connect(cls, host: str, port: int, *, timeout: float, fault: FaultHook = _no_fault) -> TcpLink:
+    def connect(
+        cls, host: str, port: int, *, timeout: float, fault: FaultHook = _no_fault, backend: str = "auto"
+    ) -> TcpLink:
         try:
             sock = socket.create_connection((host, port), timeout=timeout)
         except OSError as exc:
             raise LinkError(f"connect to {host}:{port}: {exc}") from exc
-        return cls(sock, fault=fault)
+        return cls(sock, fault=fault, backend=backend)
 
     def send(self, msg: Message, *, timeout: float) -> None:
-        meta = _encode_meta(msg)
+        meta = _encode_meta(msg, self.backend)
         deadline = time.monotonic() + timeout
         with self._send_lock:
             self._sendall(_PREFIX.pack(_MAGIC, int(msg.kind), msg.step, msg.version, len(meta)) + meta, deadline)
@@ -198,7 +202,7 @@ class TcpLink:
         for i, (n, crc) in enumerate(meta["blobs"]):
             blob = torch.empty(n, dtype=torch.uint8)
             self._recv_into(memoryview(blob.numpy()).cast("B"), deadline)
-            _check_blob(i, blob, crc)
+            _check_blob(i, blob, crc, self.backend)
             blobs.append(blob)
         return Message(kind=kind, step=step, version=version, info=meta["info"], blobs=tuple(blobs))
 

@@ -29,7 +29,7 @@ def pair():
     a, b = socket.socketpair()
     la, lb = TcpLink.__new__(TcpLink), TcpLink.__new__(TcpLink)
     for link, sock in ((la, a), (lb, b)):  # socketpair is AF_UNIX: skip the TCP_NODELAY of __init__
-        link._sock, link._fault, link._send_lock = sock, (lambda _: None), threading.Lock()
+        link._sock, link._fault, link._send_lock, link.backend = sock, (lambda _: None), threading.Lock(), "auto"
     yield la, lb
     la.close()
     lb.close()
