@@ -96,6 +96,7 @@ class RolloutRun:
         self.finish = np.full(n, np.nan)
         self.fresh = np.ones(n, bool)  # never admitted: pays the per-request overhead
         self.where = np.full(n, -1, np.int64)
+        self.moved = np.zeros(n, bool)  # the migration before the current segment is done
         self.debt = np.zeros(len(instances))  # seconds of prefill/admission work owed by each instance
         self.migrations = 0
         self.migrated_tokens = 0
@@ -156,9 +157,10 @@ class RolloutRun:
             return
         self.state[back] = WAIT
         turn = self.turn[back]
-        carried = self.routes.carried[back, turn]
+        carried = np.where(self.moved[back], 0, self.routes.carried[back, turn])
         moving = back[carried > 0]
         if moving.size:
+            self.moved[moving] = True
             self.migrations += int(moving.size)
             self.migrated_tokens += int(carried[carried > 0].sum())
             self._assign(moving, self.routes.bucket[moving, self.turn[moving]])
@@ -290,6 +292,7 @@ class RolloutRun:
             self.pending[go] = tool_tok
             self.ready[go] = at[~last] + w.latency[go, tg]
             self.turn[go] = tg + 1
+            self.moved[go] = False
             self.rem[go] = w.gen[go, tg + 1].astype(float)
             self.state[go] = TOOL
 

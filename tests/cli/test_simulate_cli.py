@@ -1,0 +1,50 @@
+"""`libra simulate` end to end on a small scenario: JSON contract, table, files, one-line errors."""
+
+import json
+
+from libra.cli import main
+
+SMALL = ["simulate", "--gpus", "16", "--prompts", "8", "--samples", "4", "--steps", "2"]
+
+
+def test_json_report_has_the_contract_keys(tmp_path, capsys):
+    rc = main([*SMALL, "--policy", "static-uniform,libra", "--out", str(tmp_path), "--json", "--no-plots"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["policies"]) == {"static-uniform", "libra"}
+    for s in out["policies"].values():
+        for key in ("throughput_tok_s", "mean_step_s", "gpu_idle_fraction", "reconfigurations"):
+            assert key in s
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["policies"] == out["policies"]
+    assert len(saved["runs"]["libra"]["steps"]) == 3  # two rollout stages and the final training stage
+
+
+def test_table_and_plots(tmp_path, capsys):
+    rc = main([*SMALL, "--policy", "colocated,greedy", "--out", str(tmp_path)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "colocated" in text and "greedy" in text and "tok/s" in text
+    for name in ("report.json", "throughput.png", "allocation.png", "breakdown.png"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
+    assert main([*SMALL, "--policy", "nope", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("libra: error: unknown policy nope")
+    assert main(["simulate", "--gpus", "12", "--out", str(tmp_path)]) == 2
+    assert "divide" in capsys.readouterr().err
+    assert main(["simulate", "--steps", "0", "--out", str(tmp_path)]) == 2
+
+
+def test_trace_input(tmp_path, capsys):
+    from libra.workloads import generate, write_trace
+
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, generate("search-r1", num_steps=2, seed=1, num_prompts=8, samples_per_prompt=4))
+    rc = main(["simulate", "--trace", str(trace), "--gpus", "16", "--steps", "2", "--samples", "4",
+               "--policy", "static-uniform", "--out", str(tmp_path / "o"), "--json", "--no-plots"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["policies"]["static-uniform"]["steps"] == 2
