@@ -166,3 +166,45 @@ def ddp_core(rank: int, steps: int, port: int, side_port: int) -> dict:
                                optimizer_factory=lambda ps: torch.optim.Adam(ps, lr=P.LR))
 
     return core_with_hybrid(rank, make, steps, port, side_port)
+
+
+def megatron_tp2(rank: int, port: int) -> dict:
+    """TP=2 on gloo with the test-only CPU shim: groups, sharded GPTModel, Megatron DDP, the gradient hook."""
+    import megatron_shim
+    import torch
+    import torch.distributed as dist
+
+    megatron_shim.install()
+    P.init_env(rank, 2, port)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    from megatron.core import parallel_state as ps
+
+    from libra.adapters.megatron_trainer import MegatronTrainer, gpt_config
+    from libra.spec import TrainConfig
+
+    train = TrainConfig(num_gpus=2, tp=2, pp=1, dp=1)
+    config = gpt_config(train, num_layers=2, hidden_size=64, num_attention_heads=2, cpu_init=True)
+    torch.manual_seed(0)
+    trainer = MegatronTrainer(train=train, config=config, vocab_size=128, max_sequence_length=32, lr=1e-3,
+                              use_distributed_optimizer=False, with_optimizer=False)
+    tokens = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    batch = {"tokens": tokens, "labels": torch.roll(tokens, -1, 1)}
+    loss = trainer.train_step(batch)
+    plain = [g.clone() for g in trainer.local_grads()]
+    seen = []
+
+    def double(step, grads):
+        seen.append((step, [tuple(g.shape) for g in grads]))
+        for g in grads:
+            g.mul_(2.0)
+        return grads
+
+    hooked_loss = trainer.train_step(batch, grad_hook=double, step=41)
+    worst = max(float((g - 2 * p).abs().max()) for g, p in zip(trainer.local_grads(), plain))
+    shapes = {n: tuple(p.shape) for n, p in trainer.module.named_parameters()}
+    losses = [0.0, 0.0]
+    dist.all_gather_object(losses, loss)
+    return {"tp": ps.get_tensor_model_parallel_world_size(), "dp": ps.get_data_parallel_world_size(),
+            "tp_rank": ps.get_tensor_model_parallel_rank(), "shapes": shapes, "losses": losses,
+            "hooked_loss": hooked_loss, "loss": loss, "hook_steps": [s for s, _ in seen], "hook_vs_plain": worst,
+            "grad_norm": float(sum(float(p.norm()) for p in plain))}
