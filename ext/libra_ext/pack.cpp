@@ -16,7 +16,7 @@
 
 #ifdef LIBRA_WITH_CUDA
 #include "pack_cuda.h"
-#include <ATen/cuda/CUDAContext.h>
+#include <cuda_runtime.h>
 #endif
 
 namespace {
@@ -196,19 +196,48 @@ int64_t checksum(const at::Tensor& t) {
 }
 
 #ifdef LIBRA_WITH_CUDA
-// GPU path: gather CUDA tensors into a device bucket and copy it into a pinned host bucket, both on the current
-// stream (asynchronous: synchronise the stream before reading `host`).
-void pack_cuda_into(const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& slot_offset,
-                    at::Tensor device_bucket, at::Tensor host) {
-  TORCH_CHECK(host.is_pinned(), "pack_cuda_into: host bucket must be pinned");
+namespace {
+std::vector<libra_copy_op> cuda_ops(const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& slot_offset,
+                                    const at::Tensor& device_bucket, const at::Tensor& host) {
+  TORCH_CHECK(tensors.size() == slot_offset.size(), "cuda: ", tensors.size(), " tensors but ", slot_offset.size(),
+              " offsets");
+  TORCH_CHECK(device_bucket.is_cuda() && device_bucket.scalar_type() == at::kByte && device_bucket.is_contiguous(),
+              "cuda: device bucket must be a contiguous CUDA uint8 tensor");
+  TORCH_CHECK(host.is_pinned() && host.numel() == device_bucket.numel() && host.scalar_type() == at::kByte,
+              "cuda: host bucket must be pinned uint8 memory of the device bucket's size");
   std::vector<libra_copy_op> ops;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    TORCH_CHECK(tensors[i].is_cuda() && tensors[i].is_contiguous(), "pack_cuda_into: tensor ", i, " must be CUDA");
-    ops.push_back({reinterpret_cast<const uint8_t*>(tensors[i].data_ptr()), slot_offset[i], nbytes_of(tensors[i])});
+    const at::Tensor& t = tensors[i];
+    TORCH_CHECK(t.is_cuda() && t.is_contiguous() && t.device() == device_bucket.device(), "cuda: tensor ", i,
+                " must be contiguous on ", device_bucket.device());
+    TORCH_CHECK(slot_offset[i] + nbytes_of(t) <= device_bucket.numel(), "cuda: tensor ", i, " overflows the bucket");
+    ops.push_back({reinterpret_cast<const uint8_t*>(t.data_ptr()), slot_offset[i], nbytes_of(t)});
   }
-  auto stream = at::cuda::getCurrentCUDAStream();
-  C10_CUDA_CHECK(libra_pack_to_host_async(ops.data(), static_cast<int>(ops.size()), device_bucket.data_ptr<uint8_t>(),
-                                          host.data_ptr<uint8_t>(), device_bucket.numel(), stream.stream()));
+  return ops;
+}
+}  // namespace
+
+// GPU path, one bucket: gather CUDA tensors into `device_bucket` (zeros elsewhere) and copy it into the pinned
+// `host` bucket, all on `stream` (a cudaStream_t
+// as an integer, e.g. torch.cuda.current_stream().cuda_stream). Asynchronous: synchronise before reading `host`.
+void pack_cuda_into(const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& slot_offset,
+                    at::Tensor device_bucket, at::Tensor host, int64_t stream) {
+  auto ops = cuda_ops(tensors, slot_offset, device_bucket, host);
+  cudaError_t err = libra_pack_to_host_async(ops.data(), static_cast<int>(ops.size()),
+                                             device_bucket.data_ptr<uint8_t>(), host.data_ptr<uint8_t>(),
+                                             device_bucket.numel(), reinterpret_cast<cudaStream_t>(stream));
+  TORCH_CHECK(err == cudaSuccess, "pack_cuda_into: ", cudaGetErrorString(err));
+}
+
+// GPU path, one bucket: copy the pinned `host` bucket to `device_bucket` and scatter its slots into the CUDA
+// tensors (in place), on `stream`.
+void unpack_cuda_from(at::Tensor host, at::Tensor device_bucket, const std::vector<at::Tensor>& tensors,
+                      const std::vector<int64_t>& slot_offset, int64_t stream) {
+  auto ops = cuda_ops(tensors, slot_offset, device_bucket, host);
+  cudaError_t err = libra_unpack_from_host_async(ops.data(), static_cast<int>(ops.size()),
+                                                 device_bucket.data_ptr<uint8_t>(), host.data_ptr<uint8_t>(),
+                                                 device_bucket.numel(), reinterpret_cast<cudaStream_t>(stream));
+  TORCH_CHECK(err == cudaSuccess, "unpack_cuda_from: ", cudaGetErrorString(err));
 }
 #endif
 
@@ -219,5 +248,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("checksum", &checksum, "CRC-32 (zlib-compatible) of a contiguous CPU tensor's bytes");
 #ifdef LIBRA_WITH_CUDA
   m.def("pack_cuda_into", &pack_cuda_into, "gather CUDA tensors into a device bucket and copy to pinned host (async)");
+  m.def("unpack_cuda_from", &unpack_cuda_from, "copy a pinned host bucket to the device and scatter it (async)");
 #endif
 }

@@ -89,7 +89,7 @@ def _build() -> ModuleType:
     directory = build_dir()
     directory.mkdir(parents=True, exist_ok=True)
     sources = [str(EXT_DIR / s) for s in CPU_SOURCES]
-    flags = ["-O3", "-std=c++17"]
+    flags = ["-O3"]
     with_cuda = cuda_compatible()[0]
     if with_cuda:
         sources += [str(EXT_DIR / s) for s in CUDA_SOURCES]
@@ -109,3 +109,24 @@ def _build() -> ModuleType:
 def nvcc_compile_command(output: Path) -> list[str]:
     """The compile-only command for the CUDA source (``nvcc -c``), as CI runs it on machines without a GPU."""
     return ["nvcc", "-c", "-O3", "-std=c++17", str(EXT_DIR / "pack_cuda.cu"), "-o", str(output)]
+
+
+def cuda_binding_syntax_command() -> list[str]:
+    """A g++ ``-fsyntax-only`` check of the C++ binding with its CUDA path enabled (needs only the CUDA runtime
+    headers, not a GPU or a CUDA build of torch), as CI runs it."""
+    import sysconfig
+
+    from torch.utils.cpp_extension import include_paths
+
+    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    return [
+        os.environ.get("CXX", "g++"),
+        "-std=c++17",
+        "-fsyntax-only",
+        "-DLIBRA_WITH_CUDA",
+        f"-DTORCH_EXTENSION_NAME={NAME}",
+        *(f"-I{p}" for p in include_paths()),
+        f"-I{sysconfig.get_paths()['include']}",
+        f"-I{cuda_home}/include",
+        str(EXT_DIR / "pack.cpp"),
+    ]

@@ -133,3 +133,52 @@ def checksum(bucket: torch.Tensor, *, backend: str = "auto") -> int:
     if mod is not None:
         return int(mod.checksum(bucket)) & 0xFFFFFFFF
     return zlib.crc32(memoryview(bucket.contiguous().reshape(-1).view(torch.uint8).numpy())) & 0xFFFFFFFF
+
+
+def _bucket_members(layout: Layout, bucket: int) -> list[int]:
+    return [i for i, b in enumerate(layout.slot_bucket) if b == bucket]
+
+
+def _cuda_module():
+    mod = native.load()
+    if mod is None or not hasattr(mod, "pack_cuda_into"):
+        why = native.load_error() or native.cuda_compatible()[1]
+        raise RuntimeError(f"the CUDA snapshot path is not built: {why}")
+    return mod
+
+
+def pack_cuda(tensors: Sequence[torch.Tensor], layout: Layout) -> list[torch.Tensor]:
+    """GPU path: pinned host buckets holding the CUDA tensors' bytes, in the same layout as :func:`pack`.
+
+    Per bucket, a batched gather kernel fills a device bucket and an asynchronous copy moves it to pinned host
+    memory, all on the current stream; the stream is synchronised once after every bucket is enqueued."""
+    mod = _cuda_module()
+    stream = torch.cuda.current_stream()
+    hosts, keep = [], []
+    for b, size in enumerate(layout.bucket_sizes):
+        members = _bucket_members(layout, b)
+        srcs = [tensors[i].contiguous() for i in members]
+        device = srcs[0].device if srcs else torch.device("cuda")
+        dev = torch.empty(size, dtype=torch.uint8, device=device)
+        host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        mod.pack_cuda_into(srcs, [layout.slot_offset[i] for i in members], dev, host, stream.cuda_stream)
+        hosts.append(host)
+        keep.append((dev, srcs))
+    stream.synchronize()
+    return hosts
+
+
+def unpack_cuda(hosts: Sequence[torch.Tensor], tensors: Sequence[torch.Tensor], layout: Layout) -> None:
+    """GPU path: copy pinned host buckets to the device and scatter them into contiguous CUDA tensors in place."""
+    mod = _cuda_module()
+    stream = torch.cuda.current_stream()
+    keep = []
+    for b, host in enumerate(hosts):
+        members = _bucket_members(layout, b)
+        dsts = [tensors[i] for i in members]
+        device = dsts[0].device if dsts else torch.device("cuda")
+        pinned = host if host.is_pinned() else host.pin_memory()
+        dev = torch.empty(host.numel(), dtype=torch.uint8, device=device)
+        mod.unpack_cuda_from(pinned, dev, dsts, [layout.slot_offset[i] for i in members], stream.cuda_stream)
+        keep.append((dev, pinned))
+    stream.synchronize()

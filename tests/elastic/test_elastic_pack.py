@@ -123,3 +123,23 @@ def test_cuda_source_compiles_with_nvcc(tmp_path):
     proc = subprocess.run(native.nvcc_compile_command(out), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert out.stat().st_size > 0
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no CUDA toolkit: the binding's CUDA path is not checked")
+@pytest.mark.timeout(180)
+def test_cpp_binding_with_cuda_path_passes_a_syntax_check():
+    proc = subprocess.run(native.cuda_binding_syntax_command(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the GPU pack/unpack cannot run here")
+def test_cuda_path_writes_the_same_bytes_as_python():
+    from libra.elastic.pack import pack_cuda, unpack_cuda
+
+    tensors = random_tensors(3)
+    lay = layout_of(tensors, bucket_bytes=256)
+    hosts = pack_cuda([t.cuda() for t in tensors], lay)
+    assert all(torch.equal(a, b) for a, b in zip(hosts, pack(tensors, lay, backend="python")))
+    outs = [torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in tensors]
+    unpack_cuda(hosts, outs, lay)
+    assert all(torch.equal(a.contiguous(), b.cpu()) for a, b in zip(tensors, outs))
