@@ -96,6 +96,7 @@ class RolloutRun:
         self.finish = np.full(n, np.nan)
         self.fresh = np.ones(n, bool)  # never admitted: pays the per-request overhead
         self.where = np.full(n, -1, np.int64)
+        self.lag = np.zeros(n)  # seconds into the current slice before a request can decode
         self.moved = np.zeros(n, bool)  # the migration before the current segment is done
         self.debt = np.zeros(len(instances))  # seconds of prefill/admission work owed by each instance
         self.migrations = 0
@@ -147,12 +148,14 @@ class RolloutRun:
 
     # --- one slice ----------------------------------------------------------------------------------------------
     def advance(self, t: float, dt: float) -> None:
-        self._returns(t)
+        self._returns(t, dt)
         self._admit(t)
         self._decode(t, dt)
 
-    def _returns(self, t: float) -> None:
-        back = np.flatnonzero((self.state == TOOL) & (self.ready <= t))
+    def _returns(self, t: float, dt: float) -> None:
+        """Tool calls that return before the slice ends rejoin now; one that returns inside the slice starts
+        decoding at its return time (`lag`), not at the next boundary."""
+        back = np.flatnonzero((self.state == TOOL) & (self.ready < t + dt))
         if back.size == 0:
             return
         self.state[back] = WAIT
@@ -175,8 +178,8 @@ class RolloutRun:
             use_transfer = transfer < reprefill
             self.ready[moving] = np.where(use_transfer, self.ready[moving] + transfer, self.ready[moving])
             self.pending[moving] += np.where(use_transfer, 0.0, ctx)
-            self.state[moving[use_transfer]] = TOOL  # still in flight until the KV lands
-            self.state[moving[use_transfer & (self.ready[moving] <= t)]] = WAIT
+            self.state[moving[use_transfer & (self.ready[moving] >= t + dt)]] = TOOL  # KV still in flight
+        self.lag[back] = np.maximum(0.0, self.ready[back] - t)
 
     def _admit(self, t: float) -> None:
         inst = self.inst
@@ -259,7 +262,8 @@ class RolloutRun:
             step = self.step_times(running)
             avail = np.maximum(0.0, dt - self.debt)
             k = self.where[running]
-            advance = avail[k] / step[k]
+            lag = self.lag[running]
+            advance = np.maximum(0.0, avail[k] - lag) / step[k]
             rem0 = self.rem[running]
             took = np.minimum(advance, rem0)
             self.rem[running] = rem0 - took
@@ -271,9 +275,10 @@ class RolloutRun:
             ended = running[end]
             if ended.size:
                 ke = self.where[ended]
-                at = t + np.minimum(self.debt[ke], dt) + rem0[end] * step[ke]
+                at = t + np.minimum(self.debt[ke], dt) + lag[end] + rem0[end] * step[ke]
                 self._end_segments(ended, at)
             self._last = (running[~end], step)
+            self.lag[running] = 0.0
         self.busy_gpu_s += float((busy_k * self.inst.tp).sum())
         self.debt = np.maximum(0.0, self.debt - dt)
 
