@@ -17,15 +17,9 @@ PROMPT = [5, 6, 7, 8, 9, 10, 11]
 GREEDY = Sampling(max_tokens=24, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def backend(tiny_model_dir):
-    from libra.adapters.vllm_backend import VLLMRolloutBackend
-
-    b = VLLMRolloutBackend(model=tiny_model_dir, engine_tp="one", sleep_mode="pause")
-    b.start_instance(InstanceSpec(name="small", tp=1, max_num_seqs=2, max_model_len=256))
-    b.start_instance(InstanceSpec(name="large", tp=2, max_num_seqs=8, max_model_len=512))
-    yield b
-    b.shutdown()
+@pytest.fixture
+def backend(vllm_backend):
+    return vllm_backend
 
 
 def drain(backend, *request_ids, limit=10_000):
@@ -115,6 +109,7 @@ def test_engine_death_requeues_or_fails_every_request(backend):
     references = {f"d{i}": generate(backend, f"ref{i}", "small", PROMPT + [20 + i]) for i in range(3)}
     backend.start_instance(InstanceSpec(name="victim", tp=1, max_num_seqs=4, max_model_len=256))
     keep = {"d0": "large", "d1": "small"}
+    default_failover = backend.failover
     backend.failover = lambda dead, live, rid: keep.get(rid)
     for i, rid in enumerate(references):
         backend.submit(rid, "victim", PROMPT + [20 + i], GREEDY)
@@ -135,3 +130,4 @@ def test_engine_death_requeues_or_fails_every_request(backend):
         assert backend.release(rid)[len(PROMPT) + 1:] == references[rid]
     with pytest.raises(RequestFailedError):
         backend.release("d2")
+    backend.failover = default_failover
