@@ -123,7 +123,11 @@ class RoutedRollout:
             for ev in self.backend.poll():
                 self.events.append(ev)
                 rid = ev.request_id
-                if ev.kind == EventKind.REQUEUED:
+                if ev.kind == EventKind.TOKENS:
+                    moved = self.progress(rid)  # the context grew: the router may promote it (overflow)
+                    if moved is not None and moved.to_instance != moved.from_instance:
+                        visited[rid].append(moved.to_instance)
+                elif ev.kind == EventKind.REQUEUED:
                     visited[rid].append(ev.instance)
                 elif ev.kind == EventKind.FAILED:
                     close(rid, ev.error)
