@@ -4,7 +4,8 @@
 // identical bytes: tensor bytes at their offsets, zeros everywhere else.
 //
 // Copies and checksums run in parallel over chunks of at most kChunk bytes (at::parallel_for); the CRC of a bucket
-// is assembled from per-chunk CRCs with crc32_combine (zlib's GF(2) matrix method).
+// is assembled from per-chunk CRCs with crc32_combine (zlib's GF(2) matrix method). Per chunk, zlib's crc32 is
+// used where the build found zlib (LIBRA_HAVE_ZLIB), else a slicing-by-8 table; both give zlib.crc32's value.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -13,6 +14,10 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#ifdef LIBRA_HAVE_ZLIB
+#include <zlib.h>  // its CRC-32 is several times faster than the table fallback below; same numbers
+#endif
 
 #ifdef LIBRA_WITH_CUDA
 #include "pack_cuda.h"
@@ -54,7 +59,20 @@ uint32_t crc_update(uint32_t crc, const uint8_t* p, int64_t n) {
   return crc;
 }
 
-uint32_t crc32_plain(const uint8_t* p, int64_t n) { return ~crc_update(0xFFFFFFFFu, p, n); }
+uint32_t crc32_plain(const uint8_t* p, int64_t n) {
+#ifdef LIBRA_HAVE_ZLIB
+  uLong crc = crc32(0L, Z_NULL, 0);
+  while (n > 0) {  // zlib takes uInt lengths
+    const uInt len = static_cast<uInt>(std::min<int64_t>(n, int64_t(1) << 30));
+    crc = crc32(crc, p, len);
+    p += len;
+    n -= len;
+  }
+  return static_cast<uint32_t>(crc);
+#else
+  return ~crc_update(0xFFFFFFFFu, p, n);
+#endif
+}
 
 uint32_t gf2_times(const uint32_t* mat, uint32_t vec) {
   uint32_t sum = 0;

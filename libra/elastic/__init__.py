@@ -6,7 +6,8 @@ and executors (:mod:`.executor`). The runtime needs torch and is imported from i
 
 - :mod:`libra.elastic.core` — :class:`~libra.elastic.core.CoreExchange`, a core replica's side channel;
 - :mod:`libra.elastic.hybrid` — :class:`~libra.elastic.hybrid.HybridReplica`, a hybrid replica's side channel;
-- :mod:`libra.elastic.wire` — messages, :class:`~libra.elastic.wire.TcpLink`, :class:`~libra.elastic.wire.DistLink`;
+- :mod:`libra.elastic.wire` — messages and :class:`~libra.elastic.wire.TcpLink`; :mod:`libra.elastic.dist_link` —
+  :class:`~libra.elastic.dist_link.DistLink` (torch.distributed point-to-point);
 - :mod:`libra.elastic.snapshot` — versioned model + optimizer snapshots; :mod:`libra.elastic.pack` — buckets;
 - :mod:`libra.elastic.native` — the C++ extension in ``ext/`` and its ``is_compatible()`` check.
 

@@ -17,9 +17,13 @@ in ``controller.states.log``.
 
 from __future__ import annotations
 
+import logging
+
 from libra.elastic.decisions import CancelJoin, Decision, JoinTraining, LeaveTraining, StartInstance, StopInstance
-from libra.elastic.states import JoinEvent, JoinState, WorkerStates
+from libra.elastic.states import TRAINING_STATES, JoinEvent, JoinState, Transition, WorkerStates
 from libra.spec.placement import Placement, Pool, Role, WorkerPlacement
+
+log = logging.getLogger(__name__)
 
 
 class CoreTopologyChange(ValueError):
@@ -114,6 +118,32 @@ class ElasticController:
         if event == JoinEvent.RECOVER:
             return (self._start(w, step=step, why=f"recovered: {why}"),)
         return ()
+
+    def observe(self, transition: Transition) -> tuple[Decision, ...]:
+        """Mirror a transition that the runtime (a :class:`~libra.elastic.core.CoreExchange`) logged.
+
+        Wire it as ``CoreExchange(on_transition=lambda t: executor.execute_all(controller.observe(t)))``.
+        Progress and failures (START_FETCH, RESTORED, CAUGHT_UP, FAIL, RECOVER) go through :meth:`on_event`;
+        REQUEST is the runtime's echo of a borrow and is ignored; a LEAVE/CANCEL that the controller did not order
+        (the hybrid left by itself) hands the worker back to rollout. A transition the controller already holds is
+        ignored, and so is one that starts from another state than the controller's (a stale echo; logged), so
+        observing is idempotent.
+        """
+        worker, event = transition.worker, transition.event
+        state = self.states.state(worker)
+        if worker not in self.placement.by_name() or state == transition.dst:
+            return ()
+        if event != JoinEvent.FAIL and state != transition.src:
+            log.warning("elastic: ignoring stale runtime transition %s (controller holds %s)", transition, state)
+            return ()
+        if event == JoinEvent.REQUEST:
+            return ()
+        if event in (JoinEvent.LEAVE, JoinEvent.CANCEL):
+            if self.states.state(worker) not in TRAINING_STATES:
+                return ()
+            decisions = self.release(worker, step=transition.step, why=f"runtime: {transition.why}")
+            return tuple(d for d in decisions if isinstance(d, StartInstance))
+        return self.on_event(worker, event, step=transition.step, why=transition.why)
 
     # -- helpers ----------------------------------------------------------------------------------------------
 

@@ -93,15 +93,13 @@ def _exact(model, opt) -> list:
 
 
 def placeholder_bitwise(rank: int, core_group, steps: int = 8) -> dict:
-    from libra.elastic.wire import DistLink
+    from libra.elastic.dist_link import DistLink
 
     reference: dict[int, list] = {}
     if rank < 2:  # the 2 core replicas alone
         model, opt = H.make_model()
         ex = _exchange(rank, core_group, model, opt)
-        core_loop(
-            ex, model, opt, range(steps), after=lambda t: reference.__setitem__(t, _exact(model, opt))
-        )
+        core_loop(ex, model, opt, range(steps), after=lambda t: reference.__setitem__(t, _exact(model, opt)))
     digests: dict[int, list] = {}
     model, opt = H.make_model()
     if rank < 2:  # the same run with a joining replica that stays in placeholder
@@ -137,8 +135,8 @@ def ddp_match(rank: int, core_group, steps: int = 12, leave_at: int = 8) -> dict
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from libra.elastic.dist_link import DistLink
     from libra.elastic.snapshot import capture, restore, state_digest
-    from libra.elastic.wire import DistLink
 
     after_step: dict[int, object] = {}  # step -> snapshot of the state after it (version step + 1)
     model, opt = H.make_model() if rank < 2 else H.make_model(seed=7)
@@ -225,8 +223,9 @@ def cycles(rank: int, core_group, transport: str, num_cycles: int, port: int | N
     import torch
     import torch.distributed as dist
 
+    from libra.elastic.dist_link import DistLink
     from libra.elastic.states import JoinState
-    from libra.elastic.wire import DistLink, SideChannelServer, TcpLink
+    from libra.elastic.wire import SideChannelServer, TcpLink
 
     warmup = min(50, num_cycles // 4)
     model, opt = H.make_model()

@@ -23,6 +23,7 @@ from libra.elastic import (
     Role,
     StartInstance,
     StopInstance,
+    Transition,
     UnhandledDecision,
     UnknownWorker,
     WorkerPlacement,
@@ -145,3 +146,40 @@ def test_dispatch_executor_runs_handlers_and_refuses_unknown_decisions():
 def test_pure_parts_import_without_torch():
     code = "import sys, libra.elastic; assert 'torch' not in sys.modules, 'libra.elastic imported torch'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _t(worker, step, src, dst, event, why="rt"):
+    return Transition(worker=worker, step=step, src=src, dst=dst, event=event, why=why)
+
+
+def test_observe_mirrors_runtime_transitions_idempotently():
+    S = JoinState  # noqa: N806
+    c = ElasticController(placement=BASE)
+    c.borrow("hybrid-0", step=1, why="x")
+    runtime = [
+        _t("hybrid-0", 1, S.ROLLOUT, S.REQUESTED, JoinEvent.REQUEST),
+        _t("hybrid-0", 1, S.REQUESTED, S.FETCHING_STATE, JoinEvent.START_FETCH),
+        _t("hybrid-0", 2, S.FETCHING_STATE, S.PLACEHOLDER, JoinEvent.RESTORED),
+        _t("hybrid-0", 3, S.PLACEHOLDER, S.ACTIVE, JoinEvent.CAUGHT_UP),
+    ]
+    for tr in runtime + runtime:  # twice: the second pass changes nothing
+        assert c.observe(tr) == ()
+    assert c.states.state("hybrid-0") == S.ACTIVE
+    # the hybrid left by itself: back to rollout, its instance restarted
+    d = c.observe(_t("hybrid-0", 7, S.ACTIVE, S.ROLLOUT, JoinEvent.LEAVE, "hybrid left"))
+    assert d == (
+        StartInstance(worker="hybrid-0", tp=1, gpu_ids=(6,), step=7, why="back to rollout: runtime: hybrid left"),
+    )
+    assert c.states.state("hybrid-0") == S.ROLLOUT and "hybrid-0" not in c.pairs
+    # a LEAVE the controller ordered itself is not applied twice
+    c.borrow("hybrid-0", step=8, why="again")
+    c.release("hybrid-0", step=9, why="done")
+    assert c.observe(_t("hybrid-0", 9, S.REQUESTED, S.ROLLOUT, JoinEvent.CANCEL)) == ()
+
+
+def test_observe_failure_from_runtime():
+    c = ElasticController(placement=BASE)
+    c.borrow("hybrid-1", step=1, why="x")
+    c.observe(_t("hybrid-1", 1, JoinState.REQUESTED, JoinState.FETCHING_STATE, JoinEvent.START_FETCH))
+    assert c.observe(_t("hybrid-1", 2, JoinState.FETCHING_STATE, JoinState.FAILED, JoinEvent.FAIL, "timeout")) == ()
+    assert c.states.state("hybrid-1") == JoinState.FAILED and c.states.log[-1].why == "timeout"
