@@ -173,6 +173,30 @@ class RayLauncher:
             self.execute(d)
         return decisions
 
+    def check_health(self, controller: Any = None, *, step: int, timeout_s: float = 10.0) -> tuple[Any, ...]:
+        """Ping every actor. A dead one is forgotten and returned as a `ReplicaDiedError`; a hybrid worker that died
+        in training is reported to `controller` as a FAIL event (it leaves training, the core proceeds without
+        it). A dead core replica is only reported: the core training pool is fixed, the caller restarts it."""
+        import ray
+
+        from libra.adapters.errors import ReplicaDiedError
+        from libra.elastic.states import JoinEvent
+
+        pings = {name: actor.describe.remote() for name, actor in self.actors.items()}
+        dead = []
+        for name, ref in pings.items():
+            try:
+                ray.get(ref, timeout=timeout_s)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+                info = self.infos[name]
+                self.actors.pop(name)
+                self.infos.pop(name)
+                dead.append(ReplicaDiedError(name, f"{type(exc).__name__} ({info.role.value} in {info.pool.value})"))
+                self.log.append(f"dead {info.role.value} {name}: {type(exc).__name__}")
+                if controller is not None and info.pool == Pool.HYBRID and info.role == Role.TRAIN_REPLICA:
+                    controller.on_event(name, JoinEvent.FAIL, step=step, why=f"actor died: {type(exc).__name__}")
+        return tuple(dead)
+
     def _worker(self, name: str) -> WorkerPlacement:
         w = self.placement.by_name().get(name)
         if w is None:

@@ -91,3 +91,28 @@ def test_plan_change_moves_hybrid_actor_between_rollout_and_training(cluster):
         assert any("started train_replica hybrid-0" in line for line in launcher.log)
     finally:
         launcher.shutdown()
+
+
+def test_dead_hybrid_replica_is_reported_and_removed_through_the_controller(cluster):
+    from libra.adapters.ray_launcher import RayLauncher
+    from libra.elastic import JoinEvent, JoinState
+
+    launcher = RayLauncher(placement=PLACEMENT, gpus_per_node=GPUS_PER_NODE)
+    controller = ElasticController(placement=PLACEMENT)
+    try:
+        launcher.launch()
+        for d in controller.borrow("hybrid-0", step=1, why="test"):
+            launcher.execute(d)
+        assert controller.pairs == {"hybrid-0": "train-0"}
+        ray.kill(launcher.actors["hybrid-0"])  # the hybrid trainer replica dies
+        dead = launcher.check_health(controller, step=2)
+        assert [(e.replica, "train_replica" in e.cause) for e in dead] == [("hybrid-0", True)]
+        assert "hybrid-0" not in launcher.actors and set(launcher.actors) == {w.name for w in PLACEMENT.workers} - {
+            "hybrid-0"}
+        assert controller.states.state("hybrid-0") == JoinState.FAILED and "hybrid-0" not in controller.pairs
+        for d in controller.on_event("hybrid-0", JoinEvent.RECOVER, step=3, why="restarted"):
+            launcher.execute(d)  # back to rollout in its own bundle
+        assert launcher.infos["hybrid-0"].role == Role.ROLLOUT_INSTANCE
+        assert launcher.check_health(controller, step=3) == ()
+    finally:
+        launcher.shutdown()
