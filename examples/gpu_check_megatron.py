@@ -6,8 +6,9 @@
 Checks, printing one JSON line per rank:
 1. `MegatronTrainer` builds from a `TrainConfig` (parallel_state, GPTModel, Megatron DDP, distributed optimizer);
 2. three optimizer steps on a fixed batch run and lower the loss;
-3. the gradient hook: from the same snapshot, one step whose hook all-reduces the local gradients over the DP group
-   (what the side channel does with no hybrid attached) gives the same parameters as one plain Megatron DDP step.
+3. the gradient hook: two trainers built with the same seeds take one step on the same batch, one with plain
+   Megatron DDP, one with a hook that all-reduces the local gradients over the DP group (what the side channel does
+   with no hybrid attached); their parameters must agree.
 Exit code 1 if a check fails.
 """
 
@@ -36,11 +37,15 @@ def main() -> int:
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     train = TrainConfig(num_gpus=world, tp=args.tp, pp=1, dp=world // args.tp)
     config = gpt_config(train, num_layers=2, hidden_size=128, num_attention_heads=4)
-    trainer = MegatronTrainer(train=train, config=config, vocab_size=256, max_sequence_length=64, lr=1e-3)
+
+    def build():
+        torch.manual_seed(0)
+        return MegatronTrainer(train=train, config=config, vocab_size=256, max_sequence_length=64, lr=1e-3, seed=0)
+
+    trainer = build()
     gen = torch.Generator().manual_seed(1234 + ps.get_data_parallel_rank())  # each DP replica its own shard
     tokens = torch.randint(0, 256, (4, 32), generator=gen).cuda()
     batch = {"tokens": tokens, "labels": torch.roll(tokens, -1, 1)}
-    start = trainer.snapshot()
     losses = [trainer.train_step(batch) for _ in range(args.steps)]
 
     def dp_mean(step, grads):
@@ -52,9 +57,9 @@ def main() -> int:
 
     results = {}
     for name, hook in (("plain", None), ("hook", dp_mean)):
-        trainer.restore(start)
-        trainer.train_step(batch, grad_hook=hook)
-        results[name] = [p.detach().float().clone() for p in trainer.module.parameters()]
+        fresh = build()
+        fresh.train_step(batch, grad_hook=hook)
+        results[name] = [p.detach().float().clone() for p in fresh.module.parameters()]
     diff = max(float((a - b).abs().max()) for a, b in zip(results["plain"], results["hook"]))
     ok = losses[-1] < losses[0] and diff < 1e-5
     print(json.dumps({"rank": rank, "tp": ps.get_tensor_model_parallel_world_size(),

@@ -16,6 +16,7 @@ optimizer, and the side-channel gradient hook.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -95,7 +96,9 @@ def lm_loss(model: Any, batch: Mapping[str, Any]) -> Any:
 
 class MegatronTrainer:
     """`TrainerBackend` over Megatron-core for one pipeline stage of one TP group (single pipeline stage only:
-    `train_step` runs forward/backward directly; a PP > 1 step needs Megatron's pipeline schedules)."""
+    `train_step` runs forward/backward directly; a PP > 1 step needs Megatron's pipeline schedules).
+    `snapshot`/`restore` use the optimizer's plain `state_dict`; with the distributed optimizer a whole-replica
+    snapshot needs Megatron's sharded state dict (`sharded_state_dict` + dist checkpointing), not done here."""
 
     def __init__(self, *, train: TrainConfig, config: Any, vocab_size: int, max_sequence_length: int, lr: float,
                  use_distributed_optimizer: bool = True, with_optimizer: bool = True,
@@ -151,8 +154,8 @@ class MegatronTrainer:
     def snapshot(self) -> Mapping[str, Any]:
         if self.optimizer is None:
             raise UnsupportedConfig("snapshot needs the optimizer (with_optimizer=True)")
-        return {"version": self._version, "model": self.module.state_dict(),
-                "optimizer": self.optimizer.state_dict()}
+        return {"version": self._version, "model": copy.deepcopy(self.module.state_dict()),
+                "optimizer": copy.deepcopy(self.optimizer.state_dict())}
 
     def restore(self, state: Mapping[str, Any]) -> None:
         if self.optimizer is None:
