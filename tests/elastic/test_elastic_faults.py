@@ -59,7 +59,17 @@ def test_killing_the_hybrid_never_stops_or_corrupts_the_core(tmp_path):
     # (rank 0 has one extra Python thread of its own from the start: the multiprocessing queue feeder)
     assert end["py_threads"] <= warm["py_threads"] and end["fds"] <= warm["fds"], (warm, end)
     waits = core0["waits"]
-    by_phase = {p: sum(1 for r in runs if r["phase"] == p) for p in F.PHASES}
+    by_phase = {}
+    for p in F.PHASES:
+        rows = [r for r in runs if r["phase"] == p]
+        by_phase[p] = {
+            "runs": len(rows),
+            "hybrid_died": sum(1 for r in rows if r["outcome"].startswith("killed (") or r["outcome"] == "frozen"),
+            "frozen": sum(1 for r in rows if r["outcome"] == "frozen"),
+            "detached_by_core": sum(1 for r in rows if "failed" in r["states"]),
+            "hybrid_contributed_steps": sum(r["hybrid_steps"] for r in rows),
+            "corrupted_steps": sum(len(r["bad_steps"]) for r in rows),
+        }
     outcomes = {}
     for r in runs:
         outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
