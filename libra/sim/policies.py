@@ -206,7 +206,7 @@ class Greedy(StaticUniform):
             return None
         alloc = None
         target = train_gpus + direction * self.move
-        while 1 <= target <= n - self.tp:  # the first GPU count at least `move` away that has a training layout
+        while 1 <= target <= n - self.tp:  # the nearest GPU count at least `move` away that has a training layout
             try:
                 alloc = self.split(target, obs.profile())
             except SpecError:
@@ -214,7 +214,7 @@ class Greedy(StaticUniform):
             if alloc is not None and alloc.train.num_gpus == target:
                 break
             alloc = None
-            target += direction * self.move
+            target += direction
         if alloc is None:
             return None
         self.current = alloc

@@ -276,29 +276,43 @@ class RolloutRun:
             if ended.size:
                 ke = self.where[ended]
                 at = t + np.minimum(self.debt[ke], dt) + lag[end] + rem0[end] * step[ke]
-                self._end_segments(ended, at)
+                self._end_segments(ended, at, t + dt, step[ke])
             self._last = (running[~end], step)
             self.lag[running] = 0.0
         self.busy_gpu_s += float((busy_k * self.inst.tp).sum())
         self.debt = np.maximum(0.0, self.debt - dt)
 
-    def _end_segments(self, ended: np.ndarray, at: np.ndarray) -> None:
+    def _end_segments(self, ended: np.ndarray, at: np.ndarray, slice_end: float, step: np.ndarray) -> None:
+        """Segments that ended at times `at`: the request finishes, calls its tool, moves to another bucket
+        (through the same path, with no tool time), or keeps decoding its next chunk in place (for the rest of
+        the slice too, at the slice's step time `step`)."""
         w = self.work
-        turn = self.turn[ended]
-        last = turn >= w.num_turns[ended] - 1
+        seg = self.turn[ended]
+        last = seg >= w.num_segments[ended] - 1
         fin = ended[last]
         self.state[fin] = DONE
         self.finish[fin] = at[last]
-        go = ended[~last]
+        go, sg, ag = ended[~last], seg[~last], at[~last]
+        if go.size == 0:
+            return
+        keep = ~w.tool_end[go, sg] & (self.routes.carried[go, sg + 1] == 0)
+        stay = go[keep]  # a chunk boundary with no migration: nothing happens
+        self.turn[stay] += 1
+        nxt = w.gen[stay, self.turn[stay]].astype(float)
+        took = np.minimum(np.maximum(0.0, slice_end - ag[keep]) / step[~last][keep], nxt - 1.0).clip(0.0)
+        self.rem[stay] = nxt - took
+        self.ctx[stay] += took
+        self.decoded += float(took.sum())
+        self.lag[stay] = 0.0
+        go, sg, ag = go[~keep], sg[~keep], ag[~keep]
         if go.size:
-            tg = turn[~last]
-            tool_tok = w.tool_tokens[go, tg].astype(float)
+            tool_tok = w.tool_tokens[go, sg].astype(float)
             self.ctx[go] += tool_tok
             self.pending[go] = tool_tok
-            self.ready[go] = at[~last] + w.latency[go, tg]
-            self.turn[go] = tg + 1
+            self.ready[go] = ag + w.latency[go, sg]
+            self.turn[go] = sg + 1
             self.moved[go] = False
-            self.rem[go] = w.gen[go, tg + 1].astype(float)
+            self.rem[go] = w.gen[go, sg + 1].astype(float)
             self.state[go] = TOOL
 
     # --- when to look again -------------------------------------------------------------------------------------

@@ -26,8 +26,8 @@ ROUTING_MODES = ("single", "overflow", "cmlfq")
 
 @attrs.frozen(kw_only=True, eq=False)
 class Routes:
-    bucket: np.ndarray  # (n, T) int
-    carried: np.ndarray  # (n, T) int, tokens moved before segment t
+    bucket: np.ndarray  # (n, S) int, bucket of each decode segment
+    carried: np.ndarray  # (n, S) int, tokens moved before segment s
 
     @property
     def migrations(self) -> int:
@@ -53,7 +53,7 @@ def overflow_routes(work: StepWork, buckets: tuple[Bucket, ...]) -> Routes:
     for t in range(1, width):
         ctx = after_tool[:, t - 1]
         need = np.searchsorted(limits, ctx, side="left")  # first bucket whose max_tokens >= ctx
-        move = (need > current) & (t < work.num_turns)
+        move = (need > current) & (t < work.num_segments)
         carried[move, t] = ctx[move] - work.tool_tokens[move, t - 1]
         current = np.where(move, need, current)
         bucket[:, t] = current
@@ -96,22 +96,23 @@ class CausalRouting:
         limits = router.limits
         after_gen, after_tool = _contexts(work)
         after_gen, after_tool = after_gen.tolist(), after_tool.tolist()
+        tool_end, turn_of, nseg = work.tool_end.tolist(), work.turn_of.tolist(), work.num_segments.tolist()
         for i, traj in enumerate(work.trajectories):
             b = router.admit(i, prompt_id=traj.prompt_id, prompt_tokens=traj.prompt_tokens).bucket
-            last = len(traj.turns) - 1
             row_b, row_c = bucket[i], carried[i]
-            for t, turn in enumerate(traj.turns[:-1]):
+            for s in range(nseg[i] - 1):
                 moved = 0
-                if after_gen[i][t] > limits[b]:
-                    d = router.on_progress(i, context_tokens=after_gen[i][t])
+                if after_gen[i][s] > limits[b]:
+                    d = router.on_progress(i, context_tokens=after_gen[i][s])
                     b, moved = d.bucket, d.migrated_tokens
-                if t < last and turn.tool is not None:
+                if tool_end[i][s]:
+                    turn = traj.turns[turn_of[i][s]]
                     d = router.on_tool_return(i, tool=turn.tool, tool_tokens=turn.tool_tokens,
-                                              status=turn.tool_status, context_tokens=after_tool[i][t])
+                                              status=turn.tool_status, context_tokens=after_tool[i][s])
                     if d.migrate:
                         b, moved = d.bucket, d.migrated_tokens
-                row_b[t + 1] = b
-                row_c[t + 1] = moved
+                row_b[s + 1] = b
+                row_c[s + 1] = moved
         return Routes(bucket=bucket, carried=carried)
 
 

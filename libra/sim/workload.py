@@ -34,19 +34,26 @@ class ToolLatency:
 
 @attrs.frozen(kw_only=True, eq=False)
 class StepWork:
-    """All trajectories of one step. Arrays have shape (n, T) with T the most turns; `num_turns[i]` are valid."""
+    """All trajectories of one step, as decode **segments**: a turn's generation is cut into segments of at most
+    `chunk_tokens` tokens so that a request can be promoted to a larger bucket while it generates (C-MLFQ's
+    overflow rule), not only at tool returns. Arrays have shape (n, S), S the most segments; `num_segments[i]`
+    are valid. `tool_end[i, s]` is True when a real tool call follows segment s (`cont` segments just continue).
+    `turn_of[i, s]` is the trajectory turn a segment belongs to."""
 
     step: int
     trajectories: tuple[Trajectory, ...]
     prompt_tokens: np.ndarray  # (n,)
-    gen: np.ndarray  # (n, T) decode tokens of each turn
-    tool_tokens: np.ndarray  # (n, T) tokens the turn's tool call returns (0 on the last turn)
-    latency: np.ndarray  # (n, T) seconds the turn's tool call takes (0 when there is none)
-    num_turns: np.ndarray  # (n,)
+    gen: np.ndarray  # (n, S) decode tokens of each segment
+    tool_tokens: np.ndarray  # (n, S) tokens the tool call after the segment returns (0 when none)
+    latency: np.ndarray  # (n, S) seconds of that tool call (0 when none)
+    tool_end: np.ndarray  # (n, S) bool: a tool call follows
+    turn_of: np.ndarray  # (n, S) int
+    num_segments: np.ndarray  # (n,)
+    num_turns: np.ndarray  # (n,) turns of each trajectory
 
     @property
     def num_requests(self) -> int:
-        return len(self.num_turns)
+        return len(self.num_segments)
 
     @property
     def total_tokens(self) -> np.ndarray:
@@ -58,37 +65,53 @@ class StepWork:
 
 
 def step_work(step: int, trajectories: Sequence[Trajectory], *, latency: ToolLatency | None = None,
-              seed: int = 0) -> StepWork:
+              seed: int = 0, chunk_tokens: int = 2048) -> StepWork:
     """Arrays for one step. A trajectory cut off on a tool turn ends there: its last tool return is never used."""
     if not trajectories:
         raise SpecError(f"step {step} has no trajectories")
+    if chunk_tokens < 1:
+        raise SpecError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     latency = latency or ToolLatency()
     n = len(trajectories)
-    width = max(len(t.turns) for t in trajectories)
+    rows: list[list[tuple[int, int, int, bool]]] = []  # (gen, tool tokens, turn, tool follows)
+    missing: list[tuple[int, int, str]] = []
+    turn_latency: dict[tuple[int, int], float] = {}
+    for i, traj in enumerate(trajectories):
+        last = len(traj.turns) - 1
+        row = []
+        for t, turn in enumerate(traj.turns):
+            pieces = max(1, -(-turn.gen_tokens // chunk_tokens))
+            base, extra = divmod(turn.gen_tokens, pieces)
+            for p in range(pieces):
+                row.append((base + (p < extra), 0, t, False))
+            if turn.tool is not None and t < last:
+                g, _, _, _ = row[-1]
+                row[-1] = (g, turn.tool_tokens, t, True)
+                value = turn.extra.get("tool_latency_s")
+                if value is None:
+                    missing.append((i, t, turn.tool))
+                else:
+                    turn_latency[(i, t)] = float(value)
+        rows.append(row)
+    if missing:
+        draws = latency.draw(np.random.default_rng([seed, 7, step]), [m[2] for m in missing])
+        for (i, t, _), value in zip(missing, draws):
+            turn_latency[(i, t)] = float(value)
+    width = max(len(r) for r in rows)
     gen = np.zeros((n, width), np.int64)
     tool = np.zeros((n, width), np.int64)
     lat = np.zeros((n, width))
-    missing: list[tuple[int, int, str]] = []
-    for i, traj in enumerate(trajectories):
-        last = len(traj.turns) - 1
-        for t, turn in enumerate(traj.turns):
-            gen[i, t] = turn.gen_tokens
-            if turn.tool is None or t == last:
-                continue
-            tool[i, t] = turn.tool_tokens
-            value = turn.extra.get("tool_latency_s")
-            if value is None:
-                missing.append((i, t, turn.tool))
-            else:
-                lat[i, t] = float(value)
-    if missing:
-        rng = np.random.default_rng([seed, 7, step])
-        draws = latency.draw(rng, [m[2] for m in missing])
-        for (i, t, _), value in zip(missing, draws):
-            lat[i, t] = value
+    tool_end = np.zeros((n, width), bool)
+    turn_of = np.zeros((n, width), np.int64)
+    for i, row in enumerate(rows):
+        for s, (g, tt, t, follows) in enumerate(row):
+            gen[i, s], tool[i, s], turn_of[i, s], tool_end[i, s] = g, tt, t, follows
+            if follows:
+                lat[i, s] = turn_latency[(i, t)]
     return StepWork(step=step, trajectories=tuple(trajectories),
                     prompt_tokens=np.array([t.prompt_tokens for t in trajectories], np.int64),
-                    gen=gen, tool_tokens=tool, latency=lat,
+                    gen=gen, tool_tokens=tool, latency=lat, tool_end=tool_end, turn_of=turn_of,
+                    num_segments=np.array([len(r) for r in rows], np.int64),
                     num_turns=np.array([len(t.turns) for t in trajectories], np.int64))
 
 

@@ -106,3 +106,13 @@ def test_overflow_routes_only_move_up():
     moved = np.diff(routes.bucket, axis=1) > 0
     assert (np.diff(routes.bucket, axis=1) >= 0).all()
     assert ((routes.carried[:, 1:] > 0) == moved).all()  # a migration carries tokens exactly when it moves
+
+
+def test_a_long_generation_is_promoted_while_it_generates():
+    """No tool call at all: overflow routing still moves the request once its context outgrows the bucket."""
+    trajs = [_traj(0, 500, [(9000, 0, 0.0)])]
+    work = step_work(0, trajs, chunk_tokens=1000)
+    routes = overflow_routes(work, parse_buckets("1:4000,2:inf"))
+    assert work.num_segments[0] == 9 and routes.migrations == 1
+    run, _ = _run(trajs, [1, 2], buckets="1:4000,2:inf", mode="overflow")
+    assert run.migrations == 1 and run.decoded == pytest.approx(9000)
