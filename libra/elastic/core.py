@@ -11,7 +11,9 @@ Joining is non-blocking for the core: at a step boundary it packs a snapshot of 
 background send ships it; meanwhile it keeps the reduced gradients of steps ``t, t+1, ...`` so that the hybrid
 can replay them. A hybrid is attached as a placeholder (contributes nothing, receives the reduced gradient) and
 becomes active only when it holds every reduced gradient up to the previous step, i.e. is bitwise equal to the
-core. Anything wrong with a contribution (timeout, closed peer, bad checksum, wrong step or version, a gradient
+core. ``timeout_s`` bounds each wait on a hybrid: in ``reduce`` the hybrid computes its gradient while the core
+computes its own, so the timeout only needs to cover the skew between them plus the transfer. Anything wrong with
+a contribution (timeout, closed peer, bad checksum, wrong step or version, a gradient
 from a placeholder) skips it; failures detach that hybrid; the core step always completes.
 """
 

@@ -15,6 +15,10 @@ A hybrid worker that the controller borrowed for training runs::
 Its state version is the number of optimizer steps its state has taken; it is bitwise equal to the core's at every
 step boundary after the snapshot is restored and the replay is done, because it applies exactly the reduced
 gradients the core applied, with the same optimizer. A placeholder never sends a gradient.
+
+``timeout_s`` bounds every wait on the core; ``begin_step`` waits through a whole core step (the core's
+compute), so it must exceed the longest step. A timeout, a closed core or a protocol error marks the hybrid
+``FAILED`` and raises :class:`~libra.elastic.wire.LinkError`; ``join`` again to retry.
 """
 
 from __future__ import annotations
