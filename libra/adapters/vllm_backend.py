@@ -16,7 +16,6 @@ Written against vLLM's public API (`EngineArgs`, `LLMEngine.add_request/step/abo
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -31,6 +30,8 @@ from libra.adapters.errors import (
     UnsupportedConfig,
 )
 from libra.adapters.types import EventKind, InstanceSpec, Migration, Sampling, StreamEvent, WeightUpdate
+from libra.adapters.vllm_engine import dead_reason, guarded_step, sleep_supported
+from libra.adapters.vllm_engine import shutdown as shutdown_engine
 
 _EXTENSION = "libra.adapters.vllm_worker.LibraWorkerExtension"
 SleepMode = Literal["auto", "pause", "restart"]
@@ -102,7 +103,7 @@ class VLLMRolloutBackend:
         from vllm.v1.engine.llm_engine import LLMEngine
 
         options = {"enforce_eager": True, **self.engine_options}
-        if self.sleep_mode == "auto" and _sleep_supported():
+        if self.sleep_mode == "auto" and sleep_supported():
             options.setdefault("enable_sleep_mode", True)
         args = EngineArgs(
             model=self.model,
@@ -125,7 +126,7 @@ class VLLMRolloutBackend:
                 req.failed = f"instance {name!r} was stopped"
             else:
                 moved.append(self.migrate(req.request_id, migrate_to))
-        _shutdown(inst.engine)
+        shutdown_engine(inst.engine)
         del self._instances[name]
         return tuple(moved)
 
@@ -202,11 +203,11 @@ class VLLMRolloutBackend:
                 r.running and r.instance == name for r in self._requests.values()
             ):
                 continue  # vLLM's step() waits for output: never step an idle or paused engine
-            dead = _dead_reason(inst.engine)
+            dead = dead_reason(inst.engine)
             try:
                 if dead is not None:
                     raise RuntimeError(dead)
-                outputs = _guarded_step(inst.engine)
+                outputs = guarded_step(inst.engine)
             except Exception as exc:  # EngineDeadError, or the process vanished under a pending call
                 events.extend(self._on_death(name, f"{type(exc).__name__}: {exc}"))
                 continue
@@ -268,7 +269,7 @@ class VLLMRolloutBackend:
             raise ValueError(f"instance {name!r} still generates requests; migrate them before it sleeps")
         mode = self._effective_sleep_mode()
         if mode == "restart":
-            _shutdown(inst.engine)
+            shutdown_engine(inst.engine)
             inst.engine = None
         else:
             inst.engine.sleep(level=1 if mode == "auto" else 0)
@@ -289,12 +290,12 @@ class VLLMRolloutBackend:
             self._load(inst, self._latest)
 
     def _effective_sleep_mode(self) -> SleepMode:
-        return "pause" if self.sleep_mode == "auto" and not _sleep_supported() else self.sleep_mode
+        return "pause" if self.sleep_mode == "auto" and not sleep_supported() else self.sleep_mode
 
     def shutdown(self) -> None:
         for inst in self._instances.values():
             if inst.engine is not None:
-                _shutdown(inst.engine)
+                shutdown_engine(inst.engine)
         self._instances.clear()
 
     def engine_pids(self, name: str) -> tuple[int, ...]:
@@ -331,7 +332,7 @@ class VLLMRolloutBackend:
 
     def _on_death(self, name: str, cause: str) -> list[StreamEvent]:
         dead = self._instances.pop(name)
-        _shutdown(dead.engine)
+        shutdown_engine(dead.engine)
         events, requeued, failed = [], {}, []
         for req in [r for r in self._requests.values() if r.instance == name and r.failed is None]:
             live = tuple(n for n, i in sorted(self._instances.items()) if not i.asleep)
@@ -344,7 +345,14 @@ class VLLMRolloutBackend:
                 continue
             was_running, req.instance = req.running, target
             if was_running:
-                self._start_turn(req, req.sampling.max_tokens - req.turn_tokens)
+                try:
+                    self._start_turn(req, req.sampling.max_tokens - req.turn_tokens)
+                except RequestFailedError as exc:  # the target cannot hold the context: fail it, keep going
+                    req.running = False
+                    failed.append(req.request_id)
+                    events.append(StreamEvent(request_id=req.request_id, instance=name, kind=EventKind.FAILED,
+                                              error=exc.reason))
+                    continue
             requeued[req.request_id] = target
             events.append(StreamEvent(request_id=req.request_id, instance=target, kind=EventKind.REQUEUED,
                                       error=f"engine of {name!r} died: {cause}"))
@@ -377,61 +385,3 @@ class VLLMRolloutBackend:
         if req.failed is not None:
             raise RequestFailedError(request_id, req.failed)
         return req
-
-
-def _sleep_supported() -> bool:
-    from vllm.platforms import current_platform
-
-    return bool(current_platform.is_sleep_mode_available())
-
-
-def _dead_reason(engine: Any) -> str | None:
-    """Why an engine is dead (its engine-core process exited), or None while it lives."""
-    resources = getattr(engine.engine_core, "resources", None)
-    for proc in getattr(getattr(resources, "engine_manager", None), "processes", ()):
-        if not proc.is_alive():
-            return f"engine-core process {proc.pid} exited with code {proc.exitcode}"
-    if getattr(resources, "engine_dead", False):
-        return "engine core reported dead"
-    return None
-
-
-def _guarded_step(engine: Any, check_s: float = 0.5) -> list[Any]:
-    """`engine.step()`, which must not block forever on a dead engine.
-
-    vLLM 0.32's synchronous client waits on its output queue; when the engine-core process dies, its monitor shuts
-    the client down without waking that wait. A watchdog thread checks the process while the step runs and, if it
-    died, puts vLLM's own `EngineDeadError` into the queue so that the step raises it."""
-    import threading
-
-    queue = getattr(engine.engine_core, "outputs_queue", None)
-    if queue is None:  # in-process engine core: a death raises directly
-        return engine.step()
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.wait(check_s):
-            reason = _dead_reason(engine)
-            if reason is not None:
-                from vllm.v1.engine.exceptions import EngineDeadError
-
-                queue.put_nowait(EngineDeadError(reason))
-                return
-
-    watchdog = threading.Thread(target=watch, name="libra-vllm-watchdog", daemon=True)
-    watchdog.start()
-    try:
-        return engine.step()
-    finally:
-        done.set()
-        watchdog.join()
-
-
-def _shutdown(engine: Any) -> None:
-    if engine is None:
-        return
-    core = getattr(engine, "engine_core", None)
-    if core is not None and hasattr(core, "shutdown"):
-        with contextlib.suppress(Exception):  # a dead engine may fail to shut down cleanly; it is gone anyway
-            core.shutdown()
-
