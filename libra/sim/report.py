@@ -55,16 +55,23 @@ def write_plots(report: SimReport, out: Path) -> list[Path]:
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False, sharey=True)
     for ax, r in zip(axes.flat, report.results):
         steps = [x.step for x in r.records]
-        train = [x.train_gpus for x in r.records]
-        roll = [x.rollout_gpus for x in r.records]
-        ax.stackplot(steps, train, roll, labels=["training", "rollout"], step="post")
+        # GPUs on average over each stage, counting workers the elastic pool moved across
+        shift = [(x.lent_gpu_s - x.borrowed_gpu_s) / x.duration if x.duration > 0 else 0.0 for x in r.records]
+        train = [x.train_gpus + d for x, d in zip(r.records, shift)]
+        roll = [x.rollout_gpus - d for x, d in zip(r.records, shift)]
+        if any(x.train_gpus + x.rollout_gpus > r.num_gpus for x in r.records):  # time-shared (colocated)
+            ax.step(steps, train, where="post", label="training")
+            ax.step(steps, roll, where="post", label="rollout")
+        else:
+            ax.stackplot(steps, train, roll, labels=["training", "rollout"], step="post")
         ax.set_title(r.name, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     axes[0][0].set_ylabel("GPUs")
     axes[0][0].legend(fontsize=7, loc="lower left")
-    fig.suptitle("GPU allocation (colocated: every GPU does both, in turn)", fontsize=10)
+    fig.suptitle("GPUs training vs rolling out per step (colocated: the same GPUs take turns)", fontsize=10)
+    fig.tight_layout()
     paths.append(out / "allocation.png")
     fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
     plt.close(fig)
