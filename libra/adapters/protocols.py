@@ -40,8 +40,11 @@ class RolloutBackend(Protocol):
     def instances(self) -> tuple[str, ...]:
         """Names of live instances, sorted."""
 
+    def prompt_ids(self, prompt: str | Sequence[dict[str, str]]) -> list[int]:
+        """Token ids of a text prompt or of a chat (list of role/content messages, chat template applied)."""
+
     def submit(self, request_id: str, instance: str, prompt_token_ids: Sequence[int], sampling: Sampling) -> None:
-        """Start the first turn of a request on `instance`."""
+        """Start the first turn of a request on `instance` (token ids; see `prompt_ids` for text and chats)."""
 
     def resume(self, request_id: str, appended_token_ids: Sequence[int], sampling: Sampling) -> None:
         """Start the next turn with the tool output appended to the context (the request must be between turns)."""

@@ -18,6 +18,11 @@ _CORPUS = (
     "tool output: ok error timeout",
 )
 
+_CHAT_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant:{% endif %}"
+)
+
 
 def build_tiny_model(
     out_dir: str | Path, *, hidden_size: int = 64, num_heads: int = 2, num_layers: int = 2, seed: int = 0
@@ -42,6 +47,7 @@ def build_tiny_model(
                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False),
     )
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    fast.chat_template = _CHAT_TEMPLATE
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(fast), hidden_size=hidden_size, intermediate_size=2 * hidden_size,

@@ -144,6 +144,17 @@ class VLLMRolloutBackend:
 
     # -- requests -----------------------------------------------------------------------------------------------
 
+    def prompt_ids(self, prompt: str | Sequence[dict[str, str]]) -> list[int]:
+        """Token ids of a text prompt, or of a chat (`[{"role": ..., "content": ...}, ...]`) rendered with the
+        model's chat template and the generation prompt, using the served model's tokenizer."""
+        if not self._instances:
+            raise InstanceNotFound("no instance is running; the tokenizer comes from a live engine")
+        tokenizer = next(iter(self._instances.values())).engine.get_tokenizer()
+        if isinstance(prompt, str):
+            return list(tokenizer.encode(prompt))
+        text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
+        return list(tokenizer.encode(text, add_special_tokens=False))  # the template already holds its specials
+
     def submit(self, request_id: str, instance: str, prompt_token_ids: Sequence[int], sampling: Sampling) -> None:
         if request_id in self._requests:
             raise ValueError(f"request {request_id!r} already exists; release it first")

@@ -131,3 +131,14 @@ def test_engine_death_requeues_or_fails_every_request(backend):
     with pytest.raises(RequestFailedError):
         backend.release("d2")
     backend.failover = default_failover
+
+
+def test_chat_prompt_renders_with_the_template_and_generates(backend):
+    from transformers import AutoTokenizer
+
+    messages = [{"role": "user", "content": "what is the answer"}]
+    ids = backend.prompt_ids(messages)
+    tok = AutoTokenizer.from_pretrained(backend.model)
+    assert tok.decode(ids) == "<s>user: what is the answer</s><s>assistant:"
+    assert backend.prompt_ids("the answer") == tok.encode("the answer")
+    assert len(generate(backend, "chat", "large", ids)) == GREEDY.max_tokens
