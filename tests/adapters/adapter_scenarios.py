@@ -146,6 +146,14 @@ def ds_stages(rank: int, port: int, stages: tuple[int, ...], steps: int) -> dict
                 got = {k: v.detach().clone() for k, v in trainer.module.state_dict().items()}
                 worst = max(worst, P.max_param_diff(got, state["model"]))
             out[f"zero{stage}{'+hook' if hooked else ''}"] = worst
+            if stage >= 2:  # gradients are reduced inside backward: a hook there must be refused, not ignored
+                from libra.adapters import UnsupportedConfig
+
+                try:
+                    trainer.train_step(shard_batch(P.data(0), rows), grad_hook=mean_hook)
+                    out[f"zero{stage}+hook"] = "accepted"
+                except UnsupportedConfig as exc:
+                    out[f"zero{stage}+hook"] = f"refused: {exc}"
             del trainer
     weights = ds_trainer(0)(rank, port).export_weights()
     out["export_buckets"] = len(weights.buckets)

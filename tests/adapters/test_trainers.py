@@ -49,3 +49,4 @@ def test_deepspeed_zero_stages_match_data_parallel(tmp_path):
     for key in ("zero0", "zero0+hook", "zero1", "zero1+hook", "zero2"):
         assert r0[key] < 1e-6 and r1[key] < 1e-6, (key, r0, r1)
     assert r0["export_buckets"] >= 1
+    assert r0["zero2+hook"].startswith("refused: a gradient hook needs ZeRO stage 0 or 1"), r0["zero2+hook"]
