@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import time
 
 import elastic_harness as H
 import elastic_scenarios as S
@@ -229,5 +228,4 @@ def tcp_cycles_core(rank: int, world_port: int, side_port: int, num_cycles: int)
 
 
 def tcp_cycles_hybrid(side_port: int, num_cycles: int) -> dict:
-    time.sleep(0.5)  # let core rank 0 open its side-channel server
     return S.cycles(2, None, "tcp", num_cycles, port=side_port)

@@ -225,7 +225,7 @@ def cycles(rank: int, core_group, transport: str, num_cycles: int, port: int | N
 
     from libra.elastic.dist_link import DistLink
     from libra.elastic.states import JoinState
-    from libra.elastic.wire import SideChannelServer, TcpLink
+    from libra.elastic.wire import SideChannelServer
 
     warmup = min(50, num_cycles // 4)
     model, opt = H.make_model()
@@ -233,7 +233,7 @@ def cycles(rank: int, core_group, transport: str, num_cycles: int, port: int | N
     if rank < 2:
         server = SideChannelServer(host="127.0.0.1", port=port) if (transport == "tcp" and rank == 0) else None
         ex = _exchange(rank, core_group, model, opt, server=server, max_catchup_steps=10**6)
-        done, t, flag = 0, 0, torch.ones(1, dtype=torch.int64)
+        done, t, flag, stalled = 0, 0, torch.ones(1, dtype=torch.int64), False
         if rank == 0 and transport == "dist":
             ex.admit(DistLink(2))
         while True:
@@ -244,7 +244,8 @@ def cycles(rank: int, core_group, transport: str, num_cycles: int, port: int | N
                     probes["warm"] = H.leak_probe()
                 if transport == "dist" and done < num_cycles:
                     ex.admit(DistLink(2))
-            flag[0] = 1 if (rank == 0 and done < num_cycles) else 0  # rank 0 decides; rank 1 follows
+            stalled = stalled or t > 50 * num_cycles + 1000  # the hybrid stopped coming back: end, and fail
+            flag[0] = 1 if (rank == 0 and done < num_cycles and not stalled) else 0  # rank 0 decides; rank 1 follows
             dist.all_reduce(flag, group=core_group)
             if int(flag[0]) == 0:
                 break
@@ -261,6 +262,7 @@ def cycles(rank: int, core_group, transport: str, num_cycles: int, port: int | N
             server.close()
         probes["end"] = H.leak_probe()
         return {
+            "stalled": stalled,
             "cycles": done,
             "steps": t,
             "failures": failures,
@@ -269,7 +271,7 @@ def cycles(rank: int, core_group, transport: str, num_cycles: int, port: int | N
         }
     hy = _hybrid(model, opt)
     for c in range(num_cycles):
-        link = TcpLink.connect("127.0.0.1", port, timeout=30.0) if transport == "tcp" else DistLink(0)
+        link = _connect_with_retry(port) if transport == "tcp" else DistLink(0)
         hy.join(link)
         hybrid_loop(hy, model, opt)
         assert hy.state == JoinState.ROLLOUT, hy.state
@@ -277,6 +279,22 @@ def cycles(rank: int, core_group, transport: str, num_cycles: int, port: int | N
             probes["warm"] = H.leak_probe()
     probes["end"] = H.leak_probe()
     return {"cycles": num_cycles, "probes": probes}
+
+
+def _connect_with_retry(port: int, deadline_s: float = 60.0):
+    """Connect to the core's side-channel server, retrying while it is not listening yet (process start-up)."""
+    import time
+
+    from libra.elastic.wire import LinkError, TcpLink
+
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            return TcpLink.connect("127.0.0.1", port, timeout=30.0)
+        except LinkError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 # -- process entry points ---------------------------------------------------------------------------------------

@@ -112,7 +112,7 @@ def test_thousand_tcp_join_leave_cycles_create_no_groups_and_leak_nothing(tmp_pa
     )
     assert core0["new_group_calls"] == core1["new_group_calls"] == 1
     assert core0["cycles"] == hybrid["cycles"] == NUM_CYCLES
-    assert core0["failures"] == 0 and core0["final_state"] == "rollout"
+    assert not core0["stalled"] and core0["failures"] == 0 and core0["final_state"] == "rollout"
     for name, out in (("core0", core0), ("hybrid", hybrid)):
         warm, end = out["probes"]["warm"], out["probes"]["end"]
         assert end["py_threads"] == 1 and end["threads"] <= warm["threads"], (name, warm, end)
