@@ -61,6 +61,13 @@ class Allocation:
     def buckets(self) -> tuple[Bucket, ...]:
         return RolloutConfig(num_gpus=self.rollout_gpus, time_s=0.0, instances=self.rollout).buckets
 
+    def same_layout(self, other: Allocation) -> bool:
+        """The same GPUs doing the same things (predicted times aside)."""
+        def key(t: TrainConfig) -> tuple:
+            return (t.num_gpus, t.tp, t.pp, t.dp, t.ep, t.micro_batch, t.recompute)
+
+        return key(self.train) == key(other.train) and self.rollout == other.rollout and self.routing == other.routing
+
     def check(self, cluster: ClusterSpec, *, time_shared: bool = False) -> None:
         """Raise SpecError unless the allocation fits the cluster (GPU count, TP inside a node). `time_shared`:
         training and rollout take turns on the same GPUs (colocated), so each side alone must fit."""
@@ -292,7 +299,7 @@ class Libra(Policy):
         verdict = self.gate.decide(current=self.plan, candidate=candidate, horizon_steps=self.replan_every,
                                    current_makespan_s=current_s)
         allocation = _plan_allocation(candidate, self._routing())
-        if not verdict.apply or allocation == _plan_allocation(self.plan, self._routing()):
+        if not verdict.apply or allocation.same_layout(_plan_allocation(self.plan, self._routing())):
             return None  # the gate said no, or the candidate is the plan already running
         self.plan = candidate
         return Decision(step=obs.step + 1, allocation=allocation,

@@ -105,3 +105,11 @@ def test_reconfiguration_costs_slow_a_replanning_policy_down():
 def test_unknown_policy_is_a_clear_error():
     with pytest.raises(SpecError, match="unknown policy 'nope'"):
         simulate(small_scenario(), num_steps=1, policies=["nope"])
+
+
+def test_a_replan_to_the_running_layout_is_not_a_reconfiguration(report):
+    for r in report.results:
+        layouts = [(d["allocation"]["train"]["gpus"], d["allocation"]["train"]["tp"], d["allocation"]["train"]["pp"],
+                    d["allocation"]["train"]["dp"], d["allocation"]["train"]["micro_batch"],
+                    d["allocation"]["train"]["recompute"], str(d["allocation"]["rollout"])) for d in r.decisions]
+        assert all(a != b for a, b in zip(layouts, layouts[1:])), r.name
