@@ -24,6 +24,7 @@ import attrs
 import numpy as np
 
 from libra.planning.cost import BatchStats, CostCoefficients, CostModel
+from libra.planning.replan import ReplanDecision, ReplanGate
 from libra.planning.rollout_dp import BucketChoice, RolloutTable, bisect_min
 from libra.planning.train_tree import TrainingSearch, TreeOptions
 from libra.spec import (
@@ -180,6 +181,17 @@ class GlobalPlanner:
                     continue
             else:
                 return buckets
+
+    def replan(self, current: Plan, profile: WorkloadProfile, *, gate: ReplanGate | None = None,
+               horizon_steps: int = 10) -> tuple[Plan, ReplanDecision]:
+        """Plan for the newest profile and ask the gate whether to switch. Both plans are scored the same way
+        (`evaluate` on the newest profile), so identical allocations never show a phantom saving."""
+        candidate = self.plan(profile, num_gpus=current.num_gpus)
+        now = max(self.evaluate(current, profile))
+        new = max(self.evaluate(candidate, profile))
+        decision = (gate or ReplanGate()).decide(current=current, candidate=candidate, horizon_steps=horizon_steps,
+                                                 current_makespan_s=now, candidate_makespan_s=new)
+        return candidate, decision
 
     # --- evaluation -------------------------------------------------------------------------------------------
     def evaluate(self, plan: Plan, profile: WorkloadProfile) -> tuple[float, float]:

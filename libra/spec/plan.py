@@ -150,7 +150,7 @@ class Plan:
     rollout: RolloutConfig
     makespan_s: float
     lower_bound_s: float = 0.0
-    solve_time_s: float = 0.0
+    solve_time_s: float = attrs.field(default=0.0, eq=False)  # how long the search took: not part of the plan
 
     @property
     def num_gpus(self) -> int:

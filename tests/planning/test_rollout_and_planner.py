@@ -155,3 +155,23 @@ def test_evaluate_scores_a_fixed_plan_on_a_drifted_workload() -> None:
     assert train_late > train_now and rollout_late > rollout_now
     replanned = planner.plan(late)
     assert replanned.makespan_s <= max(train_late, rollout_late) * 1.05  # replanning never loses (beyond grouping)
+
+
+def test_replan_scores_both_plans_alike_and_switches_only_when_it_pays() -> None:
+    from libra.spec import ClusterSpec, get_gpu, get_model
+    from libra.workloads import profile_from_trajectories
+    from libra.workloads.generators import WorkloadGenerator
+
+    gen = WorkloadGenerator("r2e-gym", seed=0, num_prompts=32, drift_steps=20)
+    early = profile_from_trajectories(gen.step(0), name="early")
+    cluster = ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=16, gpus_per_node=8)
+    planner = GlobalPlanner(cluster=cluster, model=get_model("Qwen3-4B"), rl=RLSettings(num_prompts=32))
+    plan = planner.plan(early)
+    same, decision = planner.replan(plan, early)
+    assert same == plan and decision.saving_s == 0.0 and not decision.apply  # no phantom saving
+    late = profile_from_trajectories(gen.step(19), name="late")
+    candidate, decision = planner.replan(plan, late, horizon_steps=1000)
+    assert decision.current_s == pytest.approx(max(planner.evaluate(plan, late)))
+    assert decision.candidate_s == pytest.approx(max(planner.evaluate(candidate, late)))
+    assert decision.apply == (decision.saving_s > decision.cost_s
+                              and decision.saving_s / 1000 >= 0.05 * decision.current_s)

@@ -20,7 +20,8 @@ class CostCoefficients:
     decode_mfu: float = 0.45  # achieved / peak FLOP/s for decode GEMMs when compute-bound
     prefill_mfu: float = 0.55  # achieved / peak FLOP/s for prefill
     kv_headroom_seqs: float = 4.0  # KV kept free for the growth of running sequences, in resident contexts
-    preemption_factor: float = 12.0  # KV-bound decode slows by (1 + factor / B): preemption and re-prefill churn
+    preemption_factor: float = 12.0  # KV-bound decode slows by (1 + min(factor / B, max_churn)): preemption churn
+    max_churn: float = 2.0  # cap on the churn term: a batch of one or two long sequences has little to preempt
     max_num_seqs: int = 512  # engine cap on concurrent sequences per instance
     step_overhead_s: float = 0.004  # host-side cost of one engine step (scheduling, sampling launch)
     tp_step_overhead_s: float = 0.005  # extra host/sync cost per step for a multi-GPU (TP > 1) instance

@@ -55,10 +55,11 @@ class RolloutCost:
     def effective_step_time(self, tp: int, batch, resident_context, num_requests):
         """Decode step time including preemption churn: when the KV pool, not the engine cap or the supply of
         requests, bounds the batch, growing sequences evict and re-prefill each other; the waste per step
-        scales like 1 / B (a handful of long sequences thrash; hundreds barely notice)."""
+        scales like 1 / B (a handful of long sequences thrash; hundreds barely notice), capped at `max_churn`
+        because a batch of one or two sequences has nothing left to evict."""
         kv_limit = self.kv_limit(tp, resident_context)
         kv_bound = kv_limit < np.minimum(self.c.max_num_seqs, num_requests)
-        churn = np.where(kv_bound, 1.0 + self.c.preemption_factor / batch, 1.0)
+        churn = np.where(kv_bound, 1.0 + np.minimum(self.c.preemption_factor / batch, self.c.max_churn), 1.0)
         return self.decode_step_time(tp, batch, resident_context) * churn
 
     # --- one decode step --------------------------------------------------------------------------------------
