@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from libra.cli._common import CLIError, emit_json, log, table
@@ -34,6 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--drift-steps", type=int, default=100, help="steps over which the synthetic workload drifts")
     p.add_argument("--seed", type=int, default=0, help="seed of the workload and tool latencies (default 0)")
     p.add_argument("--slices", type=int, default=300, help="time slices per rollout: the fidelity knob (default 300)")
+    p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
+                   help="worker processes for groups of policies (same numbers as 1; default min(2, CPUs))")
     p.add_argument("--out", metavar="DIR", default="sim-out", help="folder for report.json and PNG plots")
     p.add_argument("--no-plots", action="store_true", help="write only the JSON report")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
@@ -59,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from libra.sim.report import write_report
     from libra.spec import ClusterSpec, RLSettings, get_gpu, load_model
 
-    for name in ("steps", "prompts", "samples", "max_len", "slices", "drift_steps"):
+    for name in ("steps", "prompts", "samples", "max_len", "slices", "drift_steps", "workers"):
         if getattr(args, name) < 1:
             raise CLIError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     policies = _policies(args.policy)
@@ -90,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
         bar.update(1)
 
     try:
-        report = simulate(scenario, num_steps=args.steps, policies=policies, progress=progress)
+        report = simulate(scenario, num_steps=args.steps, policies=policies, progress=progress,
+                          workers=args.workers)
     finally:
         bar.close()
     out = Path(args.out)

@@ -337,3 +337,11 @@ def make_policy(name: str, env: PolicyEnv, **options: Any) -> Policy:
         return cls(env, **options)
     except TypeError as exc:
         raise SpecError(f"policy {name!r}: {exc}") from None
+
+
+def uses_shared_tree(name: str) -> bool:
+    """The policy routes with C-MLFQ over buckets, so its runs need the shared prefix tree (`CausalRouting`)."""
+    cls = _REGISTRY.get(name)
+    if cls is None:
+        raise SpecError(f"unknown policy {name!r}; expected one of {', '.join(POLICY_NAMES)}")
+    return getattr(cls, "routing", "") == "cmlfq" and not getattr(cls, "homogeneous", False)

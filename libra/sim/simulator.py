@@ -18,6 +18,7 @@ import attrs
 from libra.planning import GlobalPlanner
 from libra.planning.cost import CostCoefficients, CostModel
 from libra.sim.engine import PolicyRun, ReconfigCosts, SimOptions, profile_of
+from libra.sim.parallel import fork_available, policy_groups, run_groups
 from libra.sim.policies import POLICY_NAMES, PolicyEnv, make_policy
 from libra.sim.records import PolicyResult
 from libra.sim.routing import CausalRouting, routes_for
@@ -57,13 +58,33 @@ class SimReport:
 
 def simulate(scenario: Scenario, *, num_steps: int, policies: Sequence[str] = POLICY_NAMES,
              progress: Callable[[str, int], None] | None = None,
-             policy_options: dict[str, dict[str, Any]] | None = None) -> SimReport:
-    """Run `policies` for `num_steps` steps of `scenario.source`; `progress(policy, step)` after each stage."""
+             policy_options: dict[str, dict[str, Any]] | None = None, workers: int = 1) -> SimReport:
+    """Run `policies` for `num_steps` steps of `scenario.source`; `progress(policy, step)` after each stage.
+    `workers` > 1 runs groups of policies in that many forked processes (`libra.sim.parallel`): the same numbers
+    as one process."""
     if num_steps < 1:
         raise SpecError(f"num_steps must be >= 1, got {num_steps}")
     if not policies:
         raise SpecError("simulate needs at least one policy")
+    if workers < 1:
+        raise SpecError(f"workers must be >= 1, got {workers}")
     started = time.perf_counter()
+    groups = policy_groups(policies, workers) if workers > 1 and fork_available() else [list(policies)]
+    if len(groups) > 1:
+        def run_group(group: list[str], report: Callable[[str, int], None]) -> tuple[PolicyResult, ...]:
+            return _simulate(scenario, num_steps, group, report, policy_options)
+
+        by_name = {r.name: r for part in run_groups(run_group, groups, progress) for r in part}
+        results = tuple(by_name[p] for p in policies)
+    else:
+        results = _simulate(scenario, num_steps, policies, progress, policy_options)
+    return SimReport(workload=scenario.source.name, num_gpus=scenario.cluster.num_gpus, num_steps=num_steps,
+                     seed=scenario.source.seed, results=results, elapsed_s=time.perf_counter() - started)
+
+
+def _simulate(scenario: Scenario, num_steps: int, policies: Sequence[str],
+              progress: Callable[[str, int], None] | None,
+              policy_options: dict[str, dict[str, Any]] | None) -> tuple[PolicyResult, ...]:
     cm = CostModel(scenario.cluster, scenario.model, scenario.coeffs)
     planner = GlobalPlanner(cluster=scenario.cluster, model=scenario.model, rl=scenario.rl, coeffs=scenario.coeffs)
     planner.cost_model = cm  # one cost model object: the simulator prices exactly what the planner predicts
@@ -109,7 +130,5 @@ def simulate(scenario: Scenario, *, num_steps: int, policies: Sequence[str] = PO
         if not run.policy.synchronous:
             run.begin_stage()
             run.stage(None, None)
-    results = tuple(PolicyResult(name=r.policy.name, records=tuple(r.records), decisions=tuple(r.decisions),
-                                 num_gpus=scenario.cluster.num_gpus) for r in runs)
-    return SimReport(workload=name, num_gpus=scenario.cluster.num_gpus, num_steps=num_steps,
-                     seed=scenario.source.seed, results=results, elapsed_s=time.perf_counter() - started)
+    return tuple(PolicyResult(name=r.policy.name, records=tuple(r.records), decisions=tuple(r.decisions),
+                              num_gpus=scenario.cluster.num_gpus) for r in runs)

@@ -36,6 +36,8 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     assert main(["simulate", "--gpus", "12", "--out", str(tmp_path)]) == 2
     assert "divide" in capsys.readouterr().err
     assert main(["simulate", "--steps", "0", "--out", str(tmp_path)]) == 2
+    assert main(["simulate", "--workers", "0", "--out", str(tmp_path)]) == 2
+    assert "--workers must be >= 1" in capsys.readouterr().err
 
 
 def test_trace_input(tmp_path, capsys):
@@ -48,3 +50,19 @@ def test_trace_input(tmp_path, capsys):
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["policies"]["static-uniform"]["steps"] == 2
+
+
+def test_workers_give_the_same_numbers_on_a_trace(tmp_path, capsys):
+    from libra.workloads import generate, write_trace
+
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, generate("r2e-gym", num_steps=2, seed=2, num_prompts=8, samples_per_prompt=4))
+    runs = {}
+    for workers in ("1", "2"):
+        rc = main(["simulate", "--trace", str(trace), "--gpus", "16", "--steps", "2", "--samples", "4",
+                   "--policy", "static-uniform,libra-cmlfq,libra", "--workers", workers,
+                   "--out", str(tmp_path / workers), "--json", "--no-plots"])
+        assert rc == 0
+        capsys.readouterr()
+        runs[workers] = json.loads((tmp_path / workers / "report.json").read_text())["runs"]
+    assert json.dumps(runs["1"], sort_keys=True) == json.dumps(runs["2"], sort_keys=True)

@@ -1,0 +1,43 @@
+"""Policies in worker processes give the same numbers as one process; groups keep the prefix-tree users together."""
+
+import json
+
+import pytest
+from conftest import small_scenario
+
+from libra.sim import POLICY_NAMES, simulate
+from libra.sim.parallel import fork_available, policy_groups
+from libra.sim.policies import uses_shared_tree
+from libra.spec import SpecError
+
+
+def _canonical(report) -> list[str]:
+    # JSON, not attrs equality: a plan's predicted time may be nan, and nan != nan
+    return [json.dumps(r.to_dict(), sort_keys=True) for r in report.results]
+
+
+@pytest.mark.skipif(not fork_available(), reason="worker processes need the fork start method")
+def test_parallel_run_equals_serial_run():
+    serial = simulate(small_scenario(), num_steps=3, policies=POLICY_NAMES)
+    seen: list[tuple[str, int]] = []
+    parallel = simulate(small_scenario(), num_steps=3, policies=POLICY_NAMES, workers=2,
+                        progress=lambda p, s: seen.append((p, s)))
+    assert [r.name for r in parallel.results] == list(POLICY_NAMES)
+    assert _canonical(parallel) == _canonical(serial)
+    assert sorted(seen) == sorted((p, s) for p in POLICY_NAMES for s in range(3))
+
+
+def test_groups_cover_every_policy_once_and_keep_tree_users_together():
+    for workers in (1, 2, 3, 8):
+        groups = policy_groups(POLICY_NAMES, workers)
+        assert len(groups) <= workers
+        assert sorted(p for g in groups for p in g) == sorted(POLICY_NAMES)
+        holding = [g for g in groups if any(uses_shared_tree(p) for p in g)]
+        assert len(holding) == 1
+    assert policy_groups(["colocated"], 2) == [["colocated"]]
+    with pytest.raises(SpecError, match="workers must be >= 1"):
+        policy_groups(POLICY_NAMES, 0)
+
+
+def test_tree_users_are_the_cmlfq_policies_over_buckets():
+    assert {p for p in POLICY_NAMES if uses_shared_tree(p)} == {"libra-cmlfq", "libra"}
