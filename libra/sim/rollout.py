@@ -191,6 +191,8 @@ class RolloutRun:
         room = self._cap_k() - used_k - self.c.kv_headroom_seqs * mean_k
         seats = self.c.max_num_seqs - run_k
         open_k = inst.active & (inst.ready_at <= t) & (seats > 0) & ((room > 0) | (run_k == 0))
+        if not open_k.any():
+            return
         waiting = self.state == WAIT
         cand = np.flatnonzero(waiting & open_k[self.where])
         if cand.size == 0:
@@ -332,7 +334,8 @@ class RolloutRun:
             nxt = min(nxt, float(self.ready[tool].min()))
         waiting = self.state == WAIT
         if waiting.any():
-            later = self.inst.ready_at[self.where[waiting]]
+            starting = self.inst.ready_at > t
+            later = self.inst.ready_at[self.where[waiting]] if starting.any() else self.inst.ready_at[:0]
             later = later[later > t]
             if later.size:
                 nxt = min(nxt, float(later.min()))
