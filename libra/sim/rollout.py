@@ -9,8 +9,8 @@ Model (per instance k of degree tp_k; the formulas are the planner's `RolloutCos
 - Admitting costs the instance `prefill_time(tp, new tokens, context)` of GPU time (prompt, tool return, or the
   migrated context), plus `per_request_overhead_s` once per request: work the instance does before decoding.
 - Decoding: every running sequence gains one token per engine step of `decode_step_time(tp, B, mean context)`,
-  times the preemption churn `1 + preemption_factor / B` when the KV pool (not the engine cap or the supply of
-  requests) bounds the batch, as in `RolloutCost.effective_step_time`.
+  times the preemption churn `1 + min(preemption_factor / B, max_churn)` when the KV pool (not the engine cap or
+  the supply of requests) bounds the batch, as in `RolloutCost.effective_step_time`.
 - Time advances in slices: the batch of each instance is fixed within a slice, a segment that ends inside a slice
   ends at its exact time, but its slot is refilled at the next slice boundary. A slice ends at the next event
   (a segment end, a tool return, an instance start) but lasts at least `min_slice_s` (the fidelity knob:
@@ -252,7 +252,8 @@ class RolloutRun:
             bb, rr = b[sel], ctx[sel] / b[sel]
             step = self.rc.decode_step_time(int(tp), bb, rr)
             kv_bound = (waiting[sel] > 0) & (bb < self.c.max_num_seqs)
-            out[sel] = step * np.where(kv_bound, 1.0 + self.c.preemption_factor / bb, 1.0)
+            churn = 1.0 + np.minimum(self.c.preemption_factor / bb, self.c.max_churn)  # as effective_step_time
+            out[sel] = step * np.where(kv_bound, churn, 1.0)
         return out
 
     def _decode(self, t: float, dt: float) -> None:

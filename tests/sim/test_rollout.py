@@ -116,3 +116,18 @@ def test_a_long_generation_is_promoted_while_it_generates():
     assert work.num_segments[0] == 9 and routes.migrations == 1
     run, _ = _run(trajs, [1, 2], buckets="1:4000,2:inf", mode="overflow")
     assert run.migrations == 1 and run.decoded == pytest.approx(9000)
+
+
+def test_kv_bound_step_time_uses_the_cost_models_capped_churn():
+    # one long request runs (the KV pool holds no second one) while another waits: KV-bound at B = 1
+    work = step_work(0, [_traj(0, 30000, [(2000, 0, 0.0)]), _traj(1, 30000, [(2000, 0, 0.0)])])
+    routes = routes_for("single", work, parse_buckets("1:inf"), None)
+    run = RolloutRun(CM, work, routes, Instances([1], [0], [0.0]), start=0.0, min_slice_s=0.01)
+    run.advance(0.0, 0.01)
+    running = np.flatnonzero(run.state == 1)
+    assert running.size == 1 and (run.state == 0).sum() == 1
+    step = run.step_times(running)[0]
+    rc = CM.rollout
+    expected = float(rc.effective_step_time(1, 1.0, run.ctx[running[0]], 2))
+    assert step == pytest.approx(expected)
+    assert step == pytest.approx(float(rc.decode_step_time(1, 1.0, run.ctx[running[0]])) * (1 + CM.coeffs.max_churn))
