@@ -25,4 +25,4 @@ ruff check libra tests benchmarks examples ext
 echo "== import-linter (layer rules of DESIGN.md)" >&2
 lint-imports
 echo "== pytest" >&2
-python -m pytest -q "$@"
+python -m pytest -q --durations=15 "$@"
