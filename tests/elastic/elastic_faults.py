@@ -73,7 +73,7 @@ def _child(spec: dict, port: int, timeout_s: float) -> int:
         return 3
 
 
-def zygote(requests, replies, port: int, timeout_s: float) -> dict:
+def zygote(requests, replies, timeout_s: float) -> dict:
     import libra.elastic.core  # noqa: F401  (import and build the extension once, before forking)
     from libra.elastic import native
 
@@ -88,7 +88,7 @@ def zygote(requests, replies, port: int, timeout_s: float) -> dict:
     outcomes = []
     child = None
     while True:
-        msg = requests.get()
+        msg = requests.get(timeout=120)  # core rank 0 gone: end instead of waiting forever
         if msg[0] == "stop":
             return {"outcomes": outcomes}
         if msg[0] == "run":
@@ -96,7 +96,7 @@ def zygote(requests, replies, port: int, timeout_s: float) -> dict:
             if child == 0:
                 code = 3
                 try:
-                    code = _child(msg[1], port, timeout_s)
+                    code = _child(msg[1], msg[2], timeout_s)
                 finally:
                     os._exit(code)
             replies.put(child)
@@ -144,9 +144,7 @@ def _reference_step(before, step: int, record) -> tuple[int, ...]:
     return state_digest(model, opt)
 
 
-def fault_core(
-    rank: int, world_port: int, side_port: int, requests, replies, num_runs: int, seed: int, timeout_s: float
-) -> dict:
+def fault_core(rank: int, world_port: int, requests, replies, num_runs: int, seed: int, timeout_s: float) -> dict:
     import torch.distributed as dist
 
     from libra.elastic.core import CoreExchange
@@ -156,12 +154,12 @@ def fault_core(
     counter = H.count_new_groups()
     H.init_gloo(rank, 2, world_port)
     core_group = dist.new_group([0, 1])
-    server = SideChannelServer(host="127.0.0.1", port=side_port) if rank == 0 else None
+    server = SideChannelServer(host="127.0.0.1", port=0) if rank == 0 else None  # kernel-picked free port
     runs, corrupted, waits, probes = [], 0, [], {}
     for run in range(num_runs):
         spec = plan_run(seed, run)
         if rank == 0:
-            requests.put(("run", spec))
+            requests.put(("run", spec, server.port))
             replies.get(timeout=30)
         model, opt = H.make_model()
         ex = CoreExchange(
@@ -214,18 +212,18 @@ def fault_core(
     return {"runs": runs, "corrupted": corrupted, "waits": waits, "new_group_calls": counter[0], "probes": probes}
 
 
-def tcp_cycles_core(rank: int, world_port: int, side_port: int, num_cycles: int) -> dict:
+def tcp_cycles_core(rank: int, world_port: int, port_queue, num_cycles: int) -> dict:
     import torch.distributed as dist
 
     counter = H.count_new_groups()
     H.init_gloo(rank, 2, world_port)
     core_group = dist.new_group([0, 1])
-    out = S.cycles(rank, core_group, "tcp", num_cycles, port=side_port)
+    out = S.cycles(rank, core_group, "tcp", num_cycles, port_queue=port_queue)
     dist.barrier(group=core_group)
     dist.destroy_process_group()
     out["new_group_calls"] = counter[0]
     return out
 
 
-def tcp_cycles_hybrid(side_port: int, num_cycles: int) -> dict:
-    return S.cycles(2, None, "tcp", num_cycles, port=side_port)
+def tcp_cycles_hybrid(port_queue, num_cycles: int) -> dict:
+    return S.cycles(2, None, "tcp", num_cycles, port_queue=port_queue)

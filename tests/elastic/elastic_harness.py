@@ -10,6 +10,7 @@ import datetime
 import json
 import multiprocessing as mp
 import os
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -133,9 +134,10 @@ def run_processes(targets: list[tuple[Callable, tuple]], *, tmp: Path, timeout_s
     procs = [ctx.Process(target=_entry, args=(fn, args, out), daemon=False) for (fn, args), out in zip(targets, outs)]
     for p in procs:
         p.start()
+    deadline = time.monotonic() + timeout_s
     try:
         for p in procs:
-            p.join(timeout_s)
+            p.join(max(deadline - time.monotonic(), 0.0))
     finally:
         for p in procs:
             if p.is_alive():
@@ -146,7 +148,11 @@ def run_processes(targets: list[tuple[Callable, tuple]], *, tmp: Path, timeout_s
         if not Path(out).exists():
             errors.append(f"process {i} left no result (exit code {p.exitcode}; killed after {timeout_s}s?)")
             continue
-        data = json.loads(Path(out).read_text())
+        try:
+            data = json.loads(Path(out).read_text())
+        except ValueError:
+            errors.append(f"process {i} left a partial result (exit code {p.exitcode}; killed after {timeout_s}s?)")
+            continue
         if not data["ok"]:
             errors.append(f"process {i} failed:\n{data['error']}")
             continue

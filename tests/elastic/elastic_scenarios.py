@@ -217,7 +217,7 @@ def _restored(snapshot):
 # -- scenario 3: join/leave cycles over the fixed world --------------------------------------------------------
 
 
-def cycles(rank: int, core_group, transport: str, num_cycles: int, port: int | None = None) -> dict:
+def cycles(rank: int, core_group, transport: str, num_cycles: int, port_queue=None) -> dict:
     """Rank 0 (with rank 1 in lockstep) runs steps; the hybrid joins, becomes active for one step, is removed, and
     joins again, ``num_cycles`` times. Leak probes are taken after the warm-up cycles and at the end."""
     import torch
@@ -231,7 +231,10 @@ def cycles(rank: int, core_group, transport: str, num_cycles: int, port: int | N
     model, opt = H.make_model()
     probes = {}
     if rank < 2:
-        server = SideChannelServer(host="127.0.0.1", port=port) if (transport == "tcp" and rank == 0) else None
+        server = None
+        if transport == "tcp" and rank == 0:
+            server = SideChannelServer(host="127.0.0.1", port=0)  # the kernel picks a free port, atomically
+            port_queue.put(server.port)
         ex = _exchange(rank, core_group, model, opt, server=server, max_catchup_steps=10**6)
         done, t, flag, stalled = 0, 0, torch.ones(1, dtype=torch.int64), False
         if rank == 0 and transport == "dist":
@@ -270,6 +273,7 @@ def cycles(rank: int, core_group, transport: str, num_cycles: int, port: int | N
             "final_state": states.state(HYBRID).value if rank == 0 else None,
         }
     hy = _hybrid(model, opt)
+    port = port_queue.get(timeout=120) if transport == "tcp" else None
     for c in range(num_cycles):
         link = _connect_with_retry(port) if transport == "tcp" else DistLink(0)
         hy.join(link)

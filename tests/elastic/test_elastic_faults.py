@@ -35,12 +35,12 @@ def _report(name: str, data: dict) -> None:
 def test_killing_the_hybrid_never_stops_or_corrupts_the_core(tmp_path):
     ctx = mp.get_context("spawn")
     requests, replies = ctx.Queue(), ctx.Queue()
-    world_port, side_port = free_port(), free_port()
+    world_port = free_port()
     core0, core1, zygote = H.run_processes(
         [
-            (F.fault_core, (0, world_port, side_port, requests, replies, NUM_RUNS, SEED, TIMEOUT_S)),
-            (F.fault_core, (1, world_port, side_port, None, None, NUM_RUNS, SEED, TIMEOUT_S)),
-            (F.zygote, (requests, replies, side_port, TIMEOUT_S)),
+            (F.fault_core, (0, world_port, requests, replies, NUM_RUNS, SEED, TIMEOUT_S)),
+            (F.fault_core, (1, world_port, None, None, NUM_RUNS, SEED, TIMEOUT_S)),
+            (F.zygote, (requests, replies, TIMEOUT_S)),
         ],
         tmp=tmp_path,
         timeout_s=360,
@@ -100,12 +100,12 @@ NUM_CYCLES = 1000
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_thousand_tcp_join_leave_cycles_create_no_groups_and_leak_nothing(tmp_path):
-    world_port, side_port = free_port(), free_port()
+    world_port, port_queue = free_port(), mp.get_context("spawn").Queue()
     core0, core1, hybrid = H.run_processes(
         [
-            (F.tcp_cycles_core, (0, world_port, side_port, NUM_CYCLES)),
-            (F.tcp_cycles_core, (1, world_port, side_port, NUM_CYCLES)),
-            (F.tcp_cycles_hybrid, (side_port, NUM_CYCLES)),
+            (F.tcp_cycles_core, (0, world_port, port_queue, NUM_CYCLES)),
+            (F.tcp_cycles_core, (1, world_port, port_queue, NUM_CYCLES)),
+            (F.tcp_cycles_hybrid, (port_queue, NUM_CYCLES)),
         ],
         tmp=tmp_path,
         timeout_s=360,
@@ -115,7 +115,8 @@ def test_thousand_tcp_join_leave_cycles_create_no_groups_and_leak_nothing(tmp_pa
     assert not core0["stalled"] and core0["failures"] == 0 and core0["final_state"] == "rollout"
     for name, out in (("core0", core0), ("hybrid", hybrid)):
         warm, end = out["probes"]["warm"], out["probes"]["end"]
-        assert end["py_threads"] == 1 and end["threads"] <= warm["threads"], (name, warm, end)
+        # (core rank 0 keeps one Python thread of its own: the feeder of the queue that published its port)
+        assert end["py_threads"] <= warm["py_threads"] <= 2 and end["threads"] <= warm["threads"], (name, warm, end)
         assert end["fds"] <= warm["fds"], (name, warm, end)
         assert end["rss_bytes"] - warm["rss_bytes"] < 32 << 20, (name, warm, end)
     _report(
