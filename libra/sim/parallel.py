@@ -22,8 +22,9 @@ from libra.sim.policies import uses_shared_tree
 from libra.spec import SpecError
 
 # Relative CPU cost per step of the work a group carries, for balancing groups: one unit per policy, plus the
-# prefix-tree update and C-MLFQ replays of the group that holds the tree (profile of r2e-gym, 48 GPUs).
-TREE_COST = 2.0
+# prefix-tree update and C-MLFQ replays of the group that holds the tree (r2e-gym, 48 GPUs, 100 steps: the group
+# of libra-cmlfq, libra and one more policy ran 1.65x slower per step than a group of five other policies).
+TREE_COST = 4.0
 
 
 def policy_groups(policies: Sequence[str], workers: int) -> list[list[str]]:

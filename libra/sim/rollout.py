@@ -104,6 +104,10 @@ class RolloutRun:
         self.busy_gpu_s = 0.0
         self.decoded = 0.0
         self._last: tuple[np.ndarray, np.ndarray] | None = None  # (still running, step times) after a slice
+        # requests not DONE, ascending (DONE is final): per-slice scans read only these, which matters in the long
+        # tail of a rollout where most slices have a few percent of the requests left; ascending order keeps every
+        # sum (bincount) in the same order as a scan of all requests, so results are identical
+        self._live = np.arange(n)
         self._assign(np.arange(n), routes.bucket[:, 0])
         self._deg_key = -1
         self._deg: tuple[int, ...] = ()
@@ -112,7 +116,7 @@ class RolloutRun:
     # --- bookkeeping --------------------------------------------------------------------------------------------
     @property
     def done(self) -> bool:
-        return bool((self.state == DONE).all())
+        return bool((self.state[self._live] == DONE).all())
 
     @property
     def end_time(self) -> float:
@@ -125,8 +129,13 @@ class RolloutRun:
 
     def load(self) -> np.ndarray:
         """Requests assigned to each instance and not finished."""
-        live = (self.state != DONE) & (self.where >= 0)
-        return np.bincount(self.where[live], minlength=len(self.inst))
+        live = self._in_state(DONE, equal=False)
+        return np.bincount(self.where[live[self.where[live] >= 0]], minlength=len(self.inst))
+
+    def _in_state(self, state: int, *, equal: bool = True) -> np.ndarray:
+        """Requests in `state` (or not in it), ascending."""
+        live = self._live
+        return live[self.state[live] == state] if equal else live[self.state[live] != state]
 
     def _assign(self, reqs: np.ndarray, buckets: np.ndarray) -> None:
         """Send requests to the active instances of their bucket, least-loaded first (water-filling, ties by
@@ -148,6 +157,7 @@ class RolloutRun:
 
     # --- one slice ----------------------------------------------------------------------------------------------
     def advance(self, t: float, dt: float) -> None:
+        self._live = self._in_state(DONE, equal=False)
         self._returns(t, dt)
         self._admit(t)
         self._decode(t, dt)
@@ -155,7 +165,8 @@ class RolloutRun:
     def _returns(self, t: float, dt: float) -> None:
         """Tool calls that return before the slice ends rejoin now; one that returns inside the slice starts
         decoding at its return time (`lag`), not at the next boundary."""
-        back = np.flatnonzero((self.state == TOOL) & (self.ready < t + dt))
+        tool = self._in_state(TOOL)
+        back = tool[self.ready[tool] < t + dt]
         if back.size == 0:
             return
         self.state[back] = WAIT
@@ -184,7 +195,7 @@ class RolloutRun:
     def _admit(self, t: float) -> None:
         inst = self.inst
         k_all = len(inst)
-        running = self.state == RUN
+        running = self._in_state(RUN)
         run_k = np.bincount(self.where[running], minlength=k_all)
         used_k = np.bincount(self.where[running], weights=self.ctx[running], minlength=k_all)
         mean_k = used_k / np.maximum(run_k, 1)
@@ -193,8 +204,8 @@ class RolloutRun:
         open_k = inst.active & (inst.ready_at <= t) & (seats > 0) & ((room > 0) | (run_k == 0))
         if not open_k.any():
             return
-        waiting = self.state == WAIT
-        cand = np.flatnonzero(waiting & open_k[self.where])
+        waiting = self._in_state(WAIT)
+        cand = waiting[open_k[self.where[waiting]]]
         if cand.size == 0:
             return
         k = self.where[cand]
@@ -243,7 +254,7 @@ class RolloutRun:
         inst, k_all = self.inst, len(self.inst)
         b = np.bincount(self.where[running], minlength=k_all).astype(float)
         ctx = np.bincount(self.where[running], weights=self.ctx[running], minlength=k_all)
-        waiting = np.bincount(self.where[self.state == WAIT], minlength=k_all)
+        waiting = np.bincount(self.where[self._in_state(WAIT)], minlength=k_all)
         out = np.full(k_all, np.inf)
         for tp in self._degrees():
             sel = (inst.tp == tp) & (b > 0)
@@ -257,7 +268,7 @@ class RolloutRun:
         return out
 
     def _decode(self, t: float, dt: float) -> None:
-        running = np.flatnonzero(self.state == RUN)
+        running = self._in_state(RUN)
         k_all = len(self.inst)
         busy_k = np.minimum(self.debt, dt)
         self._last = None
@@ -323,24 +334,24 @@ class RolloutRun:
         """The next time something changes (a segment end, a tool return, an instance start), at least
         `min_slice_s` and at most `max_slice_s` ahead. Segment ends use the step times of the last slice."""
         nxt = t + self.max_slice_s
-        running = self.state == RUN
+        running = self._in_state(RUN)
         if self._last is not None and self._last[0].size:
             still, step = self._last
             k = self.where[still]
             nxt = min(nxt, t + float(np.min(self.debt[k] + self.rem[still] * step[k])))
-        elif running.any():
+        elif running.size:
             nxt = t  # admitted in the last slice, not yet decoding
-        tool = self.state == TOOL
-        if tool.any():
+        tool = self._in_state(TOOL)
+        if tool.size:
             nxt = min(nxt, float(self.ready[tool].min()))
-        waiting = self.state == WAIT
-        if waiting.any():
+        waiting = self._in_state(WAIT)
+        if waiting.size:
             starting = self.inst.ready_at > t
             later = self.inst.ready_at[self.where[waiting]] if starting.any() else self.inst.ready_at[:0]
             later = later[later > t]
             if later.size:
                 nxt = min(nxt, float(later.min()))
-            elif not running.any():
+            elif not running.size:
                 nxt = t  # admissible now
         return max(nxt, t + self.min_slice_s)
 
@@ -351,7 +362,7 @@ class RolloutRun:
         move down falls back to the nearest larger bucket with an active instance). Causal: it reads only where
         requests are now."""
         load = self.load()
-        live = np.flatnonzero(self.state != DONE)
+        live = self._in_state(DONE, equal=False)
         seg = self.turn[live] - (self.state[live] == TOOL)  # in a tool call: the bucket it ran in so far
         lowest = int(self.routes.bucket[live, seg].min()) if live.size else np.inf
         return np.flatnonzero(self.inst.active & (load == 0) & (self.inst.bucket < lowest))
