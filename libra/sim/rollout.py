@@ -108,6 +108,7 @@ class RolloutRun:
         # tail of a rollout where most slices have a few percent of the requests left; ascending order keeps every
         # sum (bincount) in the same order as a scan of all requests, so results are identical
         self._live = np.arange(n)
+        self._by_state: dict[tuple[int, bool], np.ndarray] = {}  # _in_state results until the next state write
         self._assign(np.arange(n), routes.bucket[:, 0])
         self._deg_key = -1
         self._deg: tuple[int, ...] = ()
@@ -116,7 +117,7 @@ class RolloutRun:
     # --- bookkeeping --------------------------------------------------------------------------------------------
     @property
     def done(self) -> bool:
-        return bool((self.state[self._live] == DONE).all())
+        return self._in_state(DONE, equal=False).size == 0
 
     @property
     def end_time(self) -> float:
@@ -133,9 +134,17 @@ class RolloutRun:
         return np.bincount(self.where[live[self.where[live] >= 0]], minlength=len(self.inst))
 
     def _in_state(self, state: int, *, equal: bool = True) -> np.ndarray:
-        """Requests in `state` (or not in it), ascending."""
-        live = self._live
-        return live[self.state[live] == state] if equal else live[self.state[live] != state]
+        """Requests in `state` (or not in it), ascending. Read-only: cached until `_set_state`."""
+        got = self._by_state.get((state, equal))
+        if got is None:
+            live = self._live
+            got = live[self.state[live] == state] if equal else live[self.state[live] != state]
+            self._by_state[(state, equal)] = got
+        return got
+
+    def _set_state(self, reqs: np.ndarray, state: int) -> None:
+        self.state[reqs] = state
+        self._by_state.clear()
 
     def _assign(self, reqs: np.ndarray, buckets: np.ndarray) -> None:
         """Send requests to the active instances of their bucket, least-loaded first (water-filling, ties by
@@ -169,7 +178,7 @@ class RolloutRun:
         back = tool[self.ready[tool] < t + dt]
         if back.size == 0:
             return
-        self.state[back] = WAIT
+        self._set_state(back, WAIT)
         turn = self.turn[back]
         carried = np.where(self.moved[back], 0, self.routes.carried[back, turn])
         moving = back[carried > 0]
@@ -189,7 +198,7 @@ class RolloutRun:
             use_transfer = transfer < reprefill
             self.ready[moving] = np.where(use_transfer, self.ready[moving] + transfer, self.ready[moving])
             self.pending[moving] += np.where(use_transfer, 0.0, ctx)
-            self.state[moving[use_transfer & (self.ready[moving] >= t + dt)]] = TOOL  # KV still in flight
+            self._set_state(moving[use_transfer & (self.ready[moving] >= t + dt)], TOOL)  # KV still in flight
         self.lag[back] = np.maximum(0.0, self.ready[back] - t)
 
     def _admit(self, t: float) -> None:
@@ -235,7 +244,7 @@ class RolloutRun:
         self.debt += np.bincount(gk, weights=secs, minlength=k_all)
         self.pending[go] = 0.0
         self.fresh[go] = False
-        self.state[go] = RUN
+        self._set_state(go, RUN)
 
     def _degrees(self) -> tuple[int, ...]:
         if self._deg_key != len(self.inst):
@@ -304,7 +313,7 @@ class RolloutRun:
         seg = self.turn[ended]
         last = seg >= w.num_segments[ended] - 1
         fin = ended[last]
-        self.state[fin] = DONE
+        self._set_state(fin, DONE)
         self.finish[fin] = at[last]
         go, sg, ag = ended[~last], seg[~last], at[~last]
         if go.size == 0:
@@ -327,7 +336,7 @@ class RolloutRun:
             self.turn[go] = sg + 1
             self.moved[go] = False
             self.rem[go] = w.gen[go, sg + 1].astype(float)
-            self.state[go] = TOOL
+            self._set_state(go, TOOL)
 
     # --- when to look again -------------------------------------------------------------------------------------
     def next_event(self, t: float) -> float:
@@ -374,7 +383,7 @@ class RolloutRun:
         if waiting.size:
             self._grow()
             self.where[waiting] = -1
-            self.state[waiting] = DONE  # hide from load() while re-assigning
+            self._set_state(waiting, DONE)  # hide from load() while re-assigning
             self._assign(waiting, np.full(waiting.size, bucket))
-            self.state[waiting] = WAIT
+            self._set_state(waiting, WAIT)
         self._grow()
