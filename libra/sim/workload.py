@@ -73,46 +73,51 @@ def step_work(step: int, trajectories: Sequence[Trajectory], *, latency: ToolLat
         raise SpecError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     latency = latency or ToolLatency()
     n = len(trajectories)
-    rows: list[list[tuple[int, int, int, bool]]] = []  # (gen, tool tokens, turn, tool follows)
-    missing: list[tuple[int, int, str]] = []
-    turn_latency: dict[tuple[int, int], float] = {}
-    for i, traj in enumerate(trajectories):
-        last = len(traj.turns) - 1
-        row = []
-        for t, turn in enumerate(traj.turns):
-            pieces = max(1, -(-turn.gen_tokens // chunk_tokens))
-            base, extra = divmod(turn.gen_tokens, pieces)
-            for p in range(pieces):
-                row.append((base + (p < extra), 0, t, False))
-            if turn.tool is not None and t < last:
-                g, _, _, _ = row[-1]
-                row[-1] = (g, turn.tool_tokens, t, True)
-                value = turn.extra.get("tool_latency_s")
-                if value is None:
-                    missing.append((i, t, turn.tool))
-                else:
-                    turn_latency[(i, t)] = float(value)
-        rows.append(row)
+    # one pass over the turns for their fields; the cutting into segments is array work
+    num_turns = np.fromiter((len(tr.turns) for tr in trajectories), np.int64, n)
+    turns = [u for tr in trajectories for u in tr.turns]
+    m = len(turns)
+    gen_t = np.fromiter((u.gen_tokens for u in turns), np.int64, m)
+    tool_t = np.fromiter((u.tool_tokens for u in turns), np.int64, m)
+    has_tool = np.fromiter((u.tool is not None for u in turns), bool, m)
+    traj_of = np.repeat(np.arange(n), num_turns)
+    turn_no = np.arange(m) - np.repeat(np.cumsum(num_turns) - num_turns, num_turns)
+    follows_t = has_tool & (turn_no < num_turns[traj_of] - 1)
+    lat_t = np.zeros(m)
+    missing: list[int] = []  # turns without a recorded latency, in (request, turn) order
+    for j in np.flatnonzero(follows_t).tolist():
+        value = turns[j].extra.get("tool_latency_s")
+        if value is None:
+            missing.append(j)
+        else:
+            lat_t[j] = float(value)
     if missing:
-        draws = latency.draw(np.random.default_rng([seed, 7, step]), [m[2] for m in missing])
-        for (i, t, _), value in zip(missing, draws):
-            turn_latency[(i, t)] = float(value)
-    width = max(len(r) for r in rows)
+        draws = latency.draw(np.random.default_rng([seed, 7, step]), [turns[j].tool for j in missing])
+        lat_t[missing] = draws
+    pieces = np.maximum(1, -(-gen_t // chunk_tokens))
+    base, extra = np.divmod(gen_t, pieces)
+    seg_turn = np.repeat(np.arange(m), pieces)
+    piece = np.arange(seg_turn.size) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    ends_turn = piece == pieces[seg_turn] - 1
+    follows = ends_turn & follows_t[seg_turn]
+    seg_traj = traj_of[seg_turn]
+    num_segments = np.bincount(seg_traj, minlength=n).astype(np.int64)
+    pos = np.arange(seg_turn.size) - np.repeat(np.cumsum(num_segments) - num_segments, num_segments)
+    width = int(num_segments.max())
     gen = np.zeros((n, width), np.int64)
     tool = np.zeros((n, width), np.int64)
     lat = np.zeros((n, width))
     tool_end = np.zeros((n, width), bool)
     turn_of = np.zeros((n, width), np.int64)
-    for i, row in enumerate(rows):
-        for s, (g, tt, t, follows) in enumerate(row):
-            gen[i, s], tool[i, s], turn_of[i, s], tool_end[i, s] = g, tt, t, follows
-            if follows:
-                lat[i, s] = turn_latency[(i, t)]
+    gen[seg_traj, pos] = base[seg_turn] + (piece < extra[seg_turn])
+    tool[seg_traj, pos] = np.where(follows, tool_t[seg_turn], 0)
+    lat[seg_traj, pos] = np.where(follows, lat_t[seg_turn], 0.0)
+    tool_end[seg_traj, pos] = follows
+    turn_of[seg_traj, pos] = turn_no[seg_turn]
     return StepWork(step=step, trajectories=tuple(trajectories),
-                    prompt_tokens=np.array([t.prompt_tokens for t in trajectories], np.int64),
+                    prompt_tokens=np.fromiter((t.prompt_tokens for t in trajectories), np.int64, n),
                     gen=gen, tool_tokens=tool, latency=lat, tool_end=tool_end, turn_of=turn_of,
-                    num_segments=np.array([len(r) for r in rows], np.int64),
-                    num_turns=np.array([len(t.turns) for t in trajectories], np.int64))
+                    num_segments=num_segments, num_turns=num_turns)
 
 
 class WorkSource:
