@@ -8,7 +8,9 @@
 - ``test_1024_gpus``: 1,024 A800 GPUs (128 nodes), 4,096 prompts x 16 = 65,536 trajectories per step, 3 steps,
   all policies. ``LIBRA_BENCH_BIG_STEPS`` overrides the step count.
 
-Each runs once (a run takes minutes); per-policy throughput lands in ``extra_info``. Nothing here asserts a time.
+Each runs once (a run takes minutes) with ``LIBRA_BENCH_WORKERS`` worker processes (default 2, the CLI's default
+on this machine; 1 for a single process); per-policy throughput lands in ``extra_info``. Nothing here asserts a
+time.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ def _scenario(*, gpus: int, prompts: int, workload: str = "r2e-gym") -> Scenario
 
 
 def _run(benchmark, scenario: Scenario, steps: int) -> None:
-    report = benchmark.pedantic(simulate, args=(scenario,), kwargs={"num_steps": steps, "policies": POLICY_NAMES},
-                                rounds=1, iterations=1)
+    workers = int(os.environ.get("LIBRA_BENCH_WORKERS", "2"))
+    report = benchmark.pedantic(simulate, args=(scenario,), rounds=1, iterations=1,
+                                kwargs={"num_steps": steps, "policies": POLICY_NAMES, "workers": workers})
     benchmark.extra_info["steps"] = steps
+    benchmark.extra_info["workers"] = workers
     benchmark.extra_info["gpus"] = scenario.cluster.num_gpus
     benchmark.extra_info["throughput_tok_s"] = {k: round(v["throughput_tok_s"]) for k, v in report.summary().items()}
 
