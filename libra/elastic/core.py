@@ -91,7 +91,7 @@ class CoreExchange:
         self.timeout_s, self.snapshot_timeout_s = timeout_s, snapshot_timeout_s
         self.max_catchup_steps, self.min_placeholder_steps = max_catchup_steps, min_placeholder_steps
         self._server, self._backend, self._on_transition = server, backend, on_transition
-        self.states = WorkerStates()
+        self.states = WorkerStates(log_limit=history)  # bounded, like records: long runs must not grow
         self.stats = ExchangeStats()
         self.records: collections.deque[StepRecord] = collections.deque(maxlen=history)
         self._pending: list[Link] = []
