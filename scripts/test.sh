@@ -24,5 +24,7 @@ echo "== ruff" >&2
 ruff check libra tests benchmarks examples ext
 echo "== import-linter (layer rules of DESIGN.md)" >&2
 lint-imports
+echo "== C++ extension (JIT build, cached in ~/.cache/libra/ext; tests fall back to Python if it cannot build)" >&2
+python -c "from libra.elastic import native; print('libra_ext built:', native.load() is not None, native.load_error() or '')" || true
 echo "== pytest" >&2
 python -m pytest -q --durations=15 "$@"
