@@ -95,24 +95,30 @@ class CausalRouting:
         router = CMLFQRouter(buckets, tree=self.tree, admit=admit, **self.options)
         limits = router.limits
         after_gen, after_tool = _contexts(work)
-        after_gen, after_tool = after_gen.tolist(), after_tool.tolist()
-        tool_end, turn_of, nseg = work.tool_end.tolist(), work.turn_of.tolist(), work.num_segments.tolist()
+        # only the segments that can move a request (all but each request's last), flattened row by row: python
+        # lists of the padded (n, S) arrays would convert mostly padding
+        nseg = work.num_segments.tolist()
+        used = np.arange(width) < (work.num_segments - 1)[:, None]
+        gen_ctx, tool_ctx = after_gen[used].tolist(), after_tool[used].tolist()
+        tool_end, turn_of = work.tool_end[used].tolist(), work.turn_of[used].tolist()
+        o = 0
         for i, traj in enumerate(work.trajectories):
             b = router.admit(i, prompt_id=traj.prompt_id, prompt_tokens=traj.prompt_tokens).bucket
             row_b, row_c = bucket[i], carried[i]
             for s in range(nseg[i] - 1):
                 moved = 0
-                if after_gen[i][s] > limits[b]:
-                    d = router.on_progress(i, context_tokens=after_gen[i][s])
+                if gen_ctx[o] > limits[b]:
+                    d = router.on_progress(i, context_tokens=gen_ctx[o])
                     b, moved = d.bucket, d.migrated_tokens
-                if tool_end[i][s]:
-                    turn = traj.turns[turn_of[i][s]]
+                if tool_end[o]:
+                    turn = traj.turns[turn_of[o]]
                     d = router.on_tool_return(i, tool=turn.tool, tool_tokens=turn.tool_tokens,
-                                              status=turn.tool_status, context_tokens=after_tool[i][s])
+                                              status=turn.tool_status, context_tokens=tool_ctx[o])
                     if d.migrate:
                         b, moved = d.bucket, d.migrated_tokens
                 row_b[s + 1] = b
                 row_c[s + 1] = moved
+                o += 1
         return Routes(bucket=bucket, carried=carried)
 
 
