@@ -8,6 +8,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from libra.spec.jsonable import jsonable
+
 
 class CLIError(Exception):
     """An error to print as one line (no traceback) with a non-zero exit."""
@@ -17,27 +19,8 @@ def log(message: str) -> None:
     print(message, file=sys.stderr)
 
 
-def _json_default(value: Any) -> Any:
-    if hasattr(value, "item"):  # numpy scalars
-        return value.item()
-    if isinstance(value, set | tuple):
-        return list(value)
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
-def _clean(value: Any) -> Any:
-    """JSON has no Infinity: write it as null."""
-    if isinstance(value, float) and (math.isinf(value) or math.isnan(value)):
-        return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    return value
-
-
 def emit_json(obj: dict[str, Any]) -> None:
-    print(json.dumps(_clean(obj), indent=2, default=_json_default))
+    print(json.dumps(jsonable(obj), indent=2))
 
 
 def fmt(value: Any, digits: int = 3) -> str:

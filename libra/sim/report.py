@@ -5,25 +5,13 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
 
 from libra.sim.simulator import SimReport
-
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and (math.isinf(value) or math.isnan(value)):
-        return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    if hasattr(value, "item"):
-        return value.item()
-    return value
+from libra.spec.jsonable import jsonable
 
 
 def write_json(report: SimReport, path: Path) -> Path:
-    path.write_text(json.dumps(_clean(report.to_dict()), indent=1))
+    path.write_text(json.dumps(jsonable(report.to_dict()), indent=1))
     return path
 
 

@@ -108,3 +108,14 @@ def test_models_and_clusters_load_from_files(tmp_path) -> None:
         load_model(str(bad))
     with pytest.raises(SpecError, match="cannot read"):
         load_model(str(tmp_path / "missing.yaml"))
+
+
+def test_jsonable_makes_plain_json() -> None:
+    import numpy as np
+
+    from libra.spec.jsonable import jsonable
+
+    out = jsonable({"a": np.float64(1.5), "b": (1, np.int64(2)), "c": [math.inf, float("nan")],
+                    "d": np.arange(3), "e": {"f": np.float32(2.0)}})
+    assert out == {"a": 1.5, "b": [1, 2], "c": [None, None], "d": [0, 1, 2], "e": {"f": 2.0}}
+    assert json.loads(json.dumps(out)) == out
