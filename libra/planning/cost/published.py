@@ -13,10 +13,13 @@ other one (same number of sequences), are printed by `published_checks()` so nob
 
 from __future__ import annotations
 
+import math
+
 import attrs
 import numpy as np
 
 from libra.planning.cost import BatchStats, CostCoefficients, CostModel
+from libra.planning.train_tree import TrainingSearch
 from libra.spec import ClusterSpec, get_gpu, get_model
 
 PUBLISHED = {"short_tp1x8_over_tp8": 1852 / 591, "long_tp8_over_tp1x8": 1220 / 430,
@@ -52,22 +55,9 @@ def serve_batch(cm: CostModel, tp: int, totals: np.ndarray, prompt: float) -> tu
 
 
 def best_training_step(cm: CostModel, batch: BatchStats) -> float:
-    """Least step time over all layouts of the node (exhaustive)."""
-    best = np.inf
-    gpus = cm.cluster.gpus_per_node
-    for tp in (1, 2, 4, 8):
-        for pp in (1, 2, 4, 8):
-            if gpus % (tp * pp) or cm.model.num_layers % pp:
-                continue
-            dp = gpus // (tp * pp)
-            for mb in (1, 2, 4, 8, 16, 32, 64):
-                if batch.num_sequences % (dp * mb):
-                    continue
-                for recompute in (False, True):
-                    mem = cm.training.memory_bytes(tp, pp, dp, 1, mb, recompute, batch)
-                    if cm.training.fits(mem):
-                        best = min(best, float(cm.training.step_time(tp, pp, dp, 1, mb, recompute, batch)))
-    return best
+    """Least step time over every layout of the node (the planner's own exhaustive training search)."""
+    best = TrainingSearch(cm, batch).best(cm.cluster.gpus_per_node)
+    return math.inf if best is None else best.time_s
 
 
 def published_checks(coeffs: CostCoefficients | None = None, *, seed: int = 0) -> list[PublishedCheck]:
