@@ -1,8 +1,11 @@
 """Coefficients of the cost model: data, not code. `calibrate` fits them to measurements.
 
-The defaults were fitted (with `calibrate`) to the published measurements in shared/PAPER.md for Qwen3-14B on
-A800 (the TP-1 x 8 against TP-8 throughput ratios at 0-2K and 16K-32K tokens, and the growth of rollout and
-training time from 1K to 32K tokens); each number below has a physical meaning and a plausible range.
+Most defaults are datasheet-style efficiencies. The engine overheads, the KV headroom and the preemption churn
+(`tp_step_overhead_s`, `per_seq_overhead_s`, `per_request_overhead_s`, `kv_headroom_seqs`, `preemption_factor`)
+were chosen by a grid search against the published measurements in shared/PAPER.md for Qwen3-14B on A800 (the
+TP-1 x 8 against TP-8 throughput ratios at 0-2K and 16K-32K tokens, and the growth of rollout and training time from
+1K to 32K tokens; `libra.planning.cost.published` checks them). They are the first to re-fit with `calibrate` on
+measurements from your own cluster.
 """
 
 from __future__ import annotations
