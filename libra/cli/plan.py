@@ -75,7 +75,7 @@ def _range(low: float, high: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from libra.planning import GlobalPlanner, PlannerOptions
-    from libra.spec import RLSettings, load_model
+    from libra.spec import RLSettings, SpecError, load_model
 
     if args.gpus < 2 and not args.cluster:
         raise CLIError(f"--gpus must be at least 2 (one for training, one for rollout), got {args.gpus}")
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     for tp in tps:
         try:
             single.append((tp, planner.plan(profile, tp_degrees=(tp,)).makespan_s))
-        except Exception:  # noqa: BLE001 - a degree the model does not fit on is simply absent
+        except SpecError:  # a degree the model does not fit on (PlanningError) is simply absent
             single.append((tp, math.inf))
     best_single = min(single, key=lambda x: x[1])
     placement = None

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from libra.planning import GlobalPlanner, PlannerOptions
 from libra.planning.oracle import brute_force_plan, brute_force_rollout, bucket_time
 from libra.planning.rollout_dp import RolloutTable, bisect_min
-from libra.spec import RLSettings, WorkloadProfile
+from libra.spec import RLSettings, SpecError, WorkloadProfile
 from tests.planning.instances import random_cost_model, random_groups
 
 TPS = (1, 2, 4, 8)
@@ -78,7 +78,7 @@ def test_global_planner_equals_brute_force_on_1000_instances(chunk: int) -> None
                                     profile.mean_tool_time_s)
         try:
             plan = planner.plan(profile)
-        except Exception:
+        except SpecError:
             assert expected == math.inf, seed
             continue
         checked += 1
@@ -100,7 +100,7 @@ def test_plans_respect_the_cluster(seed: int) -> None:
         return
     try:
         plan = planner.plan(profile)
-    except Exception:
+    except SpecError:
         return
     t = plan.train
     assert t.tp * t.pp * t.dp == t.num_gpus and t.tp <= cm.cluster.gpus_per_node
@@ -121,7 +121,7 @@ def test_planner_reuses_tables_across_budgets() -> None:
                                 rl=RLSettings(num_prompts=16, samples_per_prompt=1))
         try:
             full = planner.plan(profile)
-        except Exception:
+        except SpecError:
             continue
         if cm.cluster.num_gpus >= 8:
             break
@@ -130,7 +130,7 @@ def test_planner_reuses_tables_across_budgets() -> None:
     for budget in range(2, cm.cluster.num_gpus):
         try:
             smaller = planner.plan(profile, num_gpus=budget)
-        except Exception:
+        except SpecError:
             continue
         assert planner.tables(profile) is first
         assert smaller.makespan_s >= full.makespan_s * (1 - 1e-12)  # fewer GPUs never plan faster
