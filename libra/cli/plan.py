@@ -6,6 +6,8 @@ import argparse
 import math
 from typing import Any
 
+import attrs
+
 from libra.cli._common import CLIError, emit_json, key_values, log, table
 
 DEFAULT_WORKLOAD = "r2e-gym"
@@ -31,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tp-degrees", default=None,
                    help="rollout TP degrees to consider (default 1,2,4,8, those that fit in a node)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload")
+    p.add_argument("--routing", default="start-small", choices=("start-small", "final-length"),
+                   help="how requests reach rollout buckets: start-small (C-MLFQ: start in the smallest, promoted as "
+                        "the context grows; default) or final-length (perfect routing)")
     p.add_argument("--place", action="store_true", help="also map the plan onto GPU ids (OR-Tools CP-SAT)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.set_defaults(run=run)
@@ -83,7 +88,9 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     rl = RLSettings(num_prompts=args.prompts, samples_per_prompt=args.samples, max_model_len=args.max_len)
     profile = _profile(args, rl.global_batch)
-    options = PlannerOptions() if args.tp_degrees is None else PlannerOptions(tp_degrees=_tp_degrees(args.tp_degrees))
+    options = PlannerOptions(routing=args.routing)
+    if args.tp_degrees is not None:
+        options = attrs.evolve(options, tp_degrees=_tp_degrees(args.tp_degrees))
     planner = GlobalPlanner(cluster=cluster, model=model, rl=rl, options=options)
     tps = tuple(tp for tp in options.tp_degrees if tp <= cluster.gpus_per_node)
     if args.tp_degrees is not None and len(tps) < len(options.tp_degrees):
@@ -105,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
 
     out: dict[str, Any] = plan.to_dict()
     out.update(cluster={"gpus": cluster.num_gpus, "gpus_per_node": cluster.gpus_per_node, "gpu": cluster.gpu.name},
-               model=model.name, workload=profile.summary(),
+               model=model.name, workload=profile.summary(), routing=args.routing,
                best_single_tp={"tp": best_single[0], "makespan_s": best_single[1]})
     if placement is not None:
         out["placement"] = [{"name": w.name, "role": str(w.role), "gpus": list(w.gpu_ids)} for w in placement.workers]
@@ -127,8 +134,8 @@ def run(args: argparse.Namespace) -> int:
     print()
     rows = [[g.tp, g.count, g.num_gpus, _range(g.min_tokens, g.max_tokens)] for g in plan.rollout.instances]
     used = sum(g.num_gpus for g in plan.rollout.instances)
-    title = f"Rollout ({plan.rollout.num_gpus} GPUs" + (f", {plan.rollout.num_gpus - used} idle)" if
-                                                        used < plan.rollout.num_gpus else ")")
+    idle = f", {plan.rollout.num_gpus - used} idle" if used < plan.rollout.num_gpus else ""
+    title = f"Rollout ({plan.rollout.num_gpus} GPUs{idle}; {args.routing} routing)"
     print(table(["TP", "instances", "GPUs", "request length (tokens)"], rows, title=title))
     print()
     gap = plan.makespan_s / plan.lower_bound_s - 1 if plan.lower_bound_s > 0 else math.nan

@@ -35,22 +35,34 @@ def brute_force_training(cm: CostModel, batch: BatchStats, num_gpus: int, search
 
 
 def bucket_time(cm: CostModel, groups: tuple[LengthGroup, ...], start: int, stop: int, tp: int, count: int,
-                tool_latency_s: float = 0.0) -> float:
-    """Time of `count` instances of degree `tp` sharing groups[start:stop], computed directly."""
-    chosen = groups[start:stop]
-    n = sum(g.count for g in chosen)
-    if count > math.ceil(n) or not cm.rollout.fits(tp, chosen[-1].max_total):
+                tool_latency_s: float = 0.0, routing: str = "start-small") -> float:
+    """Time of `count` instances of degree `tp` serving bucket groups[start:stop], computed directly: each group's
+    piece of work (from context lo to the end of the group or, passing through, to the bucket's limit hi) is listed
+    one by one."""
+    flow = routing == "start-small"
+    hi = groups[stop - 1].max_total
+    lo = groups[start - 1].max_total if flow and start > 0 else 0.0
+    pieces = []  # (requests, decoded tokens each, context at the end of the piece)
+    for k, g in enumerate(groups):
+        ratio = g.mean_gen / g.mean_total
+        if start <= k < stop:
+            pieces.append((g.count, ratio * (g.mean_total - lo), g.mean_total))
+        elif k >= stop and flow:
+            pieces.append((g.count, ratio * (hi - lo), hi))
+    n = sum(p[0] for p in pieces)
+    if count > math.ceil(n) or not cm.rollout.fits(tp, hi):
         return math.inf
-    decode = sum(g.count * g.mean_gen for g in chosen)
-    prefill = sum(g.count * (g.mean_total - g.mean_gen) for g in chosen)
-    resident = sum(g.count * g.mean_gen * (g.mean_total - g.mean_gen / 2) for g in chosen) / max(decode, 1e-9)
-    last = chosen[-1]
-    max_gen = last.max_total * last.mean_gen / last.mean_total
+    decode = sum(m * d for m, d, _ in pieces)
+    prefill = sum(m * (end - d) for m, d, end in pieces)
+    resident = sum(m * d * (end - d / 2) for m, d, end in pieces) / max(decode, 1e-9)
+    fresh = (n if start == 0 else 0.0) if flow else n
+    last = groups[stop - 1]
+    max_gen, max_turns = last.tail_gen, last.tail_turns  # the whole chain of the longest request
     best = math.inf  # an instance may idle: c instances are never slower than fewer
     for c in range(1, count + 1):
         t = cm.rollout.instance_time(tp, num_requests=n / c, decode_tokens=decode / c, prefill_tokens=prefill / c,
-                                     resident_context=resident, max_gen=max_gen,
-                                     max_turns=last.mean_turns, tool_latency_s=tool_latency_s)
+                                     resident_context=resident, max_gen=max_gen, max_turns=max_turns,
+                                     tool_latency_s=tool_latency_s, new_requests=fresh / c)
         best = min(best, float(t))
     return best
 
@@ -63,13 +75,13 @@ def _compositions(q: int):
 
 
 def brute_force_rollout(cm: CostModel, groups: tuple[LengthGroup, ...], gpus: int, tp_options: tuple[int, ...],
-                        tool_latency_s: float = 0.0) -> float:
+                        tool_latency_s: float = 0.0, routing: str = "start-small") -> float:
     """Least rollout makespan with at most `gpus` GPUs: every partition into buckets, every (tp, count) each."""
     best = math.inf
     for ranges in _compositions(len(groups)):
         options = []
         for a, b in ranges:
-            opts = [(tp * c, bucket_time(cm, groups, a, b, tp, c, tool_latency_s))
+            opts = [(tp * c, bucket_time(cm, groups, a, b, tp, c, tool_latency_s, routing))
                     for tp in tp_options for c in range(1, gpus // tp + 1)]
             options.append([o for o in opts if math.isfinite(o[1])])
         for combo in itertools.product(*options):
@@ -79,7 +91,8 @@ def brute_force_rollout(cm: CostModel, groups: tuple[LengthGroup, ...], gpus: in
 
 
 def brute_force_plan(cm: CostModel, batch: BatchStats, groups: tuple[LengthGroup, ...], num_gpus: int,
-                     tp_options: tuple[int, ...], search: TrainingSearch, tool_latency_s: float = 0.0) -> float:
+                     tp_options: tuple[int, ...], search: TrainingSearch, tool_latency_s: float = 0.0,
+                     routing: str = "start-small") -> float:
     """Least makespan max(T_train, T_rollout) over every split, training layout and rollout plan."""
     train = np.array([math.inf] + [brute_force_training(cm, batch, t, search) for t in range(1, num_gpus + 1)])
     best = math.inf
@@ -87,5 +100,6 @@ def brute_force_plan(cm: CostModel, batch: BatchStats, groups: tuple[LengthGroup
         t_train = float(np.min(train[: t + 1]))  # spare training GPUs may idle
         if not math.isfinite(t_train):
             continue
-        best = min(best, max(t_train, brute_force_rollout(cm, groups, num_gpus - t, tp_options, tool_latency_s)))
+        best = min(best, max(t_train, brute_force_rollout(cm, groups, num_gpus - t, tp_options, tool_latency_s,
+                                                               routing)))
     return best

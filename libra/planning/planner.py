@@ -25,7 +25,7 @@ import numpy as np
 
 from libra.planning.cost import BatchStats, CostCoefficients, CostModel
 from libra.planning.replan import ReplanDecision, ReplanGate
-from libra.planning.rollout_dp import BucketChoice, RolloutTable, bisect_min
+from libra.planning.rollout_dp import ROUTINGS, BucketChoice, RolloutTable, bisect_min
 from libra.planning.train_tree import TrainingSearch, TreeOptions
 from libra.spec import (
     TP_DEGREES,
@@ -38,7 +38,6 @@ from libra.spec import (
     SpecError,
     TrainConfig,
     WorkloadProfile,
-    bucket_index,
 )
 
 
@@ -53,6 +52,9 @@ class PlannerOptions:
     tree: TreeOptions = TreeOptions()
     fill_spare_gpus: bool = True  # give GPUs the optimum leaves unused to the slowest rollout bucket
     cache_size: int = 8  # profiles whose tables stay memoised
+    # how requests reach buckets (`rollout_dp`): `start-small` (C-MLFQ's admission, promotion by context) or
+    # `final-length` (each request only on the bucket of its final length: perfect routing)
+    routing: str = attrs.field(default="start-small", validator=attrs.validators.in_(ROUTINGS))
 
 
 class _Tables:
@@ -68,7 +70,7 @@ class _Tables:
         scaled = attrs.evolve(profile, requests_per_step=planner.rl.global_batch)
         self.groups = scaled.groups(planner.options.num_groups)
         self.rollout = RolloutTable(cm.rollout, self.groups, tp_degrees=tp_degrees, max_gpus=g,
-                                    tool_latency_s=profile.mean_tool_time_s)
+                                    tool_latency_s=profile.mean_tool_time_s, routing=planner.options.routing)
 
     def train_gpus_within(self, limit: float) -> int | None:
         """Fewest GPUs whose best layout finishes within `limit`."""
@@ -206,29 +208,37 @@ class GlobalPlanner:
         return t_train, self.rollout_time(plan.rollout.instances, profile)
 
     def rollout_time(self, instances: tuple[InstanceGroup, ...], profile: WorkloadProfile) -> float:
-        """Rollout time of a fixed instance mix: each request goes to the bucket its length falls in."""
+        """Rollout time of a fixed instance mix, each request routed as `options.routing` says (the DP's model,
+        applied to every request of the profile rather than to length groups)."""
         groups = sorted(instances, key=lambda g: g.max_tokens)
-        buckets = RolloutConfig(num_gpus=sum(g.num_gpus for g in groups), time_s=0.0, instances=tuple(groups)).buckets
+        limits = np.array([g.max_tokens for g in groups[:-1]] + [math.inf])
         scale = self.rl.global_batch / profile.num_samples
-        members: list[list[int]] = [[] for _ in groups]
-        for i, length in enumerate(profile.total_lengths):
-            members[bucket_index(buckets, length)].append(i)
+        total = np.asarray(profile.total_lengths, dtype=float)
+        gen = np.asarray(profile.gen_tokens, dtype=float)
+        turns = np.asarray(profile.turns, dtype=float) if profile.turns else np.ones(total.size)
+        ratio = gen / np.maximum(total, 1e-9)
+        home = np.searchsorted(limits, total, side="left")  # the bucket of each request's final length
+        flow = self.options.routing == "start-small"
         worst = 0.0
         rc = self.cost_model.rollout
-        for group, idx in zip(groups, members):
-            if not idx:
+        for k, group in enumerate(groups):
+            lo = limits[k - 1] if flow and k > 0 else 0.0
+            members = (home >= k) if flow else (home == k)  # start-small: every longer request passes through
+            if not members.any():
                 continue
-            total = np.asarray(profile.total_lengths)[idx]
-            gen = np.asarray(profile.gen_tokens)[idx]
-            turns = np.asarray(profile.turns)[idx] if profile.turns else np.ones(len(idx))
-            if not rc.fits(group.tp, float(total.max())):
+            ending = home == k  # the tail: a request ending here lives through its whole chain of turns first
+            end = np.minimum(total[members], limits[k])  # context at the end of each request's piece
+            piece = ratio[members] * (end - lo)  # its decoded tokens
+            if not rc.fits(group.tp, float(end.max())):
                 return math.inf
-            n = len(idx) * scale / group.count
-            decode = float(gen.sum()) * scale / group.count
-            resident = float(np.sum(gen * (total - gen / 2)) / max(gen.sum(), 1e-9))
-            t = rc.instance_time(group.tp, num_requests=n, decode_tokens=decode,
-                                 prefill_tokens=float((total - gen).sum()) * scale / group.count,
-                                 resident_context=resident, max_gen=float(gen.max()), max_turns=float(turns.max()),
-                                 tool_latency_s=profile.mean_tool_time_s)
+            n = members.sum() * scale / group.count
+            fresh = n if (k == 0 or not flow) else 0.0
+            decode = float(piece.sum())
+            resident = float(np.sum(piece * (end - piece / 2)) / max(decode, 1e-9))
+            t = rc.instance_time(group.tp, num_requests=n, decode_tokens=decode * scale / group.count,
+                                 prefill_tokens=float((end - piece).sum()) * scale / group.count,
+                                 resident_context=resident, max_gen=float(gen[ending].max(initial=0.0)),
+                                 max_turns=float(turns[ending].max(initial=0.0)),
+                                 tool_latency_s=profile.mean_tool_time_s, new_requests=fresh)
             worst = max(worst, float(t))
         return worst

@@ -4,6 +4,17 @@ Requests are sorted by length and grouped into Q length quantiles (`WorkloadProf
 contiguous range of groups [j, i) served by `c` instances of degree `tp` that share its requests evenly; its time
 `T(j, i, tp, c)` comes from `RolloutCost.instance_time`. Rollout time is the slowest bucket.
 
+What a bucket serves depends on how requests reach it (`routing`):
+- `start-small` (default; the published C-MLFQ admission and length-bucketed serving without prediction): every
+  request starts in the smallest bucket and is promoted as its context outgrows each bucket's limit. Bucket [j, i)
+  with context range (lo, hi] serves the requests that end in it from context lo (re-prefilling the lo tokens a
+  migration carries in) and every longer request from lo to hi; only the smallest bucket pays the per-request
+  engine cost. Each bucket's work still depends only on its own range, so the DP below stays exact.
+- `final-length`: each request is served only by the bucket of its final length (perfect routing, as if an oracle
+  or a predictor at admission chose), the published DP's assumption.
+Within a request, decoded tokens are spread evenly over its context (a piece of d decoded tokens ending at context b
+has decode-weighted resident context b - d / 2, as for a whole request).
+
 The published DP, `dp[g][i]` = least makespan serving the first i groups with g GPUs, is computed through its
 inverse, which has the same optimum and is cheap to tabulate:
 
@@ -25,7 +36,9 @@ import attrs
 import numpy as np
 
 from libra.planning.cost import RolloutCost
-from libra.spec import InstanceGroup, LengthGroup
+from libra.spec import InstanceGroup, LengthGroup, SpecError
+
+ROUTINGS = ("start-small", "final-length")
 
 
 @attrs.frozen(kw_only=True)
@@ -41,27 +54,45 @@ class RolloutTable:
     """Bucket times for every contiguous range of groups, TP degree and instance count (flat ragged arrays)."""
 
     def __init__(self, cost: RolloutCost, groups: tuple[LengthGroup, ...], *, tp_degrees: tuple[int, ...],
-                 max_gpus: int, tool_latency_s: float = 0.0) -> None:
-        self.cost, self.groups, self.max_gpus = cost, groups, max_gpus
+                 max_gpus: int, tool_latency_s: float = 0.0, routing: str = "start-small") -> None:
+        if routing not in ROUTINGS:
+            raise SpecError(f"unknown rollout routing {routing!r}; expected one of {', '.join(ROUTINGS)}")
+        self.cost, self.groups, self.max_gpus, self.routing = cost, groups, max_gpus, routing
         q = len(groups)
         self.num_groups = q
-        count = np.array([g.count for g in groups], dtype=float)
-        gen = np.array([g.mean_gen for g in groups], dtype=float)
-        total = np.array([g.mean_total for g in groups], dtype=float)
+        c = np.array([g.count for g in groups], dtype=float)
+        t = np.array([g.mean_total for g in groups], dtype=float)
+        r = np.array([g.mean_gen for g in groups], dtype=float) / np.maximum(t, 1e-9)  # decoded share of a token
         pre = lambda x: np.concatenate([[0.0], np.cumsum(x)])  # noqa: E731
-        n_p, d_p = pre(count), pre(count * gen)
-        p_p, r_p = pre(count * (total - gen)), pre(count * gen * (total - gen / 2.0))
+        per_group = dict(n=c, gen=c * r * t, tot=c * t, cr=c * r, cr2=c * r * r,
+                         res0=c * (r * t * t - r * r * t * t / 2), res1=c * (r * r * t - r * t))
+        sums = {k: pre(v) for k, v in per_group.items()}
         starts, stops = np.triu_indices(q + 1, k=1)
         self.starts, self.stops = starts, stops
-        n = n_p[stops] - n_p[starts]
-        decode = d_p[stops] - d_p[starts]
-        prefill = p_p[stops] - p_p[starts]
-        resident = (r_p[stops] - r_p[starts]) / np.maximum(decode, 1e-9)
-        last = [groups[i - 1] for i in stops]
-        max_total = np.array([g.max_total for g in last])
-        max_gen = max_total * np.array([g.mean_gen / max(g.mean_total, 1e-9) for g in last])
-        max_turns = np.array([g.mean_turns for g in last])
-        self.stats = dict(n=n, decode=decode, prefill=prefill, resident=resident, max_total=max_total)
+        rng = lambda k: sums[k][stops] - sums[k][starts]  # noqa: E731  (groups start..stop-1: ending here)
+        tail = lambda k: sums[k][q] - sums[k][stops]  # noqa: E731  (groups stop..q-1: passing through)
+        top = np.array([g.max_total for g in groups])
+        hi = top[stops - 1]
+        flow = routing == "start-small"
+        lo = np.where(flow & (starts > 0), top[np.maximum(starts - 1, 0)], 0.0)
+        # requests ending here decode from context lo to their end; with start-small routing the longer ones pass
+        # through, from lo to hi. A piece of d decode tokens ending at context b has prefill b - d (tool tokens,
+        # the prompt, or the context a migration carries in) and decode-weighted resident context b - d / 2.
+        n_pass = tail("n") * flow
+        n = rng("n") + n_pass
+        width = hi - lo
+        decode = rng("gen") - lo * rng("cr") + width * tail("cr") * flow
+        prefill = rng("tot") + n_pass * hi - decode
+        resident_sum = (rng("res0") + lo * rng("res1") - lo * lo * rng("cr2") / 2
+                        + (width * hi * tail("cr") - width * width * tail("cr2") / 2) * flow)
+        resident = resident_sum / np.maximum(decode, 1e-9)
+        fresh = np.where(starts == 0, n, 0.0) if flow else n
+        max_total = hi
+        # the tail: the last group's longest decoder must live through its whole chain of turns before it ends here,
+        # the part decoded in smaller buckets included (taken at this bucket's step time)
+        max_gen = np.array([g.tail_gen for g in groups])[stops - 1]
+        max_turns = np.array([g.tail_turns for g in groups])[stops - 1]
+        self.stats = dict(n=n, decode=decode, prefill=prefill, resident=resident, max_total=max_total, fresh=fresh)
         self.tp_degrees = tuple(tp for tp in tp_degrees if tp <= max_gpus)
         self.times: dict[int, np.ndarray] = {}  # tp -> flat running-min times
         self.offsets: dict[int, np.ndarray] = {}  # tp -> start offset of each range in the flat array
@@ -73,12 +104,13 @@ class RolloutTable:
             fits = max_total <= cost.kv_capacity_tokens(tp)
             caps = np.where(fits, caps, 0)
             offsets = np.concatenate([[0], np.cumsum(caps)])
-            rng = np.repeat(np.arange(len(caps)), caps)
-            c = (np.arange(offsets[-1]) - offsets[rng] + 1).astype(float)
-            t = cost.instance_time(tp, num_requests=n[rng] / c, decode_tokens=decode[rng] / c,
-                                   prefill_tokens=prefill[rng] / c, resident_context=resident[rng],
-                                   max_gen=max_gen[rng], max_turns=max_turns[rng], tool_latency_s=tool_latency_s)
-            times = _segmented_running_min(np.asarray(t, dtype=float), caps, offsets)
+            row = np.repeat(np.arange(len(caps)), caps)
+            k = (np.arange(offsets[-1]) - offsets[row] + 1).astype(float)
+            tm = cost.instance_time(tp, num_requests=n[row] / k, decode_tokens=decode[row] / k,
+                                    prefill_tokens=prefill[row] / k, resident_context=resident[row],
+                                    max_gen=max_gen[row], max_turns=max_turns[row], tool_latency_s=tool_latency_s,
+                                    new_requests=fresh[row] / k)
+            times = _segmented_running_min(np.asarray(tm, dtype=float), caps, offsets)
             self.times[tp], self.offsets[tp] = times, offsets
             # Integer search keys: within a range times never increase, so (range, rank of -time) is sorted and
             # "how many instances are too slow for T" is one searchsorted per range for any T.
@@ -146,16 +178,19 @@ class RolloutTable:
         return float(f[q]), buckets[::-1]
 
     def fluid_gpu_seconds(self) -> float:
-        """Least GPU-seconds of rollout work if every group ran at full concurrency on its best TP degree."""
+        """Least GPU-seconds of rollout work if every group ran at full concurrency on its best TP degree. With
+        `start-small` routing a request decodes its first tokens on small contexts in the smaller buckets, so its
+        decode-weighted resident context is only bounded below by half its decoded tokens."""
         g = self.groups
         count = np.array([x.count for x in g], dtype=float)
         gen = np.array([x.mean_gen for x in g])
         total = np.array([x.mean_total for x in g])
         max_total = np.array([x.max_total for x in g])
+        resident = gen / 2 if self.routing == "start-small" else total - gen / 2
         best = np.full(len(g), np.inf)
         for tp in self.tp_degrees:
             work = self.cost.fluid_gpu_seconds(tp, num_requests=count, decode_tokens=count * gen,
-                                               prefill_tokens=count * (total - gen), resident_context=total - gen / 2)
+                                               prefill_tokens=count * (total - gen), resident_context=resident)
             best = np.minimum(best, np.where(max_total <= self.cost.kv_capacity_tokens(tp), work, np.inf))
         return float(best.sum())
 

@@ -67,6 +67,7 @@ class SimOptions:
     max_slice_s: float = 60.0
     core_fraction: float = 0.5  # elastic pool: share of training replicas that never leave training
     min_backlog: int = 16  # elastic pool: queued requests that justify starting borrowed instances
+    steal: bool = True  # work-conserving admission: idle larger buckets take new requests queued in smaller ones
 
 
 def batch_stats(work: StepWork, global_batch: int, max_len: int) -> BatchStats:
@@ -176,7 +177,7 @@ class PolicyRun:
         inst.ready_at = np.maximum(inst.ready_at, start + sync_s)
         slice_s = max(self.options.min_slice_s, self._last_rollout_s / self.options.slices_per_rollout)
         return RolloutRun(self.cm, work, routes, inst, start=start, min_slice_s=slice_s,
-                          max_slice_s=self.options.max_slice_s)
+                          max_slice_s=self.options.max_slice_s, steal=self.options.steal)
 
     def _sync_stage(self, work: StepWork, routes: Routes) -> StageRecord:
         assert self.alloc is not None

@@ -82,10 +82,10 @@ class RolloutRun:
     """One step's requests on `instances`, from time `start`. Call `advance(t, dt)` slice by slice."""
 
     def __init__(self, cost: CostModel, work: StepWork, routes: Routes, instances: Instances, *, start: float,
-                 min_slice_s: float = 0.5, max_slice_s: float = 60.0) -> None:
+                 min_slice_s: float = 0.5, max_slice_s: float = 60.0, steal: bool = True) -> None:
         self.cm, self.rc, self.c = cost, cost.rollout, cost.coeffs
         self.work, self.routes, self.inst = work, routes, instances
-        self.min_slice_s, self.max_slice_s = min_slice_s, max_slice_s
+        self.min_slice_s, self.max_slice_s, self.steal = min_slice_s, max_slice_s, steal
         n = work.num_requests
         self.state = np.full(n, WAIT, np.int8)
         self.turn = np.zeros(n, np.int64)
@@ -98,6 +98,7 @@ class RolloutRun:
         self.where = np.full(n, -1, np.int64)
         self.lag = np.zeros(n)  # seconds into the current slice before a request can decode
         self.moved = np.zeros(n, bool)  # the migration before the current segment is done
+        self.stolen = np.zeros(n, bool)  # started on a larger bucket's idle instance (work-conserving admission)
         self.debt = np.zeros(len(instances))  # seconds of prefill/admission work owed by each instance
         self.migrations = 0
         self.migrated_tokens = 0
@@ -180,7 +181,7 @@ class RolloutRun:
             return
         self._set_state(back, WAIT)
         turn = self.turn[back]
-        carried = np.where(self.moved[back], 0, self.routes.carried[back, turn])
+        carried = np.where(self.moved[back] | self._covered(back, turn), 0, self.routes.carried[back, turn])
         moving = back[carried > 0]
         if moving.size:
             self.moved[moving] = True
@@ -201,7 +202,18 @@ class RolloutRun:
             self._set_state(moving[use_transfer & (self.ready[moving] >= t + dt)], TOOL)  # KV still in flight
         self.lag[back] = np.maximum(0.0, self.ready[back] - t)
 
+    def _covered(self, reqs: np.ndarray, seg: np.ndarray) -> np.ndarray:
+        """A stolen request's routed move is void when its instance's bucket already holds the target."""
+        return self.stolen[reqs] & (self.routes.bucket[reqs, seg] <= self.inst.bucket[self.where[reqs]])
+
     def _admit(self, t: float) -> None:
+        """Admit what fits; then, with work-conserving admission, idle instances take new requests that still
+        queue in smaller buckets and admit them in the same slice."""
+        self._admit_queued(t, steal=False)
+        if self.steal and self._in_state(WAIT).size:
+            self._admit_queued(t, steal=True)
+
+    def _admit_queued(self, t: float, *, steal: bool) -> None:
         inst = self.inst
         k_all = len(inst)
         running = self._in_state(RUN)
@@ -214,11 +226,15 @@ class RolloutRun:
         if not open_k.any():
             return
         waiting = self._in_state(WAIT)
+        if steal and not self._steal(waiting, open_k, room, seats):
+            return
         cand = waiting[open_k[self.where[waiting]]]
         if cand.size == 0:
             return
         k = self.where[cand]
-        order = np.argsort(k * 1e7 + (self.ready[cand] - self.ready.min()), kind="stable")  # FIFO per instance
+        # per instance: trajectories already under way first (a turn back from its tool, or migrated in), then new
+        # ones; first come, first served inside each class
+        order = np.lexsort((self.ready[cand], self.fresh[cand], k))
         cand, k = cand[order], k[order]
         need = self.ctx[cand]
         first = np.r_[True, k[1:] != k[:-1]]
@@ -245,6 +261,35 @@ class RolloutRun:
         self.pending[go] = 0.0
         self.fresh[go] = False
         self._set_state(go, RUN)
+
+    def _steal(self, waiting: np.ndarray, open_k: np.ndarray, room: np.ndarray, seats: np.ndarray) -> bool:
+        """Work-conserving admission: an instance with room and nothing queued takes new requests (never admitted
+        anywhere) that queue in a smaller bucket, newest first, as many as its free KV holds. Early in a step the
+        larger buckets have nothing to do yet (their requests are still growing in the smaller ones); without this
+        they idle while the smallest bucket's queue delays the start of the longest requests. A stolen request
+        then ignores routed moves to buckets its instance already covers."""
+        inst = self.inst
+        queued = np.bincount(self.where[waiting], minlength=len(inst))
+        thieves = np.flatnonzero(open_k & (queued == 0))
+        if thieves.size == 0:
+            return False
+        fresh = waiting[self.fresh[waiting]]
+        if fresh.size == 0:
+            return False
+        home = inst.bucket[self.where[fresh]]
+        taken = np.zeros(fresh.size, bool)
+        for k in thieves[np.argsort(inst.bucket[thieves], kind="stable")]:  # the smallest larger bucket first
+            pool = np.flatnonzero(~taken & (home < inst.bucket[k]))[::-1]  # newest first: the back of the queue
+            if pool.size == 0:
+                continue
+            ctx = self.ctx[fresh[pool]]
+            free = room[k] - self.c.kv_headroom_seqs * float(ctx.mean())  # the headroom admission keeps
+            n = min(int(np.searchsorted(np.cumsum(ctx), free, side="right")), int(seats[k]))
+            chosen = pool[:max(n, 1)]
+            taken[chosen] = True
+            self.where[fresh[chosen]] = k
+            self.stolen[fresh[chosen]] = True
+        return bool(taken.any())
 
     def _degrees(self) -> tuple[int, ...]:
         if self._deg_key != len(self.inst):
@@ -318,7 +363,7 @@ class RolloutRun:
         go, sg, ag = ended[~last], seg[~last], at[~last]
         if go.size == 0:
             return
-        keep = ~w.tool_end[go, sg] & (self.routes.carried[go, sg + 1] == 0)
+        keep = ~w.tool_end[go, sg] & ((self.routes.carried[go, sg + 1] == 0) | self._covered(go, sg + 1))
         stay = go[keep]  # a chunk boundary with no migration: nothing happens
         self.turn[stay] += 1
         nxt = w.gen[stay, self.turn[stay]].astype(float)

@@ -16,13 +16,25 @@ from libra.spec.errors import SpecError
 
 @attrs.frozen(kw_only=True)
 class LengthGroup:
-    """`count` trajectories with these mean shapes; `max_total` is the longest in the group."""
+    """`count` trajectories with these mean shapes; `max_total` is the longest in the group, `max_gen` and
+    `max_turns` the most tokens decoded and turns taken by one of them (0: unknown, estimated from the means)."""
 
     count: int
     mean_total: float
     mean_gen: float
     max_total: float
     mean_turns: float = 1.0
+    max_gen: float = 0.0
+    max_turns: float = 0.0
+
+    @property
+    def tail_gen(self) -> float:
+        """Tokens the group's longest decoder decodes (the rollout tail)."""
+        return self.max_gen or self.mean_gen / max(self.mean_total, 1e-9) * self.max_total
+
+    @property
+    def tail_turns(self) -> float:
+        return self.max_turns or self.mean_turns
 
 
 @attrs.frozen(kw_only=True)
@@ -98,6 +110,8 @@ class WorkloadProfile:
                 mean_gen=sum(self.gen_tokens[lo:hi]) / size,
                 max_total=self.total_lengths[hi - 1],
                 mean_turns=sum(turns) / size,
+                max_gen=max(self.gen_tokens[lo:hi]),
+                max_turns=max(turns),
             ))
         return tuple(out)
 

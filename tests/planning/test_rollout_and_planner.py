@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from libra.planning import GlobalPlanner, PlannerOptions
 from libra.planning.oracle import brute_force_plan, brute_force_rollout, bucket_time
-from libra.planning.rollout_dp import RolloutTable, bisect_min
+from libra.planning.rollout_dp import ROUTINGS, RolloutTable, bisect_min
 from libra.spec import RLSettings, SpecError, WorkloadProfile
 from tests.planning.instances import random_cost_model, random_groups
 
@@ -37,9 +37,11 @@ def test_rollout_dp_equals_brute_force_on_1000_instances(chunk: int) -> None:
         gpus = int(rng.integers(1, cm.cluster.num_gpus + 1))
         tps = tuple(tp for tp in TPS if tp <= cm.cluster.gpus_per_node)
         latency = float(rng.choice([0.0, 2.0]))
-        table = RolloutTable(cm.rollout, groups, tp_degrees=tps, max_gpus=gpus, tool_latency_s=latency)
+        routing = ROUTINGS[seed % 2]
+        table = RolloutTable(cm.rollout, groups, tp_degrees=tps, max_gpus=gpus, tool_latency_s=latency,
+                             routing=routing)
         got = _rollout_optimum(table, gpus)
-        expected = brute_force_rollout(cm, groups, gpus, tps, latency)
+        expected = brute_force_rollout(cm, groups, gpus, tps, latency, routing)
         assert got == pytest.approx(expected, rel=1e-9) or got == expected == math.inf, seed
         if math.isfinite(got):
             used, buckets = table.min_gpus(got)
@@ -47,7 +49,8 @@ def test_rollout_dp_equals_brute_force_on_1000_instances(chunk: int) -> None:
             assert [b.start for b in buckets][0] == 0 and buckets[-1].stop == len(groups)
             assert all(a.stop == b.start for a, b in zip(buckets, buckets[1:]))  # contiguous, no gap
             for b in buckets:  # the table agrees with a direct computation
-                assert b.time_s == pytest.approx(bucket_time(cm, groups, b.start, b.stop, b.tp, b.count, latency))
+                direct = bucket_time(cm, groups, b.start, b.stop, b.tp, b.count, latency, routing)
+                assert b.time_s == pytest.approx(direct, rel=1e-9)
                 assert b.time_s <= got * (1 + 1e-12)
 
 
@@ -69,13 +72,15 @@ def test_global_planner_equals_brute_force_on_1000_instances(chunk: int) -> None
         batch_size = int(rng.choice([8, 16, 32]))
         rl = RLSettings(num_prompts=batch_size, samples_per_prompt=1, max_model_len=8192)
         tps = tuple(tp for tp in TPS if tp <= cm.cluster.gpus_per_node)
+        routing = ROUTINGS[seed % 2]
         planner = GlobalPlanner(cluster=cm.cluster, model=cm.model, rl=rl, coeffs=cm.coeffs,
-                                options=PlannerOptions(tp_degrees=tps, num_groups=2, fill_spare_gpus=False))
+                                options=PlannerOptions(tp_degrees=tps, num_groups=2, fill_spare_gpus=False,
+                                                       routing=routing))
         if cm.cluster.num_gpus < 2:
             continue
         tab = planner.tables(profile)
         expected = brute_force_plan(cm, tab.batch, tab.groups, cm.cluster.num_gpus, tps, tab.search,
-                                    profile.mean_tool_time_s)
+                                    profile.mean_tool_time_s, routing)
         try:
             plan = planner.plan(profile)
         except SpecError:
@@ -89,13 +94,14 @@ def test_global_planner_equals_brute_force_on_1000_instances(chunk: int) -> None
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 10_000))
-def test_plans_respect_the_cluster(seed: int) -> None:
+@given(seed=st.integers(0, 10_000), routing=st.sampled_from(ROUTINGS))
+def test_plans_respect_the_cluster(seed: int, routing: str) -> None:
     cm, rng = random_cost_model(seed, max_gpus=16)
     profile = _profile_from_groups(random_groups(rng, max_groups=3), rng)
     rl = RLSettings(num_prompts=16, samples_per_prompt=2, max_model_len=8192)
     tps = tuple(tp for tp in TPS if tp <= cm.cluster.gpus_per_node)
-    planner = GlobalPlanner(cluster=cm.cluster, model=cm.model, rl=rl, options=PlannerOptions(tp_degrees=tps))
+    planner = GlobalPlanner(cluster=cm.cluster, model=cm.model, rl=rl,
+                            options=PlannerOptions(tp_degrees=tps, routing=routing))
     if cm.cluster.num_gpus < 2:
         return
     try:

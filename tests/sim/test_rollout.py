@@ -26,13 +26,13 @@ def _traj(i: int, prompt: int, turns: list[tuple[int, int, float]]) -> Trajector
     return Trajectory(prompt_id=f"p{i}", prompt_tokens=prompt, turns=tuple(out), step=0)
 
 
-def _run(trajs, tps, buckets="1:inf", mode="single", min_slice=0.01):
+def _run(trajs, tps, buckets="1:inf", mode="single", min_slice=0.01, steal=False):
     work = step_work(0, trajs)
     bks = parse_buckets(buckets)
     routes = routes_for(mode, work, bks, None)
     inst = Instances(list(tps), [min(i, len(bks) - 1) for i in range(len(tps))] if mode != "single" else
                      [0] * len(tps), [0.0] * len(tps))
-    run = RolloutRun(CM, work, routes, inst, start=0.0, min_slice_s=min_slice)
+    run = RolloutRun(CM, work, routes, inst, start=0.0, min_slice_s=min_slice, steal=steal)
     t = 0.0
     while not run.done:
         dt = run.next_event(t) - t
@@ -62,6 +62,21 @@ def test_two_instances_halve_a_throughput_bound_batch():
     one, _ = _run(trajs, [1])
     two, _ = _run(trajs, [1, 1])
     assert two.end_time < 0.75 * one.end_time
+
+
+def test_idle_larger_buckets_take_new_requests_and_skip_moves_they_cover():
+    # 300 requests of 3,000 prompt tokens, more than the TP-1 bucket's KV cache holds at once, all starting there;
+    # half grow past its 4,000-token limit
+    trajs = [_traj(i, 3000, [(200, 6000 if i % 2 else 100, 1.0), (200, 0, 0.0)]) for i in range(300)]
+    plain, _ = _run(trajs, [1, 2], buckets="1:4000,2:inf", mode="overflow")
+    conserving, _ = _run(trajs, [1, 2], buckets="1:4000,2:inf", mode="overflow", steal=True)
+    assert not plain.stolen.any() and plain.migrations == 150
+    stolen = conserving.stolen
+    assert stolen.any() and not stolen.all()  # the TP-2 instance took some requests, not all
+    assert np.all(conserving.where[stolen] == 1)  # ... onto itself, where they stay
+    assert conserving.migrations == 150 - int(stolen[1::2].sum())  # a stolen long request never moves
+    assert (conserving.state == DONE).all() and np.isfinite(conserving.finish).all()
+    assert conserving.end_time < plain.end_time  # the larger bucket no longer idles at the start
 
 
 def test_overflow_routing_migrates_and_counts_tokens():

@@ -97,15 +97,17 @@ class RolloutCost:
 
     # --- a whole instance -------------------------------------------------------------------------------------
     def instance_time(self, tp: int, *, num_requests, decode_tokens, prefill_tokens, resident_context,
-                      max_gen, max_turns=1.0, tool_latency_s: float = 0.0):
+                      max_gen, max_turns=1.0, tool_latency_s: float = 0.0, new_requests=None):
         """Seconds for one instance to serve `num_requests` requests (totals over the instance), continuous
-        batching; `max_gen` / `max_turns` describe the longest request (the tail)."""
+        batching; `max_gen` / `max_turns` describe the longest request (the tail). `new_requests` of them pay the
+        per-request engine cost (all by default; a request migrated in from another instance paid it there)."""
         batch = self.concurrency(tp, resident_context, num_requests)
+        fresh = num_requests if new_requests is None else new_requests
         step = self.effective_step_time(tp, batch, resident_context, num_requests)
         throughput = decode_tokens / batch * step
         tail = max_gen * step + max_turns * tool_latency_s
         prefill = self.prefill_time(tp, prefill_tokens, resident_context / 2.0)
-        return prefill + num_requests * self.c.per_request_overhead_s + np.maximum(throughput, tail)
+        return prefill + fresh * self.c.per_request_overhead_s + np.maximum(throughput, tail)
 
     def fluid_gpu_seconds(self, tp: int, *, num_requests, decode_tokens, prefill_tokens, resident_context):
         """GPU-seconds to serve the work at full concurrency with no tail: a lower bound on any real layout."""
