@@ -179,14 +179,15 @@ class RolloutTable:
 
     def fluid_gpu_seconds(self) -> float:
         """Least GPU-seconds of rollout work if every group ran at full concurrency on its best TP degree. With
-        `start-small` routing a request decodes its first tokens on small contexts in the smaller buckets, so its
-        decode-weighted resident context is only bounded below by half its decoded tokens."""
+        `start-small` routing a request decodes its first tokens on small contexts in the smaller buckets; with
+        decoded tokens spread evenly over its context (share r), its pieces' decode-weighted resident context is
+        sum r (b - a) (b - r (b - a) / 2) / (r T) >= sum (b^2 - a^2) / (2 T) = T / 2, so T / 2 bounds it."""
         g = self.groups
         count = np.array([x.count for x in g], dtype=float)
         gen = np.array([x.mean_gen for x in g])
         total = np.array([x.mean_total for x in g])
         max_total = np.array([x.max_total for x in g])
-        resident = gen / 2 if self.routing == "start-small" else total - gen / 2
+        resident = total / 2 if self.routing == "start-small" else total - gen / 2
         best = np.full(len(g), np.inf)
         for tp in self.tp_degrees:
             work = self.cost.fluid_gpu_seconds(tp, num_requests=count, decode_tokens=count * gen,

@@ -314,6 +314,7 @@ class PolicyRun:
             trajectories=work.num_requests if work is not None else 0,
             migrations=roll.migrations if roll is not None else 0,
             migrated_tokens=roll.migrated_tokens if roll is not None else 0,
+            rebalanced_tokens=roll.rebalanced_tokens if roll is not None else 0,
             reconfiguration_s=reconfig, staleness=staleness, trained=job is not None)
         self.records.append(rec)
         return rec

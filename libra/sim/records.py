@@ -30,6 +30,7 @@ class StageRecord:
     trajectories: int
     migrations: int
     migrated_tokens: int
+    rebalanced_tokens: int  # context re-prefilled by turns that moved to an idle instance of their bucket or above
     reconfiguration_s: float  # delay the stage paid for a reconfiguration (0 when none)
     staleness: int  # policy versions between the rollout and the training of the batch trained in this stage
     trained: bool  # this stage trained a batch
@@ -69,6 +70,7 @@ class PolicyResult:
             "reconfigurations": sum(1 for d in self.decisions if d["step"] > 0),
             "migrations": sum(x.migrations for x in r),
             "migrated_token_fraction": sum(x.migrated_tokens for x in r) / tokens if tokens else 0.0,
+            "rebalanced_token_fraction": sum(x.rebalanced_tokens for x in r) / tokens if tokens else 0.0,
             "staleness": float(np.mean([x.staleness for x in trained])) if trained else 0.0,
             "mean_rollout_s": float(np.mean([x.rollout_s for x in steps])) if steps else 0.0,
             "mean_train_s": float(np.mean([x.train_s for x in trained])) if trained else 0.0,

@@ -102,6 +102,8 @@ class RolloutRun:
         self.debt = np.zeros(len(instances))  # seconds of prefill/admission work owed by each instance
         self.migrations = 0
         self.migrated_tokens = 0
+        self.rebalanced = 0  # requests under way moved to an idle instance because theirs had no KV room
+        self.rebalanced_tokens = 0
         self.busy_gpu_s = 0.0
         self.decoded = 0.0
         self._last: tuple[np.ndarray, np.ndarray] | None = None  # (still running, step times) after a slice
@@ -263,32 +265,42 @@ class RolloutRun:
         self._set_state(go, RUN)
 
     def _steal(self, waiting: np.ndarray, open_k: np.ndarray, room: np.ndarray, seats: np.ndarray) -> bool:
-        """Work-conserving admission: an instance with room and nothing queued takes new requests (never admitted
-        anywhere) that queue in a smaller bucket, newest first, as many as its free KV holds. Early in a step the
-        larger buckets have nothing to do yet (their requests are still growing in the smaller ones); without this
-        they idle while the smallest bucket's queue delays the start of the longest requests. A stolen request
-        then ignores routed moves to buckets its instance already covers."""
+        """Work-conserving admission: an instance with room and nothing queued takes requests that still queue
+        (after this slice's admission) on an instance of its bucket or a smaller one, as many as its free KV
+        holds. New requests (never admitted anywhere) go first, newest first: early in a step the larger buckets
+        have nothing to do yet (their requests are still growing in the smaller ones) and would idle while the
+        smallest bucket's queue delays the start of the longest requests. Then requests under way whose instance's
+        KV cache is full (a turn back from its tool waits for room), oldest first: the taker re-prefills their
+        whole context (the prefix cache stays behind), counted in `rebalanced_tokens`. A request moved up a bucket
+        this way ignores routed moves to buckets its instance already covers."""
         inst = self.inst
         queued = np.bincount(self.where[waiting], minlength=len(inst))
         thieves = np.flatnonzero(open_k & (queued == 0))
         if thieves.size == 0:
             return False
-        fresh = waiting[self.fresh[waiting]]
-        if fresh.size == 0:
-            return False
-        home = inst.bucket[self.where[fresh]]
-        taken = np.zeros(fresh.size, bool)
-        for k in thieves[np.argsort(inst.bucket[thieves], kind="stable")]:  # the smallest larger bucket first
-            pool = np.flatnonzero(~taken & (home < inst.bucket[k]))[::-1]  # newest first: the back of the queue
+        fresh = self.fresh[waiting]
+        # new requests newest first, then requests under way oldest first
+        order = np.concatenate([np.flatnonzero(fresh)[::-1],
+                                np.flatnonzero(~fresh)[np.argsort(self.ready[waiting[~fresh]], kind="stable")]])
+        pool_all = waiting[order]
+        home = inst.bucket[self.where[pool_all]]
+        taken = np.zeros(pool_all.size, bool)
+        for k in thieves[np.argsort(inst.bucket[thieves], kind="stable")]:  # the smallest bucket first
+            pool = np.flatnonzero(~taken & (home <= inst.bucket[k]) & (self.where[pool_all] != k))
             if pool.size == 0:
                 continue
-            ctx = self.ctx[fresh[pool]]
+            ctx = self.ctx[pool_all[pool]]
             free = room[k] - self.c.kv_headroom_seqs * float(ctx.mean())  # the headroom admission keeps
             n = min(int(np.searchsorted(np.cumsum(ctx), free, side="right")), int(seats[k]))
             chosen = pool[:max(n, 1)]
             taken[chosen] = True
-            self.where[fresh[chosen]] = k
-            self.stolen[fresh[chosen]] = True
+            reqs = pool_all[chosen]
+            under_way = reqs[~self.fresh[reqs]]
+            self.pending[under_way] = self.ctx[under_way]  # re-prefill the whole context on the new instance
+            self.rebalanced += int(under_way.size)
+            self.rebalanced_tokens += int(self.ctx[under_way].sum())
+            self.stolen[reqs] |= home[chosen] < inst.bucket[k]
+            self.where[reqs] = k
         return bool(taken.any())
 
     def _degrees(self) -> tuple[int, ...]:

@@ -79,6 +79,19 @@ def test_idle_larger_buckets_take_new_requests_and_skip_moves_they_cover():
     assert conserving.end_time < plain.end_time  # the larger bucket no longer idles at the start
 
 
+def test_a_turn_waiting_for_kv_room_moves_to_an_idle_instance_and_re_prefills():
+    # instance 0 gets requests 0-29, whose tool returns outgrow its KV cache; instance 1 gets short ones and idles
+    long = [_traj(i, 3000, [(100, 20000, 1.0), (300, 0, 0.0)]) for i in range(30)]
+    short = [_traj(30 + i, 300, [(50, 0, 0.0)]) for i in range(30)]
+    plain, _ = _run(long + short, [1, 1])
+    conserving, _ = _run(long + short, [1, 1], steal=True)
+    assert plain.rebalanced == 0 and conserving.rebalanced > 0
+    assert conserving.rebalanced_tokens >= 23000 * conserving.rebalanced  # the whole context, re-prefilled
+    assert conserving.migrations == 0 and not conserving.stolen.any()  # same bucket: not a migration
+    assert (conserving.where[:30] == 1).any()  # some of them finished on the other instance
+    assert conserving.end_time < plain.end_time
+
+
 def test_overflow_routing_migrates_and_counts_tokens():
     trajs = [_traj(0, 500, [(100, 6000, 1.0), (100, 0, 0.0)])]
     run, _ = _run(trajs, [1, 2], buckets="1:4000,2:inf", mode="overflow")

@@ -10,10 +10,14 @@ weighted by decode tokens (per request: total - gen / 2); B = concurrent sequenc
     compute    = B * (2 * active_params + 4 * layers * heads * head_dim * R) / (tp * flops * decode_mfu)
     tp_comm    = 2 * layers * (2 (tp-1) * latency + 2 (tp-1)/tp * B * hidden * bytes / (nvlink * link_eff))
     overhead   = step + [tp > 1] * tp_step + per_seq * B
-    T_instance = prefill + max(D / B * t_step(B),  max_gen * t_step(B) + max_turns * tool_latency)
+    thr        = D / B * t_step(B)                                               (throughput phase)
+    chain      = max_gen * t_step(B) + max_turns * tool_latency                  (the longest request, at that pace)
+    T_instance = prefill + thr                                       if chain <= thr
+               = prefill + thr + (1 - thr / chain) * (max_gen * t_step(1) + max_turns * tool_latency)   otherwise
 
-with D the decode tokens of the instance and `prefill` the prompt and tool tokens at prefill speed. The first term
-of the max is the throughput phase, the second the tail: the longest request decodes its tokens one at a time.
+with D the decode tokens of the instance and `prefill` the prompt and tool tokens at prefill speed. The tail: the
+longest request keeps pace with the batch while the throughput phase lasts, then finishes what is left of its
+chain nearly alone, at the step time of a batch of one (no churn).
 Every function broadcasts over numpy arrays so the rollout DP evaluates whole tables at once.
 """
 
@@ -105,9 +109,12 @@ class RolloutCost:
         fresh = num_requests if new_requests is None else new_requests
         step = self.effective_step_time(tp, batch, resident_context, num_requests)
         throughput = decode_tokens / batch * step
-        tail = max_gen * step + max_turns * tool_latency_s
+        tools = max_turns * tool_latency_s
+        chain = max_gen * step + tools
+        left = np.where(chain > throughput, 1.0 - throughput / np.maximum(chain, 1e-12), 0.0)
+        tail = left * (max_gen * self.decode_step_time(tp, 1.0, resident_context) + tools)
         prefill = self.prefill_time(tp, prefill_tokens, resident_context / 2.0)
-        return prefill + fresh * self.c.per_request_overhead_s + np.maximum(throughput, tail)
+        return prefill + fresh * self.c.per_request_overhead_s + throughput + tail
 
     def fluid_gpu_seconds(self, tp: int, *, num_requests, decode_tokens, prefill_tokens, resident_context):
         """GPU-seconds to serve the work at full concurrency with no tail: a lower bound on any real layout."""
