@@ -206,7 +206,7 @@ def test_cmlfq_weighs_migration_cost() -> None:
 
 
 @pytest.mark.parametrize("kw", [{"admit": "largest"}, {"fallback": "none"}, {"rule": "vote"}, {"min_count": 0},
-                                {"cost_ratio": -1.0}, {"confidence": 1.5}])
+                                {"cost_ratio": -1.0}, {"confidence": 1.5}, {"price": -0.1}, {"admit_margin": 1.5}])
 def test_cmlfq_bad_options(kw) -> None:
     with pytest.raises(SpecError):
         CMLFQRouter(BUCKETS, **kw)
@@ -250,7 +250,73 @@ def test_probability_rule_acts_only_when_sure(num_long, moves) -> None:
 def test_presets_build() -> None:
     from libra.scheduling import CMLFQ_PRESETS
 
-    assert set(CMLFQ_PRESETS) == {"published", "accuracy", "budget"}
+    assert set(CMLFQ_PRESETS) == {"published", "accuracy", "budget", "priced"}
     for options in CMLFQ_PRESETS.values():
         router = make_router("cmlfq", BUCKETS, **options)
         drive(router, [[_long("p")] * 3, [_long("p")] * 3])
+
+
+PRICED = {"rule": "priced", "price": 0.7, "confidence": 0.9, "size_edges": (1000, 4000)}
+
+
+@pytest.mark.parametrize("size, moves", [(4000, True), (300, False)])
+def test_priced_rule_waits_after_small_returns(size, moves) -> None:
+    """8 of 10 past runs after this return ended in a larger bucket: 80%, below the confidence of 90%. After a
+    4,000-token return waiting is dear (any later move carries it): the demanded certainty drops by
+    price x 4,000 / mean length (about 0.2) and the router moves. After a 300-token return it waits. Either way the
+    gain (0.8 - 0.2) pays for the 500 carried tokens."""
+    router = make_router("cmlfq", BUCKETS, **PRICED)
+    drive(router, [[_long("p", size=size)] * 8 + [_short("p", size=size)] * 2])
+    router.admit(1, prompt_id="p", prompt_tokens=300)
+    d = router.on_tool_return(1, tool="search", tool_tokens=size, status="ok", context_tokens=500 + size)
+    assert d.migrate == moves
+    if moves:
+        assert d.bucket == 2 and d.migrated_tokens == 500
+
+
+def test_priced_rule_prices_the_carried_context() -> None:
+    """The same sure prediction (all past runs went long) moves a request for a price of 0.7 but not for a price so
+    high that the 500 carried tokens outweigh the gain."""
+    for price, moves in [(0.7, True), (100.0, False)]:
+        router = make_router("cmlfq", BUCKETS, **{**PRICED, "price": price})
+        drive(router, [[_long("p")] * 8])
+        router.admit(1, prompt_id="p", prompt_tokens=300)
+        assert router.on_tool_return(1, tool="search", tool_tokens=8000, status="ok",
+                                     context_tokens=8500).migrate == moves
+
+
+def test_priced_rule_moves_once_and_promotes_from_a_cold_tree() -> None:
+    router = make_router("cmlfq", BUCKETS, **PRICED)
+    router.admit(1, prompt_id="p", prompt_tokens=300)
+    d = router.on_progress(1, context_tokens=6000)  # nothing learnt yet: promote to the bucket of the context
+    assert d.migrate and d.bucket == 1 and d.reason == "overflow"
+    assert not router.on_progress(1, context_tokens=20_000).migrate  # a second move cannot make it right
+    router.finish(1, _long("p"))
+    drive(router, [[_long("p")] * 8])
+    router.admit(100, prompt_id="p", prompt_tokens=300)
+    d = router.on_tool_return(100, tool="search", tool_tokens=8000, status="ok", context_tokens=8500)
+    assert d.migrate and d.bucket == 2
+
+
+def test_priced_admission_needs_a_margin() -> None:
+    """Admission is free of migration cost, but a larger bucket must be at least `admit_margin` likelier than the
+    smallest: 6 of 10 past runs long (0.6 vs 0.4) clears a margin of 0.15, not one of 0.3."""
+    for margin, bucket in [(0.15, 2), (0.3, 0)]:
+        router = make_router("cmlfq", BUCKETS, **PRICED, admit="predicted", admit_margin=margin)
+        drive(router, [[_long("p", size=4000)] * 6 + [_short("p", size=4000)] * 4])
+        assert router.admit(1, prompt_id="p", prompt_tokens=300).bucket == bucket
+
+
+@settings(max_examples=25, deadline=None)
+@given(steps=steps_of_trajectories(max_steps=4, max_per_step=10))
+def test_priced_preset_routes_every_request_once_and_moves_it_at_most_once(steps) -> None:
+    from libra.scheduling import CMLFQ_PRESETS
+
+    router = make_router("cmlfq", BUCKETS, **CMLFQ_PRESETS["priced"])
+    decisions = drive(router, steps)
+    assert router.num_active == 0
+    assert sorted(d.request_id for d in decisions if d.reason == "admit") == list(range(1, sum(map(len, steps)) + 1))
+    assert all(0 <= d.bucket < len(BUCKETS) for d in decisions)
+    moved = [d.request_id for d in decisions if d.migrate]
+    assert len(moved) == len(set(moved))
+    assert decisions == drive(make_router("cmlfq", BUCKETS, **CMLFQ_PRESETS["priced"]), steps)
