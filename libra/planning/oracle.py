@@ -35,7 +35,7 @@ def brute_force_training(cm: CostModel, batch: BatchStats, num_gpus: int, search
 
 
 def bucket_time(cm: CostModel, groups: tuple[LengthGroup, ...], start: int, stop: int, tp: int, count: int,
-                tool_latency_s: float = 0.0, routing: str = "start-small") -> float:
+                tool_latency_s: float = 0.0, routing: str = "start-small", admission_delay: float = 0.5) -> float:
     """Time of `count` instances of degree `tp` serving bucket groups[start:stop], computed directly: each group's
     piece of work (from context lo to the end of the group or, passing through, to the bucket's limit hi) is listed
     one by one."""
@@ -63,6 +63,10 @@ def bucket_time(cm: CostModel, groups: tuple[LengthGroup, ...], start: int, stop
         t = cm.rollout.instance_time(tp, num_requests=n / c, decode_tokens=decode / c, prefill_tokens=prefill / c,
                                      resident_context=resident, max_gen=max_gen, max_turns=max_turns,
                                      tool_latency_s=tool_latency_s, new_requests=fresh / c)
+        if flow and start > 0:  # it queued in the first bucket before it got here
+            chain = cm.rollout.chain_time(tp, num_requests=n / c, resident_context=resident, max_gen=max_gen,
+                                          max_turns=max_turns, tool_latency_s=tool_latency_s)
+            t = max(float(t), float(chain) / (1.0 - admission_delay))
         best = min(best, float(t))
     return best
 

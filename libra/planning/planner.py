@@ -55,6 +55,8 @@ class PlannerOptions:
     # how requests reach buckets (`rollout_dp`): `start-small` (C-MLFQ's admission, promotion by context) or
     # `final-length` (each request only on the bucket of its final length: perfect routing)
     routing: str = attrs.field(default="start-small", validator=attrs.validators.in_(ROUTINGS))
+    # start-small: share of the rollout a request that ends in a later bucket spends queueing in the first
+    admission_delay: float = 0.5
 
 
 class _Tables:
@@ -70,7 +72,8 @@ class _Tables:
         scaled = attrs.evolve(profile, requests_per_step=planner.rl.global_batch)
         self.groups = scaled.groups(planner.options.num_groups)
         self.rollout = RolloutTable(cm.rollout, self.groups, tp_degrees=tp_degrees, max_gpus=g,
-                                    tool_latency_s=profile.mean_tool_time_s, routing=planner.options.routing)
+                                    tool_latency_s=profile.mean_tool_time_s, routing=planner.options.routing,
+                                    admission_delay=planner.options.admission_delay)
 
     def train_gpus_within(self, limit: float) -> int | None:
         """Fewest GPUs whose best layout finishes within `limit`."""
@@ -240,5 +243,11 @@ class GlobalPlanner:
                                  resident_context=resident, max_gen=float(gen[ending].max(initial=0.0)),
                                  max_turns=float(turns[ending].max(initial=0.0)),
                                  tool_latency_s=profile.mean_tool_time_s, new_requests=fresh)
+            if flow and k > 0:  # its requests queued in the first bucket before they got here
+                chain = rc.chain_time(group.tp, num_requests=n, resident_context=resident,
+                                      max_gen=float(gen[ending].max(initial=0.0)),
+                                      max_turns=float(turns[ending].max(initial=0.0)),
+                                      tool_latency_s=profile.mean_tool_time_s)
+                t = max(float(t), float(chain) / (1.0 - self.options.admission_delay))
             worst = max(worst, float(t))
         return worst

@@ -12,6 +12,11 @@ What a bucket serves depends on how requests reach it (`routing`):
   engine cost. Each bucket's work still depends only on its own range, so the DP below stays exact.
 - `final-length`: each request is served only by the bucket of its final length (perfect routing, as if an oracle
   or a predictor at admission chose), the published DP's assumption.
+  A request that ends in a later bucket first queues for admission in the smallest one: first come, first
+  served in an order that says nothing of its length, so it starts on average `admission_delay` (default 1/2) of
+  the way through the rollout. A later bucket therefore finishes within T only if its longest request's chain
+  (`RolloutCost.chain_time`) fits in (1 - admission_delay) T; its time is max(T_instance, chain / (1 -
+  admission_delay)), which keeps the DP separable.
 Within a request, decoded tokens are spread evenly over its context (a piece of d decoded tokens ending at context b
 has decode-weighted resident context b - d / 2, as for a whole request).
 
@@ -54,9 +59,12 @@ class RolloutTable:
     """Bucket times for every contiguous range of groups, TP degree and instance count (flat ragged arrays)."""
 
     def __init__(self, cost: RolloutCost, groups: tuple[LengthGroup, ...], *, tp_degrees: tuple[int, ...],
-                 max_gpus: int, tool_latency_s: float = 0.0, routing: str = "start-small") -> None:
+                 max_gpus: int, tool_latency_s: float = 0.0, routing: str = "start-small",
+                 admission_delay: float = 0.5) -> None:
         if routing not in ROUTINGS:
             raise SpecError(f"unknown rollout routing {routing!r}; expected one of {', '.join(ROUTINGS)}")
+        if not 0.0 <= admission_delay < 1.0:
+            raise SpecError(f"admission_delay must be in [0, 1), got {admission_delay}")
         self.cost, self.groups, self.max_gpus, self.routing = cost, groups, max_gpus, routing
         q = len(groups)
         self.num_groups = q
@@ -110,6 +118,10 @@ class RolloutTable:
                                     prefill_tokens=prefill[row] / k, resident_context=resident[row],
                                     max_gen=max_gen[row], max_turns=max_turns[row], tool_latency_s=tool_latency_s,
                                     new_requests=fresh[row] / k)
+            if flow and admission_delay > 0:  # requests reach a later bucket only after queueing in the first
+                chain = cost.chain_time(tp, num_requests=n[row] / k, resident_context=resident[row],
+                                        max_gen=max_gen[row], max_turns=max_turns[row], tool_latency_s=tool_latency_s)
+                tm = np.where(starts[row] > 0, np.maximum(tm, chain / (1.0 - admission_delay)), tm)
             times = _segmented_running_min(np.asarray(tm, dtype=float), caps, offsets)
             self.times[tp], self.offsets[tp] = times, offsets
             # Integer search keys: within a range times never increase, so (range, rank of -time) is sorted and

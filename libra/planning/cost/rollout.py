@@ -116,6 +116,13 @@ class RolloutCost:
         prefill = self.prefill_time(tp, prefill_tokens, resident_context / 2.0)
         return prefill + fresh * self.c.per_request_overhead_s + throughput + tail
 
+    def chain_time(self, tp: int, *, num_requests, resident_context, max_gen, max_turns=1.0,
+                   tool_latency_s: float = 0.0):
+        """Seconds the longest request needs from its admission, decoding at the pace of a full batch."""
+        batch = self.concurrency(tp, resident_context, num_requests)
+        step = self.effective_step_time(tp, batch, resident_context, num_requests)
+        return max_gen * step + max_turns * tool_latency_s
+
     def fluid_gpu_seconds(self, tp: int, *, num_requests, decode_tokens, prefill_tokens, resident_context):
         """GPU-seconds to serve the work at full concurrency with no tail: a lower bound on any real layout."""
         batch = self.concurrency(tp, resident_context, np.inf)
