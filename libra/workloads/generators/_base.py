@@ -60,15 +60,14 @@ def cap_lengths(batch: StepBatch, prompt_tokens: np.ndarray, max_model_len: int)
     per_turn = np.where(valid, gen + tool_tok, 0)
     before = prompt_tokens[:, None] + np.cumsum(per_turn, axis=1) - per_turn  # context at the start of each turn
     over = valid & (before + per_turn > max_model_len)
-    cut_rows = np.flatnonzero(over.any(axis=1))
+    rows = np.flatnonzero(over.any(axis=1))
+    turn = np.argmax(over[rows], axis=1)  # the first turn that crosses the limit
+    room = np.maximum(0, max_model_len - before[rows, turn])
+    g = np.minimum(gen[rows, turn], room)
+    gen[rows, turn] = g
+    tool_tok[rows, turn] = np.minimum(tool_tok[rows, turn], room - g)
     num_turns = batch.num_turns.copy()
-    for i in cut_rows:
-        t = int(np.argmax(over[i]))
-        room = max(0, max_model_len - int(before[i, t]))
-        g = min(int(gen[i, t]), room)
-        gen[i, t] = g
-        tool_tok[i, t] = min(int(tool_tok[i, t]), room - g)
-        num_turns[i] = t + 1
+    num_turns[rows] = turn + 1
     return attrs.evolve(batch, gen_tokens=gen, tool_tokens=tool_tok, num_turns=num_turns)
 
 
@@ -87,28 +86,22 @@ def to_trajectories(batch: StepBatch, *, tool_names: tuple[str, ...], prompt_ids
 
 def _build(batch: StepBatch, tool_names: tuple[str, ...], prompt_ids: list[str], prompt_tokens: np.ndarray,
            samples: np.ndarray, step: int) -> list[Trajectory]:
-    num_turns = batch.num_turns.tolist()
     valid = np.arange(batch.gen_tokens.shape[1])[None, :] < batch.num_turns[:, None]
-    gen = batch.gen_tokens[valid].tolist()  # row-major: the turns of row 0, then of row 1, ...
-    tool = batch.tool[valid].tolist()
-    status = batch.status[valid].tolist()
-    tool_tok = batch.tool_tokens[valid].tolist()
+    # every valid turn, row-major (the turns of row 0, then of row 1, ...), as python values; the names are looked
+    # up by array indexing (NO_TOOL = -1 picks the trailing None)
+    kind = batch.tool[valid]
+    no_tool = kind == NO_TOOL
+    tools = np.array([*tool_names, None], object)[kind].tolist()
+    statuses = np.where(no_tool, None, np.array(STATUS_NAMES, object)[batch.status[valid]]).tolist()
+    tool_tok = np.where(no_tool, 0, batch.tool_tokens[valid]).tolist()
     latency = np.round(batch.tool_latency_s[valid], 3).tolist()
-    ptoks = prompt_tokens.tolist()
-    sample_list = samples.tolist()
-    reward = batch.reward.tolist()
-    out = []
-    pos = 0
-    for i, k in enumerate(num_turns):
-        turns = []
-        for j in range(pos, pos + k):
-            kind = tool[j]
-            if kind == NO_TOOL:
-                turns.append(Turn(gen_tokens=gen[j]))
-            else:
-                turns.append(Turn(gen_tokens=gen[j], tool=tool_names[kind], tool_status=STATUS_NAMES[status[j]],
-                                  tool_tokens=tool_tok[j], extra={"tool_latency_s": latency[j]}))
-        pos += k
-        out.append(Trajectory(prompt_id=prompt_ids[i], prompt_tokens=ptoks[i], turns=tuple(turns),
-                              sample=sample_list[i], step=step, reward=reward[i]))
-    return out
+    # one comprehension for all turns: the per-turn cost is the Turn itself, not loop bookkeeping
+    turns = [Turn(gen_tokens=g, tool=name, tool_status=st, tool_tokens=tt,
+                  extra={} if name is None else {"tool_latency_s": lat})
+             for g, name, st, tt, lat in zip(batch.gen_tokens[valid].tolist(), tools, statuses, tool_tok, latency)]
+    ends = np.cumsum(batch.num_turns).tolist()
+    starts = [0, *ends[:-1]]
+    return [Trajectory(prompt_id=pid, prompt_tokens=ptok, turns=tuple(turns[a:b]), sample=sample, step=step,
+                       reward=reward)
+            for pid, ptok, a, b, sample, reward in zip(prompt_ids, prompt_tokens.tolist(), starts, ends,
+                                                       samples.tolist(), batch.reward.tolist())]
