@@ -209,30 +209,35 @@ class RolloutRun:
         return self.stolen[reqs] & (self.routes.bucket[reqs, seg] <= self.inst.bucket[self.where[reqs]])
 
     def _admit(self, t: float) -> None:
-        """Admit what fits; then, with work-conserving admission, idle instances take new requests that still
-        queue in smaller buckets and admit them in the same slice."""
-        self._admit_queued(t, steal=False)
-        if self.steal and self._in_state(WAIT).size:
-            self._admit_queued(t, steal=True)
+        """Admit what fits; then, with work-conserving admission, idle instances take requests that still queue
+        elsewhere (`_steal`) and admit them in the same slice."""
+        inst = self.inst
+        running = self._in_state(RUN)
+        run_k = np.bincount(self.where[running], minlength=len(inst))
+        used_k = np.bincount(self.where[running], weights=self.ctx[running], minlength=len(inst)).astype(float)
+        go = self._admit_queued(t, run_k, used_k, steal=False)
+        if self.steal and go is not None and self._in_state(WAIT).size:
+            run_k += np.bincount(self.where[go], minlength=len(inst))
+            used_k += np.bincount(self.where[go], weights=self.ctx[go], minlength=len(inst))
+            self._admit_queued(t, run_k, used_k, steal=True)
 
-    def _admit_queued(self, t: float, *, steal: bool) -> None:
+    def _admit_queued(self, t: float, run_k: np.ndarray, used_k: np.ndarray, *, steal: bool) -> np.ndarray | None:
+        """One admission pass given the running count and context per instance; returns the admitted requests
+        (None when no instance is open)."""
         inst = self.inst
         k_all = len(inst)
-        running = self._in_state(RUN)
-        run_k = np.bincount(self.where[running], minlength=k_all)
-        used_k = np.bincount(self.where[running], weights=self.ctx[running], minlength=k_all)
         mean_k = used_k / np.maximum(run_k, 1)
         room = self._cap_k() - used_k - self.c.kv_headroom_seqs * mean_k
         seats = self.c.max_num_seqs - run_k
         open_k = inst.active & (inst.ready_at <= t) & (seats > 0) & ((room > 0) | (run_k == 0))
         if not open_k.any():
-            return
+            return None
         waiting = self._in_state(WAIT)
         if steal and not self._steal(waiting, open_k, room, seats):
-            return
+            return None
         cand = waiting[open_k[self.where[waiting]]]
         if cand.size == 0:
-            return
+            return cand
         k = self.where[cand]
         # per instance: trajectories already under way first (a turn back from its tool, or migrated in), then new
         # ones; first come, first served inside each class
@@ -251,7 +256,7 @@ class RolloutRun:
         ok = ((within <= room[k]) & (rank < seats[k])) | ((rank == 0) & (run_k[k] == 0))
         go = cand[ok]
         if go.size == 0:
-            return
+            return go
         gk = self.where[go]
         secs = np.where(self.fresh[go], self.c.per_request_overhead_s, 0.0)
         tps = inst.tp[gk]
@@ -263,6 +268,7 @@ class RolloutRun:
         self.pending[go] = 0.0
         self.fresh[go] = False
         self._set_state(go, RUN)
+        return go
 
     def _steal(self, waiting: np.ndarray, open_k: np.ndarray, room: np.ndarray, seats: np.ndarray) -> bool:
         """Work-conserving admission: an instance with room and nothing queued takes requests that still queue

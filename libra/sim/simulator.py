@@ -19,7 +19,7 @@ from libra.planning import GlobalPlanner
 from libra.planning.cost import CostCoefficients, CostModel
 from libra.sim.engine import PolicyRun, ReconfigCosts, SimOptions, profile_of
 from libra.sim.parallel import fork_available, policy_groups, run_groups
-from libra.sim.policies import POLICY_NAMES, PolicyEnv, make_policy
+from libra.sim.policies import POLICY_NAMES, PolicyEnv, make_policy, uses_shared_tree
 from libra.sim.records import PolicyResult
 from libra.sim.routing import CausalRouting, routes_for
 from libra.sim.workload import StepWork, WorkSource
@@ -94,7 +94,7 @@ def _simulate(scenario: Scenario, num_steps: int, policies: Sequence[str],
     runs = [PolicyRun(make_policy(name, env, **options.get(name, {})), cm, global_batch=scenario.rl.global_batch,
                       max_len=scenario.rl.max_model_len, costs=scenario.costs, options=scenario.options)
             for name in policies]
-    causal = CausalRouting() if any(getattr(r.policy, "routing", "") == "cmlfq" for r in runs) else None
+    causal = CausalRouting() if any(uses_shared_tree(r.policy.name) for r in runs) else None
     name = scenario.source.name
     gb = scenario.rl.global_batch
     window: deque[StepWork] = deque(maxlen=scenario.profile_window)
