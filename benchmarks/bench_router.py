@@ -40,7 +40,7 @@ def _warm(history, preset: str = "published"):
     return workload, router, current
 
 
-@pytest.mark.parametrize("preset", ["published", "accuracy"])
+@pytest.mark.parametrize("preset", ["published", "accuracy", "priced"])
 def test_on_tool_return(benchmark, history, preset) -> None:
     workload, router, current = _warm(history, preset)
     tool_turns = [(t, k) for t in current for k, turn in enumerate(t.turns) if turn.tool is not None]
@@ -84,3 +84,22 @@ def test_memory_per_node(benchmark, window) -> None:
     benchmark.pedantic(build, rounds=1, iterations=1)
     benchmark.extra_info.update(window=window, nodes=tree.num_nodes,
                                 bytes_per_node=round(tree.memory_bytes() / tree.num_nodes, 1))
+
+
+@pytest.fixture(scope="module")
+def thirty_steps():
+    return _steps("r2e-gym", 0, 30)
+
+
+def test_update_sequence(benchmark, thirty_steps) -> None:
+    """The simulator's pattern: one update per step into one growing tree, 30 steps of r2e-gym (512 x 16), with
+    the evictions that the 200K-node cap brings from about step 12 on."""
+    def build():
+        tree = PrefixTree()
+        for step in thirty_steps:
+            tree.update(step)
+        return tree
+
+    tree = benchmark.pedantic(build, rounds=2, iterations=1)
+    benchmark.extra_info.update(workload="r2e-gym", steps=len(thirty_steps), nodes=tree.num_nodes,
+                                evicted=tree.evicted)

@@ -86,6 +86,58 @@ class Node:
             self.p90 = float(ordered[math.ceil(0.9 * n) - 1])
 
 
+def _refresh_all(nodes: list[Node], limit: int) -> None:
+    """`Node.refresh(limit)` of every node. Most nodes an update touches are new, with a window of one: for those
+    the same values are set without the sort and prefix-sum calls."""
+    for node in nodes:
+        w = node.window
+        if len(w) != 1:
+            node.refresh(limit)
+            continue
+        x = w[0]
+        node.count = 1
+        node.mean = sum(w) / 1
+        node.ordered = [x]
+        node.prefix = [0, 0 + x]  # as itertools.accumulate(ordered, initial=0)
+        node.p50 = node.p90 = float(x)
+
+
+def _first_in_eviction_order(entries: list, count: int, root: Node) -> list:
+    """The first `count` of one update's index entries in eviction order: fewest observations, then deepest, then
+    first met by the walk of `_evict_agnostic`, which among nodes of one depth is the reverse of the order of
+    their paths written as positions among siblings (children in insertion order)."""
+    span = max(e[2] for e in entries) + 1
+    rank = [e[0].total * span - e[2] for e in entries]  # (observations, -depth) as one integer
+    order = sorted(range(len(entries)), key=rank.__getitem__)
+    cut = rank[order[count - 1]]
+    chosen = [entries[i] for i in order[:count] if rank[i] < cut]
+    tied = [e for e, r in zip(entries, rank) if r == cut]  # one observation count, one depth
+    # a path as positions among siblings; the prefix up to a node is kept by the id of its children dict, since
+    # nodes that tie share most of their ancestors
+    above: dict[int, tuple[int, ...]] = {id(root.children): ()}
+    sibling_ranks: dict[int, dict[int, int]] = {}
+
+    def ranks_in(children: dict) -> dict[int, int]:
+        ranks = sibling_ranks.get(id(children))
+        if ranks is None:
+            ranks = sibling_ranks[id(children)] = {c: i for i, c in enumerate(children)}
+        return ranks
+
+    def path_positions(entry: tuple) -> tuple[int, ...]:
+        _, owner, depth, path = entry
+        prefix = above.get(id(owner))
+        if prefix is None:
+            children, prefix = root.children, ()
+            for code in path[: depth - 1]:
+                prefix = (*prefix, ranks_in(children)[code])
+                children = children[code].children
+                above[id(children)] = prefix
+        return (*prefix, ranks_in(owner)[path[depth - 1]])
+
+    tied.sort(key=path_positions, reverse=True)
+    return chosen + tied[: count - len(chosen)]
+
+
 @attrs.frozen(kw_only=True)
 class NodeStats:
     """Statistics of remaining tokens at one node (a value for callers outside the hot path)."""
@@ -125,6 +177,11 @@ class PrefixTree:
         self.prompt_sizes: dict[str, int] = {}  # nodes in each prompt's tree, its root included
         self.steps = 0  # updates applied so far
         self.evicted = 0
+        # eviction's index of the agnostic tree (see `_evict_agnostic`): last update -> the entries of the nodes it
+        # touched, (node, dict holding it, depth, path of codes from the root: its first `depth` items). An entry is
+        # stale once its node is touched again; None after a merge or a load, until the next eviction rebuilds it.
+        self._touched_at: dict[int, list[tuple[Node, dict, int, Sequence[int]]]] | None = {}
+        self._num_entries = 0
 
     # -- reading -------------------------------------------------------------------------------------------------
     def root(self, prompt_id: str | None) -> Node | None:
@@ -172,7 +229,6 @@ class PrefixTree:
 
     def _update(self, batch: list[Trajectory]) -> None:
         step = self.steps
-        touched: list[Node] = []
         limit = self.max_depth
         codec = self.codec
         # classify every tool return first, so that a bad one (unknown tool) leaves the tree untouched
@@ -180,44 +236,66 @@ class PrefixTree:
         agnostic = self.agnostic
         prompts = self.prompts
         sizes = self.prompt_sizes
+        touched: list[Node] = []
+        touch = touched.append
+        entries: list[tuple[Node, dict, int, Sequence[int]]] = []
+        record = entries.append
         created = 0
+        # the hot loop of the update (one pass per node on each trajectory's path, both trees): walk and record
+        # inline rather than through helpers, since a call costs as much as the work it would do
         for traj, path in zip(batch, paths):
+            pid = traj.prompt_id
             turns = traj.turns
             context = traj.prompt_tokens
             total = context + sum(t.gen_tokens + t.tool_tokens for t in turns)
-            p_node = prompts.get(traj.prompt_id)
+            remaining = total - context
+            p_node = prompts.get(pid)
             if p_node is None:
-                p_node = prompts[traj.prompt_id] = Node()
-                sizes[traj.prompt_id] = 1
+                p_node = prompts[pid] = Node()
+                sizes[pid] = 1
                 created += 1
             a_node = agnostic
+            grown = 0
             for depth in range(len(path) + 1):
                 if depth:
                     turn = turns[depth - 1]
                     context += turn.gen_tokens + turn.tool_tokens
+                    remaining = total - context
                     code = path[depth - 1]
                     child = p_node.children.get(code)
                     if child is None:
                         child = p_node.children[code] = Node()
-                        sizes[traj.prompt_id] += 1
-                        created += 1
+                        grown += 1
                     p_node = child
-                    child = a_node.children.get(code)
+                    owner = a_node.children
+                    child = owner.get(code)
                     if child is None:
-                        child = a_node.children[code] = Node()
+                        child = owner[code] = Node()
                         created += 1
                     a_node = child
-                remaining = total - context
-                for node in (p_node, a_node):
-                    if node.last_step != step:
-                        node.last_step = step
-                        touched.append(node)
-                    node.window.append(remaining)
-                    node.total += 1
+                    if child.last_step != step:
+                        record((child, owner, depth, path))
+                if p_node.last_step != step:
+                    p_node.last_step = step
+                    touch(p_node)
+                p_node.window.append(remaining)
+                p_node.total += 1
+                if a_node.last_step != step:
+                    a_node.last_step = step
+                    touch(a_node)
+                a_node.window.append(remaining)
+                a_node.total += 1
+            if grown:
+                sizes[pid] += grown
+                created += grown
         self.num_nodes += created
-        for node in touched:
-            node.refresh(self.window)
+        _refresh_all(touched, self.window)
         self.steps += 1
+        if self._touched_at is not None:
+            self._touched_at[step] = entries
+            self._num_entries += len(entries)
+            if self._num_entries > 2 * self.num_nodes + 1024:
+                self._compact_index()
         self._evict_if_full()
 
     def _evict_if_full(self) -> None:
@@ -246,22 +324,57 @@ class PrefixTree:
     def _evict_agnostic(self, excess: int) -> None:
         """A node is never updated later or more often than its parent (every update of a node updates its
         ancestors too), so in (last update, observations, -depth) order each node sorts after its descendants
-        and the first `excess` nodes are whole subtrees: one scan, one sort. The agnostic root stays."""
-        entries: list[tuple[int, int, int, int, dict, int]] = []
-        stack: list[tuple[dict, int, Node, int]] = [(self.agnostic.children, c, n, 1)
-                                                    for c, n in self.agnostic.children.items()]
-        seq = 0
-        while stack:
-            owner, key, node, depth = stack.pop()
-            seq += 1
-            entries.append((node.last_step, node.total, -depth, seq, owner, key))
-            stack.extend((node.children, c, ch, depth + 1) for c, ch in node.children.items())
-        entries.sort()  # `seq` is unique, so tuples never compare their dicts
-        victims = entries[:excess]
-        for *_, owner, key in victims:
-            owner.pop(key, None)
+        and the first `excess` nodes are whole subtrees. Ties go to the node met first by a depth-first walk that
+        takes children last-inserted first. The agnostic root stays.
+
+        Rather than walking the whole tree for this order, the index lists the nodes by last update: older
+        updates are evicted whole, and only the nodes of the update where the cut falls are sorted."""
+        index = self._touched_at if self._touched_at is not None else self._rebuild_index()
+        victims: list[tuple[Node, dict, int, Sequence[int]]] = []
+        for step in sorted(index):
+            live = [e for e in index[step] if e[0].last_step == step]
+            need = excess - len(victims)
+            if len(live) <= need:
+                victims += live
+                del index[step]
+                if len(live) == need:
+                    break
+                continue
+            chosen = _first_in_eviction_order(live, need, self.agnostic)
+            victims += chosen
+            taken = set(map(id, chosen))
+            index[step] = [e for e in live if id(e) not in taken]
+            break
+        for _, owner, depth, path in victims:
+            owner.pop(path[depth - 1], None)
+        self._num_entries = sum(map(len, index.values()))
+        self._touched_at = index
         self.num_nodes -= len(victims)
         self.evicted += len(victims)
+
+    def _rebuild_index(self) -> dict[int, list[tuple[Node, dict, int, Sequence[int]]]]:
+        """The eviction index from a walk of the agnostic tree (after a merge or a load)."""
+        index: dict[int, list[tuple[Node, dict, int, Sequence[int]]]] = {}
+        stack: list[tuple[Node, tuple[int, ...]]] = [(self.agnostic, ())]
+        while stack:
+            node, path = stack.pop()
+            for code, child in node.children.items():
+                child_path = (*path, code)
+                index.setdefault(child.last_step, []).append((child, node.children, len(child_path), child_path))
+                stack.append((child, child_path))
+        return index
+
+    def _compact_index(self) -> None:
+        """Drop stale entries (amortised: runs when the entries outnumber twice the nodes)."""
+        index = self._touched_at
+        assert index is not None
+        for step in list(index):
+            live = [e for e in index[step] if e[0].last_step == step]
+            if live:
+                index[step] = live
+            else:
+                del index[step]
+        self._num_entries = sum(map(len, index.values()))
 
     # -- serialise, load, merge ----------------------------------------------------------------------------------
     def _node_to_dict(self, node: Node) -> dict:
@@ -288,6 +401,7 @@ class PrefixTree:
             tree = cls(window=data["window"], max_nodes=data["max_nodes"], max_depth=data["max_depth"],
                        size_edges=tuple(data["size_edges"]), tools=data["tools"])
             tree.steps = int(data["steps"])
+            tree._touched_at = None
             tree._absorb(tree.agnostic, data["agnostic"])
             for pid, raw in data["prompts"].items():
                 tree._absorb_prompt(pid, raw)
@@ -337,6 +451,7 @@ class PrefixTree:
             raise SpecError("cannot merge prefix trees with different window or size-class edges or tool sets: "
                             f"{self.window}/{self.codec.config()} vs {other.window}/{other.codec.config()}")
         data = other.to_dict()
+        self._touched_at = None  # the absorbed nodes are not indexed
         self._absorb(self.agnostic, data["agnostic"])
         for pid, raw in data["prompts"].items():
             self._absorb_prompt(pid, raw)
