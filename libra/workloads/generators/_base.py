@@ -11,7 +11,7 @@ import gc
 import attrs
 import numpy as np
 
-from libra.workloads.trace import Trajectory, Turn
+from libra.workloads.trace import Trajectory, trusted_turns
 
 NO_TOOL = -1
 STATUS_NAMES = ("ok", "error", "timeout")
@@ -95,10 +95,8 @@ def _build(batch: StepBatch, tool_names: tuple[str, ...], prompt_ids: list[str],
     statuses = np.where(no_tool, None, np.array(STATUS_NAMES, object)[batch.status[valid]]).tolist()
     tool_tok = np.where(no_tool, 0, batch.tool_tokens[valid]).tolist()
     latency = np.round(batch.tool_latency_s[valid], 3).tolist()
-    # one comprehension for all turns: the per-turn cost is the Turn itself, not loop bookkeeping
-    turns = [Turn(gen_tokens=g, tool=name, tool_status=st, tool_tokens=tt,
-                  extra={} if name is None else {"tool_latency_s": lat})
-             for g, name, st, tt, lat in zip(batch.gen_tokens[valid].tolist(), tools, statuses, tool_tok, latency)]
+    extras = [{} if name is None else {"tool_latency_s": lat} for name, lat in zip(tools, latency)]
+    turns = trusted_turns(batch.gen_tokens[valid].tolist(), tools, statuses, tool_tok, extras)
     ends = np.cumsum(batch.num_turns).tolist()
     starts = [0, *ends[:-1]]
     return [Trajectory(prompt_id=pid, prompt_tokens=ptok, turns=tuple(turns[a:b]), sample=sample, step=step,
