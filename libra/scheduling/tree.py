@@ -112,9 +112,9 @@ def _first_in_eviction_order(entries: list, count: int, root: Node) -> list:
     cut = rank[order[count - 1]]
     chosen = [entries[i] for i in order[:count] if rank[i] < cut]
     tied = [e for e, r in zip(entries, rank) if r == cut]  # one observation count, one depth
-    # a path as positions among siblings; the prefix up to a node is kept by the id of its children dict, since
-    # nodes that tie share most of their ancestors
-    above: dict[int, tuple[int, ...]] = {id(root.children): ()}
+    # a path as positions among siblings; the part above a node is kept by the id of the dict that holds it, as
+    # nodes that tie are often siblings
+    above: dict[int, tuple[int, ...]] = {}
     sibling_ranks: dict[int, dict[int, int]] = {}
 
     def ranks_in(children: dict) -> dict[int, int]:
@@ -127,11 +127,11 @@ def _first_in_eviction_order(entries: list, count: int, root: Node) -> list:
         _, owner, depth, path = entry
         prefix = above.get(id(owner))
         if prefix is None:
-            children, prefix = root.children, ()
+            children, positions = root.children, []
             for code in path[: depth - 1]:
-                prefix = (*prefix, ranks_in(children)[code])
+                positions.append(ranks_in(children)[code])
                 children = children[code].children
-                above[id(children)] = prefix
+            prefix = above[id(owner)] = tuple(positions)
         return (*prefix, ranks_in(owner)[path[depth - 1]])
 
     tied.sort(key=path_positions, reverse=True)
@@ -233,16 +233,45 @@ class PrefixTree:
         codec = self.codec
         # classify every tool return first, so that a bad one (unknown tool) leaves the tree untouched
         paths = [codec.encode_turns(traj.turns, limit) for traj in batch]
+        touched: list[Node] = []
+        entries: list[tuple[Node, dict, int, Sequence[int]]] = []
+        held = sum(self.prompt_sizes.values())
+        target = math.ceil(0.8 * self.max_nodes)
+        if self.num_nodes - held < target:
+            created = self._learn(batch, paths, step, touched, entries)
+            self.num_nodes += created
+            self._finish_update(step, touched, entries)
+            self._evict_if_full()
+            return
+        # The agnostic tree alone is at the eviction target (a long run's tree is full), so the update may well
+        # evict every prompt tree: learn the agnostic tree first, and if that is so, only count the prompt trees'
+        # nodes rather than make and free tens of thousands of them. Same outcome either way.
+        created, remainings = self._learn_agnostic(batch, paths, step, touched, entries)
+        num_agnostic = self.num_nodes - held + created
+        if num_agnostic > target:
+            new = self._count_new_prompt_nodes(batch, paths)
+            if num_agnostic + held + new > self.max_nodes:
+                self.num_nodes = num_agnostic
+                self.evicted += held + new
+                self.prompts.clear()
+                self.prompt_sizes.clear()
+                self._finish_update(step, touched, entries)
+                self._evict_agnostic(num_agnostic - target)
+                return
+        self.num_nodes += created + self._learn_prompts(batch, paths, remainings, step, touched)
+        self._finish_update(step, touched, entries)
+        self._evict_if_full()
+
+    def _learn(self, batch: list[Trajectory], paths: list[list[int]], step: int, touched: list[Node],
+               entries: list) -> int:
+        """Record the observations in both trees; returns the nodes created. This and the two `_learn_*`
+        are the hot loops of an update: the walks are inline, since a call costs as much as the work it would do."""
         agnostic = self.agnostic
         prompts = self.prompts
         sizes = self.prompt_sizes
-        touched: list[Node] = []
         touch = touched.append
-        entries: list[tuple[Node, dict, int, Sequence[int]]] = []
         record = entries.append
         created = 0
-        # the hot loop of the update (one pass per node on each trajectory's path, both trees): walk and record
-        # inline rather than through helpers, since a call costs as much as the work it would do
         for traj, path in zip(batch, paths):
             pid = traj.prompt_id
             turns = traj.turns
@@ -288,7 +317,119 @@ class PrefixTree:
             if grown:
                 sizes[pid] += grown
                 created += grown
-        self.num_nodes += created
+        return created
+
+    def _learn_agnostic(self, batch: list[Trajectory], paths: list[list[int]], step: int, touched: list[Node],
+                        entries: list) -> tuple[int, list[list[int]]]:
+        """Record the observations in the agnostic tree; returns the nodes created and, per trajectory, the
+        remaining tokens at each node of its path (for `_learn_prompts`)."""
+        agnostic = self.agnostic
+        touch = touched.append
+        record = entries.append
+        created = 0
+        remainings = []
+        for traj, path in zip(batch, paths):
+            turns = traj.turns
+            context = traj.prompt_tokens
+            total = context + sum(t.gen_tokens + t.tool_tokens for t in turns)
+            remaining = total - context
+            seen = [remaining]
+            node = agnostic
+            if node.last_step != step:
+                node.last_step = step
+                touch(node)
+            node.window.append(remaining)
+            node.total += 1
+            for depth, code in enumerate(path, 1):
+                turn = turns[depth - 1]
+                context += turn.gen_tokens + turn.tool_tokens
+                remaining = total - context
+                seen.append(remaining)
+                owner = node.children
+                node = owner.get(code)
+                if node is None:
+                    node = owner[code] = Node()
+                    created += 1
+                if node.last_step != step:
+                    node.last_step = step
+                    touch(node)
+                    record((node, owner, depth, path))
+                node.window.append(remaining)
+                node.total += 1
+            remainings.append(seen)
+        return created, remainings
+
+    def _learn_prompts(self, batch: list[Trajectory], paths: list[list[int]], remainings: list[list[int]],
+                       step: int, touched: list[Node]) -> int:
+        """Record the observations in the prompts' trees; returns the nodes created."""
+        prompts = self.prompts
+        sizes = self.prompt_sizes
+        touch = touched.append
+        created = 0
+        for traj, path, remaining in zip(batch, paths, remainings):
+            pid = traj.prompt_id
+            node = prompts.get(pid)
+            if node is None:
+                node = prompts[pid] = Node()
+                sizes[pid] = 1
+                created += 1
+            if node.last_step != step:
+                node.last_step = step
+                touch(node)
+            node.window.append(remaining[0])
+            node.total += 1
+            grown = 0
+            for depth, code in enumerate(path, 1):
+                child = node.children.get(code)
+                if child is None:
+                    child = node.children[code] = Node()
+                    grown += 1
+                node = child
+                if node.last_step != step:
+                    node.last_step = step
+                    touch(node)
+                node.window.append(remaining[depth])
+                node.total += 1
+            if grown:
+                sizes[pid] += grown
+                created += grown
+        return created
+
+    def _count_new_prompt_nodes(self, batch: list[Trajectory], paths: list[list[int]]) -> int:
+        """How many nodes `_learn_prompts` would create, from scratch tries of plain dicts."""
+        prompts = self.prompts
+        new_trees: dict[str, dict] = {}
+        below: dict[int, dict] = {}  # under the deepest existing node of a path, by the node's id
+        count = 0
+        for traj, path in zip(batch, paths):
+            node = prompts.get(traj.prompt_id)
+            if node is None:
+                trie = new_trees.get(traj.prompt_id)
+                if trie is None:
+                    trie = new_trees[traj.prompt_id] = {}
+                    count += 1
+                rest: Sequence[int] = path
+            else:
+                depth = 0
+                for code in path:
+                    child = node.children.get(code)
+                    if child is None:
+                        break
+                    node = child
+                    depth += 1
+                if depth == len(path):
+                    continue
+                trie = below.setdefault(id(node), {})
+                rest = path[depth:]
+            for code in rest:
+                nxt = trie.get(code)
+                if nxt is None:
+                    nxt = trie[code] = {}
+                    count += 1
+                trie = nxt
+        return count
+
+    def _finish_update(self, step: int, touched: list[Node], entries: list) -> None:
         _refresh_all(touched, self.window)
         self.steps += 1
         if self._touched_at is not None:
@@ -296,7 +437,6 @@ class PrefixTree:
             self._num_entries += len(entries)
             if self._num_entries > 2 * self.num_nodes + 1024:
                 self._compact_index()
-        self._evict_if_full()
 
     def _evict_if_full(self) -> None:
         """Above `max_nodes`, evict down to 80% of it, so that the scan runs every few steps rather than every

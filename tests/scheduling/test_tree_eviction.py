@@ -1,9 +1,10 @@
-"""Eviction picks exactly the nodes of its definition: the tree's indexed eviction against a plain scan and sort.
+"""Eviction picks exactly the nodes of its definition: the tree's update against the plain one it replaced.
 
-The reference below is the definition written directly (the implementation before the eviction index): every node
-of the agnostic tree but the root, sorted by (last update, observations, -depth, order of a depth-first walk that
-takes children last-inserted first); the first `excess` go. Small caps make the agnostic tree overflow often, with
-many ties.
+The reference below is the definition written directly (the implementation before the eviction index and the
+counted prompt trees): every update builds both trees' nodes, then evicts whole prompt trees and, if that is not
+enough, every node of the agnostic tree but the root sorted by (last update, observations, -depth, order of a
+depth-first walk that takes children last-inserted first); the first `excess` go. Small caps make the agnostic
+tree overflow often, with many ties.
 """
 
 from __future__ import annotations
@@ -13,9 +14,41 @@ from hypothesis import strategies as st
 from sched_strategies import trajectories
 
 from libra.scheduling import PrefixTree
+from libra.scheduling.tree import Node
 
 
 class ScanAndSortTree(PrefixTree):
+    def _update(self, batch) -> None:
+        step = self.steps
+        paths = [self.codec.encode_turns(traj.turns, self.max_depth) for traj in batch]
+        touched = []
+        for traj, path in zip(batch, paths):
+            total = traj.total_tokens
+            if traj.prompt_id not in self.prompts:
+                self.prompts[traj.prompt_id] = Node()
+                self.prompt_sizes[traj.prompt_id] = 1
+                self.num_nodes += 1
+            nodes = [self.prompts[traj.prompt_id], self.agnostic]
+            for depth in range(len(path) + 1):
+                if depth:
+                    for i, node in enumerate(nodes):
+                        if path[depth - 1] not in node.children:
+                            node.children[path[depth - 1]] = Node()
+                            self.num_nodes += 1
+                            if i == 0:
+                                self.prompt_sizes[traj.prompt_id] += 1
+                        nodes[i] = node.children[path[depth - 1]]
+                for node in nodes:
+                    if node.last_step != step:
+                        node.last_step = step
+                        touched.append(node)
+                    node.window.append(total - traj.context_after(depth))
+                    node.total += 1
+        for node in touched:
+            node.refresh(self.window)
+        self.steps += 1
+        self._evict_if_full()
+
     def _evict_agnostic(self, excess: int) -> None:
         entries = []
         stack = [(self.agnostic.children, c, n, 1) for c, n in self.agnostic.children.items()]
