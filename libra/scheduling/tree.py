@@ -433,7 +433,8 @@ class PrefixTree:
         _refresh_all(touched, self.window)
         self.steps += 1
         if self._touched_at is not None:
-            self._touched_at[step] = entries
+            # (extends, not replaces: a loaded file may already have nodes marked with this step)
+            self._touched_at.setdefault(step, []).extend(entries)
             self._num_entries += len(entries)
             if self._num_entries > 2 * self.num_nodes + 1024:
                 self._compact_index()
