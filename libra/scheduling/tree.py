@@ -182,6 +182,9 @@ class PrefixTree:
         # stale once its node is touched again; None after a merge or a load, until the next eviction rebuilds it.
         self._touched_at: dict[int, list[tuple[Node, dict, int, Sequence[int]]]] | None = {}
         self._num_entries = 0
+        # True once nodes came from a file that marks them with steps this tree has not counted yet: an update then
+        # moves a node's last update back, below its children's, and eviction falls back to the full scan
+        self._scan_only = False
 
     # -- reading -------------------------------------------------------------------------------------------------
     def root(self, prompt_id: str | None) -> Node | None:
@@ -470,6 +473,9 @@ class PrefixTree:
 
         Rather than walking the whole tree for this order, the index lists the nodes by last update: older
         updates are evicted whole, and only the nodes of the update where the cut falls are sorted."""
+        if self._scan_only:
+            self._evict_agnostic_by_scan(excess)
+            return
         index = self._touched_at if self._touched_at is not None else self._rebuild_index()
         victims: list[tuple[Node, dict, int, Sequence[int]]] = []
         for step in sorted(index):
@@ -490,6 +496,25 @@ class PrefixTree:
             owner.pop(path[depth - 1], None)
         self._num_entries = sum(map(len, index.values()))
         self._touched_at = index
+        self.num_nodes -= len(victims)
+        self.evicted += len(victims)
+
+    def _evict_agnostic_by_scan(self, excess: int) -> None:
+        """`_evict_agnostic` by one walk and one sort, for a tree whose nodes may have been updated later than
+        their parents (so a victim's subtree may hold nodes that are not victims)."""
+        entries: list[tuple[int, int, int, int, dict, int]] = []
+        stack: list[tuple[dict, int, Node, int]] = [(self.agnostic.children, c, n, 1)
+                                                    for c, n in self.agnostic.children.items()]
+        seq = 0
+        while stack:
+            owner, key, node, depth = stack.pop()
+            seq += 1
+            entries.append((node.last_step, node.total, -depth, seq, owner, key))
+            stack.extend((node.children, c, ch, depth + 1) for c, ch in node.children.items())
+        entries.sort()  # `seq` is unique, so tuples never compare their dicts
+        victims = entries[:excess]
+        for *_, owner, key in victims:
+            owner.pop(key, None)
         self.num_nodes -= len(victims)
         self.evicted += len(victims)
 
@@ -546,6 +571,7 @@ class PrefixTree:
             tree._absorb(tree.agnostic, data["agnostic"])
             for pid, raw in data["prompts"].items():
                 tree._absorb_prompt(pid, raw)
+            tree._scan_only = tree.agnostic.last_step >= tree.steps  # (the root's is the latest of its tree's)
         except (KeyError, TypeError, AttributeError) as exc:
             raise SpecError(f"malformed prefix tree: {type(exc).__name__}: {exc}") from None
         return tree
@@ -597,6 +623,7 @@ class PrefixTree:
         for pid, raw in data["prompts"].items():
             self._absorb_prompt(pid, raw)
         self.steps = max(self.steps, other.steps)
+        self._scan_only = self._scan_only or other._scan_only or self.agnostic.last_step >= self.steps
         self._evict_if_full()
 
     def memory_bytes(self) -> int:

@@ -107,3 +107,19 @@ def test_same_nodes_evicted_after_a_merge_and_a_reload(before, after, other, cap
         tree.update(step)
         reference.update(step)
         assert snapshot(tree) == snapshot(reference)
+
+
+@settings(max_examples=30, deadline=None)
+@given(before=many_steps, after=many_steps, cap=st.integers(1, 40))
+def test_same_nodes_evicted_after_loading_a_file_whose_step_count_is_behind(before, after, cap) -> None:
+    """A hand-edited file may mark nodes with steps the tree has not counted yet; updates then reuse those steps."""
+    source = PrefixTree(max_nodes=1000)
+    for step in before:
+        source.update(step)
+    data = {**source.to_dict(), "max_nodes": cap, "steps": 0}
+    tree, reference = PrefixTree.from_dict(data), ScanAndSortTree.from_dict(data)
+    assert snapshot(tree) == snapshot(reference)
+    for step in after:
+        tree.update(step)
+        reference.update(step)
+        assert snapshot(tree) == snapshot(reference)
