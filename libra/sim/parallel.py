@@ -22,8 +22,8 @@ from libra.sim.policies import uses_shared_tree
 from libra.spec import SpecError
 
 # Relative CPU cost per step of the work a group carries, for balancing groups: one unit per policy, plus the
-# prefix-tree update and C-MLFQ replays of the group that holds the tree (r2e-gym, 48 GPUs, 100 steps: the group
-# of libra-cmlfq, libra and one more policy ran 1.65x slower per step than a group of five other policies).
+# prefix-tree update and C-MLFQ replays of the group that holds the tree (r2e-gym, 48 GPUs, 100 steps, one process
+# per group: libra-cmlfq and libra 80 s of CPU, the six other policies 83 s).
 TREE_COST = 4.0
 
 
