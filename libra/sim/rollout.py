@@ -233,7 +233,7 @@ class RolloutRun:
         if not open_k.any():
             return None
         waiting = self._in_state(WAIT)
-        if steal and not self._steal(waiting, open_k, room, seats):
+        if steal and not self._steal(t, waiting, open_k, room, seats):
             return None
         cand = waiting[open_k[self.where[waiting]]]
         if cand.size == 0:
@@ -270,15 +270,19 @@ class RolloutRun:
         self._set_state(go, RUN)
         return go
 
-    def _steal(self, waiting: np.ndarray, open_k: np.ndarray, room: np.ndarray, seats: np.ndarray) -> bool:
+    def _steal(self, t: float, waiting: np.ndarray, open_k: np.ndarray, room: np.ndarray, seats: np.ndarray) -> bool:
         """Work-conserving admission: an instance with room and nothing queued takes requests that still queue
         (after this slice's admission) on an instance of its bucket or a smaller one, as many as its free KV
-        holds. New requests (never admitted anywhere) go first, newest first: early in a step the larger buckets
-        have nothing to do yet (their requests are still growing in the smaller ones) and would idle while the
-        smallest bucket's queue delays the start of the longest requests. Then requests under way whose instance's
-        KV cache is full (a turn back from its tool waits for room), oldest first: the taker re-prefills their
-        whole context (the prefix cache stays behind), counted in `rebalanced_tokens`. A request moved up a bucket
-        this way ignores routed moves to buckets its instance already covers."""
+        holds, from instances that have started (one still starting keeps its queue: it will serve it soon, and
+        taking it would only crowd the takers). New requests (never admitted anywhere) go first, newest first:
+        early in a step the larger buckets have nothing to do yet (their requests are still growing in the smaller
+        ones) and would idle while the smallest bucket's queue delays the start of the longest requests. Then
+        requests under way whose instance's
+        KV cache is full (a turn back from its tool waits for room), oldest first, once a turn has waited as long
+        as re-prefilling its context on the taker would take (rent-or-buy: moving never costs more than twice
+        the best choice in hindsight, and a turn its own instance is about to admit stays): the taker re-prefills
+        the whole context (the prefix cache stays behind), counted in `rebalanced_tokens`. A request moved up a
+        bucket this way ignores routed moves to buckets its instance already covers."""
         inst = self.inst
         queued = np.bincount(self.where[waiting], minlength=len(inst))
         thieves = np.flatnonzero(open_k & (queued == 0))
@@ -289,12 +293,23 @@ class RolloutRun:
         order = np.concatenate([np.flatnonzero(fresh)[::-1],
                                 np.flatnonzero(~fresh)[np.argsort(self.ready[waiting[~fresh]], kind="stable")]])
         pool_all = waiting[order]
+        pool_all = pool_all[inst.ready_at[self.where[pool_all]] <= t]  # an instance still starting keeps its queue
         home = inst.bucket[self.where[pool_all]]
         taken = np.zeros(pool_all.size, bool)
         for k in thieves[np.argsort(inst.bucket[thieves], kind="stable")]:  # the smallest bucket first
             pool = np.flatnonzero(~taken & (home <= inst.bucket[k]) & (self.where[pool_all] != k))
             if pool.size == 0:
                 continue
+            reqs = pool_all[pool]
+            under_way = ~self.fresh[reqs]
+            if under_way.any():  # rent or buy: move a stuck turn only once its wait has cost as much as the move
+                ctx = self.ctx[reqs[under_way]]
+                move_s = self.rc.prefill_time(int(inst.tp[k]), ctx, ctx / 2.0)
+                ripe = np.ones(pool.size, bool)
+                ripe[under_way] = t - self.ready[reqs[under_way]] >= move_s
+                pool = pool[ripe]
+                if pool.size == 0:
+                    continue
             ctx = self.ctx[pool_all[pool]]
             free = room[k] - self.c.kv_headroom_seqs * float(ctx.mean())  # the headroom admission keeps
             n = min(int(np.searchsorted(np.cumsum(ctx), free, side="right")), int(seats[k]))

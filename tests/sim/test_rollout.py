@@ -79,6 +79,23 @@ def test_idle_larger_buckets_take_new_requests_and_skip_moves_they_cover():
     assert conserving.end_time < plain.end_time  # the larger bucket no longer idles at the start
 
 
+def test_an_instance_still_starting_keeps_its_queue():
+    # three TP-1 instances, the third ready only at t = 50 s: its share of the requests waits for it, even though
+    # the two running instances have room (taking them would only crowd the instances already serving)
+    trajs = [_traj(i, 300, [(200, 0, 0.0)]) for i in range(30)]
+    work = step_work(0, trajs)
+    bks = parse_buckets("1:inf")
+    run = RolloutRun(CM, work, routes_for("single", work, bks, None), Instances([1, 1, 1], [0, 0, 0], [0.0, 0.0, 50.0]),
+                     start=0.0, min_slice_s=0.01, steal=True)
+    late = np.flatnonzero(run.where == 2)
+    t = 0.0
+    while not run.done:
+        dt = run.next_event(t) - t
+        run.advance(t, dt)
+        t += dt
+    assert late.size == 10 and np.all(run.where[late] == 2) and np.all(run.finish[late] > 50.0)
+
+
 def test_a_turn_waiting_for_kv_room_moves_to_an_idle_instance_and_re_prefills():
     # instance 0 gets requests 0-29, whose tool returns outgrow its KV cache; instance 1 gets short ones and idles
     long = [_traj(i, 3000, [(100, 20000, 1.0), (300, 0, 0.0)]) for i in range(30)]
