@@ -62,11 +62,8 @@ def bucket_time(cm: CostModel, groups: tuple[LengthGroup, ...], start: int, stop
     for c in range(1, count + 1):
         t = cm.rollout.instance_time(tp, num_requests=n / c, decode_tokens=decode / c, prefill_tokens=prefill / c,
                                      resident_context=resident, max_gen=max_gen, max_turns=max_turns,
-                                     tool_latency_s=tool_latency_s, new_requests=fresh / c)
-        if flow and start > 0:  # it queued in the first bucket before it got here
-            chain = cm.rollout.chain_time(tp, num_requests=n / c, resident_context=resident, max_gen=max_gen,
-                                          max_turns=max_turns, tool_latency_s=tool_latency_s)
-            t = max(float(t), float(chain) / (1.0 - admission_delay))
+                                     tool_latency_s=tool_latency_s, new_requests=fresh / c,
+                                     queued_share=admission_delay if flow and start > 0 else 0.0)
         best = min(best, float(t))
     return best
 

@@ -242,12 +242,7 @@ class GlobalPlanner:
                                  prefill_tokens=float((end - piece).sum()) * scale / group.count,
                                  resident_context=resident, max_gen=float(gen[ending].max(initial=0.0)),
                                  max_turns=float(turns[ending].max(initial=0.0)),
-                                 tool_latency_s=profile.mean_tool_time_s, new_requests=fresh)
-            if flow and k > 0:  # its requests queued in the first bucket before they got here
-                chain = rc.chain_time(group.tp, num_requests=n, resident_context=resident,
-                                      max_gen=float(gen[ending].max(initial=0.0)),
-                                      max_turns=float(turns[ending].max(initial=0.0)),
-                                      tool_latency_s=profile.mean_tool_time_s)
-                t = max(float(t), float(chain) / (1.0 - self.options.admission_delay))
+                                 tool_latency_s=profile.mean_tool_time_s, new_requests=fresh,
+                                 queued_share=self.options.admission_delay if flow and k > 0 else 0.0)
             worst = max(worst, float(t))
         return worst

@@ -15,8 +15,8 @@ What a bucket serves depends on how requests reach it (`routing`):
   A request that ends in a later bucket first queues for admission in the smallest one: first come, first
   served in an order that says nothing of its length, so it starts on average `admission_delay` (default 1/2) of
   the way through the rollout. A later bucket therefore finishes within T only if its longest request's chain
-  (`RolloutCost.chain_time`) fits in (1 - admission_delay) T; its time is max(T_instance, chain / (1 -
-  admission_delay)), which keeps the DP separable.
+  fits in (1 - admission_delay) T; its time is max(T_instance, chain / (1 - admission_delay))
+  (`RolloutCost.instance_time(queued_share=...)`), which keeps the DP separable.
 Within a request, decoded tokens are spread evenly over its context (a piece of d decoded tokens ending at context b
 has decode-weighted resident context b - d / 2, as for a whole request).
 
@@ -95,6 +95,7 @@ class RolloutTable:
                         + (width * hi * tail("cr") - width * width * tail("cr2") / 2) * flow)
         resident = resident_sum / np.maximum(decode, 1e-9)
         fresh = np.where(starts == 0, n, 0.0) if flow else n
+        queued = np.where(flow & (starts > 0), admission_delay, 0.0)  # later buckets' requests queued in the first
         max_total = hi
         # the tail: the last group's longest decoder must live through its whole chain of turns before it ends here,
         # the part decoded in smaller buckets included (taken at this bucket's step time)
@@ -117,11 +118,7 @@ class RolloutTable:
             tm = cost.instance_time(tp, num_requests=n[row] / k, decode_tokens=decode[row] / k,
                                     prefill_tokens=prefill[row] / k, resident_context=resident[row],
                                     max_gen=max_gen[row], max_turns=max_turns[row], tool_latency_s=tool_latency_s,
-                                    new_requests=fresh[row] / k)
-            if flow and admission_delay > 0:  # requests reach a later bucket only after queueing in the first
-                chain = cost.chain_time(tp, num_requests=n[row] / k, resident_context=resident[row],
-                                        max_gen=max_gen[row], max_turns=max_turns[row], tool_latency_s=tool_latency_s)
-                tm = np.where(starts[row] > 0, np.maximum(tm, chain / (1.0 - admission_delay)), tm)
+                                    new_requests=fresh[row] / k, queued_share=queued[row])
             times = _segmented_running_min(np.asarray(tm, dtype=float), caps, offsets)
             self.times[tp], self.offsets[tp] = times, offsets
             # Integer search keys: within a range times never increase, so (range, rank of -time) is sorted and

@@ -101,10 +101,12 @@ class RolloutCost:
 
     # --- a whole instance -------------------------------------------------------------------------------------
     def instance_time(self, tp: int, *, num_requests, decode_tokens, prefill_tokens, resident_context,
-                      max_gen, max_turns=1.0, tool_latency_s: float = 0.0, new_requests=None):
+                      max_gen, max_turns=1.0, tool_latency_s: float = 0.0, new_requests=None, queued_share=0.0):
         """Seconds for one instance to serve `num_requests` requests (totals over the instance), continuous
         batching; `max_gen` / `max_turns` describe the longest request (the tail). `new_requests` of them pay the
-        per-request engine cost (all by default; a request migrated in from another instance paid it there)."""
+        per-request engine cost (all by default; a request migrated in from another instance paid it there).
+        `queued_share` > 0: the longest request first queued elsewhere for that share of the result, so its chain
+        at the batch's pace must fit in the rest (the instance takes at least chain / (1 - queued_share))."""
         batch = self.concurrency(tp, resident_context, num_requests)
         fresh = num_requests if new_requests is None else new_requests
         step = self.effective_step_time(tp, batch, resident_context, num_requests)
@@ -114,14 +116,11 @@ class RolloutCost:
         left = np.where(chain > throughput, 1.0 - throughput / np.maximum(chain, 1e-12), 0.0)
         tail = left * (max_gen * self.decode_step_time(tp, 1.0, resident_context) + tools)
         prefill = self.prefill_time(tp, prefill_tokens, resident_context / 2.0)
-        return prefill + fresh * self.c.per_request_overhead_s + throughput + tail
-
-    def chain_time(self, tp: int, *, num_requests, resident_context, max_gen, max_turns=1.0,
-                   tool_latency_s: float = 0.0):
-        """Seconds the longest request needs from its admission, decoding at the pace of a full batch."""
-        batch = self.concurrency(tp, resident_context, num_requests)
-        step = self.effective_step_time(tp, batch, resident_context, num_requests)
-        return max_gen * step + max_turns * tool_latency_s
+        total = prefill + fresh * self.c.per_request_overhead_s + throughput + tail
+        share = np.asarray(queued_share, dtype=float)
+        if not share.any():
+            return total
+        return np.where(share > 0, np.maximum(total, chain / (1.0 - share)), total)
 
     def fluid_gpu_seconds(self, tp: int, *, num_requests, decode_tokens, prefill_tokens, resident_context):
         """GPU-seconds to serve the work at full concurrency with no tail: a lower bound on any real layout."""
