@@ -271,18 +271,15 @@ class RolloutRun:
         return go
 
     def _steal(self, t: float, waiting: np.ndarray, open_k: np.ndarray, room: np.ndarray, seats: np.ndarray) -> bool:
-        """Work-conserving admission: an instance with room and nothing queued takes requests that still queue
-        (after this slice's admission) on an instance of its bucket or a smaller one, as many as its free KV
-        holds, from instances that have started (one still starting keeps its queue: it will serve it soon, and
-        taking it would only crowd the takers). New requests (never admitted anywhere) go first, newest first:
-        early in a step the larger buckets have nothing to do yet (their requests are still growing in the smaller
-        ones) and would idle while the smallest bucket's queue delays the start of the longest requests. Then
-        requests under way whose instance's
-        KV cache is full (a turn back from its tool waits for room), oldest first, once a turn has waited as long
-        as re-prefilling its context on the taker would take (rent-or-buy: moving never costs more than twice
-        the best choice in hindsight, and a turn its own instance is about to admit stays): the taker re-prefills
-        the whole context (the prefix cache stays behind), counted in `rebalanced_tokens`. A request moved up a
-        bucket this way ignores routed moves to buckets its instance already covers."""
+        """Work-conserving admission: an instance with room and nothing queued takes requests still queued (after
+        this slice's admission) on a started instance of its bucket or a smaller one, as many as its free KV holds.
+        An instance still starting keeps its queue: it will serve it soon, and taking it would crowd the takers.
+        New requests (never admitted) go first, newest first: early in a step the larger buckets have nothing to do
+        yet and would idle while the smallest bucket's queue delays the longest requests. Then turns under way whose
+        instance's KV cache is full, oldest first, once a turn has waited as long as re-prefilling its context on
+        the taker would take (rent or buy: never more than twice the best choice in hindsight). The taker
+        re-prefills the whole context (the prefix cache stays behind), counted in `rebalanced_tokens`. A request
+        moved up a bucket this way ignores routed moves to buckets its instance already covers."""
         inst = self.inst
         queued = np.bincount(self.where[waiting], minlength=len(inst))
         thieves = np.flatnonzero(open_k & (queued == 0))
