@@ -22,6 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu", default="A800-80GB", help="GPU preset (A800-80GB, A100-80GB, H100-80GB, H200)")
     p.add_argument("--cluster", metavar="FILE", help="YAML/JSON cluster file (overrides --gpus/--gpus-per-node/--gpu)")
     p.add_argument("--model", default="Qwen3-14B", help="model preset name or a YAML/JSON file of ModelSpec fields")
+    p.add_argument("--coeffs", metavar="FILE",
+                   help="YAML/JSON file of cost-model coefficients (e.g. fitted by calibrate); the rest keep defaults")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--trace", metavar="FILE", help="plan from a trace file (JSON Lines, DESIGN.md schema)")
     src.add_argument("--workload", default=DEFAULT_WORKLOAD, help="synthetic workload: search-r1, dapo-math, r2e-gym")
@@ -80,6 +82,7 @@ def _range(low: float, high: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from libra.planning import GlobalPlanner, PlannerOptions
+    from libra.planning.cost import load_coefficients
     from libra.spec import RLSettings, SpecError, load_model
 
     if args.gpus < 2 and not args.cluster:
@@ -91,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
     options = PlannerOptions(routing=args.routing)
     if args.tp_degrees is not None:
         options = attrs.evolve(options, tp_degrees=_tp_degrees(args.tp_degrees))
-    planner = GlobalPlanner(cluster=cluster, model=model, rl=rl, options=options)
+    coeffs = load_coefficients(args.coeffs) if args.coeffs else None
+    planner = GlobalPlanner(cluster=cluster, model=model, rl=rl, options=options, coeffs=coeffs)
     tps = tuple(tp for tp in options.tp_degrees if tp <= cluster.gpus_per_node)
     if args.tp_degrees is not None and len(tps) < len(options.tp_degrees):
         raise CLIError(f"--tp-degrees {args.tp_degrees}: a TP group must fit in one node of "

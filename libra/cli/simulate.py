@@ -24,7 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", type=int, default=48, help="total GPUs (default 48)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
     p.add_argument("--gpu", default="A800-80GB", help="GPU preset (default A800-80GB)")
+    p.add_argument("--cluster", metavar="FILE", help="YAML/JSON cluster file (overrides --gpus/--gpus-per-node/--gpu)")
     p.add_argument("--model", default="Qwen3-14B", help="model preset name or a YAML/JSON file (default Qwen3-14B)")
+    p.add_argument("--coeffs", metavar="FILE",
+                   help="YAML/JSON file of cost-model coefficients (e.g. fitted by calibrate); the rest keep defaults")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--workload", default="r2e-gym", help="synthetic workload: search-r1, dapo-math, r2e-gym")
     src.add_argument("--trace", metavar="FILE", help="replay a trace file (JSON Lines) instead, one step per label")
@@ -59,16 +62,21 @@ def _policies(text: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from libra.planning.cost import load_coefficients
     from libra.sim import Scenario, SimOptions, WorkSource, simulate
     from libra.sim.report import write_report
-    from libra.spec import ClusterSpec, RLSettings, get_gpu, load_model
+    from libra.spec import ClusterSpec, RLSettings, get_gpu, load_cluster, load_model
 
     for name in ("steps", "prompts", "samples", "max_len", "slices", "drift_steps", "workers"):
         if getattr(args, name) < 1:
             raise CLIError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     policies = _policies(args.policy)
-    cluster = ClusterSpec.from_total(gpu=get_gpu(args.gpu), num_gpus=args.gpus, gpus_per_node=args.gpus_per_node)
+    if args.cluster:
+        cluster = load_cluster(args.cluster)
+    else:
+        cluster = ClusterSpec.from_total(gpu=get_gpu(args.gpu), num_gpus=args.gpus, gpus_per_node=args.gpus_per_node)
     model = load_model(args.model)
+    coeffs = load_coefficients(args.coeffs) if args.coeffs else None
     if args.trace:
         source = WorkSource.from_trace(args.trace, seed=args.seed)
         if args.steps > source.num_steps:
@@ -83,9 +91,9 @@ def run(args: argparse.Namespace) -> int:
                                            samples_per_prompt=samples, max_model_len=args.max_len,
                                            drift_steps=args.drift_steps)
     rl = RLSettings(num_prompts=prompts, samples_per_prompt=samples, max_model_len=args.max_len)
-    scenario = Scenario(cluster=cluster, model=model, rl=rl, source=source,
+    scenario = Scenario(cluster=cluster, model=model, rl=rl, source=source, coeffs=coeffs,
                         options=SimOptions(slices_per_rollout=args.slices))
-    log(f"simulating {source.name}: {args.gpus} x {cluster.gpu.name}, {model.name}, {prompts} x {samples} "
+    log(f"simulating {source.name}: {cluster.num_gpus} x {cluster.gpu.name}, {model.name}, {prompts} x {samples} "
         f"trajectories per step, {args.steps} steps, policies {', '.join(policies)}")
     bar = tqdm(total=args.steps * len(policies), desc="simulate", unit="stage", leave=False)
 

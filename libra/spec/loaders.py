@@ -15,7 +15,8 @@ from libra.spec.hardware import GPUSpec, get_gpu
 from libra.spec.model import ModelSpec, get_model
 
 
-def _read_mapping(path: Path) -> dict[str, Any]:
+def read_mapping(path: Path) -> dict[str, Any]:
+    """The mapping at the top of a YAML or JSON file (`.json` is JSON, anything else YAML); SpecError otherwise."""
     try:
         text = path.read_text()
     except OSError as exc:
@@ -29,7 +30,8 @@ def _read_mapping(path: Path) -> dict[str, Any]:
     return data
 
 
-def _construct(cls: type, data: dict[str, Any], path: Path) -> Any:
+def construct(cls: type, data: dict[str, Any], path: Path) -> Any:
+    """`cls(**data)`, with a one-line SpecError naming `path` for unknown fields or a bad call."""
     fields = {f.name for f in attrs.fields(cls)}
     unknown = sorted(set(data) - fields)
     if unknown:
@@ -46,21 +48,21 @@ def load_model(name_or_path: str) -> ModelSpec:
     """A preset name, or a YAML/JSON file with ModelSpec fields."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml", ".json"):
-        data = _read_mapping(path)
+        data = read_mapping(path)
         data.setdefault("name", path.stem)
-        return _construct(ModelSpec, data, path)
+        return construct(ModelSpec, data, path)
     return get_model(name_or_path)
 
 
 def load_cluster(path_text: str) -> ClusterSpec:
     """A YAML/JSON file: `gpu` (a preset name or a mapping of GPUSpec fields), `num_nodes`, `gpus_per_node`."""
     path = Path(path_text)
-    data = _read_mapping(path)
+    data = read_mapping(path)
     gpu = data.get("gpu")
     if isinstance(gpu, str):
         data["gpu"] = get_gpu(gpu)
     elif isinstance(gpu, dict):
-        data["gpu"] = _construct(GPUSpec, gpu, path)
+        data["gpu"] = construct(GPUSpec, gpu, path)
     else:
         raise SpecError(f"{path}: 'gpu' must be a preset name or a mapping of GPU fields")
-    return _construct(ClusterSpec, data, path)
+    return construct(ClusterSpec, data, path)

@@ -74,3 +74,15 @@ def test_the_installed_command_runs() -> None:
                           text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["rollout"]["gpus"] > 0
+
+
+def test_coefficients_file_changes_the_prediction(tmp_path, capsys) -> None:
+    assert main(["plan", "--gpus", "16", "--json"]) == 0
+    default = json.loads(capsys.readouterr().out)
+    slow = tmp_path / "slow.yaml"
+    slow.write_text("hbm_efficiency: 0.4\ntrain_mfu: 0.25\n")  # half the bandwidth and half the FLOP/s
+    assert main(["plan", "--gpus", "16", "--json", "--coeffs", str(slow)]) == 0
+    assert json.loads(capsys.readouterr().out)["makespan_s"] > 1.5 * default["makespan_s"]
+    slow.write_text("train_mfu: 2\n")
+    assert main(["plan", "--coeffs", str(slow)]) == 2
+    assert capsys.readouterr().err.strip().endswith("train_mfu must be a number in (0, 1], got 2")

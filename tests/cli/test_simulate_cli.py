@@ -66,3 +66,23 @@ def test_workers_give_the_same_numbers_on_a_trace(tmp_path, capsys):
         capsys.readouterr()
         runs[workers] = json.loads((tmp_path / workers / "report.json").read_text())["runs"]
     assert json.dumps(runs["1"], sort_keys=True) == json.dumps(runs["2"], sort_keys=True)
+
+
+def test_cluster_and_coefficients_files(tmp_path, capsys):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("gpu: A800-80GB\nnum_nodes: 2\ngpus_per_node: 8\n")
+    runs = {}
+    for name, text in (("default", "{}\n"), ("slow", "hbm_efficiency: 0.4\n")):
+        coeffs = tmp_path / f"{name}.yaml"
+        coeffs.write_text(text)
+        rc = main(["simulate", "--cluster", str(cluster), "--coeffs", str(coeffs), "--prompts", "8", "--samples",
+                   "4", "--steps", "2", "--policy", "static-uniform", "--out", str(tmp_path / name), "--json",
+                   "--no-plots"])
+        assert rc == 0
+        runs[name] = json.loads(capsys.readouterr().out)
+    assert runs["default"]["gpus"] == 16
+    slow, default = (runs[n]["policies"]["static-uniform"]["mean_rollout_s"] for n in ("slow", "default"))
+    assert slow > 1.1 * default  # decode reads the weights at half the bandwidth (tool calls do not slow)
+    (tmp_path / "bad.yaml").write_text("kv_fill: -1\n")
+    assert main([*SMALL, "--coeffs", str(tmp_path / "bad.yaml"), "--out", str(tmp_path)]) == 2
+    assert "kv_fill must be a number in (0, 1]" in capsys.readouterr().err

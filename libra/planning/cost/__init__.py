@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from libra.planning.cost.coefficients import CostCoefficients
+from libra.planning.cost.coefficients import CostCoefficients, load_coefficients
 from libra.planning.cost.rollout import RolloutCost
 from libra.planning.cost.training import BatchStats, TrainingCost
 from libra.spec import ClusterSpec, ModelSpec
@@ -18,4 +18,4 @@ class CostModel:
         self.training = TrainingCost(cluster, model, self.coeffs)
 
 
-__all__ = ["BatchStats", "CostCoefficients", "CostModel", "RolloutCost", "TrainingCost"]
+__all__ = ["BatchStats", "CostCoefficients", "CostModel", "RolloutCost", "TrainingCost", "load_coefficients"]

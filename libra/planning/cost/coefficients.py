@@ -10,7 +10,13 @@ measurements from your own cluster.
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 import attrs
+
+from libra.spec import SpecError
+from libra.spec.loaders import construct, read_mapping
 
 
 @attrs.frozen(kw_only=True)
@@ -42,3 +48,39 @@ class CostCoefficients:
 
     def replace(self, **changes: float) -> CostCoefficients:
         return attrs.evolve(self, **changes)
+
+
+_INTEGER_FIELDS = ("max_num_seqs", "logprob_forward_passes")
+_FRACTIONS = ("gpu_memory_utilization", "kv_fill", "hbm_efficiency", "decode_mfu", "prefill_mfu", "link_efficiency",
+              "train_mfu", "train_attention_efficiency")  # divisors: in (0, 1]
+_POSITIVE = ("max_num_seqs",)
+
+
+def _check_value(path: Path, key: str, value: object) -> float | int:
+    whole = key in _INTEGER_FIELDS
+    number = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+    if key in _FRACTIONS:
+        ok, kind = number and 0 < value <= 1, "a number in (0, 1]"
+    elif key in _POSITIVE:
+        ok, kind = number and value >= 1 and float(value).is_integer(), "a whole number >= 1"
+    elif whole:
+        ok, kind = number and value >= 0 and float(value).is_integer(), "a whole number >= 0"
+    else:
+        ok, kind = number and value >= 0, "a finite number >= 0"
+    if not ok:
+        raise SpecError(f"{path}: {key} must be {kind}, got {value!r}")
+    return int(value) if whole else value  # type: ignore[arg-type]
+
+
+def load_coefficients(path_text: str | Path) -> CostCoefficients:
+    """Coefficients from a YAML/JSON mapping of field names to values; fields left out keep their defaults.
+
+    Write one from `calibrate`'s result with `json.dumps(attrs.asdict(coeffs))`. Efficiencies must lie in (0, 1],
+    `max_num_seqs` be a whole number >= 1, everything else a finite number >= 0; a bad file raises a one-line
+    SpecError naming the field.
+    """
+    path = Path(path_text)
+    data = read_mapping(path)
+    known = {f.name for f in attrs.fields(CostCoefficients)}
+    checked = {key: _check_value(path, key, value) if key in known else value for key, value in data.items()}
+    return construct(CostCoefficients, checked, path)
