@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import attrs
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libra.planning.cost import BatchStats, CostCoefficients, CostModel
+from libra.planning.cost import BatchStats, CostCoefficients, CostModel, load_coefficients
 from libra.planning.cost.calibrate import RolloutMeasurement, TrainingMeasurement, calibrate, mape
 from libra.planning.cost.published import published_checks
 from libra.spec import ClusterSpec, SpecError, get_gpu, get_model
 
+FAST_TP = Path(__file__).resolve().parents[2] / "examples" / "coeffs" / "fast_tp.yaml"
 
-@pytest.fixture(scope="module")
-def checks():
-    return {c.name: c for c in published_checks()}
+
+@pytest.fixture(scope="module", params=["defaults", "fast_tp"])
+def checks(request):
+    """The defaults, and the docs/sim.md what-if with cheaper TP: both meet the published checks."""
+    coeffs = load_coefficients(FAST_TP) if request.param == "fast_tp" else None
+    return {c.name: c for c in published_checks(coeffs)}
 
 
 def test_tp1x8_beats_tp8_on_short_sequences_within_35_percent(checks) -> None:
@@ -123,3 +129,17 @@ def test_calibrate_rejects_bad_input() -> None:
         calibrate(cluster, model, measurements, fit=("warp_factor",))
     with pytest.raises(SpecError, match="> 0"):
         calibrate(cluster, model, [attrs.evolve(measurements[0], time_s=0.0)])
+
+
+def test_batch_one_decode_latency_of_the_two_coefficient_sets() -> None:
+    """docs/sim.md: with the defaults TP-8 decodes one long request no faster than TP-2; with the what-if TP-4 and
+    TP-8 are about twice as fast as TP-1 and about equally fast (the host step overhead floors both)."""
+    cluster = ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=8, gpus_per_node=8)
+    ms = {}
+    for name, coeffs in (("defaults", None), ("fast_tp", load_coefficients(FAST_TP))):
+        r = CostModel(cluster, get_model("Qwen3-14B"), coeffs).rollout
+        ms[name] = {tp: 1e3 * float(r.decode_step_time(tp, 1.0, 20_000.0)) for tp in (1, 2, 4, 8)}
+    d, f = ms["defaults"], ms["fast_tp"]
+    assert d[8] > d[4] and d[8] > d[2] and d[1] > d[2]
+    assert f[1] > 2 * f[4] and f[1] > 2 * f[8] and abs(f[8] - f[4]) < 0.1 * f[4]
+    assert d[1] == pytest.approx(f[1])  # TP-1 has no TP overheads
