@@ -12,9 +12,11 @@ Model (per instance k of degree tp_k; the formulas are the planner's `RolloutCos
   times the preemption churn `1 + min(preemption_factor / B, max_churn)` when the KV pool (not the engine cap or
   the supply of requests) bounds the batch, as in `RolloutCost.effective_step_time`.
 - Time advances in slices: the batch of each instance is fixed within a slice, a segment that ends inside a slice
-  ends at its exact time, but its slot is refilled at the next slice boundary. A slice ends at the next event
-  (a segment end, a tool return, an instance start) but lasts at least `min_slice_s` (the fidelity knob:
-  `tests/sim` checks that halving it moves results little).
+  ends at its exact time, and a tool that returns inside a slice starts decoding at its return time. A slot that
+  comes free inside a slice is refilled at the next boundary, but the request that takes it decodes as of when
+  the slot came free (or it was ready, if later): the boundary only delays the decision, not the work. A slice
+  ends at the next event (a segment end, a tool return, an instance start) but lasts at least `min_slice_s` (the
+  fidelity knob: `tests/sim/test_fidelity.py` checks coarse against fine slices).
 - Migration (decided by the router on a tool return): the destination either re-prefills the carried context
   (GPU time there) or receives the KV over the network (`kv bytes / bandwidth`, delaying the request); the
   cheaper is taken.
@@ -107,6 +109,10 @@ class RolloutRun:
         self.busy_gpu_s = 0.0
         self.decoded = 0.0
         self._last: tuple[np.ndarray, np.ndarray] | None = None  # (still running, step times) after a slice
+        # (instance, time) of every request that left the GPU inside the last slice (tool call, move or finish):
+        # the slots the next boundary's admission refills, as if it had happened when each slot came free
+        self._freed = (np.zeros(0, np.int64), np.zeros(0))
+        self._refilled = np.zeros(len(instances), np.int64)  # freed slots of an instance refilled at this boundary
         # requests not DONE, ascending (DONE is final): per-slice scans read only these, which matters in the long
         # tail of a rollout where most slices have a few percent of the requests left; ascending order keeps every
         # sum (bincount) in the same order as a scan of all requests, so results are identical
@@ -176,7 +182,7 @@ class RolloutRun:
 
     def _returns(self, t: float, dt: float) -> None:
         """Tool calls that return before the slice ends rejoin now; one that returns inside the slice starts
-        decoding at its return time (`lag`), not at the next boundary."""
+        decoding at its return time (admission sets `lag`), not at the next boundary."""
         tool = self._in_state(TOOL)
         back = tool[self.ready[tool] < t + dt]
         if back.size == 0:
@@ -202,7 +208,6 @@ class RolloutRun:
             self.ready[moving] = np.where(use_transfer, self.ready[moving] + transfer, self.ready[moving])
             self.pending[moving] += np.where(use_transfer, 0.0, ctx)
             self._set_state(moving[use_transfer & (self.ready[moving] >= t + dt)], TOOL)  # KV still in flight
-        self.lag[back] = np.maximum(0.0, self.ready[back] - t)
 
     def _covered(self, reqs: np.ndarray, seg: np.ndarray) -> np.ndarray:
         """A stolen request's routed move is void when its instance's bucket already holds the target."""
@@ -215,11 +220,13 @@ class RolloutRun:
         running = self._in_state(RUN)
         run_k = np.bincount(self.where[running], minlength=len(inst))
         used_k = np.bincount(self.where[running], weights=self.ctx[running], minlength=len(inst)).astype(float)
+        self._refilled = np.zeros(len(inst), np.int64)
         go = self._admit_queued(t, run_k, used_k, steal=False)
         if self.steal and go is not None and self._in_state(WAIT).size:
             run_k += np.bincount(self.where[go], minlength=len(inst))
             used_k += np.bincount(self.where[go], weights=self.ctx[go], minlength=len(inst))
             self._admit_queued(t, run_k, used_k, steal=True)
+        self._freed = (np.zeros(0, np.int64), np.zeros(0))
 
     def _admit_queued(self, t: float, run_k: np.ndarray, used_k: np.ndarray, *, steal: bool) -> np.ndarray | None:
         """One admission pass given the running count and context per instance; returns the admitted requests
@@ -265,10 +272,32 @@ class RolloutRun:
             if sel.any():
                 secs[sel] += self.rc.prefill_time(int(tp), self.pending[go[sel]], self.ctx[go[sel]] / 2.0)
         self.debt += np.bincount(gk, weights=secs, minlength=k_all)
+        self.lag[go] = np.maximum(0.0, self.ready[go] - t) - self._credit(t, go, gk, rank[ok])
         self.pending[go] = 0.0
         self.fresh[go] = False
         self._set_state(go, RUN)
         return go
+
+    def _credit(self, t: float, go: np.ndarray, gk: np.ndarray, rank: np.ndarray) -> np.ndarray:
+        """Seconds before `t` that admitted requests could have started decoding. Admission happens at slice
+        boundaries, but a slot that came free inside the last slice would have been refilled at once: the j-th
+        request admitted to an instance at this boundary takes the j-th slot freed there (earliest first), from
+        when both the slot was free and the request was ready. Requests still on their way (a tool returning
+        inside this slice) get none."""
+        fk, ft = self._freed
+        credit = np.zeros(go.size)
+        if fk.size == 0:
+            return credit
+        order = np.lexsort((ft, fk))
+        fk, ft = fk[order], ft[order]
+        first = np.searchsorted(fk, gk, side="left")
+        count = np.searchsorted(fk, gk, side="right") - first
+        slot = rank + self._refilled[gk]
+        has = slot < count
+        since = np.maximum(ft[np.where(has, first + slot, 0)], self.ready[go])
+        credit[has] = np.maximum(0.0, t - since[has])
+        self._refilled += np.bincount(gk, minlength=self._refilled.size)
+        return credit
 
     def _steal(self, t: float, waiting: np.ndarray, open_k: np.ndarray, room: np.ndarray, seats: np.ndarray) -> bool:
         """Work-conserving admission: an instance with room and nothing queued takes requests still queued (after
@@ -390,6 +419,7 @@ class RolloutRun:
         fin = ended[last]
         self._set_state(fin, DONE)
         self.finish[fin] = at[last]
+        self._note_freed(fin, at[last])
         go, sg, ag = ended[~last], seg[~last], at[~last]
         if go.size == 0:
             return
@@ -412,6 +442,11 @@ class RolloutRun:
             self.moved[go] = False
             self.rem[go] = w.gen[go, sg + 1].astype(float)
             self._set_state(go, TOOL)
+            self._note_freed(go, ag)
+
+    def _note_freed(self, reqs: np.ndarray, at: np.ndarray) -> None:
+        fk, ft = self._freed
+        self._freed = (np.concatenate([fk, self.where[reqs]]), np.concatenate([ft, at]))
 
     # --- when to look again -------------------------------------------------------------------------------------
     def next_event(self, t: float) -> float:
