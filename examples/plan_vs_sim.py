@@ -1,0 +1,108 @@
+"""The planner's predicted rollout time against the simulator's, for the planner's own step-0 plans.
+
+    python examples/plan_vs_sim.py                     # the three workloads, 48 x A800, Qwen3-14B, 512 x 16
+    python examples/plan_vs_sim.py --workloads r2e-gym --coeffs examples/coeffs/fast_tp.yaml
+
+For each workload: plan on step 0's profile under each routing model (`start-small`, the default, and
+`final-length`, perfect routing), then run step 0 alone through the simulator's timed rollout on the plan's
+instances (overflow routing: start in the smallest bucket, move up when the context outgrows it), and the same
+for colocated's 24 x TP-2. docs/sim.md (item 3 of "Why the simulated picture differs") has the table this prints;
+`tests/sim/test_fidelity.py` checks that the default plans agree within 15 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import attrs
+
+from libra.planning import GlobalPlanner, PlannerOptions
+from libra.planning.cost import CostCoefficients, load_coefficients
+from libra.sim.engine import profile_of
+from libra.sim.rollout import Instances, RolloutRun
+from libra.sim.routing import routes_for
+from libra.sim.workload import StepWork, WorkSource
+from libra.spec import Bucket, ClusterSpec, InstanceGroup, RLSettings, SpecError, get_gpu, get_model
+
+
+@attrs.frozen(kw_only=True)
+class Agreement:
+    workload: str
+    routing: str  # the planner's routing model, or "colocated"
+    instances: tuple[InstanceGroup, ...]
+    predicted_s: float
+    simulated_s: float
+
+    @property
+    def error(self) -> float:
+        return self.simulated_s / self.predicted_s - 1.0
+
+    @property
+    def layout(self) -> str:
+        return " + ".join(f"{g.count} x TP-{g.tp}" for g in self.instances)
+
+
+def simulated_rollout(planner: GlobalPlanner, work: StepWork, groups: tuple[InstanceGroup, ...],
+                      slice_s: float) -> float:
+    """Seconds the timed rollout takes to serve `work` on `groups`, overflow routing, from time 0."""
+    buckets = tuple(Bucket(tp=g.tp, max_tokens=g.max_tokens) for g in groups)
+    routes = routes_for("single" if len(buckets) == 1 else "overflow", work, buckets, None)
+    tps = [g.tp for g in groups for _ in range(g.count)]
+    home = [b for b, g in enumerate(groups) for _ in range(g.count)]
+    run = RolloutRun(planner.cost_model, work, routes, Instances(tps, home, [0.0] * len(tps)), start=0.0,
+                     min_slice_s=slice_s)
+    t = 0.0
+    while not run.done:
+        dt = run.next_event(t) - t
+        run.advance(t, dt)
+        t += dt
+    return run.end_time
+
+
+def agreements(workload: str, *, gpus: int = 48, prompts: int = 512, samples: int = 16,
+               coeffs: CostCoefficients | None = None, routings: tuple[str, ...] = ("start-small", "final-length"),
+               colocated_tp: int = 2) -> list[Agreement]:
+    cluster = ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=gpus, gpus_per_node=8)
+    model, rl = get_model("Qwen3-14B"), RLSettings(num_prompts=prompts, samples_per_prompt=samples)
+    work = WorkSource.from_generator(workload, seed=0, num_prompts=prompts, samples_per_prompt=samples,
+                                     max_model_len=rl.max_model_len).step(0)
+    profile = profile_of([work], workload, rl.global_batch)
+    out = []
+    for routing in routings:
+        planner = GlobalPlanner(cluster=cluster, model=model, rl=rl, coeffs=coeffs,
+                                options=PlannerOptions(routing=routing))
+        plan = planner.plan(profile)
+        groups = plan.rollout.instances
+        out.append(Agreement(workload=workload, routing=routing, instances=groups, predicted_s=plan.rollout.time_s,
+                             simulated_s=simulated_rollout(planner, work, groups, plan.rollout.time_s / 300)))
+    planner = GlobalPlanner(cluster=cluster, model=model, rl=rl, coeffs=coeffs)
+    groups = (InstanceGroup(tp=colocated_tp, count=gpus // colocated_tp, max_tokens=float("inf")),)
+    predicted = planner.rollout_time(groups, profile)
+    out.append(Agreement(workload=workload, routing="colocated", instances=groups, predicted_s=predicted,
+                         simulated_s=simulated_rollout(planner, work, groups, predicted / 300)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--workloads", default="r2e-gym,search-r1,dapo-math", help="comma-separated workload names")
+    p.add_argument("--prompts", type=int, default=512, help="prompts per step (default 512)")
+    p.add_argument("--coeffs", metavar="FILE", help="YAML/JSON file of cost-model coefficients")
+    args = p.parse_args(argv)
+    try:
+        coeffs = load_coefficients(args.coeffs) if args.coeffs else None
+        rows = [a for w in args.workloads.split(",") for a in agreements(w, prompts=args.prompts, coeffs=coeffs)]
+    except SpecError as exc:
+        print(f"plan_vs_sim: error: {exc}", file=sys.stderr)
+        return 2
+    print("| workload | routing model | rollout instances | predicted s | simulated s | simulated / predicted |")
+    print("|---|---|---|---:|---:|---:|")
+    for a in rows:
+        print(f"| {a.workload} | {a.routing} | {a.layout} | {a.predicted_s:,.0f} | {a.simulated_s:,.0f} | "
+              f"{100 * a.error:+.0f} % |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
