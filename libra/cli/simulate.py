@@ -39,6 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--drift-steps", type=int, default=100, help="steps over which the synthetic workload drifts")
     p.add_argument("--seed", type=int, default=0, help="seed of the workload and tool latencies (default 0)")
     p.add_argument("--slices", type=int, default=300, help="time slices per rollout: the fidelity knob (default 300)")
+    p.add_argument("--steal", default="all", choices=("all", "new", "off"),
+                   help="what an idle rollout instance takes from busy ones' queues: all (new requests and stuck "
+                        "turns, re-prefilled; default), new (new requests only: turns stick to their server, as in "
+                        "RL agent loops), or off")
     p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
                    help="worker processes for groups of policies (same numbers as 1; default min(2, CPUs))")
     p.add_argument("--out", metavar="DIR", default="sim-out", help="folder for report.json and PNG plots")
@@ -92,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
                                            drift_steps=args.drift_steps)
     rl = RLSettings(num_prompts=prompts, samples_per_prompt=samples, max_model_len=args.max_len)
     scenario = Scenario(cluster=cluster, model=model, rl=rl, source=source, coeffs=coeffs,
-                        options=SimOptions(slices_per_rollout=args.slices))
+                        options=SimOptions(slices_per_rollout=args.slices, steal=args.steal))
     log(f"simulating {source.name}: {cluster.num_gpus} x {cluster.gpu.name}, {model.name}, {prompts} x {samples} "
         f"trajectories per step, {args.steps} steps, policies {', '.join(policies)}")
     bar = tqdm(total=args.steps * len(policies), desc="simulate", unit="stage", leave=False)

@@ -32,11 +32,11 @@ import numpy as np
 from libra.planning.cost import BatchStats, CostModel
 from libra.sim.policies import Allocation, Decision, Observation, Policy
 from libra.sim.records import StageRecord
-from libra.sim.rollout import DONE, WAIT, Instances, RolloutRun
+from libra.sim.rollout import DONE, STEAL_MODES, WAIT, Instances, RolloutRun
 from libra.sim.routing import Routes
 from libra.sim.training import TrainingJob
 from libra.sim.workload import StepWork
-from libra.spec import WorkloadProfile
+from libra.spec import SpecError, WorkloadProfile
 
 
 @attrs.frozen(kw_only=True)
@@ -67,7 +67,14 @@ class SimOptions:
     max_slice_s: float = 60.0
     core_fraction: float = 0.5  # elastic pool: share of training replicas that never leave training
     min_backlog: int = 16  # elastic pool: queued requests that justify starting borrowed instances
-    steal: bool = True  # work-conserving admission: idle larger buckets take new requests queued in smaller ones
+    # what an idle instance takes from other instances' queues: "all" (new requests and stuck turns under way,
+    # re-prefilled: a work-conserving router; the default), "new" (only new requests: the least-loaded dispatch of
+    # RL agent loops, whose later turns stick to their server), "off"
+    steal: str = "all"
+
+    def __attrs_post_init__(self) -> None:
+        if self.steal not in STEAL_MODES:
+            raise SpecError(f"steal must be one of {', '.join(STEAL_MODES)}, got {self.steal!r}")
 
 
 def batch_stats(work: StepWork, global_batch: int, max_len: int) -> BatchStats:

@@ -29,8 +29,10 @@ import numpy as np
 from libra.planning.cost import CostModel
 from libra.sim.routing import Routes
 from libra.sim.workload import StepWork
+from libra.spec import SpecError
 
 WAIT, RUN, TOOL, DONE = 0, 1, 2, 3
+STEAL_MODES = ("new", "all", "off")  # what idle instances may take from other instances' queues (see `_steal`)
 
 
 class Instances:
@@ -84,7 +86,9 @@ class RolloutRun:
     """One step's requests on `instances`, from time `start`. Call `advance(t, dt)` slice by slice."""
 
     def __init__(self, cost: CostModel, work: StepWork, routes: Routes, instances: Instances, *, start: float,
-                 min_slice_s: float = 0.5, max_slice_s: float = 60.0, steal: bool = True) -> None:
+                 min_slice_s: float = 0.5, max_slice_s: float = 60.0, steal: str = "all") -> None:
+        if steal not in STEAL_MODES:
+            raise SpecError(f"steal must be one of {', '.join(STEAL_MODES)}, got {steal!r}")
         self.cm, self.rc, self.c = cost, cost.rollout, cost.coeffs
         self.work, self.routes, self.inst = work, routes, instances
         self.min_slice_s, self.max_slice_s, self.steal = min_slice_s, max_slice_s, steal
@@ -222,7 +226,7 @@ class RolloutRun:
         used_k = np.bincount(self.where[running], weights=self.ctx[running], minlength=len(inst)).astype(float)
         self._refilled = np.zeros(len(inst), np.int64)
         go = self._admit_queued(t, run_k, used_k, steal=False)
-        if self.steal and go is not None and self._in_state(WAIT).size:
+        if self.steal != "off" and go is not None and self._in_state(WAIT).size:
             run_k += np.bincount(self.where[go], minlength=len(inst))
             used_k += np.bincount(self.where[go], weights=self.ctx[go], minlength=len(inst))
             self._admit_queued(t, run_k, used_k, steal=True)
@@ -304,20 +308,26 @@ class RolloutRun:
         this slice's admission) on a started instance of its bucket or a smaller one, as many as its free KV holds.
         An instance still starting keeps its queue: it will serve it soon, and taking it would crowd the takers.
         New requests (never admitted) go first, newest first: early in a step the larger buckets have nothing to do
-        yet and would idle while the smallest bucket's queue delays the longest requests. Then turns under way whose
-        instance's KV cache is full, oldest first, once a turn has waited as long as re-prefilling its context on
-        the taker would take (rent or buy: never more than twice the best choice in hindsight). The taker
-        re-prefills the whole context (the prefix cache stays behind), counted in `rebalanced_tokens`. A request
-        moved up a bucket this way ignores routed moves to buckets its instance already covers."""
+        yet and would idle while the smallest bucket's queue delays the longest requests. That much (`steal="new"`)
+        is what the agent loops of RL frameworks do: a trajectory's first request goes to the least-loaded server,
+        and its later turns stay there for its prefix cache, even when its KV cache is full and another server
+        idles. By default (`steal="all"`, a work-conserving router) turns under way whose instance's KV cache is
+        full move too, oldest first, once a turn has waited as long as re-prefilling its context on the taker would
+        take (rent or buy: never more than twice the best choice in hindsight); the taker re-prefills the whole
+        context (the prefix cache stays behind), counted in `rebalanced_tokens`. A request moved up a bucket this
+        way ignores routed moves to buckets its instance already covers. The default is the one that favours
+        `colocated` (docs/sim.md, "Sticky turns")."""
         inst = self.inst
         queued = np.bincount(self.where[waiting], minlength=len(inst))
         thieves = np.flatnonzero(open_k & (queued == 0))
         if thieves.size == 0:
             return False
         fresh = self.fresh[waiting]
-        # new requests newest first, then requests under way oldest first
-        order = np.concatenate([np.flatnonzero(fresh)[::-1],
-                                np.flatnonzero(~fresh)[np.argsort(self.ready[waiting[~fresh]], kind="stable")]])
+        # new requests newest first, then (steal="all") requests under way oldest first
+        order = np.flatnonzero(fresh)[::-1]
+        if self.steal == "all":
+            under_way = np.flatnonzero(~fresh)
+            order = np.concatenate([order, under_way[np.argsort(self.ready[waiting[under_way]], kind="stable")]])
         pool_all = waiting[order]
         pool_all = pool_all[inst.ready_at[self.where[pool_all]] <= t]  # an instance still starting keeps its queue
         home = inst.bucket[self.where[pool_all]]

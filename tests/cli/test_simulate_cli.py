@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from libra.cli import main
 
 SMALL = ["simulate", "--gpus", "16", "--prompts", "8", "--samples", "4", "--steps", "2"]
@@ -86,3 +88,16 @@ def test_cluster_and_coefficients_files(tmp_path, capsys):
     (tmp_path / "bad.yaml").write_text("kv_fill: -1\n")
     assert main([*SMALL, "--coeffs", str(tmp_path / "bad.yaml"), "--out", str(tmp_path)]) == 2
     assert "kv_fill must be a number in (0, 1]" in capsys.readouterr().err
+
+
+def test_steal_modes(tmp_path, capsys):
+    fractions = {}
+    for mode in ("all", "new", "off"):
+        rc = main([*SMALL, "--policy", "colocated", "--steal", mode, "--out", str(tmp_path / mode), "--json",
+                   "--no-plots"])
+        assert rc == 0
+        fractions[mode] = json.loads(capsys.readouterr().out)["policies"]["colocated"]["rebalanced_token_fraction"]
+    assert fractions["new"] == fractions["off"] == 0.0  # only "all" moves turns under way (and re-prefills them)
+    with pytest.raises(SystemExit) as exc:  # argparse's own one-line usage error
+        main([*SMALL, "--steal", "some", "--out", str(tmp_path)])
+    assert exc.value.code == 2 and "invalid choice" in capsys.readouterr().err

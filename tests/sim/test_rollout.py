@@ -26,7 +26,7 @@ def _traj(i: int, prompt: int, turns: list[tuple[int, int, float]]) -> Trajector
     return Trajectory(prompt_id=f"p{i}", prompt_tokens=prompt, turns=tuple(out), step=0)
 
 
-def _run(trajs, tps, buckets="1:inf", mode="single", min_slice=0.01, steal=False):
+def _run(trajs, tps, buckets="1:inf", mode="single", min_slice=0.01, steal="off"):
     work = step_work(0, trajs)
     bks = parse_buckets(buckets)
     routes = routes_for(mode, work, bks, None)
@@ -69,7 +69,7 @@ def test_idle_larger_buckets_take_new_requests_and_skip_moves_they_cover():
     # half grow past its 4,000-token limit
     trajs = [_traj(i, 3000, [(200, 6000 if i % 2 else 100, 1.0), (200, 0, 0.0)]) for i in range(300)]
     plain, _ = _run(trajs, [1, 2], buckets="1:4000,2:inf", mode="overflow")
-    conserving, _ = _run(trajs, [1, 2], buckets="1:4000,2:inf", mode="overflow", steal=True)
+    conserving, _ = _run(trajs, [1, 2], buckets="1:4000,2:inf", mode="overflow", steal="new")
     assert not plain.stolen.any() and plain.migrations == 150
     stolen = conserving.stolen
     assert stolen.any() and not stolen.all()  # the TP-2 instance took some requests, not all
@@ -86,7 +86,7 @@ def test_an_instance_still_starting_keeps_its_queue():
     work = step_work(0, trajs)
     bks = parse_buckets("1:inf")
     run = RolloutRun(CM, work, routes_for("single", work, bks, None), Instances([1, 1, 1], [0, 0, 0], [0.0, 0.0, 50.0]),
-                     start=0.0, min_slice_s=0.01, steal=True)
+                     start=0.0, min_slice_s=0.01, steal="new")
     late = np.flatnonzero(run.where == 2)
     t = 0.0
     while not run.done:
@@ -101,8 +101,10 @@ def test_a_turn_waiting_for_kv_room_moves_to_an_idle_instance_and_re_prefills():
     long = [_traj(i, 3000, [(100, 20000, 1.0), (300, 0, 0.0)]) for i in range(30)]
     short = [_traj(30 + i, 300, [(50, 0, 0.0)]) for i in range(30)]
     plain, _ = _run(long + short, [1, 1])
-    conserving, _ = _run(long + short, [1, 1], steal=True)
-    assert plain.rebalanced == 0 and conserving.rebalanced > 0
+    sticky, _ = _run(long + short, [1, 1], steal="new")  # the default: turns stay where they started
+    conserving, _ = _run(long + short, [1, 1], steal="all")
+    assert plain.rebalanced == 0 and sticky.rebalanced == 0 and conserving.rebalanced > 0
+    assert sticky.end_time == pytest.approx(plain.end_time)  # nothing new was left to take
     assert conserving.rebalanced_tokens >= 23000 * conserving.rebalanced  # the whole context, re-prefilled
     assert conserving.migrations == 0 and not conserving.stolen.any()  # same bucket: not a migration
     assert (conserving.where[:30] == 1).any()  # some of them finished on the other instance
