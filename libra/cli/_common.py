@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -13,6 +14,29 @@ from libra.spec.jsonable import jsonable
 
 class CLIError(Exception):
     """An error to print as one line (no traceback) with a non-zero exit."""
+
+
+def add_setup_args(p: argparse.ArgumentParser) -> None:
+    """The cluster, model and cost-model options that `plan` and `simulate` share."""
+    p.add_argument("--gpus", type=int, default=48, help="total GPUs (default 48)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node, joined by NVLink (default 8)")
+    p.add_argument("--gpu", default="A800-80GB", help="GPU preset (A800-80GB, A100-80GB, H100-80GB, H200)")
+    p.add_argument("--cluster", metavar="FILE", help="YAML/JSON cluster file (overrides --gpus/--gpus-per-node/--gpu)")
+    p.add_argument("--model", default="Qwen3-14B", help="model preset name or a YAML/JSON file of ModelSpec fields")
+    p.add_argument("--coeffs", metavar="FILE",
+                   help="YAML/JSON file of cost-model coefficients (e.g. fitted by calibrate); the rest keep defaults")
+
+
+def setup_from_args(args: argparse.Namespace):
+    """(cluster, model, coefficients or None) from the options of `add_setup_args`."""
+    from libra.planning.cost import load_coefficients
+    from libra.spec import ClusterSpec, get_gpu, load_cluster, load_model
+
+    if args.cluster:
+        cluster = load_cluster(args.cluster)
+    else:
+        cluster = ClusterSpec.from_total(gpu=get_gpu(args.gpu), num_gpus=args.gpus, gpus_per_node=args.gpus_per_node)
+    return cluster, load_model(args.model), load_coefficients(args.coeffs) if args.coeffs else None
 
 
 def log(message: str) -> None:

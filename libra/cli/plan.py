@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from libra.cli._common import CLIError, emit_json, key_values, log, table
+from libra.cli._common import CLIError, add_setup_args, emit_json, key_values, log, setup_from_args, table
 
 DEFAULT_WORKLOAD = "r2e-gym"
 
@@ -17,13 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="plan the GPU split, training parallelism and rollout instances",
                        description="Find the plan minimising the iteration makespan max(T_train, T_rollout). "
                                    "Defaults: 48 x A800-80GB (6 nodes x 8), Qwen3-14B, an R2E-Gym-like workload.")
-    p.add_argument("--gpus", type=int, default=48, help="total GPUs (default 48)")
-    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node, joined by NVLink (default 8)")
-    p.add_argument("--gpu", default="A800-80GB", help="GPU preset (A800-80GB, A100-80GB, H100-80GB, H200)")
-    p.add_argument("--cluster", metavar="FILE", help="YAML/JSON cluster file (overrides --gpus/--gpus-per-node/--gpu)")
-    p.add_argument("--model", default="Qwen3-14B", help="model preset name or a YAML/JSON file of ModelSpec fields")
-    p.add_argument("--coeffs", metavar="FILE",
-                   help="YAML/JSON file of cost-model coefficients (e.g. fitted by calibrate); the rest keep defaults")
+    add_setup_args(p)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--trace", metavar="FILE", help="plan from a trace file (JSON Lines, DESIGN.md schema)")
     src.add_argument("--workload", default=DEFAULT_WORKLOAD, help="synthetic workload: search-r1, dapo-math, r2e-gym")
@@ -41,14 +35,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--place", action="store_true", help="also map the plan onto GPU ids (OR-Tools CP-SAT)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.set_defaults(run=run)
-
-
-def _cluster(args: argparse.Namespace):
-    from libra.spec import ClusterSpec, get_gpu, load_cluster
-
-    if args.cluster:
-        return load_cluster(args.cluster)
-    return ClusterSpec.from_total(gpu=get_gpu(args.gpu), num_gpus=args.gpus, gpus_per_node=args.gpus_per_node)
 
 
 def _profile(args: argparse.Namespace, requests_per_step: int):
@@ -82,19 +68,16 @@ def _range(low: float, high: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from libra.planning import GlobalPlanner, PlannerOptions
-    from libra.planning.cost import load_coefficients
-    from libra.spec import RLSettings, SpecError, load_model
+    from libra.spec import RLSettings, SpecError
 
     if args.gpus < 2 and not args.cluster:
         raise CLIError(f"--gpus must be at least 2 (one for training, one for rollout), got {args.gpus}")
-    cluster = _cluster(args)
-    model = load_model(args.model)
+    cluster, model, coeffs = setup_from_args(args)
     rl = RLSettings(num_prompts=args.prompts, samples_per_prompt=args.samples, max_model_len=args.max_len)
     profile = _profile(args, rl.global_batch)
     options = PlannerOptions(routing=args.routing)
     if args.tp_degrees is not None:
         options = attrs.evolve(options, tp_degrees=_tp_degrees(args.tp_degrees))
-    coeffs = load_coefficients(args.coeffs) if args.coeffs else None
     planner = GlobalPlanner(cluster=cluster, model=model, rl=rl, options=options, coeffs=coeffs)
     tps = tuple(tp for tp in options.tp_degrees if tp <= cluster.gpus_per_node)
     if args.tp_degrees is not None and len(tps) < len(options.tp_degrees):

@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from libra.cli._common import CLIError, emit_json, log, table
+from libra.cli._common import CLIError, add_setup_args, emit_json, log, setup_from_args, table
 
 DEFAULT_STEPS = 3
 _COLUMNS = (("throughput_tok_s", "tok/s"), ("mean_step_s", "step s"), ("gpu_idle_fraction", "idle"),
@@ -21,13 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     f"A800-80GB, Qwen3-14B, r2e-gym, 512 prompts x 16 samples, {DEFAULT_STEPS} steps (a quick "
                     "look; use --steps 100 for the drift over a run: about 5 CPU-minutes for r2e-gym, split over "
                     "--workers).")
-    p.add_argument("--gpus", type=int, default=48, help="total GPUs (default 48)")
-    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
-    p.add_argument("--gpu", default="A800-80GB", help="GPU preset (default A800-80GB)")
-    p.add_argument("--cluster", metavar="FILE", help="YAML/JSON cluster file (overrides --gpus/--gpus-per-node/--gpu)")
-    p.add_argument("--model", default="Qwen3-14B", help="model preset name or a YAML/JSON file (default Qwen3-14B)")
-    p.add_argument("--coeffs", metavar="FILE",
-                   help="YAML/JSON file of cost-model coefficients (e.g. fitted by calibrate); the rest keep defaults")
+    add_setup_args(p)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--workload", default="r2e-gym", help="synthetic workload: search-r1, dapo-math, r2e-gym")
     src.add_argument("--trace", metavar="FILE", help="replay a trace file (JSON Lines) instead, one step per label")
@@ -66,21 +60,15 @@ def _policies(text: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from libra.planning.cost import load_coefficients
     from libra.sim import Scenario, SimOptions, WorkSource, simulate
     from libra.sim.report import write_report
-    from libra.spec import ClusterSpec, RLSettings, get_gpu, load_cluster, load_model
+    from libra.spec import RLSettings
 
     for name in ("steps", "prompts", "samples", "max_len", "slices", "drift_steps", "workers"):
         if getattr(args, name) < 1:
             raise CLIError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     policies = _policies(args.policy)
-    if args.cluster:
-        cluster = load_cluster(args.cluster)
-    else:
-        cluster = ClusterSpec.from_total(gpu=get_gpu(args.gpu), num_gpus=args.gpus, gpus_per_node=args.gpus_per_node)
-    model = load_model(args.model)
-    coeffs = load_coefficients(args.coeffs) if args.coeffs else None
+    cluster, model, coeffs = setup_from_args(args)
     if args.trace:
         source = WorkSource.from_trace(args.trace, seed=args.seed)
         if args.steps > source.num_steps:

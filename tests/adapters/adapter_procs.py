@@ -6,23 +6,15 @@ replicas computing the same thing produce the same bits.
 
 from __future__ import annotations
 
-import json
-import multiprocessing as mp
 import os
-import socket
-import traceback
-from collections.abc import Callable
-from pathlib import Path
+
+from spawned import run_processes  # noqa: F401  (re-exported: the tests call it from here)
+
+from libra.elastic.wire import free_port  # noqa: F401  (re-exported)
 
 GLOBAL_BATCH = 12
 IN, HIDDEN, OUT = 4, 8, 2
 LR = 1e-2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_mlp(seed: int = 0):
@@ -78,44 +70,3 @@ def max_param_diff(a: dict, b: dict) -> float:
 def init_env(rank: int, world: int, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), DS_ACCELERATOR="cpu", DS_BUILD_OPS="0")
-
-
-def _entry(fn: Callable, args: tuple, out: str) -> None:
-    try:
-        import torch
-
-        torch.set_num_threads(1)
-        Path(out).write_text(json.dumps({"ok": True, "result": fn(*args)}))
-    except BaseException:
-        Path(out).write_text(json.dumps({"ok": False, "error": traceback.format_exc()}))
-        raise
-
-
-def run_processes(targets: list[tuple[Callable, tuple]], *, tmp: Path, timeout_s: float) -> list:
-    """One spawned process per (fn, args); kill leftovers after `timeout_s`; raise with any child's traceback."""
-    ctx = mp.get_context("spawn")
-    outs = [str(tmp / f"proc{i}.json") for i in range(len(targets))]
-    procs = [ctx.Process(target=_entry, args=(fn, args, out)) for (fn, args), out in zip(targets, outs)]
-    for p in procs:
-        p.start()
-    try:
-        for p in procs:
-            p.join(timeout_s)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-    results, errors = [], []
-    for i, (p, out) in enumerate(zip(procs, outs)):
-        if not Path(out).exists():
-            errors.append(f"process {i} left no result (exit code {p.exitcode})")
-            continue
-        payload = json.loads(Path(out).read_text())
-        if payload["ok"]:
-            results.append(payload["result"])
-        else:
-            errors.append(f"process {i} failed:\n{payload['error']}")
-    if errors:
-        raise AssertionError("\n".join(errors))
-    return results

@@ -7,23 +7,13 @@ thing produce the same bits.
 from __future__ import annotations
 
 import datetime
-import json
-import multiprocessing as mp
 import os
-import time
-import traceback
-from collections.abc import Callable
-from pathlib import Path
+
+from spawned import run_processes  # noqa: F401  (re-exported: the tests call it from here)
 
 GLOBAL_BATCH = 12  # divisible by 1, 2, 3 and 4 replicas
 IN, HIDDEN, OUT = 4, 8, 2
 LR = 1e-2
-
-
-def setup_process() -> None:
-    import torch
-
-    torch.set_num_threads(1)
 
 
 def make_model(seed: int = 0):
@@ -113,53 +103,6 @@ def leak_probe() -> dict[str, int]:
         "fds": len(os.listdir("/proc/self/fd")),
         "rss_bytes": rss_pages * os.sysconf("SC_PAGE_SIZE"),
     }
-
-
-def _entry(fn: Callable, args: tuple, out: str) -> None:
-    try:
-        setup_process()
-        result = fn(*args)
-        Path(out).write_text(json.dumps({"ok": True, "result": result}))
-    except BaseException:
-        Path(out).write_text(json.dumps({"ok": False, "error": traceback.format_exc()}))
-        raise
-
-
-def run_processes(targets: list[tuple[Callable, tuple]], *, tmp: Path, timeout_s: float) -> list:
-    """Start one spawned process per (fn, args), wait up to ``timeout_s``, kill leftovers, return their results.
-
-    A process that fails makes this raise with its traceback."""
-    ctx = mp.get_context("spawn")
-    outs = [str(tmp / f"proc{i}.json") for i in range(len(targets))]
-    procs = [ctx.Process(target=_entry, args=(fn, args, out), daemon=False) for (fn, args), out in zip(targets, outs)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout_s
-    try:
-        for p in procs:
-            p.join(max(deadline - time.monotonic(), 0.0))
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-    results, errors = [], []
-    for i, (p, out) in enumerate(zip(procs, outs)):
-        if not Path(out).exists():
-            errors.append(f"process {i} left no result (exit code {p.exitcode}; killed after {timeout_s}s?)")
-            continue
-        try:
-            data = json.loads(Path(out).read_text())
-        except ValueError:
-            errors.append(f"process {i} left a partial result (exit code {p.exitcode}; killed after {timeout_s}s?)")
-            continue
-        if not data["ok"]:
-            errors.append(f"process {i} failed:\n{data['error']}")
-            continue
-        results.append(data["result"])
-    if errors:
-        raise AssertionError("\n".join(errors))
-    return results
 
 
 def percentile(values: list[float], q: float) -> float:
