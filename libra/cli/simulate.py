@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Discrete-event simulation of rollout (instances, KV-limited continuous batching, tool calls, "
                     "migrations) and training, with the planner's cost model, for each policy. Defaults: 48 x "
                     f"A800-80GB, Qwen3-14B, r2e-gym, 512 prompts x 16 samples, {DEFAULT_STEPS} steps (a quick "
-                    "look; use --steps 100 for the drift over a run: about 5 CPU-minutes for r2e-gym, split over "
+                    "look; use --steps 100 for the drift over a run: about 3.5 CPU-minutes for r2e-gym, split over "
                     "--workers).")
     add_setup_args(p)
     src = p.add_mutually_exclusive_group()
