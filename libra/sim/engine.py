@@ -32,11 +32,12 @@ import numpy as np
 from libra.planning.cost import BatchStats, CostModel
 from libra.sim.policies import Allocation, Decision, Observation, Policy
 from libra.sim.records import StageRecord
-from libra.sim.rollout import DONE, STEAL_MODES, WAIT, Instances, RolloutRun
+from libra.sim.rollout import DONE, WAIT, Instances, RolloutRun
 from libra.sim.routing import Routes
+from libra.sim.states import check_steal
 from libra.sim.training import TrainingJob
 from libra.sim.workload import StepWork
-from libra.spec import SpecError, WorkloadProfile
+from libra.spec import WorkloadProfile
 
 
 @attrs.frozen(kw_only=True)
@@ -73,8 +74,7 @@ class SimOptions:
     steal: str = "all"
 
     def __attrs_post_init__(self) -> None:
-        if self.steal not in STEAL_MODES:
-            raise SpecError(f"steal must be one of {', '.join(STEAL_MODES)}, got {self.steal!r}")
+        check_steal(self.steal)
 
 
 def batch_stats(work: StepWork, global_batch: int, max_len: int) -> BatchStats:

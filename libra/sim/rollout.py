@@ -27,12 +27,13 @@ from __future__ import annotations
 import numpy as np
 
 from libra.planning.cost import CostModel
+from libra.sim.admission import Admission
 from libra.sim.routing import Routes
+from libra.sim.states import DONE, RUN, STEAL_MODES, TOOL, WAIT, check_steal
 from libra.sim.workload import StepWork
-from libra.spec import SpecError
 
-WAIT, RUN, TOOL, DONE = 0, 1, 2, 3
-STEAL_MODES = ("new", "all", "off")  # what idle instances may take from other instances' queues (see `_steal`)
+__all__ = ["DONE", "RUN", "STEAL_MODES", "TOOL", "WAIT", "Instances", "RolloutRun", "water_fill"]
+
 
 
 class Instances:
@@ -82,13 +83,13 @@ def water_fill(load: np.ndarray, count: int) -> np.ndarray:
     return out
 
 
-class RolloutRun:
-    """One step's requests on `instances`, from time `start`. Call `advance(t, dt)` slice by slice."""
+class RolloutRun(Admission):
+    """One step's requests on `instances`, from time `start`. Call `advance(t, dt)` slice by slice. Admission
+    (who starts decoding at a slice boundary, and from when) is `libra.sim.admission.Admission`."""
 
     def __init__(self, cost: CostModel, work: StepWork, routes: Routes, instances: Instances, *, start: float,
                  min_slice_s: float = 0.5, max_slice_s: float = 60.0, steal: str = "all") -> None:
-        if steal not in STEAL_MODES:
-            raise SpecError(f"steal must be one of {', '.join(STEAL_MODES)}, got {steal!r}")
+        check_steal(steal)
         self.cm, self.rc, self.c = cost, cost.rollout, cost.coeffs
         self.work, self.routes, self.inst = work, routes, instances
         self.min_slice_s, self.max_slice_s, self.steal = min_slice_s, max_slice_s, steal
@@ -217,149 +218,6 @@ class RolloutRun:
         """A stolen request's routed move is void when its instance's bucket already holds the target."""
         return self.stolen[reqs] & (self.routes.bucket[reqs, seg] <= self.inst.bucket[self.where[reqs]])
 
-    def _admit(self, t: float) -> None:
-        """Admit what fits; then, with work-conserving admission, idle instances take requests that still queue
-        elsewhere (`_steal`) and admit them in the same slice."""
-        inst = self.inst
-        running = self._in_state(RUN)
-        run_k = np.bincount(self.where[running], minlength=len(inst))
-        used_k = np.bincount(self.where[running], weights=self.ctx[running], minlength=len(inst)).astype(float)
-        self._refilled = np.zeros(len(inst), np.int64)
-        go = self._admit_queued(t, run_k, used_k, steal=False)
-        if self.steal != "off" and go is not None and self._in_state(WAIT).size:
-            run_k += np.bincount(self.where[go], minlength=len(inst))
-            used_k += np.bincount(self.where[go], weights=self.ctx[go], minlength=len(inst))
-            self._admit_queued(t, run_k, used_k, steal=True)
-        self._freed = (np.zeros(0, np.int64), np.zeros(0))
-
-    def _admit_queued(self, t: float, run_k: np.ndarray, used_k: np.ndarray, *, steal: bool) -> np.ndarray | None:
-        """One admission pass given the running count and context per instance; returns the admitted requests
-        (None when no instance is open)."""
-        inst = self.inst
-        k_all = len(inst)
-        mean_k = used_k / np.maximum(run_k, 1)
-        room = self._cap_k() - used_k - self.c.kv_headroom_seqs * mean_k
-        seats = self.c.max_num_seqs - run_k
-        open_k = inst.active & (inst.ready_at <= t) & (seats > 0) & ((room > 0) | (run_k == 0))
-        if not open_k.any():
-            return None
-        waiting = self._in_state(WAIT)
-        if steal and not self._steal(t, waiting, open_k, room, seats):
-            return None
-        cand = waiting[open_k[self.where[waiting]]]
-        if cand.size == 0:
-            return cand
-        k = self.where[cand]
-        # per instance: trajectories already under way first (a turn back from its tool, or migrated in), then new
-        # ones; first come, first served inside each class
-        order = np.lexsort((self.ready[cand], self.fresh[cand], k))
-        cand, k = cand[order], k[order]
-        need = self.ctx[cand]
-        first = np.r_[True, k[1:] != k[:-1]]
-        starts = np.flatnonzero(first)
-        group = np.cumsum(first) - 1
-        cs = np.cumsum(need)
-        within = cs - (cs - need)[starts][group]
-        rank = np.arange(cand.size) - starts[group]
-        # an idle instance keeps headroom in units of its first request's context
-        idle_first = run_k[k[starts]] == 0
-        room[k[starts][idle_first]] -= self.c.kv_headroom_seqs * need[starts][idle_first]
-        ok = ((within <= room[k]) & (rank < seats[k])) | ((rank == 0) & (run_k[k] == 0))
-        go = cand[ok]
-        if go.size == 0:
-            return go
-        gk = self.where[go]
-        secs = np.where(self.fresh[go], self.c.per_request_overhead_s, 0.0)
-        tps = inst.tp[gk]
-        for tp in self._degrees():
-            sel = tps == tp
-            if sel.any():
-                secs[sel] += self.rc.prefill_time(int(tp), self.pending[go[sel]], self.ctx[go[sel]] / 2.0)
-        self.debt += np.bincount(gk, weights=secs, minlength=k_all)
-        self.lag[go] = np.maximum(0.0, self.ready[go] - t) - self._credit(t, go, gk, rank[ok])
-        self.pending[go] = 0.0
-        self.fresh[go] = False
-        self._set_state(go, RUN)
-        return go
-
-    def _credit(self, t: float, go: np.ndarray, gk: np.ndarray, rank: np.ndarray) -> np.ndarray:
-        """Seconds before `t` that admitted requests could have started decoding. Admission happens at slice
-        boundaries, but a slot that came free inside the last slice would have been refilled at once: the j-th
-        request admitted to an instance at this boundary takes the j-th slot freed there (earliest first), from
-        when both the slot was free and the request was ready. Requests still on their way (a tool returning
-        inside this slice) get none."""
-        fk, ft = self._freed
-        credit = np.zeros(go.size)
-        if fk.size == 0:
-            return credit
-        order = np.lexsort((ft, fk))
-        fk, ft = fk[order], ft[order]
-        first = np.searchsorted(fk, gk, side="left")
-        count = np.searchsorted(fk, gk, side="right") - first
-        slot = rank + self._refilled[gk]
-        has = slot < count
-        since = np.maximum(ft[np.where(has, first + slot, 0)], self.ready[go])
-        credit[has] = np.maximum(0.0, t - since[has])
-        self._refilled += np.bincount(gk, minlength=self._refilled.size)
-        return credit
-
-    def _steal(self, t: float, waiting: np.ndarray, open_k: np.ndarray, room: np.ndarray, seats: np.ndarray) -> bool:
-        """Work-conserving admission: an instance with room and nothing queued takes requests still queued (after
-        this slice's admission) on a started instance of its bucket or a smaller one, as many as its free KV holds.
-        An instance still starting keeps its queue: it will serve it soon, and taking it would crowd the takers.
-        New requests (never admitted) go first, newest first: early in a step the larger buckets have nothing to do
-        yet and would idle while the smallest bucket's queue delays the longest requests. That much (`steal="new"`)
-        is what the agent loops of RL frameworks do: a trajectory's first request goes to the least-loaded server,
-        and its later turns stay there for its prefix cache, even when its KV cache is full and another server
-        idles. By default (`steal="all"`, a work-conserving router) turns under way whose instance's KV cache is
-        full move too, oldest first, once a turn has waited as long as re-prefilling its context on the taker would
-        take (rent or buy: never more than twice the best choice in hindsight); the taker re-prefills the whole
-        context (the prefix cache stays behind), counted in `rebalanced_tokens`. A request moved up a bucket this
-        way ignores routed moves to buckets its instance already covers. The default is the one that favours
-        `colocated` (docs/sim.md, "Sticky turns")."""
-        inst = self.inst
-        queued = np.bincount(self.where[waiting], minlength=len(inst))
-        thieves = np.flatnonzero(open_k & (queued == 0))
-        if thieves.size == 0:
-            return False
-        fresh = self.fresh[waiting]
-        # new requests newest first, then (steal="all") requests under way oldest first
-        order = np.flatnonzero(fresh)[::-1]
-        if self.steal == "all":
-            under_way = np.flatnonzero(~fresh)
-            order = np.concatenate([order, under_way[np.argsort(self.ready[waiting[under_way]], kind="stable")]])
-        pool_all = waiting[order]
-        pool_all = pool_all[inst.ready_at[self.where[pool_all]] <= t]  # an instance still starting keeps its queue
-        home = inst.bucket[self.where[pool_all]]
-        taken = np.zeros(pool_all.size, bool)
-        for k in thieves[np.argsort(inst.bucket[thieves], kind="stable")]:  # the smallest bucket first
-            pool = np.flatnonzero(~taken & (home <= inst.bucket[k]) & (self.where[pool_all] != k))
-            if pool.size == 0:
-                continue
-            reqs = pool_all[pool]
-            under_way = ~self.fresh[reqs]
-            if under_way.any():  # rent or buy: move a stuck turn only once its wait has cost as much as the move
-                ctx = self.ctx[reqs[under_way]]
-                move_s = self.rc.prefill_time(int(inst.tp[k]), ctx, ctx / 2.0)
-                ripe = np.ones(pool.size, bool)
-                ripe[under_way] = t - self.ready[reqs[under_way]] >= move_s
-                pool = pool[ripe]
-                if pool.size == 0:
-                    continue
-            ctx = self.ctx[pool_all[pool]]
-            free = room[k] - self.c.kv_headroom_seqs * float(ctx.mean())  # the headroom admission keeps
-            n = min(int(np.searchsorted(np.cumsum(ctx), free, side="right")), int(seats[k]))
-            chosen = pool[:max(n, 1)]
-            taken[chosen] = True
-            reqs = pool_all[chosen]
-            under_way = reqs[~self.fresh[reqs]]
-            self.pending[under_way] = self.ctx[under_way]  # re-prefill the whole context on the new instance
-            self.rebalanced += int(under_way.size)
-            self.rebalanced_tokens += int(self.ctx[under_way].sum())
-            self.stolen[reqs] |= home[chosen] < inst.bucket[k]
-            self.where[reqs] = k
-        return bool(taken.any())
-
     def _degrees(self) -> tuple[int, ...]:
         if self._deg_key != len(self.inst):
             self._deg = tuple(int(x) for x in np.unique(self.inst.tp))
@@ -453,10 +311,6 @@ class RolloutRun:
             self.rem[go] = w.gen[go, sg + 1].astype(float)
             self._set_state(go, TOOL)
             self._note_freed(go, ag)
-
-    def _note_freed(self, reqs: np.ndarray, at: np.ndarray) -> None:
-        fk, ft = self._freed
-        self._freed = (np.concatenate([fk, self.where[reqs]]), np.concatenate([ft, at]))
 
     # --- when to look again -------------------------------------------------------------------------------------
     def next_event(self, t: float) -> float:
