@@ -37,6 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="what an idle rollout instance takes from busy ones' queues: all (new requests and stuck "
                         "turns, re-prefilled; default), new (new requests only: turns stick to their server, as in "
                         "RL agent loops), or off")
+    p.add_argument("--dispatch", default="blocks", choices=("blocks", "interleaved"),
+                   help="how a step's requests are first spread over a bucket's instances: blocks (contiguous, the "
+                        "samples of a prompt together; default) or interleaved (dealt out in turn, as a "
+                        "least-loaded dispatcher sends them)")
     p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
                    help="worker processes for groups of policies (same numbers as 1; default min(2, CPUs))")
     p.add_argument("--out", metavar="DIR", default="sim-out", help="folder for report.json and PNG plots")
@@ -84,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
                                            drift_steps=args.drift_steps)
     rl = RLSettings(num_prompts=prompts, samples_per_prompt=samples, max_model_len=args.max_len)
     scenario = Scenario(cluster=cluster, model=model, rl=rl, source=source, coeffs=coeffs,
-                        options=SimOptions(slices_per_rollout=args.slices, steal=args.steal))
+                        options=SimOptions(slices_per_rollout=args.slices, steal=args.steal,
+                                           dispatch=args.dispatch))
     log(f"simulating {source.name}: {cluster.num_gpus} x {cluster.gpu.name}, {model.name}, {prompts} x {samples} "
         f"trajectories per step, {args.steps} steps, policies {', '.join(policies)}")
     bar = tqdm(total=args.steps * len(policies), desc="simulate", unit="stage", leave=False)

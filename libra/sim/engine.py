@@ -34,7 +34,7 @@ from libra.sim.policies import Allocation, Decision, Observation, Policy
 from libra.sim.records import StageRecord
 from libra.sim.rollout import DONE, WAIT, Instances, RolloutRun
 from libra.sim.routing import Routes
-from libra.sim.states import check_steal
+from libra.sim.states import check_dispatch, check_steal
 from libra.sim.training import TrainingJob
 from libra.sim.workload import StepWork
 from libra.spec import WorkloadProfile
@@ -72,9 +72,13 @@ class SimOptions:
     # re-prefilled: a work-conserving router; the default), "new" (only new requests: the least-loaded dispatch of
     # RL agent loops, whose later turns stick to their server), "off"
     steal: str = "all"
+    # how a step's requests are first spread over a bucket's instances: "blocks" (contiguous: the samples of a
+    # prompt together; the default) or "interleaved" (dealt out in turn, like a least-loaded dispatcher)
+    dispatch: str = "blocks"
 
     def __attrs_post_init__(self) -> None:
         check_steal(self.steal)
+        check_dispatch(self.dispatch)
 
 
 def batch_stats(work: StepWork, global_batch: int, max_len: int) -> BatchStats:
@@ -184,7 +188,8 @@ class PolicyRun:
         inst.ready_at = np.maximum(inst.ready_at, start + sync_s)
         slice_s = max(self.options.min_slice_s, self._last_rollout_s / self.options.slices_per_rollout)
         return RolloutRun(self.cm, work, routes, inst, start=start, min_slice_s=slice_s,
-                          max_slice_s=self.options.max_slice_s, steal=self.options.steal)
+                          max_slice_s=self.options.max_slice_s, steal=self.options.steal,
+                          dispatch=self.options.dispatch)
 
     def _sync_stage(self, work: StepWork, routes: Routes) -> StageRecord:
         assert self.alloc is not None

@@ -29,10 +29,10 @@ import numpy as np
 from libra.planning.cost import CostModel
 from libra.sim.admission import Admission
 from libra.sim.routing import Routes
-from libra.sim.states import DONE, RUN, STEAL_MODES, TOOL, WAIT, check_steal
+from libra.sim.states import DONE, RUN, STEAL_MODES, TOOL, WAIT, check_dispatch, check_steal
 from libra.sim.workload import StepWork
 
-__all__ = ["DONE", "RUN", "STEAL_MODES", "TOOL", "WAIT", "Instances", "RolloutRun", "water_fill"]
+__all__ = ["DONE", "RUN", "STEAL_MODES", "TOOL", "WAIT", "Instances", "RolloutRun", "deal", "water_fill"]
 
 
 
@@ -83,13 +83,25 @@ def water_fill(load: np.ndarray, count: int) -> np.ndarray:
     return out
 
 
+def deal(members: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Instance of each of `counts.sum()` requests in order, `counts[i]` of them to `members[i]`, dealt out in
+    turn: the j-th request of instance i sits at position (j + 1/2) / counts[i] of the order (ties by index)."""
+    slots = np.repeat(members, counts)
+    rank = np.arange(slots.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    share = (rank + 0.5) / np.repeat(np.maximum(counts, 1), counts)
+    return slots[np.argsort(share, kind="stable")]
+
+
 class RolloutRun(Admission):
     """One step's requests on `instances`, from time `start`. Call `advance(t, dt)` slice by slice. Admission
     (who starts decoding at a slice boundary, and from when) is `libra.sim.admission.Admission`."""
 
     def __init__(self, cost: CostModel, work: StepWork, routes: Routes, instances: Instances, *, start: float,
-                 min_slice_s: float = 0.5, max_slice_s: float = 60.0, steal: str = "all") -> None:
+                 min_slice_s: float = 0.5, max_slice_s: float = 60.0, steal: str = "all",
+                 dispatch: str = "blocks") -> None:
         check_steal(steal)
+        check_dispatch(dispatch)
+        self.dispatch = dispatch
         self.cm, self.rc, self.c = cost, cost.rollout, cost.coeffs
         self.work, self.routes, self.inst = work, routes, instances
         self.min_slice_s, self.max_slice_s, self.steal = min_slice_s, max_slice_s, steal
@@ -162,7 +174,10 @@ class RolloutRun(Admission):
 
     def _assign(self, reqs: np.ndarray, buckets: np.ndarray) -> None:
         """Send requests to the active instances of their bucket, least-loaded first (water-filling, ties by
-        index); a bucket with no active instance falls back to the nearest larger one, then smaller."""
+        index); a bucket with no active instance falls back to the nearest larger one, then smaller. With
+        `dispatch="blocks"` (the default) each instance gets a contiguous block of them, so the samples of one
+        prompt (adjacent in a step, and alike in length) land together; with "interleaved" they are dealt out in
+        turn, as a dispatcher sending them one by one to the least-loaded instance would."""
         if reqs.size == 0:
             return
         load = self.load().astype(float)
@@ -175,7 +190,7 @@ class RolloutRun(Admission):
                     break
             mine = reqs[buckets == b]
             counts = water_fill(load[members], mine.size)
-            self.where[mine] = np.repeat(members, counts)
+            self.where[mine] = deal(members, counts) if self.dispatch == "interleaved" else np.repeat(members, counts)
             load[members] += counts
 
     # --- one slice ----------------------------------------------------------------------------------------------

@@ -101,3 +101,14 @@ def test_steal_modes(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:  # argparse's own one-line usage error
         main([*SMALL, "--steal", "some", "--out", str(tmp_path)])
     assert exc.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_dispatch_modes(tmp_path, capsys):
+    out = {}
+    for mode in ("blocks", "interleaved"):
+        rc = main([*SMALL, "--policy", "colocated", "--steal", "off", "--dispatch", mode,
+                   "--out", str(tmp_path / mode), "--json", "--no-plots"])
+        assert rc == 0
+        out[mode] = json.loads(capsys.readouterr().out)["policies"]["colocated"]
+    assert out["blocks"]["steps"] == out["interleaved"]["steps"] == 2
+    assert out["blocks"]["mean_rollout_s"] != out["interleaved"]["mean_rollout_s"]  # the spread matters

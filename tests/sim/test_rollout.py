@@ -6,10 +6,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from libra.planning.cost import CostModel
-from libra.sim.rollout import DONE, Instances, RolloutRun, water_fill
+from libra.sim.rollout import DONE, Instances, RolloutRun, deal, water_fill
 from libra.sim.routing import overflow_routes, routes_for
 from libra.sim.workload import step_work
-from libra.spec import ClusterSpec, get_gpu, get_model, parse_buckets
+from libra.spec import ClusterSpec, SpecError, get_gpu, get_model, parse_buckets
 from libra.workloads.trace import Trajectory, Turn
 
 CM = CostModel(ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=8, gpus_per_node=8), get_model("Qwen3-14B"))
@@ -178,3 +178,28 @@ def test_kv_bound_step_time_uses_the_cost_models_capped_churn():
     expected = float(rc.effective_step_time(1, 1.0, run.ctx[running[0]], 2))
     assert step == pytest.approx(expected)
     assert step == pytest.approx(float(rc.decode_step_time(1, 1.0, run.ctx[running[0]])) * (1 + CM.coeffs.max_churn))
+
+
+@settings(max_examples=80, deadline=None)
+@given(counts=st.lists(st.integers(0, 12), min_size=1, max_size=6))
+def test_deal_gives_each_instance_its_count_spread_over_the_order(counts):
+    members = np.arange(len(counts)) * 3 + 1
+    got = deal(members, np.array(counts))
+    assert got.size == sum(counts)
+    for m, c in zip(members, counts, strict=True):
+        where = np.flatnonzero(got == m)
+        assert where.size == c
+        if c > 1:  # evenly spread: consecutive requests of one instance are about size / c apart
+            assert np.diff(where).max() <= 2 * got.size / c + 1
+
+
+def test_interleaved_dispatch_spreads_the_samples_of_a_prompt():
+    trajs = [_traj(i, 300, [(50, 0, 0.0)]) for i in range(8)]
+    work = step_work(0, trajs)
+    routes = routes_for("single", work, parse_buckets("1:inf"), None)
+    blocks = RolloutRun(CM, work, routes, Instances([1, 1], [0, 0], [0.0, 0.0]), start=0.0)
+    dealt = RolloutRun(CM, work, routes, Instances([1, 1], [0, 0], [0.0, 0.0]), start=0.0, dispatch="interleaved")
+    assert blocks.where.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert dealt.where.tolist() == [0, 1, 0, 1, 0, 1, 0, 1]
+    with pytest.raises(SpecError, match="dispatch must be one of"):
+        RolloutRun(CM, work, routes, Instances([1], [0], [0.0]), start=0.0, dispatch="random")
