@@ -114,7 +114,7 @@ class Admission:
         take (rent or buy: never more than twice the best choice in hindsight); the taker re-prefills the whole
         context (the prefix cache stays behind), counted in `rebalanced_tokens`. A request moved up a bucket this
         way ignores routed moves to buckets its instance already covers. The default is the one that favours
-        `colocated` (docs/sim.md, "Sticky turns")."""
+        `colocated` (docs/sim.md, "What-if: dispatch as RL agent loops do")."""
         inst = self.inst
         queued = np.bincount(self.where[waiting], minlength=len(inst))
         thieves = np.flatnonzero(open_k & (queued == 0))
