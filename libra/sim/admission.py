@@ -23,6 +23,10 @@ class Admission:
         run_k = np.bincount(self.where[running], minlength=len(inst))
         used_k = np.bincount(self.where[running], weights=self.ctx[running], minlength=len(inst)).astype(float)
         self._refilled = np.zeros(len(inst), np.int64)
+        fk, ft = self._freed
+        if fk.size:  # by instance, earliest first, once for both passes (`_credit` reads it that way)
+            order = np.lexsort((ft, fk))
+            self._freed = (fk[order], ft[order])
         go = self._admit_queued(t, run_k, used_k, steal=False)
         if self.steal != "off" and go is not None and self._in_state(WAIT).size:
             run_k += np.bincount(self.where[go], minlength=len(inst))
@@ -86,12 +90,10 @@ class Admission:
         request admitted to an instance at this boundary takes the j-th slot freed there (earliest first), from
         when both the slot was free and the request was ready. Requests still on their way (a tool returning
         inside this slice) get none."""
-        fk, ft = self._freed
+        fk, ft = self._freed  # sorted by `_admit`
         credit = np.zeros(go.size)
         if fk.size == 0:
             return credit
-        order = np.lexsort((ft, fk))
-        fk, ft = fk[order], ft[order]
         first = np.searchsorted(fk, gk, side="left")
         count = np.searchsorted(fk, gk, side="right") - first
         slot = rank + self._refilled[gk]
