@@ -23,9 +23,11 @@ SIZES = (48, 128, 1024, 8192)
 
 def make_plan(tp: int, pp: int, dp: int, instances: list[tuple[int, int]]) -> Plan:
     groups = tuple(InstanceGroup(tp=t, count=c, max_tokens=1000.0 * (i + 1)) for i, (t, c) in enumerate(instances))
-    return Plan(train=TrainConfig(num_gpus=tp * pp * dp, tp=tp, pp=pp, dp=dp),
-                rollout=RolloutConfig(num_gpus=sum(t * c for t, c in instances), time_s=1.0, instances=groups),
-                makespan_s=1.0)
+    return Plan(
+        train=TrainConfig(num_gpus=tp * pp * dp, tp=tp, pp=pp, dp=dp),
+        rollout=RolloutConfig(num_gpus=sum(t * c for t, c in instances), time_s=1.0, instances=groups),
+        makespan_s=1.0,
+    )
 
 
 def mixed_plan(num_gpus: int, tp: int, pp: int, train_gpus: int) -> Plan:
@@ -50,6 +52,7 @@ def scenario(num_gpus: int, kind: str) -> tuple[Plan, ClusterSpec, Placement | N
 def test_place(benchmark, num_gpus: int, kind: str) -> None:
     plan, cluster, current = scenario(num_gpus, kind)
     result = benchmark(solve_placement, plan, cluster, current=current, time_limit_s=60.0)
-    benchmark.extra_info.update(moves=result.cost.moves, train_nodes=result.cost.train_nodes,
-                                nodes=result.cost.nodes, optimal=result.optimal)
+    benchmark.extra_info.update(
+        moves=result.cost.moves, train_nodes=result.cost.train_nodes, nodes=result.cost.nodes, optimal=result.optimal
+    )
     assert result.optimal

@@ -16,8 +16,7 @@ from libra.scheduling import CMLFQ_PRESETS, PrefixTree, make_router
 from libra.spec import parse_buckets
 from libra.workloads.generators import WorkloadGenerator
 
-BUCKETS = {"search-r1": parse_buckets("2:5000,4:15000,8:inf"),
-           "r2e-gym": parse_buckets("1:4000,2:12000,4:30000,8:inf")}
+BUCKETS = {"search-r1": parse_buckets("2:5000,4:15000,8:inf"), "r2e-gym": parse_buckets("1:4000,2:12000,4:30000,8:inf")}
 
 
 def _steps(workload: str, first: int, count: int):
@@ -53,11 +52,20 @@ def test_on_tool_return(benchmark, history, preset) -> None:
         router.admit(rid, prompt_id=traj.prompt_id, prompt_tokens=traj.prompt_tokens)
         for j in range(k):  # walk the request down to the tool return we time
             turn = traj.turns[j]
-            router.on_tool_return(rid, tool=turn.tool, tool_tokens=turn.tool_tokens, status=turn.tool_status,
-                                  context_tokens=traj.context_after(j + 1))
+            router.on_tool_return(
+                rid,
+                tool=turn.tool,
+                tool_tokens=turn.tool_tokens,
+                status=turn.tool_status,
+                context_tokens=traj.context_after(j + 1),
+            )
         turn = traj.turns[k]
-        return (rid,), {"tool": turn.tool, "tool_tokens": turn.tool_tokens, "status": turn.tool_status,
-                        "context_tokens": traj.context_after(k + 1)}
+        return (rid,), {
+            "tool": turn.tool,
+            "tool_tokens": turn.tool_tokens,
+            "status": turn.tool_status,
+            "context_tokens": traj.context_after(k + 1),
+        }
 
     benchmark.extra_info.update(workload=workload, preset=preset)
     benchmark.pedantic(router.on_tool_return, setup=setup, rounds=3000, iterations=1, warmup_rounds=100)
@@ -82,8 +90,9 @@ def test_memory_per_node(benchmark, window) -> None:
             tree.update(step)
 
     benchmark.pedantic(build, rounds=1, iterations=1)
-    benchmark.extra_info.update(window=window, nodes=tree.num_nodes,
-                                bytes_per_node=round(tree.memory_bytes() / tree.num_nodes, 1))
+    benchmark.extra_info.update(
+        window=window, nodes=tree.num_nodes, bytes_per_node=round(tree.memory_bytes() / tree.num_nodes, 1)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +103,7 @@ def thirty_steps():
 def test_update_sequence(benchmark, thirty_steps) -> None:
     """The simulator's pattern: one update per step into one growing tree, 30 steps of r2e-gym (512 x 16), with
     the evictions that the 200K-node cap brings from about step 12 on."""
+
     def build():
         tree = PrefixTree()
         for step in thirty_steps:
@@ -101,5 +111,4 @@ def test_update_sequence(benchmark, thirty_steps) -> None:
         return tree
 
     tree = benchmark.pedantic(build, rounds=2, iterations=1)
-    benchmark.extra_info.update(workload="r2e-gym", steps=len(thirty_steps), nodes=tree.num_nodes,
-                                evicted=tree.evicted)
+    benchmark.extra_info.update(workload="r2e-gym", steps=len(thirty_steps), nodes=tree.num_nodes, evicted=tree.evicted)

@@ -22,16 +22,26 @@ from libra.spec import ClusterSpec, RLSettings, get_gpu, get_model
 
 
 def _scenario(*, gpus: int, prompts: int, workload: str = "r2e-gym") -> Scenario:
-    source = WorkSource.from_generator(workload, seed=0, num_prompts=prompts, samples_per_prompt=16,
-                                       max_model_len=40960)
-    return Scenario(cluster=ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=gpus, gpus_per_node=8),
-                    model=get_model("Qwen3-14B"), rl=RLSettings(num_prompts=prompts), source=source)
+    source = WorkSource.from_generator(
+        workload, seed=0, num_prompts=prompts, samples_per_prompt=16, max_model_len=40960
+    )
+    return Scenario(
+        cluster=ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=gpus, gpus_per_node=8),
+        model=get_model("Qwen3-14B"),
+        rl=RLSettings(num_prompts=prompts),
+        source=source,
+    )
 
 
 def _run(benchmark, scenario: Scenario, steps: int) -> None:
     workers = int(os.environ.get("LIBRA_BENCH_WORKERS", "2"))
-    report = benchmark.pedantic(simulate, args=(scenario,), rounds=1, iterations=1,
-                                kwargs={"num_steps": steps, "policies": POLICY_NAMES, "workers": workers})
+    report = benchmark.pedantic(
+        simulate,
+        args=(scenario,),
+        rounds=1,
+        iterations=1,
+        kwargs={"num_steps": steps, "policies": POLICY_NAMES, "workers": workers},
+    )
     benchmark.extra_info["steps"] = steps
     benchmark.extra_info["workers"] = workers
     benchmark.extra_info["gpus"] = scenario.cluster.num_gpus

@@ -20,8 +20,9 @@ from libra.workloads.generators import WorkloadGenerator
 def test_generator_step(benchmark, workload, step) -> None:
     gen = WorkloadGenerator(workload, seed=0, num_prompts=512, samples_per_prompt=16)
     trajectories = benchmark.pedantic(gen.step, args=(step,), rounds=5, iterations=1)
-    benchmark.extra_info.update(workload=workload, step=step, trajectories=len(trajectories),
-                                turns=sum(len(t.turns) for t in trajectories))
+    benchmark.extra_info.update(
+        workload=workload, step=step, trajectories=len(trajectories), turns=sum(len(t.turns) for t in trajectories)
+    )
 
 
 @pytest.mark.parametrize("step", [5, 90])

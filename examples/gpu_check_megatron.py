@@ -62,9 +62,19 @@ def main() -> int:
         results[name] = [p.detach().float().clone() for p in fresh.module.parameters()]
     diff = max(float((a - b).abs().max()) for a, b in zip(results["plain"], results["hook"]))
     ok = losses[-1] < losses[0] and diff < 1e-5
-    print(json.dumps({"rank": rank, "tp": ps.get_tensor_model_parallel_world_size(),
-                      "dp": ps.get_data_parallel_world_size(), "losses": losses, "hook_vs_ddp_max_diff": diff,
-                      "ok": ok}), flush=True)
+    print(
+        json.dumps(
+            {
+                "rank": rank,
+                "tp": ps.get_tensor_model_parallel_world_size(),
+                "dp": ps.get_data_parallel_world_size(),
+                "losses": losses,
+                "hook_vs_ddp_max_diff": diff,
+                "ok": ok,
+            }
+        ),
+        flush=True,
+    )
     dist.destroy_process_group()
     return 0 if ok else 1
 

@@ -43,15 +43,17 @@ class Agreement:
         return " + ".join(f"{g.count} x TP-{g.tp}" for g in self.instances)
 
 
-def simulated_rollout(planner: GlobalPlanner, work: StepWork, groups: tuple[InstanceGroup, ...],
-                      slice_s: float) -> float:
+def simulated_rollout(
+    planner: GlobalPlanner, work: StepWork, groups: tuple[InstanceGroup, ...], slice_s: float
+) -> float:
     """Seconds the timed rollout takes to serve `work` on `groups`, overflow routing, from time 0."""
     buckets = tuple(Bucket(tp=g.tp, max_tokens=g.max_tokens) for g in groups)
     routes = routes_for("single" if len(buckets) == 1 else "overflow", work, buckets, None)
     tps = [g.tp for g in groups for _ in range(g.count)]
     home = [b for b, g in enumerate(groups) for _ in range(g.count)]
-    run = RolloutRun(planner.cost_model, work, routes, Instances(tps, home, [0.0] * len(tps)), start=0.0,
-                     min_slice_s=slice_s)
+    run = RolloutRun(
+        planner.cost_model, work, routes, Instances(tps, home, [0.0] * len(tps)), start=0.0, min_slice_s=slice_s
+    )
     t = 0.0
     while not run.done:
         dt = run.next_event(t) - t
@@ -60,27 +62,50 @@ def simulated_rollout(planner: GlobalPlanner, work: StepWork, groups: tuple[Inst
     return run.end_time
 
 
-def agreements(workload: str, *, gpus: int = 48, prompts: int = 512, samples: int = 16,
-               coeffs: CostCoefficients | None = None, routings: tuple[str, ...] = ("start-small", "final-length"),
-               colocated_tp: int = 2) -> list[Agreement]:
+def agreements(
+    workload: str,
+    *,
+    gpus: int = 48,
+    prompts: int = 512,
+    samples: int = 16,
+    coeffs: CostCoefficients | None = None,
+    routings: tuple[str, ...] = ("start-small", "final-length"),
+    colocated_tp: int = 2,
+) -> list[Agreement]:
     cluster = ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=gpus, gpus_per_node=8)
     model, rl = get_model("Qwen3-14B"), RLSettings(num_prompts=prompts, samples_per_prompt=samples)
-    work = WorkSource.from_generator(workload, seed=0, num_prompts=prompts, samples_per_prompt=samples,
-                                     max_model_len=rl.max_model_len).step(0)
+    work = WorkSource.from_generator(
+        workload, seed=0, num_prompts=prompts, samples_per_prompt=samples, max_model_len=rl.max_model_len
+    ).step(0)
     profile = profile_of([work], workload, rl.global_batch)
     out = []
     for routing in routings:
-        planner = GlobalPlanner(cluster=cluster, model=model, rl=rl, coeffs=coeffs,
-                                options=PlannerOptions(routing=routing))
+        planner = GlobalPlanner(
+            cluster=cluster, model=model, rl=rl, coeffs=coeffs, options=PlannerOptions(routing=routing)
+        )
         plan = planner.plan(profile)
         groups = plan.rollout.instances
-        out.append(Agreement(workload=workload, routing=routing, instances=groups, predicted_s=plan.rollout.time_s,
-                             simulated_s=simulated_rollout(planner, work, groups, plan.rollout.time_s / 300)))
+        out.append(
+            Agreement(
+                workload=workload,
+                routing=routing,
+                instances=groups,
+                predicted_s=plan.rollout.time_s,
+                simulated_s=simulated_rollout(planner, work, groups, plan.rollout.time_s / 300),
+            )
+        )
     planner = GlobalPlanner(cluster=cluster, model=model, rl=rl, coeffs=coeffs)
     groups = (InstanceGroup(tp=colocated_tp, count=gpus // colocated_tp, max_tokens=float("inf")),)
     predicted = planner.rollout_time(groups, profile)
-    out.append(Agreement(workload=workload, routing="colocated", instances=groups, predicted_s=predicted,
-                         simulated_s=simulated_rollout(planner, work, groups, predicted / 300)))
+    out.append(
+        Agreement(
+            workload=workload,
+            routing="colocated",
+            instances=groups,
+            predicted_s=predicted,
+            simulated_s=simulated_rollout(planner, work, groups, predicted / 300),
+        )
+    )
     return out
 
 
@@ -99,8 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     print("| workload | routing model | rollout instances | predicted s | simulated s | simulated / predicted |")
     print("|---|---|---|---:|---:|---:|")
     for a in rows:
-        print(f"| {a.workload} | {a.routing} | {a.layout} | {a.predicted_s:,.0f} | {a.simulated_s:,.0f} | "
-              f"{100 * a.error:+.0f} % |")
+        print(
+            f"| {a.workload} | {a.routing} | {a.layout} | {a.predicted_s:,.0f} | {a.simulated_s:,.0f} | "
+            f"{100 * a.error:+.0f} % |"
+        )
     return 0
 
 

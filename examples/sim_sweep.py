@@ -55,23 +55,39 @@ def sweep(args: argparse.Namespace) -> list[str]:
     model = load_model(args.model)
     coeffs = load_coefficients(args.coeffs) if args.coeffs else None
     others = [p for p in POLICY_NAMES if p != "colocated"]
-    rows = ["| workload (steps) | prompts x " + str(args.samples) + " | colocated step s | colocated GPU idle | "
-            + " | ".join(others) + " |", "|---|---:|---:|---:|" + "---:|" * len(others)]
+    rows = [
+        "| workload (steps) | prompts x "
+        + str(args.samples)
+        + " | colocated step s | colocated GPU idle | "
+        + " | ".join(others)
+        + " |",
+        "|---|---:|---:|---:|" + "---:|" * len(others),
+    ]
     runs = [(w, p) for w in args.workloads.split(",") for p in args.prompts]
     for workload, prompts in tqdm(runs, desc="sweep", unit="run", file=sys.stderr):
         steps = args.steps or DEFAULT_STEPS.get(workload, 40)
-        source = WorkSource.from_generator(workload, seed=args.seed, num_prompts=prompts,
-                                           samples_per_prompt=args.samples, max_model_len=40960)
+        source = WorkSource.from_generator(
+            workload, seed=args.seed, num_prompts=prompts, samples_per_prompt=args.samples, max_model_len=40960
+        )
         rl = RLSettings(num_prompts=prompts, samples_per_prompt=args.samples, max_model_len=40960)
-        report = simulate(Scenario(cluster=cluster, model=model, rl=rl, source=source, coeffs=coeffs),
-                          num_steps=steps, workers=args.workers)
+        report = simulate(
+            Scenario(cluster=cluster, model=model, rl=rl, source=source, coeffs=coeffs),
+            num_steps=steps,
+            workers=args.workers,
+        )
         s = report.summary()
         base = s["colocated"]
         best = max(s[p]["throughput_tok_s"] for p in others)
-        cells = [("**{:.2f}**" if s[p]["throughput_tok_s"] == best else "{:.2f}").format(
-            s[p]["throughput_tok_s"] / base["throughput_tok_s"]) for p in others]
-        rows.append(f"| {workload} ({steps}) | {prompts} | {base['mean_step_s']:,.0f} | "
-                    f"{base['gpu_idle_fraction']:.2f} | " + " | ".join(cells) + " |")
+        cells = [
+            ("**{:.2f}**" if s[p]["throughput_tok_s"] == best else "{:.2f}").format(
+                s[p]["throughput_tok_s"] / base["throughput_tok_s"]
+            )
+            for p in others
+        ]
+        rows.append(
+            f"| {workload} ({steps}) | {prompts} | {base['mean_step_s']:,.0f} | "
+            f"{base['gpu_idle_fraction']:.2f} | " + " | ".join(cells) + " |"
+        )
     return rows
 
 

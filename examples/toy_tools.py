@@ -49,8 +49,11 @@ class ToyAgent:
         self.errors: dict[str, int] = {}
 
     def __call__(self, request_id: str, turn_ids: tuple[int, ...], turn_index: int) -> ToolReturn | None:
-        if turn_index > 0 and self.calls and any(c[0] == request_id and c[1] == "calculator" and c[2] == "ok"
-                                                 for c in self.calls):
+        if (
+            turn_index > 0
+            and self.calls
+            and any(c[0] == request_id and c[1] == "calculator" and c[2] == "ok" for c in self.calls)
+        ):
             return None  # the calculator answered: the trajectory ends
         if turn_index == 0:
             tool, (status, text) = "search", self.search(self.tok.decode(list(turn_ids)))

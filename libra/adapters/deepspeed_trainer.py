@@ -24,8 +24,9 @@ from libra.adapters.protocols import GradHook
 from libra.adapters.types import WeightUpdate, pack_weights
 
 
-def deepspeed_config(*, zero_stage: int, micro_batch: int, lr: float, dp: int, gradient_clipping: float = 0.0
-                     ) -> dict[str, Any]:
+def deepspeed_config(
+    *, zero_stage: int, micro_batch: int, lr: float, dp: int, gradient_clipping: float = 0.0
+) -> dict[str, Any]:
     """A DeepSpeed config for fp32 training with torch's Adam (no fused-op compile): `train_batch_size` is the
     global batch `micro_batch * dp` (one micro-batch per step, gradient accumulation 1)."""
     if zero_stage not in (0, 1, 2, 3):
@@ -67,8 +68,9 @@ class DeepSpeedTrainer:
     def version(self) -> int:
         return self._version
 
-    def train_step(self, batch: Mapping[str, Any], *, grad_hook: GradHook | None = None,
-                   step: int | None = None) -> float:
+    def train_step(
+        self, batch: Mapping[str, Any], *, grad_hook: GradHook | None = None, step: int | None = None
+    ) -> float:
         if grad_hook is None:
             loss = self.loss_fn(self.engine, batch)
             self.engine.backward(loss)
@@ -99,8 +101,11 @@ class DeepSpeedTrainer:
 
     def snapshot(self) -> Mapping[str, Any]:
         self._whole_replica_state("snapshot")
-        return {"version": self._version, "model": copy.deepcopy(self.engine.module.state_dict()),
-                "optimizer": copy.deepcopy(self.engine.optimizer.state_dict())}
+        return {
+            "version": self._version,
+            "model": copy.deepcopy(self.engine.module.state_dict()),
+            "optimizer": copy.deepcopy(self.engine.optimizer.state_dict()),
+        }
 
     def restore(self, state: Mapping[str, Any]) -> None:
         self._whole_replica_state("restore")

@@ -27,8 +27,9 @@ def group_advantages(rewards: Sequence[float], group_size: int, eps: float = 1e-
     return out
 
 
-def make_batch(contexts: Sequence[Sequence[int]], masks: Sequence[Sequence[int]], advantages: Sequence[float],
-               *, pad_id: int) -> dict[str, Any]:
+def make_batch(
+    contexts: Sequence[Sequence[int]], masks: Sequence[Sequence[int]], advantages: Sequence[float], *, pad_id: int
+) -> dict[str, Any]:
     """Right-padded tensors: `input_ids`, `loss_mask` (1 on generated tokens), `advantages` (one per sequence)."""
     import torch
 

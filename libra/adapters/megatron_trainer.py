@@ -44,14 +44,24 @@ def init_parallel(train: TrainConfig) -> None:
         raise UnsupportedConfig("torch.distributed must be initialised before init_parallel (world = tp*pp*dp)")
     world = dist.get_world_size()
     if world != train.num_gpus:
-        raise UnsupportedConfig(f"world size {world} != TrainConfig num_gpus {train.num_gpus} "
-                                f"(tp({train.tp}) * pp({train.pp}) * dp({train.dp}))")
+        raise UnsupportedConfig(
+            f"world size {world} != TrainConfig num_gpus {train.num_gpus} "
+            f"(tp({train.tp}) * pp({train.pp}) * dp({train.dp}))"
+        )
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(**parallel_sizes(train))
 
 
-def gpt_config(train: TrainConfig, *, num_layers: int, hidden_size: int, num_attention_heads: int,
-               ffn_hidden_size: int | None = None, num_moe_experts: int | None = None, cpu_init: bool = False) -> Any:
+def gpt_config(
+    train: TrainConfig,
+    *,
+    num_layers: int,
+    hidden_size: int,
+    num_attention_heads: int,
+    ffn_hidden_size: int | None = None,
+    num_moe_experts: int | None = None,
+    cpu_init: bool = False,
+) -> Any:
     """A fp32 `TransformerConfig` with the plan's parallel sizes."""
     import torch
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -61,11 +71,18 @@ def gpt_config(train: TrainConfig, *, num_layers: int, hidden_size: int, num_att
     if num_attention_heads % train.tp:
         raise UnsupportedConfig(f"tp({train.tp}) must divide num_attention_heads({num_attention_heads})")
     return TransformerConfig(
-        num_layers=num_layers, hidden_size=hidden_size, num_attention_heads=num_attention_heads,
-        ffn_hidden_size=ffn_hidden_size or 4 * hidden_size, num_moe_experts=num_moe_experts,
-        tensor_model_parallel_size=train.tp, pipeline_model_parallel_size=train.pp,
-        expert_model_parallel_size=train.ep, params_dtype=torch.float32, use_cpu_initialization=cpu_init,
-        hidden_dropout=0.0, attention_dropout=0.0,
+        num_layers=num_layers,
+        hidden_size=hidden_size,
+        num_attention_heads=num_attention_heads,
+        ffn_hidden_size=ffn_hidden_size or 4 * hidden_size,
+        num_moe_experts=num_moe_experts,
+        tensor_model_parallel_size=train.tp,
+        pipeline_model_parallel_size=train.pp,
+        expert_model_parallel_size=train.ep,
+        params_dtype=torch.float32,
+        use_cpu_initialization=cpu_init,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
     )
 
 
@@ -76,9 +93,12 @@ def build_gpt(config: Any, *, vocab_size: int, max_sequence_length: int) -> Any:
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     return GPTModel(
-        config=config, transformer_layer_spec=get_gpt_layer_local_spec(num_experts=config.num_moe_experts),
-        vocab_size=vocab_size, max_sequence_length=max_sequence_length,
-        pre_process=parallel_state.is_pipeline_first_stage(), post_process=parallel_state.is_pipeline_last_stage(),
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(num_experts=config.num_moe_experts),
+        vocab_size=vocab_size,
+        max_sequence_length=max_sequence_length,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
     )
 
 
@@ -100,9 +120,19 @@ class MegatronTrainer:
     `snapshot`/`restore` use the optimizer's plain `state_dict`; with the distributed optimizer a whole-replica
     snapshot needs Megatron's sharded state dict (`sharded_state_dict` + dist checkpointing), not done here."""
 
-    def __init__(self, *, train: TrainConfig, config: Any, vocab_size: int, max_sequence_length: int, lr: float,
-                 use_distributed_optimizer: bool = True, with_optimizer: bool = True,
-                 loss_fn: Callable | None = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        train: TrainConfig,
+        config: Any,
+        vocab_size: int,
+        max_sequence_length: int,
+        lr: float,
+        use_distributed_optimizer: bool = True,
+        with_optimizer: bool = True,
+        loss_fn: Callable | None = None,
+        seed: int = 0,
+    ) -> None:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
@@ -114,16 +144,27 @@ class MegatronTrainer:
         model_parallel_cuda_manual_seed(seed)  # Megatron's TP RNG tracker (dropout, init) needs its seeds first
         self.train, self.config = train, config
         self.module = build_gpt(config, vocab_size=vocab_size, max_sequence_length=max_sequence_length)
-        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                                   use_distributed_optimizer=use_distributed_optimizer)
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=use_distributed_optimizer
+        )
         self.model = DistributedDataParallel(config=config, ddp_config=ddp_config, module=self.module)
         # Megatron's optimizers allocate on device="cuda": `with_optimizer=False` stops after the gradient sync
         # (CPU tests of the gradient path); a real run keeps it on.
-        self.optimizer = get_megatron_optimizer(
-            OptimizerConfig(optimizer="adam", lr=lr, weight_decay=0.0, params_dtype=config.params_dtype, clip_grad=0.0,
-                            use_distributed_optimizer=use_distributed_optimizer),
-            [self.model],
-        ) if with_optimizer else None
+        self.optimizer = (
+            get_megatron_optimizer(
+                OptimizerConfig(
+                    optimizer="adam",
+                    lr=lr,
+                    weight_decay=0.0,
+                    params_dtype=config.params_dtype,
+                    clip_grad=0.0,
+                    use_distributed_optimizer=use_distributed_optimizer,
+                ),
+                [self.model],
+            )
+            if with_optimizer
+            else None
+        )
         self.loss_fn = loss_fn or lm_loss
         self._version = 0
 
@@ -131,8 +172,9 @@ class MegatronTrainer:
     def version(self) -> int:
         return self._version
 
-    def train_step(self, batch: Mapping[str, Any], *, grad_hook: GradHook | None = None,
-                   step: int | None = None) -> float:
+    def train_step(
+        self, batch: Mapping[str, Any], *, grad_hook: GradHook | None = None, step: int | None = None
+    ) -> float:
         self.model.zero_grad_buffer()
         if self.optimizer is not None:
             self.optimizer.zero_grad()
@@ -154,8 +196,11 @@ class MegatronTrainer:
     def snapshot(self) -> Mapping[str, Any]:
         if self.optimizer is None:
             raise UnsupportedConfig("snapshot needs the optimizer (with_optimizer=True)")
-        return {"version": self._version, "model": copy.deepcopy(self.module.state_dict()),
-                "optimizer": copy.deepcopy(self.optimizer.state_dict())}
+        return {
+            "version": self._version,
+            "model": copy.deepcopy(self.module.state_dict()),
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+        }
 
     def restore(self, state: Mapping[str, Any]) -> None:
         if self.optimizer is None:

@@ -86,8 +86,9 @@ class TrainerBackend(Protocol):
     def version(self) -> int:
         """Number of optimizer steps applied so far."""
 
-    def train_step(self, batch: Mapping[str, Any], *, grad_hook: GradHook | None = None,
-                   step: int | None = None) -> float:
+    def train_step(
+        self, batch: Mapping[str, Any], *, grad_hook: GradHook | None = None, step: int | None = None
+    ) -> float:
         """Forward + backward on this replica's shard of `batch`, reduce the gradients (through `grad_hook` when
         given, called as `grad_hook(step, grads)` with `step` defaulting to `version`; else the engine's own
         data-parallel all-reduce), optimizer step. Returns the local loss."""

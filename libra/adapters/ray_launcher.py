@@ -52,8 +52,12 @@ class WorkerActor:
         import ray
 
         ctx = ray.get_runtime_context()
-        return {"info": attrs.asdict(self.info), "pid": os.getpid(), "node_id": ctx.get_node_id(),
-                "assigned": dict(ctx.get_assigned_resources())}
+        return {
+            "info": attrs.asdict(self.info),
+            "pid": os.getpid(),
+            "node_id": ctx.get_node_id(),
+            "assigned": dict(ctx.get_assigned_resources()),
+        }
 
     def setup(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         self.payload = fn(self.info, *args, **kwargs)
@@ -65,8 +69,10 @@ class WorkerActor:
 def node_of(worker: WorkerPlacement, gpus_per_node: int) -> int:
     nodes = {g // gpus_per_node for g in worker.gpu_ids}
     if len(nodes) != 1:
-        raise UnsupportedConfig(f"worker {worker.name!r} has GPUs {worker.gpu_ids} on nodes {sorted(nodes)}; a "
-                                f"worker must stay inside one node of {gpus_per_node} GPUs")
+        raise UnsupportedConfig(
+            f"worker {worker.name!r} has GPUs {worker.gpu_ids} on nodes {sorted(nodes)}; a "
+            f"worker must stay inside one node of {gpus_per_node} GPUs"
+        )
     return nodes.pop()
 
 
@@ -74,9 +80,16 @@ class RayLauncher:
     """Places actors for `placement` on a running Ray cluster (call `ray.init` first). `setup_rollout` /
     `setup_trainer`, if given, run inside each new actor as `fn(info)` to build its payload."""
 
-    def __init__(self, *, placement: Placement, gpus_per_node: int, use_gpus: bool = False,
-                 setup_rollout: Callable[..., Any] | None = None, setup_trainer: Callable[..., Any] | None = None,
-                 ready_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        *,
+        placement: Placement,
+        gpus_per_node: int,
+        use_gpus: bool = False,
+        setup_rollout: Callable[..., Any] | None = None,
+        setup_trainer: Callable[..., Any] | None = None,
+        ready_timeout_s: float = 60.0,
+    ) -> None:
         if gpus_per_node < 1:
             raise UnsupportedConfig(f"gpus_per_node must be >= 1, got {gpus_per_node}")
         self.placement, self.gpus_per_node, self.use_gpus = placement, gpus_per_node, use_gpus
@@ -127,13 +140,22 @@ class RayLauncher:
         if w.name not in self._bundles:
             self._reserve(w.pool, [w])
         pg, index = self._bundles[w.name]
-        info = ActorInfo(worker=w.name, role=role, pool=w.pool, placement_group=pg.id.hex(), bundle_index=index,
-                         node=node_of(w, self.gpus_per_node))
+        info = ActorInfo(
+            worker=w.name,
+            role=role,
+            pool=w.pool,
+            placement_group=pg.id.hex(),
+            bundle_index=index,
+            node=node_of(w, self.gpus_per_node),
+        )
         cls = ray.remote(WorkerActor).options(
-            name=f"libra-{w.name}", num_cpus=0, num_gpus=float(len(w.gpu_ids)) if self.use_gpus else 0,
+            name=f"libra-{w.name}",
+            num_cpus=0,
+            num_gpus=float(len(w.gpu_ids)) if self.use_gpus else 0,
             resources={NODE_RESOURCE.format(info.node): _NODE_SHARE},  # the actor holds its whole bundle
-            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg,
-                                                                 placement_group_bundle_index=index),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=index
+            ),
         )
         actor = cls.remote(info)
         setup = self.setup[role]

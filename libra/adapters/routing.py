@@ -75,8 +75,13 @@ class RoutedRollout:
     def tool_return(self, request_id: str, result: ToolReturn, sampling: Sampling) -> Migration | None:
         """Report a tool return, apply the decision (migrate before the tool output is prefilled), resume."""
         context = len(self.backend.context(request_id)) + len(result.output_token_ids)
-        decision = self.router.on_tool_return(request_id, tool=result.tool, tool_tokens=len(result.output_token_ids),
-                                              status=result.status, context_tokens=context)
+        decision = self.router.on_tool_return(
+            request_id,
+            tool=result.tool,
+            tool_tokens=len(result.output_token_ids),
+            status=result.status,
+            context_tokens=context,
+        )
         self.decisions.append(decision)
         moved = self._apply(decision)
         self.backend.resume(request_id, result.output_token_ids, sampling)
@@ -94,8 +99,16 @@ class RoutedRollout:
         self.migrations.append(moved)
         return moved
 
-    def run(self, prompts: Mapping[str, tuple[str, Sequence[int]]], *, sampling: Sampling, tool: ToolFn,
-            max_turns: int, step: int = 0, max_polls: int = 100_000) -> dict[str, RolloutResult]:
+    def run(
+        self,
+        prompts: Mapping[str, tuple[str, Sequence[int]]],
+        *,
+        sampling: Sampling,
+        tool: ToolFn,
+        max_turns: int,
+        step: int = 0,
+        max_polls: int = 100_000,
+    ) -> dict[str, RolloutResult]:
         """Run every trajectory to its end; `prompts` maps request id -> (prompt id, prompt token ids).
         Returns one result per request: none is dropped (a failed one carries `error`)."""
         turns: dict[str, list[Turn]] = {rid: [] for rid in prompts}
@@ -114,8 +127,9 @@ class RoutedRollout:
             except RequestFailedError as exc:
                 context, error = (), error or exc.reason
             self.router.finish(rid, traj)
-            results[rid] = RolloutResult(request_id=rid, context=tuple(context), trajectory=traj,
-                                         instances=tuple(visited[rid]), error=error)
+            results[rid] = RolloutResult(
+                request_id=rid, context=tuple(context), trajectory=traj, instances=tuple(visited[rid]), error=error
+            )
 
         for _ in range(max_polls):
             if len(results) == len(prompts):
@@ -139,14 +153,20 @@ class RoutedRollout:
 
     def _end_turn(self, rid, turns, visited, turn_start, sampling, tool, max_turns, close) -> None:
         context = self.backend.context(rid)
-        generated = tuple(context[turn_start[rid]:])
+        generated = tuple(context[turn_start[rid] :])
         result = tool(rid, generated, len(turns[rid])) if len(turns[rid]) + 1 < max_turns else None
         if result is None:
             turns[rid].append(Turn(gen_tokens=len(generated)))
             close(rid, None)
             return
-        turns[rid].append(Turn(gen_tokens=len(generated), tool=result.tool, tool_status=result.status,
-                               tool_tokens=len(result.output_token_ids)))
+        turns[rid].append(
+            Turn(
+                gen_tokens=len(generated),
+                tool=result.tool,
+                tool_status=result.status,
+                tool_tokens=len(result.output_token_ids),
+            )
+        )
         moved = self.tool_return(rid, result, sampling)
         if moved is not None and moved.to_instance != moved.from_instance:
             visited[rid].append(moved.to_instance)

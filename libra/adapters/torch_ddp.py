@@ -25,8 +25,15 @@ class TorchDDPTrainer:
     scalar loss (default: the GRPO loss of `libra.adapters.grpo`). `process_group` None means the default group;
     `distributed=False` trains a single replica without any process group (a hybrid replica, or tests)."""
 
-    def __init__(self, *, model: Any, loss_fn: LossFn | None = None, optimizer_factory: Callable | None = None,
-                 process_group: Any = None, distributed: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        model: Any,
+        loss_fn: LossFn | None = None,
+        optimizer_factory: Callable | None = None,
+        process_group: Any = None,
+        distributed: bool = True,
+    ) -> None:
         import torch
 
         from libra.adapters.grpo import policy_loss
@@ -48,8 +55,9 @@ class TorchDDPTrainer:
     def version(self) -> int:
         return self._version
 
-    def train_step(self, batch: Mapping[str, Any], *, grad_hook: GradHook | None = None,
-                   step: int | None = None) -> float:
+    def train_step(
+        self, batch: Mapping[str, Any], *, grad_hook: GradHook | None = None, step: int | None = None
+    ) -> float:
         import contextlib
 
         self.optimizer.zero_grad(set_to_none=False)
@@ -74,8 +82,11 @@ class TorchDDPTrainer:
         return [p.grad for p in params]
 
     def snapshot(self) -> Mapping[str, Any]:
-        return {"version": self._version, "model": copy.deepcopy(self.module.state_dict()),
-                "optimizer": copy.deepcopy(self.optimizer.state_dict())}
+        return {
+            "version": self._version,
+            "model": copy.deepcopy(self.module.state_dict()),
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+        }
 
     def restore(self, state: Mapping[str, Any]) -> None:
         self.module.load_state_dict(state["model"])

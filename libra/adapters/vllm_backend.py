@@ -177,16 +177,22 @@ class VLLMRolloutBackend:
         self._awake(to_instance)
         source = req.instance
         if source == to_instance:
-            return Migration(request_id=request_id, from_instance=source, to_instance=source, migrated_tokens=0,
-                             running=req.running)
+            return Migration(
+                request_id=request_id, from_instance=source, to_instance=source, migrated_tokens=0, running=req.running
+            )
         running = req.running
         if running:
             self._abort(self._instances[source], req)
         req.instance = to_instance
         if running:
             self._start_turn(req, req.sampling.max_tokens - req.turn_tokens)
-        return Migration(request_id=request_id, from_instance=source, to_instance=to_instance,
-                         migrated_tokens=len(req.context), running=running)
+        return Migration(
+            request_id=request_id,
+            from_instance=source,
+            to_instance=to_instance,
+            migrated_tokens=len(req.context),
+            running=running,
+        )
 
     def context(self, request_id: str) -> tuple[int, ...]:
         return tuple(self._get_request(request_id).context)
@@ -210,8 +216,10 @@ class VLLMRolloutBackend:
         events: list[StreamEvent] = []
         for name in list(self._instances):
             inst = self._instances.get(name)
-            if inst is None or inst.asleep or not any(
-                r.running and r.instance == name for r in self._requests.values()
+            if (
+                inst is None
+                or inst.asleep
+                or not any(r.running and r.instance == name for r in self._requests.values())
             ):
                 continue  # vLLM's step() waits for output: never step an idle or paused engine
             dead = dead_reason(inst.engine)
@@ -233,12 +241,26 @@ class VLLMRolloutBackend:
                 req.turn_tokens += len(new)
                 if out.finished:
                     req.running = False
-                    events.append(StreamEvent(request_id=req.request_id, instance=name, kind=EventKind.FINISHED,
-                                              new_token_ids=new, finish_reason=completion.finish_reason,
-                                              weight_version=inst.version))
+                    events.append(
+                        StreamEvent(
+                            request_id=req.request_id,
+                            instance=name,
+                            kind=EventKind.FINISHED,
+                            new_token_ids=new,
+                            finish_reason=completion.finish_reason,
+                            weight_version=inst.version,
+                        )
+                    )
                 elif new:
-                    events.append(StreamEvent(request_id=req.request_id, instance=name, kind=EventKind.TOKENS,
-                                              new_token_ids=new, weight_version=inst.version))
+                    events.append(
+                        StreamEvent(
+                            request_id=req.request_id,
+                            instance=name,
+                            kind=EventKind.TOKENS,
+                            new_token_ids=new,
+                            weight_version=inst.version,
+                        )
+                    )
         return events
 
     def has_running(self) -> bool:
@@ -329,8 +351,13 @@ class VLLMRolloutBackend:
             raise RequestFailedError(req.request_id, req.failed)
         s = req.sampling
         params = SamplingParams(
-            max_tokens=min(max_tokens, room), temperature=s.temperature, top_p=s.top_p, seed=s.seed,
-            stop_token_ids=list(s.stop_token_ids), ignore_eos=s.ignore_eos, output_kind=RequestOutputKind.DELTA,
+            max_tokens=min(max_tokens, room),
+            temperature=s.temperature,
+            top_p=s.top_p,
+            seed=s.seed,
+            stop_token_ids=list(s.stop_token_ids),
+            ignore_eos=s.ignore_eos,
+            output_kind=RequestOutputKind.DELTA,
         )
         req.engine_id = f"{req.request_id}#{next(self._ids)}"
         inst.engine.add_request(req.engine_id, TokensPrompt(prompt_token_ids=list(req.context)), params)
@@ -351,8 +378,9 @@ class VLLMRolloutBackend:
             if target is None:
                 req.running, req.failed = False, f"engine of instance {name!r} died ({cause}) and no instance is live"
                 failed.append(req.request_id)
-                events.append(StreamEvent(request_id=req.request_id, instance=name, kind=EventKind.FAILED,
-                                          error=req.failed))
+                events.append(
+                    StreamEvent(request_id=req.request_id, instance=name, kind=EventKind.FAILED, error=req.failed)
+                )
                 continue
             was_running, req.instance = req.running, target
             if was_running:
@@ -361,12 +389,19 @@ class VLLMRolloutBackend:
                 except RequestFailedError as exc:  # the target cannot hold the context: fail it, keep going
                     req.running = False
                     failed.append(req.request_id)
-                    events.append(StreamEvent(request_id=req.request_id, instance=name, kind=EventKind.FAILED,
-                                              error=exc.reason))
+                    events.append(
+                        StreamEvent(request_id=req.request_id, instance=name, kind=EventKind.FAILED, error=exc.reason)
+                    )
                     continue
             requeued[req.request_id] = target
-            events.append(StreamEvent(request_id=req.request_id, instance=target, kind=EventKind.REQUEUED,
-                                      error=f"engine of {name!r} died: {cause}"))
+            events.append(
+                StreamEvent(
+                    request_id=req.request_id,
+                    instance=target,
+                    kind=EventKind.REQUEUED,
+                    error=f"engine of {name!r} died: {cause}",
+                )
+            )
         self.deaths.append(EngineDiedError(name, cause, requeued=requeued, failed=tuple(failed)))
         return events
 

@@ -63,4 +63,3 @@ def shutdown(engine: Any) -> None:
     if core is not None and hasattr(core, "shutdown"):
         with contextlib.suppress(Exception):  # a dead engine may fail to shut down cleanly; it is gone anyway
             core.shutdown()
-

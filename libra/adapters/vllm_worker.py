@@ -31,8 +31,10 @@ class LibraWorkerExtension:
         """Load every staged tensor of `version` into the served model; returns how many were loaded."""
         staged = getattr(self, "_libra_staged", None) or []
         if getattr(self, "_libra_staged_version", None) != version:
-            raise RuntimeError(f"commit of weight version {version} but version "
-                               f"{getattr(self, '_libra_staged_version', None)} is staged")
+            raise RuntimeError(
+                f"commit of weight version {version} but version "
+                f"{getattr(self, '_libra_staged_version', None)} is staged"
+            )
         self.model_runner.reload_weights(weights_iterator=iter(staged))  # type: ignore[attr-defined]
         self._libra_staged = []
         return len(staged)

@@ -23,8 +23,11 @@ def add_setup_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", default="A800-80GB", help="GPU preset (A800-80GB, A100-80GB, H100-80GB, H200)")
     p.add_argument("--cluster", metavar="FILE", help="YAML/JSON cluster file (overrides --gpus/--gpus-per-node/--gpu)")
     p.add_argument("--model", default="Qwen3-14B", help="model preset name or a YAML/JSON file of ModelSpec fields")
-    p.add_argument("--coeffs", metavar="FILE",
-                   help="YAML/JSON file of cost-model coefficients (e.g. fitted by calibrate); the rest keep defaults")
+    p.add_argument(
+        "--coeffs",
+        metavar="FILE",
+        help="YAML/JSON file of cost-model coefficients (e.g. fitted by calibrate); the rest keep defaults",
+    )
 
 
 def setup_from_args(args: argparse.Namespace):

@@ -14,9 +14,12 @@ DEFAULT_WORKLOAD = "r2e-gym"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("plan", help="plan the GPU split, training parallelism and rollout instances",
-                       description="Find the plan minimising the iteration makespan max(T_train, T_rollout). "
-                                   "Defaults: 48 x A800-80GB (6 nodes x 8), Qwen3-14B, an R2E-Gym-like workload.")
+    p = sub.add_parser(
+        "plan",
+        help="plan the GPU split, training parallelism and rollout instances",
+        description="Find the plan minimising the iteration makespan max(T_train, T_rollout). "
+        "Defaults: 48 x A800-80GB (6 nodes x 8), Qwen3-14B, an R2E-Gym-like workload.",
+    )
     add_setup_args(p)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--trace", metavar="FILE", help="plan from a trace file (JSON Lines, DESIGN.md schema)")
@@ -26,12 +29,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", type=int, default=512, help="prompts per RL step (default 512)")
     p.add_argument("--samples", type=int, default=16, help="samples per prompt (default 16)")
     p.add_argument("--max-len", type=int, default=40960, help="maximum model length in tokens (default 40960)")
-    p.add_argument("--tp-degrees", default=None,
-                   help="rollout TP degrees to consider (default 1,2,4,8, those that fit in a node)")
+    p.add_argument(
+        "--tp-degrees", default=None, help="rollout TP degrees to consider (default 1,2,4,8, those that fit in a node)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload")
-    p.add_argument("--routing", default="start-small", choices=("start-small", "final-length"),
-                   help="how requests reach rollout buckets: start-small (C-MLFQ: start in the smallest, promoted as "
-                        "the context grows; default) or final-length (perfect routing)")
+    p.add_argument(
+        "--routing",
+        default="start-small",
+        choices=("start-small", "final-length"),
+        help="how requests reach rollout buckets: start-small (C-MLFQ: start in the smallest, promoted as "
+        "the context grows; default) or final-length (perfect routing)",
+    )
     p.add_argument("--place", action="store_true", help="also map the plan onto GPU ids (OR-Tools CP-SAT)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.set_defaults(run=run)
@@ -42,12 +50,18 @@ def _profile(args: argparse.Namespace, requests_per_step: int):
 
     if args.trace:
         trajectories = load_trace(args.trace)
-        return profile_from_trajectories(trajectories, name=args.trace, window_steps=args.window_steps,
-                                         requests_per_step=requests_per_step)
+        return profile_from_trajectories(
+            trajectories, name=args.trace, window_steps=args.window_steps, requests_per_step=requests_per_step
+        )
     from libra.workloads.generators import WorkloadGenerator
 
-    gen = WorkloadGenerator(args.workload, seed=args.seed, num_prompts=args.prompts,
-                            samples_per_prompt=args.samples, max_model_len=args.max_len)
+    gen = WorkloadGenerator(
+        args.workload,
+        seed=args.seed,
+        num_prompts=args.prompts,
+        samples_per_prompt=args.samples,
+        max_model_len=args.max_len,
+    )
     return profile_from_trajectories(gen.step(args.step), name=args.workload, requests_per_step=requests_per_step)
 
 
@@ -81,8 +95,9 @@ def run(args: argparse.Namespace) -> int:
     planner = GlobalPlanner(cluster=cluster, model=model, rl=rl, options=options, coeffs=coeffs)
     tps = tuple(tp for tp in options.tp_degrees if tp <= cluster.gpus_per_node)
     if args.tp_degrees is not None and len(tps) < len(options.tp_degrees):
-        raise CLIError(f"--tp-degrees {args.tp_degrees}: a TP group must fit in one node of "
-                       f"{cluster.gpus_per_node} GPUs")
+        raise CLIError(
+            f"--tp-degrees {args.tp_degrees}: a TP group must fit in one node of {cluster.gpus_per_node} GPUs"
+        )
     plan = planner.plan(profile)
     single = []
     for tp in tps:
@@ -98,9 +113,13 @@ def run(args: argparse.Namespace) -> int:
         placement = place(plan, cluster, model=model)
 
     out: dict[str, Any] = plan.to_dict()
-    out.update(cluster={"gpus": cluster.num_gpus, "gpus_per_node": cluster.gpus_per_node, "gpu": cluster.gpu.name},
-               model=model.name, workload=profile.summary(), routing=args.routing,
-               best_single_tp={"tp": best_single[0], "makespan_s": best_single[1]})
+    out.update(
+        cluster={"gpus": cluster.num_gpus, "gpus_per_node": cluster.gpus_per_node, "gpu": cluster.gpu.name},
+        model=model.name,
+        workload=profile.summary(),
+        routing=args.routing,
+        best_single_tp={"tp": best_single[0], "makespan_s": best_single[1]},
+    )
     if placement is not None:
         out["placement"] = [{"name": w.name, "role": str(w.role), "gpus": list(w.gpu_ids)} for w in placement.workers]
     if args.json:
@@ -108,16 +127,43 @@ def run(args: argparse.Namespace) -> int:
         return 0
     log(f"planned in {plan.solve_time_s * 1e3:.1f} ms")
     t = plan.train
-    print(key_values([("cluster", f"{cluster.num_gpus} x {cluster.gpu.name} ({cluster.num_nodes} nodes x "
-                                  f"{cluster.gpus_per_node})"),
-                      ("model", model.name),
-                      ("workload", f"{profile.name}: {rl.global_batch} trajectories/step, mean "
-                                   f"{profile.mean_length:,.0f} tokens, p90 {profile.quantile(0.9):,.0f}")],
-                     title="Libra plan"))
+    print(
+        key_values(
+            [
+                (
+                    "cluster",
+                    f"{cluster.num_gpus} x {cluster.gpu.name} ({cluster.num_nodes} nodes x {cluster.gpus_per_node})",
+                ),
+                ("model", model.name),
+                (
+                    "workload",
+                    f"{profile.name}: {rl.global_batch} trajectories/step, mean "
+                    f"{profile.mean_length:,.0f} tokens, p90 {profile.quantile(0.9):,.0f}",
+                ),
+            ],
+            title="Libra plan",
+        )
+    )
     print()
-    print(table(["GPUs", "TP", "PP", "DP", "EP", "micro-batch", "recompute", "memory GB/GPU", "step s"],
-                [[t.num_gpus, t.tp, t.pp, t.dp, t.ep, t.micro_batch, "yes" if t.recompute else "no",
-                  round(t.memory_gb, 1), round(t.time_s, 1)]], title="Training"))
+    print(
+        table(
+            ["GPUs", "TP", "PP", "DP", "EP", "micro-batch", "recompute", "memory GB/GPU", "step s"],
+            [
+                [
+                    t.num_gpus,
+                    t.tp,
+                    t.pp,
+                    t.dp,
+                    t.ep,
+                    t.micro_batch,
+                    "yes" if t.recompute else "no",
+                    round(t.memory_gb, 1),
+                    round(t.time_s, 1),
+                ]
+            ],
+            title="Training",
+        )
+    )
     print()
     rows = [[g.tp, g.count, g.num_gpus, _range(g.min_tokens, g.max_tokens)] for g in plan.rollout.instances]
     used = sum(g.num_gpus for g in plan.rollout.instances)
@@ -127,14 +173,19 @@ def run(args: argparse.Namespace) -> int:
     print()
     gap = plan.makespan_s / plan.lower_bound_s - 1 if plan.lower_bound_s > 0 else math.nan
     single_gap = best_single[1] / plan.makespan_s - 1
-    print(key_values([
-        ("training time", f"{t.time_s:,.1f} s"),
-        ("rollout time", f"{plan.rollout.time_s:,.1f} s"),
-        ("makespan", f"{plan.makespan_s:,.1f} s per step"),
-        ("fluid lower bound", f"{plan.lower_bound_s:,.1f} s (plan is {gap:+.1%} above it)"),
-        ("best single-TP plan", f"TP-{best_single[0]} only: {best_single[1]:,.1f} s ({single_gap:+.1%})"),
-        ("solve time", f"{plan.solve_time_s * 1e3:.1f} ms"),
-    ], title="Prediction"))
+    print(
+        key_values(
+            [
+                ("training time", f"{t.time_s:,.1f} s"),
+                ("rollout time", f"{plan.rollout.time_s:,.1f} s"),
+                ("makespan", f"{plan.makespan_s:,.1f} s per step"),
+                ("fluid lower bound", f"{plan.lower_bound_s:,.1f} s (plan is {gap:+.1%} above it)"),
+                ("best single-TP plan", f"TP-{best_single[0]} only: {best_single[1]:,.1f} s ({single_gap:+.1%})"),
+                ("solve time", f"{plan.solve_time_s * 1e3:.1f} ms"),
+            ],
+            title="Prediction",
+        )
+    )
     if placement is not None:
         print()
         rows = [[w.name, str(w.role), ",".join(map(str, w.gpu_ids))] for w in placement.workers]

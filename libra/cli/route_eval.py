@@ -21,21 +21,37 @@ DEFAULT_BUCKETS = "2:5000,4:15000,8:inf"  # PAPER.md, Search-R1
 def register(subparsers) -> None:
     p = subparsers.add_parser("route-eval", help="score a request-routing policy on a trace")
     p.add_argument("--trace", default=None, help="trace file (JSON Lines); default: generate --workload in memory")
-    p.add_argument("--workload", default="search-r1", help=f"synthetic workload when no --trace: "
-                                                           f"{', '.join(WORKLOAD_NAMES)} (default search-r1)")
+    p.add_argument(
+        "--workload",
+        default="search-r1",
+        help=f"synthetic workload when no --trace: {', '.join(WORKLOAD_NAMES)} (default search-r1)",
+    )
     p.add_argument("--steps", type=int, default=20, help="steps to generate when no --trace (default 20)")
     p.add_argument("--seed", type=int, default=0, help="seed when no --trace (default 0)")
     p.add_argument("--prompts", type=int, default=64, help="prompts per step when no --trace (default 64)")
     p.add_argument("--samples", type=int, default=16, help="samples per prompt when no --trace (default 16)")
     p.add_argument("--policy", default="cmlfq", help=f"{'|'.join(POLICIES)}|all (default cmlfq)")
     p.add_argument("--buckets", default=DEFAULT_BUCKETS, help=f"tp:max_tokens,... (default {DEFAULT_BUCKETS})")
-    p.add_argument("--preset", default="published", choices=tuple(CMLFQ_PRESETS),
-                   help="cmlfq option set: published rule (default), tuned for accuracy, or for few migrated tokens")
-    p.add_argument("--admit", default=None, choices=("smallest", "predicted"),
-                   help="cmlfq admission: smallest bucket (published) or predicted from the prompt's statistics")
-    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="router option, repeatable (e.g. rule=median, size_edges=1000,4000, mode=most_common); "
-                        "with --policy all they go to cmlfq only")
+    p.add_argument(
+        "--preset",
+        default="published",
+        choices=tuple(CMLFQ_PRESETS),
+        help="cmlfq option set: published rule (default), tuned for accuracy, or for few migrated tokens",
+    )
+    p.add_argument(
+        "--admit",
+        default=None,
+        choices=("smallest", "predicted"),
+        help="cmlfq admission: smallest bucket (published) or predicted from the prompt's statistics",
+    )
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="router option, repeatable (e.g. rule=median, size_edges=1000,4000, mode=most_common); "
+        "with --policy all they go to cmlfq only",
+    )
     p.add_argument("--unique-prompts", action="store_true", help="score as an agent log: unique prompt ids, no steps")
     p.add_argument("--chunks", type=int, default=10, help="time chunks for a trace without steps (default 10)")
     p.add_argument("--warmup-steps", type=int, default=0, help="steps replayed but not scored (default 0)")
@@ -78,8 +94,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         if args.workload not in WORKLOAD_NAMES:
             raise CLIError(f"unknown workload {args.workload!r}; expected one of {', '.join(WORKLOAD_NAMES)}")
-        trajectories = generate(args.workload, num_steps=args.steps, seed=args.seed, num_prompts=args.prompts,
-                                samples_per_prompt=args.samples)
+        trajectories = generate(
+            args.workload,
+            num_steps=args.steps,
+            seed=args.seed,
+            num_prompts=args.prompts,
+            samples_per_prompt=args.samples,
+        )
         source = f"{args.workload} (generated: {args.steps} steps, seed {args.seed})"
     if args.unique_prompts:
         trajectories = as_agent_log(trajectories)
@@ -92,26 +113,51 @@ def run(args: argparse.Namespace) -> int:
         if name == "cmlfq" and args.admit:
             opts["admit"] = args.admit
         log(f"replaying {len(trajectories)} trajectories through {name}")
-        results.append(replay(make_router(name, buckets, **opts), trajectories, policy=name,
-                              num_chunks=args.chunks, warmup_steps=args.warmup_steps))
+        results.append(
+            replay(
+                make_router(name, buckets, **opts),
+                trajectories,
+                policy=name,
+                num_chunks=args.chunks,
+                warmup_steps=args.warmup_steps,
+            )
+        )
     if args.json:
         if len(results) == 1:
             emit_json(results[0].to_dict())
         else:
-            emit_json({"trace": source, "buckets": format_buckets(buckets),
-                       "policies": {r.policy: r.to_dict() for r in results}})
+            emit_json(
+                {
+                    "trace": source,
+                    "buckets": format_buckets(buckets),
+                    "policies": {r.policy: r.to_dict() for r in results},
+                }
+            )
         return 0
     print(f"trace: {source}; buckets {format_buckets(buckets)}")
-    rows = [[r.policy, r.trajectories, r.routing_accuracy, r.final_bucket_accuracy, r.migrated_token_fraction,
-             r.migrations_per_trajectory] for r in results]
-    print(table(["policy", "trajectories", "accuracy", "final_bucket_acc", "migrated_tokens", "migrations/traj"],
-                rows, title="routing (accuracy: ends in its bucket with at most one migration)"))
+    rows = [
+        [
+            r.policy,
+            r.trajectories,
+            r.routing_accuracy,
+            r.final_bucket_accuracy,
+            r.migrated_token_fraction,
+            r.migrations_per_trajectory,
+        ]
+        for r in results
+    ]
+    print(
+        table(
+            ["policy", "trajectories", "accuracy", "final_bucket_acc", "migrated_tokens", "migrations/traj"],
+            rows,
+            title="routing (accuracy: ends in its bucket with at most one migration)",
+        )
+    )
     if len(results) == 1:
         labels = [f"TP{b.tp}<={'inf' if b.max_tokens == float('inf') else int(b.max_tokens)}" for b in buckets]
         confusion = [[labels[i], *row] for i, row in enumerate(results[0].confusion)]
         print()
         print(table(["true \\ routed", *labels], confusion, title="bucket confusion (rows: true, columns: final)"))
         print()
-        print(key_values([("migrated tokens", results[0].migrated_tokens),
-                          ("total tokens", results[0].total_tokens)]))
+        print(key_values([("migrated tokens", results[0].migrated_tokens), ("total tokens", results[0].total_tokens)]))
     return 0

@@ -9,18 +9,26 @@ from pathlib import Path
 from libra.cli._common import CLIError, add_setup_args, emit_json, log, setup_from_args, table
 
 DEFAULT_STEPS = 3
-_COLUMNS = (("throughput_tok_s", "tok/s"), ("mean_step_s", "step s"), ("gpu_idle_fraction", "idle"),
-            ("reconfigurations", "reconfigs"), ("migrations", "migrations"), ("staleness", "staleness"))
+_COLUMNS = (
+    ("throughput_tok_s", "tok/s"),
+    ("mean_step_s", "step s"),
+    ("gpu_idle_fraction", "idle"),
+    ("reconfigurations", "reconfigs"),
+    ("migrations", "migrations"),
+    ("staleness", "staleness"),
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "simulate", help="simulate an agentic RL run under each resource-management policy",
+        "simulate",
+        help="simulate an agentic RL run under each resource-management policy",
         description="Discrete-event simulation of rollout (instances, KV-limited continuous batching, tool calls, "
-                    "migrations) and training, with the planner's cost model, for each policy. Defaults: 48 x "
-                    f"A800-80GB, Qwen3-14B, r2e-gym, 512 prompts x 16 samples, {DEFAULT_STEPS} steps (a quick "
-                    "look; use --steps 100 for the drift over a run: about 3.5 CPU-minutes for r2e-gym, split over "
-                    "--workers).")
+        "migrations) and training, with the planner's cost model, for each policy. Defaults: 48 x "
+        f"A800-80GB, Qwen3-14B, r2e-gym, 512 prompts x 16 samples, {DEFAULT_STEPS} steps (a quick "
+        "look; use --steps 100 for the drift over a run: about 3.5 CPU-minutes for r2e-gym, split over "
+        "--workers).",
+    )
     add_setup_args(p)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--workload", default="r2e-gym", help="synthetic workload: search-r1, dapo-math, r2e-gym")
@@ -33,16 +41,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--drift-steps", type=int, default=100, help="steps over which the synthetic workload drifts")
     p.add_argument("--seed", type=int, default=0, help="seed of the workload and tool latencies (default 0)")
     p.add_argument("--slices", type=int, default=300, help="time slices per rollout: the fidelity knob (default 300)")
-    p.add_argument("--steal", default="all", choices=("all", "new", "off"),
-                   help="what an idle rollout instance takes from busy ones' queues: all (new requests and stuck "
-                        "turns, re-prefilled; default), new (new requests only: turns stick to their server, as in "
-                        "RL agent loops), or off")
-    p.add_argument("--dispatch", default="blocks", choices=("blocks", "interleaved"),
-                   help="how a step's requests are first spread over a bucket's instances: blocks (contiguous, the "
-                        "samples of a prompt together; default) or interleaved (dealt out in turn, as a "
-                        "least-loaded dispatcher sends them)")
-    p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
-                   help="worker processes for groups of policies (same numbers as 1; default min(2, CPUs))")
+    p.add_argument(
+        "--steal",
+        default="all",
+        choices=("all", "new", "off"),
+        help="what an idle rollout instance takes from busy ones' queues: all (new requests and stuck "
+        "turns, re-prefilled; default), new (new requests only: turns stick to their server, as in "
+        "RL agent loops), or off",
+    )
+    p.add_argument(
+        "--dispatch",
+        default="blocks",
+        choices=("blocks", "interleaved"),
+        help="how a step's requests are first spread over a bucket's instances: blocks (contiguous, the "
+        "samples of a prompt together; default) or interleaved (dealt out in turn, as a "
+        "least-loaded dispatcher sends them)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="worker processes for groups of policies (same numbers as 1; default min(2, CPUs))",
+    )
     p.add_argument("--out", metavar="DIR", default="sim-out", help="folder for report.json and PNG plots")
     p.add_argument("--no-plots", action="store_true", help="write only the JSON report")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
@@ -83,15 +103,27 @@ def run(args: argparse.Namespace) -> int:
             prompts, samples = first, 1
     else:
         prompts, samples = args.prompts, args.samples
-        source = WorkSource.from_generator(args.workload, seed=args.seed, num_prompts=prompts,
-                                           samples_per_prompt=samples, max_model_len=args.max_len,
-                                           drift_steps=args.drift_steps)
+        source = WorkSource.from_generator(
+            args.workload,
+            seed=args.seed,
+            num_prompts=prompts,
+            samples_per_prompt=samples,
+            max_model_len=args.max_len,
+            drift_steps=args.drift_steps,
+        )
     rl = RLSettings(num_prompts=prompts, samples_per_prompt=samples, max_model_len=args.max_len)
-    scenario = Scenario(cluster=cluster, model=model, rl=rl, source=source, coeffs=coeffs,
-                        options=SimOptions(slices_per_rollout=args.slices, steal=args.steal,
-                                           dispatch=args.dispatch))
-    log(f"simulating {source.name}: {cluster.num_gpus} x {cluster.gpu.name}, {model.name}, {prompts} x {samples} "
-        f"trajectories per step, {args.steps} steps, policies {', '.join(policies)}")
+    scenario = Scenario(
+        cluster=cluster,
+        model=model,
+        rl=rl,
+        source=source,
+        coeffs=coeffs,
+        options=SimOptions(slices_per_rollout=args.slices, steal=args.steal, dispatch=args.dispatch),
+    )
+    log(
+        f"simulating {source.name}: {cluster.num_gpus} x {cluster.gpu.name}, {model.name}, {prompts} x {samples} "
+        f"trajectories per step, {args.steps} steps, policies {', '.join(policies)}"
+    )
     bar = tqdm(total=args.steps * len(policies), desc="simulate", unit="stage", leave=False)
 
     def progress(policy: str, step: int) -> None:
@@ -99,8 +131,7 @@ def run(args: argparse.Namespace) -> int:
         bar.update(1)
 
     try:
-        report = simulate(scenario, num_steps=args.steps, policies=policies, progress=progress,
-                          workers=args.workers)
+        report = simulate(scenario, num_steps=args.steps, policies=policies, progress=progress, workers=args.workers)
     finally:
         bar.close()
     out = Path(args.out)
@@ -113,17 +144,32 @@ def run(args: argparse.Namespace) -> int:
         files = write_report(report, out)
     summary = report.summary()
     if args.json:
-        emit_json({"workload": report.workload, "gpus": report.num_gpus, "steps": report.num_steps,
-                   "seed": report.seed, "elapsed_s": report.elapsed_s, "policies": summary,
-                   "files": [str(f) for f in files]})
+        emit_json(
+            {
+                "workload": report.workload,
+                "gpus": report.num_gpus,
+                "steps": report.num_steps,
+                "seed": report.seed,
+                "elapsed_s": report.elapsed_s,
+                "policies": summary,
+                "files": [str(f) for f in files],
+            }
+        )
         return 0
     rows = [[name] + [s[key] for key, _ in _COLUMNS] for name, s in summary.items()]
-    print(table(["policy"] + [h for _, h in _COLUMNS], rows,
-                title=f"{report.workload} on {report.num_gpus} GPUs, {report.num_steps} steps "
-                      f"(simulated in {report.elapsed_s:.1f} s)"))
+    print(
+        table(
+            ["policy"] + [h for _, h in _COLUMNS],
+            rows,
+            title=f"{report.workload} on {report.num_gpus} GPUs, {report.num_steps} steps "
+            f"(simulated in {report.elapsed_s:.1f} s)",
+        )
+    )
     base = summary.get("colocated")
     if base and base["throughput_tok_s"] > 0:
-        print("\nthroughput vs colocated: " + ", ".join(
-            f"{n} {s['throughput_tok_s'] / base['throughput_tok_s']:.2f}x" for n, s in summary.items()))
+        print(
+            "\nthroughput vs colocated: "
+            + ", ".join(f"{n} {s['throughput_tok_s'] / base['throughput_tok_s']:.2f}x" for n, s in summary.items())
+        )
     print("\nwrote " + ", ".join(str(f) for f in files))
     return 0

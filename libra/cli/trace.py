@@ -39,18 +39,33 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"unknown workload {args.workload!r}; expected one of {', '.join(WORKLOAD_NAMES)}")
     out = Path(args.out or f"{args.workload}-trace.jsonl")
     log(f"generating {args.steps} step(s) of {args.workload} ({args.prompts} prompts x {args.samples} samples)")
-    trajectories = generate(args.workload, num_steps=args.steps, seed=args.seed, num_prompts=args.prompts,
-                            samples_per_prompt=args.samples, start_step=args.start_step,
-                            drift_steps=args.drift_steps, max_model_len=args.max_model_len)
+    trajectories = generate(
+        args.workload,
+        num_steps=args.steps,
+        seed=args.seed,
+        num_prompts=args.prompts,
+        samples_per_prompt=args.samples,
+        start_step=args.start_step,
+        drift_steps=args.drift_steps,
+        max_model_len=args.max_model_len,
+    )
     try:
         written = write_trace(out, trajectories)
     except OSError as exc:
         raise CLIError(f"cannot write {out}: {exc.strerror}") from None
     lengths = np.array([t.total_tokens for t in trajectories], float)
-    summary = {"workload": args.workload, "steps": args.steps, "seed": args.seed, "trajectories": written,
-               "out": str(out), "mean_tokens": float(lengths.mean()), "p50_tokens": float(np.quantile(lengths, 0.5)),
-               "p90_tokens": float(np.quantile(lengths, 0.9)), "max_tokens": int(lengths.max()),
-               "mean_tool_calls": float(np.mean([t.num_tool_calls for t in trajectories]))}
+    summary = {
+        "workload": args.workload,
+        "steps": args.steps,
+        "seed": args.seed,
+        "trajectories": written,
+        "out": str(out),
+        "mean_tokens": float(lengths.mean()),
+        "p50_tokens": float(np.quantile(lengths, 0.5)),
+        "p90_tokens": float(np.quantile(lengths, 0.9)),
+        "max_tokens": int(lengths.max()),
+        "mean_tool_calls": float(np.mean([t.num_tool_calls for t in trajectories])),
+    }
     if args.json:
         emit_json(summary)
     else:

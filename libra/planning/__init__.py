@@ -11,6 +11,15 @@ from libra.planning.rollout_dp import RolloutTable
 from libra.planning.train_tree import TrainingSearch, TreeOptions
 
 __all__ = [
-    "BatchStats", "CostCoefficients", "CostModel", "GlobalPlanner", "PlannerOptions", "PlanningError",
-    "ReplanDecision", "ReplanGate", "RolloutTable", "TrainingSearch", "TreeOptions",
+    "BatchStats",
+    "CostCoefficients",
+    "CostModel",
+    "GlobalPlanner",
+    "PlannerOptions",
+    "PlanningError",
+    "ReplanDecision",
+    "ReplanGate",
+    "RolloutTable",
+    "TrainingSearch",
+    "TreeOptions",
 ]

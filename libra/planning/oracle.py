@@ -27,15 +27,24 @@ def brute_force_training(cm: CostModel, batch: BatchStats, num_gpus: int, search
             for mb in opts.micro_batches:
                 if (batch.num_sequences // dp) % mb:
                     continue
-                for recompute in ((False, True) if opts.allow_recompute else (False,)):
+                for recompute in (False, True) if opts.allow_recompute else (False,):
                     mem = cm.training.memory_bytes(tp, pp, dp, ep, mb, recompute, batch)
                     if cm.training.fits(mem):
                         best = min(best, float(cm.training.step_time(tp, pp, dp, ep, mb, recompute, batch)))
     return best
 
 
-def bucket_time(cm: CostModel, groups: tuple[LengthGroup, ...], start: int, stop: int, tp: int, count: int,
-                tool_latency_s: float = 0.0, routing: str = "start-small", admission_delay: float = 0.5) -> float:
+def bucket_time(
+    cm: CostModel,
+    groups: tuple[LengthGroup, ...],
+    start: int,
+    stop: int,
+    tp: int,
+    count: int,
+    tool_latency_s: float = 0.0,
+    routing: str = "start-small",
+    admission_delay: float = 0.5,
+) -> float:
     """Time of `count` instances of degree `tp` serving bucket groups[start:stop], computed directly: each group's
     piece of work (from context lo to the end of the group or, passing through, to the bucket's limit hi) is listed
     one by one."""
@@ -60,10 +69,18 @@ def bucket_time(cm: CostModel, groups: tuple[LengthGroup, ...], start: int, stop
     max_gen, max_turns = last.tail_gen, last.tail_turns  # the whole chain of the longest request
     best = math.inf  # an instance may idle: c instances are never slower than fewer
     for c in range(1, count + 1):
-        t = cm.rollout.instance_time(tp, num_requests=n / c, decode_tokens=decode / c, prefill_tokens=prefill / c,
-                                     resident_context=resident, max_gen=max_gen, max_turns=max_turns,
-                                     tool_latency_s=tool_latency_s, new_requests=fresh / c,
-                                     queued_share=admission_delay if flow and start > 0 else 0.0)
+        t = cm.rollout.instance_time(
+            tp,
+            num_requests=n / c,
+            decode_tokens=decode / c,
+            prefill_tokens=prefill / c,
+            resident_context=resident,
+            max_gen=max_gen,
+            max_turns=max_turns,
+            tool_latency_s=tool_latency_s,
+            new_requests=fresh / c,
+            queued_share=admission_delay if flow and start > 0 else 0.0,
+        )
         best = min(best, float(t))
     return best
 
@@ -75,15 +92,24 @@ def _compositions(q: int):
         yield list(zip(bounds, bounds[1:]))
 
 
-def brute_force_rollout(cm: CostModel, groups: tuple[LengthGroup, ...], gpus: int, tp_options: tuple[int, ...],
-                        tool_latency_s: float = 0.0, routing: str = "start-small") -> float:
+def brute_force_rollout(
+    cm: CostModel,
+    groups: tuple[LengthGroup, ...],
+    gpus: int,
+    tp_options: tuple[int, ...],
+    tool_latency_s: float = 0.0,
+    routing: str = "start-small",
+) -> float:
     """Least rollout makespan with at most `gpus` GPUs: every partition into buckets, every (tp, count) each."""
     best = math.inf
     for ranges in _compositions(len(groups)):
         options = []
         for a, b in ranges:
-            opts = [(tp * c, bucket_time(cm, groups, a, b, tp, c, tool_latency_s, routing))
-                    for tp in tp_options for c in range(1, gpus // tp + 1)]
+            opts = [
+                (tp * c, bucket_time(cm, groups, a, b, tp, c, tool_latency_s, routing))
+                for tp in tp_options
+                for c in range(1, gpus // tp + 1)
+            ]
             options.append([o for o in opts if math.isfinite(o[1])])
         for combo in itertools.product(*options):
             if sum(g for g, _ in combo) <= gpus:
@@ -91,9 +117,16 @@ def brute_force_rollout(cm: CostModel, groups: tuple[LengthGroup, ...], gpus: in
     return best
 
 
-def brute_force_plan(cm: CostModel, batch: BatchStats, groups: tuple[LengthGroup, ...], num_gpus: int,
-                     tp_options: tuple[int, ...], search: TrainingSearch, tool_latency_s: float = 0.0,
-                     routing: str = "start-small") -> float:
+def brute_force_plan(
+    cm: CostModel,
+    batch: BatchStats,
+    groups: tuple[LengthGroup, ...],
+    num_gpus: int,
+    tp_options: tuple[int, ...],
+    search: TrainingSearch,
+    tool_latency_s: float = 0.0,
+    routing: str = "start-small",
+) -> float:
     """Least makespan max(T_train, T_rollout) over every split, training layout and rollout plan."""
     train = np.array([math.inf] + [brute_force_training(cm, batch, t, search) for t in range(1, num_gpus + 1)])
     best = math.inf
@@ -101,6 +134,7 @@ def brute_force_plan(cm: CostModel, batch: BatchStats, groups: tuple[LengthGroup
         t_train = float(np.min(train[: t + 1]))  # spare training GPUs may idle
         if not math.isfinite(t_train):
             continue
-        best = min(best, max(t_train, brute_force_rollout(cm, groups, num_gpus - t, tp_options, tool_latency_s,
-                                                               routing)))
+        best = min(
+            best, max(t_train, brute_force_rollout(cm, groups, num_gpus - t, tp_options, tool_latency_s, routing))
+        )
     return best

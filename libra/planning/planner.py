@@ -71,9 +71,15 @@ class _Tables:
         self.train_runmin = np.minimum.accumulate(times)
         scaled = attrs.evolve(profile, requests_per_step=planner.rl.global_batch)
         self.groups = scaled.groups(planner.options.num_groups)
-        self.rollout = RolloutTable(cm.rollout, self.groups, tp_degrees=tp_degrees, max_gpus=g,
-                                    tool_latency_s=profile.mean_tool_time_s, routing=planner.options.routing,
-                                    admission_delay=planner.options.admission_delay)
+        self.rollout = RolloutTable(
+            cm.rollout,
+            self.groups,
+            tp_degrees=tp_degrees,
+            max_gpus=g,
+            tool_latency_s=profile.mean_tool_time_s,
+            routing=planner.options.routing,
+            admission_delay=planner.options.admission_delay,
+        )
 
     def train_gpus_within(self, limit: float) -> int | None:
         """Fewest GPUs whose best layout finishes within `limit`."""
@@ -91,8 +97,15 @@ class _Tables:
 class GlobalPlanner:
     """Plans for one cluster, model and RL settings; `plan(profile)` per workload profile."""
 
-    def __init__(self, *, cluster: ClusterSpec, model: ModelSpec, rl: RLSettings | None = None,
-                 coeffs: CostCoefficients | None = None, options: PlannerOptions | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        cluster: ClusterSpec,
+        model: ModelSpec,
+        rl: RLSettings | None = None,
+        coeffs: CostCoefficients | None = None,
+        options: PlannerOptions | None = None,
+    ) -> None:
         self.cluster, self.model = cluster, model
         self.rl = rl or RLSettings()
         self.options = options or PlannerOptions()
@@ -118,8 +131,9 @@ class GlobalPlanner:
         return self._cache[key]
 
     # --- the search -------------------------------------------------------------------------------------------
-    def plan(self, profile: WorkloadProfile, *, num_gpus: int | None = None,
-             tp_degrees: tuple[int, ...] | None = None) -> Plan:
+    def plan(
+        self, profile: WorkloadProfile, *, num_gpus: int | None = None, tp_degrees: tuple[int, ...] | None = None
+    ) -> Plan:
         """The optimal plan for `profile` on `num_gpus` GPUs (all of the cluster by default)."""
         start = time.perf_counter()
         budget = self.cluster.num_gpus if num_gpus is None else num_gpus
@@ -149,24 +163,33 @@ class GlobalPlanner:
         if self.options.fill_spare_gpus:
             buckets = self._fill_spares(tab.rollout, buckets, rollout_gpus)
         t_roll = max(b.time_s for b in buckets)
-        lower = (float(np.min(tab.train_times[1:budget] * np.arange(1, budget))) + tab.rollout.fluid_gpu_seconds())
+        lower = float(np.min(tab.train_times[1:budget] * np.arange(1, budget))) + tab.rollout.fluid_gpu_seconds()
         rollout = RolloutConfig(num_gpus=rollout_gpus, time_s=t_roll, instances=tab.rollout.instance_groups(buckets))
-        return Plan(train=train, rollout=rollout, makespan_s=max(train.time_s, t_roll), lower_bound_s=lower / budget,
-                    solve_time_s=time.perf_counter() - start)
+        return Plan(
+            train=train,
+            rollout=rollout,
+            makespan_s=max(train.time_s, t_roll),
+            lower_bound_s=lower / budget,
+            solve_time_s=time.perf_counter() - start,
+        )
 
     def _upper_bound(self, tab: _Tables, budget: int, feasible) -> float:
         finite = tab.train_runmin[np.isfinite(tab.train_runmin)]
         if finite.size == 0:
-            raise PlanningError(f"{self.model.name} cannot be trained on {budget} {self.cluster.gpu.name} GPUs with a "
-                                f"global batch of {self.rl.global_batch}: no layout fits memory and divides the batch")
+            raise PlanningError(
+                f"{self.model.name} cannot be trained on {budget} {self.cluster.gpu.name} GPUs with a "
+                f"global batch of {self.rl.global_batch}: no layout fits memory and divides the batch"
+            )
         hi = max(float(finite.max()), 1.0)
         for _ in range(80):
             if feasible(hi):
                 return hi
             hi *= 4.0
         longest = max(g.max_total for g in tab.groups)
-        raise PlanningError(f"no plan for {self.model.name} on {budget} GPUs: training and rollout do not both fit "
-                            f"(rollout needs an instance whose KV cache holds {longest:.0f} tokens)")
+        raise PlanningError(
+            f"no plan for {self.model.name} on {budget} GPUs: training and rollout do not both fit "
+            f"(rollout needs an instance whose KV cache holds {longest:.0f} tokens)"
+        )
 
     @staticmethod
     def _fill_spares(table: RolloutTable, buckets: list[BucketChoice], gpus: int) -> list[BucketChoice]:
@@ -187,15 +210,21 @@ class GlobalPlanner:
             else:
                 return buckets
 
-    def replan(self, current: Plan, profile: WorkloadProfile, *, gate: ReplanGate | None = None,
-               horizon_steps: int = 10) -> tuple[Plan, ReplanDecision]:
+    def replan(
+        self, current: Plan, profile: WorkloadProfile, *, gate: ReplanGate | None = None, horizon_steps: int = 10
+    ) -> tuple[Plan, ReplanDecision]:
         """Plan for the newest profile and ask the gate whether to switch. Both plans are scored the same way
         (`evaluate` on the newest profile), so identical allocations never show a phantom saving."""
         candidate = self.plan(profile, num_gpus=current.num_gpus)
         now = max(self.evaluate(current, profile))
         new = max(self.evaluate(candidate, profile))
-        decision = (gate or ReplanGate()).decide(current=current, candidate=candidate, horizon_steps=horizon_steps,
-                                                 current_makespan_s=now, candidate_makespan_s=new)
+        decision = (gate or ReplanGate()).decide(
+            current=current,
+            candidate=candidate,
+            horizon_steps=horizon_steps,
+            current_makespan_s=now,
+            candidate_makespan_s=new,
+        )
         return candidate, decision
 
     # --- evaluation -------------------------------------------------------------------------------------------
@@ -203,10 +232,12 @@ class GlobalPlanner:
         """(T_train, T_rollout) of an existing plan on another workload profile (e.g. after drift)."""
         tr = plan.train
         batch = self.batch_stats(profile)
-        t_train = float(self.cost_model.training.step_time(tr.tp, tr.pp, tr.dp, tr.ep, tr.micro_batch,
-                                                           tr.recompute, batch))
-        if not self.cost_model.training.fits(self.cost_model.training.memory_bytes(
-                tr.tp, tr.pp, tr.dp, tr.ep, tr.micro_batch, tr.recompute, batch)):
+        t_train = float(
+            self.cost_model.training.step_time(tr.tp, tr.pp, tr.dp, tr.ep, tr.micro_batch, tr.recompute, batch)
+        )
+        if not self.cost_model.training.fits(
+            self.cost_model.training.memory_bytes(tr.tp, tr.pp, tr.dp, tr.ep, tr.micro_batch, tr.recompute, batch)
+        ):
             t_train = math.inf
         return t_train, self.rollout_time(plan.rollout.instances, profile)
 
@@ -238,11 +269,17 @@ class GlobalPlanner:
             fresh = n if (k == 0 or not flow) else 0.0
             decode = float(piece.sum())
             resident = float(np.sum(piece * (end - piece / 2)) / max(decode, 1e-9))
-            t = rc.instance_time(group.tp, num_requests=n, decode_tokens=decode * scale / group.count,
-                                 prefill_tokens=float((end - piece).sum()) * scale / group.count,
-                                 resident_context=resident, max_gen=float(gen[ending].max(initial=0.0)),
-                                 max_turns=float(turns[ending].max(initial=0.0)),
-                                 tool_latency_s=profile.mean_tool_time_s, new_requests=fresh,
-                                 queued_share=self.options.admission_delay if flow and k > 0 else 0.0)
+            t = rc.instance_time(
+                group.tp,
+                num_requests=n,
+                decode_tokens=decode * scale / group.count,
+                prefill_tokens=float((end - piece).sum()) * scale / group.count,
+                resident_context=resident,
+                max_gen=float(gen[ending].max(initial=0.0)),
+                max_turns=float(turns[ending].max(initial=0.0)),
+                tool_latency_s=profile.mean_tool_time_s,
+                new_requests=fresh,
+                queued_share=self.options.admission_delay if flow and k > 0 else 0.0,
+            )
             worst = max(worst, float(t))
         return worst

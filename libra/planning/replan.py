@@ -50,8 +50,15 @@ class ReplanGate:
             cost += self.to_training_s
         return cost, to_rollout, to_training
 
-    def decide(self, *, current: Plan, candidate: Plan, horizon_steps: int, current_makespan_s: float | None = None,
-               candidate_makespan_s: float | None = None) -> ReplanDecision:
+    def decide(
+        self,
+        *,
+        current: Plan,
+        candidate: Plan,
+        horizon_steps: int,
+        current_makespan_s: float | None = None,
+        candidate_makespan_s: float | None = None,
+    ) -> ReplanDecision:
         """`current_makespan_s` is the current plan's predicted makespan on the newest profile (it drifts);
         `candidate_makespan_s` defaults to the candidate's own prediction."""
         if horizon_steps < 1:
@@ -70,8 +77,16 @@ class ReplanGate:
             apply, reason = False, f"saving {saving:.1f} s over {horizon_steps} steps does not cover {cost:.1f} s"
         else:
             apply, reason = True, f"saving {saving:.1f} s over {horizon_steps} steps exceeds {cost:.1f} s"
-        return ReplanDecision(apply=apply, current_s=t_cur, candidate_s=t_new, saving_s=saving, cost_s=cost,
-                              gpus_to_rollout=to_rollout, gpus_to_training=to_training, reason=reason)
+        return ReplanDecision(
+            apply=apply,
+            current_s=t_cur,
+            candidate_s=t_new,
+            saving_s=saving,
+            cost_s=cost,
+            gpus_to_rollout=to_rollout,
+            gpus_to_training=to_training,
+            reason=reason,
+        )
 
 
 def _layout(plan: Plan) -> tuple[int, int, int]:

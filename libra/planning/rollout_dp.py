@@ -58,9 +58,17 @@ class BucketChoice:
 class RolloutTable:
     """Bucket times for every contiguous range of groups, TP degree and instance count (flat ragged arrays)."""
 
-    def __init__(self, cost: RolloutCost, groups: tuple[LengthGroup, ...], *, tp_degrees: tuple[int, ...],
-                 max_gpus: int, tool_latency_s: float = 0.0, routing: str = "start-small",
-                 admission_delay: float = 0.5) -> None:
+    def __init__(
+        self,
+        cost: RolloutCost,
+        groups: tuple[LengthGroup, ...],
+        *,
+        tp_degrees: tuple[int, ...],
+        max_gpus: int,
+        tool_latency_s: float = 0.0,
+        routing: str = "start-small",
+        admission_delay: float = 0.5,
+    ) -> None:
         if routing not in ROUTINGS:
             raise SpecError(f"unknown rollout routing {routing!r}; expected one of {', '.join(ROUTINGS)}")
         if not 0.0 <= admission_delay < 1.0:
@@ -72,8 +80,15 @@ class RolloutTable:
         t = np.array([g.mean_total for g in groups], dtype=float)
         r = np.array([g.mean_gen for g in groups], dtype=float) / np.maximum(t, 1e-9)  # decoded share of a token
         pre = lambda x: np.concatenate([[0.0], np.cumsum(x)])  # noqa: E731
-        per_group = dict(n=c, gen=c * r * t, tot=c * t, cr=c * r, cr2=c * r * r,
-                         res0=c * (r * t * t - r * r * t * t / 2), res1=c * (r * r * t - r * t))
+        per_group = dict(
+            n=c,
+            gen=c * r * t,
+            tot=c * t,
+            cr=c * r,
+            cr2=c * r * r,
+            res0=c * (r * t * t - r * r * t * t / 2),
+            res1=c * (r * r * t - r * t),
+        )
         sums = {k: pre(v) for k, v in per_group.items()}
         starts, stops = np.triu_indices(q + 1, k=1)
         self.starts, self.stops = starts, stops
@@ -91,8 +106,12 @@ class RolloutTable:
         width = hi - lo
         decode = rng("gen") - lo * rng("cr") + width * tail("cr") * flow
         prefill = rng("tot") + n_pass * hi - decode
-        resident_sum = (rng("res0") + lo * rng("res1") - lo * lo * rng("cr2") / 2
-                        + (width * hi * tail("cr") - width * width * tail("cr2") / 2) * flow)
+        resident_sum = (
+            rng("res0")
+            + lo * rng("res1")
+            - lo * lo * rng("cr2") / 2
+            + (width * hi * tail("cr") - width * width * tail("cr2") / 2) * flow
+        )
         resident = resident_sum / np.maximum(decode, 1e-9)
         fresh = np.where(starts == 0, n, 0.0) if flow else n
         queued = np.where(flow & (starts > 0), admission_delay, 0.0)  # later buckets' requests queued in the first
@@ -115,10 +134,18 @@ class RolloutTable:
             offsets = np.concatenate([[0], np.cumsum(caps)])
             row = np.repeat(np.arange(len(caps)), caps)
             k = (np.arange(offsets[-1]) - offsets[row] + 1).astype(float)
-            tm = cost.instance_time(tp, num_requests=n[row] / k, decode_tokens=decode[row] / k,
-                                    prefill_tokens=prefill[row] / k, resident_context=resident[row],
-                                    max_gen=max_gen[row], max_turns=max_turns[row], tool_latency_s=tool_latency_s,
-                                    new_requests=fresh[row] / k, queued_share=queued[row])
+            tm = cost.instance_time(
+                tp,
+                num_requests=n[row] / k,
+                decode_tokens=decode[row] / k,
+                prefill_tokens=prefill[row] / k,
+                resident_context=resident[row],
+                max_gen=max_gen[row],
+                max_turns=max_turns[row],
+                tool_latency_s=tool_latency_s,
+                new_requests=fresh[row] / k,
+                queued_share=queued[row],
+            )
             times = _segmented_running_min(np.asarray(tm, dtype=float), caps, offsets)
             self.times[tp], self.offsets[tp] = times, offsets
             # Integer search keys: within a range times never increase, so (range, rank of -time) is sorted and
@@ -199,8 +226,13 @@ class RolloutTable:
         resident = total / 2 if self.routing == "start-small" else total - gen / 2
         best = np.full(len(g), np.inf)
         for tp in self.tp_degrees:
-            work = self.cost.fluid_gpu_seconds(tp, num_requests=count, decode_tokens=count * gen,
-                                               prefill_tokens=count * (total - gen), resident_context=resident)
+            work = self.cost.fluid_gpu_seconds(
+                tp,
+                num_requests=count,
+                decode_tokens=count * gen,
+                prefill_tokens=count * (total - gen),
+                resident_context=resident,
+            )
             best = np.minimum(best, np.where(max_total <= self.cost.kv_capacity_tokens(tp), work, np.inf))
         return float(best.sum())
 
@@ -239,8 +271,9 @@ def _segmented_running_min(values: np.ndarray, caps: np.ndarray, offsets: np.nda
     return out
 
 
-def bisect_min(feasible, lo: float, hi: float, *, candidates=None, iterations: int = 200,
-               switch_ratio: float = 1e-6) -> float:
+def bisect_min(
+    feasible, lo: float, hi: float, *, candidates=None, iterations: int = 200, switch_ratio: float = 1e-6
+) -> float:
     """Smallest T in (lo, hi] with feasible(T), for monotone `feasible` with feasible(hi) true and feasible(lo)
     false. Bisects in log space; once hi/lo - 1 < switch_ratio and `candidates(lo, hi)` (every value the optimum
     can take inside the interval) is given, tests those in order instead, so the answer is exact."""

@@ -52,8 +52,11 @@ class Shape:
 
 def tp_degrees(cm: CostModel) -> list[int]:
     m, node = cm.model, cm.cluster.gpus_per_node
-    return [tp for tp in (1, 2, 4, 8, 16) if tp <= node and m.num_heads % tp == 0
-            and (m.num_kv_heads % tp == 0 or tp % m.num_kv_heads == 0)]
+    return [
+        tp
+        for tp in (1, 2, 4, 8, 16)
+        if tp <= node and m.num_heads % tp == 0 and (m.num_kv_heads % tp == 0 or tp % m.num_kv_heads == 0)
+    ]
 
 
 def ep_degrees(cm: CostModel, tp: int) -> list[int]:
@@ -98,8 +101,17 @@ class TrainingSearch:
         if not cm.training.fits(mem) or not _heuristics_pass(cm, self.options, shape, dp, b):
             return None
         t = float(cm.training.step_time(shape.tp, shape.pp, dp, shape.ep, shape.micro_batch, shape.recompute, b))
-        return TrainConfig(num_gpus=shape.tp * shape.pp * dp, tp=shape.tp, pp=shape.pp, dp=dp, ep=shape.ep,
-                           micro_batch=shape.micro_batch, recompute=shape.recompute, time_s=t, memory_gb=mem / 1e9)
+        return TrainConfig(
+            num_gpus=shape.tp * shape.pp * dp,
+            tp=shape.tp,
+            pp=shape.pp,
+            dp=dp,
+            ep=shape.ep,
+            micro_batch=shape.micro_batch,
+            recompute=shape.recompute,
+            time_s=t,
+            memory_gb=mem / 1e9,
+        )
 
     def _states_fit(self, tp: int, pp: int, ep: int, dp: int) -> bool:
         """Model states alone (no activations) fit: a memory bound for the whole subtree."""
@@ -179,8 +191,9 @@ class TrainingSearch:
                 dps = np.array([d for d in dps if _heuristics_pass(cm, self.options, shape, int(d), b)], dtype=int)
             if dps.size == 0:
                 continue
-            t = np.atleast_1d(cm.training.step_time(shape.tp, shape.pp, dps, shape.ep, shape.micro_batch,
-                                                    shape.recompute, b))
+            t = np.atleast_1d(
+                cm.training.step_time(shape.tp, shape.pp, dps, shape.ep, shape.micro_batch, shape.recompute, b)
+            )
             gpus = dps * block
             better = t < times[gpus]
             for g, d, value in zip(gpus[better], dps[better], t[better]):

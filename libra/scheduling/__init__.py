@@ -18,7 +18,25 @@ from libra.scheduling.tree import NodeStats, PrefixTree
 POLICIES: tuple[str, ...] = ("cmlfq", "mlfq", "predictor", "oracle", "fcfs")
 
 __all__ = [
-    "CMLFQ_PRESETS", "DEFAULT_SIZE_EDGES", "POLICIES", "CMLFQRouter", "FCFSRouter", "MLFQRouter", "NodeStats",
-    "OracleRouter", "PredictorRouter", "PrefixTree", "RouteDecision", "RouteEvalResult", "Router", "StateCodec",
-    "ToolReturnState", "as_agent_log", "compare", "make_router", "register_router", "replay", "router_names",
+    "CMLFQ_PRESETS",
+    "DEFAULT_SIZE_EDGES",
+    "POLICIES",
+    "CMLFQRouter",
+    "FCFSRouter",
+    "MLFQRouter",
+    "NodeStats",
+    "OracleRouter",
+    "PredictorRouter",
+    "PrefixTree",
+    "RouteDecision",
+    "RouteEvalResult",
+    "Router",
+    "StateCodec",
+    "ToolReturnState",
+    "as_agent_log",
+    "compare",
+    "make_router",
+    "register_router",
+    "replay",
+    "router_names",
 ]

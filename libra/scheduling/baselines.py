@@ -77,8 +77,9 @@ class PredictorRouter(Router):
 
     name = "predictor"
 
-    def __init__(self, buckets: Sequence[Bucket], *, mode: str = "history", window: int = 200,
-                 num_length_bins: int = 10) -> None:
+    def __init__(
+        self, buckets: Sequence[Bucket], *, mode: str = "history", window: int = 200, num_length_bins: int = 10
+    ) -> None:
         super().__init__(buckets)
         if mode not in ("history", "most_common"):
             raise SpecError(f"predictor: mode must be 'history' or 'most_common', got {mode!r}")

@@ -55,12 +55,24 @@ CMLFQ_PRESETS: dict[str, dict[str, Any]] = {
     # tuned on search-r1 seed 0 for single-shot accuracy (docs/routing.md; held-out seeds 1-2 reported there)
     "accuracy": {"rule": "probability", "confidence": 0.7, "admit": "predicted", "size_edges": (1000, 4000)},
     # tuned on search-r1 seed 0 for few migrated tokens: decide by tool returns only, never chase an overflow
-    "budget": {"rule": "probability", "confidence": 0.6, "admit": "predicted", "size_edges": (1000, 4000),
-               "overflow": False},
+    "budget": {
+        "rule": "probability",
+        "confidence": 0.6,
+        "admit": "predicted",
+        "size_edges": (1000, 4000),
+        "overflow": False,
+    },
     # tuned on search-r1 seed 0 (validated on seeds 3-4) for the published pair, >= 91.1% single-shot accuracy with
     # <= 8.2% migrated tokens; held-out seeds 1-2 in docs/routing.md
-    "priced": {"rule": "priced", "price": 0.7, "confidence": 0.9, "admit": "predicted", "admit_margin": 0.15,
-               "fallback": "agnostic", "size_edges": (1000, 4000)},
+    "priced": {
+        "rule": "priced",
+        "price": 0.7,
+        "confidence": 0.9,
+        "admit": "predicted",
+        "admit_margin": 0.15,
+        "fallback": "agnostic",
+        "size_edges": (1000, 4000),
+    },
 }
 _RULES = ("mean-p90", "median", "probability", "priced")
 
@@ -85,11 +97,26 @@ class CMLFQRouter(Router):
 
     name = "cmlfq"
 
-    def __init__(self, buckets: Sequence[Bucket], *, tree: PrefixTree | None = None, admit: str = "smallest",
-                 rule: str = "mean-p90", confidence: float = 0.5, fallback: str = "parent", min_count: int = 2,
-                 cost_ratio: float = 0.5, price: float = 0.7, admit_margin: float = 0.0, overflow: bool = True,
-                 window: int = 200, max_nodes: int = 200_000, max_depth: int = 32,
-                 size_edges: Sequence[int] = DEFAULT_SIZE_EDGES, tools: Iterable[str] | None = None) -> None:
+    def __init__(
+        self,
+        buckets: Sequence[Bucket],
+        *,
+        tree: PrefixTree | None = None,
+        admit: str = "smallest",
+        rule: str = "mean-p90",
+        confidence: float = 0.5,
+        fallback: str = "parent",
+        min_count: int = 2,
+        cost_ratio: float = 0.5,
+        price: float = 0.7,
+        admit_margin: float = 0.0,
+        overflow: bool = True,
+        window: int = 200,
+        max_nodes: int = 200_000,
+        max_depth: int = 32,
+        size_edges: Sequence[int] = DEFAULT_SIZE_EDGES,
+        tools: Iterable[str] | None = None,
+    ) -> None:
         super().__init__(buckets)
         if rule not in _RULES:
             raise SpecError(f"cmlfq: rule must be one of {', '.join(map(repr, _RULES))}, got {rule!r}")
@@ -112,8 +139,11 @@ class CMLFQRouter(Router):
             raise SpecError(f"cmlfq: min_count must be an integer >= 1, got {min_count!r}")
         if not cost_ratio >= 0:
             raise SpecError(f"cmlfq: cost_ratio must be >= 0, got {cost_ratio!r}")
-        self.tree = tree if tree is not None else PrefixTree(window=window, max_nodes=max_nodes, max_depth=max_depth,
-                                                             size_edges=size_edges, tools=tools)
+        self.tree = (
+            tree
+            if tree is not None
+            else PrefixTree(window=window, max_nodes=max_nodes, max_depth=max_depth, size_edges=size_edges, tools=tools)
+        )
         self.admit_mode = admit
         self.fallback = fallback
         self.min_count = min_count
@@ -159,8 +189,7 @@ class CMLFQRouter(Router):
             return target, "tool-return"
         return self._overflow(req, None if pred is None else pred[0], carried)
 
-    def _decide(self, walk: _Walk, ctx: int, current: int,
-                pred: tuple[float, float, float] | None) -> tuple[int, bool]:
+    def _decide(self, walk: _Walk, ctx: int, current: int, pred: tuple[float, float, float] | None) -> tuple[int, bool]:
         """The bucket the rule points at for a request with context `ctx`, and whether the rule is sure enough
         to act: mean-p90 (the buckets of the predicted mean and P90 agree), median (the bucket of the predicted
         P50), probability (the likeliest bucket, if at least `confidence` likely)."""
@@ -208,8 +237,11 @@ class CMLFQRouter(Router):
             current = req.bucket
             best = max(range(len(probs)), key=probs.__getitem__)
             unit = self.price / self._mean_length(req)
-            if (best != current and probs[best] - probs[current] >= unit * carried
-                    and probs[best] >= self.confidence - unit * tool_tokens):
+            if (
+                best != current
+                and probs[best] - probs[current] >= unit * carried
+                and probs[best] >= self.confidence - unit * tool_tokens
+            ):
                 return best, "tool-return"
         return self._priced_overflow(req, probs)
 

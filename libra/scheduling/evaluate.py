@@ -45,8 +45,15 @@ class RouteEvalResult:
         return out
 
 
-def replay(router: Router, trajectories: Sequence[Trajectory], *, policy: str | None = None,
-           num_chunks: int = 10, progress_every: int = 512, warmup_steps: int = 0) -> RouteEvalResult:
+def replay(
+    router: Router,
+    trajectories: Sequence[Trajectory],
+    *,
+    policy: str | None = None,
+    num_chunks: int = 10,
+    progress_every: int = 512,
+    warmup_steps: int = 0,
+) -> RouteEvalResult:
     """Drive `router` with `trajectories` (see the module docstring) and score it. The first `warmup_steps` steps
     are replayed (the router learns from them) but not scored."""
     if not trajectories:
@@ -55,8 +62,9 @@ def replay(router: Router, trajectories: Sequence[Trajectory], *, policy: str | 
         raise SpecError(f"progress_every must be >= 1, got {progress_every}")
     steps = group_by_step(list(trajectories), steps_without_label=num_chunks)
     if not 0 <= warmup_steps < len(steps):
-        raise SpecError(f"warmup_steps must be in 0..{len(steps) - 1} for a trace of {len(steps)} steps, "
-                        f"got {warmup_steps}")
+        raise SpecError(
+            f"warmup_steps must be in 0..{len(steps) - 1} for a trace of {len(steps)} steps, got {warmup_steps}"
+        )
     buckets: tuple[Bucket, ...] = router.buckets
     k = len(buckets)
     confusion = [[0] * k for _ in range(k)]
@@ -79,12 +87,19 @@ def replay(router: Router, trajectories: Sequence[Trajectory], *, policy: str | 
         router.end_step()
     if router.num_active:
         raise SpecError(f"{router.num_active} requests were admitted but never finished")
-    return RouteEvalResult(policy=policy or router.name, buckets=format_buckets(buckets), trajectories=n,
-                           steps=len(steps) - warmup_steps, routing_accuracy=single_shot / n,
-                           final_bucket_accuracy=right / n,
-                           migrated_token_fraction=migrated / max(1, total), migrations_per_trajectory=migrations / n,
-                           migrated_tokens=migrated, total_tokens=total,
-                           confusion=tuple(tuple(row) for row in confusion))
+    return RouteEvalResult(
+        policy=policy or router.name,
+        buckets=format_buckets(buckets),
+        trajectories=n,
+        steps=len(steps) - warmup_steps,
+        routing_accuracy=single_shot / n,
+        final_bucket_accuracy=right / n,
+        migrated_token_fraction=migrated / max(1, total),
+        migrations_per_trajectory=migrations / n,
+        migrated_tokens=migrated,
+        total_tokens=total,
+        confusion=tuple(tuple(row) for row in confusion),
+    )
 
 
 def _drive(router: Router, rid: int, traj: Trajectory, progress_every: int) -> tuple[int, int, int]:
@@ -107,14 +122,22 @@ def _drive(router: Router, rid: int, traj: Trajectory, progress_every: int) -> t
         note(router.on_progress(rid, context_tokens=end))
         context = end + turn.tool_tokens
         if turn.tool is not None:
-            note(router.on_tool_return(rid, tool=turn.tool, tool_tokens=turn.tool_tokens,
-                                       status=turn.tool_status or "ok", context_tokens=context))
+            note(
+                router.on_tool_return(
+                    rid,
+                    tool=turn.tool,
+                    tool_tokens=turn.tool_tokens,
+                    status=turn.tool_status or "ok",
+                    context_tokens=context,
+                )
+            )
     router.finish(rid, traj)
     return moved, carried, bucket
 
 
-def compare(make: Callable[[str], Router], policies: Sequence[str], trajectories: Sequence[Trajectory],
-            **kw: Any) -> list[RouteEvalResult]:
+def compare(
+    make: Callable[[str], Router], policies: Sequence[str], trajectories: Sequence[Trajectory], **kw: Any
+) -> list[RouteEvalResult]:
     """`replay` for several policies on the same trajectories; `make(policy)` builds a fresh router."""
     return [replay(make(p), trajectories, policy=p, **kw) for p in policies]
 

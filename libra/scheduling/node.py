@@ -43,8 +43,12 @@ class Node:
         k = n - i
         if k <= 0:
             return None
-        return (k, (self.prefix[n] - self.prefix[i]) / k, float(ordered[i + math.ceil(0.5 * k) - 1]),
-                float(ordered[i + math.ceil(0.9 * k) - 1]))
+        return (
+            k,
+            (self.prefix[n] - self.prefix[i]) / k,
+            float(ordered[i + math.ceil(0.5 * k) - 1]),
+            float(ordered[i + math.ceil(0.9 * k) - 1]),
+        )
 
     def refresh(self, limit: int) -> None:
         w = self.window

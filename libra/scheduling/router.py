@@ -40,11 +40,21 @@ class RouteDecision:
 class Request:
     """What a router remembers about one request in flight (mutable, private to the router)."""
 
-    __slots__ = ("request_id", "prompt_id", "prompt_tokens", "final_tokens", "bucket", "context", "tool_tokens",
-                 "migrations", "state")
+    __slots__ = (
+        "request_id",
+        "prompt_id",
+        "prompt_tokens",
+        "final_tokens",
+        "bucket",
+        "context",
+        "tool_tokens",
+        "migrations",
+        "state",
+    )
 
-    def __init__(self, request_id: Any, prompt_id: str, prompt_tokens: int, final_tokens: int | None,
-                 bucket: int) -> None:
+    def __init__(
+        self, request_id: Any, prompt_id: str, prompt_tokens: int, final_tokens: int | None, bucket: int
+    ) -> None:
         self.request_id = request_id
         self.prompt_id = prompt_id
         self.prompt_tokens = prompt_tokens
@@ -81,8 +91,9 @@ class Router(ABC):
         self._finished: list[Trajectory] = []
 
     # -- the contract --------------------------------------------------------------------------------------------
-    def admit(self, request_id: Any, *, prompt_id: str, prompt_tokens: int,
-              final_tokens: int | None = None) -> RouteDecision:
+    def admit(
+        self, request_id: Any, *, prompt_id: str, prompt_tokens: int, final_tokens: int | None = None
+    ) -> RouteDecision:
         """Place a new request. `final_tokens` (the true final length) is read only by the `oracle` policy."""
         if request_id in self._requests:
             raise SpecError(f"request {request_id!r} is already admitted (a request is routed once)")
@@ -90,11 +101,13 @@ class Router(ABC):
         req = Request(request_id, str(prompt_id), prompt_tokens, final_tokens, 0)
         req.bucket = self._admit(req)
         self._requests[request_id] = req
-        return RouteDecision(request_id=request_id, bucket=req.bucket, migrate=False, from_bucket=None,
-                             migrated_tokens=0, reason="admit")
+        return RouteDecision(
+            request_id=request_id, bucket=req.bucket, migrate=False, from_bucket=None, migrated_tokens=0, reason="admit"
+        )
 
-    def on_tool_return(self, request_id: Any, *, tool: str, tool_tokens: int, status: str,
-                       context_tokens: int) -> RouteDecision:
+    def on_tool_return(
+        self, request_id: Any, *, tool: str, tool_tokens: int, status: str, context_tokens: int
+    ) -> RouteDecision:
         """A tool call of the request returned `tool_tokens` tokens with `status` (ok/error/timeout);
         `context_tokens` is the context including that return. A migration here carries the context already in KV
         cache, `context_tokens - tool_tokens`: the tool return is prefilled at the destination either way."""
@@ -170,13 +183,25 @@ class Router(ABC):
 
     def _move(self, req: Request, target: int, carried: int, reason: str) -> RouteDecision:
         if target == req.bucket:
-            return RouteDecision(request_id=req.request_id, bucket=target, migrate=False, from_bucket=target,
-                                 migrated_tokens=0, reason="stay")
+            return RouteDecision(
+                request_id=req.request_id,
+                bucket=target,
+                migrate=False,
+                from_bucket=target,
+                migrated_tokens=0,
+                reason="stay",
+            )
         source = req.bucket
         req.bucket = target
         req.migrations += 1
-        return RouteDecision(request_id=req.request_id, bucket=target, migrate=True, from_bucket=source,
-                             migrated_tokens=max(0, carried), reason=reason)
+        return RouteDecision(
+            request_id=req.request_id,
+            bucket=target,
+            migrate=True,
+            from_bucket=source,
+            migrated_tokens=max(0, carried),
+            reason=reason,
+        )
 
 
 _REGISTRY: dict[str, type[Router]] = {}

@@ -40,8 +40,7 @@ class ToolReturnState:
         if isinstance(self.size_class, bool) or not isinstance(self.size_class, int) or self.size_class < 0:
             raise SpecError(f"ToolReturnState.size_class must be an integer >= 0, got {self.size_class!r}")
         if self.status not in TOOL_STATUSES:
-            raise SpecError(f"ToolReturnState.status must be one of {', '.join(TOOL_STATUSES)}, "
-                            f"got {self.status!r}")
+            raise SpecError(f"ToolReturnState.status must be one of {', '.join(TOOL_STATUSES)}, got {self.status!r}")
 
     def key(self) -> str:
         """Portable text form `tool|size_class|status`, used when trees are serialised and merged."""

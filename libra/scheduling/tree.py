@@ -84,9 +84,16 @@ class PrefixTree:
     (size-class edges, optional closed tool set).
     """
 
-    def __init__(self, *, window: int = 200, max_nodes: int = 200_000, max_depth: int = 32,
-                 codec: StateCodec | None = None, size_edges: Sequence[int] = DEFAULT_SIZE_EDGES,
-                 tools: Iterable[str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        window: int = 200,
+        max_nodes: int = 200_000,
+        max_depth: int = 32,
+        codec: StateCodec | None = None,
+        size_edges: Sequence[int] = DEFAULT_SIZE_EDGES,
+        tools: Iterable[str] | None = None,
+    ) -> None:
         self.window = _positive_int("window", window)
         self.max_nodes = _positive_int("max_nodes", max_nodes)
         self.max_depth = _positive_int("max_depth", max_depth)
@@ -124,8 +131,9 @@ class PrefixTree:
         node = self.node(prompt_id, path)
         if node is None or not node.count:
             return None
-        return NodeStats(count=node.count, mean=node.mean, p50=node.p50, p90=node.p90, total=node.total,
-                         last_step=node.last_step)
+        return NodeStats(
+            count=node.count, mean=node.mean, p50=node.p50, p90=node.p90, total=node.total, last_step=node.last_step
+        )
 
     def iter_nodes(self) -> Iterator[tuple[str | None, tuple[int, ...], Node]]:
         """Every node as (prompt id or None for the agnostic tree, path of codes, node), depth first."""
@@ -185,8 +193,9 @@ class PrefixTree:
         self._finish_update(step, touched, entries)
         self._evict_if_full()
 
-    def _learn(self, batch: list[Trajectory], paths: list[list[int]], step: int, touched: list[Node],
-               entries: list) -> int:
+    def _learn(
+        self, batch: list[Trajectory], paths: list[list[int]], step: int, touched: list[Node], entries: list
+    ) -> int:
         """Record the observations in both trees; returns the nodes created. This and the two `_learn_*`
         are the hot loops of an update: the walks are inline, since a call costs as much as the work it would do."""
         agnostic = self.agnostic
@@ -242,8 +251,9 @@ class PrefixTree:
                 created += grown
         return created
 
-    def _learn_agnostic(self, batch: list[Trajectory], paths: list[list[int]], step: int, touched: list[Node],
-                        entries: list) -> tuple[int, list[list[int]]]:
+    def _learn_agnostic(
+        self, batch: list[Trajectory], paths: list[list[int]], step: int, touched: list[Node], entries: list
+    ) -> tuple[int, list[list[int]]]:
         """Record the observations in the agnostic tree; returns the nodes created and, per trajectory, the
         remaining tokens at each node of its path (for `_learn_prompts`)."""
         agnostic = self.agnostic
@@ -282,8 +292,14 @@ class PrefixTree:
             remainings.append(seen)
         return created, remainings
 
-    def _learn_prompts(self, batch: list[Trajectory], paths: list[list[int]], remainings: list[list[int]],
-                       step: int, touched: list[Node]) -> int:
+    def _learn_prompts(
+        self,
+        batch: list[Trajectory],
+        paths: list[list[int]],
+        remainings: list[list[int]],
+        step: int,
+        touched: list[Node],
+    ) -> int:
         """Record the observations in the prompts' trees; returns the nodes created."""
         prompts = self.prompts
         sizes = self.prompt_sizes
@@ -423,8 +439,9 @@ class PrefixTree:
         """`_evict_agnostic` by one walk and one sort, for a tree whose nodes may have been updated later than
         their parents (so a victim's subtree may hold nodes that are not victims)."""
         entries: list[tuple[int, int, int, int, dict, int]] = []
-        stack: list[tuple[dict, int, Node, int]] = [(self.agnostic.children, c, n, 1)
-                                                    for c, n in self.agnostic.children.items()]
+        stack: list[tuple[dict, int, Node, int]] = [
+            (self.agnostic.children, c, n, 1) for c, n in self.agnostic.children.items()
+        ]
         seq = 0
         while stack:
             owner, key, node, depth = stack.pop()
@@ -471,10 +488,16 @@ class PrefixTree:
 
     def to_dict(self) -> dict:
         """A JSON-able copy: configuration, both trees, with state codes written as `tool|size_class|status`."""
-        return {"version": FORMAT_VERSION, "window": self.window, "max_nodes": self.max_nodes,
-                "max_depth": self.max_depth, "steps": self.steps, **self.codec.config(),
-                "agnostic": self._node_to_dict(self.agnostic),
-                "prompts": {pid: self._node_to_dict(n) for pid, n in self.prompts.items()}}
+        return {
+            "version": FORMAT_VERSION,
+            "window": self.window,
+            "max_nodes": self.max_nodes,
+            "max_depth": self.max_depth,
+            "steps": self.steps,
+            **self.codec.config(),
+            "agnostic": self._node_to_dict(self.agnostic),
+            "prompts": {pid: self._node_to_dict(n) for pid, n in self.prompts.items()},
+        }
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), separators=(",", ":")))
@@ -484,8 +507,13 @@ class PrefixTree:
         if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
             raise SpecError(f"not a prefix tree of format version {FORMAT_VERSION}")
         try:
-            tree = cls(window=data["window"], max_nodes=data["max_nodes"], max_depth=data["max_depth"],
-                       size_edges=tuple(data["size_edges"]), tools=data["tools"])
+            tree = cls(
+                window=data["window"],
+                max_nodes=data["max_nodes"],
+                max_depth=data["max_depth"],
+                size_edges=tuple(data["size_edges"]),
+                tools=data["tools"],
+            )
             tree.steps = int(data["steps"])
             tree._touched_at = None
             tree._absorb(tree.agnostic, data["agnostic"])
@@ -535,8 +563,10 @@ class PrefixTree:
         """Fold another tree in (e.g. one per rollout rank, merged at step end). Its observations count as newer
         than ours; windows keep the last `window`. Both trees must classify tool returns the same way."""
         if other.window != self.window or other.codec.config() != self.codec.config():
-            raise SpecError("cannot merge prefix trees with different window or size-class edges or tool sets: "
-                            f"{self.window}/{self.codec.config()} vs {other.window}/{other.codec.config()}")
+            raise SpecError(
+                "cannot merge prefix trees with different window or size-class edges or tool sets: "
+                f"{self.window}/{self.codec.config()} vs {other.window}/{other.codec.config()}"
+            )
         data = other.to_dict()
         self._touched_at = None  # the absorbed nodes are not indexed
         self._absorb(self.agnostic, data["agnostic"])

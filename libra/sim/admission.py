@@ -149,7 +149,7 @@ class Admission:
             ctx = self.ctx[pool_all[pool]]
             free = room[k] - self.c.kv_headroom_seqs * float(ctx.mean())  # the headroom admission keeps
             n = min(int(np.searchsorted(np.cumsum(ctx), free, side="right")), int(seats[k]))
-            chosen = pool[:max(n, 1)]
+            chosen = pool[: max(n, 1)]
             taken[chosen] = True
             reqs = pool_all[chosen]
             under_way = reqs[~self.fresh[reqs]]

@@ -94,8 +94,16 @@ def weight_sync_s(cm: CostModel) -> float:
 class PolicyRun:
     """One policy's run: its allocation, the time, and a record per stage."""
 
-    def __init__(self, policy: Policy, cm: CostModel, *, global_batch: int, max_len: int, costs: ReconfigCosts,
-                 options: SimOptions) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        cm: CostModel,
+        *,
+        global_batch: int,
+        max_len: int,
+        costs: ReconfigCosts,
+        options: SimOptions,
+    ) -> None:
         self.policy, self.cm = policy, cm
         self.global_batch, self.max_len = global_batch, max_len
         self.costs, self.options = costs, options
@@ -128,8 +136,15 @@ class PolicyRun:
         block, joining = 0.0, 0
         new: Counter[int] = Counter()
         if d is not None:
-            self.decisions.append({"step": d.step, "reason": d.reason, "saving_s": d.saving_s, "cost_s": d.cost_s,
-                                   "allocation": d.allocation.to_dict()})
+            self.decisions.append(
+                {
+                    "step": d.step,
+                    "reason": d.reason,
+                    "saving_s": d.saving_s,
+                    "cost_s": d.cost_s,
+                    "allocation": d.allocation.to_dict(),
+                }
+            )
             new_alloc = d.allocation
             if old is None:
                 pass
@@ -187,9 +202,17 @@ class PolicyRun:
         inst = self._instances(start)
         inst.ready_at = np.maximum(inst.ready_at, start + sync_s)
         slice_s = max(self.options.min_slice_s, self._last_rollout_s / self.options.slices_per_rollout)
-        return RolloutRun(self.cm, work, routes, inst, start=start, min_slice_s=slice_s,
-                          max_slice_s=self.options.max_slice_s, steal=self.options.steal,
-                          dispatch=self.options.dispatch)
+        return RolloutRun(
+            self.cm,
+            work,
+            routes,
+            inst,
+            start=start,
+            min_slice_s=slice_s,
+            max_slice_s=self.options.max_slice_s,
+            steal=self.options.steal,
+            dispatch=self.options.dispatch,
+        )
 
     def _sync_stage(self, work: StepWork, routes: Routes) -> StageRecord:
         assert self.alloc is not None
@@ -252,8 +275,19 @@ class PolicyRun:
         lent_s = float(sum(g * (end - at) for g, at in self._lent_log))
         borrowed_s = float(sum(g * (end - at) for g, at in self._borrow_log))
         self._lent_log, self._borrow_log = [], []
-        rec = self._record(work, roll, job, t0, end, end_roll - t0 if roll is not None else 0.0, train_s,
-                           staleness=1, lent=lent_s, borrowed=borrowed_s, reconfig=max(restart_s, block))
+        rec = self._record(
+            work,
+            roll,
+            job,
+            t0,
+            end,
+            end_roll - t0 if roll is not None else 0.0,
+            train_s,
+            staleness=1,
+            lent=lent_s,
+            borrowed=borrowed_s,
+            reconfig=max(restart_s, block),
+        )
         if work is not None:
             self.prev_batch = batch_stats(work, self.global_batch, self.max_len)
         self.clock = end
@@ -310,24 +344,47 @@ class PolicyRun:
         return float(count * tp)
 
     # --- records ------------------------------------------------------------------------------------------------
-    def _record(self, work: StepWork | None, roll: RolloutRun | None, job: TrainingJob | None, t0: float,
-                end: float, rollout_s: float, train_s: float, *, staleness: int, lent: float, borrowed: float,
-                reconfig: float = 0.0) -> StageRecord:
+    def _record(
+        self,
+        work: StepWork | None,
+        roll: RolloutRun | None,
+        job: TrainingJob | None,
+        t0: float,
+        end: float,
+        rollout_s: float,
+        train_s: float,
+        *,
+        staleness: int,
+        lent: float,
+        borrowed: float,
+        reconfig: float = 0.0,
+    ) -> StageRecord:
         assert self.alloc is not None
         busy = (roll.busy_gpu_s if roll is not None else 0.0) + (job.busy_gpu_s if job is not None else 0.0)
         if roll is not None:
             assert (roll.state == DONE).all()
         rec = StageRecord(
-            step=len(self.records), start=t0, end=end, rollout_s=rollout_s, train_s=train_s,
-            train_gpus=self.alloc.train.num_gpus, rollout_gpus=self.alloc.rollout_gpus, lent_gpu_s=lent,
-            borrowed_gpu_s=borrowed, busy_gpu_s=busy, available_gpu_s=self.num_gpus * (end - t0),
+            step=len(self.records),
+            start=t0,
+            end=end,
+            rollout_s=rollout_s,
+            train_s=train_s,
+            train_gpus=self.alloc.train.num_gpus,
+            rollout_gpus=self.alloc.rollout_gpus,
+            lent_gpu_s=lent,
+            borrowed_gpu_s=borrowed,
+            busy_gpu_s=busy,
+            available_gpu_s=self.num_gpus * (end - t0),
             tokens=int(work.total_tokens.sum()) if work is not None else 0,
             gen_tokens=int(work.gen_tokens.sum()) if work is not None else 0,
             trajectories=work.num_requests if work is not None else 0,
             migrations=roll.migrations if roll is not None else 0,
             migrated_tokens=roll.migrated_tokens if roll is not None else 0,
             rebalanced_tokens=roll.rebalanced_tokens if roll is not None else 0,
-            reconfiguration_s=reconfig, staleness=staleness, trained=job is not None)
+            reconfiguration_s=reconfig,
+            staleness=staleness,
+            trained=job is not None,
+        )
         self.records.append(rec)
         return rec
 
@@ -343,6 +400,11 @@ def profile_of(works: list[StepWork], name: str, global_batch: int) -> WorkloadP
     turns = np.concatenate([w.num_turns for w in works]).astype(float)
     lat = np.concatenate([w.latency[w.latency > 0] for w in works])
     order = np.lexsort((turns, gen, total))
-    return WorkloadProfile(name=name, total_lengths=tuple(total[order].tolist()), gen_tokens=tuple(gen[order].tolist()),
-                           turns=tuple(turns[order].tolist()), requests_per_step=global_batch,
-                           mean_tool_time_s=float(lat.mean()) if lat.size else 0.0)
+    return WorkloadProfile(
+        name=name,
+        total_lengths=tuple(total[order].tolist()),
+        gen_tokens=tuple(gen[order].tolist()),
+        turns=tuple(turns[order].tolist()),
+        requests_per_step=global_batch,
+        mean_tool_time_s=float(lat.mean()) if lat.size else 0.0,
+    )

@@ -48,6 +48,7 @@ def policy_groups(policies: Sequence[str], workers: int) -> list[list[str]]:
 
 def _child(run_group: Callable[..., Any], group: list[str], index: int, queue: Any) -> None:
     try:
+
         def progress(policy: str, step: int) -> None:
             queue.put(("progress", index, (policy, step)))
 
@@ -56,8 +57,11 @@ def _child(run_group: Callable[..., Any], group: list[str], index: int, queue: A
         queue.put(("error", index, traceback.format_exc()))
 
 
-def run_groups(run_group: Callable[[list[str], Callable[[str, int], None]], Any], groups: list[list[str]],
-               progress: Callable[[str, int], None] | None = None) -> list[Any]:
+def run_groups(
+    run_group: Callable[[list[str], Callable[[str, int], None]], Any],
+    groups: list[list[str]],
+    progress: Callable[[str, int], None] | None = None,
+) -> list[Any]:
     """`run_group(group, progress)` for each group in its own forked process; the results in group order.
     `progress(policy, step)` is called in this process as the workers report."""
     ctx = mp.get_context("fork")

@@ -63,6 +63,7 @@ class Allocation:
 
     def same_layout(self, other: Allocation) -> bool:
         """The same GPUs doing the same things (predicted times aside)."""
+
         def key(t: TrainConfig) -> tuple:
             return (t.num_gpus, t.tp, t.pp, t.dp, t.ep, t.micro_batch, t.recompute)
 
@@ -73,18 +74,25 @@ class Allocation:
         training and rollout take turns on the same GPUs (colocated), so each side alone must fit."""
         used = max(self.train.num_gpus, self.rollout_gpus) if time_shared else self.num_gpus
         if used > cluster.num_gpus:
-            raise SpecError(f"allocation uses {self.num_gpus} GPUs (train {self.train.num_gpus} + rollout "
-                            f"{self.rollout_gpus}) but the cluster has {cluster.num_gpus}")
+            raise SpecError(
+                f"allocation uses {self.num_gpus} GPUs (train {self.train.num_gpus} + rollout "
+                f"{self.rollout_gpus}) but the cluster has {cluster.num_gpus}"
+            )
         for g in self.rollout:
             if g.tp > cluster.gpus_per_node or g.count < 1:
-                raise SpecError(f"rollout group tp={g.tp} count={g.count} does not fit nodes of "
-                                f"{cluster.gpus_per_node} GPUs")
+                raise SpecError(
+                    f"rollout group tp={g.tp} count={g.count} does not fit nodes of {cluster.gpus_per_node} GPUs"
+                )
         if self.train.tp > cluster.gpus_per_node:
             raise SpecError(f"training TP {self.train.tp} spans more than one node ({cluster.gpus_per_node} GPUs)")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"train": self.train.to_dict(), "rollout": [g.to_dict() for g in self.rollout],
-                "routing": self.routing, "predicted_s": self.predicted_s}
+        return {
+            "train": self.train.to_dict(),
+            "rollout": [g.to_dict() for g in self.rollout],
+            "routing": self.routing,
+            "predicted_s": self.predicted_s,
+        }
 
 
 @attrs.frozen(kw_only=True)
@@ -163,8 +171,11 @@ class Colocated(Policy):
         g = self.env.cluster.num_gpus
         train = nearest_layout(self.env.cost_model, g, _batch(self.env, profile))
         rollout = _uniform_rollout(self.env, g, self.tp, self.env.rl.max_model_len)
-        return Decision(step=0, allocation=Allocation(train=train, rollout=rollout, routing="single"),
-                        reason=f"all {g} GPUs alternate: rollout on TP-{rollout[0].tp}, then training")
+        return Decision(
+            step=0,
+            allocation=Allocation(train=train, rollout=rollout, routing="single"),
+            reason=f"all {g} GPUs alternate: rollout on TP-{rollout[0].tp}, then training",
+        )
 
 
 class StaticUniform(Policy):
@@ -225,8 +236,11 @@ class Greedy(StaticUniform):
         if alloc is None:
             return None
         self.current = alloc
-        return Decision(step=obs.step + 1, allocation=alloc,
-                        reason=f"{why} ({obs.rollout_s:.0f} s vs {obs.train_s:.0f} s): train {alloc.train.num_gpus}")
+        return Decision(
+            step=obs.step + 1,
+            allocation=alloc,
+            reason=f"{why} ({obs.rollout_s:.0f} s vs {obs.train_s:.0f} s): train {alloc.train.num_gpus}",
+        )
 
 
 def _plan_allocation(plan: Plan, routing: str) -> Allocation:
@@ -244,8 +258,11 @@ class StaticOptimal(Policy):
 
     def initial(self, profile: WorkloadProfile) -> Decision:
         plan = self.env.planner.plan(profile)
-        return Decision(step=0, allocation=_plan_allocation(plan, "overflow"),
-                        reason=f"planner optimum for the first profile ({plan.makespan_s:.0f} s predicted)")
+        return Decision(
+            step=0,
+            allocation=_plan_allocation(plan, "overflow"),
+            reason=f"planner optimum for the first profile ({plan.makespan_s:.0f} s predicted)",
+        )
 
 
 class Libra(Policy):
@@ -256,15 +273,20 @@ class Libra(Policy):
     homogeneous: ClassVar[bool] = False
     routing: ClassVar[str] = "cmlfq"
 
-    def __init__(self, env: PolicyEnv, *, replan_every: int = 10, min_relative_gain: float = 0.05,
-                 admit: str = "smallest") -> None:
+    def __init__(
+        self, env: PolicyEnv, *, replan_every: int = 10, min_relative_gain: float = 0.05, admit: str = "smallest"
+    ) -> None:
         super().__init__(env)
         if admit not in ("smallest", "predicted"):
             raise SpecError(f"admit must be 'smallest' or 'predicted', got {admit!r}")
         self.admit = admit  # where C-MLFQ starts a request (the published rule: the smallest bucket)
         self.replan_every = replan_every
-        self.gate = ReplanGate(to_rollout_s=env.to_rollout_s, to_training_s=env.to_training_s,
-                               min_relative_gain=min_relative_gain, nonblocking_join=self.elastic)
+        self.gate = ReplanGate(
+            to_rollout_s=env.to_rollout_s,
+            to_training_s=env.to_training_s,
+            min_relative_gain=min_relative_gain,
+            nonblocking_join=self.elastic,
+        )
         self.plan: Plan | None = None
 
     def _plan(self, profile: WorkloadProfile) -> Plan:
@@ -287,8 +309,11 @@ class Libra(Policy):
 
     def initial(self, profile: WorkloadProfile) -> Decision:
         self.plan = self._plan(profile)
-        return Decision(step=0, allocation=_plan_allocation(self.plan, self._routing()),
-                        reason=f"initial plan ({self.plan.makespan_s:.0f} s predicted)")
+        return Decision(
+            step=0,
+            allocation=_plan_allocation(self.plan, self._routing()),
+            reason=f"initial plan ({self.plan.makespan_s:.0f} s predicted)",
+        )
 
     def after_step(self, obs: Observation) -> Decision | None:
         if (obs.step + 1) % self.replan_every or self.plan is None:
@@ -296,14 +321,20 @@ class Libra(Policy):
         profile = obs.profile()
         candidate = self._plan(profile)
         current_s = max(self.env.planner.evaluate(self.plan, profile))
-        verdict = self.gate.decide(current=self.plan, candidate=candidate, horizon_steps=self.replan_every,
-                                   current_makespan_s=current_s)
+        verdict = self.gate.decide(
+            current=self.plan, candidate=candidate, horizon_steps=self.replan_every, current_makespan_s=current_s
+        )
         allocation = _plan_allocation(candidate, self._routing())
         if not verdict.apply or allocation.same_layout(_plan_allocation(self.plan, self._routing())):
             return None  # the gate said no, or the candidate is the plan already running
         self.plan = candidate
-        return Decision(step=obs.step + 1, allocation=allocation,
-                        reason=verdict.reason, saving_s=verdict.saving_s, cost_s=verdict.cost_s)
+        return Decision(
+            step=obs.step + 1,
+            allocation=allocation,
+            reason=verdict.reason,
+            saving_s=verdict.saving_s,
+            cost_s=verdict.cost_s,
+        )
 
 
 class LibraHomogeneous(Libra):
@@ -324,8 +355,10 @@ class LibraCMLFQ(Libra):
     routing = "cmlfq"
 
 
-_REGISTRY: dict[str, type[Policy]] = {c.name: c for c in (
-    Colocated, StaticUniform, Greedy, StaticOptimal, LibraHomogeneous, LibraHeteroTP, LibraCMLFQ, Libra)}
+_REGISTRY: dict[str, type[Policy]] = {
+    c.name: c
+    for c in (Colocated, StaticUniform, Greedy, StaticOptimal, LibraHomogeneous, LibraHeteroTP, LibraCMLFQ, Libra)
+}
 POLICY_NAMES: tuple[str, ...] = tuple(_REGISTRY)
 
 

@@ -83,5 +83,8 @@ class PolicyResult:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        return {"summary": self.summary(), "decisions": list(self.decisions),
-                "steps": [x.to_dict() for x in self.records]}
+        return {
+            "summary": self.summary(),
+            "decisions": list(self.decisions),
+            "steps": [x.to_dict() for x in self.records],
+        }

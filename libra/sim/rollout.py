@@ -35,7 +35,6 @@ from libra.sim.workload import StepWork
 __all__ = ["DONE", "RUN", "STEAL_MODES", "TOOL", "WAIT", "Instances", "RolloutRun", "deal", "water_fill"]
 
 
-
 class Instances:
     """The rollout instances of a step: degree, bucket, when each can start serving, and whether it is lent."""
 
@@ -96,9 +95,19 @@ class RolloutRun(Admission):
     """One step's requests on `instances`, from time `start`. Call `advance(t, dt)` slice by slice. Admission
     (who starts decoding at a slice boundary, and from when) is `libra.sim.admission.Admission`."""
 
-    def __init__(self, cost: CostModel, work: StepWork, routes: Routes, instances: Instances, *, start: float,
-                 min_slice_s: float = 0.5, max_slice_s: float = 60.0, steal: str = "all",
-                 dispatch: str = "blocks") -> None:
+    def __init__(
+        self,
+        cost: CostModel,
+        work: StepWork,
+        routes: Routes,
+        instances: Instances,
+        *,
+        start: float,
+        min_slice_s: float = 0.5,
+        max_slice_s: float = 60.0,
+        steal: str = "all",
+        dispatch: str = "blocks",
+    ) -> None:
         check_steal(steal)
         check_dispatch(dispatch)
         self.dispatch = dispatch

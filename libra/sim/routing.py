@@ -112,8 +112,13 @@ class CausalRouting:
                     b, moved = d.bucket, d.migrated_tokens
                 if tool_end[o]:
                     turn = traj.turns[turn_of[o]]
-                    d = router.on_tool_return(i, tool=turn.tool, tool_tokens=turn.tool_tokens,
-                                              status=turn.tool_status, context_tokens=tool_ctx[o])
+                    d = router.on_tool_return(
+                        i,
+                        tool=turn.tool,
+                        tool_tokens=turn.tool_tokens,
+                        status=turn.tool_status,
+                        context_tokens=tool_ctx[o],
+                    )
                     if d.migrate:
                         b, moved = d.bucket, d.migrated_tokens
                 row_b[s + 1] = b
@@ -122,8 +127,9 @@ class CausalRouting:
         return Routes(bucket=bucket, carried=carried)
 
 
-def routes_for(mode: str, work: StepWork, buckets: tuple[Bucket, ...], causal: CausalRouting | None, *,
-               admit: str = "smallest") -> Routes:
+def routes_for(
+    mode: str, work: StepWork, buckets: tuple[Bucket, ...], causal: CausalRouting | None, *, admit: str = "smallest"
+) -> Routes:
     if mode == "single" or len(buckets) == 1:
         n, width = work.gen.shape
         zeros = np.zeros((n, width), np.int64)

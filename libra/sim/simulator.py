@@ -51,14 +51,26 @@ class SimReport:
         return {r.name: r.summary() for r in self.results}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"workload": self.workload, "gpus": self.num_gpus, "steps": self.num_steps, "seed": self.seed,
-                "elapsed_s": self.elapsed_s, "policies": self.summary(),
-                "runs": {r.name: r.to_dict() for r in self.results}}
+        return {
+            "workload": self.workload,
+            "gpus": self.num_gpus,
+            "steps": self.num_steps,
+            "seed": self.seed,
+            "elapsed_s": self.elapsed_s,
+            "policies": self.summary(),
+            "runs": {r.name: r.to_dict() for r in self.results},
+        }
 
 
-def simulate(scenario: Scenario, *, num_steps: int, policies: Sequence[str] = POLICY_NAMES,
-             progress: Callable[[str, int], None] | None = None,
-             policy_options: dict[str, dict[str, Any]] | None = None, workers: int = 1) -> SimReport:
+def simulate(
+    scenario: Scenario,
+    *,
+    num_steps: int,
+    policies: Sequence[str] = POLICY_NAMES,
+    progress: Callable[[str, int], None] | None = None,
+    policy_options: dict[str, dict[str, Any]] | None = None,
+    workers: int = 1,
+) -> SimReport:
     """Run `policies` for `num_steps` steps of `scenario.source`; `progress(policy, step)` after each stage.
     `workers` > 1 runs groups of policies in that many forked processes (`libra.sim.parallel`): the same numbers
     as one process."""
@@ -71,6 +83,7 @@ def simulate(scenario: Scenario, *, num_steps: int, policies: Sequence[str] = PO
     started = time.perf_counter()
     groups = policy_groups(policies, workers) if workers > 1 and fork_available() else [list(policies)]
     if len(groups) > 1:
+
         def run_group(group: list[str], report: Callable[[str, int], None]) -> tuple[PolicyResult, ...]:
             return _simulate(scenario, num_steps, group, report, policy_options)
 
@@ -78,22 +91,46 @@ def simulate(scenario: Scenario, *, num_steps: int, policies: Sequence[str] = PO
         results = tuple(by_name[p] for p in policies)
     else:
         results = _simulate(scenario, num_steps, policies, progress, policy_options)
-    return SimReport(workload=scenario.source.name, num_gpus=scenario.cluster.num_gpus, num_steps=num_steps,
-                     seed=scenario.source.seed, results=results, elapsed_s=time.perf_counter() - started)
+    return SimReport(
+        workload=scenario.source.name,
+        num_gpus=scenario.cluster.num_gpus,
+        num_steps=num_steps,
+        seed=scenario.source.seed,
+        results=results,
+        elapsed_s=time.perf_counter() - started,
+    )
 
 
-def _simulate(scenario: Scenario, num_steps: int, policies: Sequence[str],
-              progress: Callable[[str, int], None] | None,
-              policy_options: dict[str, dict[str, Any]] | None) -> tuple[PolicyResult, ...]:
+def _simulate(
+    scenario: Scenario,
+    num_steps: int,
+    policies: Sequence[str],
+    progress: Callable[[str, int], None] | None,
+    policy_options: dict[str, dict[str, Any]] | None,
+) -> tuple[PolicyResult, ...]:
     cm = CostModel(scenario.cluster, scenario.model, scenario.coeffs)
     planner = GlobalPlanner(cluster=scenario.cluster, model=scenario.model, rl=scenario.rl, coeffs=scenario.coeffs)
     planner.cost_model = cm  # one cost model object: the simulator prices exactly what the planner predicts
-    env = PolicyEnv(cluster=scenario.cluster, cost_model=cm, rl=scenario.rl, planner=planner,
-                    to_rollout_s=scenario.costs.to_rollout_s, to_training_s=scenario.costs.to_training_s)
+    env = PolicyEnv(
+        cluster=scenario.cluster,
+        cost_model=cm,
+        rl=scenario.rl,
+        planner=planner,
+        to_rollout_s=scenario.costs.to_rollout_s,
+        to_training_s=scenario.costs.to_training_s,
+    )
     options = policy_options or {}
-    runs = [PolicyRun(make_policy(name, env, **options.get(name, {})), cm, global_batch=scenario.rl.global_batch,
-                      max_len=scenario.rl.max_model_len, costs=scenario.costs, options=scenario.options)
-            for name in policies]
+    runs = [
+        PolicyRun(
+            make_policy(name, env, **options.get(name, {})),
+            cm,
+            global_batch=scenario.rl.global_batch,
+            max_len=scenario.rl.max_model_len,
+            costs=scenario.costs,
+            options=scenario.options,
+        )
+        for name in policies
+    ]
     causal = CausalRouting() if any(uses_shared_tree(r.policy.name) for r in runs) else None
     name = scenario.source.name
     gb = scenario.rl.global_batch
@@ -106,8 +143,9 @@ def _simulate(scenario: Scenario, num_steps: int, policies: Sequence[str],
         work = first if k == 0 else scenario.source.step(k)
         for run in runs:
             alloc = run.begin_stage()
-            routes = routes_for(alloc.routing, work, alloc.buckets, causal,
-                                admit=getattr(run.policy, "admit", "smallest"))
+            routes = routes_for(
+                alloc.routing, work, alloc.buckets, causal, admit=getattr(run.policy, "admit", "smallest")
+            )
             run.stage(work, routes)
             if progress:
                 progress(run.policy.name, k)
@@ -130,5 +168,12 @@ def _simulate(scenario: Scenario, num_steps: int, policies: Sequence[str],
         if not run.policy.synchronous:
             run.begin_stage()
             run.stage(None, None)
-    return tuple(PolicyResult(name=r.policy.name, records=tuple(r.records), decisions=tuple(r.decisions),
-                              num_gpus=scenario.cluster.num_gpus) for r in runs)
+    return tuple(
+        PolicyResult(
+            name=r.policy.name,
+            records=tuple(r.records),
+            decisions=tuple(r.decisions),
+            num_gpus=scenario.cluster.num_gpus,
+        )
+        for r in runs
+    )

@@ -27,8 +27,10 @@ def best_layout(cm: CostModel, num_gpus: int, batch: BatchStats) -> TrainConfig:
     """The fastest valid layout on exactly `num_gpus` GPUs (the planner's training tree); SpecError when none."""
     best = _best_cached(cm, num_gpus, batch)
     if best is None:
-        raise SpecError(f"no training layout of {cm.model.name} fits {num_gpus} x {cm.cluster.gpu.name} "
-                        f"(global batch {batch.num_sequences}, longest sequence {batch.max_len:.0f})")
+        raise SpecError(
+            f"no training layout of {cm.model.name} fits {num_gpus} x {cm.cluster.gpu.name} "
+            f"(global batch {batch.num_sequences}, longest sequence {batch.max_len:.0f})"
+        )
     return best
 
 
@@ -42,8 +44,11 @@ def nearest_layout(cm: CostModel, num_gpus: int, batch: BatchStats, *, step: int
 
 
 def step_time(cm: CostModel, cfg: TrainConfig, batch: BatchStats, dp: int | None = None) -> float:
-    return float(cm.training.step_time(cfg.tp, cfg.pp, cfg.dp if dp is None else dp, cfg.ep, cfg.micro_batch,
-                                       cfg.recompute, batch))
+    return float(
+        cm.training.step_time(
+            cfg.tp, cfg.pp, cfg.dp if dp is None else dp, cfg.ep, cfg.micro_batch, cfg.recompute, batch
+        )
+    )
 
 
 class TrainingJob:

@@ -64,8 +64,14 @@ class StepWork:
         return self.gen.sum(axis=1)
 
 
-def step_work(step: int, trajectories: Sequence[Trajectory], *, latency: ToolLatency | None = None,
-              seed: int = 0, chunk_tokens: int = 2048) -> StepWork:
+def step_work(
+    step: int,
+    trajectories: Sequence[Trajectory],
+    *,
+    latency: ToolLatency | None = None,
+    seed: int = 0,
+    chunk_tokens: int = 2048,
+) -> StepWork:
     """Arrays for one step. A trajectory cut off on a tool turn ends there: its last tool return is never used."""
     if not trajectories:
         raise SpecError(f"step {step} has no trajectories")
@@ -114,24 +120,53 @@ def step_work(step: int, trajectories: Sequence[Trajectory], *, latency: ToolLat
     lat[seg_traj, pos] = np.where(follows, lat_t[seg_turn], 0.0)
     tool_end[seg_traj, pos] = follows
     turn_of[seg_traj, pos] = turn_no[seg_turn]
-    return StepWork(step=step, trajectories=tuple(trajectories),
-                    prompt_tokens=np.fromiter((t.prompt_tokens for t in trajectories), np.int64, n),
-                    gen=gen, tool_tokens=tool, latency=lat, tool_end=tool_end, turn_of=turn_of,
-                    num_segments=num_segments, num_turns=num_turns)
+    return StepWork(
+        step=step,
+        trajectories=tuple(trajectories),
+        prompt_tokens=np.fromiter((t.prompt_tokens for t in trajectories), np.int64, n),
+        gen=gen,
+        tool_tokens=tool,
+        latency=lat,
+        tool_end=tool_end,
+        turn_of=turn_of,
+        num_segments=num_segments,
+        num_turns=num_turns,
+    )
 
 
 class WorkSource:
     """Steps of work, from a synthetic workload (`from_generator`) or a trace file (`from_trace`)."""
 
-    def __init__(self, name: str, fetch: Callable[[int], list[Trajectory]], num_steps: int | None,
-                 latency: ToolLatency, seed: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        fetch: Callable[[int], list[Trajectory]],
+        num_steps: int | None,
+        latency: ToolLatency,
+        seed: int,
+    ) -> None:
         self.name, self._fetch, self.num_steps, self.latency, self.seed = name, fetch, num_steps, latency, seed
 
     @classmethod
-    def from_generator(cls, workload: str, *, seed: int, num_prompts: int, samples_per_prompt: int,
-                       max_model_len: int, drift_steps: int = 100, latency: ToolLatency | None = None) -> WorkSource:
-        gen = WorkloadGenerator(workload, seed=seed, num_prompts=num_prompts, samples_per_prompt=samples_per_prompt,
-                                max_model_len=max_model_len, drift_steps=drift_steps)
+    def from_generator(
+        cls,
+        workload: str,
+        *,
+        seed: int,
+        num_prompts: int,
+        samples_per_prompt: int,
+        max_model_len: int,
+        drift_steps: int = 100,
+        latency: ToolLatency | None = None,
+    ) -> WorkSource:
+        gen = WorkloadGenerator(
+            workload,
+            seed=seed,
+            num_prompts=num_prompts,
+            samples_per_prompt=samples_per_prompt,
+            max_model_len=max_model_len,
+            drift_steps=drift_steps,
+        )
         return cls(workload, gen.step, None, latency or ToolLatency(), seed)
 
     @classmethod

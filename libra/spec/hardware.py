@@ -45,14 +45,38 @@ class GPUSpec:
 GPU_PRESETS: dict[str, GPUSpec] = {
     g.name: g
     for g in (
-        GPUSpec(name="A800-80GB", memory_gb=80, bf16_tflops=312, hbm_bandwidth_gbs=2039,
-                nvlink_bandwidth_gbs=200, network_bandwidth_gbs=25 / 8),
-        GPUSpec(name="A100-80GB", memory_gb=80, bf16_tflops=312, hbm_bandwidth_gbs=2039,
-                nvlink_bandwidth_gbs=300, network_bandwidth_gbs=25),
-        GPUSpec(name="H100-80GB", memory_gb=80, bf16_tflops=989, hbm_bandwidth_gbs=3350,
-                nvlink_bandwidth_gbs=450, network_bandwidth_gbs=50),
-        GPUSpec(name="H200", memory_gb=141, bf16_tflops=989, hbm_bandwidth_gbs=4800,
-                nvlink_bandwidth_gbs=450, network_bandwidth_gbs=50),
+        GPUSpec(
+            name="A800-80GB",
+            memory_gb=80,
+            bf16_tflops=312,
+            hbm_bandwidth_gbs=2039,
+            nvlink_bandwidth_gbs=200,
+            network_bandwidth_gbs=25 / 8,
+        ),
+        GPUSpec(
+            name="A100-80GB",
+            memory_gb=80,
+            bf16_tflops=312,
+            hbm_bandwidth_gbs=2039,
+            nvlink_bandwidth_gbs=300,
+            network_bandwidth_gbs=25,
+        ),
+        GPUSpec(
+            name="H100-80GB",
+            memory_gb=80,
+            bf16_tflops=989,
+            hbm_bandwidth_gbs=3350,
+            nvlink_bandwidth_gbs=450,
+            network_bandwidth_gbs=50,
+        ),
+        GPUSpec(
+            name="H200",
+            memory_gb=141,
+            bf16_tflops=989,
+            hbm_bandwidth_gbs=4800,
+            nvlink_bandwidth_gbs=450,
+            network_bandwidth_gbs=50,
+        ),
     )
 }
 

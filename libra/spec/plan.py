@@ -95,9 +95,17 @@ class TrainConfig:
             raise SpecError(f"ep({self.ep}) must divide dp({self.dp}) in TrainConfig")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"gpus": self.num_gpus, "tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep,
-                "micro_batch": self.micro_batch, "recompute": self.recompute, "time_s": self.time_s,
-                "memory_gb": self.memory_gb}
+        return {
+            "gpus": self.num_gpus,
+            "tp": self.tp,
+            "pp": self.pp,
+            "dp": self.dp,
+            "ep": self.ep,
+            "micro_batch": self.micro_batch,
+            "recompute": self.recompute,
+            "time_s": self.time_s,
+            "memory_gb": self.memory_gb,
+        }
 
 
 @attrs.frozen(kw_only=True)
@@ -133,8 +141,7 @@ class RolloutConfig:
         """One bucket per instance group, in length order; the last one is open-ended."""
         groups = sorted(self.instances, key=lambda g: g.max_tokens)
         return tuple(
-            Bucket(tp=g.tp, max_tokens=math.inf if i == len(groups) - 1 else g.max_tokens)
-            for i, g in enumerate(groups)
+            Bucket(tp=g.tp, max_tokens=math.inf if i == len(groups) - 1 else g.max_tokens) for i, g in enumerate(groups)
         )
 
     def to_dict(self) -> dict[str, Any]:

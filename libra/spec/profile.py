@@ -63,15 +63,26 @@ class WorkloadProfile:
             raise SpecError(f"WorkloadProfile.requests_per_step must be >= 1, got {self.requests_per_step}")
 
     @classmethod
-    def build(cls, *, name: str, shapes: list[tuple[float, float, float]], requests_per_step: int | None = None,
-              mean_tool_time_s: float = 0.0) -> WorkloadProfile:
+    def build(
+        cls,
+        *,
+        name: str,
+        shapes: list[tuple[float, float, float]],
+        requests_per_step: int | None = None,
+        mean_tool_time_s: float = 0.0,
+    ) -> WorkloadProfile:
         """From unsorted `(total_tokens, gen_tokens, turns)` triples."""
         if not shapes:
             raise SpecError(f"WorkloadProfile {name!r} has no trajectories")
         shapes = sorted(shapes)
-        return cls(name=name, total_lengths=tuple(float(s[0]) for s in shapes),
-                   gen_tokens=tuple(float(s[1]) for s in shapes), turns=tuple(float(s[2]) for s in shapes),
-                   requests_per_step=requests_per_step or len(shapes), mean_tool_time_s=mean_tool_time_s)
+        return cls(
+            name=name,
+            total_lengths=tuple(float(s[0]) for s in shapes),
+            gen_tokens=tuple(float(s[1]) for s in shapes),
+            turns=tuple(float(s[2]) for s in shapes),
+            requests_per_step=requests_per_step or len(shapes),
+            mean_tool_time_s=mean_tool_time_s,
+        )
 
     @property
     def num_samples(self) -> int:
@@ -104,18 +115,27 @@ class WorkloadProfile:
                 continue
             size = hi - lo
             turns = self.turns[lo:hi] if self.turns else (1.0,) * size
-            out.append(LengthGroup(
-                count=max(1, round(size * scale)) if scale != 1 else size,
-                mean_total=sum(self.total_lengths[lo:hi]) / size,
-                mean_gen=sum(self.gen_tokens[lo:hi]) / size,
-                max_total=self.total_lengths[hi - 1],
-                mean_turns=sum(turns) / size,
-                max_gen=max(self.gen_tokens[lo:hi]),
-                max_turns=max(turns),
-            ))
+            out.append(
+                LengthGroup(
+                    count=max(1, round(size * scale)) if scale != 1 else size,
+                    mean_total=sum(self.total_lengths[lo:hi]) / size,
+                    mean_gen=sum(self.gen_tokens[lo:hi]) / size,
+                    max_total=self.total_lengths[hi - 1],
+                    mean_turns=sum(turns) / size,
+                    max_gen=max(self.gen_tokens[lo:hi]),
+                    max_turns=max(turns),
+                )
+            )
         return tuple(out)
 
     def summary(self) -> dict[str, Any]:
-        return {"name": self.name, "trajectories": self.num_samples, "requests_per_step": self.requests_per_step,
-                "mean_tokens": self.mean_length, "p50_tokens": self.quantile(0.5), "p90_tokens": self.quantile(0.9),
-                "p99_tokens": self.quantile(0.99), "max_tokens": self.total_lengths[-1]}
+        return {
+            "name": self.name,
+            "trajectories": self.num_samples,
+            "requests_per_step": self.requests_per_step,
+            "mean_tokens": self.mean_length,
+            "p50_tokens": self.quantile(0.5),
+            "p90_tokens": self.quantile(0.9),
+            "p99_tokens": self.quantile(0.99),
+            "max_tokens": self.total_lengths[-1],
+        }

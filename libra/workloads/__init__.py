@@ -14,7 +14,17 @@ from libra.workloads.trace import (
 )
 
 __all__ = [
-    "TOOL_STATUSES", "WORKLOAD_NAMES", "TraceError", "Trajectory", "Turn", "WorkloadGenerator", "generate",
-    "group_by_step", "iter_trace", "load_trace",
-    "profile_from_trajectories", "profiles_over_steps", "write_trace",
+    "TOOL_STATUSES",
+    "WORKLOAD_NAMES",
+    "TraceError",
+    "Trajectory",
+    "Turn",
+    "WorkloadGenerator",
+    "generate",
+    "group_by_step",
+    "iter_trace",
+    "load_trace",
+    "profile_from_trajectories",
+    "profiles_over_steps",
+    "write_trace",
 ]

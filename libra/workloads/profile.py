@@ -8,9 +8,14 @@ from libra.spec import SpecError, WorkloadProfile
 from libra.workloads.trace import Trajectory, group_by_step
 
 
-def profile_from_trajectories(trajectories: Sequence[Trajectory], *, name: str = "trace",
-                              window_steps: int | None = None, requests_per_step: int | None = None,
-                              mean_tool_time_s: float = 0.0) -> WorkloadProfile:
+def profile_from_trajectories(
+    trajectories: Sequence[Trajectory],
+    *,
+    name: str = "trace",
+    window_steps: int | None = None,
+    requests_per_step: int | None = None,
+    mean_tool_time_s: float = 0.0,
+) -> WorkloadProfile:
     """Profile of the last `window_steps` steps (all of them when None). Without step labels the file is one step.
     `requests_per_step` defaults to the mean number of trajectories per step in the window."""
     if not trajectories:
@@ -24,19 +29,25 @@ def profile_from_trajectories(trajectories: Sequence[Trajectory], *, name: str =
     shapes = [(float(t.total_tokens), float(t.gen_tokens), float(len(t.turns))) for t in chosen]
     per_step = requests_per_step or max(1, round(len(chosen) / len(steps)))
     if not mean_tool_time_s:  # traces may record each tool call's wall time as `tool_latency_s`
-        latencies = [float(u.extra["tool_latency_s"]) for t in chosen for u in t.turns
-                     if u.tool is not None and isinstance(u.extra.get("tool_latency_s"), int | float)]
+        latencies = [
+            float(u.extra["tool_latency_s"])
+            for t in chosen
+            for u in t.turns
+            if u.tool is not None and isinstance(u.extra.get("tool_latency_s"), int | float)
+        ]
         mean_tool_time_s = sum(latencies) / len(latencies) if latencies else 0.0
-    return WorkloadProfile.build(name=name, shapes=shapes, requests_per_step=per_step,
-                                 mean_tool_time_s=mean_tool_time_s)
+    return WorkloadProfile.build(
+        name=name, shapes=shapes, requests_per_step=per_step, mean_tool_time_s=mean_tool_time_s
+    )
 
 
-def profiles_over_steps(trajectories: Sequence[Trajectory], *, window_steps: int = 1,
-                        name: str = "trace") -> list[WorkloadProfile]:
+def profiles_over_steps(
+    trajectories: Sequence[Trajectory], *, window_steps: int = 1, name: str = "trace"
+) -> list[WorkloadProfile]:
     """One profile per step, each over the `window_steps` steps ending there: the drift of the workload."""
     steps = group_by_step(list(trajectories))
     out = []
     for end in range(1, len(steps) + 1):
-        window = [t for step in steps[max(0, end - window_steps):end] for t in step]
+        window = [t for step in steps[max(0, end - window_steps) : end] for t in step]
         out.append(profile_from_trajectories(window, name=f"{name}@{end - 1}"))
     return out

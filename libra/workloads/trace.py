@@ -37,8 +37,13 @@ class Turn:
     extra: dict[str, Any] = attrs.field(factory=dict, eq=False, hash=False)
 
 
-def trusted_turns(gen_tokens: Iterable[int], tools: Iterable[str | None], statuses: Iterable[str | None],
-                  tool_tokens: Iterable[int], extras: Iterable[dict[str, Any]]) -> list[Turn]:
+def trusted_turns(
+    gen_tokens: Iterable[int],
+    tools: Iterable[str | None],
+    statuses: Iterable[str | None],
+    tool_tokens: Iterable[int],
+    extras: Iterable[dict[str, Any]],
+) -> list[Turn]:
     """`Turn(gen_tokens=g, tool=t, tool_status=s, tool_tokens=n, extra=e)` for each tuple of the iterables, for
     callers whose values are valid by construction (the synthetic generators make ~100K turns per step). Same
     values as the constructor; it only skips the keyword handling of the call, which is most of its cost."""
@@ -100,8 +105,13 @@ class Trajectory:
             out["step"] = self.step
         out["prompt_tokens"] = self.prompt_tokens
         out["turns"] = [
-            {"gen_tokens": t.gen_tokens, "tool": t.tool, "tool_status": t.tool_status, "tool_tokens": t.tool_tokens,
-             **t.extra}
+            {
+                "gen_tokens": t.gen_tokens,
+                "tool": t.tool,
+                "tool_status": t.tool_status,
+                "tool_tokens": t.tool_tokens,
+                **t.extra,
+            }
             for t in self.turns
         ]
         if self.reward is not None:
@@ -169,9 +179,15 @@ def parse_line(text: str, path: Path, line: int) -> Trajectory:
     if reward is not None and (isinstance(reward, bool) or not isinstance(reward, int | float)):
         raise TraceError(path, line, "reward", f"must be a number or null, got {reward!r}")
     extra = {k: v for k, v in obj.items() if k not in _KNOWN_KEYS}
-    return Trajectory(prompt_id=prompt_id, prompt_tokens=prompt_tokens, turns=turns,
-                      sample=None if sample < 0 else sample, step=None if step < 0 else step,
-                      reward=None if reward is None else float(reward), extra=extra)
+    return Trajectory(
+        prompt_id=prompt_id,
+        prompt_tokens=prompt_tokens,
+        turns=turns,
+        sample=None if sample < 0 else sample,
+        step=None if step < 0 else step,
+        reward=None if reward is None else float(reward),
+        extra=extra,
+    )
 
 
 def iter_trace(path: str | Path) -> Iterator[Trajectory]:

@@ -33,8 +33,14 @@ def core_with_hybrid(rank: int, make_trainer, steps: int, port: int, side_port: 
 
     trainer = make_trainer(rank, port)
     server = SideChannelServer(host="127.0.0.1", port=side_port) if rank == 0 else None
-    ex = CoreExchange(core_group=dist.group.WORLD, core_rank=rank, num_core_replicas=2, model=trainer.module,
-                      optimizer=trainer.optimizer, timeout_s=30.0)
+    ex = CoreExchange(
+        core_group=dist.group.WORLD,
+        core_rank=rank,
+        num_core_replicas=2,
+        model=trainer.module,
+        optimizer=trainer.optimizer,
+        timeout_s=30.0,
+    )
     if server is not None:  # the hybrid process starts slower than a test step: let it connect first
         deadline = time.monotonic() + 120
         while not (links := server.accept_ready()) and time.monotonic() < deadline:
@@ -71,8 +77,12 @@ def hybrid(side_port: int) -> dict:
     from libra.elastic.hybrid import HybridReplica
     from libra.elastic.wire import LinkError, TcpLink
 
-    trainer = TorchDDPTrainer(model=P.make_mlp(seed=7), loss_fn=P.mse_loss, distributed=False,
-                              optimizer_factory=lambda ps: torch.optim.Adam(ps, lr=P.LR))
+    trainer = TorchDDPTrainer(
+        model=P.make_mlp(seed=7),
+        loss_fn=P.mse_loss,
+        distributed=False,
+        optimizer_factory=lambda ps: torch.optim.Adam(ps, lr=P.LR),
+    )
     hy = HybridReplica(worker=HYBRID, model=trainer.module, optimizer=trainer.optimizer, timeout_s=30.0)
     deadline = time.monotonic() + 120
     while True:
@@ -170,8 +180,9 @@ def ddp_core(rank: int, steps: int, port: int, side_port: int) -> dict:
 
         P.init_env(rank, 2, port)
         dist.init_process_group("gloo", rank=rank, world_size=2)
-        return TorchDDPTrainer(model=P.make_mlp(seed=0), loss_fn=P.mse_loss,
-                               optimizer_factory=lambda ps: torch.optim.Adam(ps, lr=P.LR))
+        return TorchDDPTrainer(
+            model=P.make_mlp(seed=0), loss_fn=P.mse_loss, optimizer_factory=lambda ps: torch.optim.Adam(ps, lr=P.LR)
+        )
 
     return core_with_hybrid(rank, make, steps, port, side_port)
 
@@ -193,8 +204,15 @@ def megatron_tp2(rank: int, port: int) -> dict:
     train = TrainConfig(num_gpus=2, tp=2, pp=1, dp=1)
     config = gpt_config(train, num_layers=2, hidden_size=64, num_attention_heads=2, cpu_init=True)
     torch.manual_seed(0)
-    trainer = MegatronTrainer(train=train, config=config, vocab_size=128, max_sequence_length=32, lr=1e-3,
-                              use_distributed_optimizer=False, with_optimizer=False)
+    trainer = MegatronTrainer(
+        train=train,
+        config=config,
+        vocab_size=128,
+        max_sequence_length=32,
+        lr=1e-3,
+        use_distributed_optimizer=False,
+        with_optimizer=False,
+    )
     tokens = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
     batch = {"tokens": tokens, "labels": torch.roll(tokens, -1, 1)}
     loss = trainer.train_step(batch)
@@ -212,7 +230,15 @@ def megatron_tp2(rank: int, port: int) -> dict:
     shapes = {n: tuple(p.shape) for n, p in trainer.module.named_parameters()}
     losses = [0.0, 0.0]
     dist.all_gather_object(losses, loss)
-    return {"tp": ps.get_tensor_model_parallel_world_size(), "dp": ps.get_data_parallel_world_size(),
-            "tp_rank": ps.get_tensor_model_parallel_rank(), "shapes": shapes, "losses": losses,
-            "hooked_loss": hooked_loss, "loss": loss, "hook_steps": [s for s, _ in seen], "hook_vs_plain": worst,
-            "grad_norm": float(sum(float(p.norm()) for p in plain))}
+    return {
+        "tp": ps.get_tensor_model_parallel_world_size(),
+        "dp": ps.get_data_parallel_world_size(),
+        "tp_rank": ps.get_tensor_model_parallel_rank(),
+        "shapes": shapes,
+        "losses": losses,
+        "hooked_loss": hooked_loss,
+        "loss": loss,
+        "hook_steps": [s for s, _ in seen],
+        "hook_vs_plain": worst,
+        "grad_norm": float(sum(float(p.norm()) for p in plain)),
+    }

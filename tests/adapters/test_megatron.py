@@ -16,8 +16,11 @@ def test_train_config_maps_to_parallel_state_sizes():
     from libra.adapters.megatron_trainer import parallel_sizes
 
     sizes = parallel_sizes(TrainConfig(num_gpus=16, tp=2, pp=2, dp=4, ep=2))
-    assert sizes == {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2,
-                     "expert_model_parallel_size": 2}
+    assert sizes == {
+        "tensor_model_parallel_size": 2,
+        "pipeline_model_parallel_size": 2,
+        "expert_model_parallel_size": 2,
+    }
 
 
 def test_gpt_config_rejects_layouts_megatron_cannot_build():

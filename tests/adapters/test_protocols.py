@@ -20,8 +20,10 @@ from libra.adapters.grpo import group_advantages
 
 
 def test_import_needs_no_engine():
-    code = ("import sys, libra.adapters, libra.adapters.routing, libra.adapters.ray_launcher; "
-            "print(sorted(m for m in ('torch', 'vllm', 'ray', 'deepspeed', 'megatron') if m in sys.modules))")
+    code = (
+        "import sys, libra.adapters, libra.adapters.routing, libra.adapters.ray_launcher; "
+        "print(sorted(m for m in ('torch', 'vllm', 'ray', 'deepspeed', 'megatron') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -14,13 +14,15 @@ ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 GPUS_PER_NODE = 4
-PLACEMENT = Placement(workers=(
-    WorkerPlacement(name="train-0", role=Role.TRAIN_REPLICA, tp=2, gpu_ids=(0, 1), pool=Pool.CORE_TRAIN),
-    WorkerPlacement(name="train-1", role=Role.TRAIN_REPLICA, tp=2, gpu_ids=(2, 3), pool=Pool.CORE_TRAIN),
-    WorkerPlacement(name="rollout-tp1-0", role=Role.ROLLOUT_INSTANCE, tp=1, gpu_ids=(4,), pool=Pool.CORE_ROLLOUT),
-    WorkerPlacement(name="rollout-tp1-1", role=Role.ROLLOUT_INSTANCE, tp=1, gpu_ids=(5,), pool=Pool.CORE_ROLLOUT),
-    WorkerPlacement(name="hybrid-0", role=Role.ROLLOUT_INSTANCE, tp=2, gpu_ids=(6, 7), pool=Pool.HYBRID),
-))
+PLACEMENT = Placement(
+    workers=(
+        WorkerPlacement(name="train-0", role=Role.TRAIN_REPLICA, tp=2, gpu_ids=(0, 1), pool=Pool.CORE_TRAIN),
+        WorkerPlacement(name="train-1", role=Role.TRAIN_REPLICA, tp=2, gpu_ids=(2, 3), pool=Pool.CORE_TRAIN),
+        WorkerPlacement(name="rollout-tp1-0", role=Role.ROLLOUT_INSTANCE, tp=1, gpu_ids=(4,), pool=Pool.CORE_ROLLOUT),
+        WorkerPlacement(name="rollout-tp1-1", role=Role.ROLLOUT_INSTANCE, tp=1, gpu_ids=(5,), pool=Pool.CORE_ROLLOUT),
+        WorkerPlacement(name="hybrid-0", role=Role.ROLLOUT_INSTANCE, tp=2, gpu_ids=(6, 7), pool=Pool.HYBRID),
+    )
+)
 
 
 def _payload(info):
@@ -30,9 +32,14 @@ def _payload(info):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     here = os.path.dirname(os.path.abspath(__file__))  # actors unpickle `_payload` from this module
-    ray.init(num_cpus=2, resources={"libra_node_0": 1, "libra_node_1": 1}, include_dashboard=False,
-             _temp_dir=str(tmp_path_factory.mktemp("ray")), log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}})
+    ray.init(
+        num_cpus=2,
+        resources={"libra_node_0": 1, "libra_node_1": 1},
+        include_dashboard=False,
+        _temp_dir=str(tmp_path_factory.mktemp("ray")),
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}},
+    )
     yield
     ray.shutdown()
 
@@ -40,8 +47,9 @@ def cluster(tmp_path_factory):
 def test_launch_places_every_worker_in_its_pool_bundle_and_node(cluster):
     from libra.adapters.ray_launcher import RayLauncher
 
-    launcher = RayLauncher(placement=PLACEMENT, gpus_per_node=GPUS_PER_NODE, setup_rollout=_payload,
-                           setup_trainer=_payload)
+    launcher = RayLauncher(
+        placement=PLACEMENT, gpus_per_node=GPUS_PER_NODE, setup_rollout=_payload, setup_trainer=_payload
+    )
     try:
         infos = launcher.launch()
         assert set(infos) == {w.name for w in PLACEMENT.workers}
@@ -67,21 +75,29 @@ def test_launch_places_every_worker_in_its_pool_bundle_and_node(cluster):
 def test_plan_change_moves_hybrid_actor_between_rollout_and_training(cluster):
     from libra.adapters.ray_launcher import RayLauncher
 
-    launcher = RayLauncher(placement=PLACEMENT, gpus_per_node=GPUS_PER_NODE, setup_rollout=_payload,
-                           setup_trainer=_payload)
+    launcher = RayLauncher(
+        placement=PLACEMENT, gpus_per_node=GPUS_PER_NODE, setup_rollout=_payload, setup_trainer=_payload
+    )
     controller = ElasticController(placement=PLACEMENT)
     try:
         launcher.launch()
         before = launcher.describe()["hybrid-0"]
-        borrowed = Placement(workers=tuple(
-            WorkerPlacement(name=w.name, role=Role.TRAIN_REPLICA, tp=w.tp, gpu_ids=w.gpu_ids, pool=w.pool)
-            if w.name == "hybrid-0" else w for w in PLACEMENT.workers))
+        borrowed = Placement(
+            workers=tuple(
+                WorkerPlacement(name=w.name, role=Role.TRAIN_REPLICA, tp=w.tp, gpu_ids=w.gpu_ids, pool=w.pool)
+                if w.name == "hybrid-0"
+                else w
+                for w in PLACEMENT.workers
+            )
+        )
         decisions = launcher.apply_plan(controller, borrowed, step=3, why="rollout finished early")
         assert [type(d) for d in decisions] == [StopInstance, JoinTraining]
         during = launcher.describe()["hybrid-0"]
         assert during["info"]["role"] == Role.TRAIN_REPLICA and during["pid"] != before["pid"]
         assert (during["info"]["placement_group"], during["info"]["bundle_index"]) == (
-            before["info"]["placement_group"], before["info"]["bundle_index"])  # same GPUs, new role
+            before["info"]["placement_group"],
+            before["info"]["bundle_index"],
+        )  # same GPUs, new role
         assert ray.get(launcher.actors["hybrid-0"].call.remote("get", "role")) == "train_replica"
         decisions = launcher.apply_plan(controller, PLACEMENT, step=4, why="training done")
         # the join never reported progress (no trainer payload ran a side channel here): it is cancelled
@@ -108,7 +124,8 @@ def test_dead_hybrid_replica_is_reported_and_removed_through_the_controller(clus
         dead = launcher.check_health(controller, step=2)
         assert [(e.replica, "train_replica" in e.cause) for e in dead] == [("hybrid-0", True)]
         assert "hybrid-0" not in launcher.actors and set(launcher.actors) == {w.name for w in PLACEMENT.workers} - {
-            "hybrid-0"}
+            "hybrid-0"
+        }
         assert controller.states.state("hybrid-0") == JoinState.FAILED and "hybrid-0" not in controller.pairs
         for d in controller.on_event("hybrid-0", JoinEvent.RECOVER, step=3, why="restarted"):
             launcher.execute(d)  # back to rollout in its own bundle

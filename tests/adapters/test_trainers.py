@@ -14,7 +14,8 @@ def _with_hybrid(core_fn, tmp_path, steps=20):
     port, side = P.free_port(), P.free_port()
     results = P.run_processes(
         [(core_fn, (0, steps, port, side)), (core_fn, (1, steps, port, side)), (S.hybrid, (side,))],
-        tmp=tmp_path, timeout_s=240,
+        tmp=tmp_path,
+        timeout_s=240,
     )
     core0, core1, hybrid = results
     three = [t for t, n in core0["members"].items() if n == 3]

@@ -35,7 +35,7 @@ def drain(backend, *request_ids, limit=10_000):
 def generate(backend, rid, instance, prompt, sampling=GREEDY):
     backend.submit(rid, instance, prompt, sampling)
     drain(backend, rid)
-    return backend.release(rid)[len(prompt):]
+    return backend.release(rid)[len(prompt) :]
 
 
 def test_turn_streams_tokens_then_finishes(backend):
@@ -57,7 +57,7 @@ def test_mid_generation_migration_is_token_identical_under_greedy(backend):
     assert moved.migrated_tokens >= len(PROMPT) + 8
     assert backend.instance_of("mig") == "large"
     drain(backend, "mig")
-    assert backend.release("mig")[len(PROMPT):] == reference
+    assert backend.release("mig")[len(PROMPT) :] == reference
 
 
 def test_migration_between_turns_continues_identically(backend):
@@ -127,7 +127,7 @@ def test_engine_death_requeues_or_fails_every_request(backend):
     assert {("d0", EventKind.REQUEUED), ("d1", EventKind.REQUEUED), ("d2", EventKind.FAILED)} <= kinds
     drain(backend, "d0", "d1")
     for rid in ("d0", "d1"):
-        assert backend.release(rid)[len(PROMPT) + 1:] == references[rid]
+        assert backend.release(rid)[len(PROMPT) + 1 :] == references[rid]
     with pytest.raises(RequestFailedError):
         backend.release("d2")
     backend.failover = default_failover

@@ -19,8 +19,9 @@ def toy_tool(request_id, turn_ids, turn_index):
     """Even prompts hit a failing search with a large payload; odd prompts get a small ok result."""
     long = int(request_id[1]) % 2 == 0
     size = 30 if long else 4
-    return ToolReturn(tool="search", status="error" if long else "ok",
-                      output_token_ids=tuple(40 + (k % 7) for k in range(size)))
+    return ToolReturn(
+        tool="search", status="error" if long else "ok", output_token_ids=tuple(40 + (k % 7) for k in range(size))
+    )
 
 
 class _AllSmall:

@@ -46,16 +46,19 @@ def test_plan_with_placement(capsys) -> None:
     assert len(gpus) == len(set(gpus)) and max(gpus) < 16
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--model", "GPT-9"], "unknown model"),
-    (["--gpus", "0"], "at least 2"),
-    (["--gpus", "12"], "must divide"),
-    (["--gpu", "TPU"], "unknown GPU"),
-    (["--workload", "chess"], "unknown workload"),
-    (["--tp-degrees", "1,x"], "comma-separated"),
-    (["--gpus", "16", "--gpus-per-node", "4", "--tp-degrees", "4,8"], "fit in one node"),
-    (["--model", "Llama-3-70B", "--gpus", "8", "--gpu", "A100-80GB"], "cannot be trained"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--model", "GPT-9"], "unknown model"),
+        (["--gpus", "0"], "at least 2"),
+        (["--gpus", "12"], "must divide"),
+        (["--gpu", "TPU"], "unknown GPU"),
+        (["--workload", "chess"], "unknown workload"),
+        (["--tp-degrees", "1,x"], "comma-separated"),
+        (["--gpus", "16", "--gpus-per-node", "4", "--tp-degrees", "4,8"], "fit in one node"),
+        (["--model", "Llama-3-70B", "--gpus", "8", "--gpu", "A100-80GB"], "cannot be trained"),
+    ],
+)
 def test_bad_input_is_one_line_without_traceback(args, message, capsys) -> None:
     assert main(["plan", *args]) == 2
     err = capsys.readouterr().err.strip()
@@ -70,8 +73,9 @@ def test_malformed_trace_names_the_line(tmp_path, capsys) -> None:
 
 
 def test_the_installed_command_runs() -> None:
-    done = subprocess.run([sys.executable, "-m", "libra", "plan", "--gpus", "16", "--json"], capture_output=True,
-                          text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "libra", "plan", "--gpus", "16", "--json"], capture_output=True, text=True, check=False
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["rollout"]["gpus"] > 0
 

@@ -10,8 +10,14 @@ from libra.cli import main
 from libra.workloads import write_trace
 from libra.workloads.generators import generate
 
-KEYS = {"policy", "trajectories", "routing_accuracy", "migrated_token_fraction", "migrations_per_trajectory",
-        "confusion"}
+KEYS = {
+    "policy",
+    "trajectories",
+    "routing_accuracy",
+    "migrated_token_fraction",
+    "migrations_per_trajectory",
+    "confusion",
+}
 
 
 def one_error_line(err: str) -> bool:
@@ -27,8 +33,21 @@ def trace_file(tmp_path_factory):
 
 
 def test_json_contract(trace_file, capsys) -> None:
-    assert main(["route-eval", "--trace", str(trace_file), "--policy", "cmlfq", "--buckets",
-                 "2:5000,4:15000,8:inf", "--json"]) == 0
+    assert (
+        main(
+            [
+                "route-eval",
+                "--trace",
+                str(trace_file),
+                "--policy",
+                "cmlfq",
+                "--buckets",
+                "2:5000,4:15000,8:inf",
+                "--json",
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out)
     assert set(result) >= KEYS
     assert result["policy"] == "cmlfq" and result["trajectories"] == 1024
@@ -41,11 +60,39 @@ def test_all_policies_and_options(trace_file, capsys) -> None:
     result = json.loads(capsys.readouterr().out)
     assert set(result["policies"]) == {"cmlfq", "mlfq", "predictor", "oracle", "fcfs"}
     assert result["policies"]["oracle"]["routing_accuracy"] == 1.0
-    assert main(["route-eval", "--trace", str(trace_file), "--policy", "predictor", "--option", "mode=most_common",
-                 "--json"]) == 0
+    assert (
+        main(
+            [
+                "route-eval",
+                "--trace",
+                str(trace_file),
+                "--policy",
+                "predictor",
+                "--option",
+                "mode=most_common",
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["migrations_per_trajectory"] == 0
-    assert main(["route-eval", "--trace", str(trace_file), "--option", "rule=median", "--option",
-                 "size_edges=1000,4000", "--admit", "predicted", "--unique-prompts"]) == 0
+    assert (
+        main(
+            [
+                "route-eval",
+                "--trace",
+                str(trace_file),
+                "--option",
+                "rule=median",
+                "--option",
+                "size_edges=1000,4000",
+                "--admit",
+                "predicted",
+                "--unique-prompts",
+            ]
+        )
+        == 0
+    )
     assert "bucket confusion" in capsys.readouterr().out
 
 
@@ -55,14 +102,17 @@ def test_no_arguments_runs_on_a_default_trace(capsys) -> None:
     assert "cmlfq" in out and "TP8<=inf" in out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--buckets", ""], "empty bucket spec"),
-    (["--buckets", "4:15000,2:5000"], "increase"),
-    (["--policy", "sjf"], "unknown policy 'sjf'"),
-    (["--option", "rule"], "KEY=VALUE"),
-    (["--option", "rule=vote"], "rule must be"),
-    (["--workload", "swe"], "unknown workload"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--buckets", ""], "empty bucket spec"),
+        (["--buckets", "4:15000,2:5000"], "increase"),
+        (["--policy", "sjf"], "unknown policy 'sjf'"),
+        (["--option", "rule"], "KEY=VALUE"),
+        (["--option", "rule=vote"], "rule must be"),
+        (["--workload", "swe"], "unknown workload"),
+    ],
+)
 def test_errors_are_one_line(argv, message, capsys) -> None:
     assert main(["route-eval", "--steps", "1", "--prompts", "2", *argv]) == 2
     err = capsys.readouterr().err.strip()
@@ -71,14 +121,15 @@ def test_errors_are_one_line(argv, message, capsys) -> None:
 
 def test_bad_trace_files(tmp_path, capsys) -> None:
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"prompt_id": "p", "prompt_tokens": 10, "turns": [{"gen_tokens": 5, "tool": "search", '
-                   '"tool_status": "exploded", "tool_tokens": 3}]}\n')
+    bad.write_text(
+        '{"prompt_id": "p", "prompt_tokens": 10, "turns": [{"gen_tokens": 5, "tool": "search", '
+        '"tool_status": "exploded", "tool_tokens": 3}]}\n'
+    )
     assert main(["route-eval", "--trace", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "bad.jsonl:1" in err and "tool_status" in err
     assert main(["route-eval", "--trace", str(tmp_path / "missing.jsonl")]) == 2
     assert "cannot open" in capsys.readouterr().err
-
 
 
 def test_unknown_tool_for_a_closed_tool_set(trace_file, capsys) -> None:

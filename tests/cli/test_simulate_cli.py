@@ -47,8 +47,25 @@ def test_trace_input(tmp_path, capsys):
 
     trace = tmp_path / "t.jsonl"
     write_trace(trace, generate("search-r1", num_steps=2, seed=1, num_prompts=8, samples_per_prompt=4))
-    rc = main(["simulate", "--trace", str(trace), "--gpus", "16", "--steps", "2", "--samples", "4",
-               "--policy", "static-uniform", "--out", str(tmp_path / "o"), "--json", "--no-plots"])
+    rc = main(
+        [
+            "simulate",
+            "--trace",
+            str(trace),
+            "--gpus",
+            "16",
+            "--steps",
+            "2",
+            "--samples",
+            "4",
+            "--policy",
+            "static-uniform",
+            "--out",
+            str(tmp_path / "o"),
+            "--json",
+            "--no-plots",
+        ]
+    )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["policies"]["static-uniform"]["steps"] == 2
@@ -61,9 +78,27 @@ def test_workers_give_the_same_numbers_on_a_trace(tmp_path, capsys):
     write_trace(trace, generate("r2e-gym", num_steps=2, seed=2, num_prompts=8, samples_per_prompt=4))
     runs = {}
     for workers in ("1", "2"):
-        rc = main(["simulate", "--trace", str(trace), "--gpus", "16", "--steps", "2", "--samples", "4",
-                   "--policy", "static-uniform,libra-cmlfq,libra", "--workers", workers,
-                   "--out", str(tmp_path / workers), "--json", "--no-plots"])
+        rc = main(
+            [
+                "simulate",
+                "--trace",
+                str(trace),
+                "--gpus",
+                "16",
+                "--steps",
+                "2",
+                "--samples",
+                "4",
+                "--policy",
+                "static-uniform,libra-cmlfq,libra",
+                "--workers",
+                workers,
+                "--out",
+                str(tmp_path / workers),
+                "--json",
+                "--no-plots",
+            ]
+        )
         assert rc == 0
         capsys.readouterr()
         runs[workers] = json.loads((tmp_path / workers / "report.json").read_text())["runs"]
@@ -77,9 +112,27 @@ def test_cluster_and_coefficients_files(tmp_path, capsys):
     for name, text in (("default", "{}\n"), ("slow", "hbm_efficiency: 0.4\n")):
         coeffs = tmp_path / f"{name}.yaml"
         coeffs.write_text(text)
-        rc = main(["simulate", "--cluster", str(cluster), "--coeffs", str(coeffs), "--prompts", "8", "--samples",
-                   "4", "--steps", "2", "--policy", "static-uniform", "--out", str(tmp_path / name), "--json",
-                   "--no-plots"])
+        rc = main(
+            [
+                "simulate",
+                "--cluster",
+                str(cluster),
+                "--coeffs",
+                str(coeffs),
+                "--prompts",
+                "8",
+                "--samples",
+                "4",
+                "--steps",
+                "2",
+                "--policy",
+                "static-uniform",
+                "--out",
+                str(tmp_path / name),
+                "--json",
+                "--no-plots",
+            ]
+        )
         assert rc == 0
         runs[name] = json.loads(capsys.readouterr().out)
     assert runs["default"]["gpus"] == 16
@@ -93,8 +146,9 @@ def test_cluster_and_coefficients_files(tmp_path, capsys):
 def test_steal_modes(tmp_path, capsys):
     fractions = {}
     for mode in ("all", "new", "off"):
-        rc = main([*SMALL, "--policy", "colocated", "--steal", mode, "--out", str(tmp_path / mode), "--json",
-                   "--no-plots"])
+        rc = main(
+            [*SMALL, "--policy", "colocated", "--steal", mode, "--out", str(tmp_path / mode), "--json", "--no-plots"]
+        )
         assert rc == 0
         fractions[mode] = json.loads(capsys.readouterr().out)["policies"]["colocated"]["rebalanced_token_fraction"]
     assert fractions["new"] == fractions["off"] == 0.0  # only "all" moves turns under way (and re-prefills them)
@@ -106,8 +160,21 @@ def test_steal_modes(tmp_path, capsys):
 def test_dispatch_modes(tmp_path, capsys):
     out = {}
     for mode in ("blocks", "interleaved"):
-        rc = main([*SMALL, "--policy", "colocated", "--steal", "off", "--dispatch", mode,
-                   "--out", str(tmp_path / mode), "--json", "--no-plots"])
+        rc = main(
+            [
+                *SMALL,
+                "--policy",
+                "colocated",
+                "--steal",
+                "off",
+                "--dispatch",
+                mode,
+                "--out",
+                str(tmp_path / mode),
+                "--json",
+                "--no-plots",
+            ]
+        )
         assert rc == 0
         out[mode] = json.loads(capsys.readouterr().out)["policies"]["colocated"]
     assert out["blocks"]["steps"] == out["interleaved"]["steps"] == 2

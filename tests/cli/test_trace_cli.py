@@ -16,8 +16,28 @@ def one_error_line(err: str) -> bool:
 
 def test_generate_writes_a_loadable_trace(tmp_path, capsys) -> None:
     out = tmp_path / "t.jsonl"
-    assert main(["trace", "generate", "--workload", "r2e-gym", "--steps", "2", "--seed", "3", "--prompts", "4",
-                 "--samples", "2", "--out", str(out), "--json"]) == 0
+    assert (
+        main(
+            [
+                "trace",
+                "generate",
+                "--workload",
+                "r2e-gym",
+                "--steps",
+                "2",
+                "--seed",
+                "3",
+                "--prompts",
+                "4",
+                "--samples",
+                "2",
+                "--out",
+                str(out),
+                "--json",
+            ]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out)
     assert summary["trajectories"] == 16 and summary["out"] == str(out) and summary["workload"] == "r2e-gym"
     trajectories = load_trace(out)

@@ -17,15 +17,28 @@ def _load():
 
 def test_rows_per_workload_and_batch(capsys) -> None:
     sweep = _load()
-    args = ["--workloads", "search-r1,dapo-math", "--prompts", "4,8", "--samples", "4", "--steps", "2",
-            "--gpus", "16", "--workers", "1"]
+    args = [
+        "--workloads",
+        "search-r1,dapo-math",
+        "--prompts",
+        "4,8",
+        "--samples",
+        "4",
+        "--steps",
+        "2",
+        "--gpus",
+        "16",
+        "--workers",
+        "1",
+    ]
     assert sweep.main(args) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2 + 4
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     assert header[4:] == [p for p in sweep.POLICY_NAMES if p != "colocated"]
-    for line, (workload, prompts) in zip(lines[2:], [("search-r1", 4), ("search-r1", 8), ("dapo-math", 4),
-                                                      ("dapo-math", 8)], strict=True):
+    for line, (workload, prompts) in zip(
+        lines[2:], [("search-r1", 4), ("search-r1", 8), ("dapo-math", 4), ("dapo-math", 8)], strict=True
+    ):
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert cells[0] == f"{workload} (2)" and cells[1] == str(prompts)
         ratios = [float(c.strip("*")) for c in cells[4:]]

@@ -17,8 +17,15 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_rl_loop.py"
 @pytest.mark.timeout(900)
 def test_tiny_rl_loop_runs_end_to_end() -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run([sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=840, env=env,
-                          cwd=EXAMPLE.parent, check=False)
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE)],
+        capture_output=True,
+        text=True,
+        timeout=840,
+        env=env,
+        cwd=EXAMPLE.parent,
+        check=False,
+    )
     out = done.stdout
     assert done.returncode == 0, done.stderr[-3000:]
     assert out.count("started vLLM instance") >= 2

@@ -15,20 +15,34 @@ def random_model(rng: np.random.Generator) -> ModelSpec:
     head_dim = int(rng.choice([32, 64, 128]))
     layers = int(rng.choice([2, 4, 6, 8, 12]))
     moe = bool(rng.random() < 0.3)
-    return ModelSpec(name="random", num_layers=layers, hidden_size=heads * head_dim, num_heads=heads,
-                     num_kv_heads=kv, head_dim=head_dim, ffn_hidden_size=int(rng.choice([2, 3, 4])) * heads * head_dim,
-                     vocab_size=int(rng.choice([8_000, 32_000, 64_000])),
-                     num_experts=int(rng.choice([4, 8])) if moe else 1, experts_per_token=2 if moe else 1,
-                     moe_ffn_hidden_size=heads * head_dim if moe else None)
+    return ModelSpec(
+        name="random",
+        num_layers=layers,
+        hidden_size=heads * head_dim,
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=head_dim,
+        ffn_hidden_size=int(rng.choice([2, 3, 4])) * heads * head_dim,
+        vocab_size=int(rng.choice([8_000, 32_000, 64_000])),
+        num_experts=int(rng.choice([4, 8])) if moe else 1,
+        experts_per_token=2 if moe else 1,
+        moe_ffn_hidden_size=heads * head_dim if moe else None,
+    )
 
 
-def random_cluster(rng: np.random.Generator, max_gpus: int = 16,
-                   memory_gb: tuple[float, ...] = (0.5, 1, 2, 4, 16)) -> ClusterSpec:
+def random_cluster(
+    rng: np.random.Generator, max_gpus: int = 16, memory_gb: tuple[float, ...] = (0.5, 1, 2, 4, 16)
+) -> ClusterSpec:
     gpn = int(rng.choice([2, 4, 8]))
     nodes = int(rng.integers(1, max(1, max_gpus // gpn) + 1))
-    gpu = GPUSpec(name="g", memory_gb=float(rng.choice(memory_gb)), bf16_tflops=float(rng.uniform(50, 1000)),
-                  hbm_bandwidth_gbs=float(rng.uniform(500, 5000)), nvlink_bandwidth_gbs=float(rng.uniform(50, 500)),
-                  network_bandwidth_gbs=float(rng.uniform(5, 50)))
+    gpu = GPUSpec(
+        name="g",
+        memory_gb=float(rng.choice(memory_gb)),
+        bf16_tflops=float(rng.uniform(50, 1000)),
+        hbm_bandwidth_gbs=float(rng.uniform(500, 5000)),
+        nvlink_bandwidth_gbs=float(rng.uniform(50, 500)),
+        network_bandwidth_gbs=float(rng.uniform(5, 50)),
+    )
     return ClusterSpec(gpu=gpu, num_nodes=nodes, gpus_per_node=gpn)
 
 
@@ -43,14 +57,21 @@ def random_groups(rng: np.random.Generator, max_groups: int = 3) -> tuple[Length
     out, low = [], 100.0
     for top in tops:
         mean_total = float(rng.uniform(low, top))
-        out.append(LengthGroup(count=int(rng.integers(1, 40)), mean_total=mean_total,
-                               mean_gen=float(mean_total * rng.uniform(0.2, 0.9)), max_total=float(top),
-                               mean_turns=float(rng.integers(1, 5))))
+        out.append(
+            LengthGroup(
+                count=int(rng.integers(1, 40)),
+                mean_total=mean_total,
+                mean_gen=float(mean_total * rng.uniform(0.2, 0.9)),
+                max_total=float(top),
+                mean_turns=float(rng.integers(1, 5)),
+            )
+        )
         low = float(top)
     return tuple(out)
 
 
-def random_cost_model(seed: int, max_gpus: int = 16,
-                      memory_gb: tuple[float, ...] = (0.5, 1, 2, 4, 16)) -> tuple[CostModel, np.random.Generator]:
+def random_cost_model(
+    seed: int, max_gpus: int = 16, memory_gb: tuple[float, ...] = (0.5, 1, 2, 4, 16)
+) -> tuple[CostModel, np.random.Generator]:
     rng = np.random.default_rng(seed)
     return CostModel(random_cluster(rng, max_gpus, memory_gb), random_model(rng)), rng

@@ -26,17 +26,20 @@ def test_fields_left_out_keep_their_defaults(tmp_path) -> None:
     assert isinstance(loaded.max_num_seqs, int)
 
 
-@pytest.mark.parametrize("text,message", [
-    ("tp_step_overhed_s: 0.001\n", "unknown field(s) tp_step_overhed_s"),
-    ("hbm_efficiency: 1.5\n", "hbm_efficiency must be a number in (0, 1]"),
-    ("decode_mfu: 0\n", "decode_mfu must be a number in (0, 1]"),
-    ("max_num_seqs: 2.5\n", "max_num_seqs must be a whole number >= 1"),
-    ("step_overhead_s: -1\n", "step_overhead_s must be a finite number >= 0"),
-    ("step_overhead_s: .nan\n", "step_overhead_s must be a finite number >= 0"),
-    ("per_request_overhead_s: true\n", "per_request_overhead_s must be a finite number >= 0"),
-    ("logprob_forward_passes: 1.5\n", "logprob_forward_passes must be a whole number >= 0"),
-    ("- 1\n- 2\n", "expected a mapping"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("tp_step_overhed_s: 0.001\n", "unknown field(s) tp_step_overhed_s"),
+        ("hbm_efficiency: 1.5\n", "hbm_efficiency must be a number in (0, 1]"),
+        ("decode_mfu: 0\n", "decode_mfu must be a number in (0, 1]"),
+        ("max_num_seqs: 2.5\n", "max_num_seqs must be a whole number >= 1"),
+        ("step_overhead_s: -1\n", "step_overhead_s must be a finite number >= 0"),
+        ("step_overhead_s: .nan\n", "step_overhead_s must be a finite number >= 0"),
+        ("per_request_overhead_s: true\n", "per_request_overhead_s must be a finite number >= 0"),
+        ("logprob_forward_passes: 1.5\n", "logprob_forward_passes must be a whole number >= 0"),
+        ("- 1\n- 2\n", "expected a mapping"),
+    ],
+)
 def test_bad_files_are_one_line_errors(tmp_path, text, message) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(text)

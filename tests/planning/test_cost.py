@@ -93,8 +93,15 @@ def _synthetic_measurements(truth: CostCoefficients, seed: int, noise: float):
     out = []
     for _ in range(14):
         tp, n, length = int(rng.choice([1, 2, 4, 8])), float(rng.integers(8, 128)), float(rng.uniform(500, 16000))
-        m = RolloutMeasurement(tp=tp, num_requests=n, decode_tokens=n * length * 0.7, prefill_tokens=n * length * 0.3,
-                               resident_context=length * 0.65, max_gen=length * 0.9, time_s=1.0)
+        m = RolloutMeasurement(
+            tp=tp,
+            num_requests=n,
+            decode_tokens=n * length * 0.7,
+            prefill_tokens=n * length * 0.3,
+            resident_context=length * 0.65,
+            max_gen=length * 0.9,
+            time_s=1.0,
+        )
         out.append(attrs.evolve(m, time_s=m.predict(cm) * float(rng.lognormal(0, noise))))
     for _ in range(8):
         batch = BatchStats.uniform(num_sequences=128, length=float(rng.uniform(1000, 16000)))

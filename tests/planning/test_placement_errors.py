@@ -21,9 +21,11 @@ A800 = get_gpu("A800-80GB")
 
 def make_plan(tp: int, pp: int, dp: int, ep: int, instances: list[tuple[int, int]], memory_gb: float = 0.0) -> Plan:
     groups = tuple(InstanceGroup(tp=t, count=c, max_tokens=1000.0 * (i + 1)) for i, (t, c) in enumerate(instances))
-    return Plan(train=TrainConfig(num_gpus=tp * pp * dp, tp=tp, pp=pp, dp=dp, ep=ep, memory_gb=memory_gb),
-                rollout=RolloutConfig(num_gpus=sum(t * c for t, c in instances), time_s=1.0, instances=groups),
-                makespan_s=1.0)
+    return Plan(
+        train=TrainConfig(num_gpus=tp * pp * dp, tp=tp, pp=pp, dp=dp, ep=ep, memory_gb=memory_gb),
+        rollout=RolloutConfig(num_gpus=sum(t * c for t, c in instances), time_s=1.0, instances=groups),
+        makespan_s=1.0,
+    )
 
 
 def cluster(num_nodes: int, gpus_per_node: int, gpu: GPUSpec = A800) -> ClusterSpec:
@@ -39,8 +41,9 @@ def conflicts_of(plan: Plan, cl: ClusterSpec, **kwargs) -> tuple[str, ...]:
 
 def test_tp8_instance_on_4_gpu_nodes() -> None:
     conflicts = conflicts_of(make_plan(1, 1, 0, 1, [(8, 2)]), cluster(4, 4))
-    assert conflicts == ("instance rollout-tp8-0 needs 8 GPUs in one node but nodes have 4 "
-                         "(and 1 more TP-8 instances)",)
+    assert conflicts == (
+        "instance rollout-tp8-0 needs 8 GPUs in one node but nodes have 4 (and 1 more TP-8 instances)",
+    )
 
 
 def test_training_tp_group_wider_than_a_node() -> None:
@@ -59,8 +62,14 @@ def test_more_gpus_than_the_cluster() -> None:
 
 
 def test_model_that_fits_nowhere() -> None:
-    small = GPUSpec(name="S-16GB", memory_gb=16, bf16_tflops=100, hbm_bandwidth_gbs=1000, nvlink_bandwidth_gbs=100,
-                    network_bandwidth_gbs=10)
+    small = GPUSpec(
+        name="S-16GB",
+        memory_gb=16,
+        bf16_tflops=100,
+        hbm_bandwidth_gbs=1000,
+        nvlink_bandwidth_gbs=100,
+        network_bandwidth_gbs=10,
+    )
     (conflict,) = conflicts_of(make_plan(1, 1, 0, 1, [(4, 1)]), cluster(2, 4, small), model=get_model("Llama-3-70B"))
     assert conflict.startswith("instance rollout-tp4-0 needs")
     assert "Llama-3-70B fits nowhere: even TP-4 (a whole node)" in conflict
@@ -91,8 +100,10 @@ def test_every_presolve_conflict_is_listed_at_once() -> None:
 def test_fragmentation_is_explained_by_the_cp_sat_core() -> None:
     """Three TP-4 instances on two 6-GPU nodes: 12 GPUs for 12, but only one TP-4 fits per node."""
     conflicts = conflicts_of(make_plan(1, 1, 0, 1, [(4, 3)]), cluster(2, 6))
-    assert conflicts == ("rollout: 3 TP-4 instances, each in one node",
-                         "node capacity: 2 nodes x 6 GPUs, each GPU used at most once")
+    assert conflicts == (
+        "rollout: 3 TP-4 instances, each in one node",
+        "node capacity: 2 nodes x 6 GPUs, each GPU used at most once",
+    )
 
 
 def test_core_names_training_and_rollout_when_both_conflict() -> None:
@@ -106,8 +117,10 @@ def test_core_is_minimal_and_leaves_out_kinds_not_in_conflict() -> None:
     """Four TP-4 instances and two TP-1 on three 6-GPU nodes: 18 GPUs for 18, but only three TP-4 fit; the TP-1
     instances fit anywhere, so they are not part of the conflict."""
     conflicts = conflicts_of(make_plan(1, 1, 0, 1, [(4, 4), (1, 2)]), cluster(3, 6))
-    assert conflicts == ("rollout: 4 TP-4 instances, each in one node",
-                         "node capacity: 3 nodes x 6 GPUs, each GPU used at most once")
+    assert conflicts == (
+        "rollout: 4 TP-4 instances, each in one node",
+        "node capacity: 3 nodes x 6 GPUs, each GPU used at most once",
+    )
 
 
 def test_model_invalid_is_a_different_error(monkeypatch: pytest.MonkeyPatch) -> None:

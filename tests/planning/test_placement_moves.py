@@ -21,9 +21,11 @@ A800 = get_gpu("A800-80GB")
 
 def make_plan(tp: int, pp: int, dp: int, ep: int, instances: list[tuple[int, int]]) -> Plan:
     groups = tuple(InstanceGroup(tp=t, count=c, max_tokens=1000.0 * (i + 1)) for i, (t, c) in enumerate(instances))
-    return Plan(train=TrainConfig(num_gpus=tp * pp * dp, tp=tp, pp=pp, dp=dp, ep=ep),
-                rollout=RolloutConfig(num_gpus=sum(t * c for t, c in instances), time_s=1.0, instances=groups),
-                makespan_s=1.0)
+    return Plan(
+        train=TrainConfig(num_gpus=tp * pp * dp, tp=tp, pp=pp, dp=dp, ep=ep),
+        rollout=RolloutConfig(num_gpus=sum(t * c for t, c in instances), time_s=1.0, instances=groups),
+        makespan_s=1.0,
+    )
 
 
 def rollout(name: str, *ids: int) -> WorkerPlacement:
@@ -64,8 +66,14 @@ def test_a_wide_instance_forces_exactly_the_necessary_moves() -> None:
     """Two 4-GPU nodes, TP-1 instances 0,1 on node 0 and 2,3 on node 1. A new TP-4 instance needs a whole node,
     so two TP-1 instances must move, and only two."""
     cluster = ClusterSpec(gpu=A800, num_nodes=2, gpus_per_node=4)
-    current = Placement(workers=(rollout("rollout-tp1-0", 0), rollout("rollout-tp1-1", 1),
-                                 rollout("rollout-tp1-2", 4), rollout("rollout-tp1-3", 5)))
+    current = Placement(
+        workers=(
+            rollout("rollout-tp1-0", 0),
+            rollout("rollout-tp1-1", 1),
+            rollout("rollout-tp1-2", 4),
+            rollout("rollout-tp1-3", 5),
+        )
+    )
     result = solve_placement(make_plan(1, 1, 0, 1, [(1, 4), (4, 1)]), cluster, current=current)
     old = current.by_name()
     changed = [w.name for w in result.placement.workers if w.name in old and moved(old[w.name], w)]
@@ -104,8 +112,9 @@ def test_moves_outrank_packing() -> None:
     """train-1 on node 1 next to rollout-tp2-0; rollout-tp2-1 on node 0. Moving rollout-tp2-0 to node 0 would let
     train-0 join train-1 (one training node instead of two), but it costs a move, and a move weighs more."""
     cluster = ClusterSpec(gpu=A800, num_nodes=2, gpus_per_node=4)
-    current = Placement(workers=(replica("train-1", 2, 4, 5), rollout("rollout-tp2-0", 6, 7),
-                                 rollout("rollout-tp2-1", 0, 1)))
+    current = Placement(
+        workers=(replica("train-1", 2, 4, 5), rollout("rollout-tp2-0", 6, 7), rollout("rollout-tp2-1", 0, 1))
+    )
     result = solve_placement(make_plan(2, 1, 2, 1, [(2, 2)]), cluster, current=current)
     assert result.placement.by_name()["train-0"].gpu_ids == (2, 3)
     assert (result.cost.moves, result.cost.train_nodes) == (0, 2)

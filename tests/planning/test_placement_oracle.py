@@ -34,9 +34,11 @@ NUM_GPU_INSTANCES = 150
 
 def make_plan(tp: int, pp: int, dp: int, ep: int, instances: list[tuple[int, int]]) -> Plan:
     groups = tuple(InstanceGroup(tp=t, count=c, max_tokens=1000.0 * (i + 1)) for i, (t, c) in enumerate(instances))
-    return Plan(train=TrainConfig(num_gpus=tp * pp * dp, tp=tp, pp=pp, dp=dp, ep=ep),
-                rollout=RolloutConfig(num_gpus=sum(t * c for t, c in instances), time_s=1.0, instances=groups),
-                makespan_s=1.0)
+    return Plan(
+        train=TrainConfig(num_gpus=tp * pp * dp, tp=tp, pp=pp, dp=dp, ep=ep),
+        rollout=RolloutConfig(num_gpus=sum(t * c for t, c in instances), time_s=1.0, instances=groups),
+        makespan_s=1.0,
+    )
 
 
 def random_plan(rng: random.Random, cluster: ClusterSpec, max_units: int) -> Plan:
@@ -79,8 +81,9 @@ def random_current(rng: random.Random, plan: Plan, cluster: ClusterSpec) -> Plac
         if rng.random() < 0.7:
             ids = tuple(rng.sample(range(cluster.num_gpus), min(w.num_gpus, cluster.num_gpus)))
             workers.append(WorkerPlacement(name=w.name, role=w.role, tp=w.tp, gpu_ids=ids, pool=w.pool))
-    workers.append(WorkerPlacement(name="rollout-tp1-99", role=Role.ROLLOUT_INSTANCE, tp=1, gpu_ids=(0,),
-                                   pool=Pool.CORE_ROLLOUT))
+    workers.append(
+        WorkerPlacement(name="rollout-tp1-99", role=Role.ROLLOUT_INSTANCE, tp=1, gpu_ids=(0,), pool=Pool.CORE_ROLLOUT)
+    )
     return Placement(workers=tuple(workers))
 
 

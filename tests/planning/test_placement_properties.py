@@ -27,9 +27,11 @@ def instances(draw: st.DrawFn) -> tuple[Plan, ClusterSpec]:
         count = draw(st.integers(0, max(0, left // t)))
         left -= count * t
         groups.append(InstanceGroup(tp=t, count=count, max_tokens=1000.0 * (i + 1)))
-    plan = Plan(train=TrainConfig(num_gpus=tp * pp * dp, tp=tp, pp=pp, dp=dp, ep=ep),
-                rollout=RolloutConfig(num_gpus=sum(x.num_gpus for x in groups), time_s=1.0,
-                                      instances=tuple(groups)), makespan_s=1.0)
+    plan = Plan(
+        train=TrainConfig(num_gpus=tp * pp * dp, tp=tp, pp=pp, dp=dp, ep=ep),
+        rollout=RolloutConfig(num_gpus=sum(x.num_gpus for x in groups), time_s=1.0, instances=tuple(groups)),
+        makespan_s=1.0,
+    )
     return plan, cluster
 
 

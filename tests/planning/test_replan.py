@@ -13,8 +13,11 @@ from libra.spec import InstanceGroup, Plan, RolloutConfig, TrainConfig
 def _plan(train_gpus: int, makespan: float, mix=((1, 8),)) -> Plan:
     rollout_gpus = sum(tp * c for tp, c in mix)
     groups = tuple(InstanceGroup(tp=tp, count=c, max_tokens=1000.0 * (i + 1)) for i, (tp, c) in enumerate(mix))
-    return Plan(train=TrainConfig(num_gpus=train_gpus, tp=1, pp=1, dp=train_gpus, time_s=makespan),
-                rollout=RolloutConfig(num_gpus=rollout_gpus, time_s=makespan, instances=groups), makespan_s=makespan)
+    return Plan(
+        train=TrainConfig(num_gpus=train_gpus, tp=1, pp=1, dp=train_gpus, time_s=makespan),
+        rollout=RolloutConfig(num_gpus=rollout_gpus, time_s=makespan, instances=groups),
+        makespan_s=makespan,
+    )
 
 
 def test_applies_when_saving_exceeds_cost() -> None:

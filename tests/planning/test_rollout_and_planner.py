@@ -38,8 +38,7 @@ def test_rollout_dp_equals_brute_force_on_1000_instances(chunk: int) -> None:
         tps = tuple(tp for tp in TPS if tp <= cm.cluster.gpus_per_node)
         latency = float(rng.choice([0.0, 2.0]))
         routing = ROUTINGS[seed % 2]
-        table = RolloutTable(cm.rollout, groups, tp_degrees=tps, max_gpus=gpus, tool_latency_s=latency,
-                             routing=routing)
+        table = RolloutTable(cm.rollout, groups, tp_degrees=tps, max_gpus=gpus, tool_latency_s=latency, routing=routing)
         got = _rollout_optimum(table, gpus)
         expected = brute_force_rollout(cm, groups, gpus, tps, latency, routing)
         assert got == pytest.approx(expected, rel=1e-9) or got == expected == math.inf, seed
@@ -73,14 +72,19 @@ def test_global_planner_equals_brute_force_on_1000_instances(chunk: int) -> None
         rl = RLSettings(num_prompts=batch_size, samples_per_prompt=1, max_model_len=8192)
         tps = tuple(tp for tp in TPS if tp <= cm.cluster.gpus_per_node)
         routing = ROUTINGS[seed % 2]
-        planner = GlobalPlanner(cluster=cm.cluster, model=cm.model, rl=rl, coeffs=cm.coeffs,
-                                options=PlannerOptions(tp_degrees=tps, num_groups=2, fill_spare_gpus=False,
-                                                       routing=routing))
+        planner = GlobalPlanner(
+            cluster=cm.cluster,
+            model=cm.model,
+            rl=rl,
+            coeffs=cm.coeffs,
+            options=PlannerOptions(tp_degrees=tps, num_groups=2, fill_spare_gpus=False, routing=routing),
+        )
         if cm.cluster.num_gpus < 2:
             continue
         tab = planner.tables(profile)
-        expected = brute_force_plan(cm, tab.batch, tab.groups, cm.cluster.num_gpus, tps, tab.search,
-                                    profile.mean_tool_time_s, routing)
+        expected = brute_force_plan(
+            cm, tab.batch, tab.groups, cm.cluster.num_gpus, tps, tab.search, profile.mean_tool_time_s, routing
+        )
         try:
             plan = planner.plan(profile)
         except SpecError:
@@ -100,8 +104,9 @@ def test_plans_respect_the_cluster(seed: int, routing: str) -> None:
     profile = _profile_from_groups(random_groups(rng, max_groups=3), rng)
     rl = RLSettings(num_prompts=16, samples_per_prompt=2, max_model_len=8192)
     tps = tuple(tp for tp in TPS if tp <= cm.cluster.gpus_per_node)
-    planner = GlobalPlanner(cluster=cm.cluster, model=cm.model, rl=rl,
-                            options=PlannerOptions(tp_degrees=tps, routing=routing))
+    planner = GlobalPlanner(
+        cluster=cm.cluster, model=cm.model, rl=rl, options=PlannerOptions(tp_degrees=tps, routing=routing)
+    )
     if cm.cluster.num_gpus < 2:
         return
     try:
@@ -123,8 +128,7 @@ def test_planner_reuses_tables_across_budgets() -> None:
     for seed in range(100):  # the first random instance that has a plan on 16 GPUs
         cm, rng = random_cost_model(seed, max_gpus=16, memory_gb=(16, 32))
         profile = _profile_from_groups(random_groups(rng), rng)
-        planner = GlobalPlanner(cluster=cm.cluster, model=cm.model,
-                                rl=RLSettings(num_prompts=16, samples_per_prompt=1))
+        planner = GlobalPlanner(cluster=cm.cluster, model=cm.model, rl=RLSettings(num_prompts=16, samples_per_prompt=1))
         try:
             full = planner.plan(profile)
         except SpecError:
@@ -179,5 +183,6 @@ def test_replan_scores_both_plans_alike_and_switches_only_when_it_pays() -> None
     candidate, decision = planner.replan(plan, late, horizon_steps=1000)
     assert decision.current_s == pytest.approx(max(planner.evaluate(plan, late)))
     assert decision.candidate_s == pytest.approx(max(planner.evaluate(candidate, late)))
-    assert decision.apply == (decision.saving_s > decision.cost_s
-                              and decision.saving_s / 1000 >= 0.05 * decision.current_s)
+    assert decision.apply == (
+        decision.saving_s > decision.cost_s and decision.saving_s / 1000 >= 0.05 * decision.current_s
+    )

@@ -36,8 +36,9 @@ def test_tree_and_frontier_equal_brute_force_on_1000_instances(chunk: int) -> No
 def test_bound_pruning_skips_work_on_the_default_scenario() -> None:
     cluster = ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=48, gpus_per_node=8)
     cm = CostModel(cluster, get_model("Qwen3-14B"))
-    batch = BatchStats.from_lengths(np.random.default_rng(0).lognormal(8, 0.8, 4096).clip(100, 40960),
-                                    num_sequences=8192)
+    batch = BatchStats.from_lengths(
+        np.random.default_rng(0).lognormal(8, 0.8, 4096).clip(100, 40960), num_sequences=8192
+    )
     search = TrainingSearch(cm, batch)
     best = search.best(32)
     pruned_visits = search.nodes_visited
@@ -56,7 +57,8 @@ def test_published_thresholds_are_off_by_default_and_can_lose_the_optimum() -> N
         batch = random_batch(rng)
         exact = TrainingSearch(cm, batch).frontier(cm.cluster.num_gpus)[0]
         pruned = TrainingSearch(cm, batch, TreeOptions(max_bubble=0.3, max_comm_ratio=0.5)).frontier(
-            cm.cluster.num_gpus)[0]
+            cm.cluster.num_gpus
+        )[0]
         assert np.all(pruned >= exact - 1e-9)  # a heuristic can only lose, never win
         lost += int(np.any(pruned > exact * (1 + 1e-9)))
     assert lost > 0  # on some instances the published thresholds discard the optimum

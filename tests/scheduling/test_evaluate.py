@@ -20,9 +20,12 @@ def search_trace():
 @pytest.fixture(scope="module")
 def search_results(search_trace):
     runs = {"cmlfq": {}, "mlfq": {}, "predictor": {}, "majority": {"mode": "most_common"}, "oracle": {}, "fcfs": {}}
-    return {name: replay(make_router("predictor" if name == "majority" else name, SEARCH_BUCKETS, **opts),
-                         search_trace, policy=name)
-            for name, opts in runs.items()}
+    return {
+        name: replay(
+            make_router("predictor" if name == "majority" else name, SEARCH_BUCKETS, **opts), search_trace, policy=name
+        )
+        for name, opts in runs.items()
+    }
 
 
 def test_cmlfq_beats_length_prediction_and_classic_mlfq(search_results) -> None:
@@ -47,13 +50,17 @@ def test_reference_points(search_results, search_trace) -> None:
 def test_unique_prompt_agent_logs() -> None:
     """Real agent logs: one run per task, no steps. Only the prompt-agnostic tree and the tool-return path can
     help; C-MLFQ must beat every baseline, including sending everything to the most common bucket."""
-    log = as_agent_log(generate("search-r1", num_steps=12, seed=5, num_prompts=256, samples_per_prompt=1,
-                                num_dataset_prompts=100_000))
+    log = as_agent_log(
+        generate("search-r1", num_steps=12, seed=5, num_prompts=256, samples_per_prompt=1, num_dataset_prompts=100_000)
+    )
     assert len({t.prompt_id for t in log}) == len(log) and all(t.step is None for t in log)
     cmlfq = replay(make_router("cmlfq", SEARCH_BUCKETS), log).routing_accuracy
-    baselines = {"mlfq": make_router("mlfq", SEARCH_BUCKETS), "predictor": make_router("predictor", SEARCH_BUCKETS),
-                 "majority": make_router("predictor", SEARCH_BUCKETS, mode="most_common"),
-                 "fcfs": make_router("fcfs", SEARCH_BUCKETS)}
+    baselines = {
+        "mlfq": make_router("mlfq", SEARCH_BUCKETS),
+        "predictor": make_router("predictor", SEARCH_BUCKETS),
+        "majority": make_router("predictor", SEARCH_BUCKETS, mode="most_common"),
+        "fcfs": make_router("fcfs", SEARCH_BUCKETS),
+    }
     for name, router in baselines.items():
         assert cmlfq > replay(router, log).routing_accuracy + 0.1, name
 
@@ -62,8 +69,17 @@ def test_unique_prompt_agent_logs_r2e_gym() -> None:
     """On r2e-gym logs most trajectories fit the first bucket, so the most common bucket is a strong baseline;
     the accuracy preset still beats every baseline from the agnostic tree and the tool-return path alone."""
     buckets = parse_buckets("1:4000,2:12000,4:30000,8:inf")
-    log = as_agent_log(generate("r2e-gym", num_steps=12, seed=3, num_prompts=256, samples_per_prompt=1,
-                                num_dataset_prompts=100_000, drift_steps=12))
+    log = as_agent_log(
+        generate(
+            "r2e-gym",
+            num_steps=12,
+            seed=3,
+            num_prompts=256,
+            samples_per_prompt=1,
+            num_dataset_prompts=100_000,
+            drift_steps=12,
+        )
+    )
     cmlfq = replay(make_router("cmlfq", buckets, **CMLFQ_PRESETS["accuracy"]), log).routing_accuracy
     for name, opts in [("mlfq", {}), ("predictor", {}), ("predictor", {"mode": "most_common"}), ("fcfs", {})]:
         assert cmlfq > replay(make_router(name, buckets, **opts), log).routing_accuracy + 0.01, (name, opts)

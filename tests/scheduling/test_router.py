@@ -21,8 +21,9 @@ def drive(router, steps) -> list[RouteDecision]:
         live = []
         for t in step:
             rid += 1
-            decisions.append(router.admit(rid, prompt_id=t.prompt_id, prompt_tokens=t.prompt_tokens,
-                                          final_tokens=t.total_tokens))
+            decisions.append(
+                router.admit(rid, prompt_id=t.prompt_id, prompt_tokens=t.prompt_tokens, final_tokens=t.total_tokens)
+            )
             live.append((rid, t, t.prompt_tokens, 0))
         while live:  # round-robin over requests in flight: one turn each
             nxt = []
@@ -32,8 +33,15 @@ def drive(router, steps) -> list[RouteDecision]:
                 decisions.append(router.on_progress(rid_, context_tokens=ctx))
                 if turn.tool is not None:
                     ctx += turn.tool_tokens
-                    decisions.append(router.on_tool_return(rid_, tool=turn.tool, tool_tokens=turn.tool_tokens,
-                                                           status=turn.tool_status, context_tokens=ctx))
+                    decisions.append(
+                        router.on_tool_return(
+                            rid_,
+                            tool=turn.tool,
+                            tool_tokens=turn.tool_tokens,
+                            status=turn.tool_status,
+                            context_tokens=ctx,
+                        )
+                    )
                 if k + 1 < len(t.turns):
                     nxt.append((rid_, t, ctx, k + 1))
                 else:
@@ -136,8 +144,11 @@ def test_fcfs_ignores_lengths() -> None:
 
 def _long(pid: str, size: int = 8000) -> Trajectory:
     """One search that returns `size` tokens, then a long answer: 20,000+ tokens in all."""
-    return Trajectory(prompt_id=pid, prompt_tokens=300, turns=(
-        Turn(gen_tokens=200, tool="search", tool_status="ok", tool_tokens=size), Turn(gen_tokens=12_000)))
+    return Trajectory(
+        prompt_id=pid,
+        prompt_tokens=300,
+        turns=(Turn(gen_tokens=200, tool="search", tool_status="ok", tool_tokens=size), Turn(gen_tokens=12_000)),
+    )
 
 
 @pytest.mark.parametrize("name", ["cmlfq", "predictor"])
@@ -205,8 +216,19 @@ def test_cmlfq_weighs_migration_cost() -> None:
     assert not costly.on_tool_return(1, tool="search", tool_tokens=8000, status="ok", context_tokens=8500).migrate
 
 
-@pytest.mark.parametrize("kw", [{"admit": "largest"}, {"fallback": "none"}, {"rule": "vote"}, {"min_count": 0},
-                                {"cost_ratio": -1.0}, {"confidence": 1.5}, {"price": -0.1}, {"admit_margin": 1.5}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"admit": "largest"},
+        {"fallback": "none"},
+        {"rule": "vote"},
+        {"min_count": 0},
+        {"cost_ratio": -1.0},
+        {"confidence": 1.5},
+        {"price": -0.1},
+        {"admit_margin": 1.5},
+    ],
+)
 def test_cmlfq_bad_options(kw) -> None:
     with pytest.raises(SpecError):
         CMLFQRouter(BUCKETS, **kw)
@@ -230,8 +252,11 @@ def test_tree_can_be_shared_and_merged() -> None:
 
 def _short(pid: str, size: int = 8000) -> Trajectory:
     """The same tool return as `_long`, then a short answer: `size` + 1,000 tokens in all."""
-    return Trajectory(prompt_id=pid, prompt_tokens=300, turns=(
-        Turn(gen_tokens=200, tool="search", tool_status="ok", tool_tokens=size), Turn(gen_tokens=500)))
+    return Trajectory(
+        prompt_id=pid,
+        prompt_tokens=300,
+        turns=(Turn(gen_tokens=200, tool="search", tool_status="ok", tool_tokens=size), Turn(gen_tokens=500)),
+    )
 
 
 @pytest.mark.parametrize("num_long, moves", [(8, True), (6, False)])
@@ -281,8 +306,9 @@ def test_priced_rule_prices_the_carried_context() -> None:
         router = make_router("cmlfq", BUCKETS, **{**PRICED, "price": price})
         drive(router, [[_long("p")] * 8])
         router.admit(1, prompt_id="p", prompt_tokens=300)
-        assert router.on_tool_return(1, tool="search", tool_tokens=8000, status="ok",
-                                     context_tokens=8500).migrate == moves
+        assert (
+            router.on_tool_return(1, tool="search", tool_tokens=8000, status="ok", context_tokens=8500).migrate == moves
+        )
 
 
 def test_priced_rule_moves_once_and_promotes_from_a_cold_tree() -> None:

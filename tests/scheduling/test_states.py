@@ -41,8 +41,9 @@ def test_unknown_tool_with_a_closed_tool_set() -> None:
         codec.encode("serach", 10, "ok")
 
 
-@pytest.mark.parametrize("args", [("search", 10, "failed"), ("", 10, "ok"), ("search", -5, "ok"),
-                                  ("search", 1.5, "ok")])
+@pytest.mark.parametrize(
+    "args", [("search", 10, "failed"), ("", 10, "ok"), ("search", -5, "ok"), ("search", 1.5, "ok")]
+)
 def test_bad_tool_returns(args) -> None:
     with pytest.raises(SpecError):
         StateCodec().encode(*args)

@@ -20,8 +20,11 @@ def brute_force(steps, *, window: int, max_depth: int = 32) -> dict:
     seen: dict = {}
     for step in steps:
         for t in step:
-            states = [codec.decode(codec.encode(x.tool, x.tool_tokens, x.tool_status)).key()
-                      for x in t.turns if x.tool is not None][:max_depth]
+            states = [
+                codec.decode(codec.encode(x.tool, x.tool_tokens, x.tool_status)).key()
+                for x in t.turns
+                if x.tool is not None
+            ][:max_depth]
             for depth in range(len(states) + 1):
                 remaining = t.total_tokens - t.context_after(depth)
                 for owner in (t.prompt_id, None):
@@ -30,8 +33,10 @@ def brute_force(steps, *, window: int, max_depth: int = 32) -> dict:
 
 
 def tree_contents(tree: PrefixTree) -> dict:
-    return {(pid, tuple(tree.codec.decode(c).key() for c in path)): list(node.window)
-            for pid, path, node in tree.iter_nodes()}
+    return {
+        (pid, tuple(tree.codec.decode(c).key() for c in path)): list(node.window)
+        for pid, path, node in tree.iter_nodes()
+    }
 
 
 def nearest_rank(values: list[int], q: float) -> float:
@@ -137,8 +142,9 @@ def test_load_rejects_bad_files(tmp_path, text) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(first=st.lists(trajectories(), max_size=8), second=st.lists(trajectories(), max_size=8),
-       window=st.integers(1, 6))
+@given(
+    first=st.lists(trajectories(), max_size=8), second=st.lists(trajectories(), max_size=8), window=st.integers(1, 6)
+)
 def test_merge_equals_one_tree_that_saw_both(first, second, window) -> None:
     """Two ranks' trees merged at step end hold what one tree fed rank 0 then rank 1 would hold."""
     a, b, both = PrefixTree(window=window), PrefixTree(window=window), PrefixTree(window=window)

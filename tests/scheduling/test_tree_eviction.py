@@ -68,8 +68,10 @@ class ScanAndSortTree(PrefixTree):
 
 def snapshot(tree: PrefixTree) -> list:
     """Every node with its statistics, in walk order (which also pins the children's insertion order)."""
-    return [(pid, path, list(node.window), node.total, node.last_step, node.count, node.mean, node.p50, node.p90)
-            for pid, path, node in tree.iter_nodes()] + [tree.num_nodes, tree.evicted, dict(tree.prompt_sizes)]
+    return [
+        (pid, path, list(node.window), node.total, node.last_step, node.count, node.mean, node.p50, node.p90)
+        for pid, path, node in tree.iter_nodes()
+    ] + [tree.num_nodes, tree.evicted, dict(tree.prompt_sizes)]
 
 
 many_steps = st.lists(st.lists(trajectories(num_prompts=6), max_size=10), min_size=1, max_size=8)
@@ -86,8 +88,12 @@ def test_same_nodes_evicted_as_scan_and_sort(steps, cap, window) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(before=many_steps, after=many_steps, other=st.lists(trajectories(num_prompts=6), max_size=10),
-       cap=st.integers(1, 40))
+@given(
+    before=many_steps,
+    after=many_steps,
+    other=st.lists(trajectories(num_prompts=6), max_size=10),
+    cap=st.integers(1, 40),
+)
 def test_same_nodes_evicted_after_a_merge_and_a_reload(before, after, other, cap, tmp_path_factory) -> None:
     """A merge or a load brings in nodes the index has not seen; the eviction that follows still matches."""
     tree, reference = PrefixTree(max_nodes=cap), ScanAndSortTree(max_nodes=cap)

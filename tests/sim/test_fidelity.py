@@ -25,26 +25,41 @@ def test_default_slices_are_close_to_ten_times_finer():
 FAST_TP = Path(__file__).resolve().parents[2] / "examples" / "coeffs" / "fast_tp.yaml"
 
 
-@pytest.mark.parametrize("buckets,instances,coeffs,steal,dispatch", [
-    ("2:inf", [(2, 0)] * 14, None, "all", "blocks"),  # one bucket, 14 x TP-2
-    ("2:8825,4:19568,8:inf", [(2, 0), (2, 0), (4, 1), (8, 2)], FAST_TP, "all", "blocks"),  # all admissions on two
-    ("2:inf", [(2, 0)] * 24, None, "off", "interleaved"),  # colocated's 24 x TP-2, dispatched as RL agent loops do
-])
+@pytest.mark.parametrize(
+    "buckets,instances,coeffs,steal,dispatch",
+    [
+        ("2:inf", [(2, 0)] * 14, None, "all", "blocks"),  # one bucket, 14 x TP-2
+        ("2:8825,4:19568,8:inf", [(2, 0), (2, 0), (4, 1), (8, 2)], FAST_TP, "all", "blocks"),  # all admissions on two
+        ("2:inf", [(2, 0)] * 24, None, "off", "interleaved"),  # colocated's 24 x TP-2, dispatched as RL agent loops do
+    ],
+)
 def test_long_rollouts_do_not_lose_time_to_coarse_slices(buckets, instances, coeffs, steal, dispatch):
     """A late r2e-gym step (8,192 requests, about 4,400-6,100 s of rollout) with the floor the default slicing gives
     it (a 300th of the rollout, 12-19 s) against 1-s slices. Slots that come free inside a slice are refilled as of
     when they came free; before that, the coarse floor lost 14-19 % here (docs/sim.md, fidelity notes)."""
-    cm = CostModel(ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=48, gpus_per_node=8),
-                   get_model("Qwen3-14B"), load_coefficients(coeffs) if coeffs else None)
-    work = WorkSource.from_generator("r2e-gym", seed=0, num_prompts=512, samples_per_prompt=16,
-                                     max_model_len=40960).step(80)
+    cm = CostModel(
+        ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=48, gpus_per_node=8),
+        get_model("Qwen3-14B"),
+        load_coefficients(coeffs) if coeffs else None,
+    )
+    work = WorkSource.from_generator(
+        "r2e-gym", seed=0, num_prompts=512, samples_per_prompt=16, max_model_len=40960
+    ).step(80)
     bks = parse_buckets(buckets)
     routes = routes_for("single" if len(bks) == 1 else "overflow", work, bks, None)
     ends = {}
     for floor in (1.0, 0.0):
         tps, home = zip(*instances, strict=True)
-        run = RolloutRun(cm, work, routes, Instances(list(tps), list(home), [0.0] * len(tps)), start=0.0,
-                         min_slice_s=floor or ends[1.0] / 300, steal=steal, dispatch=dispatch)
+        run = RolloutRun(
+            cm,
+            work,
+            routes,
+            Instances(list(tps), list(home), [0.0] * len(tps)),
+            start=0.0,
+            min_slice_s=floor or ends[1.0] / 300,
+            steal=steal,
+            dispatch=dispatch,
+        )
         t = 0.0
         while not run.done:
             dt = run.next_event(t) - t

@@ -20,8 +20,9 @@ def _canonical(report) -> list[str]:
 def test_parallel_run_equals_serial_run():
     serial = simulate(small_scenario(), num_steps=3, policies=POLICY_NAMES)
     seen: list[tuple[str, int]] = []
-    parallel = simulate(small_scenario(), num_steps=3, policies=POLICY_NAMES, workers=2,
-                        progress=lambda p, s: seen.append((p, s)))
+    parallel = simulate(
+        small_scenario(), num_steps=3, policies=POLICY_NAMES, workers=2, progress=lambda p, s: seen.append((p, s))
+    )
     assert [r.name for r in parallel.results] == list(POLICY_NAMES)
     assert _canonical(parallel) == _canonical(serial)
     assert sorted(seen) == sorted((p, s) for p in POLICY_NAMES for s in range(3))

@@ -21,8 +21,15 @@ def _traj(i: int, prompt: int, turns: list[tuple[int, int, float]]) -> Trajector
         if j == len(turns) - 1:
             out.append(Turn(gen_tokens=gen))
         else:
-            out.append(Turn(gen_tokens=gen, tool="bash", tool_status="ok", tool_tokens=tool_tokens,
-                            extra={"tool_latency_s": latency}))
+            out.append(
+                Turn(
+                    gen_tokens=gen,
+                    tool="bash",
+                    tool_status="ok",
+                    tool_tokens=tool_tokens,
+                    extra={"tool_latency_s": latency},
+                )
+            )
     return Trajectory(prompt_id=f"p{i}", prompt_tokens=prompt, turns=tuple(out), step=0)
 
 
@@ -30,8 +37,11 @@ def _run(trajs, tps, buckets="1:inf", mode="single", min_slice=0.01, steal="off"
     work = step_work(0, trajs)
     bks = parse_buckets(buckets)
     routes = routes_for(mode, work, bks, None)
-    inst = Instances(list(tps), [min(i, len(bks) - 1) for i in range(len(tps))] if mode != "single" else
-                     [0] * len(tps), [0.0] * len(tps))
+    inst = Instances(
+        list(tps),
+        [min(i, len(bks) - 1) for i in range(len(tps))] if mode != "single" else [0] * len(tps),
+        [0.0] * len(tps),
+    )
     run = RolloutRun(CM, work, routes, inst, start=0.0, min_slice_s=min_slice, steal=steal)
     t = 0.0
     while not run.done:
@@ -85,8 +95,15 @@ def test_an_instance_still_starting_keeps_its_queue():
     trajs = [_traj(i, 300, [(200, 0, 0.0)]) for i in range(30)]
     work = step_work(0, trajs)
     bks = parse_buckets("1:inf")
-    run = RolloutRun(CM, work, routes_for("single", work, bks, None), Instances([1, 1, 1], [0, 0, 0], [0.0, 0.0, 50.0]),
-                     start=0.0, min_slice_s=0.01, steal="new")
+    run = RolloutRun(
+        CM,
+        work,
+        routes_for("single", work, bks, None),
+        Instances([1, 1, 1], [0, 0, 0], [0.0, 0.0, 50.0]),
+        start=0.0,
+        min_slice_s=0.01,
+        steal="new",
+    )
     late = np.flatnonzero(run.where == 2)
     t = 0.0
     while not run.done:
@@ -134,8 +151,11 @@ traj_st = st.tuples(st.integers(1, 4000), st.lists(turn_st, min_size=1, max_size
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(traj_st, min_size=1, max_size=30), st.lists(st.sampled_from([1, 2, 4]), min_size=1, max_size=4),
-       st.sampled_from(["single", "overflow"]))
+@given(
+    st.lists(traj_st, min_size=1, max_size=30),
+    st.lists(st.sampled_from([1, 2, 4]), min_size=1, max_size=4),
+    st.sampled_from(["single", "overflow"]),
+)
 def test_no_request_lost_or_finished_twice_and_gpu_time_bounded(trajs, tps, mode):
     trajectories = [_traj(i, p, turns) for i, (p, turns) in enumerate(trajs)]
     buckets = "1:inf" if mode == "single" else "1:3000,2:9000,4:inf"

@@ -19,8 +19,14 @@ def test_every_policy_runs_and_reports_the_contract_keys(report):
     summary = report.summary()
     assert set(summary) == set(POLICY_NAMES)
     for s in summary.values():
-        for key in ("throughput_tok_s", "mean_step_s", "gpu_idle_fraction", "reconfigurations", "migrations",
-                    "staleness"):
+        for key in (
+            "throughput_tok_s",
+            "mean_step_s",
+            "gpu_idle_fraction",
+            "reconfigurations",
+            "migrations",
+            "staleness",
+        ):
             assert key in s and math.isfinite(s[key])
         assert s["throughput_tok_s"] > 0 and 0 <= s["gpu_idle_fraction"] < 1
 
@@ -81,8 +87,12 @@ def test_allocation_check_rejects_an_oversized_plan():
     from libra.sim.policies import PolicyEnv, StaticUniform
 
     sc = small_scenario()
-    env = PolicyEnv(cluster=sc.cluster, cost_model=CostModel(sc.cluster, sc.model), rl=sc.rl,
-                    planner=GlobalPlanner(cluster=sc.cluster, model=sc.model, rl=sc.rl))
+    env = PolicyEnv(
+        cluster=sc.cluster,
+        cost_model=CostModel(sc.cluster, sc.model),
+        rl=sc.rl,
+        planner=GlobalPlanner(cluster=sc.cluster, model=sc.model, rl=sc.rl),
+    )
     alloc = StaticUniform(env).initial(profile_of([sc.source.step(0)], "t", sc.rl.global_batch)).allocation
     alloc.check(sc.cluster)
     big = attrs.evolve(alloc, rollout=tuple(attrs.evolve(g, count=g.count + 100) for g in alloc.rollout))
@@ -92,12 +102,18 @@ def test_allocation_check_rejects_an_oversized_plan():
 
 def test_reconfiguration_costs_slow_a_replanning_policy_down():
     sc = small_scenario(gpus=32)
-    cheap = simulate(attrs.evolve(sc, costs=ReconfigCosts(to_rollout_s=0.0, snapshot_s=0.0,
-                                                                        restore_s=0.0)),
-                     num_steps=3, policies=["greedy"], policy_options={"greedy": {"threshold": 0.0}})
-    dear = simulate(attrs.evolve(sc, costs=ReconfigCosts(to_rollout_s=300.0, snapshot_s=100.0,
-                                                                       restore_s=100.0)),
-                    num_steps=3, policies=["greedy"], policy_options={"greedy": {"threshold": 0.0}})
+    cheap = simulate(
+        attrs.evolve(sc, costs=ReconfigCosts(to_rollout_s=0.0, snapshot_s=0.0, restore_s=0.0)),
+        num_steps=3,
+        policies=["greedy"],
+        policy_options={"greedy": {"threshold": 0.0}},
+    )
+    dear = simulate(
+        attrs.evolve(sc, costs=ReconfigCosts(to_rollout_s=300.0, snapshot_s=100.0, restore_s=100.0)),
+        num_steps=3,
+        policies=["greedy"],
+        policy_options={"greedy": {"threshold": 0.0}},
+    )
     assert dear.summary()["greedy"]["reconfigurations"] >= 1
     assert dear.summary()["greedy"]["wall_s"] > cheap.summary()["greedy"]["wall_s"]
 
@@ -109,7 +125,16 @@ def test_unknown_policy_is_a_clear_error():
 
 def test_a_replan_to_the_running_layout_is_not_a_reconfiguration(report):
     for r in report.results:
-        layouts = [(d["allocation"]["train"]["gpus"], d["allocation"]["train"]["tp"], d["allocation"]["train"]["pp"],
-                    d["allocation"]["train"]["dp"], d["allocation"]["train"]["micro_batch"],
-                    d["allocation"]["train"]["recompute"], str(d["allocation"]["rollout"])) for d in r.decisions]
+        layouts = [
+            (
+                d["allocation"]["train"]["gpus"],
+                d["allocation"]["train"]["tp"],
+                d["allocation"]["train"]["pp"],
+                d["allocation"]["train"]["dp"],
+                d["allocation"]["train"]["micro_batch"],
+                d["allocation"]["train"]["recompute"],
+                str(d["allocation"]["rollout"]),
+            )
+            for d in r.decisions
+        ]
         assert all(a != b for a, b in zip(layouts, layouts[1:])), r.name

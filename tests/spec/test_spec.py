@@ -55,14 +55,40 @@ def test_cluster_validation_names_every_factor() -> None:
 
 def test_model_validation() -> None:
     with pytest.raises(SpecError, match="num_kv_heads"):
-        ModelSpec(name="x", num_layers=2, hidden_size=64, num_heads=6, num_kv_heads=4, head_dim=16,
-                  ffn_hidden_size=128, vocab_size=100)
+        ModelSpec(
+            name="x",
+            num_layers=2,
+            hidden_size=64,
+            num_heads=6,
+            num_kv_heads=4,
+            head_dim=16,
+            ffn_hidden_size=128,
+            vocab_size=100,
+        )
     with pytest.raises(SpecError, match="moe_ffn_hidden_size"):
-        ModelSpec(name="x", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=4, head_dim=16,
-                  ffn_hidden_size=128, vocab_size=100, num_experts=4, experts_per_token=2)
+        ModelSpec(
+            name="x",
+            num_layers=2,
+            hidden_size=64,
+            num_heads=4,
+            num_kv_heads=4,
+            head_dim=16,
+            ffn_hidden_size=128,
+            vocab_size=100,
+            num_experts=4,
+            experts_per_token=2,
+        )
     with pytest.raises(SpecError, match="num_layers must be an integer >= 1, got 0"):
-        ModelSpec(name="x", num_layers=0, hidden_size=64, num_heads=4, num_kv_heads=4, head_dim=16,
-                  ffn_hidden_size=128, vocab_size=100)
+        ModelSpec(
+            name="x",
+            num_layers=0,
+            hidden_size=64,
+            num_heads=4,
+            num_kv_heads=4,
+            head_dim=16,
+            ffn_hidden_size=128,
+            vocab_size=100,
+        )
 
 
 def test_train_config_checks_its_factors() -> None:
@@ -75,8 +101,13 @@ def test_train_config_checks_its_factors() -> None:
 def test_bucket_specs() -> None:
     b = parse_buckets("1:4000, 2:12000,4:30000,8:inf")
     assert [x.tp for x in b] == [1, 2, 4, 8] and math.isinf(b[-1].max_tokens)
-    for bad, message in [("", "empty"), ("1:4000,2:3000", "must increase"), ("1-4000", "tp:max_tokens"),
-                         ("x:4", "integer"), ("0:100", "tp must be >= 1")]:
+    for bad, message in [
+        ("", "empty"),
+        ("1:4000,2:3000", "must increase"),
+        ("1-4000", "tp:max_tokens"),
+        ("x:4", "integer"),
+        ("0:100", "tp must be >= 1"),
+    ]:
         with pytest.raises(SpecError, match=message):
             parse_buckets(bad)
 
@@ -95,8 +126,10 @@ def test_rl_settings_and_profile() -> None:
 
 def test_models_and_clusters_load_from_files(tmp_path) -> None:
     mf = tmp_path / "tiny.yaml"
-    mf.write_text("num_layers: 4\nhidden_size: 256\nnum_heads: 4\nnum_kv_heads: 2\nhead_dim: 64\n"
-                  "ffn_hidden_size: 512\nvocab_size: 1000\n")
+    mf.write_text(
+        "num_layers: 4\nhidden_size: 256\nnum_heads: 4\nnum_kv_heads: 2\nhead_dim: 64\n"
+        "ffn_hidden_size: 512\nvocab_size: 1000\n"
+    )
     m = load_model(str(mf))
     assert m.name == "tiny" and m.num_layers == 4
     cf = tmp_path / "c.json"
@@ -115,7 +148,14 @@ def test_jsonable_makes_plain_json() -> None:
 
     from libra.spec.jsonable import jsonable
 
-    out = jsonable({"a": np.float64(1.5), "b": (1, np.int64(2)), "c": [math.inf, float("nan")],
-                    "d": np.arange(3), "e": {"f": np.float32(2.0)}})
+    out = jsonable(
+        {
+            "a": np.float64(1.5),
+            "b": (1, np.int64(2)),
+            "c": [math.inf, float("nan")],
+            "d": np.arange(3),
+            "e": {"f": np.float32(2.0)},
+        }
+    )
     assert out == {"a": 1.5, "b": [1, 2], "c": [None, None], "d": [0, 1, 2], "e": {"f": 2.0}}
     assert json.loads(json.dumps(out)) == out

@@ -26,8 +26,15 @@ FINGERPRINTS = {
 
 @pytest.mark.parametrize(("name", "start_step", "max_model_len"), sorted(FINGERPRINTS))
 def test_output_matches_the_stored_fingerprint(name, start_step, max_model_len, tmp_path) -> None:
-    trajectories = generate(name, num_steps=2, seed=0, num_prompts=4, samples_per_prompt=16, start_step=start_step,
-                            max_model_len=max_model_len)
+    trajectories = generate(
+        name,
+        num_steps=2,
+        seed=0,
+        num_prompts=4,
+        samples_per_prompt=16,
+        start_step=start_step,
+        max_model_len=max_model_len,
+    )
     if max_model_len < 40960:
         assert any(t.total_tokens == max_model_len for t in trajectories), "the cap must cut some trajectories"
     path = tmp_path / "trace.jsonl"

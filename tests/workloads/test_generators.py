@@ -25,8 +25,9 @@ def test_unknown_workload_lists_the_names() -> None:
         WorkloadGenerator("swe-bench", seed=0)
 
 
-@pytest.mark.parametrize("bad", [{"num_prompts": 0}, {"samples_per_prompt": -1}, {"seed": -3}, {"drift_steps": 0},
-                                 {"max_model_len": 1.5}])
+@pytest.mark.parametrize(
+    "bad", [{"num_prompts": 0}, {"samples_per_prompt": -1}, {"seed": -3}, {"drift_steps": 0}, {"max_model_len": 1.5}]
+)
 def test_bad_sizes(bad) -> None:
     kw = {"seed": 0, **bad}
     with pytest.raises(SpecError):
@@ -82,7 +83,7 @@ def test_samples_per_prompt_layout() -> None:
     trajectories = WorkloadGenerator("search-r1", seed=0, num_prompts=5, samples_per_prompt=3).step(2)
     ids = [t.prompt_id for t in trajectories]
     assert [t.sample for t in trajectories] == [0, 1, 2] * 5
-    assert all(len(set(ids[i:i + 3])) == 1 for i in range(0, 15, 3))
+    assert all(len(set(ids[i : i + 3])) == 1 for i in range(0, 15, 3))
     assert len(set(ids)) == 5
 
 
@@ -107,7 +108,7 @@ def test_r2e_gym_drift_and_heavy_tail() -> None:
     last = _lengths(gen.step(100))
     assert 2000 < first.mean() < 3200
     assert 9500 < last.mean() < 13500
-    top = first[int(0.9 * len(first)):].sum() / first.sum()
+    top = first[int(0.9 * len(first)) :].sum() / first.sum()
     assert top > 0.5
 
 

@@ -8,9 +8,18 @@ import pytest
 
 from libra.workloads import TraceError, group_by_step, load_trace, profile_from_trajectories, write_trace
 
-GOOD = {"prompt_id": "p-17", "sample": 3, "step": 12, "prompt_tokens": 512, "source": "r2e",
-        "turns": [{"gen_tokens": 230, "tool": "search", "tool_status": "ok", "tool_tokens": 1800},
-                  {"gen_tokens": 120, "tool": None, "tool_status": None, "tool_tokens": 0}], "reward": 1.0}
+GOOD = {
+    "prompt_id": "p-17",
+    "sample": 3,
+    "step": 12,
+    "prompt_tokens": 512,
+    "source": "r2e",
+    "turns": [
+        {"gen_tokens": 230, "tool": "search", "tool_status": "ok", "tool_tokens": 1800},
+        {"gen_tokens": 120, "tool": None, "tool_status": None, "tool_tokens": 0},
+    ],
+    "reward": 1.0,
+}
 
 
 def _write(tmp_path, lines) -> str:
@@ -31,17 +40,24 @@ def test_round_trip_keeps_unknown_keys_and_lengths(tmp_path) -> None:
     assert [len(s) for s in group_by_step(again)] == [1, 1]
 
 
-@pytest.mark.parametrize("line,field", [
-    ("{not json", None),
-    ({**GOOD, "prompt_tokens": -1}, "prompt_tokens"),
-    ({**GOOD, "turns": []}, "turns"),
-    ({**GOOD, "turns": [{"gen_tokens": 5, "tool": "bash", "tool_status": "crashed", "tool_tokens": 3}]},
-     "turns[0].tool_status"),
-    ({**GOOD, "turns": [{"gen_tokens": 5, "tool": None, "tool_tokens": 0}, {"gen_tokens": 5, "tool": None}]},
-     "turns[0].tool"),
-    ({k: v for k, v in GOOD.items() if k != "prompt_id"}, "prompt_id"),
-    ({**GOOD, "reward": "high"}, "reward"),
-])
+@pytest.mark.parametrize(
+    "line,field",
+    [
+        ("{not json", None),
+        ({**GOOD, "prompt_tokens": -1}, "prompt_tokens"),
+        ({**GOOD, "turns": []}, "turns"),
+        (
+            {**GOOD, "turns": [{"gen_tokens": 5, "tool": "bash", "tool_status": "crashed", "tool_tokens": 3}]},
+            "turns[0].tool_status",
+        ),
+        (
+            {**GOOD, "turns": [{"gen_tokens": 5, "tool": None, "tool_tokens": 0}, {"gen_tokens": 5, "tool": None}]},
+            "turns[0].tool",
+        ),
+        ({k: v for k, v in GOOD.items() if k != "prompt_id"}, "prompt_id"),
+        ({**GOOD, "reward": "high"}, "reward"),
+    ],
+)
 def test_bad_lines_name_file_line_and_field(tmp_path, line, field) -> None:
     path = _write(tmp_path, [GOOD, line])
     with pytest.raises(TraceError) as info:

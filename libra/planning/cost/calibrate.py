@@ -15,8 +15,16 @@ import numpy as np
 from libra.planning.cost import BatchStats, CostCoefficients, CostModel
 from libra.spec import ClusterSpec, ModelSpec, SpecError
 
-DEFAULT_FIT = ("hbm_efficiency", "decode_mfu", "prefill_mfu", "step_overhead_s", "per_request_overhead_s",
-               "train_mfu", "train_attention_efficiency", "microbatch_overhead_s")
+DEFAULT_FIT = (
+    "hbm_efficiency",
+    "decode_mfu",
+    "prefill_mfu",
+    "step_overhead_s",
+    "per_request_overhead_s",
+    "train_mfu",
+    "train_attention_efficiency",
+    "microbatch_overhead_s",
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -32,9 +40,16 @@ class RolloutMeasurement:
     time_s: float
 
     def predict(self, cm: CostModel) -> float:
-        return float(cm.rollout.instance_time(self.tp, num_requests=self.num_requests,
-                                              decode_tokens=self.decode_tokens, prefill_tokens=self.prefill_tokens,
-                                              resident_context=self.resident_context, max_gen=self.max_gen))
+        return float(
+            cm.rollout.instance_time(
+                self.tp,
+                num_requests=self.num_requests,
+                decode_tokens=self.decode_tokens,
+                prefill_tokens=self.prefill_tokens,
+                resident_context=self.resident_context,
+                max_gen=self.max_gen,
+            )
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -51,8 +66,9 @@ class TrainingMeasurement:
     recompute: bool = False
 
     def predict(self, cm: CostModel) -> float:
-        return float(cm.training.step_time(self.tp, self.pp, self.dp, self.ep, self.micro_batch, self.recompute,
-                                           self.batch))
+        return float(
+            cm.training.step_time(self.tp, self.pp, self.dp, self.ep, self.micro_batch, self.recompute, self.batch)
+        )
 
 
 Measurement = RolloutMeasurement | TrainingMeasurement
@@ -73,8 +89,9 @@ def mape(cm: CostModel, measurements: Sequence[Measurement]) -> float:
     return 100.0 * float(np.mean(errs))
 
 
-def _nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, *, iterations: int, step: float = 0.3,
-                 tol: float = 1e-10) -> tuple[np.ndarray, int]:
+def _nelder_mead(
+    f: Callable[[np.ndarray], float], x0: np.ndarray, *, iterations: int, step: float = 0.3, tol: float = 1e-10
+) -> tuple[np.ndarray, int]:
     n = len(x0)
     simplex = [x0] + [x0 + step * np.eye(n)[i] for i in range(n)]
     values = [f(x) for x in simplex]
@@ -105,9 +122,15 @@ def _nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, *, iterations
     return simplex[best], it
 
 
-def calibrate(cluster: ClusterSpec, model: ModelSpec, measurements: Sequence[Measurement], *,
-              fit: Sequence[str] = DEFAULT_FIT, start: CostCoefficients | None = None,
-              iterations: int = 2000) -> CalibrationResult:
+def calibrate(
+    cluster: ClusterSpec,
+    model: ModelSpec,
+    measurements: Sequence[Measurement],
+    *,
+    fit: Sequence[str] = DEFAULT_FIT,
+    start: CostCoefficients | None = None,
+    iterations: int = 2000,
+) -> CalibrationResult:
     """Fit the coefficients named in `fit` (others stay as in `start`) to `measurements`."""
     if not measurements:
         raise SpecError("calibrate needs at least one measurement")
@@ -137,5 +160,10 @@ def calibrate(cluster: ClusterSpec, model: ModelSpec, measurements: Sequence[Mea
     fitted = coeffs_at(x)
     cm = CostModel(cluster, model, fitted)
     errors = tuple(m.predict(cm) / m.time_s - 1.0 for m in measurements)
-    return CalibrationResult(coeffs=fitted, mape_before=before, mape_after=100.0 * float(np.mean(np.abs(errors))),
-                             errors=errors, iterations=iters)
+    return CalibrationResult(
+        coeffs=fitted,
+        mape_before=before,
+        mape_after=100.0 * float(np.mean(np.abs(errors))),
+        errors=errors,
+        iterations=iters,
+    )

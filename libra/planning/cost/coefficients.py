@@ -51,8 +51,16 @@ class CostCoefficients:
 
 
 _INTEGER_FIELDS = ("max_num_seqs", "logprob_forward_passes")
-_FRACTIONS = ("gpu_memory_utilization", "kv_fill", "hbm_efficiency", "decode_mfu", "prefill_mfu", "link_efficiency",
-              "train_mfu", "train_attention_efficiency")  # divisors: in (0, 1]
+_FRACTIONS = (
+    "gpu_memory_utilization",
+    "kv_fill",
+    "hbm_efficiency",
+    "decode_mfu",
+    "prefill_mfu",
+    "link_efficiency",
+    "train_mfu",
+    "train_attention_efficiency",
+)  # divisors: in (0, 1]
 _POSITIVE = ("max_num_seqs",)
 
 

@@ -22,8 +22,12 @@ from libra.planning.cost import BatchStats, CostCoefficients, CostModel
 from libra.planning.train_tree import TrainingSearch
 from libra.spec import ClusterSpec, get_gpu, get_model
 
-PUBLISHED = {"short_tp1x8_over_tp8": 1852 / 591, "long_tp8_over_tp1x8": 1220 / 430,
-             "rollout_growth_1k_32k": 95.0, "training_growth_1k_32k": 3.9}
+PUBLISHED = {
+    "short_tp1x8_over_tp8": 1852 / 591,
+    "long_tp8_over_tp1x8": 1220 / 430,
+    "rollout_growth_1k_32k": 95.0,
+    "training_growth_1k_32k": 3.9,
+}
 
 
 @attrs.frozen(kw_only=True)
@@ -49,8 +53,16 @@ def serve_batch(cm: CostModel, tp: int, totals: np.ndarray, prompt: float) -> tu
     gen = totals - prompt
     n = len(totals) / count
     resident = float(np.sum(gen * (totals - gen / 2)) / np.sum(gen))
-    t = float(cm.rollout.instance_time(tp, num_requests=n, decode_tokens=gen.sum() / count,
-                                       prefill_tokens=prompt * n, resident_context=resident, max_gen=gen.max()))
+    t = float(
+        cm.rollout.instance_time(
+            tp,
+            num_requests=n,
+            decode_tokens=gen.sum() / count,
+            prefill_tokens=prompt * n,
+            resident_context=resident,
+            max_gen=gen.max(),
+        )
+    )
     return t, float(gen.sum() / t)
 
 
@@ -78,14 +90,23 @@ def published_checks(coeffs: CostCoefficients | None = None, *, seed: int = 0) -
     train_32k_tokens = best_training_step(cm, BatchStats.uniform(num_sequences=tokens // 32768, length=32768))
     train_32k_seqs = best_training_step(cm, BatchStats.uniform(num_sequences=512, length=32768))
     return [
-        PublishedCheck(name="short_tp1x8_over_tp8", model_value=short_tp1 / short_tp8,
-                       published=PUBLISHED["short_tp1x8_over_tp8"]),
-        PublishedCheck(name="long_tp8_over_tp1x8", model_value=long_tp8 / long_tp1,
-                       published=PUBLISHED["long_tp8_over_tp1x8"]),
-        PublishedCheck(name="rollout_growth_1k_32k", model_value=rollout(32768, 1024) / rollout(1024, 256),
-                       published=PUBLISHED["rollout_growth_1k_32k"]),
-        PublishedCheck(name="training_growth_1k_32k", model_value=train_32k_tokens / train_1k,
-                       published=PUBLISHED["training_growth_1k_32k"]),
-        PublishedCheck(name="training_growth_1k_32k_same_sequences", model_value=train_32k_seqs / train_1k,
-                       published=float("nan")),
+        PublishedCheck(
+            name="short_tp1x8_over_tp8", model_value=short_tp1 / short_tp8, published=PUBLISHED["short_tp1x8_over_tp8"]
+        ),
+        PublishedCheck(
+            name="long_tp8_over_tp1x8", model_value=long_tp8 / long_tp1, published=PUBLISHED["long_tp8_over_tp1x8"]
+        ),
+        PublishedCheck(
+            name="rollout_growth_1k_32k",
+            model_value=rollout(32768, 1024) / rollout(1024, 256),
+            published=PUBLISHED["rollout_growth_1k_32k"],
+        ),
+        PublishedCheck(
+            name="training_growth_1k_32k",
+            model_value=train_32k_tokens / train_1k,
+            published=PUBLISHED["training_growth_1k_32k"],
+        ),
+        PublishedCheck(
+            name="training_growth_1k_32k_same_sequences", model_value=train_32k_seqs / train_1k, published=float("nan")
+        ),
     ]

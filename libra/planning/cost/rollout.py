@@ -72,7 +72,7 @@ class RolloutCost:
         c, m, g = self.c, self.model, self.gpu
         if m.is_moe:  # a decode step reads only the experts its tokens route to
             touched = np.minimum(m.num_experts, batch * m.experts_per_token)
-            weights = (m.weight_bytes - m.num_layers * (m.num_experts - touched) * m.expert_params * m.dtype_bytes)
+            weights = m.weight_bytes - m.num_layers * (m.num_experts - touched) * m.expert_params * m.dtype_bytes
         else:
             weights = m.weight_bytes
         kv_bytes = batch * resident_context * m.kv_bytes_per_token(tp)
@@ -100,8 +100,20 @@ class RolloutCost:
         return flops / (tp * g.flops * c.prefill_mfu) + self.tp_comm_time(tp, tokens)
 
     # --- a whole instance -------------------------------------------------------------------------------------
-    def instance_time(self, tp: int, *, num_requests, decode_tokens, prefill_tokens, resident_context,
-                      max_gen, max_turns=1.0, tool_latency_s: float = 0.0, new_requests=None, queued_share=0.0):
+    def instance_time(
+        self,
+        tp: int,
+        *,
+        num_requests,
+        decode_tokens,
+        prefill_tokens,
+        resident_context,
+        max_gen,
+        max_turns=1.0,
+        tool_latency_s: float = 0.0,
+        new_requests=None,
+        queued_share=0.0,
+    ):
         """Seconds for one instance to serve `num_requests` requests (totals over the instance), continuous
         batching; `max_gen` / `max_turns` describe the longest request (the tail). `new_requests` of them pay the
         per-request engine cost (all by default; a request migrated in from another instance paid it there).

@@ -40,8 +40,12 @@ class BatchStats:
     @classmethod
     def from_lengths(cls, lengths, *, num_sequences: int | None = None) -> BatchStats:
         arr = np.asarray(lengths, dtype=float)
-        return cls(num_sequences=int(num_sequences or len(arr)), mean_len=float(arr.mean()),
-                   mean_sq_len=float((arr**2).mean()), max_len=float(arr.max()))
+        return cls(
+            num_sequences=int(num_sequences or len(arr)),
+            mean_len=float(arr.mean()),
+            mean_sq_len=float((arr**2).mean()),
+            max_len=float(arr.max()),
+        )
 
     @classmethod
     def uniform(cls, *, num_sequences: int, length: float) -> BatchStats:
@@ -86,8 +90,16 @@ class TrainingCost:
         inside = np.asarray(group_span_gpus) <= self.cluster.gpus_per_node
         return np.where(inside, g.nvlink_bandwidth_gbs, g.network_bandwidth_gbs) * 1e9 * c.link_efficiency
 
-    def stage_time(self, tp: int, pp: int, ep: int, micro_batch: int, recompute: bool, batch: BatchStats,
-                   passes: float | None = None) -> float:
+    def stage_time(
+        self,
+        tp: int,
+        pp: int,
+        ep: int,
+        micro_batch: int,
+        recompute: bool,
+        batch: BatchStats,
+        passes: float | None = None,
+    ) -> float:
         """Seconds for one micro-batch through one pipeline stage (forward and backward unless `passes` given)."""
         m, c, g = self.model, self.c, self.gpu
         f = passes if passes is not None else 3.0 + (1.0 if recompute else 0.0)
@@ -99,7 +111,8 @@ class TrainingCost:
         comm = 0.0
         if tp > 1:
             per = 2 * (tp - 1) * c.allreduce_latency_s + 2.0 * (tp - 1) / tp * act_bytes / (
-                g.nvlink_bandwidth_gbs * 1e9 * c.link_efficiency)
+                g.nvlink_bandwidth_gbs * 1e9 * c.link_efficiency
+            )
             comm += layers * (4.0 / 3.0) * f * per  # 4 all-reduces per layer per fwd+bwd (3 passes)
         if m.is_moe and ep > 1:
             bw = float(self._collective_bw(tp * ep))
@@ -126,8 +139,11 @@ class TrainingCost:
         dp_bw = self._collective_bw(tp * dp)
         ring = 2.0 * (dp - 1) / dp * grad_bytes / dp_bw + 2 * (dp - 1) * c.allreduce_latency_s
         allreduce = np.where(dp > 1, ring, 0.0)
-        optimizer = (dense / dp + expert / np.maximum(dp / ep, 1)) * c.optimizer_bytes_per_param / (
-            g.hbm_bytes_per_s * c.hbm_efficiency)
+        optimizer = (
+            (dense / dp + expert / np.maximum(dp / ep, 1))
+            * c.optimizer_bytes_per_param
+            / (g.hbm_bytes_per_s * c.hbm_efficiency)
+        )
         return pipe + logp + p2p + (1.0 - c.dp_overlap) * allreduce + optimizer
 
     def ideal_step_time(self, num_gpus, batch: BatchStats):

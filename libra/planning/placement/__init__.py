@@ -19,7 +19,19 @@ from libra.planning.placement.problem import (
 )
 
 __all__ = [
-    "DEFAULT_KV_RESERVE_TOKENS", "InfeasiblePlacementError", "PlacementCost", "PlacementError",
-    "PlacementModelError", "PlacementResult", "PlacementTimeoutError", "build_problem", "describe", "moved", "place",
-    "placement_cost", "plan_workers", "rollout_gb_per_gpu", "solve_placement",
+    "DEFAULT_KV_RESERVE_TOKENS",
+    "InfeasiblePlacementError",
+    "PlacementCost",
+    "PlacementError",
+    "PlacementModelError",
+    "PlacementResult",
+    "PlacementTimeoutError",
+    "build_problem",
+    "describe",
+    "moved",
+    "place",
+    "placement_cost",
+    "plan_workers",
+    "rollout_gb_per_gpu",
+    "solve_placement",
 ]

@@ -26,8 +26,10 @@ class _FreeGPUs:
     def take(self, node: int, size: int) -> tuple[int, ...]:
         ids = self._free[node][:size]
         if len(ids) < size:
-            raise PlacementModelError(f"node {node} has {len(ids)} free GPUs left but the solution puts {size} more "
-                                      "there (the node-level solution violates capacity)")
+            raise PlacementModelError(
+                f"node {node} has {len(ids)} free GPUs left but the solution puts {size} more "
+                "there (the node-level solution violates capacity)"
+            )
         del self._free[node][:size]
         return tuple(ids)
 
@@ -42,8 +44,9 @@ def _train_slots(remaining: list[int], pp: int) -> list[list[int]]:
     return blocks
 
 
-def _assign_training(problem: PlacementProblem, solution: NodeSolution, free: _FreeGPUs,
-                     groups: dict[str, tuple[tuple[int, ...], ...]]) -> None:
+def _assign_training(
+    problem: PlacementProblem, solution: NodeSolution, free: _FreeGPUs, groups: dict[str, tuple[tuple[int, ...], ...]]
+) -> None:
     replicas = [w for w in problem.workers if w.kind == TRAIN_KIND]
     if not replicas:
         return
@@ -66,8 +69,9 @@ def _assign_training(problem: PlacementProblem, solution: NodeSolution, free: _F
                     groups[r.name] = groups.get(r.name, ()) + (free.take(n, tp),)
     slots = _train_slots(remaining, pp)
     if len(slots) != len(free_blocks) or any(len(s) != pp for s in slots):
-        raise PlacementModelError(f"the solution has {sum(remaining)} free training stages for {len(free_blocks)} "
-                                  f"blocks of {pp} stages")
+        raise PlacementModelError(
+            f"the solution has {sum(remaining)} free training stages for {len(free_blocks)} blocks of {pp} stages"
+        )
     for members, nodes in zip(free_blocks, slots):
         for n in nodes:
             ids = free.take(n, k * tp)
@@ -75,8 +79,9 @@ def _assign_training(problem: PlacementProblem, solution: NodeSolution, free: _F
                 groups[r.name] = groups.get(r.name, ()) + (ids[j * tp : (j + 1) * tp],)
 
 
-def _assign_rollout(problem: PlacementProblem, solution: NodeSolution, free: _FreeGPUs,
-                    groups: dict[str, tuple[tuple[int, ...], ...]]) -> None:
+def _assign_rollout(
+    problem: PlacementProblem, solution: NodeSolution, free: _FreeGPUs, groups: dict[str, tuple[tuple[int, ...], ...]]
+) -> None:
     old = {o.name: o for o in problem.old}
     for kind in problem.kinds:
         if kind.key == TRAIN_KIND:
@@ -92,8 +97,9 @@ def _assign_rollout(problem: PlacementProblem, solution: NodeSolution, free: _Fr
                 movers.append(w)
         slots = [n for n, count in enumerate(remaining) for _ in range(count)]
         if len(slots) != len(movers) or any(count < 0 for count in remaining):
-            raise PlacementModelError(f"the solution has {len(slots)} free {kind.key} slots for {len(movers)} "
-                                      "instances")
+            raise PlacementModelError(
+                f"the solution has {len(slots)} free {kind.key} slots for {len(movers)} instances"
+            )
         for w, n in zip(movers, slots):
             groups[w.name] = (free.take(n, kind.size),)
 
@@ -105,16 +111,24 @@ def assign_gpus(problem: PlacementProblem, solution: NodeSolution) -> Placement:
     free = _FreeGPUs(problem, {g for name in solution.kept for g in old[name].gpu_ids})
     _assign_training(problem, solution, free, groups)
     _assign_rollout(problem, solution, free, groups)
-    return Placement(workers=tuple(
-        WorkerPlacement(name=w.name, role=w.role, tp=w.tp, pool=w.pool,
-                        gpu_ids=tuple(g for group in groups[w.name] for g in group))
-        for w in problem.workers
-    ))
+    return Placement(
+        workers=tuple(
+            WorkerPlacement(
+                name=w.name,
+                role=w.role,
+                tp=w.tp,
+                pool=w.pool,
+                gpu_ids=tuple(g for group in groups[w.name] for g in group),
+            )
+            for w in problem.workers
+        )
+    )
 
 
 def describe(placement: Placement, problem: PlacementProblem) -> str:
     """One line per node listing the worker on each GPU (`-` for a free GPU), for logs and docs."""
     cluster = problem.cluster
     owner = {g: w.name for w in placement.workers for g in w.gpu_ids}
-    return "\n".join(f"node {n}: " + " ".join(owner.get(g, "-") for g in cluster.gpus_of_node(n))
-                     for n in range(cluster.num_nodes))
+    return "\n".join(
+        f"node {n}: " + " ".join(owner.get(g, "-") for g in cluster.gpus_of_node(n)) for n in range(cluster.num_nodes)
+    )

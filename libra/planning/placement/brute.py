@@ -48,14 +48,23 @@ def _spread(count: int, room: list[int], size: int) -> Iterator[tuple[int, ...]]
             yield (here, *rest)
 
 
-def _search(problem: PlacementProblem, i: int, pinned: dict[str, list[int]], room: list[int],
-            totals: dict[str, list[int]], moves: int) -> PlacementCost | None:
+def _search(
+    problem: PlacementProblem,
+    i: int,
+    pinned: dict[str, list[int]],
+    room: list[int],
+    totals: dict[str, list[int]],
+    moves: int,
+) -> PlacementCost | None:
     """Best cost over every spread of kinds `i..` onto the nodes' `room`."""
     kinds, num_nodes = problem.kinds, problem.cluster.num_nodes
     if i == len(kinds):
         train = totals.get(TRAIN_KIND, [0] * num_nodes)
-        return PlacementCost(moves=moves, train_nodes=sum(1 for x in train if x),
-                             nodes=sum(1 for n in range(num_nodes) if any(t[n] for t in totals.values())))
+        return PlacementCost(
+            moves=moves,
+            train_nodes=sum(1 for x in train if x),
+            nodes=sum(1 for n in range(num_nodes) if any(t[n] for t in totals.values())),
+        )
     kind = kinds[i]
     left = kind.count - sum(pinned[kind.key])
     if left < 0:
@@ -99,8 +108,9 @@ def _groups(cluster: ClusterSpec, free: frozenset[int], sizes: list[int]) -> Ite
                 yield (group, *rest)
 
 
-def brute_force_gpus(plan: Plan, cluster: ClusterSpec, problem: PlacementProblem,
-                     current: Placement | None) -> PlacementCost | None:
+def brute_force_gpus(
+    plan: Plan, cluster: ClusterSpec, problem: PlacementProblem, current: Placement | None
+) -> PlacementCost | None:
     """Enumerate concrete GPU ids. Training is enumerated per EP block and stage: the block-stage's `k * tp` GPUs
     in one node, split in order among the block's `k` replicas."""
     workers, k = plan_workers(plan)
@@ -126,9 +136,12 @@ def brute_force_gpus(plan: Plan, cluster: ClusterSpec, problem: PlacementProblem
         for groups in _groups(cluster, free, [w.tp for w in instances]):
             final = dict(chosen)
             final.update({w.name: grp for w, grp in zip(instances, groups)})
-            placement = Placement(workers=tuple(
-                WorkerPlacement(name=w.name, role=w.role, tp=w.tp, pool=w.pool, gpu_ids=final[w.name])
-                for w in workers))
+            placement = Placement(
+                workers=tuple(
+                    WorkerPlacement(name=w.name, role=w.role, tp=w.tp, pool=w.pool, gpu_ids=final[w.name])
+                    for w in workers
+                )
+            )
             cost = placement_cost(placement, problem, current)
             best = cost if best is None or cost < best else best
 

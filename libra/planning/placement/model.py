@@ -148,8 +148,12 @@ def build_model(problem: PlacementProblem, dec: Decomposition, *, explain: bool)
 
     # Constraints.
     for k in problem.kinds:
-        terms = [p.count(k.key) * v.x[(ci, pi)] for ci, cls in enumerate(dec.classes)
-                 for pi, p in enumerate(cls.patterns) if p.count(k.key)]
+        terms = [
+            p.count(k.key) * v.x[(ci, pi)]
+            for ci, cls in enumerate(dec.classes)
+            for pi, p in enumerate(cls.patterns)
+            if p.count(k.key)
+        ]
         model.add(sum(terms) + sum(units[k.key]) == k.count).only_enforce_if(guard(k.label))
     g = problem.cluster.gpus_per_node
     cap = guard(f"node capacity: {problem.cluster.num_nodes} nodes x {g} GPUs, each GPU used at most once")
@@ -212,15 +216,22 @@ def solve_nodes(problem: PlacementProblem, *, time_limit_s: float, num_workers: 
 
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         counts, kept = _extract(problem, dec, v, solver)
-        return NodeSolution(counts=counts, kept=kept, objective=round(solver.objective_value),
-                            optimal=status == cp_model.OPTIMAL, solve_time_s=elapsed)
+        return NodeSolution(
+            counts=counts,
+            kept=kept,
+            objective=round(solver.objective_value),
+            optimal=status == cp_model.OPTIMAL,
+            solve_time_s=elapsed,
+        )
     if status == cp_model.INFEASIBLE:
-        raise InfeasiblePlacementError(_explain(problem, dec, time_limit_s),
-                                       prefix="infeasible placement, these constraints conflict")
+        raise InfeasiblePlacementError(
+            _explain(problem, dec, time_limit_s), prefix="infeasible placement, these constraints conflict"
+        )
     if status == cp_model.MODEL_INVALID:
         raise PlacementModelError(f"CP-SAT rejected the placement model: {model.validate()}")
-    raise PlacementTimeoutError(f"no placement found within {time_limit_s:g} s (CP-SAT status "
-                                f"{solver.status_name(status)}); raise time_limit_s")
+    raise PlacementTimeoutError(
+        f"no placement found within {time_limit_s:g} s (CP-SAT status {solver.status_name(status)}); raise time_limit_s"
+    )
 
 
 def _explain(problem: PlacementProblem, dec: Decomposition, time_limit_s: float) -> list[str]:

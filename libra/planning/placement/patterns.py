@@ -96,8 +96,7 @@ def _entities(problem: PlacementProblem) -> tuple[list[Entity], dict[int, tuple[
     return entities, coupled
 
 
-def _patterns(problem: PlacementProblem, types: tuple[EntityType, ...],
-              avail: tuple[int, ...]) -> list[Pattern] | None:
+def _patterns(problem: PlacementProblem, types: tuple[EntityType, ...], avail: tuple[int, ...]) -> list[Pattern] | None:
     """The class's patterns, or None when there are more than `MAX_PATTERNS`."""
     g = problem.cluster.gpus_per_node
     size = {k.key: k.size for k in problem.kinds}
@@ -161,5 +160,9 @@ def decompose(problem: PlacementProblem) -> Decomposition:
             single.update(nodes)
         else:
             classes.append(NodeClass(nodes=tuple(nodes), types=types, patterns=tuple(patterns)))
-    return Decomposition(entities={n: tuple(es) for n, es in per_node.items()}, coupled_blocks=coupled_blocks,
-                         single_nodes=tuple(sorted(single)), classes=tuple(classes))
+    return Decomposition(
+        entities={n: tuple(es) for n, es in per_node.items()},
+        coupled_blocks=coupled_blocks,
+        single_nodes=tuple(sorted(single)),
+        classes=tuple(classes),
+    )

@@ -28,22 +28,40 @@ class PlacementResult:
     total_time_s: float
 
 
-def solve_placement(plan: Plan, cluster: ClusterSpec, *, model: ModelSpec | None = None,
-                    current: Placement | None = None, time_limit_s: float = 10.0, num_workers: int = 1,
-                    kv_reserve_tokens: int = DEFAULT_KV_RESERVE_TOKENS) -> PlacementResult:
+def solve_placement(
+    plan: Plan,
+    cluster: ClusterSpec,
+    *,
+    model: ModelSpec | None = None,
+    current: Placement | None = None,
+    time_limit_s: float = 10.0,
+    num_workers: int = 1,
+    kv_reserve_tokens: int = DEFAULT_KV_RESERVE_TOKENS,
+) -> PlacementResult:
     """Like `place`, and also report the cost and whether it is proven optimal. `num_workers=1` (the default)
     keeps CP-SAT deterministic, so the same inputs give the same GPU ids."""
     start = time.perf_counter()
     problem = build_problem(plan, cluster, model=model, current=current, kv_reserve_tokens=kv_reserve_tokens)
     solution = solve_nodes(problem, time_limit_s=time_limit_s, num_workers=num_workers)
     placement = assign_gpus(problem, solution)
-    return PlacementResult(placement=placement, cost=placement_cost(placement, problem, current),
-                           optimal=solution.optimal, solve_time_s=solution.solve_time_s,
-                           total_time_s=time.perf_counter() - start)
+    return PlacementResult(
+        placement=placement,
+        cost=placement_cost(placement, problem, current),
+        optimal=solution.optimal,
+        solve_time_s=solution.solve_time_s,
+        total_time_s=time.perf_counter() - start,
+    )
 
 
-def place(plan: Plan, cluster: ClusterSpec, *, model: ModelSpec | None = None, current: Placement | None = None,
-          time_limit_s: float = 10.0, kv_reserve_tokens: int = DEFAULT_KV_RESERVE_TOKENS) -> Placement:
+def place(
+    plan: Plan,
+    cluster: ClusterSpec,
+    *,
+    model: ModelSpec | None = None,
+    current: Placement | None = None,
+    time_limit_s: float = 10.0,
+    kv_reserve_tokens: int = DEFAULT_KV_RESERVE_TOKENS,
+) -> Placement:
     """Concrete GPUs for every worker of `plan`: one training replica `train-<i>` per DP rank (`tp * pp` GPUs,
     pool CORE_TRAIN) and one rollout instance `rollout-tp<x>-<i>` per instance (`tp` GPUs, pool CORE_ROLLOUT).
 
@@ -54,5 +72,6 @@ def place(plan: Plan, cluster: ClusterSpec, *, model: ModelSpec | None = None, c
     nodes holding training, then fewest nodes used. Raises `InfeasiblePlacementError` naming the constraints in
     conflict, `PlacementModelError` if CP-SAT rejects the model, `PlacementTimeoutError` if nothing is found in
     `time_limit_s`."""
-    return solve_placement(plan, cluster, model=model, current=current, time_limit_s=time_limit_s,
-                           kv_reserve_tokens=kv_reserve_tokens).placement
+    return solve_placement(
+        plan, cluster, model=model, current=current, time_limit_s=time_limit_s, kv_reserve_tokens=kv_reserve_tokens
+    ).placement

@@ -112,8 +112,15 @@ def plan_workers(plan: Plan) -> tuple[tuple[WorkerShape, ...], int]:
     t = plan.train
     k = t.ep if t.dp > 0 else 1
     workers = [
-        WorkerShape(name=f"train-{i}", role=Role.TRAIN_REPLICA, pool=Pool.CORE_TRAIN, tp=t.tp, num_stages=t.pp,
-                    kind=TRAIN_KIND, block=i // k)
+        WorkerShape(
+            name=f"train-{i}",
+            role=Role.TRAIN_REPLICA,
+            pool=Pool.CORE_TRAIN,
+            tp=t.tp,
+            num_stages=t.pp,
+            kind=TRAIN_KIND,
+            block=i // k,
+        )
         for i in range(t.dp)
     ]
     per_tp: dict[int, int] = {}
@@ -121,9 +128,17 @@ def plan_workers(plan: Plan) -> tuple[tuple[WorkerShape, ...], int]:
         for _ in range(group.count):
             i = per_tp.get(group.tp, 0)
             per_tp[group.tp] = i + 1
-            workers.append(WorkerShape(name=f"rollout-tp{group.tp}-{i}", role=Role.ROLLOUT_INSTANCE,
-                                       pool=Pool.CORE_ROLLOUT, tp=group.tp, num_stages=1,
-                                       kind=rollout_kind(group.tp), block=len(workers)))
+            workers.append(
+                WorkerShape(
+                    name=f"rollout-tp{group.tp}-{i}",
+                    role=Role.ROLLOUT_INSTANCE,
+                    pool=Pool.CORE_ROLLOUT,
+                    tp=group.tp,
+                    num_stages=1,
+                    kind=rollout_kind(group.tp),
+                    block=len(workers),
+                )
+            )
     return tuple(workers), k
 
 
@@ -132,18 +147,30 @@ def _kinds(plan: Plan, workers: tuple[WorkerShape, ...], k: int) -> tuple[UnitKi
     t = plan.train
     if t.dp > 0:
         span = f"EP block of {k} replicas x TP-{t.tp}" if k > 1 else f"TP-{t.tp} group"
-        kinds.append(UnitKind(key=TRAIN_KIND, size=k * t.tp, count=(t.dp // k) * t.pp,
-                              label=f"training: {t.dp} replicas x {t.pp} stages, each stage's {span} "
-                                    f"({k * t.tp} GPUs) in one node"))
+        kinds.append(
+            UnitKind(
+                key=TRAIN_KIND,
+                size=k * t.tp,
+                count=(t.dp // k) * t.pp,
+                label=f"training: {t.dp} replicas x {t.pp} stages, each stage's {span} ({k * t.tp} GPUs) in one node",
+            )
+        )
     for tp in sorted({w.tp for w in workers if w.role is Role.ROLLOUT_INSTANCE}, reverse=True):
         n = sum(1 for w in workers if w.kind == rollout_kind(tp))
-        kinds.append(UnitKind(key=rollout_kind(tp), size=tp, count=n,
-                              label=f"rollout: {n} TP-{tp} instances, each in one node"))
+        kinds.append(
+            UnitKind(key=rollout_kind(tp), size=tp, count=n, label=f"rollout: {n} TP-{tp} instances, each in one node")
+        )
     return tuple(kinds)
 
 
-def _precheck(plan: Plan, cluster: ClusterSpec, workers: tuple[WorkerShape, ...], k: int,
-              model: ModelSpec | None, kv_reserve_tokens: int) -> list[str]:
+def _precheck(
+    plan: Plan,
+    cluster: ClusterSpec,
+    workers: tuple[WorkerShape, ...],
+    k: int,
+    model: ModelSpec | None,
+    kv_reserve_tokens: int,
+) -> list[str]:
     """Conflicts visible without search: GPU totals, units wider than a node, a model or a replica that does not
     fit in one GPU's memory."""
     g, n_nodes = cluster.gpus_per_node, cluster.num_nodes
@@ -151,16 +178,21 @@ def _precheck(plan: Plan, cluster: ClusterSpec, workers: tuple[WorkerShape, ...]
     out = []
     used = sum(w.num_gpus for w in workers)
     if plan.num_gpus > cluster.num_gpus or used > cluster.num_gpus:
-        out.append(f"the plan needs {max(plan.num_gpus, used)} GPUs (training {plan.train.num_gpus} + rollout "
-                   f"{plan.rollout.num_gpus}) but the cluster has {cluster.num_gpus} ({shape})")
+        out.append(
+            f"the plan needs {max(plan.num_gpus, used)} GPUs (training {plan.train.num_gpus} + rollout "
+            f"{plan.rollout.num_gpus}) but the cluster has {cluster.num_gpus} ({shape})"
+        )
     t = plan.train
     if t.dp > 0 and k * t.tp > g:
         if k == 1:
-            out.append(f"replica train-0 needs each stage's TP-{t.tp} group ({t.tp} GPUs) in one node "
-                       f"but nodes have {g}")
+            out.append(
+                f"replica train-0 needs each stage's TP-{t.tp} group ({t.tp} GPUs) in one node but nodes have {g}"
+            )
         else:
-            out.append(f"replicas train-0..train-{k - 1} form an EP block (ep={t.ep} replicas x TP-{t.tp} = "
-                       f"{k * t.tp} GPUs per stage) that must share one node but nodes have {g}")
+            out.append(
+                f"replicas train-0..train-{k - 1} form an EP block (ep={t.ep} replicas x TP-{t.tp} = "
+                f"{k * t.tp} GPUs per stage) that must share one node but nodes have {g}"
+            )
     wide = sorted({w.tp for w in workers if w.role is Role.ROLLOUT_INSTANCE and w.tp > g}, reverse=True)
     for tp in wide:
         n = sum(1 for w in workers if w.kind == rollout_kind(tp))
@@ -168,8 +200,10 @@ def _precheck(plan: Plan, cluster: ClusterSpec, workers: tuple[WorkerShape, ...]
         out.append(f"instance rollout-tp{tp}-0 needs {tp} GPUs in one node but nodes have {g}{more}")
     cap = cluster.gpu.memory_gb
     if t.dp > 0 and t.memory_gb > cap:
-        out.append(f"replica train-0 needs {t.memory_gb:.1f} GB per GPU (plan.train.memory_gb) but "
-                   f"{cluster.gpu.name} has {cap:g} GB")
+        out.append(
+            f"replica train-0 needs {t.memory_gb:.1f} GB per GPU (plan.train.memory_gb) but "
+            f"{cluster.gpu.name} has {cap:g} GB"
+        )
     if model is not None:
         out.extend(_rollout_memory(workers, cluster, model, kv_reserve_tokens))
     return out
@@ -181,22 +215,29 @@ def rollout_gb_per_gpu(model: ModelSpec, tp: int, kv_reserve_tokens: int) -> flo
     return (model.weight_bytes / tp + kv_reserve_tokens * model.kv_bytes_per_token(tp)) / 1e9
 
 
-def _rollout_memory(workers: tuple[WorkerShape, ...], cluster: ClusterSpec, model: ModelSpec,
-                    kv_reserve_tokens: int) -> list[str]:
+def _rollout_memory(
+    workers: tuple[WorkerShape, ...], cluster: ClusterSpec, model: ModelSpec, kv_reserve_tokens: int
+) -> list[str]:
     cap = cluster.gpu.memory_gb
     out = []
     for tp in sorted({w.tp for w in workers if w.role is Role.ROLLOUT_INSTANCE}):
         need = rollout_gb_per_gpu(model, tp, kv_reserve_tokens)
         if need <= cap:
             continue
-        fits = [d for d in range(1, cluster.gpus_per_node + 1)
-                if rollout_gb_per_gpu(model, d, kv_reserve_tokens) <= cap]
-        hint = (f"the smallest TP degree that fits is TP-{fits[0]}" if fits else
-                f"{model.name} fits nowhere: even TP-{cluster.gpus_per_node} (a whole node) needs "
-                f"{rollout_gb_per_gpu(model, cluster.gpus_per_node, kv_reserve_tokens):.1f} GB per GPU")
-        out.append(f"instance rollout-tp{tp}-0 needs {need:.1f} GB per GPU ({model.weight_bytes / 1e9:.1f} GB of "
-                   f"{model.name} weights / TP-{tp} + KV reserve of {kv_reserve_tokens} tokens) but "
-                   f"{cluster.gpu.name} has {cap:g} GB; {hint}")
+        fits = [
+            d for d in range(1, cluster.gpus_per_node + 1) if rollout_gb_per_gpu(model, d, kv_reserve_tokens) <= cap
+        ]
+        hint = (
+            f"the smallest TP degree that fits is TP-{fits[0]}"
+            if fits
+            else f"{model.name} fits nowhere: even TP-{cluster.gpus_per_node} (a whole node) needs "
+            f"{rollout_gb_per_gpu(model, cluster.gpus_per_node, kv_reserve_tokens):.1f} GB per GPU"
+        )
+        out.append(
+            f"instance rollout-tp{tp}-0 needs {need:.1f} GB per GPU ({model.weight_bytes / 1e9:.1f} GB of "
+            f"{model.name} weights / TP-{tp} + KV reserve of {kv_reserve_tokens} tokens) but "
+            f"{cluster.gpu.name} has {cap:g} GB; {hint}"
+        )
     return out
 
 
@@ -216,9 +257,14 @@ def _keepable(shape: WorkerShape, old: WorkerPlacement, cluster: ClusterSpec) ->
     return OldWorker(name=shape.name, groups=groups, nodes=tuple(nodes))
 
 
-def build_problem(plan: Plan, cluster: ClusterSpec, *, model: ModelSpec | None = None,
-                  current: Placement | None = None,
-                  kv_reserve_tokens: int = DEFAULT_KV_RESERVE_TOKENS) -> PlacementProblem:
+def build_problem(
+    plan: Plan,
+    cluster: ClusterSpec,
+    *,
+    model: ModelSpec | None = None,
+    current: Placement | None = None,
+    kv_reserve_tokens: int = DEFAULT_KV_RESERVE_TOKENS,
+) -> PlacementProblem:
     """Read `plan` and `current` into a `PlacementProblem`; raise `InfeasiblePlacementError` for conflicts that
     need no search (see `_precheck`)."""
     workers, k = plan_workers(plan)
@@ -240,14 +286,25 @@ def build_problem(plan: Plan, cluster: ClusterSpec, *, model: ModelSpec | None =
             else:
                 held.update(kept.gpu_ids)
                 old.append(kept)
-    return PlacementProblem(cluster=cluster, kinds=_kinds(plan, workers, k), workers=workers, train_block=k,
-                            train_stages=plan.train.pp, old=tuple(old), matched=matched, unkeepable=unkeepable)
+    return PlacementProblem(
+        cluster=cluster,
+        kinds=_kinds(plan, workers, k),
+        workers=workers,
+        train_block=k,
+        train_stages=plan.train.pp,
+        old=tuple(old),
+        matched=matched,
+        unkeepable=unkeepable,
+    )
 
 
 def moved(old: WorkerPlacement, new: WorkerPlacement) -> bool:
     """A worker moves when its role or TP degree changes (it must be rebuilt) or any TP group's GPU set does."""
-    return (old.role is not new.role or old.tp != new.tp
-            or normalized_groups(old.gpu_ids, old.tp) != normalized_groups(new.gpu_ids, new.tp))
+    return (
+        old.role is not new.role
+        or old.tp != new.tp
+        or normalized_groups(old.gpu_ids, old.tp) != normalized_groups(new.gpu_ids, new.tp)
+    )
 
 
 @attrs.frozen(kw_only=True, order=True)

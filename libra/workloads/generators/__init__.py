@@ -39,8 +39,17 @@ class WorkloadGenerator:
     Trajectories are cut at `max_model_len` total tokens. Each tool turn carries `tool_latency_s` in `extra`.
     """
 
-    def __init__(self, name: str, *, seed: int, num_prompts: int = 64, samples_per_prompt: int = 16,
-                 max_model_len: int = 40960, drift_steps: int = 100, num_dataset_prompts: int | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        seed: int,
+        num_prompts: int = 64,
+        samples_per_prompt: int = 16,
+        max_model_len: int = 40960,
+        drift_steps: int = 100,
+        num_dataset_prompts: int | None = None,
+    ) -> None:
         if name not in _MODULES:
             raise SpecError(f"unknown workload {name!r}; expected one of {', '.join(WORKLOAD_NAMES)}")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -52,12 +61,15 @@ class WorkloadGenerator:
         self.max_model_len = _positive_int("max_model_len", max_model_len)
         self.drift_steps = _positive_int("drift_steps", drift_steps)
         self.num_dataset_prompts = _positive_int(
-            "num_dataset_prompts", 4 * num_prompts if num_dataset_prompts is None else num_dataset_prompts)
+            "num_dataset_prompts", 4 * num_prompts if num_dataset_prompts is None else num_dataset_prompts
+        )
         self._module = _MODULES[name]
         self._tag = zlib.crc32(name.encode())
         rng = np.random.default_rng([seed, self._tag, 0])
-        self._pool = PromptPool(prompt_tokens=self._module.prompt_tokens(rng, self.num_dataset_prompts),
-                                traits=rng.standard_normal((self.num_dataset_prompts, self._module.NUM_TRAITS)))
+        self._pool = PromptPool(
+            prompt_tokens=self._module.prompt_tokens(rng, self.num_dataset_prompts),
+            traits=rng.standard_normal((self.num_dataset_prompts, self._module.NUM_TRAITS)),
+        )
         self._epochs: dict[int, np.ndarray] = {}
 
     @property
@@ -71,7 +83,8 @@ class WorkloadGenerator:
     def _epoch(self, epoch: int) -> np.ndarray:
         if epoch not in self._epochs:
             self._epochs[epoch] = np.random.default_rng([self.seed, self._tag, 2, epoch]).permutation(
-                self.num_dataset_prompts)
+                self.num_dataset_prompts
+            )
         return self._epochs[epoch]
 
     def prompt_indices(self, step: int) -> np.ndarray:
@@ -93,12 +106,21 @@ class WorkloadGenerator:
         batch = cap_lengths(batch, ptoks, self.max_model_len)
         ids = [f"{self.name}-p{i}" for i in prompts.tolist()]
         samples = np.tile(np.arange(self.samples_per_prompt), self.num_prompts)
-        return to_trajectories(batch, tool_names=self._module.TOOLS, prompt_ids=ids, prompt_tokens=ptoks,
-                               samples=samples, step=step)
+        return to_trajectories(
+            batch, tool_names=self._module.TOOLS, prompt_ids=ids, prompt_tokens=ptoks, samples=samples, step=step
+        )
 
 
-def generate(name: str, *, num_steps: int, seed: int, num_prompts: int = 64, samples_per_prompt: int = 16,
-             start_step: int = 0, **kw) -> list[Trajectory]:
+def generate(
+    name: str,
+    *,
+    num_steps: int,
+    seed: int,
+    num_prompts: int = 64,
+    samples_per_prompt: int = 16,
+    start_step: int = 0,
+    **kw,
+) -> list[Trajectory]:
     """Trajectories of steps `start_step .. start_step + num_steps - 1`, in step order."""
     _positive_int("num_steps", num_steps)
     if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:

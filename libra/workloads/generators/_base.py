@@ -71,8 +71,15 @@ def cap_lengths(batch: StepBatch, prompt_tokens: np.ndarray, max_model_len: int)
     return attrs.evolve(batch, gen_tokens=gen, tool_tokens=tool_tok, num_turns=num_turns)
 
 
-def to_trajectories(batch: StepBatch, *, tool_names: tuple[str, ...], prompt_ids: list[str],
-                    prompt_tokens: np.ndarray, samples: np.ndarray, step: int) -> list[Trajectory]:
+def to_trajectories(
+    batch: StepBatch,
+    *,
+    tool_names: tuple[str, ...],
+    prompt_ids: list[str],
+    prompt_tokens: np.ndarray,
+    samples: np.ndarray,
+    step: int,
+) -> list[Trajectory]:
     """Trajectory values, one per row. Each tool turn carries `tool_latency_s` in its `extra`."""
     # ~100K acyclic objects: pause the cyclic collector, which would otherwise rescan them as they are made
     gc_was_enabled = gc.isenabled()
@@ -84,8 +91,14 @@ def to_trajectories(batch: StepBatch, *, tool_names: tuple[str, ...], prompt_ids
             gc.enable()
 
 
-def _build(batch: StepBatch, tool_names: tuple[str, ...], prompt_ids: list[str], prompt_tokens: np.ndarray,
-           samples: np.ndarray, step: int) -> list[Trajectory]:
+def _build(
+    batch: StepBatch,
+    tool_names: tuple[str, ...],
+    prompt_ids: list[str],
+    prompt_tokens: np.ndarray,
+    samples: np.ndarray,
+    step: int,
+) -> list[Trajectory]:
     valid = np.arange(batch.gen_tokens.shape[1])[None, :] < batch.num_turns[:, None]
     # every valid turn, row-major (the turns of row 0, then of row 1, ...), as python values; the names are looked
     # up by array indexing (NO_TOOL = -1 picks the trailing None)
@@ -99,7 +112,9 @@ def _build(batch: StepBatch, tool_names: tuple[str, ...], prompt_ids: list[str],
     turns = trusted_turns(batch.gen_tokens[valid].tolist(), tools, statuses, tool_tok, extras)
     ends = np.cumsum(batch.num_turns).tolist()
     starts = [0, *ends[:-1]]
-    return [Trajectory(prompt_id=pid, prompt_tokens=ptok, turns=tuple(turns[a:b]), sample=sample, step=step,
-                       reward=reward)
-            for pid, ptok, a, b, sample, reward in zip(prompt_ids, prompt_tokens.tolist(), starts, ends,
-                                                       samples.tolist(), batch.reward.tolist())]
+    return [
+        Trajectory(prompt_id=pid, prompt_tokens=ptok, turns=tuple(turns[a:b]), sample=sample, step=step, reward=reward)
+        for pid, ptok, a, b, sample, reward in zip(
+            prompt_ids, prompt_tokens.tolist(), starts, ends, samples.tolist(), batch.reward.tolist()
+        )
+    ]

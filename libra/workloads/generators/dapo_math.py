@@ -49,7 +49,8 @@ def simulate(rng: np.random.Generator, traits: np.ndarray, ptoks: np.ndarray, pr
         tool[idx, t] = 0
         status[idx, t] = st
         tool_tok[idx, t] = np.where(st == 1, lognormal(rng, 260.0, 0.5, m), lognormal(rng, 40.0, 0.8, m)).astype(
-            np.int64)
+            np.int64
+        )
         latency[idx, t] = np.where(st == 2, 10.0, lognormal(rng, 0.3, 0.6, m))
         remaining[idx] += np.where(st != 0, lognormal(rng, 600.0, 0.6, m), 0.0)  # a failure costs more thinking
         num_turns[idx] = t + 2
@@ -58,5 +59,12 @@ def simulate(rng: np.random.Generator, traits: np.ndarray, ptoks: np.ndarray, pr
     rows = np.arange(n)
     gen[rows, last] = np.maximum(30, remaining).astype(np.int64)
     reward = (rng.random(n) < sigmoid(0.5 - 1.3 * z)).astype(float)
-    return StepBatch(gen_tokens=gen, tool=tool, status=status, tool_tokens=tool_tok, tool_latency_s=latency,
-                     num_turns=num_turns, reward=reward)
+    return StepBatch(
+        gen_tokens=gen,
+        tool=tool,
+        status=status,
+        tool_tokens=tool_tok,
+        tool_latency_s=latency,
+        num_turns=num_turns,
+        reward=reward,
+    )

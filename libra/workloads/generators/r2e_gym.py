@@ -47,7 +47,7 @@ def simulate(rng: np.random.Generator, traits: np.ndarray, ptoks: np.ndarray, pr
         g = lognormal(rng, think * np.exp(0.2 * z[idx] + 0.25 * trouble[idx]), 0.6, m)
         gen[idx, t] = np.maximum(10, g).astype(np.int64)
         num_turns[idx] = t + 1
-        logit = (-1.0 + 2.6 * progress + 0.8 * z[idx] + 1.3 * trouble[idx] - 0.05 * t)
+        logit = -1.0 + 2.6 * progress + 0.8 * z[idx] + 1.3 * trouble[idx] - 0.05 * t
         if t == 0:
             logit = logit + 3.0  # an agent always looks at the repository first
         if t == horizon - 1:
@@ -72,9 +72,19 @@ def simulate(rng: np.random.Generator, traits: np.ndarray, ptoks: np.ndarray, pr
         tool[s, t] = kind
         status[s, t] = st
         tool_tok[s, t] = np.maximum(5, size).astype(np.int64)
-        latency[s, t] = np.where(st == 2, 60.0, np.select([kind == 0, kind == 1], [lognormal(rng, 1.5, 0.8, k),
-                                                                                 lognormal(rng, 4.0, 0.8, k)], 0.3))
+        latency[s, t] = np.where(
+            st == 2,
+            60.0,
+            np.select([kind == 0, kind == 1], [lognormal(rng, 1.5, 0.8, k), lognormal(rng, 4.0, 0.8, k)], 0.3),
+        )
         trouble[s] = 0.8 * trouble[s] + (st != 0)
     reward = (rng.random(n) < sigmoid(0.3 - 1.1 * z - 0.2 * trouble)).astype(float)
-    return StepBatch(gen_tokens=gen, tool=tool, status=status, tool_tokens=tool_tok, tool_latency_s=latency,
-                     num_turns=num_turns, reward=reward)
+    return StepBatch(
+        gen_tokens=gen,
+        tool=tool,
+        status=status,
+        tool_tokens=tool_tok,
+        tool_latency_s=latency,
+        num_turns=num_turns,
+        reward=reward,
+    )

@@ -84,5 +84,12 @@ def simulate(rng: np.random.Generator, traits: np.ndarray, ptoks: np.ndarray, pr
         done_searches[s] += st == 0  # a failed search is retried
         planned[s] += (st == 0) & (rng.random(k) < _STYLE_FOLLOW_UP[style[s]])
     reward = (rng.random(n) < sigmoid(1.0 - 0.5 * hops + 0.5 * (done_searches >= hops))).astype(float)
-    return StepBatch(gen_tokens=gen, tool=tool, status=status, tool_tokens=tool_tok, tool_latency_s=latency,
-                     num_turns=num_turns, reward=reward)
+    return StepBatch(
+        gen_tokens=gen,
+        tool=tool,
+        status=status,
+        tool_tokens=tool_tok,
+        tool_latency_s=latency,
+        num_turns=num_turns,
+        reward=reward,
+    )
