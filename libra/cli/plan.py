@@ -42,6 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--place", action="store_true", help="also map the plan onto GPU ids (OR-Tools CP-SAT)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("--emit", choices=("verl",), default=None, help="also write the plan as a framework config (verl)")
+    p.add_argument("--out", metavar="DIR", default=None, help="with --emit: the folder to write it to")
+    p.add_argument("--verl-strategy", choices=("megatron", "fsdp"), default="megatron", help="verl actor (--emit verl)")
+    p.add_argument("--model-path", default=None, help="with --emit verl: the model's HF path (default: --model)")
     p.set_defaults(run=run)
 
 
@@ -78,6 +82,27 @@ def _tp_degrees(text: str) -> tuple[int, ...]:
 def _range(low: float, high: float) -> str:
     hi = "inf" if math.isinf(high) else f"{high:,.0f}"
     return f"({low:,.0f}, {hi}]"
+
+
+def _emit_verl(args: argparse.Namespace, plan, cluster, rl, model) -> dict[str, Any]:
+    from libra.adapters.verl import VerlConfigError, emit_verl_config  # pure: imports no verl
+
+    if not args.out:
+        raise CLIError("--emit verl needs --out DIR")
+    try:
+        config = emit_verl_config(
+            plan,
+            cluster=cluster,
+            rl=rl,
+            model_path=args.model_path or model.name,
+            strategy=args.verl_strategy,
+            config_dir=args.out,
+        )
+    except VerlConfigError as exc:
+        raise CLIError(f"--emit verl: {exc}") from None
+    files = config.write(args.out)
+    log(f"verl {config.trainer_mode} config written to {args.out}: " + ", ".join(f.name for f in files))
+    return {**config.summary(), "files": [str(f) for f in files]}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -122,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if placement is not None:
         out["placement"] = [{"name": w.name, "role": str(w.role), "gpus": list(w.gpu_ids)} for w in placement.workers]
+    if args.emit == "verl":
+        out["verl"] = _emit_verl(args, plan, cluster, rl, model)
     if args.json:
         emit_json(out)
         return 0
