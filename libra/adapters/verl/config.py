@@ -8,8 +8,9 @@ GPUs are dropped without a word). It also asserts a few batch rules (`train_batc
 ppo_mini_batch_size`, the global batch divisible by DP x micro-batch). Libra checks all of that before writing and
 refuses, with one line, a plan that verl would run differently from what the planner decided.
 
-A plan with one rollout TP degree runs on verl's own `separate_async` trainer; a plan with several degrees runs on
-`libra_separate_async` (`libra.adapters.verl.trainer`), which builds one server manager per bucket. Buckets, their
+A plan with one rollout bucket runs on verl's own `separate_async` trainer; a plan with several buckets (mixed TP
+degrees, or one degree split by length) runs on `libra_separate_async` (`libra.adapters.verl.trainer`), which builds
+one server manager per bucket. Buckets, their
 GPUs and node layout travel in `actor_rollout_ref.rollout.custom.libra` (verl's extension point for custom
 configuration), which the router and the Libra trainer read back.
 """
@@ -175,9 +176,6 @@ def _rollout_buckets(plan: Plan, cluster: ClusterSpec) -> tuple[VerlBucket, ...]
             f"replicas on all {plan.rollout.num_gpus} (floor division by TP), so Libra refuses a plan with idle "
             "rollout GPUs"
         )
-    tps = [g.tp for g in groups]
-    if len(set(tps)) != len(tps):
-        raise VerlConfigError(f"two rollout buckets share a TP degree ({tps}); verl's servers say only their TP")
     out = []
     for i, g in enumerate(groups):
         if g.tp > cluster.gpus_per_node:
@@ -228,11 +226,15 @@ def emit_verl_config(
     config_dir: str | Path = ".",
     checkpoint_backend: str = "nccl",
     tool_timeout_s: float = 600.0,
+    adv_estimator: str = "grpo",
+    rollout_engine: str = "vllm",
 ) -> VerlConfig:
     """The verl 0.9.1 configuration that runs `plan` on `cluster`: `separate_async` with Megatron or FSDP actors.
 
     `config_dir` is where the router and agent-loop YAML will lie (the overrides name them by absolute path);
-    `tool_timeout_s` is how long `LibraToolAgentLoop` lets a tool call run before reporting it as a timeout.
+    `adv_estimator` is verl's advantage estimator: GRPO by default, which needs no critic (the planner plans one
+    trained model; a critic would need GPUs of its own). `tool_timeout_s` is how long `LibraToolAgentLoop` lets a
+    tool call run before reporting it as a timeout; `rollout_engine` is verl's `rollout.name`.
     Raises `VerlConfigError` (one line) for a plan verl would run differently: idle or mis-summed rollout GPUs,
     a replica or a TP group that does not fit a node, a derived DP other than the plan's, a batch verl refuses, a
     TP/PP/EP layout on FSDP."""
@@ -274,6 +276,7 @@ def emit_verl_config(
     o: list[str] = [
         f"trainer.v1.trainer_mode={trainer_mode}",
         f"trainer.v1.separate_async.parameter_sync_step={parameter_sync_step}",
+        f"algorithm.adv_estimator={adv_estimator}",
         f"trainer.nnodes={train_layout.nnodes}",
         f"trainer.n_gpus_per_node={train_layout.gpus_per_node}",
         f"{ar}.hybrid_engine=False",
@@ -286,6 +289,7 @@ def emit_verl_config(
         f"{ar}.actor.use_dynamic_bsz=False",
         f"{ar}.rollout.log_prob_micro_batch_size_per_gpu={t.micro_batch}",
         f"{ar}.ref.log_prob_micro_batch_size_per_gpu={t.micro_batch}",
+        f"{ar}.rollout.name={rollout_engine}",
         f"{ar}.rollout.n={rl.samples_per_prompt}",
         f"{ar}.rollout.nnodes={rollout_layout.nnodes}",
         f"{ar}.rollout.n_gpus_per_node={rollout_layout.gpus_per_node}",

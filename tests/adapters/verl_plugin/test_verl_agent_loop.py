@@ -28,6 +28,7 @@ import ray
 import verl
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from limits import scaled  # tests/limits.py (verl and TransferQueue install a top-level `tests` that shadows ours)
 from verl import DataProto
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 from verl.workers.rollout.llm_server import LLMServerManager
@@ -38,7 +39,6 @@ from libra.adapters.tiny_model import build_tiny_model
 from libra.adapters.verl import emit_verl_config, export_batch, write_trace
 from libra.adapters.verl.trainer import build_bucket_managers
 from libra.spec import ClusterSpec, InstanceGroup, Plan, RLSettings, RolloutConfig, TrainConfig, get_gpu
-from tests.limits import scaled
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent.parent
@@ -141,9 +141,12 @@ def _batch(scripts: list[str], *, first: int = 0) -> DataProto:
     """One trajectory per script; `uid` groups the samples of a prompt as verl does."""
     prompts = [[{"role": "user", "content": f"[traj {first + i}] calls: {s}"}] for i, s in enumerate(scripts)]
     n = len(scripts)
+    raw_prompt = np.empty(n, dtype=object)
+    for i, messages in enumerate(prompts):
+        raw_prompt[i] = messages
     return DataProto.from_single_dict(
         {
-            "raw_prompt": np.array(prompts + [None], dtype=object)[:-1],
+            "raw_prompt": raw_prompt,
             "agent_name": np.array(["libra_tool_agent"] * n, dtype=object),
             "uid": np.array([f"p{(first + i) // 2}" for i in range(n)], dtype=object),
             "index": np.arange(first, first + n),

@@ -85,10 +85,12 @@ def hydra_dir():
     GlobalHydra.instance().clear()
 
 
-def test_the_plugin_registered_libra_with_verl():
-    from libra.adapters.verl import plugin
+def test_import_verl_registers_libra_through_the_entry_point():
+    # nothing here imports libra.adapters.verl.plugin: `import verl` did, through the verl.plugins entry point
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 
-    assert plugin.registered() == {"libra_separate_async": True, "libra_tool_agent": True}
+    assert "libra_separate_async" in TRAINER_REGISTRY and "libra_tool_agent" in _agent_loop_registry
 
 
 def test_verl_accepts_the_emitted_config_for_ten_plans(hydra_dir, tmp_path):
@@ -163,7 +165,8 @@ def test_plans_verl_would_mangle_are_refused_with_one_line(tmp_path):
         rollout=RolloutConfig(num_gpus=9, time_s=1.0, instances=plan.rollout.instances),
         makespan_s=1.0,
     )
-    bad.append((idle, cluster, rl, "megatron", "idle"))
+    big = ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=24, gpus_per_node=8)
+    bad.append((idle, big, rl, "megatron", "idle"))
     # TP/PP on FSDP
     tp_plan = Plan(train=TrainConfig(num_gpus=8, tp=2, pp=1, dp=4), rollout=plan.rollout, makespan_s=1.0)
     bad.append((tp_plan, cluster, rl, "fsdp", "data-parallel only"))

@@ -44,7 +44,7 @@ class FakeTokenServer:
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict, **kwargs: Any):
         text = self.tokenizer.decode(prompt_ids)
         traj = re.search(r"\[traj (\d+)\]", text)
-        script = re.search(r"calls:((?: \S+)*)", text)
+        script = re.search(r"calls:((?: [a-z]+:[0-9/.]+)*)", text)
         calls = script.group(1).split() if script else []
         turn = text.count("tool:")  # the chat template writes each tool message as "tool: ..."
         self.calls.append(
