@@ -186,7 +186,7 @@ def test_cmlfq_routes_verl_trajectories_into_buckets_and_moves_them_at_turn_boun
     counts = status["libra"]["counts"]
     assert counts["admitted"] == len(SCRIPTS) and counts["finished"] == len(SCRIPTS), counts
     assert counts["admitted_bucket_0"] == len(SCRIPTS)  # C-MLFQ admits into the smallest bucket
-    assert counts["tool_ok"] == 5 + 2 and counts["tool_error"] == 1 and counts["tool_timeout"] == 1, counts
+    assert counts["tool_ok"] == 9 and counts["tool_error"] == 1 and counts["tool_timeout"] == 1, counts
     assert counts["migrations"] == 3, counts
 
     records = export_batch(out, step=0)
@@ -232,7 +232,7 @@ def test_servers_removed_and_added_mid_run_lose_no_request(rig):
             0.2,
         )
     )
-    scripts = ["search:3 search:3 search:200 search:3"] * 4 + ["search:3 search:3 search:3"] * 4
+    scripts = ["search:3 search:3 search:120 search:3"] * 4 + ["search:3 search:3 search:3"] * 4
     results = {}
 
     async def run_and_change():
