@@ -92,7 +92,8 @@ class LibraLoadBalancer:
                 self.counts["server_moves"] += 1
             self._sticky[request_id] = server_id
             if len(self._sticky) > STICKY_CACHE_SIZE:
-                self._sticky.popitem(last=False)
+                evicted, _ = self._sticky.popitem(last=False)
+                self._last_server.pop(evicted, None)
         self._sticky.move_to_end(request_id)
         self._last_server[request_id] = server_id
         self._inflight[server_id] += 1
@@ -107,9 +108,7 @@ class LibraLoadBalancer:
     def add_servers(self, servers: dict[str, Any]) -> None:
         if not servers:
             return
-        import ray
-
-        configs = ray.get([handle.get_rollout_config.remote() for handle in servers.values()])
+        configs = self._rollout_configs(list(servers.values()))
         for (sid, handle), cfg in zip(servers.items(), configs):
             self._servers[sid] = handle
             self._bucket_of_server[sid] = self._bucket_for_server(cfg)
@@ -169,8 +168,7 @@ class LibraLoadBalancer:
         self.counts[f"tool_{status}"] += 1
         if d.migrate:
             self.counts["migrations"] += 1
-            self.counts["migrated_tokens"] += d.migrated_tokens
-            self._sticky.pop(request_id, None)  # the next turn picks a server of the new bucket
+            self.counts["migrated_tokens"] += d.migrated_tokens  # the next acquire leaves the old bucket's server
         return {
             "bucket": d.bucket,
             "migrate": d.migrate,
@@ -203,6 +201,12 @@ class LibraLoadBalancer:
         return dict(self.counts)
 
     # -- internals -----------------------------------------------------------------------------------------------
+    def _rollout_configs(self, handles: list[Any]) -> list[Any]:
+        """Each server's `get_rollout_config()` (its TP, and `custom.libra.bucket` under the Libra trainer)."""
+        import ray
+
+        return ray.get([handle.get_rollout_config.remote() for handle in handles])
+
     def _admit(self, request_id: str, *, prompt_id: str, prompt_tokens: int):
         d = self.router.admit(request_id, prompt_id=prompt_id, prompt_tokens=prompt_tokens)
         self._admitted.add(request_id)
