@@ -30,11 +30,13 @@ class FakeTokenOutput:
 
 class FakeTokenServer:
     def __init__(self, name: str, rollout_config: dict[str, Any], tokenizer_dir: str, delay_s: float = 0.02) -> None:
-        from transformers import AutoTokenizer
+        from pathlib import Path
+
+        from tokenizers import Tokenizer  # not transformers: a lighter import for each Ray worker
 
         self.name = name
         self.rollout_config = rollout_config
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        self.tokenizer = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
         self.delay_s = delay_s
         self.calls: list[dict[str, Any]] = []
 
@@ -42,7 +44,7 @@ class FakeTokenServer:
         return self.rollout_config
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict, **kwargs: Any):
-        text = self.tokenizer.decode(prompt_ids)
+        text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
         traj = re.search(r"\[traj (\d+)\]", text)
         script = re.search(r"calls:((?: [a-z]+:[0-9/.]+)*)", text)
         calls = script.group(1).split() if script else []
@@ -62,7 +64,7 @@ class FakeTokenServer:
             reply = "<tool_call>" + json.dumps({"name": tool, "arguments": args}) + "</tool_call>"
         else:
             reply = "the answer is forty two"
-        return FakeTokenOutput(token_ids=self.tokenizer.encode(reply, add_special_tokens=False))
+        return FakeTokenOutput(token_ids=self.tokenizer.encode(reply, add_special_tokens=False).ids)
 
     def stats(self) -> list[dict[str, Any]]:
         return list(self.calls)
