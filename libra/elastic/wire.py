@@ -259,7 +259,7 @@ class SideChannelServer:
         self.host, self.port = self._sock.getsockname()[:2]
 
     def accept_ready(self) -> list[TcpLink]:
-        links = []
+        links: list[TcpLink] = []
         while True:
             try:
                 conn, _ = self._sock.accept()

@@ -270,10 +270,11 @@ class CMLFQRouter(Router):
         a_ok = walk.a_node.count >= m
         if p_ok and walk.p_exact:
             return walk.p_node, walk.p_ctx, 1.0
-        if self.fallback == "scaled" and p_ok and a_ok and walk.a_exact and walk.p_root.count >= m:
+        root = walk.p_root  # not None when p_ok: a walk reaches a prompt node only from that prompt's root
+        if self.fallback == "scaled" and p_ok and a_ok and walk.a_exact and root is not None and root.count >= m:
             # the agnostic node for this path, scaled by how long this prompt runs relative to all prompts
             base = self.tree.agnostic.mean
-            return walk.a_node, walk.a_ctx, (walk.p_root.mean / base if base > 0 else 1.0)
+            return walk.a_node, walk.a_ctx, (root.mean / base if base > 0 else 1.0)
         if self.fallback == "agnostic" and a_ok and walk.a_exact:
             return walk.a_node, walk.a_ctx, 1.0
         if p_ok:

@@ -18,6 +18,10 @@ from libra.workloads.trace import TOOL_STATUSES
 DEFAULT_SIZE_EDGES: tuple[int, ...] = (500, 5000)
 
 
+def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(values)
+
+
 def _check_edges(instance: object, attribute: attrs.Attribute, value: tuple[int, ...]) -> None:
     if any(isinstance(e, bool) or not isinstance(e, int | float) or e <= 0 for e in value):
         raise SpecError(f"size-class edges must be positive numbers, got {value!r}")
@@ -67,7 +71,7 @@ class StateCodec:
     another workload). When None, any tool name is accepted and gets a code on first sight.
     """
 
-    size_edges: tuple[int, ...] = attrs.field(default=DEFAULT_SIZE_EDGES, converter=tuple, validator=_check_edges)
+    size_edges: tuple[int, ...] = attrs.field(default=DEFAULT_SIZE_EDGES, converter=_int_tuple, validator=_check_edges)
     tools: frozenset[str] | None = attrs.field(default=None, converter=lambda v: None if v is None else frozenset(v))
     _codes: dict[tuple[str, int, str], int] = attrs.field(factory=dict, init=False)
     _states: list[ToolReturnState] = attrs.field(factory=list, init=False)

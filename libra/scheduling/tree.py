@@ -279,10 +279,11 @@ class PrefixTree:
                 remaining = total - context
                 seen.append(remaining)
                 owner = node.children
-                node = owner.get(code)
-                if node is None:
-                    node = owner[code] = Node()
+                child = owner.get(code)
+                if child is None:
+                    child = owner[code] = Node()
                     created += 1
+                node = child
                 if node.last_step != step:
                     node.last_step = step
                     touch(node)

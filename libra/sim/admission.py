@@ -9,12 +9,43 @@ work-conserving admission, where idle instances take requests queued elsewhere (
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from libra.sim.states import RUN, WAIT
 
+if TYPE_CHECKING:
+    from libra.planning.cost import CostCoefficients, RolloutCost
+    from libra.sim.rollout import Instances
+
 
 class Admission:
+    # The state of `RolloutRun` this mixin reads and writes (declared here for the type checker; set there).
+    inst: Instances
+    rc: RolloutCost
+    c: CostCoefficients
+    steal: str
+    where: np.ndarray
+    ctx: np.ndarray
+    fresh: np.ndarray
+    ready: np.ndarray
+    pending: np.ndarray
+    lag: np.ndarray
+    stolen: np.ndarray
+    debt: np.ndarray
+    rebalanced: int
+    rebalanced_tokens: int
+    _freed: tuple[np.ndarray, np.ndarray]
+    _refilled: np.ndarray
+
+    if TYPE_CHECKING:
+
+        def _in_state(self, state: int, *, equal: bool = True) -> np.ndarray: ...
+        def _set_state(self, reqs: np.ndarray, state: int) -> None: ...
+        def _degrees(self) -> tuple[int, ...]: ...
+        def _cap_k(self) -> np.ndarray: ...
+
     def _admit(self, t: float) -> None:
         """Admit what fits; then, with work-conserving admission, idle instances take requests that still queue
         elsewhere (`_steal`) and admit them in the same slice."""

@@ -149,10 +149,10 @@ class PolicyRun:
             if old is None:
                 pass
             else:
-                before = Counter()
+                before: Counter[int] = Counter()
                 for g in old.rollout:
                     before[g.tp] += g.count
-                after = Counter()
+                after: Counter[int] = Counter()
                 for g in new_alloc.rollout:
                     after[g.tp] += g.count
                 new = Counter({tp: max(0, after[tp] - before[tp]) for tp in after})

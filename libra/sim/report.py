@@ -26,8 +26,10 @@ def write_plots(report: SimReport, out: Path) -> list[Path]:
     paths = []
     fig, ax = plt.subplots(figsize=(9, 5))
     for r in report.results:
-        steps = [x for x in r.records if x.trajectories]
-        ax.plot([x.step for x in steps], [x.tokens / x.duration if x.duration > 0 else 0 for x in steps], label=r.name)
+        stages = [x for x in r.records if x.trajectories]
+        ax.plot(
+            [x.step for x in stages], [x.tokens / x.duration if x.duration > 0 else 0 for x in stages], label=r.name
+        )
     ax.set_xlabel("step")
     ax.set_ylabel("tokens / s (stage)")
     ax.set_title(f"{report.workload}, {report.num_gpus} GPUs: throughput per step")

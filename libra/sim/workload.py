@@ -27,8 +27,8 @@ class ToolLatency:
     sigma: float = 0.8
     per_tool_median_s: dict[str, float] = attrs.field(factory=dict, eq=False, hash=False)
 
-    def draw(self, rng: np.random.Generator, tools: Sequence[str]) -> np.ndarray:
-        med = np.array([self.per_tool_median_s.get(t, self.median_s) for t in tools], float)
+    def draw(self, rng: np.random.Generator, tools: Sequence[str | None]) -> np.ndarray:
+        med = np.array([self.median_s if t is None else self.per_tool_median_s.get(t, self.median_s) for t in tools])
         return med * np.exp(self.sigma * rng.standard_normal(len(tools)))
 
 

@@ -59,6 +59,7 @@ class ModelSpec:
     def expert_params(self) -> int:
         """Parameters of one gated MLP (gate, up, down)."""
         width = self.moe_ffn_hidden_size if self.is_moe else self.ffn_hidden_size
+        assert width is not None  # an MoE model without moe_ffn_hidden_size is refused in __attrs_post_init__
         return 3 * self.hidden_size * int(width)
 
     @property

@@ -25,14 +25,16 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter, OrderedDict
+from pathlib import Path
 from typing import Any
 
 from libra.spec import Bucket, SpecError
-from libra.workloads.trace import TraceError, parse_line
+from libra.workloads.trace import TraceError, Trajectory, parse_line
 
 logger = logging.getLogger(__name__)
 
 STICKY_CACHE_SIZE = 100_000
+_SOURCE = Path("<verl agent loop>")
 
 
 def buckets_from_yaml(config: dict[str, Any]) -> tuple[Bucket, ...]:
@@ -185,11 +187,11 @@ class LibraLoadBalancer:
             return
         self._admitted.discard(request_id)
         try:
-            traj = parse_line(json.dumps(trajectory), "<verl agent loop>", 1)
-        except TraceError as exc:
+            traj = parse_line(json.dumps(trajectory), _SOURCE, 1)
+        except TraceError as exc:  # the request still leaves the router; an empty trajectory teaches it nothing
             logger.warning("LibraLoadBalancer: trajectory of %s not learnt from: %s", request_id, exc)
-            self.router.finish(request_id, parse_line('{"prompt_id": "x", "prompt_tokens": 0, "turns": []}', "", 1))
-            return
+            traj = Trajectory(prompt_id=str(request_id), prompt_tokens=0, turns=())
+            self.counts["unparsed"] += 1
         self.router.finish(request_id, traj)
         self.counts["finished"] += 1
 

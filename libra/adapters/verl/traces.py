@@ -84,7 +84,7 @@ def export_batch(batch: Any, *, step: int | None = None, sample_key: str = "roll
             rec["sample"] = int(samples[i])
         if scores is not None and scores[i] is not None and "reward" not in rec:
             rec["reward"] = float(scores[i])
-        parse_line(json.dumps(rec), "<verl batch>", i + 1)  # schema check: names the field that is wrong
+        parse_line(json.dumps(rec), Path("<verl batch>"), i + 1)  # schema check: names the field that is wrong
         out.append(rec)
     return out
 
