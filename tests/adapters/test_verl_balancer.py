@@ -9,7 +9,20 @@ from hypothesis import strategies as st
 
 from libra.adapters.verl.balancer import LibraLoadBalancer
 
-YAML = {"policy": "cmlfq", "buckets": [{"tp": 1, "max_tokens": 300}, {"tp": 2, "max_tokens": 900}, {"tp": 4}]}
+
+def published_options() -> dict:
+    """Router options that select C-MLFQ's published rule (start small, promote on overflow) whichever preset is the
+    project's default: the books checked here do not depend on the preset, and the moves asserted below need one."""
+    from libra.scheduling import cmlfq
+
+    return {"preset": "published"} if hasattr(cmlfq.CMLFQRouter, "create") else {}
+
+
+YAML = {
+    "policy": "cmlfq",
+    "options": published_options(),
+    "buckets": [{"tp": 1, "max_tokens": 300}, {"tp": 2, "max_tokens": 900}, {"tp": 4}],
+}
 
 
 class DictBalancer(LibraLoadBalancer):

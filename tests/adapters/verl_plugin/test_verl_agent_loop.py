@@ -46,6 +46,13 @@ BUCKETS = "1:250,2:600,4:inf"
 TOOL_TIMEOUT_S = 1.0
 
 
+def published_options() -> dict:
+    """C-MLFQ's published rule whichever preset is the project's default (`preset` exists once presets do)."""
+    from libra.scheduling import cmlfq
+
+    return {"preset": "published"} if hasattr(cmlfq.CMLFQRouter, "create") else {}
+
+
 class FakeReplica(RolloutReplica):
     """verl's replica life cycle with a fake token server in place of a GPU vLLM server."""
 
@@ -101,6 +108,7 @@ def rig(tmp_path_factory):
         max_prompt_tokens=1024,
         config_dir=tmp / "verl",
         tool_timeout_s=TOOL_TIMEOUT_S,
+        router_options=published_options(),  # start small, promote on overflow: the moves asserted below
     )
     vc.write(tmp / "verl")
     overrides = list(vc.overrides) + [
