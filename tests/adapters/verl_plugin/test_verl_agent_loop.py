@@ -80,6 +80,20 @@ class FakeManager(LLMServerManager):
     rollout_replica_class = FakeReplica
 
 
+def _start_ray(attempts: int = 3) -> None:
+    """Start local Ray, again if it times out starting: Ray waits a fixed 30 s for its raylet to register, which a
+    machine at load average 30 (this one, at times) can miss. Starting the cluster is not what these tests check."""
+    for attempt in range(attempts):
+        ray_dir = tempfile.mkdtemp(prefix="rl", dir="/tmp")  # short: Ray's socket paths have a length limit
+        try:
+            ray.init(num_cpus=4, include_dashboard=False, _temp_dir=ray_dir, log_to_driver=False)
+            return
+        except Exception as exc:  # Ray raises a bare Exception for this
+            ray.shutdown()
+            if "timed out during startup" not in str(exc) or attempt == attempts - 1:
+                raise
+
+
 def _plan() -> tuple[Plan, ClusterSpec, RLSettings]:
     groups = ((1, 2, 250.0), (2, 1, 600.0), (4, 1, math.inf))
     instances = tuple(InstanceGroup(tp=tp, count=c, max_tokens=m) for tp, c, m in groups)
@@ -123,8 +137,7 @@ def rig(tmp_path_factory):
         cfg = compose(config_name=vc.config_name, overrides=overrides)
     GlobalHydra.instance().clear()
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")])
-    ray_dir = tempfile.mkdtemp(prefix="rl", dir="/tmp")  # short: Ray's socket paths have a length limit
-    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=ray_dir, log_to_driver=False)
+    _start_ray()
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     try:
