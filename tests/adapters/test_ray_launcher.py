@@ -9,9 +9,10 @@ import pytest
 
 from libra.elastic import CancelJoin, ElasticController, JoinTraining, StartInstance, StopInstance
 from libra.spec import Placement, Pool, Role, WorkerPlacement
+from tests.limits import scaled
 
 ray = pytest.importorskip("ray")
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(scaled(240))]
 
 GPUS_PER_NODE = 4
 PLACEMENT = Placement(

@@ -19,6 +19,8 @@ import signal
 import elastic_harness as H
 import elastic_scenarios as S
 
+from tests.limits import scaled
+
 B = H.GLOBAL_BATCH
 PHASES = ("fetching", "restoring", "catchup", "placeholder", "active", "mid_send:GRAD", "leave")
 STEPS = 10
@@ -56,7 +58,7 @@ def _child(spec: dict, port: int, timeout_s: float) -> int:
     model, opt = H.make_model(seed=spec["run"] + 77)  # wrong weights until the snapshot overwrites them
     hy = HybridReplica(worker=S.HYBRID, model=model, optimizer=opt, timeout_s=timeout_s * 20, fault=fault)
     try:
-        hy.join(TcpLink.connect("127.0.0.1", port, timeout=5.0, fault=fault), snapshot_timeout_s=10.0)
+        hy.join(TcpLink.connect("127.0.0.1", port, timeout=scaled(5.0), fault=fault), snapshot_timeout_s=scaled(10.0))
         steps = 0
         while True:
             if spec["phase"] == "leave" and steps == spec["leave_after"]:
@@ -88,7 +90,7 @@ def zygote(requests, replies, timeout_s: float) -> dict:
     outcomes = []
     child = None
     while True:
-        msg = requests.get(timeout=120)  # core rank 0 gone: end instead of waiting forever
+        msg = requests.get(timeout=scaled(120))  # core rank 0 gone: end instead of waiting forever
         if msg[0] == "stop":
             return {"outcomes": outcomes}
         if msg[0] == "run":
@@ -160,7 +162,7 @@ def fault_core(rank: int, world_port: int, requests, replies, num_runs: int, see
         spec = plan_run(seed, run)
         if rank == 0:
             requests.put(("run", spec, server.port))
-            replies.get(timeout=30)
+            replies.get(timeout=scaled(30))
         model, opt = H.make_model()
         ex = CoreExchange(
             core_group=core_group,
@@ -175,7 +177,7 @@ def fault_core(rank: int, world_port: int, requests, replies, num_runs: int, see
         )
         before, after = {}, {}
         for t in range(STEPS):
-            S.pace(ex, cap_s=0.2)
+            S.pace(ex, cap_s=scaled(0.2))
             before[t] = capture(model, opt, version=t)
             a = ex.begin_step(t)
             ex.reduce(t, H.local_grads(model, t, a.shard(B)))
@@ -189,7 +191,7 @@ def fault_core(rank: int, world_port: int, requests, replies, num_runs: int, see
         outcome = None
         if rank == 0:
             requests.put(("end",))
-            outcome = replies.get(timeout=30)
+            outcome = replies.get(timeout=scaled(30))
         contributed = sum(1 for r in records if r.hybrid_contributors)
         runs.append(
             {

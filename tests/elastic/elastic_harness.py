@@ -11,6 +11,8 @@ import os
 
 from spawned import run_processes  # noqa: F401  (re-exported: the tests call it from here)
 
+from tests.limits import scaled
+
 GLOBAL_BATCH = 12  # divisible by 1, 2, 3 and 4 replicas
 IN, HIDDEN, OUT = 4, 8, 2
 LR = 1e-2
@@ -72,7 +74,7 @@ def init_gloo(rank: int, world: int, port: int) -> None:
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=world,
-        timeout=datetime.timedelta(seconds=60),
+        timeout=datetime.timedelta(seconds=scaled(60)),
     )
 
 

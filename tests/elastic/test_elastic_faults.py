@@ -15,10 +15,11 @@ import elastic_faults as F  # noqa: E402
 import elastic_harness as H  # noqa: E402
 
 from libra.elastic.wire import free_port  # noqa: E402
+from tests.limits import scaled  # noqa: E402
 
 NUM_RUNS = 120
 SEED = 2026
-TIMEOUT_S = 0.5  # side-channel receive timeout of the core in these runs
+TIMEOUT_S = scaled(0.5)  # side-channel receive timeout of the core in these runs
 
 
 def _report(name: str, data: dict) -> None:
@@ -31,7 +32,7 @@ def _report(name: str, data: dict) -> None:
 
 @pytest.mark.multiproc
 @pytest.mark.slow
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(scaled(400))
 def test_killing_the_hybrid_never_stops_or_corrupts_the_core(tmp_path):
     ctx = mp.get_context("spawn")
     requests, replies = ctx.Queue(), ctx.Queue()
@@ -43,7 +44,7 @@ def test_killing_the_hybrid_never_stops_or_corrupts_the_core(tmp_path):
             (F.zygote, (requests, replies, TIMEOUT_S)),
         ],
         tmp=tmp_path,
-        timeout_s=360,
+        timeout_s=scaled(360),
     )
     runs = core0["runs"]
     assert len(runs) == NUM_RUNS == len(core1["runs"])  # the core finished every step of every run
@@ -98,7 +99,7 @@ NUM_CYCLES = 1000
 
 @pytest.mark.multiproc
 @pytest.mark.slow
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(scaled(400))
 def test_thousand_tcp_join_leave_cycles_create_no_groups_and_leak_nothing(tmp_path):
     world_port, port_queue = free_port(), mp.get_context("spawn").Queue()
     core0, core1, hybrid = H.run_processes(
@@ -108,7 +109,7 @@ def test_thousand_tcp_join_leave_cycles_create_no_groups_and_leak_nothing(tmp_pa
             (F.tcp_cycles_hybrid, (port_queue, NUM_CYCLES)),
         ],
         tmp=tmp_path,
-        timeout_s=360,
+        timeout_s=scaled(360),
     )
     assert core0["new_group_calls"] == core1["new_group_calls"] == 1
     assert core0["cycles"] == hybrid["cycles"] == NUM_CYCLES
