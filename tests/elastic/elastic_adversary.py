@@ -2,7 +2,9 @@
 
 Each step the peer does one thing; the core must accept only a real gradient for the current step, computed on
 the current state version, sent by an active replica, of the right size; anything else is skipped (or, for a
-protocol violation, the peer is detached) and the reduced gradient is exactly the core's own.
+protocol violation, the peer is detached) and the reduced gradient is exactly the core's own. A gradient that
+comes late (after the core's timeout) is a miss: the step goes on without it, the peer stays attached, and its
+late gradient is dropped as stale the next step.
 """
 
 from __future__ import annotations
@@ -19,12 +21,18 @@ SCRIPT = [
     "wrong_version",
     "stale_then_good",
     "wrong_size",
+    "late",
     "good",
     "future_step",
 ]
 
 
+CORE_TIMEOUT_S = scaled(1.0)  # the core's receive timeout; "late" sends 1.3 of it after the STEP
+
+
 def _peer(port: int, log: list) -> None:
+    import time
+
     import torch
 
     from libra.elastic.wire import Kind, Message, TcpLink, as_bytes
@@ -53,6 +61,9 @@ def _peer(port: int, log: list) -> None:
             link.send(grad(t, t), timeout=scaled(10))
         elif action == "wrong_size":
             link.send(grad(t, t, torch.full((n + 1,), 0.5)), timeout=scaled(10))
+        elif action == "late":
+            time.sleep(1.3 * CORE_TIMEOUT_S)
+            link.send(grad(t, t), timeout=scaled(10))
         elif action == "good":
             link.send(grad(t, t), timeout=scaled(10))
         elif action == "future_step":
@@ -82,7 +93,7 @@ def adversary(port: int) -> dict:
         num_core_replicas=1,
         model=model,
         optimizer=opt,
-        timeout_s=scaled(10.0),
+        timeout_s=CORE_TIMEOUT_S,
         server=server,
         min_placeholder_steps=1,
     )
@@ -117,7 +128,7 @@ def adversary(port: int) -> dict:
     out = {
         "results": results,
         "peer_log": log,
-        "stats": [ex.stats.accepted, ex.stats.placeholders, ex.stats.skipped, ex.stats.failures],
+        "stats": [ex.stats.accepted, ex.stats.placeholders, ex.stats.skipped, ex.stats.failures, ex.stats.missed],
         "states": [(tr.step, tr.event.value, tr.dst.value, tr.why) for tr in ex.states.log],
     }
     ex.close()

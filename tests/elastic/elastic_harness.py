@@ -56,6 +56,26 @@ def zero_grads(model):
     return [p.grad for p in trainable(model)]
 
 
+def state_bytes(model, optimizer) -> bytes:
+    """Every byte of the parameters and of the optimizer state (tensors as raw bytes, the rest as repr), in a
+    fixed order: two states are equal exactly when these are."""
+    import torch
+
+    out = bytearray()
+    for p in model.parameters():
+        out += p.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    sd = optimizer.state_dict()
+    for key in sorted(sd["state"]):
+        for name, value in sorted(sd["state"][key].items()):
+            out += name.encode()
+            if isinstance(value, torch.Tensor):
+                out += value.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            else:
+                out += repr(value).encode()
+    out += repr(sd["param_groups"]).encode()
+    return bytes(out)
+
+
 def flat_state(model, optimizer):
     """Parameters and optimizer state as one flat float64 vector (for tolerance comparisons)."""
     import torch

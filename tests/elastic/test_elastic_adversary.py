@@ -27,6 +27,9 @@ def test_only_current_real_gradients_of_active_replicas_are_applied(tmp_path):
         else:
             assert r["contributed"] == 1 and r["equals_own"], (action, r)
     assert by_action["grad_while_placeholder"][2] == "placeholder"
-    accepted, _placeholders, skipped, failures = out["stats"]
-    assert accepted == 2 and skipped == 4 and failures == 1  # wrong version, stale, wrong size, placeholder grad
+    accepted, _placeholders, skipped, failures, missed = out["stats"]
+    # skipped: wrong version, stale, wrong size, placeholder grad, and the late gradient (stale one step later)
+    assert accepted == 2 and skipped == 5 and failures == 1 and missed == 1
+    # the late peer was not detached: its only failure is the protocol violation at the end
+    assert [s[2] for s in out["states"]].count("failed") == 1
     assert out["states"][-1][2] == "failed" and "protocol" in out["states"][-1][3]
