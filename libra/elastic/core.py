@@ -32,7 +32,7 @@ import torch
 from libra.elastic.grads import Mode, StepAssignment, flatten, unflatten_into
 from libra.elastic.snapshot import capture
 from libra.elastic.states import JoinEvent, JoinState, Transition, WorkerStates
-from libra.elastic.wire import Kind, Link, LinkError, Message, SendHandle, SideChannelServer, as_bytes
+from libra.elastic.wire import Kind, Link, LinkError, Message, SendHandle, SideChannelServer, arrives, as_bytes
 
 
 @attrs.frozen(kw_only=True)
@@ -310,7 +310,7 @@ class CoreExchange:
     def _recv_contribution(self, slot: _Slot, step: int) -> Message | None:
         deadline = time.monotonic() + self.timeout_s
         while True:
-            if not self._arrives(slot.link, deadline):  # nothing of a message yet: the link is still in step
+            if not arrives(slot.link, deadline):  # nothing of a message yet: the link is still in step
                 slot.missed += 1
                 self.stats.missed += 1
                 if slot.missed >= self.max_missed:
@@ -332,16 +332,6 @@ class CoreExchange:
                 return None
             slot.missed = 0
             return msg
-
-    @staticmethod
-    def _arrives(link: Link, deadline: float) -> bool:
-        """Whether the next message starts to arrive before ``deadline`` (``poll`` reads nothing of it)."""
-        while not link.poll():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            time.sleep(min(left, 0.0005))
-        return True
 
     def _send(self, slot: _Slot, msg: Message, step: int) -> bool:
         try:
