@@ -87,7 +87,7 @@ class QuantileStateCodec(StateCodec):
         x = np.fromiter(values, float, len(values))
         qs = np.quantile(x, np.arange(1, self.classes) / self.classes)
         if self.method == "breaks":
-            qs = _natural_breaks(np.log1p(x), np.log1p(qs))
+            qs = _natural_breaks(np.log1p(x), qs)
         return tuple(float(e) for e in np.unique(qs))
 
     # -- classifying ---------------------------------------------------------------------------------------------
@@ -135,15 +135,17 @@ class QuantileStateCodec(StateCodec):
 
 
 def _natural_breaks(logs: np.ndarray, start: np.ndarray, iterations: int = 30) -> np.ndarray:
-    """Edges between the groups of a one-dimensional k-means (Lloyd) of log sizes, started at the quantile edges:
-    where a workload's returns form clusters (short, medium, long answers), the edges fall in the gaps between
-    them rather than inside a cluster. Returned in token units."""
-    edges = np.sort(start)
+    """Edges between the groups of a one-dimensional k-means (Lloyd) of log sizes, started at the quantile edges
+    `start` (tokens): where a workload's returns form clusters (short, medium, long answers), the edges fall in the
+    gaps between them rather than inside a cluster. Returned in token units; `start` itself when a group is empty
+    (too few distinct sizes to cluster)."""
+    edges = np.log1p(np.sort(start))
     for _ in range(iterations):
         groups = np.searchsorted(edges, logs, side="right")
-        centers = np.array([logs[groups == g].mean() if np.any(groups == g) else np.nan for g in range(len(edges) + 1)])
-        if np.isnan(centers).any():
-            break
+        counts = np.bincount(groups, minlength=len(edges) + 1)
+        if (counts == 0).any():
+            return start
+        centers = np.bincount(groups, weights=logs, minlength=len(edges) + 1) / counts
         new = (centers[:-1] + centers[1:]) / 2
         if np.allclose(new, edges):
             break

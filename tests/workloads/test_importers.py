@@ -268,6 +268,18 @@ def test_imported_trace_round_trips_through_the_cli(tmp_path, capsys) -> None:
     rc, stdout, _ = _cli(["plan", "--trace", str(out), "--gpus", "16", "--json"], capsys)
     assert rc == 0 and json.loads(stdout)["makespan_s"] > 0
     sim = tmp_path / "sim"
-    argv = ["simulate", "--trace", str(out), "--gpus", "16", "--policy", "colocated", "--no-plots", "--json"]
+    argv = [
+        "simulate",
+        "--trace",
+        str(out),
+        "--steps",
+        "1",
+        "--gpus",
+        "16",
+        "--policy",
+        "colocated",
+        "--no-plots",
+        "--json",
+    ]
     rc, stdout, _ = _cli([*argv, "--out", str(sim)], capsys)
     assert rc == 0 and json.loads(stdout)["policies"]["colocated"]["throughput_tok_s"] > 0
