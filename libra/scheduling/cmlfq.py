@@ -40,6 +40,7 @@ The tree learns only in `end_step`, from trajectories finished by then: routing 
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -188,6 +189,7 @@ class CMLFQRouter(Router):
             raise SpecError(f"cmlfq: budget must be in (0, 1) or None, got {budget!r}")
         if beyond not in ("promote", "root"):
             raise SpecError(f"cmlfq: beyond must be 'promote' or 'root', got {beyond!r}")
+        self._finite_limits = tuple(x for x in self.limits if x != float("inf"))
         self.budget = None if budget is None else float(budget)
         self.beyond = beyond
         self._budget = None if budget is None else MigrationBudget(budget)
@@ -318,55 +320,68 @@ class CMLFQRouter(Router):
         return probs
 
     def _bucket_probs(self, node: Node, anchor: int, scale: float, ctx: int) -> list[float] | None:
-        below = node.fraction_at_most((ctx - anchor) / scale - 1)  # ended before reaching the current context
+        ordered = node.ordered  # the window, sorted: shares by bisection (Node.fraction_at_most, inline)
+        n = len(ordered)
+        if not n:  # (a selected node always holds observations; kept for an empty window's exact old answer)
+            probs = [0.0] * len(self.limits)
+            if self.limits[-1] == float("inf"):
+                probs[-1] = 1.0
+            return probs
+        below = bisect_right(ordered, (ctx - anchor) / scale - 1) / n  # ended before reaching the current context
         alive = 1.0 - below
         if alive <= 0:
             return None
         probs = []
-        for limit in self.limits:
-            upto = 1.0 if limit == float("inf") else node.fraction_at_most((limit - anchor) / scale)
-            probs.append(max(0.0, upto - below) / alive)
-            below = max(below, upto)
+        for limit in self._finite_limits:
+            upto = bisect_right(ordered, (limit - anchor) / scale) / n
+            probs.append((upto - below) / alive if upto > below else 0.0)
+            if upto > below:
+                below = upto
+        if len(probs) < len(self.limits):  # the unbounded last bucket takes the rest
+            probs.append((1.0 - below) / alive if below < 1.0 else 0.0)
         return probs
 
     def _priced(self, req: Request, carried: int, tool_tokens: int) -> tuple[int, str]:
         """The `priced` rule after a tool return (module docstring): move once, when the gain pays for the carried
         context and the router is sure enough or waiting would carry the large return just received."""
-        probs = self._probabilities(req.state, req.context)
-        if req.state.points is not None:
-            if req.state.points[-1:] == [None]:
-                req.state.points.pop()
-            if probs is not None:
-                self._record(req, probs, carried, tool_tokens)
-        if probs is not None and req.migrations == 0:
+        walk: _Walk = req.state
+        probs = self._probabilities(walk, req.context)
+        points = walk.points
+        if points is not None and points and points[-1] is None:
+            points.pop()
+        if probs is None:
+            return self._priced_overflow(req, probs)
+        top = max(probs)
+        best = probs.index(top)
+        mean = max(1.0, self.tree.agnostic.mean + req.prompt_tokens)  # _mean_length, inline
+        if points is not None:
+            self._record(req, probs, best, mean, carried, tool_tokens)
+        if req.migrations == 0:
             current = req.bucket
-            best = max(range(len(probs)), key=probs.__getitem__)
-            unit = self.price / self._mean_length(req)
+            unit = self.price / mean
             if (
                 best != current
-                and probs[best] - probs[current] >= unit * carried
-                and probs[best] >= self.confidence - unit * tool_tokens
+                and top - probs[current] >= unit * carried
+                and top >= self.confidence - unit * tool_tokens
             ):
                 return best, "tool-return"
         return self._priced_overflow(req, probs)
 
-    def _record(self, req: Request, probs: list[float], carried: int, tool_tokens: int) -> None:
+    def _record(self, req: Request, probs: list[float], best: int, mean: float, carried: int, tool_tokens: int) -> None:
         """The price interval in which this tool return would move the request out of its admission bucket, as a
         tool-return move or as an overflow (budget.py)."""
         walk: _Walk = req.state
         a = walk.admitted
-        best = max(range(len(probs)), key=probs.__getitem__)
         if best == a:
             return
-        mean = self._mean_length(req)
-        gain = probs[best] - probs[a]
-        hi = gain * mean / carried if carried > 0 else float("inf")
-        need = self.confidence - probs[best]
+        top = probs[best]
+        hi = (top - probs[a]) * mean / carried if carried > 0 else float("inf")
+        need = self.confidence - top
         lo = 0.0 if need <= 0 else (need * mean / tool_tokens if tool_tokens > 0 else float("inf"))
         if lo <= hi:
             walk.points.append((lo, hi, carried))
         if self.overflow and best > a and req.context > self.limits[a]:
-            walk.points.append((0.0, probs[best] * mean / req.context, carried))
+            walk.points.append((0.0, top * mean / req.context, carried))
 
     def _priced_overflow(self, req: Request, probs: list[float] | None) -> tuple[int, str]:
         """Context beyond the bucket's limit: with no statistics, promote to the bucket of the context (a cold

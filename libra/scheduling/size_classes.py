@@ -61,23 +61,31 @@ class QuantileStateCodec(StateCodec):
     # -- learning ------------------------------------------------------------------------------------------------
     def observe(self, trajectories: Iterable) -> None:
         """Take the tool-return sizes of finished trajectories into the per-tool samples; recompute the edges."""
-        touched = set()
-        recent, pooled = self._recent, self._pooled
+        by_tool: dict[str, list[int]] = {}
+        flat: list[int] = []  # in order, for the pooled sample
         for traj in trajectories:
             for t in traj.turns:
-                if t.tool is not None:
-                    q = recent.get(t.tool)
-                    if q is None:
-                        q = recent[t.tool] = deque(maxlen=self.sample)
-                    q.append(t.tool_tokens)
-                    pooled.append(t.tool_tokens)
-                    touched.add(t.tool)
-        if not touched:
+                tool = t.tool
+                if tool is not None:
+                    sizes = by_tool.get(tool)
+                    if sizes is None:
+                        sizes = by_tool[tool] = []
+                    sizes.append(t.tool_tokens)
+                    flat.append(t.tool_tokens)
+        if not by_tool:
             return
+        recent, pooled = self._recent, self._pooled
+        for tool, sizes in by_tool.items():
+            q = recent.get(tool)
+            if q is None:
+                q = recent[tool] = deque(maxlen=self.sample)
+            q.extend(sizes)
+        pooled.extend(flat[-pooled.maxlen :])
         self._pooled_edges = self._quantiles(pooled)
         for tool, q in recent.items():
             if len(q) >= self.min_samples:
-                self._edges[tool] = self._quantiles(q) if tool in touched else self._edges.get(tool, ())
+                if tool in by_tool or tool not in self._edges:
+                    self._edges[tool] = self._quantiles(q)
             else:
                 self._edges.pop(tool, None)
 
@@ -101,7 +109,8 @@ class QuantileStateCodec(StateCodec):
         return bisect.bisect_right(edges, tool_tokens)
 
     def encode(self, tool: str, tool_tokens: int, status: str) -> int:
-        key = (tool, self.size_class(tool_tokens, tool), status)
+        """The code of one return's state (the router has validated `tool_tokens`; `size_class` validates)."""
+        key = (tool, bisect.bisect_right(self._edges.get(tool, self._pooled_edges), tool_tokens), status)
         code = self._codes.get(key)
         return self._intern(key) if code is None else code
 

@@ -283,3 +283,12 @@ def test_imported_trace_round_trips_through_the_cli(tmp_path, capsys) -> None:
     ]
     rc, stdout, _ = _cli([*argv, "--out", str(sim)], capsys)
     assert rc == 0 and json.loads(stdout)["policies"]["colocated"]["throughput_tok_s"] > 0
+
+
+def test_verl_rows_already_in_trace_form(tmp_path) -> None:
+    """What libra.adapters.verl exports (trace records, or batch rows with the record under `libra_trace`)."""
+    record = {"prompt_id": "x", "prompt_tokens": 5, "turns": [{"gen_tokens": 3, "tool": None}], "step": 2}
+    row = {"uid": "p-9", "sample": 1, "libra_trace": {**record, "step": None}}
+    plain, nested = import_files("verl", [_write(tmp_path, "v.jsonl", [record, row])])
+    assert (plain.prompt_id, plain.step, plain.total_tokens) == ("x", 2, 8)
+    assert (nested.prompt_id, nested.sample, nested.total_tokens) == ("p-9", 1, 8)

@@ -11,16 +11,21 @@ One record per trajectory (JSON Lines, or a JSON list), with the fields of verl'
 - optional: `uid` / `prompt_id` / `index` (prompt id), `sample`, `step` / `global_steps`, `reward_score` /
   `reward` / `score`, `tool_names` and `tool_statuses` (one per return, also read from `extra_fields`); a return
   without a name is tool "tool", without a status "ok". Other scalar fields are kept under `meta`.
+
+Records already in the trace schema (with `turns`: what `libra.adapters.verl` exports from `LibraToolAgentLoop`),
+or batch rows carrying such a record under `libra_trace` (with `uid`, `step`, `sample` beside it), are taken as
+they are.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from libra.workloads.importers.common import Return, Segment, build_trajectory, iter_records
-from libra.workloads.trace import TOOL_STATUSES, TraceError, Trajectory
+from libra.workloads.trace import TOOL_STATUSES, TraceError, Trajectory, parse_line
 
 _USED = {
     "response_mask",
@@ -73,6 +78,14 @@ def _runs(mask: list[int]) -> list[tuple[int, int]]:
 
 
 def _one(rec: dict, path: Path, line: int, where: str, n: int) -> Trajectory:
+    nested = rec.get("libra_trace")
+    if isinstance(nested, dict):  # a batch row with the record LibraToolAgentLoop left in extra_fields
+        outer = {k: rec[k] for k in ("step", "sample", "reward") if k in rec and k not in nested}
+        if "uid" in rec:
+            outer["prompt_id"] = str(rec["uid"])
+        rec = {**nested, **outer}
+    if "turns" in rec and "response_mask" not in rec:  # already a Libra trace record (adapters/verl export)
+        return parse_line(json.dumps(rec), path, line)
     extra_fields = rec.get("extra_fields") if isinstance(rec.get("extra_fields"), dict) else {}
     if "response_mask" not in rec:
         raise TraceError(path, line, f"{where}response_mask", "missing: not a verl rollout record")
