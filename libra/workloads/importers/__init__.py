@@ -47,7 +47,7 @@ def import_files(
     if not paths:
         raise ValueError("no input files")
     rules = rules or StatusRules()
-    count = get_counter(tokenizer) if fmt != "verl" else None
+    count = get_counter(tokenizer) if fmt != "verl" else len  # verl records are tokens already: no counter used
     out: list[Trajectory] = []
     for p in paths:
         path = Path(p)

@@ -101,8 +101,8 @@ def _gen_text(msg: dict) -> tuple[str, list[tuple[str, str]]]:
     for call in msg.get("tool_calls") or ():
         if not isinstance(call, dict):
             continue
-        fn = call.get("function") if isinstance(call.get("function"), dict) else call
-        name = fn.get("name") if isinstance(fn.get("name"), str) else "tool"
+        fn: dict = call["function"] if isinstance(call.get("function"), dict) else call
+        name: str = fn["name"] if isinstance(fn.get("name"), str) else "tool"
         args = fn.get("arguments", "")
         parts.append(name)
         parts.append(args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))

@@ -75,7 +75,7 @@ def _swe_segments(
             obs = text_of(s.get("observation"))
             status = rules.classify(obs, exit_code=exit_code_in(obs))
             segments.append(Segment(count(str(gen_text)), (Return(actions[i], count(obs), status),)))
-    info = record.get("info") if isinstance(record.get("info"), dict) else {}
+    info: dict = record["info"] if isinstance(record.get("info"), dict) else {}
     if segments and _submitted(info) and actions and actions[-1] == "submit":
         segments[-1] = Segment(segments[-1].gen_tokens, ())
     return prompt, segments
@@ -87,7 +87,7 @@ def import_swe_agent(path: Path, *, count: Callable[[str], int], rules: StatusRu
         if not isinstance(record, dict) or "trajectory" not in record:
             raise TraceError(path, line, "trajectory", "missing: not a SWE-agent trajectory")
         prompt, segments = _swe_segments(record, count=count, rules=rules, path=path, line=line)
-        info = record.get("info") if isinstance(record.get("info"), dict) else {}
+        info: dict = record["info"] if isinstance(record.get("info"), dict) else {}
         env = record.get("environment")
         pid = record.get("instance_id") or (env if isinstance(env, str) and env else None) or path.stem
         meta = _meta(info)
@@ -107,11 +107,12 @@ def import_mini_swe_agent(path: Path, *, count: Callable[[str], int], rules: Sta
     """Trajectories of one mini-swe-agent `.traj.json` file (or a JSON Lines file of them); module docstring."""
     rules = StatusRules(rules.error_patterns + MINI_FORMAT_ERRORS, rules.timeout_patterns)
     for line, record in iter_records(path):
+        info: dict
         if isinstance(record, list):
             messages, info, rec = record, {}, {}
         elif isinstance(record, dict) and isinstance(record.get("messages"), list):
             messages, rec = record["messages"], record
-            info = record.get("info") if isinstance(record.get("info"), dict) else {}
+            info = record["info"] if isinstance(record.get("info"), dict) else {}
         else:
             raise TraceError(path, line, "messages", "missing: not a mini-swe-agent trajectory")
         if not messages:

@@ -86,7 +86,7 @@ def _one(rec: dict, path: Path, line: int, where: str, n: int) -> Trajectory:
         rec = {**nested, **outer}
     if "turns" in rec and "response_mask" not in rec:  # already a Libra trace record (adapters/verl export)
         return parse_line(json.dumps(rec), path, line)
-    extra_fields = rec.get("extra_fields") if isinstance(rec.get("extra_fields"), dict) else {}
+    extra_fields: dict = rec["extra_fields"] if isinstance(rec.get("extra_fields"), dict) else {}
     if "response_mask" not in rec:
         raise TraceError(path, line, f"{where}response_mask", "missing: not a verl rollout record")
     mask = _ints(rec["response_mask"], path, line, f"{where}response_mask")
