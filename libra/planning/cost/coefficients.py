@@ -47,14 +47,15 @@ class CostCoefficients:
     allreduce_latency_s: float = 5.9e-6  # per log2 step of one small all-reduce  [anchors: fit, family decode_tp]
     link_efficiency: float = 0.70  # achieved / peak NVLink or network bandwidth for collectives
     # --- training ---------------------------------------------------------------------------------------------
-    train_mfu: float = 0.626  # achieved / peak FLOP/s of training GEMMs  [anchors: fit, family train_dense]
-    train_attention_efficiency: float = 0.273  # attention relative to GEMM efficiency  [anchors: train_dense]
-    microbatch_overhead_s: float = 0.0066  # per micro-batch per layer: launches, sync, FSDP gathers  [anchors]
+    train_mfu: float = 0.586  # achieved / peak FLOP/s of training GEMMs  [anchors: fit, family train_dense]
+    train_attention_efficiency: float = 0.290  # attention relative to GEMM efficiency  [anchors: train_dense]
+    microbatch_overhead_s: float = 0.001  # per micro-batch per layer: launches and synchronisation  [anchors]
     dp_overlap: float = 0.70  # share of the DP gradient all-reduce hidden behind backward
     optimizer_bytes_per_param: float = 16.0  # fp32 master + Adam m, v read and written per step
     logprob_forward_passes: int = 1  # extra forward passes per step (old-policy log-probs for GRPO/PPO)
     # --- MoE (fitted to the published MoE training anchors, anchors.yaml family train_moe) ---------------------
     expert_efficiency: float = 1.0  # expert (grouped) GEMMs relative to dense ones  [anchors: fit, train_moe]
+    expert_saturation_tokens: float = 1570.0  # tokens per expert GEMM at half that efficiency  [anchors: train_moe]
 
     def replace(self, **changes: float) -> CostCoefficients:
         return attrs.evolve(self, **changes)

@@ -91,6 +91,17 @@ class TrainingCost:
         inside = np.asarray(group_span_gpus) <= self.cluster.gpus_per_node
         return np.where(inside, g.nvlink_bandwidth_gbs, g.network_bandwidth_gbs) * 1e9 * c.link_efficiency
 
+    def expert_efficiency(self, ep: int, micro_batch: int, batch: BatchStats) -> float:
+        """Efficiency of the grouped expert GEMMs relative to dense ones. Each expert of a rank multiplies the
+        tokens routed to it from the `ep` ranks of its group: mb * L * k * ep / E per micro-batch. Small GEMMs run
+        below peak: efficiency = expert_efficiency * t / (t + expert_saturation_tokens). This is how expert
+        parallelism pays besides memory: the same micro-batch gives each expert ep times more tokens."""
+        m, c = self.model, self.c
+        if not m.is_moe:
+            return 1.0
+        tokens = micro_batch * batch.mean_len * m.experts_per_token * ep / m.num_experts
+        return c.expert_efficiency * tokens / (tokens + c.expert_saturation_tokens)
+
     def stage_time(
         self,
         tp: int,
@@ -106,7 +117,7 @@ class TrainingCost:
         f = passes if passes is not None else 3.0 + (1.0 if recompute else 0.0)
         expert_active = m.num_layers * m.experts_per_token * m.expert_params if m.is_moe else 0.0
         dense = micro_batch * batch.mean_len * 2.0 * (m.active_params - expert_active)
-        experts = micro_batch * batch.mean_len * 2.0 * expert_active / c.expert_efficiency  # grouped expert GEMMs
+        experts = micro_batch * batch.mean_len * 2.0 * expert_active / self.expert_efficiency(ep, micro_batch, batch)
         attention = micro_batch * batch.mean_sq_len * 2.0 * m.num_layers * m.num_heads * m.head_dim
         compute = f * (dense + experts + attention / c.train_attention_efficiency) / (pp * tp * g.flops * c.train_mfu)
         layers = m.num_layers / pp

@@ -34,6 +34,7 @@ ANCHOR_FIT = (
     "train_attention_efficiency",
     "microbatch_overhead_s",
     "expert_efficiency",
+    "expert_saturation_tokens",
 )
 
 
