@@ -4,11 +4,16 @@ it writes is what `--coeffs` accepts and changes what `plan` and `simulate` pred
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from libra.cli import main
+from tests.limits import scaled
 
 
 def _closed_port() -> int:
@@ -57,8 +62,12 @@ def test_profile_vllm_cpu_writes_coefficients_that_change_plan_and_simulate(tmp_
     from libra.planning.cost import load_coefficients
 
     out = tmp_path / "fitted.yaml"
-    assert main(["profile", "--quick", "--no-train", "--json", "--out", str(out)]) == 0
-    report = json.loads(capsys.readouterr().out)
+    # a real process: the engine's own logs must stay off stdout, which holds exactly one JSON object
+    argv = [sys.executable, "-m", "libra", "profile", "--quick", "--no-train", "--json", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=scaled(1500), check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
     kinds = {g["kind"]: g for g in report["groups"]}
     assert {"decode", "prefill", "requests"} <= set(kinds)
     assert kinds["decode"]["held_out"] >= 1 and kinds["decode"]["mape_held_out"] >= 0
