@@ -99,7 +99,9 @@ def measure_vllm(
         start = time.perf_counter()
         for name in names:
             backend.submit(name, "profile", prompt(context), sampling)
-        started, done, first_at = set(), set(), None
+        started: set[str] = set()
+        done: set[str] = set()
+        first_at: float | None = None
         while len(done) < batch:
             for ev in backend.poll():
                 if ev.kind == EventKind.FAILED:

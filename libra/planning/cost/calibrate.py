@@ -8,6 +8,7 @@ chosen coefficients (all positive, so the search runs in log space) with Nelder-
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import attrs
 import numpy as np
@@ -72,7 +73,14 @@ class TrainingMeasurement:
         )
 
 
-Measurement = RolloutMeasurement | TrainingMeasurement
+class Measurement(Protocol):
+    """Anything measured that the cost model can predict: a time and how to predict it (the rollout and training
+    measurements above, or a published anchor)."""
+
+    @property
+    def time_s(self) -> float: ...
+
+    def predict(self, cm: CostModel) -> float: ...
 
 
 @attrs.frozen(kw_only=True)

@@ -89,9 +89,9 @@ class Anchor:
         if self.kind == "prefill":
             n = float(s["input"])
             return float(rc.prefill_time(tp, n, n / 2.0))
-        batch, n_in, n_out = float(s["batch"]), float(s["input"]), float(s["output"])
-        prefill = rc.prefill_time(tp, batch * n_in, n_in / 2.0)
-        return float(prefill + n_out * rc.decode_step_time(tp, batch, n_in + n_out / 2.0))
+        requests, n_in, n_out = float(s["batch"]), float(s["input"]), float(s["output"])
+        prefill = rc.prefill_time(tp, requests * n_in, n_in / 2.0)
+        return float(prefill + n_out * rc.decode_step_time(tp, requests, n_in + n_out / 2.0))
 
 
 def _model(name: str, models: dict) -> ModelSpec:
