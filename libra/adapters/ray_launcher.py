@@ -10,10 +10,16 @@ Plan changes are carried out as the elastic controller's decisions (this class i
 `StartInstance` starts a rollout actor, `StopInstance` kills it, `JoinTraining` starts a trainer actor in the
 hybrid worker's own bundle (its GPUs do not move, its role does), `LeaveTraining`/`CancelJoin` kill it. A worker
 that appears in a pool after launch gets a bundle of a new placement group of that pool.
+
+Health (`check_health`) is a heartbeat with grace (`HealthPolicy`): a worker is dead when Ray confirms its actor
+exited (`ActorDiedError`), or after `max_missed` consecutive heartbeats without a reply. One slow reply (a worker
+busy in a long call, a loaded machine) is a miss, never a death: the elastic controller must not remove a slow
+but live worker.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -24,6 +30,27 @@ from libra.spec.placement import Placement, Pool, Role, WorkerPlacement
 
 NODE_RESOURCE = "libra_node_{}"
 _NODE_SHARE = 0.001  # a bundle's claim on its node resource: a marker, never the limit
+
+
+def _positive(instance: Any, attribute: attrs.Attribute, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise UnsupportedConfig(f"HealthPolicy.{attribute.name} must be a finite number > 0, got {value!r}")
+
+
+def _whole(instance: Any, attribute: attrs.Attribute, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UnsupportedConfig(f"HealthPolicy.{attribute.name} must be a whole number >= 1, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class HealthPolicy:
+    """When `check_health` declares a worker dead. Each check sends one heartbeat per actor (or keeps waiting on
+    the one still unanswered) and waits up to `reply_timeout_s` for all of them together; an actor that has not
+    replied by then has missed one heartbeat. Dead: Ray confirmed the actor exited, or `max_missed` consecutive
+    checks passed without a reply. A reply resets the count."""
+
+    reply_timeout_s: float = attrs.field(default=10.0, validator=_positive)
+    max_missed: int = attrs.field(default=3, validator=_whole)
 
 
 @attrs.frozen(kw_only=True)
@@ -59,6 +86,12 @@ class WorkerActor:
             "assigned": dict(ctx.get_assigned_resources()),
         }
 
+    def ping(self) -> int:
+        """The heartbeat: answered as soon as the actor is free to run a method."""
+        import os
+
+        return os.getpid()
+
     def setup(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         self.payload = fn(self.info, *args, **kwargs)
 
@@ -78,7 +111,8 @@ def node_of(worker: WorkerPlacement, gpus_per_node: int) -> int:
 
 class RayLauncher:
     """Places actors for `placement` on a running Ray cluster (call `ray.init` first). `setup_rollout` /
-    `setup_trainer`, if given, run inside each new actor as `fn(info)` to build its payload."""
+    `setup_trainer`, if given, run inside each new actor as `fn(info)` to build its payload. `health` says when
+    `check_health` declares a worker dead."""
 
     def __init__(
         self,
@@ -89,12 +123,16 @@ class RayLauncher:
         setup_rollout: Callable[..., Any] | None = None,
         setup_trainer: Callable[..., Any] | None = None,
         ready_timeout_s: float = 60.0,
+        health: HealthPolicy | None = None,
     ) -> None:
         if gpus_per_node < 1:
             raise UnsupportedConfig(f"gpus_per_node must be >= 1, got {gpus_per_node}")
         self.placement, self.gpus_per_node, self.use_gpus = placement, gpus_per_node, use_gpus
         self.setup = {Role.ROLLOUT_INSTANCE: setup_rollout, Role.TRAIN_REPLICA: setup_trainer}
         self.ready_timeout_s = ready_timeout_s
+        self.health = health if health is not None else HealthPolicy()
+        self.missed: dict[str, int] = {}  # worker -> consecutive heartbeats without a reply
+        self._heartbeats: dict[str, Any] = {}  # worker -> the heartbeat it has not answered yet
         self.actors: dict[str, Any] = {}
         self.infos: dict[str, ActorInfo] = {}
         self._bundles: dict[str, tuple[Any, int]] = {}  # worker -> (placement group, bundle index)
@@ -169,6 +207,7 @@ class RayLauncher:
 
         actor = self.actors.pop(name, None)
         info = self.infos.pop(name, None)
+        self._forget_heartbeats(name)
         if actor is not None:
             ray.kill(actor)
             self.log.append(f"stopped {info.role.value if info else '?'} {name}")
@@ -195,29 +234,59 @@ class RayLauncher:
             self.execute(d)
         return decisions
 
-    def check_health(self, controller: Any = None, *, step: int, timeout_s: float = 10.0) -> tuple[Any, ...]:
-        """Ping every actor. A dead one is forgotten and returned as a `ReplicaDiedError`; a hybrid worker that died
-        in training is reported to `controller` as a FAIL event (it leaves training, the core proceeds without
-        it). A dead core replica is only reported: the core training pool is fixed, the caller restarts it."""
+    def check_health(self, controller: Any = None, *, step: int) -> tuple[Any, ...]:
+        """One heartbeat round (see `HealthPolicy`). A dead worker is forgotten and returned as a
+        `ReplicaDiedError`; a hybrid worker that died in training is reported to `controller` as a FAIL event (it
+        leaves training, the core proceeds without it). A dead core replica is only reported: the core training
+        pool is fixed, the caller restarts it. A worker that is late but not yet past `max_missed` is left alone."""
         import ray
 
         from libra.adapters.errors import ReplicaDiedError
         from libra.elastic.states import JoinEvent
 
-        pings = {name: actor.describe.remote() for name, actor in self.actors.items()}
+        for name, actor in self.actors.items():
+            if name not in self._heartbeats:  # a late heartbeat is waited on again, not piled up behind
+                self._heartbeats[name] = actor.ping.remote()
+        pending = {ref: name for name, ref in self._heartbeats.items()}
+        if not pending:
+            return ()
+        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=self.health.reply_timeout_s)
+        answered = {pending[ref] for ref in ready}
         dead = []
-        for name, ref in pings.items():
-            try:
-                ray.get(ref, timeout=timeout_s)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
-                info = self.infos[name]
-                self.actors.pop(name)
-                self.infos.pop(name)
-                dead.append(ReplicaDiedError(name, f"{type(exc).__name__} ({info.role.value} in {info.pool.value})"))
-                self.log.append(f"dead {info.role.value} {name}: {type(exc).__name__}")
-                if controller is not None and info.pool == Pool.HYBRID and info.role == Role.TRAIN_REPLICA:
-                    controller.on_event(name, JoinEvent.FAIL, step=step, why=f"actor died: {type(exc).__name__}")
+        for name in sorted(self._heartbeats):
+            cause = None
+            if name in answered:
+                ref = self._heartbeats.pop(name)
+                try:
+                    ray.get(ref)
+                    self.missed[name] = 0
+                except ray.exceptions.ActorDiedError as exc:  # Ray confirms the actor process exited
+                    cause = f"actor exited ({type(exc).__name__})"
+                except ray.exceptions.RayActorError as exc:  # unreachable for now (e.g. restarting): a miss
+                    self.missed[name] = self.missed.get(name, 0) + 1
+                    self.log.append(f"heartbeat of {name} failed ({type(exc).__name__}): miss {self.missed[name]}")
+            else:
+                self.missed[name] = self.missed.get(name, 0) + 1
+                self.log.append(f"heartbeat of {name} late: miss {self.missed[name]} of {self.health.max_missed}")
+            if cause is None and self.missed.get(name, 0) >= self.health.max_missed:
+                cause = f"{self.missed[name]} consecutive heartbeats missed ({self.health.reply_timeout_s:g} s each)"
+            if cause is None:
+                continue
+            info = self.infos[name]
+            actor = self.actors.pop(name)
+            self.infos.pop(name)
+            self._forget_heartbeats(name)
+            with contextlib.suppress(Exception):  # fence it: a worker declared dead must not run on as a zombie
+                ray.kill(actor, no_restart=True)
+            dead.append(ReplicaDiedError(name, f"{cause} ({info.role.value} in {info.pool.value})"))
+            self.log.append(f"dead {info.role.value} {name}: {cause}")
+            if controller is not None and info.pool == Pool.HYBRID and info.role == Role.TRAIN_REPLICA:
+                controller.on_event(name, JoinEvent.FAIL, step=step, why=f"actor dead: {cause}")
         return tuple(dead)
+
+    def _forget_heartbeats(self, name: str) -> None:
+        self._heartbeats.pop(name, None)
+        self.missed.pop(name, None)
 
     def _worker(self, name: str) -> WorkerPlacement:
         w = self.placement.by_name().get(name)

@@ -1,8 +1,9 @@
 """`libra route-eval`: replay a trace through a routing policy and report its routing quality.
 
-Without `--trace` it generates a default trace in memory (`--workload`, default search-r1, 20 steps).
-`--policy all` compares the five policies. `--unique-prompts` turns the trace into an agent log (one run per task,
-no steps), the case of real recorded trajectories.
+Without `--trace` it generates a synthetic trace in memory (`--workload`, default search-r1, 20 steps).
+`--policy all` compares the five policies. `--unique-prompts` turns the trace into the shape of an agent log (one
+run per task, no steps), as real recorded trajectories usually come; with a generated trace it is still synthetic.
+`--buckets quantiles` puts four buckets at the trace's own 25/50/75 % length quantiles.
 """
 
 from __future__ import annotations
@@ -11,16 +12,20 @@ import argparse
 from typing import Any
 
 from libra.cli._common import CLIError, emit_json, key_values, log, table
-from libra.scheduling import CMLFQ_PRESETS, POLICIES, as_agent_log, make_router, replay
+from libra.scheduling import CMLFQ_PRESETS, DEFAULT_PRESET, POLICIES, as_agent_log, make_router, replay
+from libra.scheduling.sources import quantile_buckets
 from libra.spec import format_buckets, parse_buckets
-from libra.workloads import WORKLOAD_NAMES, generate, load_trace
+from libra.workloads import WORKLOAD_NAMES, generate
+from libra.workloads.corpus import load_trace_any
 
 DEFAULT_BUCKETS = "2:5000,4:15000,8:inf"  # PAPER.md, Search-R1
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("route-eval", help="score a request-routing policy on a trace")
-    p.add_argument("--trace", default=None, help="trace file (JSON Lines); default: generate --workload in memory")
+    p.add_argument(
+        "--trace", default=None, help="trace file (JSON Lines, or .gz); default: a synthetic --workload in memory"
+    )
     p.add_argument(
         "--workload",
         default="search-r1",
@@ -31,12 +36,17 @@ def register(subparsers) -> None:
     p.add_argument("--prompts", type=int, default=64, help="prompts per step when no --trace (default 64)")
     p.add_argument("--samples", type=int, default=16, help="samples per prompt when no --trace (default 16)")
     p.add_argument("--policy", default="cmlfq", help=f"{'|'.join(POLICIES)}|all (default cmlfq)")
-    p.add_argument("--buckets", default=DEFAULT_BUCKETS, help=f"tp:max_tokens,... (default {DEFAULT_BUCKETS})")
+    p.add_argument(
+        "--buckets",
+        default=DEFAULT_BUCKETS,
+        help=f"tp:max_tokens,... or 'quantiles' (1,2,4,8 at the trace's quartiles; default {DEFAULT_BUCKETS})",
+    )
     p.add_argument(
         "--preset",
-        default="published",
+        default=DEFAULT_PRESET,
         choices=tuple(CMLFQ_PRESETS),
-        help="cmlfq option set: published rule (default), tuned for accuracy, or for few migrated tokens",
+        help=f"cmlfq option set (default {DEFAULT_PRESET}: learnt size classes, price set to spend an 8%% "
+        "migrated-token budget); published: the published rule; accuracy/budget/priced: tuned on synthetic search-r1",
     )
     p.add_argument(
         "--admit",
@@ -52,7 +62,9 @@ def register(subparsers) -> None:
         help="router option, repeatable (e.g. rule=median, size_edges=1000,4000, mode=most_common); "
         "with --policy all they go to cmlfq only",
     )
-    p.add_argument("--unique-prompts", action="store_true", help="score as an agent log: unique prompt ids, no steps")
+    p.add_argument(
+        "--unique-prompts", action="store_true", help="score in the shape of an agent log: unique prompt ids, no steps"
+    )
     p.add_argument("--chunks", type=int, default=10, help="time chunks for a trace without steps (default 10)")
     p.add_argument("--warmup-steps", type=int, default=0, help="steps replayed but not scored (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -84,12 +96,12 @@ def parse_options(items: list[str]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    buckets = parse_buckets(args.buckets)
+    buckets = None if args.buckets == "quantiles" else parse_buckets(args.buckets)
     policies = POLICIES if args.policy == "all" else (args.policy,)
     if args.policy != "all" and args.policy not in POLICIES:
         raise CLIError(f"unknown policy {args.policy!r}; expected one of {', '.join(POLICIES)}, all")
     if args.trace:
-        trajectories = load_trace(args.trace)
+        trajectories = load_trace_any(args.trace)
         source = args.trace
     else:
         if args.workload not in WORKLOAD_NAMES:
@@ -101,9 +113,11 @@ def run(args: argparse.Namespace) -> int:
             num_prompts=args.prompts,
             samples_per_prompt=args.samples,
         )
-        source = f"{args.workload} (generated: {args.steps} steps, seed {args.seed})"
+        source = f"synthetic {args.workload} (generated: {args.steps} steps, seed {args.seed})"
     if args.unique_prompts:
         trajectories = as_agent_log(trajectories)
+    if buckets is None:
+        buckets = quantile_buckets(trajectories)
     options = parse_options(args.option)
     results = []
     for name in policies:

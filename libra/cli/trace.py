@@ -1,4 +1,6 @@
-"""`libra trace generate`: write a synthetic agentic trace (JSON Lines, the trace schema of DESIGN.md)."""
+"""`libra trace generate`: write a synthetic agentic trace; `libra trace import`: turn real agent logs (OpenAI
+chat messages, SWE-agent, mini-swe-agent, verl rollout exports) into a trace. Both write JSON Lines in the trace
+schema of DESIGN.md."""
 
 from __future__ import annotations
 
@@ -24,12 +26,35 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def _add_import_args(p: argparse.ArgumentParser) -> None:
+    from libra.workloads.importers import DEFAULT_TOKENIZER, IMPORT_FORMATS
+
+    p.add_argument("sources", nargs="*", metavar="SRC", help="agent log files (JSON or JSON Lines)")
+    p.add_argument("--format", default="openai", choices=IMPORT_FORMATS, help="log format (default openai)")
+    p.add_argument("--out", default="imported-trace.jsonl", help="output trace (default imported-trace.jsonl)")
+    p.add_argument(
+        "--tokenizer",
+        default=DEFAULT_TOKENIZER,
+        help=f"{DEFAULT_TOKENIZER} (default), cl100k_base, a tokenizer.json path, or bytes4 (an approximation)",
+    )
+    p.add_argument("--source", default=None, help="a name stored in every trajectory's 'source' field")
+    p.add_argument("--error-pattern", action="append", default=[], metavar="REGEX", help="extra error text (repeat)")
+    p.add_argument("--timeout-pattern", action="append", default=[], metavar="REGEX", help="extra timeout text")
+    p.add_argument("--no-default-patterns", action="store_true", help="use only the patterns given")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("trace", help="synthetic traces: `libra trace generate --workload NAME ...`")
+    parser = subparsers.add_parser(
+        "trace", help="`libra trace generate` (synthetic) or `libra trace import` (real agent logs)"
+    )
     actions = parser.add_subparsers(dest="trace_action", metavar="ACTION")
     gen = actions.add_parser("generate", help="write a synthetic agentic trace")
     _add_generate_args(gen)
     gen.set_defaults(run=run)
+    imp = actions.add_parser("import", help="turn real agent logs into a trace (token counts by a real tokenizer)")
+    _add_import_args(imp)
+    imp.set_defaults(run=run_import)
     _add_generate_args(parser)  # `libra trace` alone generates with the defaults
     parser.set_defaults(run=run)
 
@@ -38,7 +63,10 @@ def run(args: argparse.Namespace) -> int:
     if args.workload not in WORKLOAD_NAMES:
         raise CLIError(f"unknown workload {args.workload!r}; expected one of {', '.join(WORKLOAD_NAMES)}")
     out = Path(args.out or f"{args.workload}-trace.jsonl")
-    log(f"generating {args.steps} step(s) of {args.workload} ({args.prompts} prompts x {args.samples} samples)")
+    log(
+        f"generating {args.steps} step(s) of synthetic {args.workload} "
+        f"({args.prompts} prompts x {args.samples} samples)"
+    )
     trajectories = generate(
         args.workload,
         num_steps=args.steps,
@@ -69,5 +97,72 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(summary)
     else:
-        print(key_values(list(summary.items()), title=f"wrote {written} trajectories to {out}"))
+        print(key_values(list(summary.items()), title=f"wrote {written} synthetic trajectories to {out}"))
     return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from libra.workloads.importers import (
+        DEFAULT_ERROR_PATTERNS,
+        DEFAULT_TIMEOUT_PATTERNS,
+        StatusRules,
+        TokenizerError,
+        import_files,
+        write_trace_atomic,
+    )
+
+    if not args.sources:
+        raise CLIError("trace import needs at least one SRC file (e.g. libra trace import --format openai log.jsonl)")
+    base_err = () if args.no_default_patterns else DEFAULT_ERROR_PATTERNS
+    base_tmo = () if args.no_default_patterns else DEFAULT_TIMEOUT_PATTERNS
+    try:
+        rules = StatusRules(base_err + tuple(args.error_pattern), base_tmo + tuple(args.timeout_pattern))
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    log(f"importing {len(args.sources)} file(s) as {args.format} (tokenizer {args.tokenizer})")
+    try:
+        trajectories = import_files(
+            args.format, args.sources, tokenizer=args.tokenizer, rules=rules, source=args.source
+        )
+    except TokenizerError as exc:
+        raise CLIError(str(exc)) from None
+    out = Path(args.out)
+    try:
+        written = write_trace_atomic(out, trajectories)
+    except OSError as exc:
+        raise CLIError(f"cannot write {out}: {exc.strerror}") from None
+    summary = {"format": args.format, "tokenizer": args.tokenizer if args.format != "verl" else "token ids"}
+    summary.update(trace_summary(trajectories))
+    summary["out"] = str(out)
+    if args.json:
+        emit_json(summary)
+    else:
+        print(key_values(list(summary.items()), title=f"imported {written} trajectories into {out}"))
+    return 0
+
+
+def trace_summary(trajectories) -> dict:
+    """Statistics of a trace: lengths, turns, tokens per generation and per tool return, statuses, tail share."""
+    lengths = np.array([t.total_tokens for t in trajectories], float)
+    turns = np.array([len(t.turns) for t in trajectories], float)
+    gens = np.array([x.gen_tokens for t in trajectories for x in t.turns], float)
+    rets = np.array([x.tool_tokens for t in trajectories for x in t.turns if x.tool is not None], float)
+    statuses = [x.tool_status for t in trajectories for x in t.turns if x.tool is not None]
+    top = np.sort(lengths)[::-1][: max(1, len(lengths) // 10)]
+    return {
+        "trajectories": len(trajectories),
+        "mean_tokens": float(lengths.mean()),
+        "p50_tokens": float(np.quantile(lengths, 0.5)),
+        "p90_tokens": float(np.quantile(lengths, 0.9)),
+        "max_tokens": int(lengths.max()),
+        "longest_10pct_share": float(top.sum() / lengths.sum()) if lengths.sum() else 0.0,
+        "median_turns": float(np.median(turns)),
+        "max_turns": int(turns.max()),
+        "median_gen_tokens_per_turn": float(np.median(gens)) if len(gens) else 0.0,
+        "median_tool_return_tokens": float(np.median(rets)) if len(rets) else 0.0,
+        "p90_tool_return_tokens": float(np.quantile(rets, 0.9)) if len(rets) else 0.0,
+        "tool_returns": len(statuses),
+        "error_rate": statuses.count("error") / len(statuses) if statuses else 0.0,
+        "timeout_rate": statuses.count("timeout") / len(statuses) if statuses else 0.0,
+        "prompt_share": float(sum(t.prompt_tokens for t in trajectories) / max(1.0, lengths.sum())),
+    }

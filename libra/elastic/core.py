@@ -14,7 +14,10 @@ becomes active only when it holds every reduced gradient up to the previous step
 core. ``timeout_s`` bounds each wait on a hybrid: in ``reduce`` the hybrid computes its gradient while the core
 computes its own, so the timeout only needs to cover the skew between them plus the transfer. Anything wrong with
 a contribution (timeout, closed peer, bad checksum, wrong step or version, a gradient
-from a placeholder) skips it; failures detach that hybrid; the core step always completes.
+from a placeholder) skips it; failures detach that hybrid; the core step always completes. A late contribution
+(nothing of it arrived within ``timeout_s``) is a *miss*, not a failure: the step goes on without it, the hybrid
+stays attached and still receives the reduced gradient (its late message is dropped as stale next step); only
+``max_missed`` consecutive misses detach it. One slow step of a live hybrid must not remove it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import torch
 from libra.elastic.grads import Mode, StepAssignment, flatten, unflatten_into
 from libra.elastic.snapshot import capture
 from libra.elastic.states import JoinEvent, JoinState, Transition, WorkerStates
-from libra.elastic.wire import Kind, Link, LinkError, Message, SendHandle, SideChannelServer, as_bytes
+from libra.elastic.wire import Kind, Link, LinkError, Message, SendHandle, SideChannelServer, arrives, as_bytes
 
 
 @attrs.frozen(kw_only=True)
@@ -50,6 +53,7 @@ class ExchangeStats:
     accepted: int = 0
     placeholders: int = 0
     skipped: int = 0  # stale step, wrong version, gradient from a placeholder, size/dtype mismatch
+    missed: int = 0  # contributions that had not started to arrive within timeout_s (the hybrid stays attached)
     failures: int = 0
     leaves: int = 0
 
@@ -64,6 +68,7 @@ class _Slot:
     next_replay: int = 0  # first step whose reduced gradient the hybrid has not been sent yet
     placeholder_steps: int = 0
     mode: Mode = Mode.PLACEHOLDER
+    missed: int = 0  # consecutive steps whose contribution did not arrive in time
 
 
 class CoreExchange:
@@ -81,6 +86,7 @@ class CoreExchange:
         snapshot_timeout_s: float = 60.0,
         max_catchup_steps: int = 32,
         min_placeholder_steps: int = 1,
+        max_missed: int = 3,
         server: SideChannelServer | None = None,
         backend: str = "auto",
         on_transition: Callable[[Transition], None] | None = None,
@@ -90,6 +96,9 @@ class CoreExchange:
         self._model, self._optimizer = model, optimizer
         self.timeout_s, self.snapshot_timeout_s = timeout_s, snapshot_timeout_s
         self.max_catchup_steps, self.min_placeholder_steps = max_catchup_steps, min_placeholder_steps
+        if isinstance(max_missed, bool) or not isinstance(max_missed, int) or max_missed < 1:
+            raise ValueError(f"max_missed must be a whole number >= 1, got {max_missed!r}")
+        self.max_missed = max_missed
         self._server, self._backend, self._on_transition = server, backend, on_transition
         self.states = WorkerStates(log_limit=history)  # bounded, like records: long runs must not grow
         self.stats = ExchangeStats()
@@ -301,6 +310,12 @@ class CoreExchange:
     def _recv_contribution(self, slot: _Slot, step: int) -> Message | None:
         deadline = time.monotonic() + self.timeout_s
         while True:
+            if not arrives(slot.link, deadline):  # nothing of a message yet: the link is still in step
+                slot.missed += 1
+                self.stats.missed += 1
+                if slot.missed >= self.max_missed:
+                    self._fail(slot, step, f"no contribution for {slot.missed} consecutive steps (last: {step})")
+                return None
             try:
                 msg = slot.link.recv(timeout=max(deadline - time.monotonic(), 0.0))
             except LinkError as exc:
@@ -315,6 +330,7 @@ class CoreExchange:
             if msg.kind not in (Kind.GRAD, Kind.PLACEHOLDER) or msg.step != step:
                 self._fail(slot, step, f"protocol: got {msg.kind.name} for step {msg.step} during step {step}")
                 return None
+            slot.missed = 0
             return msg
 
     def _send(self, slot: _Slot, msg: Message, step: int) -> bool:

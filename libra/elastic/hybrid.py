@@ -17,13 +17,16 @@ step boundary after the snapshot is restored and the replay is done, because it 
 gradients the core applied, with the same optimizer. A placeholder never sends a gradient.
 
 ``timeout_s`` bounds every wait on the core; ``begin_step`` waits through a whole core step (the core's
-compute), so it must exceed the longest step. A timeout, a closed core or a protocol error marks the hybrid
+compute), so it should exceed the longest step; a core that stays silent for one ``timeout_s`` is waited out
+up to ``max_missed`` times (a slow step is not a dead core). A longer silence, a timeout in the middle of a
+message, a closed core or a protocol error marks the hybrid
 ``FAILED`` and raises :class:`~libra.elastic.wire.LinkError`; ``join`` again to retry.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Sequence
 
 import torch
@@ -31,7 +34,7 @@ import torch
 from libra.elastic.grads import Mode, StepAssignment, flatten, set_grads, unflatten_into
 from libra.elastic.snapshot import Snapshot, restore
 from libra.elastic.states import JoinEvent, JoinState, WorkerStates
-from libra.elastic.wire import FaultHook, Kind, Link, LinkError, Message, _no_fault, as_bytes
+from libra.elastic.wire import FaultHook, Kind, Link, LinkError, Message, _no_fault, arrives, as_bytes
 
 
 class HybridReplica:
@@ -44,7 +47,11 @@ class HybridReplica:
         timeout_s: float,
         backend: str = "auto",
         fault: FaultHook = _no_fault,
+        max_missed: int = 3,
     ) -> None:
+        if isinstance(max_missed, bool) or not isinstance(max_missed, int) or max_missed < 1:
+            raise ValueError(f"max_missed must be a whole number >= 1, got {max_missed!r}")
+        self.max_missed = max_missed
         self.worker, self._model, self._optimizer = worker, model, optimizer
         self.timeout_s, self._backend, self._fault = timeout_s, backend, fault
         self.states = WorkerStates(log_limit=10_000)
@@ -85,7 +92,7 @@ class HybridReplica:
         """Wait for the core's STEP message; replay the reduced gradients it carries; None if told to leave."""
         link = self._require_link()
         try:
-            msg = link.recv(timeout=self.timeout_s)
+            msg = self._recv(link)
             if msg.kind == Kind.LEAVE:
                 self._leave_now(f"core detached us: {msg.info.get('why', '')}")
                 return None
@@ -139,7 +146,7 @@ class HybridReplica:
             else:
                 self._fault("placeholder")
                 link.send(Message(kind=Kind.PLACEHOLDER, step=step, version=self.version), timeout=self.timeout_s)
-            msg = link.recv(timeout=self.timeout_s)
+            msg = self._recv(link)
             if msg.kind == Kind.LEAVE:
                 self._leave_now(f"core detached us: {msg.info.get('why', '')}")
                 raise LinkError("detached by the core during the step")
@@ -166,6 +173,13 @@ class HybridReplica:
         self._leave_now(why)
 
     # -- internals ----------------------------------------------------------------------------------------------
+
+    def _recv(self, link: Link) -> Message:
+        """The core's next message: up to ``max_missed - 1`` silent ``timeout_s`` are waited out first."""
+        for _ in range(self.max_missed - 1):
+            if arrives(link, time.monotonic() + self.timeout_s):
+                break
+        return link.recv(timeout=self.timeout_s)
 
     def _dtype(self) -> torch.dtype:
         return next(p.dtype for p in self._model.parameters() if p.requires_grad)

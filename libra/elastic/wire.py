@@ -272,6 +272,17 @@ class SideChannelServer:
         self._sock.close()
 
 
+def arrives(link: Link, deadline: float) -> bool:
+    """Whether ``link``'s next message starts to arrive before ``deadline`` (``poll`` consumes nothing of it, so a
+    False leaves the link in step: the caller may skip this message and wait again later)."""
+    while not link.poll():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(left, 0.0005))
+    return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` right now (bind to port 0 and read it back)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

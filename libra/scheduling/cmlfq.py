@@ -40,16 +40,36 @@ The tree learns only in `end_step`, from trajectories finished by then: routing 
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from libra.scheduling.budget import MigrationBudget
 from libra.scheduling.router import Request, Router, register_router
 from libra.scheduling.states import DEFAULT_SIZE_EDGES
 from libra.scheduling.tree import Node, PrefixTree
 from libra.spec import Bucket, SpecError
 from libra.workloads.trace import Trajectory
 
-CMLFQ_PRESETS: dict[str, dict[str, Any]] = {
+# the constructor's defaults (the published rule), written out so that every preset below is a complete option set:
+# `make_router("cmlfq", buckets, **CMLFQ_PRESETS[name])` is that preset whatever the default preset is
+_PUBLISHED: dict[str, Any] = {
+    "rule": "mean-p90",
+    "admit": "smallest",
+    "confidence": 0.5,
+    "fallback": "parent",
+    "min_count": 2,
+    "cost_ratio": 0.5,
+    "price": 0.7,
+    "admit_margin": 0.0,
+    "overflow": True,
+    "size_edges": DEFAULT_SIZE_EDGES,
+    "budget": None,
+    "beyond": "promote",
+    "cold": "promote",
+    "admit_min_count": None,
+}
+_PRESETS: dict[str, dict[str, Any]] = {
     # the published rule: start small, move when the buckets of the predicted mean and P90 agree
     "published": {},
     # tuned on search-r1 seed 0 for single-shot accuracy (docs/routing.md; held-out seeds 1-2 reported there)
@@ -73,7 +93,28 @@ CMLFQ_PRESETS: dict[str, dict[str, Any]] = {
         "fallback": "agnostic",
         "size_edges": (1000, 4000),
     },
+    # the default of `make_router("cmlfq")` and `libra route-eval`: the priced rule with nothing fixed to one
+    # workload. Size classes are learnt per tool from the returns seen (size_classes.py); the price of a carried
+    # token is set at each step end from the observed costs of moving, to spend a budget of 8% migrated tokens
+    # (budget.py; the published figure); a request that outlives every observation at its node falls back to the
+    # survival statistics of all trajectories; with nothing learnt yet it stays put. Its structure was chosen
+    # leave-one-source-out on real agent traces (docs/routing.md).
+    "adaptive": {
+        "rule": "priced",
+        "price": 1.0,
+        "budget": 0.08,
+        "confidence": 0.9,
+        "admit": "predicted",
+        "admit_margin": 0.0,
+        "admit_min_count": 1,
+        "fallback": "agnostic",
+        "beyond": "root",
+        "cold": "stay",
+        "size_edges": "breaks:4",
+    },
 }
+CMLFQ_PRESETS: dict[str, dict[str, Any]] = {name: {**_PUBLISHED, **opts} for name, opts in _PRESETS.items()}
+DEFAULT_PRESET = "adaptive"
 _RULES = ("mean-p90", "median", "probability", "priced")
 
 
@@ -81,12 +122,28 @@ class _Walk:
     """Where a request stands in the prompt tree and the agnostic tree: the deepest node reached on its path and
     the context when it got there; `exact` turns False once its path leaves the tree."""
 
-    __slots__ = ("p_root", "p_node", "p_ctx", "p_exact", "a_node", "a_ctx", "a_exact")
+    __slots__ = (
+        "p_root",
+        "p_node",
+        "p_ctx",
+        "p_exact",
+        "a_node",
+        "a_ctx",
+        "a_exact",
+        "root_ctx",
+        "warm",
+        "admitted",
+        "points",
+    )
 
     def __init__(self, p_node: Node | None, a_node: Node, ctx: int) -> None:
         self.p_root = p_node
         self.p_node, self.p_ctx, self.p_exact = p_node, ctx, p_node is not None
         self.a_node, self.a_ctx, self.a_exact = a_node, ctx, True
+        self.root_ctx = ctx  # the context at admission, the anchor of the agnostic root's statistics
+        self.warm = a_node.count > 0  # the tree had learnt something when the request arrived
+        self.admitted = 0  # its bucket at admission
+        self.points: list[tuple[float, float, int]] | None = None  # decision points, for the budget (budget.py)
 
 
 @register_router
@@ -114,10 +171,28 @@ class CMLFQRouter(Router):
         window: int = 200,
         max_nodes: int = 200_000,
         max_depth: int = 32,
-        size_edges: Sequence[int] = DEFAULT_SIZE_EDGES,
+        size_edges: Sequence[int] | str = DEFAULT_SIZE_EDGES,
         tools: Iterable[str] | None = None,
+        budget: float | None = None,
+        beyond: str = "promote",
+        cold: str = "promote",
+        admit_min_count: int | None = None,
     ) -> None:
         super().__init__(buckets)
+        if cold not in ("promote", "stay"):
+            raise SpecError(f"cmlfq: cold must be 'promote' or 'stay', got {cold!r}")
+        self.cold = cold
+        if admit_min_count is not None and (not isinstance(admit_min_count, int) or admit_min_count < 1):
+            raise SpecError(f"cmlfq: admit_min_count must be an integer >= 1 or None, got {admit_min_count!r}")
+        self.admit_min_count = admit_min_count
+        if budget is not None and not 0 < budget < 1:
+            raise SpecError(f"cmlfq: budget must be in (0, 1) or None, got {budget!r}")
+        if beyond not in ("promote", "root"):
+            raise SpecError(f"cmlfq: beyond must be 'promote' or 'root', got {beyond!r}")
+        self._finite_limits = tuple(x for x in self.limits if x != float("inf"))
+        self.budget = None if budget is None else float(budget)
+        self.beyond = beyond
+        self._budget = None if budget is None else MigrationBudget(budget)
         if rule not in _RULES:
             raise SpecError(f"cmlfq: rule must be one of {', '.join(map(repr, _RULES))}, got {rule!r}")
         if not 0 < confidence <= 1:
@@ -149,13 +224,29 @@ class CMLFQRouter(Router):
         self.min_count = min_count
         self.cost_ratio = float(cost_ratio)
 
+    @classmethod
+    def create(cls, buckets: Sequence[Bucket], *, preset: str = DEFAULT_PRESET, **options: Any) -> CMLFQRouter:
+        """The options of `preset` (CMLFQ_PRESETS; default the adaptive one), overridden by `options`. Note that
+        the constructor's own defaults are the published rule (`preset="published"`)."""
+        if preset not in CMLFQ_PRESETS:
+            raise SpecError(f"cmlfq: unknown preset {preset!r}; expected one of {', '.join(CMLFQ_PRESETS)}")
+        return cls(buckets, **{**CMLFQ_PRESETS[preset], **options})
+
     def _admit(self, req: Request) -> int:
+        bucket = self._admit_bucket(req)
+        walk: _Walk = req.state
+        walk.admitted = bucket
+        if self._budget is not None and walk.warm:
+            walk.points = []
+        return bucket
+
+    def _admit_bucket(self, req: Request) -> int:
         root = self.tree.prompts.get(req.prompt_id)
         walk = req.state = _Walk(root, self.tree.agnostic, req.prompt_tokens)
         if self.admit_mode == "smallest":
             return 0
         if self.rule == "priced":  # admission carries nothing: the likeliest bucket, if clearly likelier
-            probs = self._probabilities(walk, req.prompt_tokens)
+            probs = self._probabilities(walk, req.prompt_tokens, self.admit_min_count)
             if probs is None:
                 return 0
             best = max(range(len(probs)), key=probs.__getitem__)
@@ -212,38 +303,85 @@ class CMLFQRouter(Router):
         best = max(range(len(probs)), key=probs.__getitem__)
         return best, probs[best] >= self.confidence
 
-    def _probabilities(self, walk: _Walk, ctx: int) -> list[float] | None:
+    def _probabilities(self, walk: _Walk, ctx: int, min_count: int | None = None) -> list[float] | None:
         """Per bucket, the share of the selected node's window whose final length falls in it, among the
         trajectories that ran at least as long as the request has; None without a node or a survivor."""
-        node, anchor, scale = self._select(walk)
+        node, anchor, scale = self._select(walk, min_count)
         if node is None:
             return None
-        below = node.fraction_at_most((ctx - anchor) / scale - 1)  # ended before reaching the current context
+        probs = self._bucket_probs(node, anchor, scale, ctx)
+        if probs is None and self.beyond == "root" and self.tree.agnostic.count:
+            # the request outlived every observation at its node: the survival statistics of all trajectories,
+            # else (it outlived them all too) the bucket of its context
+            probs = self._bucket_probs(self.tree.agnostic, walk.root_ctx, 1.0, ctx)
+            if probs is None:
+                probs = [0.0] * len(self.limits)
+                probs[self.bucket_for(ctx)] = 1.0
+        return probs
+
+    def _bucket_probs(self, node: Node, anchor: int, scale: float, ctx: int) -> list[float] | None:
+        ordered = node.ordered  # the window, sorted: shares by bisection (Node.fraction_at_most, inline)
+        n = len(ordered)
+        if not n:  # (a selected node always holds observations; kept for an empty window's exact old answer)
+            probs = [0.0] * len(self.limits)
+            if self.limits[-1] == float("inf"):
+                probs[-1] = 1.0
+            return probs
+        below = bisect_right(ordered, (ctx - anchor) / scale - 1) / n  # ended before reaching the current context
         alive = 1.0 - below
         if alive <= 0:
             return None
         probs = []
-        for limit in self.limits:
-            upto = 1.0 if limit == float("inf") else node.fraction_at_most((limit - anchor) / scale)
-            probs.append(max(0.0, upto - below) / alive)
-            below = max(below, upto)
+        for limit in self._finite_limits:
+            upto = bisect_right(ordered, (limit - anchor) / scale) / n
+            probs.append((upto - below) / alive if upto > below else 0.0)
+            if upto > below:
+                below = upto
+        if len(probs) < len(self.limits):  # the unbounded last bucket takes the rest
+            probs.append((1.0 - below) / alive if below < 1.0 else 0.0)
         return probs
 
     def _priced(self, req: Request, carried: int, tool_tokens: int) -> tuple[int, str]:
         """The `priced` rule after a tool return (module docstring): move once, when the gain pays for the carried
         context and the router is sure enough or waiting would carry the large return just received."""
-        probs = self._probabilities(req.state, req.context)
-        if probs is not None and req.migrations == 0:
+        walk: _Walk = req.state
+        probs = self._probabilities(walk, req.context)
+        points = walk.points
+        if points is not None and points and points[-1] is None:
+            points.pop()
+        if probs is None:
+            return self._priced_overflow(req, probs)
+        top = max(probs)
+        best = probs.index(top)
+        mean = max(1.0, self.tree.agnostic.mean + req.prompt_tokens)  # _mean_length, inline
+        if points is not None:
+            self._record(req, probs, best, mean, carried, tool_tokens)
+        if req.migrations == 0:
             current = req.bucket
-            best = max(range(len(probs)), key=probs.__getitem__)
-            unit = self.price / self._mean_length(req)
+            unit = self.price / mean
             if (
                 best != current
-                and probs[best] - probs[current] >= unit * carried
-                and probs[best] >= self.confidence - unit * tool_tokens
+                and top - probs[current] >= unit * carried
+                and top >= self.confidence - unit * tool_tokens
             ):
                 return best, "tool-return"
         return self._priced_overflow(req, probs)
+
+    def _record(self, req: Request, probs: list[float], best: int, mean: float, carried: int, tool_tokens: int) -> None:
+        """The price interval in which this tool return would move the request out of its admission bucket, as a
+        tool-return move or as an overflow (budget.py)."""
+        walk: _Walk = req.state
+        a = walk.admitted
+        if best == a:
+            return
+        top = probs[best]
+        hi = (top - probs[a]) * mean / carried if carried > 0 else float("inf")
+        need = self.confidence - top
+        lo = 0.0 if need <= 0 else (need * mean / tool_tokens if tool_tokens > 0 else float("inf"))
+        if lo <= hi:
+            walk.points.append((lo, hi, carried))
+        if self.overflow and best > a and req.context > self.limits[a]:
+            walk.points.append((0.0, top * mean / req.context, carried))
 
     def _priced_overflow(self, req: Request, probs: list[float] | None) -> tuple[int, str]:
         """Context beyond the bucket's limit: with no statistics, promote to the bucket of the context (a cold
@@ -251,6 +389,8 @@ class CMLFQRouter(Router):
         if not self.overflow or req.migrations or req.context <= self.limits[req.bucket]:
             return req.bucket, "stay"
         if probs is None:
+            if self.cold == "stay" and not self.tree.agnostic.count:
+                return req.bucket, "stay"
             return self.bucket_for(req.context), "overflow"
         best = max(range(len(probs)), key=probs.__getitem__)
         if best > req.bucket and probs[best] >= self.price * req.context / self._mean_length(req):
@@ -262,10 +402,10 @@ class CMLFQRouter(Router):
         remaining tokens at admission plus this request's prompt."""
         return max(1.0, self.tree.agnostic.mean + req.prompt_tokens)
 
-    def _select(self, walk: _Walk) -> tuple[Node | None, int, float]:
+    def _select(self, walk: _Walk, min_count: int | None = None) -> tuple[Node | None, int, float]:
         """The node whose statistics stand for the request now, the context when the request reached it, and
         the factor its remaining tokens are scaled by (1 except for the `scaled` fallback)."""
-        m = self.min_count
+        m = self.min_count if min_count is None else min_count
         p_ok = walk.p_node is not None and walk.p_node.count >= m
         a_ok = walk.a_node.count >= m
         if p_ok and walk.p_exact:
@@ -310,9 +450,31 @@ class CMLFQRouter(Router):
         if req.context <= self.limits[req.bucket]:
             return req.bucket, "stay"
         if self.rule == "priced":
-            return self._priced_overflow(req, self._probabilities(req.state, req.context))
+            probs = self._probabilities(req.state, req.context)
+            walk: _Walk = req.state
+            if probs is not None and walk.points is not None and walk.points[-1:] != [None]:
+                # one overflow point per stretch between tool returns: later ones only carry more
+                a = walk.admitted
+                best = max(range(len(probs)), key=probs.__getitem__)
+                if self.overflow and best > a and req.context > self.limits[a]:
+                    walk.points.append((0.0, probs[best] * self._mean_length(req) / req.context, req.context))
+                    walk.points.append(None)
+            return self._priced_overflow(req, probs)
         pred = self._predict(req.state, req.context)
         return self._overflow(req, None if pred is None else pred[0])
 
+    # -- the budget: the price of a carried token is set from the observed costs of moving (budget.py) ----------
+    def finish(self, request_id, trajectory: Trajectory) -> None:
+        req = self._requests.get(request_id)
+        if self._budget is not None and req is not None and req.state.warm:
+            self._budget.finish(req.state.points, trajectory.total_tokens)
+        super().finish(request_id, trajectory)
+
+    def _adapt_price(self) -> None:
+        if self._budget is not None:
+            self._budget.end_step()
+            self.price = self._budget.choose(self.price)
+
     def _learn(self, finished: list[Trajectory]) -> None:
+        self._adapt_price()
         self.tree.update(finished)

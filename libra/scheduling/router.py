@@ -161,6 +161,11 @@ class Router(ABC):
                 return i
         return len(self.limits) - 1
 
+    @classmethod
+    def create(cls, buckets: Sequence[Bucket], **options: Any) -> Router:
+        """The router `make_router` builds from options (a policy may read named option sets here)."""
+        return cls(buckets, **options)
+
     @abstractmethod
     def _admit(self, req: Request) -> int:
         """The bucket a new request starts in."""
@@ -218,12 +223,13 @@ def router_names() -> tuple[str, ...]:
 
 
 def make_router(name: str, buckets: Sequence[Bucket], **options: Any) -> Router:
-    """A router by policy name (`cmlfq`, `mlfq`, `predictor`, `oracle`, `fcfs`); options go to its constructor.
-    An unknown name or option raises SpecError."""
+    """A router by policy name (`cmlfq`, `mlfq`, `predictor`, `oracle`, `fcfs`); options go to its constructor
+    (through `cls.create`: `cmlfq` takes `preset=NAME`, default its default preset). An unknown name or option
+    raises SpecError."""
     cls = _REGISTRY.get(name)
     if cls is None:
         raise SpecError(f"unknown routing policy {name!r}; expected one of {', '.join(_REGISTRY)}")
     try:
-        return cls(buckets, **options)
+        return cls.create(buckets, **options)
     except TypeError as exc:
         raise SpecError(f"policy {name!r}: {exc}") from None

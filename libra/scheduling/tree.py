@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from libra.scheduling.node import Node, NodeStats, refresh_all
+from libra.scheduling.size_classes import QuantileStateCodec
 from libra.scheduling.states import DEFAULT_SIZE_EDGES, StateCodec, ToolReturnState
 from libra.spec import SpecError
 from libra.workloads.trace import Trajectory
@@ -91,12 +92,14 @@ class PrefixTree:
         max_nodes: int = 200_000,
         max_depth: int = 32,
         codec: StateCodec | None = None,
-        size_edges: Sequence[int] = DEFAULT_SIZE_EDGES,
+        size_edges: Sequence[int] | str = DEFAULT_SIZE_EDGES,
         tools: Iterable[str] | None = None,
     ) -> None:
         self.window = _positive_int("window", window)
         self.max_nodes = _positive_int("max_nodes", max_nodes)
         self.max_depth = _positive_int("max_depth", max_depth)
+        if codec is None and isinstance(size_edges, str):
+            codec = QuantileStateCodec.from_spec(size_edges, tools=tools)
         self.codec = codec if codec is not None else StateCodec(size_edges=tuple(size_edges), tools=tools)
         self.agnostic = Node()
         self.prompts: dict[str, Node] = {}
@@ -162,6 +165,9 @@ class PrefixTree:
         step = self.steps
         limit = self.max_depth
         codec = self.codec
+        observe = getattr(codec, "observe", None)
+        if observe is not None:  # size classes learnt from the data (size_classes.py): edges move at step ends only
+            observe(batch)
         # classify every tool return first, so that a bad one (unknown tool) leaves the tree untouched
         paths = [codec.encode_turns(traj.turns, limit) for traj in batch]
         touched: list[Node] = []
@@ -496,6 +502,7 @@ class PrefixTree:
             "max_depth": self.max_depth,
             "steps": self.steps,
             **self.codec.config(),
+            **({"size_class_state": self.codec.state()} if hasattr(self.codec, "state") else {}),
             "agnostic": self._node_to_dict(self.agnostic),
             "prompts": {pid: self._node_to_dict(n) for pid, n in self.prompts.items()},
         }
@@ -512,9 +519,11 @@ class PrefixTree:
                 window=data["window"],
                 max_nodes=data["max_nodes"],
                 max_depth=data["max_depth"],
-                size_edges=tuple(data["size_edges"]),
+                size_edges=data["size_edges"] if isinstance(data["size_edges"], str) else tuple(data["size_edges"]),
                 tools=data["tools"],
             )
+            if "size_class_state" in data:
+                tree.codec.load_state(data["size_class_state"])
             tree.steps = int(data["steps"])
             tree._touched_at = None
             tree._absorb(tree.agnostic, data["agnostic"])

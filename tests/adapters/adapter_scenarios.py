@@ -6,12 +6,14 @@ import time
 
 import adapter_procs as P
 
+from tests.limits import scaled
+
 HYBRID = "hybrid-0"
 
 
 def _pace(ex, cap_s: float = 20.0) -> None:
     """Test steps take a millisecond; hold a core step while a join is on its way (the exchange never waits)."""
-    deadline = time.monotonic() + cap_s
+    deadline = time.monotonic() + scaled(cap_s)
     while ex.joining and not ex.join_message_waiting() and time.monotonic() < deadline:
         time.sleep(0.001)
 
@@ -39,10 +41,10 @@ def core_with_hybrid(rank: int, make_trainer, steps: int, port: int, side_port: 
         num_core_replicas=2,
         model=trainer.module,
         optimizer=trainer.optimizer,
-        timeout_s=30.0,
+        timeout_s=scaled(30.0),
     )
     if server is not None:  # the hybrid process starts slower than a test step: let it connect first
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + scaled(120)
         while not (links := server.accept_ready()) and time.monotonic() < deadline:
             time.sleep(0.05)
         for link in links:
@@ -83,11 +85,11 @@ def hybrid(side_port: int) -> dict:
         distributed=False,
         optimizer_factory=lambda ps: torch.optim.Adam(ps, lr=P.LR),
     )
-    hy = HybridReplica(worker=HYBRID, model=trainer.module, optimizer=trainer.optimizer, timeout_s=30.0)
-    deadline = time.monotonic() + 120
+    hy = HybridReplica(worker=HYBRID, model=trainer.module, optimizer=trainer.optimizer, timeout_s=scaled(30.0))
+    deadline = time.monotonic() + scaled(120)
     while True:
         try:
-            link = TcpLink.connect("127.0.0.1", side_port, timeout=5.0)
+            link = TcpLink.connect("127.0.0.1", side_port, timeout=scaled(5.0))
             break
         except LinkError:
             if time.monotonic() > deadline:

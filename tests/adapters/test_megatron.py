@@ -10,6 +10,7 @@ import pytest
 
 from libra.adapters import UnsupportedConfig
 from libra.spec import TrainConfig
+from tests.limits import scaled
 
 
 def test_train_config_maps_to_parallel_state_sizes():
@@ -34,11 +35,11 @@ def test_gpt_config_rejects_layouts_megatron_cannot_build():
 
 
 @pytest.mark.multiproc
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(scaled(240))
 def test_tp2_groups_sharded_model_and_gradient_hook(tmp_path):
     pytest.importorskip("megatron.core")
     port = P.free_port()
-    r0, r1 = P.run_processes([(S.megatron_tp2, (r, port)) for r in (0, 1)], tmp=tmp_path, timeout_s=200)
+    r0, r1 = P.run_processes([(S.megatron_tp2, (r, port)) for r in (0, 1)], tmp=tmp_path, timeout_s=scaled(200))
     for r, rank in ((r0, 0), (r1, 1)):
         assert (r["tp"], r["dp"], r["tp_rank"]) == (2, 1, rank)
         # vocab-parallel embedding and column-parallel qkv hold half of the rows on each TP rank

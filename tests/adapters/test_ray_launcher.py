@@ -3,15 +3,19 @@ hybrid worker moved from rollout to training and back through the elastic contro
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
 
 import pytest
 
 from libra.elastic import CancelJoin, ElasticController, JoinTraining, StartInstance, StopInstance
 from libra.spec import Placement, Pool, Role, WorkerPlacement
+from tests.limits import scaled
 
 ray = pytest.importorskip("ray")
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(scaled(240))]
 
 GPUS_PER_NODE = 4
 PLACEMENT = Placement(
@@ -109,20 +113,65 @@ def test_plan_change_moves_hybrid_actor_between_rollout_and_training(cluster):
         launcher.shutdown()
 
 
+class _Worker:
+    """A payload whose `busy(seconds)` keeps the actor's only thread on the CPU, as a long engine call would."""
+
+    def __init__(self, info):
+        self.info = info
+
+    def busy(self, seconds: float) -> int:
+        import time
+
+        end, spins = time.monotonic() + seconds, 0
+        while time.monotonic() < end:
+            spins += 1
+        return spins
+
+
+def _worker(info):
+    return _Worker(info)
+
+
+@contextlib.contextmanager
+def _cpu_hogs(n: int):
+    """`n` busy-loop processes beside the test (a loaded machine), killed on the way out."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+
+
 def test_dead_hybrid_replica_is_reported_and_removed_through_the_controller(cluster):
-    from libra.adapters.ray_launcher import RayLauncher
+    """A killed hybrid trainer is reported dead (and removed through the controller); a rollout actor that is
+    alive but too busy to answer several heartbeats, on a machine loaded by CPU hogs, is not."""
+    from libra.adapters.ray_launcher import HealthPolicy, RayLauncher
     from libra.elastic import JoinEvent, JoinState
 
-    launcher = RayLauncher(placement=PLACEMENT, gpus_per_node=GPUS_PER_NODE)
+    policy = HealthPolicy(reply_timeout_s=scaled(1.0), max_missed=6)
+    launcher = RayLauncher(placement=PLACEMENT, gpus_per_node=GPUS_PER_NODE, setup_rollout=_worker, health=policy)
     controller = ElasticController(placement=PLACEMENT)
     try:
         launcher.launch()
         for d in controller.borrow("hybrid-0", step=1, why="test"):
             launcher.execute(d)
         assert controller.pairs == {"hybrid-0": "train-0"}
-        ray.kill(launcher.actors["hybrid-0"])  # the hybrid trainer replica dies
-        dead = launcher.check_health(controller, step=2)
-        assert [(e.replica, "train_replica" in e.cause) for e in dead] == [("hybrid-0", True)]
+        assert launcher.check_health(controller, step=1) == ()
+        with _cpu_hogs(2):
+            # busy for 2.5 heartbeat timeouts: it misses 2 or 3 heartbeats, then answers again
+            slow = launcher.actors["rollout-tp1-0"].call.remote("busy", 2.5 * policy.reply_timeout_s)
+            ray.kill(launcher.actors["hybrid-0"])  # the hybrid trainer replica dies
+            dead, most_missed = [], 0
+            for _ in range(2 * policy.max_missed):
+                dead += launcher.check_health(controller, step=2)
+                most_missed = max(most_missed, launcher.missed.get("rollout-tp1-0", 0))
+                if dead and ray.wait([slow], timeout=0)[0] and launcher.missed.get("rollout-tp1-0") == 0:
+                    break
+        assert ray.get(slow) > 0
+        assert most_missed >= 1, "the busy actor never missed a heartbeat: the test did not exercise the grace"
+        assert [(e.replica, "train_replica" in e.cause) for e in dead] == [("hybrid-0", True)], dead
         assert "hybrid-0" not in launcher.actors and set(launcher.actors) == {w.name for w in PLACEMENT.workers} - {
             "hybrid-0"
         }
@@ -133,3 +182,34 @@ def test_dead_hybrid_replica_is_reported_and_removed_through_the_controller(clus
         assert launcher.check_health(controller, step=3) == ()
     finally:
         launcher.shutdown()
+
+
+def test_a_worker_that_never_answers_is_dead_after_max_missed_heartbeats(cluster):
+    """Grace is bounded: an actor stuck in a call is declared dead after exactly `max_missed` silent heartbeats
+    (and fenced: the launcher kills it)."""
+    from libra.adapters.ray_launcher import HealthPolicy, RayLauncher
+
+    policy = HealthPolicy(reply_timeout_s=scaled(2.0), max_missed=3)
+    launcher = RayLauncher(placement=PLACEMENT, gpus_per_node=GPUS_PER_NODE, setup_rollout=_worker, health=policy)
+    try:
+        launcher.launch()
+        stuck = launcher.actors["rollout-tp1-1"]
+        hung = stuck.call.remote("busy", 3600.0)
+        rounds = [launcher.check_health(step=s) for s in range(policy.max_missed)]
+        assert [[d.replica for d in r] for r in rounds] == [[]] * (policy.max_missed - 1) + [["rollout-tp1-1"]]
+        (death,) = rounds[-1]
+        assert death.replica == "rollout-tp1-1" and "3 consecutive heartbeats missed" in death.cause
+        assert "rollout-tp1-1" not in launcher.actors
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(hung, timeout=scaled(60))  # fenced: the stuck actor was killed
+    finally:
+        launcher.shutdown()
+
+
+def test_health_policy_refuses_nonsense() -> None:
+    from libra.adapters import UnsupportedConfig
+    from libra.adapters.ray_launcher import HealthPolicy
+
+    for bad in ({"reply_timeout_s": 0}, {"reply_timeout_s": float("nan")}, {"max_missed": 0}, {"max_missed": 1.5}):
+        with pytest.raises(UnsupportedConfig):
+            HealthPolicy(**bad)

@@ -7,6 +7,8 @@ import adapter_procs as P
 import adapter_scenarios as S
 import pytest
 
+from tests.limits import scaled
+
 pytestmark = [pytest.mark.multiproc]
 
 
@@ -15,7 +17,7 @@ def _with_hybrid(core_fn, tmp_path, steps=20):
     results = P.run_processes(
         [(core_fn, (0, steps, port, side)), (core_fn, (1, steps, port, side)), (S.hybrid, (side,))],
         tmp=tmp_path,
-        timeout_s=240,
+        timeout_s=scaled(240),
     )
     core0, core1, hybrid = results
     three = [t for t, n in core0["members"].items() if n == 3]
@@ -25,14 +27,14 @@ def _with_hybrid(core_fn, tmp_path, steps=20):
     return core0, core1
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(scaled(300))
 def test_torch_ddp_two_core_plus_hybrid_matches_three_replica_dp(tmp_path):
     core0, core1 = _with_hybrid(S.ddp_core, tmp_path)
     assert core0["worst_3dp_diff"] < 1e-6 and core1["worst_3dp_diff"] < 1e-6
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(scaled(420))
 def test_deepspeed_two_core_plus_hybrid_matches_three_replica_dp(tmp_path):
     pytest.importorskip("deepspeed")
     core0, core1 = _with_hybrid(S.ds_core, tmp_path)
@@ -41,11 +43,13 @@ def test_deepspeed_two_core_plus_hybrid_matches_three_replica_dp(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(scaled(420))
 def test_deepspeed_zero_stages_match_data_parallel(tmp_path):
     pytest.importorskip("deepspeed")
     port = P.free_port()
-    r0, r1 = P.run_processes([(S.ds_stages, (r, port, (0, 1, 2), 3)) for r in (0, 1)], tmp=tmp_path, timeout_s=360)
+    r0, r1 = P.run_processes(
+        [(S.ds_stages, (r, port, (0, 1, 2), 3)) for r in (0, 1)], tmp=tmp_path, timeout_s=scaled(360)
+    )
     print("deepspeed vs 2-replica DP, max |diff| per stage:", r0)
     for key in ("zero0", "zero0+hook", "zero1", "zero1+hook", "zero2"):
         assert r0[key] < 1e-6 and r1[key] < 1e-6, (key, r0, r1)

@@ -9,9 +9,10 @@ import pytest
 
 from libra.adapters import EventKind, InstanceAsleep, InstanceSpec, RequestFailedError, Sampling
 from libra.adapters.types import pack_weights
+from tests.limits import scaled
 
 pytest.importorskip("vllm")
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(scaled(600))]
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]
 GREEDY = Sampling(max_tokens=24, ignore_eos=True)

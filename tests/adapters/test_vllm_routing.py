@@ -7,9 +7,10 @@ import pytest
 
 from libra.adapters import Sampling
 from libra.adapters.routing import RoutedRollout, ToolReturn
+from tests.limits import scaled
 
 pytest.importorskip("vllm")
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(scaled(600))]
 
 TURN = Sampling(max_tokens=8, ignore_eos=True)
 PROMPTS = {f"p{i}-s{j}": (f"p{i}", [5 + i, 6, 7, 8, 9, 10, 11, 12]) for i in range(4) for j in range(2)}

@@ -2,7 +2,9 @@
 
 Each step the peer does one thing; the core must accept only a real gradient for the current step, computed on
 the current state version, sent by an active replica, of the right size; anything else is skipped (or, for a
-protocol violation, the peer is detached) and the reduced gradient is exactly the core's own.
+protocol violation, the peer is detached) and the reduced gradient is exactly the core's own. A gradient that
+comes late (after the core's timeout) is a miss: the step goes on without it, the peer stays attached, and its
+late gradient is dropped as stale the next step.
 """
 
 from __future__ import annotations
@@ -11,30 +13,38 @@ import threading
 
 import elastic_harness as H
 
+from tests.limits import scaled
+
 # what the peer sends in each step after it attached (the first STEP after ATTACH is a placeholder step)
 SCRIPT = [
     "grad_while_placeholder",
     "wrong_version",
     "stale_then_good",
     "wrong_size",
+    "late",
     "good",
     "future_step",
 ]
 
 
+CORE_TIMEOUT_S = scaled(1.0)  # the core's receive timeout; "late" sends 1.3 of it after the STEP
+
+
 def _peer(port: int, log: list) -> None:
+    import time
+
     import torch
 
     from libra.elastic.wire import Kind, Message, TcpLink, as_bytes
 
-    link = TcpLink.connect("127.0.0.1", port, timeout=10)
-    link.send(Message(kind=Kind.JOIN, step=-1, version=-1, info={"worker": "mallory"}), timeout=10)
-    snap = link.recv(timeout=10)
-    link.send(Message(kind=Kind.ATTACH, step=snap.version, version=snap.version), timeout=10)
+    link = TcpLink.connect("127.0.0.1", port, timeout=scaled(10))
+    link.send(Message(kind=Kind.JOIN, step=-1, version=-1, info={"worker": "mallory"}), timeout=scaled(10))
+    snap = link.recv(timeout=scaled(10))
+    link.send(Message(kind=Kind.ATTACH, step=snap.version, version=snap.version), timeout=scaled(10))
     n = sum(p.numel() for p in H.make_model()[0].parameters())
     info = {"dtype": "torch.float32"}
     for action in SCRIPT:
-        step_msg = link.recv(timeout=10)
+        step_msg = link.recv(timeout=scaled(10))
         assert step_msg.kind == Kind.STEP, step_msg.kind
         t = step_msg.step
         g = torch.full((n,), 0.5)
@@ -43,21 +53,24 @@ def _peer(port: int, log: list) -> None:
             return Message(kind=Kind.GRAD, step=step, version=version, info=info, blobs=(as_bytes(blob),))
 
         if action == "grad_while_placeholder":
-            link.send(grad(t, t), timeout=10)
+            link.send(grad(t, t), timeout=scaled(10))
         elif action == "wrong_version":
-            link.send(grad(t, t - 1), timeout=10)
+            link.send(grad(t, t - 1), timeout=scaled(10))
         elif action == "stale_then_good":
-            link.send(grad(t - 1, t - 1), timeout=10)
-            link.send(grad(t, t), timeout=10)
+            link.send(grad(t - 1, t - 1), timeout=scaled(10))
+            link.send(grad(t, t), timeout=scaled(10))
         elif action == "wrong_size":
-            link.send(grad(t, t, torch.full((n + 1,), 0.5)), timeout=10)
+            link.send(grad(t, t, torch.full((n + 1,), 0.5)), timeout=scaled(10))
+        elif action == "late":
+            time.sleep(1.3 * CORE_TIMEOUT_S)
+            link.send(grad(t, t), timeout=scaled(10))
         elif action == "good":
-            link.send(grad(t, t), timeout=10)
+            link.send(grad(t, t), timeout=scaled(10))
         elif action == "future_step":
-            link.send(grad(t + 1, t + 1), timeout=10)
+            link.send(grad(t + 1, t + 1), timeout=scaled(10))
             log.append((action, t, step_msg.info["mode"]))
             break
-        reduced = link.recv(timeout=10)
+        reduced = link.recv(timeout=scaled(10))
         log.append((action, t, step_msg.info["mode"], reduced.kind.name))
     link.close()
 
@@ -80,7 +93,7 @@ def adversary(port: int) -> dict:
         num_core_replicas=1,
         model=model,
         optimizer=opt,
-        timeout_s=10.0,
+        timeout_s=CORE_TIMEOUT_S,
         server=server,
         min_placeholder_steps=1,
     )
@@ -115,7 +128,7 @@ def adversary(port: int) -> dict:
     out = {
         "results": results,
         "peer_log": log,
-        "stats": [ex.stats.accepted, ex.stats.placeholders, ex.stats.skipped, ex.stats.failures],
+        "stats": [ex.stats.accepted, ex.stats.placeholders, ex.stats.skipped, ex.stats.failures, ex.stats.missed],
         "states": [(tr.step, tr.event.value, tr.dst.value, tr.why) for tr in ex.states.log],
     }
     ex.close()

@@ -11,6 +11,8 @@ import os
 
 from spawned import run_processes  # noqa: F401  (re-exported: the tests call it from here)
 
+from tests.limits import scaled
+
 GLOBAL_BATCH = 12  # divisible by 1, 2, 3 and 4 replicas
 IN, HIDDEN, OUT = 4, 8, 2
 LR = 1e-2
@@ -54,6 +56,26 @@ def zero_grads(model):
     return [p.grad for p in trainable(model)]
 
 
+def state_bytes(model, optimizer) -> bytes:
+    """Every byte of the parameters and of the optimizer state (tensors as raw bytes, the rest as repr), in a
+    fixed order: two states are equal exactly when these are."""
+    import torch
+
+    out = bytearray()
+    for p in model.parameters():
+        out += p.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    sd = optimizer.state_dict()
+    for key in sorted(sd["state"]):
+        for name, value in sorted(sd["state"][key].items()):
+            out += name.encode()
+            if isinstance(value, torch.Tensor):
+                out += value.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            else:
+                out += repr(value).encode()
+    out += repr(sd["param_groups"]).encode()
+    return bytes(out)
+
+
 def flat_state(model, optimizer):
     """Parameters and optimizer state as one flat float64 vector (for tolerance comparisons)."""
     import torch
@@ -72,7 +94,7 @@ def init_gloo(rank: int, world: int, port: int) -> None:
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=world,
-        timeout=datetime.timedelta(seconds=60),
+        timeout=datetime.timedelta(seconds=scaled(60)),
     )
 
 

@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 import elastic_harness as H
 
+from tests.limits import scaled
+
 B = H.GLOBAL_BATCH
 HYBRID = "hybrid-0"
 
@@ -21,7 +23,7 @@ def pace(ex, cap_s: float = 10.0) -> None:
     exchange itself never waits for a joining hybrid."""
     import time
 
-    deadline = time.monotonic() + cap_s
+    deadline = time.monotonic() + scaled(cap_s)
     while ex.joining and not ex.join_message_waiting() and time.monotonic() < deadline:
         time.sleep(0.0005)
 
@@ -61,14 +63,14 @@ def hybrid_loop(hy, model, opt, *, after: Callable[[int], None] | None = None, s
 def _exchange(rank, core_group, model, opt, **kw):
     from libra.elastic.core import CoreExchange
 
-    kw.setdefault("timeout_s", 30.0)
+    kw.setdefault("timeout_s", scaled(30.0))
     return CoreExchange(core_group=core_group, core_rank=rank, num_core_replicas=2, model=model, optimizer=opt, **kw)
 
 
 def _hybrid(model, opt, **kw):
     from libra.elastic.hybrid import HybridReplica
 
-    kw.setdefault("timeout_s", 30.0)
+    kw.setdefault("timeout_s", scaled(30.0))
     return HybridReplica(worker=HYBRID, model=model, optimizer=opt, **kw)
 
 
@@ -273,7 +275,7 @@ def cycles(rank: int, core_group, transport: str, num_cycles: int, port_queue=No
             "final_state": states.state(HYBRID).value if rank == 0 else None,
         }
     hy = _hybrid(model, opt)
-    port = port_queue.get(timeout=120) if transport == "tcp" else None
+    port = port_queue.get(timeout=scaled(120)) if transport == "tcp" else None
     for c in range(num_cycles):
         link = _connect_with_retry(port) if transport == "tcp" else DistLink(0)
         hy.join(link)
@@ -291,10 +293,10 @@ def _connect_with_retry(port: int, deadline_s: float = 60.0):
 
     from libra.elastic.wire import LinkError, TcpLink
 
-    deadline = time.monotonic() + deadline_s
+    deadline = time.monotonic() + scaled(deadline_s)
     while True:
         try:
-            return TcpLink.connect("127.0.0.1", port, timeout=30.0)
+            return TcpLink.connect("127.0.0.1", port, timeout=scaled(30.0))
         except LinkError:
             if time.monotonic() > deadline:
                 raise

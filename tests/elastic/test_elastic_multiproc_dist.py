@@ -10,6 +10,7 @@ import elastic_harness as H  # noqa: E402
 import elastic_scenarios as S  # noqa: E402
 
 from libra.elastic.wire import free_port  # noqa: E402
+from tests.limits import scaled  # noqa: E402
 
 NUM_CYCLES = 200  # the 1,000-cycle run is the TCP test (test_elastic_faults.py)
 
@@ -18,11 +19,11 @@ NUM_CYCLES = 200  # the 1,000-cycle run is the TCP test (test_elastic_faults.py)
 def world(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dist_world")
     port = free_port()
-    return H.run_processes([(S.dist_world, (r, port, NUM_CYCLES)) for r in range(3)], tmp=tmp, timeout_s=240)
+    return H.run_processes([(S.dist_world, (r, port, NUM_CYCLES)) for r in range(3)], tmp=tmp, timeout_s=scaled(240))
 
 
 @pytest.mark.multiproc
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(scaled(300))
 def test_placeholder_run_is_bitwise_identical_to_core_alone(world):
     core0, core1, hybrid = (w["placeholder"] for w in world)
     gathered = core0["gathered"]
@@ -39,7 +40,7 @@ def test_placeholder_run_is_bitwise_identical_to_core_alone(world):
 
 
 @pytest.mark.multiproc
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(scaled(300))
 def test_active_hybrid_matches_ddp_and_training_continues_after_leave(world):
     # The assertions (tolerance per step, alignment before contributing) ran inside every process.
     ddp = world[0]["ddp"]
@@ -49,7 +50,7 @@ def test_active_hybrid_matches_ddp_and_training_continues_after_leave(world):
 
 
 @pytest.mark.multiproc
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(scaled(300))
 def test_dist_join_leave_cycles_create_no_groups_and_leak_nothing(world):
     for rank, w in enumerate(world):
         assert w["new_group_calls"] == 1, f"rank {rank} called new_group {w['new_group_calls']} times"

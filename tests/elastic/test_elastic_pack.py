@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 from libra.elastic import native  # noqa: E402
 from libra.elastic.pack import checksum, layout_of, pack, plan_layout, unpack  # noqa: E402
+from tests.limits import scaled  # noqa: E402
 
 DTYPES = [
     torch.float32,
@@ -117,7 +118,7 @@ def test_is_compatible_reports_a_reason():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed; the CUDA source is not compiled")
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(scaled(180))
 def test_cuda_source_compiles_with_nvcc(tmp_path):
     out = tmp_path / "pack_cuda.o"
     proc = subprocess.run(native.nvcc_compile_command(out), capture_output=True, text=True)
@@ -126,7 +127,7 @@ def test_cuda_source_compiles_with_nvcc(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no CUDA toolkit: the binding's CUDA path is not checked")
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(scaled(180))
 def test_cpp_binding_with_cuda_path_passes_a_syntax_check():
     proc = subprocess.run(native.cuda_binding_syntax_command(), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]

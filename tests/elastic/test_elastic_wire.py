@@ -22,6 +22,7 @@ from libra.elastic.wire import (  # noqa: E402
     as_bytes,
     free_port,
 )
+from tests.limits import scaled  # noqa: E402
 
 
 @pytest.fixture
@@ -46,21 +47,21 @@ def test_roundtrip_with_blobs(pair):
             info={"dtype": "torch.float32"},
             blobs=(as_bytes(g), torch.empty(0, dtype=torch.uint8)),
         ),
-        timeout=5,
+        timeout=scaled(5),
     )
-    msg = b.recv(timeout=5)
+    msg = b.recv(timeout=scaled(5))
     assert (msg.kind, msg.step, msg.version, msg.info) == (Kind.GRAD, 4, 4, {"dtype": "torch.float32"})
     assert torch.equal(msg.blobs[0].view(torch.float32), g) and msg.blobs[1].numel() == 0
 
 
 def test_receive_times_out(pair):
     with pytest.raises(LinkTimeout):
-        pair[1].recv(timeout=0.05)
+        pair[1].recv(timeout=scaled(0.05))
 
 
 def test_closed_peer_and_truncated_message(pair):
     a, b = pair
-    a.send(Message(kind=Kind.PLACEHOLDER, step=1, version=1), timeout=5)
+    a.send(Message(kind=Kind.PLACEHOLDER, step=1, version=1), timeout=scaled(5))
     raw = a._sock
     # a frame that announces a blob and then stops half way, like a hybrid killed mid-send
     frame = bytearray()
@@ -68,9 +69,9 @@ def test_closed_peer_and_truncated_message(pair):
     frame += struct.pack("<4sB3xqqQ", b"LBR1", int(Kind.GRAD), 2, 2, len(meta)) + meta + b"x" * 40
     raw.sendall(frame)
     raw.shutdown(socket.SHUT_WR)
-    assert b.recv(timeout=5).kind == Kind.PLACEHOLDER
+    assert b.recv(timeout=scaled(5)).kind == Kind.PLACEHOLDER
     with pytest.raises(LinkClosed):
-        b.recv(timeout=5)
+        b.recv(timeout=scaled(5))
 
 
 def test_corrupted_blob_is_rejected(pair):
@@ -78,29 +79,29 @@ def test_corrupted_blob_is_rejected(pair):
     meta = b'{"info":{},"blobs":[[4,12345]]}'
     a._sock.sendall(struct.pack("<4sB3xqqQ", b"LBR1", int(Kind.GRAD), 2, 2, len(meta)) + meta + b"abcd")
     with pytest.raises(LinkCorrupt, match="checksum"):
-        b.recv(timeout=5)
+        b.recv(timeout=scaled(5))
 
 
 def test_bad_magic_is_rejected(pair):
     a, b = pair
     a._sock.sendall(b"X" * 32)
     with pytest.raises(LinkCorrupt):
-        b.recv(timeout=5)
+        b.recv(timeout=scaled(5))
 
 
 def test_server_accepts_without_blocking():
     server = SideChannelServer(host="127.0.0.1", port=0)
     try:
         assert server.accept_ready() == []
-        client = TcpLink.connect("127.0.0.1", server.port, timeout=5)
+        client = TcpLink.connect("127.0.0.1", server.port, timeout=scaled(5))
         for _ in range(200):
             links = server.accept_ready()
             if links:
                 break
             threading.Event().wait(0.01)
         assert len(links) == 1
-        client.send(Message(kind=Kind.JOIN, step=-1, version=-1, info={"worker": "h"}), timeout=5)
-        assert links[0].recv(timeout=5).info == {"worker": "h"}
+        client.send(Message(kind=Kind.JOIN, step=-1, version=-1, info={"worker": "h"}), timeout=scaled(5))
+        assert links[0].recv(timeout=scaled(5)).info == {"worker": "h"}
         client.close()
         links[0].close()
     finally:

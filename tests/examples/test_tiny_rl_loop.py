@@ -10,18 +10,20 @@ from pathlib import Path
 
 import pytest
 
+from tests.limits import scaled
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_rl_loop.py"
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(scaled(900))
 def test_tiny_rl_loop_runs_end_to_end() -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run(
         [sys.executable, str(EXAMPLE)],
         capture_output=True,
         text=True,
-        timeout=840,
+        timeout=scaled(840),
         env=env,
         cwd=EXAMPLE.parent,
         check=False,

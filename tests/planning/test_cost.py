@@ -139,14 +139,16 @@ def test_calibrate_rejects_bad_input() -> None:
 
 
 def test_batch_one_decode_latency_of_the_two_coefficient_sets() -> None:
-    """docs/sim.md: with the defaults TP-8 decodes one long request no faster than TP-2; with the what-if TP-4 and
-    TP-8 are about twice as fast as TP-1 and about equally fast (the host step overhead floors both)."""
+    """Anchored defaults (gpt-fast batch-1 decode against TP, anchors.yaml): each doubling of TP shortens one long
+    request's decode, TP-2 to at most 0.7x and TP-8 to at most 0.55x of TP-1 (issue 13); the older what-if file
+    (examples/coeffs/fast_tp.yaml, written before the anchors) still has TP-8 about twice as fast as TP-1."""
     cluster = ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=8, gpus_per_node=8)
     ms = {}
     for name, coeffs in (("defaults", None), ("fast_tp", load_coefficients(FAST_TP))):
         r = CostModel(cluster, get_model("Qwen3-14B"), coeffs).rollout
         ms[name] = {tp: 1e3 * float(r.decode_step_time(tp, 1.0, 20_000.0)) for tp in (1, 2, 4, 8)}
     d, f = ms["defaults"], ms["fast_tp"]
-    assert d[8] > d[4] and d[8] > d[2] and d[1] > d[2]
-    assert f[1] > 2 * f[4] and f[1] > 2 * f[8] and abs(f[8] - f[4]) < 0.1 * f[4]
+    assert d[1] > d[2] > d[4] > d[8]
+    assert d[2] <= 0.7 * d[1] and d[8] <= 0.55 * d[1]
+    assert f[1] > 2 * f[8]
     assert d[1] == pytest.approx(f[1])  # TP-1 has no TP overheads

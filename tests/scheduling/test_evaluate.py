@@ -54,7 +54,7 @@ def test_unique_prompt_agent_logs() -> None:
         generate("search-r1", num_steps=12, seed=5, num_prompts=256, samples_per_prompt=1, num_dataset_prompts=100_000)
     )
     assert len({t.prompt_id for t in log}) == len(log) and all(t.step is None for t in log)
-    cmlfq = replay(make_router("cmlfq", SEARCH_BUCKETS), log).routing_accuracy
+    cmlfq = replay(make_router("cmlfq", SEARCH_BUCKETS, preset="published"), log).routing_accuracy
     baselines = {
         "mlfq": make_router("mlfq", SEARCH_BUCKETS),
         "predictor": make_router("predictor", SEARCH_BUCKETS),
@@ -121,16 +121,16 @@ def test_replay_never_reads_the_future(search_trace, preset) -> None:
 
 def test_trace_without_steps_is_cut_into_chunks(search_trace) -> None:
     log = [attrs.evolve(t, step=None) for t in search_trace[:600]]
-    result = replay(make_router("cmlfq", SEARCH_BUCKETS), log, num_chunks=6)
+    result = replay(make_router("cmlfq", SEARCH_BUCKETS, preset="published"), log, num_chunks=6)
     assert result.steps == 6 and result.trajectories == 600
-    warm = replay(make_router("cmlfq", SEARCH_BUCKETS), log, num_chunks=6, warmup_steps=2)
+    warm = replay(make_router("cmlfq", SEARCH_BUCKETS, preset="published"), log, num_chunks=6, warmup_steps=2)
     assert warm.steps == 4 and warm.trajectories == 400
 
 
 def test_bad_evaluation_input(search_trace) -> None:
     with pytest.raises(SpecError):
-        replay(make_router("cmlfq", SEARCH_BUCKETS), [])
+        replay(make_router("cmlfq", SEARCH_BUCKETS, preset="published"), [])
     with pytest.raises(SpecError, match="warmup_steps"):
-        replay(make_router("cmlfq", SEARCH_BUCKETS), search_trace, warmup_steps=12)
+        replay(make_router("cmlfq", SEARCH_BUCKETS, preset="published"), search_trace, warmup_steps=12)
     with pytest.raises(SpecError):
-        replay(make_router("cmlfq", SEARCH_BUCKETS), search_trace, progress_every=0)
+        replay(make_router("cmlfq", SEARCH_BUCKETS, preset="published"), search_trace, progress_every=0)

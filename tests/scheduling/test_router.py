@@ -173,7 +173,7 @@ def test_no_learning_before_the_step_ends(name) -> None:
 
 
 def test_cmlfq_learns_from_tool_returns_at_step_end() -> None:
-    router = make_router("cmlfq", BUCKETS)
+    router = make_router("cmlfq", BUCKETS, preset="published")
     drive(router, [[_long("p") for _ in range(8)]])
     d = router.admit(100, prompt_id="p", prompt_tokens=300)
     assert d.bucket == 0  # the published rule: start small
@@ -195,22 +195,22 @@ def test_cmlfq_learns_from_tool_returns_at_step_end() -> None:
 
 
 def test_cmlfq_admits_into_a_larger_bucket_when_asked() -> None:
-    router = make_router("cmlfq", BUCKETS, admit="predicted")
+    router = make_router("cmlfq", BUCKETS, preset="published", admit="predicted")
     drive(router, [[_long("p") for _ in range(8)]])
     assert router.admit(1, prompt_id="p", prompt_tokens=300).bucket == 2
     assert router.admit(2, prompt_id="other", prompt_tokens=300).bucket == 2  # the agnostic root agrees too
-    smallest = make_router("cmlfq", BUCKETS)
+    smallest = make_router("cmlfq", BUCKETS, preset="published")
     drive(smallest, [[_long("p") for _ in range(8)]])
     assert smallest.admit(1, prompt_id="p", prompt_tokens=300).bucket == 0
 
 
 def test_cmlfq_weighs_migration_cost() -> None:
     """Same node statistics, but a context so large that moving it costs more than the predicted gain."""
-    cheap = make_router("cmlfq", BUCKETS, cost_ratio=0.5)
+    cheap = make_router("cmlfq", BUCKETS, preset="published", cost_ratio=0.5)
     drive(cheap, [[_long("p", size=8000)] * 8])
     cheap.admit(1, prompt_id="p", prompt_tokens=300)
     assert cheap.on_tool_return(1, tool="search", tool_tokens=8000, status="ok", context_tokens=8500).migrate
-    costly = make_router("cmlfq", BUCKETS, cost_ratio=100.0)
+    costly = make_router("cmlfq", BUCKETS, preset="published", cost_ratio=100.0)
     drive(costly, [[_long("p", size=8000)] * 8])
     costly.admit(1, prompt_id="p", prompt_tokens=300)
     assert not costly.on_tool_return(1, tool="search", tool_tokens=8000, status="ok", context_tokens=8500).migrate
@@ -235,18 +235,18 @@ def test_cmlfq_bad_options(kw) -> None:
 
 
 def test_cmlfq_unknown_tool_with_a_closed_tool_set() -> None:
-    router = make_router("cmlfq", BUCKETS, tools=("search",))
+    router = make_router("cmlfq", BUCKETS, preset="published", tools=("search",))
     router.admit(1, prompt_id="p", prompt_tokens=10)
     with pytest.raises(SpecError, match="unknown tool 'bash'"):
         router.on_tool_return(1, tool="bash", tool_tokens=10, status="ok", context_tokens=30)
 
 
 def test_tree_can_be_shared_and_merged() -> None:
-    a, b = make_router("cmlfq", BUCKETS), make_router("cmlfq", BUCKETS)
+    a, b = make_router("cmlfq", BUCKETS, preset="published"), make_router("cmlfq", BUCKETS, preset="published")
     drive(a, [[_long("p")] * 3])
     drive(b, [[_long("q")] * 3])
     a.tree.merge(b.tree)
-    merged = make_router("cmlfq", BUCKETS, tree=a.tree)
+    merged = make_router("cmlfq", BUCKETS, preset="published", tree=a.tree)
     assert set(merged.tree.prompts) == {"p", "q"}
 
 
@@ -263,7 +263,7 @@ def _short(pid: str, size: int = 8000) -> Trajectory:
 def test_probability_rule_acts_only_when_sure(num_long, moves) -> None:
     """8 of 10 past runs after this return ended in bucket 2: 80% >= 0.7, move; 6 of 10: 60%, the rule waits
     (the rest ended in bucket 0, and the context, 4,500 tokens, still fits bucket 0)."""
-    router = make_router("cmlfq", BUCKETS, rule="probability", confidence=0.7)
+    router = make_router("cmlfq", BUCKETS, preset="published", rule="probability", confidence=0.7)
     drive(router, [[_long("p", size=4000)] * num_long + [_short("p", size=4000)] * (10 - num_long)])
     router.admit(1, prompt_id="p", prompt_tokens=300)
     d = router.on_tool_return(1, tool="search", tool_tokens=4000, status="ok", context_tokens=4500)
@@ -275,7 +275,7 @@ def test_probability_rule_acts_only_when_sure(num_long, moves) -> None:
 def test_presets_build() -> None:
     from libra.scheduling import CMLFQ_PRESETS
 
-    assert set(CMLFQ_PRESETS) == {"published", "accuracy", "budget", "priced"}
+    assert set(CMLFQ_PRESETS) == {"published", "accuracy", "budget", "priced", "adaptive"}
     for options in CMLFQ_PRESETS.values():
         router = make_router("cmlfq", BUCKETS, **options)
         drive(router, [[_long("p")] * 3, [_long("p")] * 3])
@@ -290,7 +290,7 @@ def test_priced_rule_waits_after_small_returns(size, moves) -> None:
     4,000-token return waiting is dear (any later move carries it): the demanded certainty drops by
     price x 4,000 / mean length (about 0.2) and the router moves. After a 300-token return it waits. Either way the
     gain (0.8 - 0.2) pays for the 500 carried tokens."""
-    router = make_router("cmlfq", BUCKETS, **PRICED)
+    router = make_router("cmlfq", BUCKETS, preset="published", **PRICED)
     drive(router, [[_long("p", size=size)] * 8 + [_short("p", size=size)] * 2])
     router.admit(1, prompt_id="p", prompt_tokens=300)
     d = router.on_tool_return(1, tool="search", tool_tokens=size, status="ok", context_tokens=500 + size)
@@ -303,7 +303,7 @@ def test_priced_rule_prices_the_carried_context() -> None:
     """The same sure prediction (all past runs went long) moves a request for a price of 0.7 but not for a price so
     high that the 500 carried tokens outweigh the gain."""
     for price, moves in [(0.7, True), (100.0, False)]:
-        router = make_router("cmlfq", BUCKETS, **{**PRICED, "price": price})
+        router = make_router("cmlfq", BUCKETS, preset="published", **{**PRICED, "price": price})
         drive(router, [[_long("p")] * 8])
         router.admit(1, prompt_id="p", prompt_tokens=300)
         assert (
@@ -312,7 +312,7 @@ def test_priced_rule_prices_the_carried_context() -> None:
 
 
 def test_priced_rule_moves_once_and_promotes_from_a_cold_tree() -> None:
-    router = make_router("cmlfq", BUCKETS, **PRICED)
+    router = make_router("cmlfq", BUCKETS, preset="published", **PRICED)
     router.admit(1, prompt_id="p", prompt_tokens=300)
     d = router.on_progress(1, context_tokens=6000)  # nothing learnt yet: promote to the bucket of the context
     assert d.migrate and d.bucket == 1 and d.reason == "overflow"
@@ -328,7 +328,7 @@ def test_priced_admission_needs_a_margin() -> None:
     """Admission is free of migration cost, but a larger bucket must be at least `admit_margin` likelier than the
     smallest: 6 of 10 past runs long (0.6 vs 0.4) clears a margin of 0.15, not one of 0.3."""
     for margin, bucket in [(0.15, 2), (0.3, 0)]:
-        router = make_router("cmlfq", BUCKETS, **PRICED, admit="predicted", admit_margin=margin)
+        router = make_router("cmlfq", BUCKETS, preset="published", **PRICED, admit="predicted", admit_margin=margin)
         drive(router, [[_long("p", size=4000)] * 6 + [_short("p", size=4000)] * 4])
         assert router.admit(1, prompt_id="p", prompt_tokens=300).bucket == bucket
 

@@ -72,7 +72,7 @@ def test_long_rollouts_do_not_lose_time_to_coarse_slices(buckets, instances, coe
 
 
 def test_elastic_pool_only_lends_and_borrows_when_on():
-    sc = small_scenario(gpus=32, prompts=32)
+    sc = small_scenario(gpus=16, prompts=16)  # with the anchored cost model 32 GPUs x 32 prompts leave none idle
     report = simulate(sc, num_steps=4, policies=["libra-cmlfq", "libra"]).summary()
     assert report["libra-cmlfq"]["lent_gpu_s"] == 0 and report["libra-cmlfq"]["borrowed_gpu_s"] == 0
     # free switches: the pool can only help (the same plans, the same routes, idle GPUs put to work)

@@ -8,11 +8,13 @@ chosen coefficients (all positive, so the search runs in log space) with Nelder-
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import attrs
 import numpy as np
 
 from libra.planning.cost import BatchStats, CostCoefficients, CostModel
+from libra.planning.cost.coefficients import _FRACTIONS
 from libra.spec import ClusterSpec, ModelSpec, SpecError
 
 DEFAULT_FIT = (
@@ -71,7 +73,14 @@ class TrainingMeasurement:
         )
 
 
-Measurement = RolloutMeasurement | TrainingMeasurement
+class Measurement(Protocol):
+    """Anything measured that the cost model can predict: a time and how to predict it (the rollout and training
+    measurements above, or a published anchor)."""
+
+    @property
+    def time_s(self) -> float: ...
+
+    def predict(self, cm: CostModel) -> float: ...
 
 
 @attrs.frozen(kw_only=True)
@@ -122,6 +131,10 @@ def _nelder_mead(
     return simplex[best], it
 
 
+def _logit(p: np.ndarray) -> np.ndarray:
+    return np.log(p / (1.0 - p))
+
+
 def calibrate(
     cluster: ClusterSpec,
     model: ModelSpec,
@@ -142,11 +155,15 @@ def calibrate(
     unknown = [name for name in fit if name not in known]
     if unknown:
         raise SpecError(f"cannot fit unknown coefficient(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    x0 = np.log([float(getattr(start, name)) for name in fit])
+    fraction = np.array([name in _FRACTIONS for name in fit])
+    # positive coefficients are searched in log space, efficiencies in logit space so they stay in (0, 1)
+    v0 = np.array([float(getattr(start, name)) for name in fit])
+    x0 = np.where(fraction, _logit(np.clip(v0, 1e-6, 0.999)), np.log(np.maximum(v0, 1e-12)))
     targets = np.log([m.time_s for m in measurements])
 
     def coeffs_at(x: np.ndarray) -> CostCoefficients:
-        return attrs.evolve(start, **{name: float(np.exp(v)) for name, v in zip(fit, x)})
+        values = np.where(fraction, 1.0 / (1.0 + np.exp(-x)), np.exp(x))
+        return attrs.evolve(start, **{name: float(v) for name, v in zip(fit, values)})
 
     def loss(x: np.ndarray) -> float:
         cm = CostModel(cluster, model, coeffs_at(x))

@@ -1,11 +1,19 @@
 """Coefficients of the cost model: data, not code. `calibrate` fits them to measurements.
 
-Most defaults are datasheet-style efficiencies. The engine overheads, the KV headroom and the preemption churn
-(`tp_step_overhead_s`, `per_seq_overhead_s`, `per_request_overhead_s`, `kv_headroom_seqs`, `preemption_factor`)
-were chosen by a grid search against the published measurements in shared/PAPER.md for Qwen3-14B on A800 (the
-TP-1 x 8 against TP-8 throughput ratios at 0-2K and 16K-32K tokens, and the growth of rollout and training time from
-1K to 32K tokens; `libra.planning.cost.published` checks them). They are the first to re-fit with `calibrate` on
-measurements from your own cluster.
+Where each default comes from (the comment on each field says which):
+- [anchors: fit]: fitted with `calibrate()` to the `split: fit` rows of the published measurements in
+  `libra/planning/cost/anchors/anchors.yaml` (gpt-fast batch-1 decode against TP, TensorRT-LLM static-batch
+  throughput and time to first token, llm-foundry MPT training steps, NeMo AutoModel / Megatron-Bridge MoE training
+  steps with expert parallelism) and checked on the held-out rows; `python -m libra.planning.cost.anchors` re-runs
+  the fit and prints the MAPE per family (docs/cost-model.md).
+- The engine behaviour under load (`per_seq_overhead_s`, `per_request_overhead_s`, `kv_headroom_seqs`,
+  `preemption_factor`, `max_churn`) was chosen by a grid search against the published measurements in
+  shared/PAPER.md for Qwen3-14B on A800 (TP-1 x 8 against TP-8 throughput at 0-2K and 16K-32K tokens, growth of
+  rollout and training time from 1K to 32K tokens; `libra.planning.cost.published` checks them).
+- The rest are engine defaults (vLLM's memory utilisation and sequence cap) or datasheet-style values no anchor
+  pins down (`decode_mfu`: decode is memory-bound in every anchor; `kv_fill`, `activation_reserve_gb`,
+  `link_efficiency`, `dp_overlap`, `optimizer_bytes_per_param`).
+Re-fit them with `calibrate` (or `libra profile`) on measurements from your own cluster.
 """
 
 from __future__ import annotations
@@ -25,26 +33,29 @@ class CostCoefficients:
     gpu_memory_utilization: float = 0.90  # share of GPU memory the engine may use (vLLM's default)
     activation_reserve_gb: float = 6.0  # per GPU: activations, sampler and CUDA-graph workspace, not KV
     kv_fill: float = 0.80  # usable share of the KV pool (paging fragmentation, growth headroom, preemption)
-    hbm_efficiency: float = 0.80  # achieved / peak HBM bandwidth for weight and KV reads in decode
+    hbm_efficiency: float = 0.775  # achieved / peak HBM bandwidth for weight and KV reads  [anchors: fit]
     decode_mfu: float = 0.45  # achieved / peak FLOP/s for decode GEMMs when compute-bound
-    prefill_mfu: float = 0.55  # achieved / peak FLOP/s for prefill
+    prefill_mfu: float = 0.79  # achieved / peak FLOP/s for prefill  [anchors: fit, family prefill]
     kv_headroom_seqs: float = 4.0  # KV kept free for the growth of running sequences, in resident contexts
     preemption_factor: float = 12.0  # KV-bound decode slows by (1 + min(factor / B, max_churn)): preemption churn
     max_churn: float = 2.0  # cap on the churn term: a batch of one or two long sequences has little to preempt
     max_num_seqs: int = 512  # engine cap on concurrent sequences per instance
-    step_overhead_s: float = 0.004  # host-side cost of one engine step (scheduling, sampling launch)
-    tp_step_overhead_s: float = 0.005  # extra host/sync cost per step for a multi-GPU (TP > 1) instance
+    step_overhead_s: float = 0.00055  # host-side cost of one engine step (scheduling, sampling)  [anchors: fit]
+    tp_step_overhead_s: float = 0.0  # extra host/sync cost per step when TP > 1  [anchors: fit, family decode_tp]
     per_seq_overhead_s: float = 30e-6  # per sequence per engine step (bookkeeping, detokenisation), one process
     per_request_overhead_s: float = 0.3  # per request, serial in one engine: admission, tokenising, output, tools I/O
-    allreduce_latency_s: float = 9e-6  # per ring hop of one all-reduce (NCCL small-message latency)
+    allreduce_latency_s: float = 5.9e-6  # per log2 step of one small all-reduce  [anchors: fit, family decode_tp]
     link_efficiency: float = 0.70  # achieved / peak NVLink or network bandwidth for collectives
     # --- training ---------------------------------------------------------------------------------------------
-    train_mfu: float = 0.50  # achieved / peak FLOP/s of training GEMMs at large micro-batches
-    train_attention_efficiency: float = 0.45  # attention kernels relative to GEMM efficiency
-    microbatch_overhead_s: float = 0.0035  # per micro-batch per layer: kernel launches and synchronisation
+    train_mfu: float = 0.586  # achieved / peak FLOP/s of training GEMMs  [anchors: fit, family train_dense]
+    train_attention_efficiency: float = 0.290  # attention relative to GEMM efficiency  [anchors: train_dense]
+    microbatch_overhead_s: float = 0.001  # per micro-batch per layer: launches and synchronisation  [anchors]
     dp_overlap: float = 0.70  # share of the DP gradient all-reduce hidden behind backward
     optimizer_bytes_per_param: float = 16.0  # fp32 master + Adam m, v read and written per step
     logprob_forward_passes: int = 1  # extra forward passes per step (old-policy log-probs for GRPO/PPO)
+    # --- MoE (fitted to the published MoE training anchors, anchors.yaml family train_moe) ---------------------
+    expert_efficiency: float = 1.0  # expert (grouped) GEMMs relative to dense ones  [anchors: fit, train_moe]
+    expert_saturation_tokens: float = 1570.0  # tokens per expert GEMM at half that efficiency  [anchors: train_moe]
 
     def replace(self, **changes: float) -> CostCoefficients:
         return attrs.evolve(self, **changes)
@@ -60,6 +71,7 @@ _FRACTIONS = (
     "link_efficiency",
     "train_mfu",
     "train_attention_efficiency",
+    "expert_efficiency",
 )  # divisors: in (0, 1]
 _POSITIVE = ("max_num_seqs",)
 

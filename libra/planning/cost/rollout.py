@@ -29,6 +29,12 @@ from libra.planning.cost.coefficients import CostCoefficients
 from libra.spec import GPUSpec, ModelSpec
 
 
+def allreduce_latency(c: CostCoefficients, group: int) -> float:
+    """Latency of one small all-reduce over `group` GPUs of one NVLink domain: log-depth in the group size
+    (NCCL's tree / one-shot algorithms for small messages), `allreduce_latency_s` per step, 0 for one GPU."""
+    return 0.0 if group <= 1 else c.allreduce_latency_s * (1.0 + float(np.log2(group)))
+
+
 class RolloutCost:
     """Rollout side of the cost model for one (GPU, model) pair."""
 
@@ -89,7 +95,7 @@ class RolloutCost:
         c, m = self.c, self.model
         volume = 2.0 * (tp - 1) / tp * tokens * m.hidden_size * m.dtype_bytes
         bandwidth = self.gpu.nvlink_bandwidth_gbs * 1e9 * c.link_efficiency
-        per_allreduce = 2 * (tp - 1) * c.allreduce_latency_s + volume / bandwidth
+        per_allreduce = allreduce_latency(c, tp) + volume / bandwidth
         return 2 * m.num_layers * per_allreduce
 
     # --- prefill ----------------------------------------------------------------------------------------------
@@ -97,7 +103,9 @@ class RolloutCost:
         """Seconds to prefill `tokens` tokens that attend to `context` earlier tokens on average (compute-bound)."""
         c, m, g = self.c, self.model, self.gpu
         flops = tokens * (2.0 * m.active_params + 4.0 * m.num_layers * m.num_heads * m.head_dim * context)
-        return flops / (tp * g.flops * c.prefill_mfu) + self.tp_comm_time(tp, tokens)
+        compute = flops / (tp * g.flops * c.prefill_mfu)
+        weights = m.weight_bytes / tp / (g.hbm_bytes_per_s * c.hbm_efficiency)  # read once per prefill, not hidden
+        return compute + weights + self.tp_comm_time(tp, tokens)
 
     # --- a whole instance -------------------------------------------------------------------------------------
     def instance_time(

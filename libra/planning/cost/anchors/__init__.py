@@ -1,0 +1,180 @@
+"""Published measurements (anchors.yaml) as data, what the cost model predicts for each, and the fit of the defaults.
+
+`load_anchors()` reads the table; each `Anchor` knows its setup (GPU, model, layout, batch) and the measured time in
+seconds derived from the number as published (tokens/s, ms, tokens/s/GPU). `Anchor.predict(cm)` is the cost model's
+time for the same setup with `cm.coeffs` (the anchor's own GPU and model, whatever `cm` was built for), so the
+anchors go straight into `calibrate()`. `fit_defaults()` fits on the `split: fit` anchors and `family_errors()`
+reports the held-out and overall MAPE per family (docs/cost-model.md; tests/planning/test_cost_anchors.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from libra.planning.cost import BatchStats, CostCoefficients, CostModel
+from libra.spec import ClusterSpec, ModelSpec, SpecError, get_gpu, get_model
+from libra.spec.loaders import read_mapping
+
+ANCHORS_FILE = Path(__file__).with_name("anchors.yaml")
+KINDS = ("decode_batch1", "static_batch", "prefill", "train_step")
+
+# The coefficients the anchors pin down (the rest: engine behaviour under load, fitted to the paper's ratios).
+ANCHOR_FIT = (
+    "hbm_efficiency",
+    "allreduce_latency_s",
+    "step_overhead_s",
+    "tp_step_overhead_s",
+    "prefill_mfu",
+    "train_mfu",
+    "train_attention_efficiency",
+    "microbatch_overhead_s",
+    "expert_efficiency",
+    "expert_saturation_tokens",
+)
+
+
+@attrs.frozen(kw_only=True)
+class Anchor:
+    id: str
+    family: str
+    kind: str
+    source: str
+    url: str
+    where: str
+    gpu: str
+    model: ModelSpec
+    published: float
+    unit: str
+    split: str
+    setup: dict = attrs.field(eq=False, repr=False)
+
+    @property
+    def time_s(self) -> float:
+        """The measured time in seconds of what `predict` computes, from the number as published."""
+        s, v = self.setup, self.published
+        if self.kind == "decode_batch1":
+            return 1.0 / v  # tokens/s of one sequence
+        if self.kind == "static_batch":
+            return s["batch"] * s["output"] / v  # output tokens/s of the batch
+        if self.kind == "prefill":
+            return v / 1e3  # ms
+        tokens = s["global_batch"] * s["seq_len"]
+        if self.unit == "s":
+            return v
+        if self.unit == "tokens/s":
+            return tokens / v
+        return tokens / (v * s["gpus"])  # tokens/s/GPU
+
+    def predict(self, cm: CostModel) -> float:
+        """The cost model's seconds for this setup with `cm.coeffs` (this anchor's own GPU and model)."""
+        s, c = self.setup, cm.coeffs
+        gpu = get_gpu(self.gpu)
+        if self.kind == "train_step":
+            cluster = ClusterSpec.from_total(gpu=gpu, num_gpus=s["gpus"], gpus_per_node=8)
+            tm = CostModel(cluster, self.model, attrs.evolve(c, logprob_forward_passes=0)).training
+            tp, pp, ep = s.get("tp", 1), s.get("pp", 1), s.get("ep", 1)
+            batch = BatchStats.uniform(num_sequences=s["global_batch"], length=s["seq_len"])
+            dp = s["gpus"] // (tp * pp)
+            return float(tm.step_time(tp, pp, dp, ep, s["micro_batch"], bool(s["recompute"]), batch))
+        cluster = ClusterSpec.from_total(gpu=gpu, num_gpus=8, gpus_per_node=8)
+        rc = CostModel(cluster, self.model, c).rollout
+        tp = s["tp"]
+        if self.kind == "decode_batch1":
+            return float(rc.decode_step_time(tp, 1.0, float(s["context"])))
+        if self.kind == "prefill":
+            n = float(s["input"])
+            return float(rc.prefill_time(tp, n, n / 2.0))
+        requests, n_in, n_out = float(s["batch"]), float(s["input"]), float(s["output"])
+        prefill = rc.prefill_time(tp, requests * n_in, n_in / 2.0)
+        return float(prefill + n_out * rc.decode_step_time(tp, requests, n_in + n_out / 2.0))
+
+
+def _model(name: str, models: dict) -> ModelSpec:
+    if name in models:
+        return ModelSpec(name=name, **models[name])
+    return get_model(name)
+
+
+@cache
+def _load(path: str) -> tuple[Anchor, ...]:
+    data = read_mapping(Path(path))
+    models, sources = data.get("models", {}), data.get("sources", {})
+    out = []
+    for row in data["anchors"]:
+        row = dict(row)
+        if row["kind"] not in KINDS:
+            raise SpecError(f"{path}: anchor {row.get('id')}: unknown kind {row['kind']!r}; known: {KINDS}")
+        source = sources[row["source"]]
+        fixed = {k: row.pop(k) for k in ("id", "family", "kind", "source", "gpu", "published", "unit", "split")}
+        model = _model(row.pop("model"), models)
+        row.pop("note", None)
+        out.append(Anchor(**fixed, url=source["url"], where=source["where"], model=model, setup=row))
+    return tuple(out)
+
+
+def load_anchors(path: str | Path = ANCHORS_FILE) -> tuple[Anchor, ...]:
+    """Every anchor of the table (cached per path)."""
+    return _load(str(path))
+
+
+def families(anchors: Sequence[Anchor]) -> list[str]:
+    return sorted({a.family for a in anchors})
+
+
+@attrs.frozen(kw_only=True)
+class FamilyError:
+    family: str
+    count: int
+    held_out: int
+    mape_all: float  # percent, every anchor of the family
+    mape_held_out: float  # percent, the `split: check` anchors only (nan when none)
+
+
+def anchor_errors(anchors: Sequence[Anchor], coeffs: CostCoefficients | None = None) -> dict[str, float]:
+    """Relative error (predicted / measured - 1) of every anchor under `coeffs` (defaults when None)."""
+    coeffs = coeffs or CostCoefficients()
+    cm = CostModel(
+        ClusterSpec.from_total(gpu=get_gpu("A100-80GB"), num_gpus=8, gpus_per_node=8), get_model("Qwen3-14B"), coeffs
+    )
+    return {a.id: a.predict(cm) / a.time_s - 1.0 for a in anchors}
+
+
+def family_errors(anchors: Sequence[Anchor], coeffs: CostCoefficients | None = None) -> list[FamilyError]:
+    errors = anchor_errors(anchors, coeffs)
+    out = []
+    for fam in families(anchors):
+        members = [a for a in anchors if a.family == fam]
+        held = [a for a in members if a.split == "check"]
+        all_err = [abs(errors[a.id]) for a in members]
+        held_err = [abs(errors[a.id]) for a in held]
+        out.append(
+            FamilyError(
+                family=fam,
+                count=len(members),
+                held_out=len(held),
+                mape_all=100.0 * float(np.mean(all_err)),
+                mape_held_out=100.0 * float(np.mean(held_err)) if held_err else float("nan"),
+            )
+        )
+    return out
+
+
+def fit_defaults(
+    anchors: Sequence[Anchor] | None = None,
+    *,
+    start: CostCoefficients | None = None,
+    fit: Sequence[str] = ANCHOR_FIT,
+    iterations: int = 4000,
+):
+    """`calibrate()` on the `split: fit` anchors; returns its CalibrationResult (coefficients and fit MAPE)."""
+    from libra.planning.cost.calibrate import calibrate
+
+    anchors = load_anchors() if anchors is None else anchors
+    train = [a for a in anchors if a.split == "fit"]
+    cluster = ClusterSpec.from_total(gpu=get_gpu("A100-80GB"), num_gpus=8, gpus_per_node=8)
+    return calibrate(cluster, get_model("Qwen3-14B"), train, fit=fit, start=start, iterations=iterations)

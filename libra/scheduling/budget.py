@@ -1,0 +1,94 @@
+"""The price of a migrated token, set from the observed costs of moving so that a migration budget is spent.
+
+C-MLFQ's `priced` rule moves a request at a decision point (a tool return, or its context outgrowing its bucket)
+only when the gain in the probability of ending in the right bucket pays for the context carried: `gain >= price *
+carried / T` (T: mean trajectory length), and, at a tool return, when it is sure enough or waiting is dear:
+`P(best) >= confidence - price * tool_tokens / T`. So a decision point moves its request exactly when the price
+lies in an interval `[p_lo, p_hi]` of its own. Before its first move a request sits in its admission bucket
+whatever the price, so its decision points until then do not depend on the price: recording `(p_lo, p_hi,
+carried)` at each of them (relative to the admission bucket) tells, for any price, where the request would have
+moved and what that would have carried.
+
+`MigrationBudget` keeps those records for the requests finished in the last `steps` steps (the older, the
+lighter: weight 1/2 per step) and, at each step end, picks the price on a log grid whose counterfactual
+migrated-token share comes closest to the budget from below (the lowest price among equals, the highest price if
+none fits). The price therefore follows what moving costs on this workload, not a constant tuned to one.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+PRICE_GRID = tuple(float(p) for p in np.geomspace(0.05, 50.0, 43))
+
+
+class MigrationBudget:
+    """Per-step records of decision points and the price choice (module docstring)."""
+
+    def __init__(self, share: float, *, steps: int = 3) -> None:
+        self.share = float(share)
+        self._steps: deque[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]] = deque(maxlen=steps)
+        self._req: list[int] = []
+        self._lo: list[float] = []
+        self._hi: list[float] = []
+        self._carried: list[int] = []
+        self._total = 0
+        self._n = 0
+
+    def finish(self, points: list[tuple[float, float, int]] | None, total_tokens: int) -> None:
+        """A finished request's decision points (in order) and its final length."""
+        if points:
+            n = self._n
+            for point in points:
+                if point is None:  # a marker (cmlfq.py), not a point
+                    continue
+                lo, hi, carried = point
+                self._req.append(n)
+                self._lo.append(lo)
+                self._hi.append(hi)
+                self._carried.append(carried)
+        self._n += 1
+        self._total += total_tokens
+
+    def end_step(self) -> None:
+        if self._n:
+            arrays = (
+                np.asarray(self._req, np.int64),
+                np.asarray(self._lo, float),
+                np.asarray(self._hi, float),
+                np.asarray(self._carried, float),
+            )
+            self._steps.append((*arrays, float(self._total)))
+        self._req, self._lo, self._hi, self._carried = [], [], [], []
+        self._total = self._n = 0
+
+    def shares(self, prices=PRICE_GRID) -> list[float]:
+        """The counterfactual migrated-token share of the recorded requests at each price."""
+        out = []
+        steps = list(self._steps)
+        weights = [0.5 ** (len(steps) - 1 - i) for i in range(len(steps))]
+        total = sum(w * s[4] for w, s in zip(weights, steps))
+        if total <= 0:
+            return [0.0 for _ in prices]
+        for price in prices:
+            carried = 0.0
+            for w, (req, lo, hi, car, _) in zip(weights, steps):
+                hit = np.flatnonzero((lo <= price) & (price <= hi))
+                if len(hit):
+                    _, first = np.unique(req[hit], return_index=True)  # each request moves at its first point
+                    carried += w * float(car[hit[first]].sum())
+            out.append(carried / total)
+        return out
+
+    def choose(self, current: float) -> float:
+        """The price for the next step (module docstring); `current` when nothing is recorded yet."""
+        if not self._steps:
+            return current
+        shares = self.shares()
+        fitting = [(s, -i) for i, s in enumerate(shares) if s <= self.share]
+        if not fitting:
+            return PRICE_GRID[-1]
+        _, neg_i = max(fitting)
+        return PRICE_GRID[-neg_i]

@@ -1,0 +1,162 @@
+"""Size classes learnt from the data: `QuantileStateCodec` classifies a tool return by where its size falls among
+the recent returns of the same tool (its online quantiles), not by fixed token edges.
+
+With `classes=3` a return is class 0, 1 or 2 as it is in the lower, middle or upper third of that tool's last
+`sample` returns (all tools pooled while a tool has fewer than `min_samples`). So "a large return" means large
+for that tool and that agent, whatever the workload: the same router serves a search agent whose results are
+thousands of tokens and a customer-service agent whose user replies are tens. The edges move only when the prefix
+tree learns (`observe`, called by `PrefixTree.update` at a step end), from finished trajectories: routing never
+reads the future. Before any observation every return is class 0.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from libra.scheduling.states import StateCodec, ToolReturnState
+from libra.spec import SpecError
+
+
+class QuantileStateCodec(StateCodec):
+    """A `StateCodec` whose size-class edges are per-tool online quantiles (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        classes: int = 3,
+        sample: int = 2000,
+        min_samples: int = 20,
+        method: str = "breaks",
+        tools: Iterable[str] | None = None,
+    ) -> None:
+        if method not in ("quantile", "breaks"):
+            raise SpecError(f"size-class method must be 'quantile' or 'breaks', got {method!r}")
+        self.method = method
+        if isinstance(classes, bool) or not isinstance(classes, int) or classes < 1:
+            raise SpecError(f"size classes must be an integer >= 1, got {classes!r}")
+        super().__init__(size_edges=(), tools=tools)
+        self.classes = classes
+        self.sample = int(sample)
+        self.min_samples = int(min_samples)
+        self._recent: dict[str, deque[int]] = {}
+        self._pooled: deque[int] = deque(maxlen=4 * self.sample)
+        self._edges: dict[str, tuple[float, ...]] = {}
+        self._pooled_edges: tuple[float, ...] = ()
+
+    @classmethod
+    def from_spec(cls, spec: str, *, tools: Iterable[str] | None = None) -> QuantileStateCodec:
+        """From `METHOD` or `METHOD:CLASSES` (`quantile`, `breaks`; e.g. `quantile:3`), as `PrefixTree`'s
+        `size_edges` takes it."""
+        method, _, k = spec.partition(":")
+        if method not in ("quantile", "breaks") or (k and not k.isdigit()):
+            raise SpecError(
+                f"size_edges must be increasing token counts or 'quantile[:K]' / 'breaks[:K]', got {spec!r}"
+            )
+        return cls(classes=int(k) if k else 3, method=method, tools=tools)
+
+    # -- learning ------------------------------------------------------------------------------------------------
+    def observe(self, trajectories: Iterable) -> None:
+        """Take the tool-return sizes of finished trajectories into the per-tool samples; recompute the edges."""
+        by_tool: dict[str, list[int]] = {}
+        flat: list[int] = []  # in order, for the pooled sample
+        for traj in trajectories:
+            for t in traj.turns:
+                tool = t.tool
+                if tool is not None:
+                    sizes = by_tool.get(tool)
+                    if sizes is None:
+                        sizes = by_tool[tool] = []
+                    sizes.append(t.tool_tokens)
+                    flat.append(t.tool_tokens)
+        if not by_tool:
+            return
+        recent, pooled = self._recent, self._pooled
+        for tool, sizes in by_tool.items():
+            q = recent.get(tool)
+            if q is None:
+                q = recent[tool] = deque(maxlen=self.sample)
+            q.extend(sizes)
+        pooled.extend(flat[-pooled.maxlen :])
+        self._pooled_edges = self._quantiles(pooled)
+        for tool, q in recent.items():
+            if len(q) >= self.min_samples:
+                if tool in by_tool or tool not in self._edges:
+                    self._edges[tool] = self._quantiles(q)
+            else:
+                self._edges.pop(tool, None)
+
+    def _quantiles(self, values: Sequence[int]) -> tuple[float, ...]:
+        if self.classes == 1 or not values:
+            return ()
+        x = np.fromiter(values, float, len(values))
+        qs = np.quantile(x, np.arange(1, self.classes) / self.classes)
+        if self.method == "breaks":
+            qs = _natural_breaks(np.log1p(x), qs)
+        return tuple(float(e) for e in np.unique(qs))
+
+    # -- classifying ---------------------------------------------------------------------------------------------
+    def edges_for(self, tool: str) -> tuple[float, ...]:
+        return self._edges.get(tool, self._pooled_edges)
+
+    def size_class(self, tool_tokens: int, tool: str | None = None) -> int:
+        if isinstance(tool_tokens, bool) or not isinstance(tool_tokens, int) or tool_tokens < 0:
+            raise SpecError(f"tool_tokens must be a non-negative integer, got {tool_tokens!r}")
+        edges = self._edges.get(tool, self._pooled_edges) if tool is not None else self._pooled_edges
+        return bisect.bisect_right(edges, tool_tokens)
+
+    def encode(self, tool: str, tool_tokens: int, status: str) -> int:
+        """The code of one return's state (the router has validated `tool_tokens`; `size_class` validates)."""
+        key = (tool, bisect.bisect_right(self._edges.get(tool, self._pooled_edges), tool_tokens), status)
+        code = self._codes.get(key)
+        return self._intern(key) if code is None else code
+
+    def encode_turns(self, turns: Sequence, limit: int) -> list[int]:
+        codes, edges, pooled = self._codes, self._edges, self._pooled_edges
+        out = []
+        for t in turns[:limit]:
+            if t.tool is not None:
+                key = (t.tool, bisect.bisect_right(edges.get(t.tool, pooled), t.tool_tokens), t.tool_status)
+                code = codes.get(key)
+                out.append(self._intern(key) if code is None else code)
+        return out
+
+    def encode_state(self, state: ToolReturnState) -> int:
+        return super().encode_state(state)
+
+    # -- serialising ---------------------------------------------------------------------------------------------
+    def config(self) -> dict:
+        return {
+            "size_edges": f"{self.method}:{self.classes}",
+            "tools": None if self.tools is None else sorted(self.tools),
+        }
+
+    def state(self) -> dict:
+        """The learnt edges (saved with a tree; the samples behind them are not)."""
+        return {"edges": {k: list(v) for k, v in self._edges.items()}, "pooled": list(self._pooled_edges)}
+
+    def load_state(self, state: dict) -> None:
+        self._edges = {str(k): tuple(float(e) for e in v) for k, v in state.get("edges", {}).items()}
+        self._pooled_edges = tuple(float(e) for e in state.get("pooled", ()))
+
+
+def _natural_breaks(logs: np.ndarray, start: np.ndarray, iterations: int = 30) -> np.ndarray:
+    """Edges between the groups of a one-dimensional k-means (Lloyd) of log sizes, started at the quantile edges
+    `start` (tokens): where a workload's returns form clusters (short, medium, long answers), the edges fall in the
+    gaps between them rather than inside a cluster. Returned in token units; `start` itself when a group is empty
+    (too few distinct sizes to cluster)."""
+    edges = np.log1p(np.sort(start))
+    for _ in range(iterations):
+        groups = np.searchsorted(edges, logs, side="right")
+        counts = np.bincount(groups, minlength=len(edges) + 1)
+        if (counts == 0).any():
+            return start
+        centers = np.bincount(groups, weights=logs, minlength=len(edges) + 1) / counts
+        new = (centers[:-1] + centers[1:]) / 2
+        if np.allclose(new, edges):
+            break
+        edges = new
+    return np.expm1(edges)

@@ -1,0 +1,66 @@
+"""Routing evaluated per source of real trajectories, and the leave-one-source-out choice of C-MLFQ's options.
+
+A source is one agent (harness and model) on one kind of task. `quantile_buckets` places four buckets at a
+trace's own 25/50/75 % length quantiles (TP 1, 2, 4, 8), so that each bucket holds a quarter of the trajectories
+and a constant guess is right 25 % of the time. `score_source` replays a trace through the baselines (fcfs,
+mlfq, predictor, most common bucket) and C-MLFQ option sets. `leave_one_source_out` picks, for each source, the
+option set that did best on all the other sources, and reports it on the held-out one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from libra.scheduling.evaluate import RouteEvalResult, replay
+from libra.scheduling.router import make_router
+from libra.spec import Bucket, parse_buckets
+from libra.workloads.trace import Trajectory
+
+BASELINES: dict[str, tuple[str, dict[str, Any]]] = {
+    "fcfs": ("fcfs", {}),
+    "mlfq": ("mlfq", {}),
+    "predictor": ("predictor", {}),
+    "most-common": ("predictor", {"mode": "most_common"}),
+}
+MAX_MIGRATED = 0.12  # the issue's bound on migrated tokens for the default
+
+
+def quantile_buckets(trajectories: Sequence[Trajectory], tps: Sequence[int] = (1, 2, 4, 8)) -> tuple[Bucket, ...]:
+    """Buckets at the trace's length quantiles: len(tps) buckets, the last unbounded."""
+    k = len(tps)
+    qs = np.quantile([t.total_tokens for t in trajectories], np.arange(1, k) / k)
+    limits = [int(q) for q in qs]
+    for i in range(1, len(limits)):  # strictly increasing even for a degenerate trace
+        limits[i] = max(limits[i], limits[i - 1] + 1)
+    return parse_buckets(",".join([f"{tp}:{lim}" for tp, lim in zip(tps, limits)] + [f"{tps[-1]}:inf"]))
+
+
+def score_source(
+    trajectories: Sequence[Trajectory], buckets: Sequence[Bucket], candidates: Mapping[str, dict[str, Any]]
+) -> dict[str, RouteEvalResult]:
+    """Baselines (BASELINES) and C-MLFQ with each candidate option set, on one trace."""
+    out = {name: replay(make_router(p, buckets, **o), trajectories, policy=name) for name, (p, o) in BASELINES.items()}
+    for name, options in candidates.items():
+        out[name] = replay(make_router("cmlfq", buckets, **options), trajectories, policy=name)
+    return out
+
+
+def margin(results: Mapping[str, RouteEvalResult], candidate: str) -> float:
+    """Single-shot accuracy of `candidate` minus the best baseline's, less twice any migrated-token share above
+    MAX_MIGRATED (the selection score)."""
+    best = max(results[b].routing_accuracy for b in BASELINES)
+    r = results[candidate]
+    return r.routing_accuracy - best - 2 * max(0.0, r.migrated_token_fraction - MAX_MIGRATED)
+
+
+def leave_one_source_out(scores: Mapping[str, Mapping[str, RouteEvalResult]], candidates: Sequence[str]) -> dict:
+    """For each source: the candidate with the best mean margin on the other sources, and its held-out result."""
+    out = {}
+    for held in scores:
+        others = [s for s in scores if s != held]
+        chosen = max(candidates, key=lambda c: (np.mean([margin(scores[s], c) for s in others]), c == candidates[0]))
+        out[held] = {"chosen": chosen, "margin": margin(scores[held], chosen), "result": scores[held][chosen]}
+    return out

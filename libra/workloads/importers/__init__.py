@@ -1,0 +1,87 @@
+"""`libra trace import`: real agent logs to Libra traces (the trace schema of DESIGN.md).
+
+Formats: `openai` (chat-completions message lists with tool calls; tau-bench-style result files), `swe-agent`
+(`.traj`), `mini-swe-agent` (`.traj.json`), `verl` (rollout exports: token ids and response masks). Text is
+counted with a real tokenizer (`importers.tokenizer`, default o200k_base); verl records are already tokens.
+
+`import_files(format, paths, tokenizer=..., rules=...)` returns the trajectories of all files in order; any problem
+raises `TraceError` naming the file and the line. `write_trace_atomic` writes them so that a failure leaves no
+file behind.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from libra.workloads.importers.common import DEFAULT_ERROR_PATTERNS, DEFAULT_TIMEOUT_PATTERNS, StatusRules
+from libra.workloads.importers.openai_chat import import_openai
+from libra.workloads.importers.swe_agents import import_mini_swe_agent, import_swe_agent
+from libra.workloads.importers.tokenizer import DEFAULT_TOKENIZER, TokenizerError, get_counter
+from libra.workloads.importers.verl_rollouts import import_verl
+from libra.workloads.trace import TraceError, Trajectory, write_trace
+
+IMPORT_FORMATS = ("openai", "swe-agent", "mini-swe-agent", "verl")
+_IMPORTERS = {
+    "openai": import_openai,
+    "swe-agent": import_swe_agent,
+    "mini-swe-agent": import_mini_swe_agent,
+    "verl": import_verl,
+}
+
+
+def import_files(
+    fmt: str,
+    paths: Sequence[str | Path],
+    *,
+    tokenizer: str = DEFAULT_TOKENIZER,
+    rules: StatusRules | None = None,
+    source: str | None = None,
+) -> list[Trajectory]:
+    """All trajectories of `paths` read as `fmt`, in order; `source`, when given, is stored in each trajectory's
+    `extra["source"]`. Raises TraceError (bad input), TokenizerError (tokenizer), ValueError (unknown format)."""
+    if fmt not in _IMPORTERS:
+        raise ValueError(f"unknown import format {fmt!r}; expected one of {', '.join(IMPORT_FORMATS)}")
+    if not paths:
+        raise ValueError("no input files")
+    rules = rules or StatusRules()
+    count = get_counter(tokenizer) if fmt != "verl" else len  # verl records are tokens already: no counter used
+    out: list[Trajectory] = []
+    for p in paths:
+        path = Path(p)
+        for traj in _IMPORTERS[fmt](path, count=count, rules=rules):
+            if source is not None:
+                traj.extra["source"] = source
+            out.append(traj)
+    if not out:
+        raise TraceError(paths[0], None, None, "no trajectories found")
+    return out
+
+
+def write_trace_atomic(path: str | Path, trajectories: Iterable[Trajectory]) -> int:
+    """`write_trace` into a temporary file beside `path`, renamed over it only when complete."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
+    os.close(fd)
+    try:
+        n = write_trace(tmp, trajectories)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return n
+
+
+__all__ = [
+    "DEFAULT_ERROR_PATTERNS",
+    "DEFAULT_TIMEOUT_PATTERNS",
+    "DEFAULT_TOKENIZER",
+    "IMPORT_FORMATS",
+    "StatusRules",
+    "TokenizerError",
+    "get_counter",
+    "import_files",
+    "write_trace_atomic",
+]

@@ -1,0 +1,210 @@
+"""What every importer shares: reading JSON / JSON Lines strictly, the tool-status rules, and turning an ordered
+list of (generation, returns) segments into a `Trajectory`.
+
+Reading: a file must be UTF-8; a file holding one JSON value is read whole, else as JSON Lines. Every error is a
+`TraceError` naming the file and the line (and the field where there is one).
+
+Tool status (`StatusRules`): a return is `timeout` if a timeout flag or text says so, else `error` if an explicit
+error field, a non-zero exit code or a known error text says so, else `ok`. Texts are regular expressions matched
+(case-insensitively, per line) against the first and last lines of the return, where shells and tools put their
+verdict, not in the middle of a file listing that happens to contain the word "Error".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from libra.workloads.trace import TraceError, Trajectory, Turn
+
+DEFAULT_ERROR_PATTERNS: tuple[str, ...] = (
+    r"^Traceback \(most recent call last\)",
+    r"^[A-Za-z_.]*(Error|Exception)\b\s*[:(]",
+    r"^error\b",
+    r"^fatal:",
+    r"command not found",
+    r"No such file or directory",
+    r"^Usage:",
+    r"^Invalid\b",
+    r"not found$",
+)
+DEFAULT_TIMEOUT_PATTERNS: tuple[str, ...] = (
+    r"timed out",
+    r"TimeoutError",
+    r"TimeoutExpired",
+    r"^timeout\b",
+    r"execution time(d)? ?out",
+)
+_EDGE_LINES = 3  # lines looked at, at each end of a return
+
+
+@attrs.frozen
+class StatusRules:
+    """How a tool return's status is decided (module docstring). Patterns are regular expressions."""
+
+    error_patterns: tuple[str, ...] = DEFAULT_ERROR_PATTERNS
+    timeout_patterns: tuple[str, ...] = DEFAULT_TIMEOUT_PATTERNS
+    _error_re: Any = attrs.field(init=False, repr=False, eq=False)
+    _timeout_re: Any = attrs.field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        for attr, patterns in (("_error_re", self.error_patterns), ("_timeout_re", self.timeout_patterns)):
+            try:
+                compiled = re.compile("|".join(f"(?:{p})" for p in patterns), re.I | re.M) if patterns else None
+            except re.error as exc:
+                raise ValueError(f"bad status pattern in {list(patterns)!r}: {exc}") from None
+            object.__setattr__(self, attr, compiled)
+
+    def classify(self, text: str, *, error: bool | None = None, exit_code: int | None = None) -> str:
+        """`ok`, `error` or `timeout` for one return (explicit signals first, then the texts)."""
+        edges = _edges(text)
+        if self._timeout_re is not None and self._timeout_re.search(edges):
+            return "timeout"
+        if error or (exit_code is not None and exit_code != 0):
+            return "error"
+        if error is False or exit_code == 0:
+            return "ok"
+        if self._error_re is not None and self._error_re.search(edges):
+            return "error"
+        return "ok"
+
+
+def _edges(text: str) -> str:
+    lines = text.strip().splitlines()
+    if len(lines) <= 2 * _EDGE_LINES:
+        return "\n".join(line.strip() for line in lines)
+    return "\n".join(line.strip() for line in lines[:_EDGE_LINES] + lines[-_EDGE_LINES:])
+
+
+def read_text(path: Path) -> str:
+    """The file as text: must exist, be UTF-8 and hold something."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise TraceError(path, None, None, f"cannot read: {exc.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise TraceError(path, line, None, f"not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
+    if not text.strip():
+        raise TraceError(path, None, None, "file is empty")
+    return text.lstrip("\ufeff")
+
+
+def iter_records(path: Path) -> Iterator[tuple[int, Any]]:
+    """`(line, value)` for the JSON value of a file, or for each line of a JSON Lines file (blank lines skipped)."""
+    text = read_text(path)
+    try:
+        yield 1, json.loads(text)
+        return
+    except json.JSONDecodeError as exc:
+        if exc.msg != "Extra data":
+            raise TraceError(path, exc.lineno, None, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceError(path, number, None, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+
+
+@attrs.frozen
+class Return:
+    """One piece of context that comes back after a generation: a tool result, a user (simulator) message, an
+    environment observation."""
+
+    tool: str
+    tokens: int
+    status: str = "ok"
+
+
+@attrs.frozen
+class Segment:
+    """One generation and the returns that follow it before the next generation."""
+
+    gen_tokens: int
+    returns: tuple[Return, ...] = ()
+
+
+def build_trajectory(
+    *,
+    prompt_id: str,
+    prompt_tokens: int,
+    segments: Sequence[Segment],
+    path: Path,
+    line: int,
+    reward: float | None = None,
+    sample: int | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Trajectory:
+    """A trajectory from its segments: one turn per generation; the returns after it are its tool return (tool =
+    the first return's tool, status = the worst status, tokens summed; with several, the tools are kept in the
+    turn's `extra["tools"]`). A trajectory without any generation is an error."""
+    if not segments:
+        raise TraceError(path, line, None, "trajectory has no model generation")
+    turns = []
+    for seg in segments:
+        if not seg.returns:
+            turns.append(Turn(gen_tokens=seg.gen_tokens))
+            continue
+        statuses = {r.status for r in seg.returns}
+        status = "timeout" if "timeout" in statuses else "error" if "error" in statuses else "ok"
+        turn_extra = {"tools": [r.tool for r in seg.returns]} if len(seg.returns) > 1 else {}
+        turns.append(
+            Turn(
+                gen_tokens=seg.gen_tokens,
+                tool=seg.returns[0].tool,
+                tool_status=status,
+                tool_tokens=sum(r.tokens for r in seg.returns),
+                extra=turn_extra,
+            )
+        )
+    # only the last turn may have no tool: a generation followed directly by another (no return between them,
+    # e.g. an assistant message split in two) is folded into the next one
+    merged: list[Turn] = []
+    carry = 0
+    for i, t in enumerate(turns):
+        if t.tool is None and i < len(turns) - 1:
+            carry += t.gen_tokens
+            continue
+        merged.append(attrs.evolve(t, gen_tokens=t.gen_tokens + carry) if carry else t)
+        carry = 0
+    return Trajectory(
+        prompt_id=prompt_id,
+        prompt_tokens=prompt_tokens,
+        turns=tuple(merged),
+        sample=sample,
+        reward=reward,
+        extra=dict(extra or {}),
+    )
+
+
+def text_of(content: Any) -> str:
+    """The text of a message's content: a string, a list of parts (`{"type": "text", "text": ...}` or strings),
+    or None."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict):
+                value = part.get("text", part.get("content"))
+                if isinstance(value, str):
+                    parts.append(value)
+                elif value is not None:
+                    parts.append(text_of(value))
+        return "\n".join(parts)
+    if isinstance(content, dict):
+        return text_of(content.get("text", content.get("content")))
+    return str(content)

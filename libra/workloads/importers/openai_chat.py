@@ -1,0 +1,219 @@
+"""OpenAI chat-completions message lists (with `tool_calls` and `tool` messages) to Libra trajectories.
+
+Accepted files (JSON or JSON Lines): a message list; an object with `messages` (or `traj`, `conversation`,
+`conversations`); a list of such objects; an object whose `simulations`, `results` or `data` is such a list (the
+result files of tau-bench-style harnesses). Per record, `id` / `task_id` / `instance_id` / `prompt_id` names the
+prompt, `trial` / `sample` the sample, and `reward` (or `reward_info.reward`) the reward; other scalar fields are
+kept under `meta`.
+
+Messages before the first assistant message (system, developer, user) are the prompt. Each assistant message is
+one generation: its content, reasoning (`reasoning_content`, `reasoning`) and tool calls (name and arguments).
+Every later non-assistant message is a return that goes back into the context: `tool` / `function` messages are
+tool results (the tool's name from the matching call, `name`, or "tool"), `user` messages the user's (or a user
+simulator's) reply, tool "user". Message contents may be strings or lists of text parts. Counts are of the text
+only (a chat template adds a few tokens per message).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from libra.workloads.importers.common import (
+    Return,
+    Segment,
+    StatusRules,
+    build_trajectory,
+    iter_records,
+    text_of,
+)
+from libra.workloads.trace import TraceError, Trajectory
+
+_MESSAGE_KEYS = ("messages", "traj", "conversation", "conversations")
+_CONTAINER_KEYS = ("simulations", "results", "data", "trajectories")
+_ID_KEYS = ("prompt_id", "task_id", "instance_id", "id", "uid")
+_SAMPLE_KEYS = ("sample", "trial")
+_EXIT_RE = re.compile(r"<returncode>\s*(-?\d+)\s*</returncode>|\bexit(?:_| )code:?\s*(-?\d+)", re.I)
+
+
+def exit_code_in(text: str) -> int | None:
+    """An exit code stated in a return's text (`<returncode>N</returncode>`, `exit code N`), else None."""
+    m = _EXIT_RE.search(text[:400])
+    if m is None:
+        return None
+    return int(m.group(1) if m.group(1) is not None else m.group(2))
+
+
+def _records(value: Any, path: Path, line: int) -> Iterator[tuple[str, dict | list]]:
+    """`(where, record)` for each trajectory record in one JSON value."""
+    if isinstance(value, list):
+        if value and all(isinstance(m, dict) and "role" in m for m in value):
+            yield "", value
+            return
+        for i, item in enumerate(value):
+            yield from ((f"[{i}]{w}", r) for w, r in _records(item, path, line))
+        return
+    if isinstance(value, dict):
+        if any(isinstance(value.get(k), list) for k in _MESSAGE_KEYS):
+            yield "", value
+            return
+        for key in _CONTAINER_KEYS:
+            if isinstance(value.get(key), list):
+                shared = _shared_prompt(value)
+                for w, r in _records(value[key], path, line):
+                    yield f"{key}{w}", (r if not shared else {"__shared_prompt__": shared, **_as_record(r)})
+                return
+    raise TraceError(path, line, None, "expected a message list or an object with 'messages'")
+
+
+def _shared_prompt(container: dict) -> str:
+    """Prompt text that a results file states once for all its records: tau2-bench's domain policy
+    (`info.environment_info.policy`), which its agent's system prompt carries but its messages do not."""
+    info = container.get("info")
+    env = info.get("environment_info") if isinstance(info, dict) else None
+    policy = env.get("policy") if isinstance(env, dict) else None
+    return policy if isinstance(policy, str) else ""
+
+
+def _as_record(record: dict | list) -> dict:
+    return {"messages": record} if isinstance(record, list) else record
+
+
+def _messages(record: dict | list) -> tuple[list, dict]:
+    if isinstance(record, list):
+        return record, {}
+    for key in _MESSAGE_KEYS:
+        if isinstance(record.get(key), list):
+            return record[key], record
+    return [], record
+
+
+def _gen_text(msg: dict) -> tuple[str, list[tuple[str, str]]]:
+    """The generated text of an assistant message and its tool calls `(id, name)`."""
+    parts = [text_of(msg.get("content"))]
+    for key in ("reasoning_content", "reasoning"):
+        if isinstance(msg.get(key), str):
+            parts.append(msg[key])
+    calls = []
+    for call in msg.get("tool_calls") or ():
+        if not isinstance(call, dict):
+            continue
+        fn: dict = call["function"] if isinstance(call.get("function"), dict) else call
+        name: str = fn["name"] if isinstance(fn.get("name"), str) else "tool"
+        args = fn.get("arguments", "")
+        parts.append(name)
+        parts.append(args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
+        calls.append((str(call.get("id", "")), name))
+    fc = msg.get("function_call")
+    if isinstance(fc, dict):
+        parts += [str(fc.get("name", "")), str(fc.get("arguments", ""))]
+        calls.append(("", str(fc.get("name") or "tool")))
+    return "\n".join(p for p in parts if p), calls
+
+
+def convert_messages(
+    messages: list,
+    *,
+    count: Callable[[str], int],
+    rules: StatusRules,
+    path: Path,
+    line: int,
+    where: str = "",
+    user_tool: str = "user",
+    user_exit_codes: bool = False,
+) -> tuple[int, list[Segment]]:
+    """`(prompt_tokens, segments)` of one message list (module docstring). `user_tool` names the returns of
+    user messages; with `user_exit_codes`, an exit code in a user message's text sets its status (agents whose
+    environment answers as the user, e.g. mini-swe-agent)."""
+    prompt = 0
+    segments: list[Segment] = []
+    gen: int | None = None
+    returns: list[Return] = []
+    names: dict[str, str] = {}
+    last_calls: list[str] = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise TraceError(path, line, f"{where}messages[{i}]", f"must be an object, got {type(msg).__name__}")
+        role = msg.get("role")
+        if not isinstance(role, str):
+            raise TraceError(path, line, f"{where}messages[{i}].role", f"must be a string, got {role!r}")
+        if role == "assistant":
+            if gen is not None:
+                segments.append(Segment(gen, tuple(returns)))
+            text, calls = _gen_text(msg)
+            gen, returns = count(text), []
+            names.update((cid, name) for cid, name in calls if cid)
+            last_calls = [name for _, name in calls]
+            continue
+        text = text_of(msg.get("content"))
+        if gen is None:  # before the first generation: the prompt
+            prompt += count(text)
+            continue
+        if role in ("tool", "function", "ipython"):
+            tool = names.get(str(msg.get("tool_call_id", ""))) or msg.get("name")
+            if not isinstance(tool, str) or not tool:
+                tool = last_calls[len(returns)] if len(returns) < len(last_calls) else "tool"
+            err = msg.get("error", msg.get("is_error"))
+            code = msg.get("exit_code", msg.get("returncode"))
+            code = code if isinstance(code, int) and not isinstance(code, bool) else exit_code_in(text)
+            status = rules.classify(text, error=err if isinstance(err, bool) else None, exit_code=code)
+            returns.append(Return(tool, count(text), status))
+        elif role == "user" or role == "system" or role == "developer":
+            code = exit_code_in(text) if user_exit_codes else None
+            status = rules.classify(text, exit_code=code) if user_exit_codes else "ok"
+            returns.append(Return(user_tool if role == "user" else role, count(text), status))
+        else:  # another role (environment, observation, ...): a return named after it
+            returns.append(Return(role, count(text), rules.classify(text)))
+    if gen is not None:
+        segments.append(Segment(gen, tuple(returns)))
+    return prompt, segments
+
+
+def _reward(record: dict) -> float | None:
+    value = record.get("reward")
+    if value is None and isinstance(record.get("reward_info"), dict):
+        value = record["reward_info"].get("reward")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _meta(record: dict, used: tuple[str, ...] = ()) -> dict[str, Any]:
+    skip = set(_MESSAGE_KEYS) | set(_SAMPLE_KEYS) | {"reward", "__shared_prompt__", *used}
+    return {k: v for k, v in record.items() if k not in skip and (v is None or isinstance(v, str | int | float | bool))}
+
+
+def import_openai(
+    path: Path, *, count: Callable[[str], int], rules: StatusRules, user_tool: str = "user"
+) -> Iterator[Trajectory]:
+    """Trajectories of one file of OpenAI chat message lists (module docstring)."""
+    n = 0
+    for line, value in iter_records(path):
+        for where, record in _records(value, path, line):
+            messages, rec = _messages(record)
+            if not messages:
+                raise TraceError(path, line, f"{where}messages" if where else "messages", "is empty")
+            prompt, segments = convert_messages(
+                messages, count=count, rules=rules, path=path, line=line, where=where, user_tool=user_tool
+            )
+            shared = rec.get("__shared_prompt__") if isinstance(rec, dict) else None
+            if shared:
+                prompt += count(shared)
+            key = next((k for k in _ID_KEYS if isinstance(rec.get(k), str | int) and rec.get(k) != ""), None)
+            pid = rec[key] if key else None
+            sample = next((rec[k] for k in _SAMPLE_KEYS if isinstance(rec.get(k), int)), None)
+            meta = _meta(rec, (key,) if key else ())
+            yield build_trajectory(
+                prompt_id=str(pid) if pid is not None else f"{path.stem}-{n}",
+                prompt_tokens=prompt,
+                segments=segments,
+                path=path,
+                line=line,
+                reward=_reward(rec),
+                sample=sample if isinstance(sample, int) and sample >= 0 else None,
+                extra={"meta": meta} if meta else None,
+            )
+            n += 1

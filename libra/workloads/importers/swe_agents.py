@@ -1,0 +1,149 @@
+"""SWE-agent (`.traj`) and mini-swe-agent (`.traj.json`) trajectory files to Libra trajectories.
+
+SWE-agent: the file's `history` is the model's context in order. Messages before the first assistant message
+(system prompt, demonstrations, the issue) are the prompt; each assistant message is a generation (content and
+tool calls); the messages after it (the environment's observation, as `user` or `tool`) are its tool return. The
+tool is the first word of the step's `action` in `trajectory` (`edit`, `python`, `str_replace_editor`, ...). A file
+without `history` is read from `trajectory` alone (`response` as the generation, `observation` as the return, the
+prompt unknown: 0). A run whose `info.exit_status` starts with "submitted" ends on its `submit` step, whose
+output (the patch) goes back to no model: that step is the final turn, with no tool.
+
+mini-swe-agent: `messages` (or a bare message list) in the OpenAI layout; the environment answers as the user with
+`<returncode>N</returncode>` (tool `bash`, status from the exit code). The message after the final submission
+(`COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`, or `info.exit_status` "Submitted") is the patch, not context: dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from libra.workloads.importers.common import Return, Segment, StatusRules, build_trajectory, iter_records, text_of
+from libra.workloads.importers.openai_chat import _gen_text, _meta, _reward, convert_messages, exit_code_in
+from libra.workloads.trace import TraceError, Trajectory
+
+_SUBMIT_MARK = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+MINI_FORMAT_ERRORS = (r"EXACTLY ONE action", r"format error")
+
+
+def _tool_of(action: Any) -> str:
+    words = str(action or "").split()
+    return words[0][:64] if words else "shell"
+
+
+def _submitted(info: dict) -> bool:
+    return str(info.get("exit_status", "")).lower().startswith("submitted")
+
+
+def _swe_segments(
+    record: dict, *, count: Callable[[str], int], rules: StatusRules, path: Path, line: int
+) -> tuple[int, list[Segment]]:
+    steps = record.get("trajectory")
+    if not isinstance(steps, list):
+        raise TraceError(path, line, "trajectory", "must be a list of steps")
+    actions = [_tool_of(s.get("action")) if isinstance(s, dict) else "shell" for s in steps]
+    history = record.get("history")
+    prompt = 0
+    segments: list[Segment] = []
+    if isinstance(history, list) and any(isinstance(m, dict) and m.get("role") == "assistant" for m in history):
+        gen: int | None = None
+        returns: list[Return] = []
+        k = -1
+        for i, msg in enumerate(history):
+            if not isinstance(msg, dict):
+                raise TraceError(path, line, f"history[{i}]", f"must be an object, got {type(msg).__name__}")
+            demo = msg.get("message_type") == "demonstration" or msg.get("is_demo")
+            if msg.get("role") == "assistant" and not demo:
+                if gen is not None:
+                    segments.append(Segment(gen, tuple(returns)))
+                gen, returns, k = count(_gen_text(msg)[0]), [], k + 1
+                continue
+            text = text_of(msg.get("content"))
+            if gen is None or demo:
+                prompt += count(text)
+                continue
+            tool = actions[k] if 0 <= k < len(actions) else "shell"
+            returns.append(Return(tool, count(text), rules.classify(text, exit_code=exit_code_in(text))))
+        if gen is not None:
+            segments.append(Segment(gen, tuple(returns)))
+    else:
+        for i, s in enumerate(steps):
+            if not isinstance(s, dict):
+                raise TraceError(path, line, f"trajectory[{i}]", f"must be an object, got {type(s).__name__}")
+            gen_text = s.get("response") or f"{s.get('thought', '')}\n{s.get('action', '')}"
+            obs = text_of(s.get("observation"))
+            status = rules.classify(obs, exit_code=exit_code_in(obs))
+            segments.append(Segment(count(str(gen_text)), (Return(actions[i], count(obs), status),)))
+    info: dict = record["info"] if isinstance(record.get("info"), dict) else {}
+    if segments and _submitted(info) and actions and actions[-1] == "submit":
+        segments[-1] = Segment(segments[-1].gen_tokens, ())
+    return prompt, segments
+
+
+def import_swe_agent(path: Path, *, count: Callable[[str], int], rules: StatusRules) -> Iterator[Trajectory]:
+    """Trajectories of one SWE-agent `.traj` file (or a JSON Lines file of them); module docstring."""
+    for line, record in iter_records(path):
+        if not isinstance(record, dict) or "trajectory" not in record:
+            raise TraceError(path, line, "trajectory", "missing: not a SWE-agent trajectory")
+        prompt, segments = _swe_segments(record, count=count, rules=rules, path=path, line=line)
+        info: dict = record["info"] if isinstance(record.get("info"), dict) else {}
+        env = record.get("environment")
+        pid = record.get("instance_id") or (env if isinstance(env, str) and env else None) or path.stem
+        meta = _meta(info)
+        meta.pop("submission", None)
+        yield build_trajectory(
+            prompt_id=str(pid).removesuffix(".traj"),
+            prompt_tokens=prompt,
+            segments=segments,
+            path=path,
+            line=line,
+            reward=_reward(record),
+            extra={"meta": meta} if meta else None,
+        )
+
+
+def import_mini_swe_agent(path: Path, *, count: Callable[[str], int], rules: StatusRules) -> Iterator[Trajectory]:
+    """Trajectories of one mini-swe-agent `.traj.json` file (or a JSON Lines file of them); module docstring."""
+    rules = StatusRules(rules.error_patterns + MINI_FORMAT_ERRORS, rules.timeout_patterns)
+    for line, record in iter_records(path):
+        info: dict
+        if isinstance(record, list):
+            messages, info, rec = record, {}, {}
+        elif isinstance(record, dict) and isinstance(record.get("messages"), list):
+            messages, rec = record["messages"], record
+            info = record["info"] if isinstance(record.get("info"), dict) else {}
+        else:
+            raise TraceError(path, line, "messages", "missing: not a mini-swe-agent trajectory")
+        if not messages:
+            raise TraceError(path, line, "messages", "is empty")
+        last = max(
+            (i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"), default=-1
+        )
+        if last >= 0 and (
+            _submitted(info)
+            or _SUBMIT_MARK in text_of(messages[last].get("content"))
+            or messages[-1].get("role") == "exit"
+        ):
+            messages = messages[: last + 1]
+        prompt, segments = convert_messages(
+            [m if not (isinstance(m, dict) and m.get("role") == "exit") else {**m, "role": "user"} for m in messages],
+            count=count,
+            rules=rules,
+            path=path,
+            line=line,
+            user_tool="bash",
+            user_exit_codes=True,
+        )
+        pid = rec.get("instance_id") or path.name.removesuffix(".json").removesuffix(".traj")
+        meta = {k: v for k, v in _meta(info).items() if k != "submission"}
+        if isinstance(rec.get("trajectory_format"), str):
+            meta["trajectory_format"] = rec["trajectory_format"]
+        yield build_trajectory(
+            prompt_id=str(pid),
+            prompt_tokens=prompt,
+            segments=segments,
+            path=path,
+            line=line,
+            extra={"meta": meta} if meta else None,
+        )

@@ -1,0 +1,131 @@
+"""Rebuild the corpus of real agent trajectories (data/corpus/) from public repositories.
+
+    python scripts/build_corpus.py --mirrors DIR [--out data/corpus]
+
+DIR holds bare git snapshots of the repositories below as DIR/<owner>+<name>/repo (what the project's fetch tool
+brings; a `git clone --bare` works the same). For each source the files are read at the pinned commit, their
+sha256 recorded, imported with `libra.workloads.importers` (o200k_base token counts) and written, deduplicated, to
+OUT/<source>.jsonl.gz; OUT/MANIFEST.json keeps the provenance (repository, commit, path, licence, sha256 per file)
+and the counts. Nothing of the original text is kept: only token counts, tool names and statuses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import gzip
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SOURCES = [
+    {
+        "name": "tau-bench-gpt4o-airline",
+        "kind": "function calling (customer service, with a user simulator)",
+        "agent": "tau-bench tool-calling agent",
+        "model": "gpt-4o",
+        "repo": "sierra-research/tau-bench",
+        "commit": "59a200c6d575d595120f1cb70fea53cef0632f6b",
+        "licence": "MIT",
+        "globs": ["historical_trajectories/gpt-4o-airline.json"],
+        "format": "openai",
+    },
+    {
+        "name": "tau2-gemma3-27b-custom",
+        "kind": "function calling (15 custom customer-service domains, Spanish, with a user simulator)",
+        "agent": "tau2-bench llm_agent",
+        "model": "gemma-3-27b-it (user simulator gemma-3-12b-it)",
+        "repo": "oscaralvaro/tau2-bench",
+        "commit": None,  # every commit: the simulations were committed and removed over the fork's history
+        "licence": "MIT (fork of sierra-research/tau2-bench)",
+        "globs": ["data/simulations/*.json"],
+        "format": "openai",
+    },
+    {
+        "name": "swe-agent-demos",
+        "kind": "coding (SWE-bench issues, CTF challenges, HumanEvalFix)",
+        "agent": "SWE-agent",
+        "model": "gpt-4 and replayed demonstrations",
+        "repo": "SWE-agent/SWE-agent",
+        "commit": "3ea751c087f32b16e039a2233dd6eefecef325d5",
+        "licence": "MIT",
+        "globs": ["trajectories/demonstrations/*.traj", "tests/test_data/trajectories/*.traj"],
+        "format": "swe-agent",
+    },
+]
+
+
+def _git(repo: Path, *args: str) -> bytes:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True).stdout
+
+
+def _files(repo: Path, commit: str | None, globs: list[str]) -> list[tuple[str, str, str]]:
+    """(commit, path, blob) of the files matching `globs`, at `commit` or over all commits (first seen)."""
+    commits = [commit] if commit else _git(repo, "rev-list", "--all", "--reverse").decode().split()
+    seen: dict[str, tuple[str, str, str]] = {}
+    for c in commits:
+        for row in _git(repo, "ls-tree", "-r", c).decode().splitlines():
+            meta, path = row.split("\t", 1)
+            blob = meta.split()[2]
+            if any(fnmatch.fnmatch(path, g) for g in globs) and blob not in seen:
+                seen[blob] = (c, path, blob)
+    return list(seen.values())
+
+
+def build(mirrors: Path, out: Path) -> dict:
+    from libra.workloads.importers import import_files
+
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = {"tokenizer": "o200k_base", "sources": []}
+    for src in SOURCES:
+        repo = mirrors / src["repo"].replace("/", "+") / "repo"
+        files = _files(repo, src["commit"], src["globs"])
+        entries, trajectories, seen = [], [], set()
+        with tempfile.TemporaryDirectory() as tmp:
+            for i, (commit, path, blob) in enumerate(files):
+                data = _git(repo, "cat-file", "-p", blob)
+                local = Path(tmp) / f"{i:04d}{Path(path).suffix}"
+                local.write_bytes(data)
+                try:
+                    got = import_files(src["format"], [local], source=src["name"])
+                except Exception as exc:  # a file that is not a trajectory file (e.g. a summary): skip, say so
+                    print(f"skip {src['repo']}:{path}: {exc}", file=sys.stderr)
+                    continue
+                kept = 0
+                for t in got:
+                    key = hashlib.sha256(json.dumps([t.prompt_id, t.prompt_tokens, t.to_json()["turns"]]).encode())
+                    if key.hexdigest() in seen:
+                        continue
+                    seen.add(key.hexdigest())
+                    t.extra["origin"] = {"path": path, "commit": commit}
+                    trajectories.append(t)
+                    kept += 1
+                entries.append(
+                    {"path": path, "commit": commit, "sha256": hashlib.sha256(data).hexdigest(), "trajectories": kept}
+                )
+        target = out / f"{src['name']}.jsonl.gz"
+        with gzip.open(target, "wt", compresslevel=9) as fh:
+            for t in trajectories:
+                fh.write(json.dumps(t.to_json(), separators=(",", ":")) + "\n")
+        info = {k: v for k, v in src.items() if k not in ("globs",)}
+        info.update(file=target.name, trajectories=len(trajectories), files=entries)
+        manifest["sources"].append(info)
+        print(f"{src['name']}: {len(trajectories)} trajectories from {len(entries)} files", file=sys.stderr)
+    (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--mirrors", required=True, type=Path)
+    p.add_argument("--out", default=Path("data/corpus"), type=Path)
+    args = p.parse_args()
+    build(args.mirrors, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,182 @@
+"""The adaptive C-MLFQ (the default): size classes learnt from the data, the price set from the observed costs of
+moving, and its results on the committed corpus of real agent trajectories and on synthetic search-r1."""
+
+from __future__ import annotations
+
+import itertools
+
+import attrs
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from libra.scheduling import CMLFQ_PRESETS, DEFAULT_PRESET, PrefixTree, make_router, replay
+from libra.scheduling.budget import PRICE_GRID, MigrationBudget
+from libra.scheduling.size_classes import QuantileStateCodec
+from libra.scheduling.sources import BASELINES, MAX_MIGRATED, quantile_buckets, score_source
+from libra.spec import parse_buckets
+from libra.workloads import Trajectory, Turn, generate
+from libra.workloads.corpus import load_corpus
+
+SEARCH_BUCKETS = parse_buckets("2:5000,4:15000,8:inf")
+
+
+def _traj(pid: str, sizes: list[tuple[str, int]], gen: int = 50) -> Trajectory:
+    turns = [Turn(gen_tokens=gen, tool=t, tool_status="ok", tool_tokens=n) for t, n in sizes]
+    return Trajectory(prompt_id=pid, prompt_tokens=100, turns=(*turns, Turn(gen_tokens=gen)))
+
+
+def _scaled(trajs: list[Trajectory], factor: float) -> list[Trajectory]:
+    return [
+        attrs.evolve(
+            t, turns=tuple(attrs.evolve(x, tool_tokens=round(x.tool_tokens * factor)) if x.tool else x for x in t.turns)
+        )
+        for t in trajs
+    ]
+
+
+def test_default_is_the_adaptive_preset() -> None:
+    router = make_router("cmlfq", SEARCH_BUCKETS)
+    assert DEFAULT_PRESET == "adaptive" and router.budget == 0.08 and router.rule == "priced"
+    assert make_router("cmlfq", SEARCH_BUCKETS, preset="published").rule == "mean-p90"
+    # presets are complete option sets: laid over the default they give exactly themselves
+    priced = make_router("cmlfq", SEARCH_BUCKETS, **CMLFQ_PRESETS["priced"])
+    assert priced.budget is None and priced.tree.codec.size_edges == (1000, 4000)
+
+
+def test_size_classes_are_per_tool_quantiles() -> None:
+    codec = QuantileStateCodec(classes=3, method="quantile", min_samples=5)
+    assert codec.size_class(10_000, "search") == 0  # nothing learnt: one class
+    codec.observe([_traj("p", [("search", n) for n in range(100, 1100, 10)] + [("user", n) for n in range(5, 55)])])
+    # large for the user, small for search: classes are relative to each tool's own returns
+    assert codec.size_class(50, "user") == 2 and codec.size_class(50, "search") == 0
+    assert codec.size_class(1000, "search") == 2 and codec.size_class(500, "search") == 1
+    # a tool seen too rarely uses the pooled edges
+    assert codec.edges_for("rare") == codec.edges_for("no-such-tool")
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(100, 20_000), min_size=30, max_size=200), st.sampled_from([2, 4]))
+def test_size_classes_do_not_depend_on_the_scale(sizes, factor) -> None:
+    """Scaling every return by a factor scales the learnt quantile edges and leaves every class unchanged (what
+    fixed token edges cannot do); the natural breaks of log sizes move with it up to the +1 of log1p."""
+    trajs = [_traj("p", [("search", n)]) for n in sizes]
+    for spec, tolerance in (("quantile:3", 0), ("breaks:4", 0.1)):
+        a, b = QuantileStateCodec.from_spec(spec), QuantileStateCodec.from_spec(spec)
+        a.observe(trajs)
+        b.observe(_scaled(trajs, factor))
+        same = sum(a.size_class(n, "search") == b.size_class(n * factor, "search") for n in sizes)
+        assert same >= (1 - tolerance) * len(sizes), spec
+
+
+def test_quantile_tree_round_trips_through_json(tmp_path) -> None:
+    tree = PrefixTree(size_edges="breaks:4")
+    trace = generate("search-r1", num_steps=2, seed=3, num_prompts=16, samples_per_prompt=4)
+    tree.update(trace)
+    path = tmp_path / "tree.json"
+    tree.save(path)
+    again = PrefixTree.load(path)
+    assert again.codec.config() == tree.codec.config() and again.codec.state() == tree.codec.state()
+    assert again.to_dict() == tree.to_dict()
+
+
+def _brute_share(points_per_request, totals, price) -> float:
+    carried = 0
+    for points in points_per_request:
+        for lo, hi, c in points:
+            if lo <= price <= hi:
+                carried += c
+                break
+    return carried / sum(totals)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.lists(
+            st.tuples(st.floats(0, 60), st.floats(0, 60), st.integers(1, 5000)).map(
+                lambda p: (min(p[0], p[1]), max(p[0], p[1]), p[2])
+            ),
+            max_size=5,
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    st.floats(0.01, 0.5),
+)
+def test_budget_counterfactual_matches_brute_force(requests, share) -> None:
+    """The migrated-token share the budget computes for a price is what moving each request at its first decision
+    point whose interval holds the price would carry; the chosen price is the grid's best fit under the budget."""
+    budget = MigrationBudget(share, steps=1)
+    totals = [10_000] * len(requests)
+    for points in requests:
+        budget.finish(list(points), 10_000)
+    budget.end_step()
+    shares = budget.shares()
+    for price, got in zip(PRICE_GRID, shares):
+        assert got == pytest.approx(_brute_share(requests, totals, price))
+    chosen = budget.choose(1.0)
+    fitting = [s for s in shares if s <= share]
+    if fitting:
+        assert shares[PRICE_GRID.index(chosen)] == max(fitting)
+    else:
+        assert chosen == PRICE_GRID[-1]
+
+
+def test_budget_follows_the_cost_of_moving() -> None:
+    """The same router on a workload whose moves carry twice the context ends at a higher price."""
+    trace = generate("search-r1", num_steps=8, seed=4, num_prompts=32, samples_per_prompt=8)
+    prices = []
+    for factor in (1.0, 2.0):
+        router = make_router("cmlfq", SEARCH_BUCKETS)
+        replay(router, [attrs.evolve(t, prompt_tokens=int(t.prompt_tokens * factor)) for t in trace])
+        prices.append(router.price)
+    assert prices[1] >= prices[0]
+
+
+# -- real agent trajectories (data/corpus; docs/routing.md has the table) --------------------------------------------
+@pytest.fixture(scope="module")
+def corpus_scores():
+    corpus = load_corpus()
+    return {name: score_source(trajs, quantile_buckets(trajs), {"default": {}}) for name, trajs in corpus.items()}
+
+
+def test_default_on_every_real_source(corpus_scores) -> None:
+    """On every source with at least 100 trajectories, at its own quartile buckets, the default beats the best
+    baseline (fcfs, mlfq, predictor, most common bucket) while carrying at most 12 % of the tokens. Measured:
+    tau-bench/gpt-4o 44.0 % / 8.4 % vs 41.5 %; tau2/gemma-3-27b 56.0 % / 8.0 % vs 27.0 %."""
+    for name, res in corpus_scores.items():
+        if res["default"].trajectories < 100:
+            continue
+        best = max(res[b].routing_accuracy for b in BASELINES)
+        assert res["default"].routing_accuracy > best, name
+        assert res["default"].migrated_token_fraction <= MAX_MIGRATED, name
+
+
+@pytest.mark.xfail(strict=True, reason="not met on tau-bench/gpt-4o (+2.5 points); see docs/routing.md")
+def test_default_beats_baselines_by_five_points_everywhere(corpus_scores) -> None:
+    for res in corpus_scores.values():
+        if res["default"].trajectories >= 100:
+            assert res["default"].routing_accuracy >= max(res[b].routing_accuracy for b in BASELINES) + 0.05
+
+
+# -- synthetic search-r1 --------------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("factor", [0.5, 2.0])
+def test_default_is_robust_to_the_size_of_tool_returns(factor) -> None:
+    """Synthetic search-r1 with every tool return scaled by 0.5x / 2x, buckets scaled with the mean length (the
+    operator sizes buckets to the workload): single-shot accuracy within 2 points of the unscaled run, and the
+    migrated-token share within the budget's reach (<= 10 %)."""
+    trace = generate("search-r1", num_steps=20, seed=1, num_prompts=64, samples_per_prompt=16)
+    base = replay(make_router("cmlfq", SEARCH_BUCKETS), trace)
+    scaled = _scaled(trace, factor)
+    ratio = np.mean([t.total_tokens for t in scaled]) / np.mean([t.total_tokens for t in trace])
+    buckets = tuple(attrs.evolve(b, max_tokens=b.max_tokens * ratio) for b in SEARCH_BUCKETS)
+    moved = replay(make_router("cmlfq", buckets), scaled)
+    assert abs(moved.routing_accuracy - base.routing_accuracy) <= 0.02
+    assert moved.migrated_token_fraction <= 0.10
+
+
+def test_grid_is_increasing() -> None:
+    assert all(a < b for a, b in itertools.pairwise(PRICE_GRID))

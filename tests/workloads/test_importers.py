@@ -1,0 +1,294 @@
+"""`libra trace import`: formats, token counts, tool statuses, kept fields, one-line errors, atomic output, and
+the round trip of an imported trace through plan, route-eval and simulate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from libra.cli import main
+from libra.workloads import TraceError, load_trace
+from libra.workloads.importers import StatusRules, get_counter, import_files, write_trace_atomic
+
+B4 = "bytes4"  # deterministic counts: ceil(utf-8 bytes / 4)
+
+
+def _b4(text: str) -> int:
+    return -(-len(text.encode()) // 4)
+
+
+def _chat(task: str = "t-1", trial: int = 0, *, error_tool: bool = False) -> dict:
+    return {
+        "task_id": task,
+        "trial": trial,
+        "reward": 1.0,
+        "model": "some-model",
+        "messages": [
+            {"role": "system", "content": "You are a helpful agent." * 4},
+            {"role": "user", "content": "Find my booking."},
+            {
+                "role": "assistant",
+                "content": "Let me look.",
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "Error: not found" if error_tool else "booking B-9"},
+            {"role": "user", "content": "thanks"},
+            {"role": "assistant", "content": [{"type": "text", "text": "Done."}]},
+        ],
+    }
+
+
+def _write(tmp_path, name: str, records, *, lines: bool = True) -> str:
+    path = tmp_path / name
+    if lines:
+        path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    else:
+        path.write_text(json.dumps(records))
+    return str(path)
+
+
+def test_openai_messages_become_turns(tmp_path) -> None:
+    (t,) = import_files("openai", [_write(tmp_path, "a.jsonl", [_chat()])], tokenizer=B4)
+    sys_user = _b4("You are a helpful agent." * 4) + _b4("Find my booking.")
+    assert t.prompt_id == "t-1" and t.sample == 0 and t.reward == 1.0 and t.prompt_tokens == sys_user
+    first, last = t.turns
+    assert first.gen_tokens == _b4("Let me look.\nlookup\n{}") and first.tool == "lookup"
+    # the tool result and the user's reply both go back into the context after the first generation
+    assert first.tool_tokens == _b4("booking B-9") + _b4("thanks") and first.extra == {"tools": ["lookup", "user"]}
+    assert last.tool is None and last.gen_tokens == _b4("Done.")
+    assert t.extra == {"meta": {"model": "some-model"}}  # unknown scalar fields are kept
+
+
+def test_real_tokenizer_counts_offline() -> None:
+    count = get_counter("o200k_base")
+    assert count("hello world") == 2 and count("") == 0
+    assert get_counter("cl100k_base")("hello world") == 2
+
+
+def test_tokenizer_json_path(tmp_path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"hello": 0, "world": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    assert get_counter(str(path))("hello world again") == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "kw", "status"),
+    [
+        ("all good", {}, "ok"),
+        ("Error: no such reservation", {}, "error"),
+        ("Traceback (most recent call last):\n  File x\nValueError: bad", {}, "error"),
+        ("line\n" * 50 + "bash: foo: command not found", {}, "error"),
+        ("a file that mentions Error: in its middle\n" + "x\n" * 20, {}, "ok"),
+        ("fine", {"error": True}, "error"),
+        ("Error: but the tool said it is fine", {"error": False}, "ok"),
+        ("output", {"exit_code": 2}, "error"),
+        ("The command timed out after 60 seconds", {"exit_code": 0}, "timeout"),
+    ],
+)
+def test_status_rules(text, kw, status) -> None:
+    assert StatusRules().classify(text, **kw) == status
+
+
+def test_status_patterns_are_configurable(tmp_path) -> None:
+    path = _write(tmp_path, "a.jsonl", [_chat()])
+    (t,) = import_files("openai", [path], tokenizer=B4, rules=StatusRules(error_patterns=(r"^booking",)))
+    assert t.turns[0].tool_status == "error"
+    (t,) = import_files("openai", [_write(tmp_path, "b.jsonl", [_chat(error_tool=True)])], tokenizer=B4)
+    assert t.turns[0].tool_status == "error"
+
+
+def test_result_files_with_a_shared_policy(tmp_path) -> None:
+    """A tau2-style results file: simulations in a list, the domain policy stated once for all of them."""
+    sims = [{**_chat(f"t-{i}"), "id": f"sim-{i}"} for i in range(3)]
+    data = {"info": {"environment_info": {"policy": "Policy text. " * 10}}, "simulations": sims}
+    got = import_files("openai", [_write(tmp_path, "r.json", data, lines=False)], tokenizer=B4)
+    assert [t.prompt_id for t in got] == ["t-0", "t-1", "t-2"]
+    alone = import_files("openai", [_write(tmp_path, "s.jsonl", sims[:1])], tokenizer=B4)[0]
+    assert got[0].prompt_tokens == alone.prompt_tokens + _b4("Policy text. " * 10)
+    assert got[0].extra["meta"]["id"] == "sim-0"
+
+
+def test_swe_agent_history_and_submit(tmp_path) -> None:
+    record = {
+        "environment": "repo__issue-1",
+        "history": [
+            {"role": "system", "content": "You are an autonomous programmer."},
+            {"role": "user", "content": "Fix the issue.", "message_type": "observation"},
+            {"role": "assistant", "content": "Open the file.\n```\nopen a.py\n```"},
+            {"role": "user", "content": "[File: a.py (10 lines total)]"},
+            {"role": "assistant", "content": "Run it.\n```\npython a.py\n```"},
+            {"role": "user", "content": "Traceback (most recent call last):\nNameError: x"},
+            {"role": "assistant", "content": "Submit.\n```\nsubmit\n```"},
+            {"role": "user", "content": "diff --git a/a.py b/a.py"},
+        ],
+        "trajectory": [
+            {"action": "open a.py\n", "observation": "[File: a.py (10 lines total)]", "response": "Open the file."},
+            {"action": "python a.py\n", "observation": "Traceback ...", "response": "Run it."},
+            {"action": "submit\n", "observation": "diff --git a/a.py b/a.py", "response": "Submit."},
+        ],
+        "info": {"exit_status": "submitted", "submission": "diff ...", "model_stats": {"api_calls": 3}},
+    }
+    (t,) = import_files("swe-agent", [_write(tmp_path, "x.traj", record, lines=False)], tokenizer=B4)
+    assert t.prompt_id == "repo__issue-1"
+    assert [(x.tool, x.tool_status) for x in t.turns] == [("open", "ok"), ("python", "error"), (None, None)]
+    assert t.prompt_tokens == _b4("You are an autonomous programmer.") + _b4("Fix the issue.")
+    assert t.extra["meta"] == {"exit_status": "submitted"}  # the patch itself is not kept
+
+
+def test_mini_swe_agent_exit_codes_and_submission(tmp_path) -> None:
+    record = {
+        "info": {"exit_status": "Submitted", "submission": "diff"},
+        "messages": [
+            {"role": "system", "content": "You can run bash."},
+            {"role": "user", "content": "Please solve this issue."},
+            {"role": "assistant", "content": "```bash\nls\n```"},
+            {"role": "user", "content": "<returncode>0</returncode>\n<output>\na.py\n</output>"},
+            {"role": "assistant", "content": "```bash\ncat b.py\n```"},
+            {"role": "user", "content": "<returncode>1</returncode>\n<output>\ncat: b.py: missing\n</output>"},
+            {"role": "assistant", "content": "```bash\nsleep 999\n```"},
+            {"role": "user", "content": "The last command <command>sleep 999</command> timed out and has been killed."},
+            {"role": "assistant", "content": "```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"},
+            {"role": "user", "content": "diff --git a/a.py b/a.py"},
+        ],
+        "trajectory_format": "mini-swe-agent-1.1",
+    }
+    (t,) = import_files("mini-swe-agent", [_write(tmp_path, "i-1.traj.json", record, lines=False)], tokenizer=B4)
+    assert t.prompt_id == "i-1"
+    statuses = [(x.tool, x.tool_status) for x in t.turns]
+    assert statuses == [("bash", "ok"), ("bash", "error"), ("bash", "timeout"), (None, None)]
+    assert t.extra["meta"] == {"exit_status": "Submitted", "trajectory_format": "mini-swe-agent-1.1"}
+
+
+def test_verl_rollout_export(tmp_path) -> None:
+    rec = {
+        "uid": "p-3",
+        "prompt_ids": [1] * 7,
+        "response_mask": [1, 1, 1, 0, 0, 1, 1, 0, 0, 0, 0, 1, 0, 0],  # trailing zeros: padding
+        "response_length": 12,
+        "reward_score": 0.5,
+        "tool_names": ["search", "python"],
+        "tool_statuses": ["ok", "error"],
+        "global_steps": 4,
+        "agent_name": "tool_agent",
+    }
+    (t,) = import_files("verl", [_write(tmp_path, "v.jsonl", [rec])])
+    assert (t.prompt_id, t.prompt_tokens, t.step, t.reward) == ("p-3", 7, 4, 0.5)
+    assert [(x.gen_tokens, x.tool, x.tool_status, x.tool_tokens) for x in t.turns] == [
+        (3, "search", "ok", 2),
+        (2, "python", "error", 4),
+        (1, None, None, 0),
+    ]
+    assert t.extra == {"meta": {"agent_name": "tool_agent"}}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 1), min_size=1, max_size=60), st.integers(0, 50))
+def test_verl_token_count_is_preserved(mask, prompt) -> None:
+    """Every valid token lands in exactly one place: prompt + generations + returns = prompt + response."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "v.jsonl"
+        path.write_text(json.dumps({"prompt_length": prompt, "response_mask": mask}) + "\n")
+        if 1 not in mask:
+            with pytest.raises(TraceError, match="no model generation"):
+                import_files("verl", [path])
+            return
+        (t,) = import_files("verl", [path])
+    assert t.total_tokens == prompt + len(mask)
+    assert sum(x.gen_tokens for x in t.turns) == sum(mask)
+
+
+def _cli(argv, capsys):
+    rc = main(argv)
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b'{"messages": [{"role": "user", "content": "x"}', "not valid JSON"),  # truncated
+        (b'{"messages": [{"role": "assistant", "content": "x"}]}\n{"messages": 7}\n', ":2:"),  # malformed line 2
+        (b"\xff\xfe\x00\x01", "not UTF-8"),
+        (b"", "empty"),
+        (b"  \n\n", "empty"),
+        (b'{"messages": [{"role": 3}]}', "role"),
+    ],
+)
+def test_bad_inputs_fail_in_one_line_and_leave_no_file(tmp_path, capsys, content, message) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(content)
+    out = tmp_path / "out.jsonl"
+    rc, stdout, stderr = _cli(["trace", "import", "--format", "openai", str(src), "--out", str(out)], capsys)
+    errors = [line for line in stderr.splitlines() if line.startswith("libra:")]
+    assert rc == 2 and len(errors) == 1 and message in errors[0] and str(src) in errors[0]
+    assert "Traceback" not in stderr and not out.exists() and list(tmp_path.iterdir()) == [src]
+
+
+def test_no_source_is_one_line_error(capsys) -> None:
+    rc, _, stderr = _cli(["trace", "import"], capsys)
+    assert rc == 2 and "needs at least one SRC" in stderr
+
+
+def test_atomic_write_leaves_nothing_on_failure(tmp_path, monkeypatch) -> None:
+    (t,) = import_files("openai", [_write(tmp_path, "a.jsonl", [_chat()])], tokenizer=B4)
+    out = tmp_path / "out.jsonl"
+    out.write_text("old\n")
+
+    def broken():
+        yield t
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        write_trace_atomic(out, broken())
+    assert out.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "out.jsonl"]
+
+
+@pytest.mark.slow
+def test_imported_trace_round_trips_through_the_cli(tmp_path, capsys) -> None:
+    records = [_chat(f"t-{i % 7}", i // 7, error_tool=i % 3 == 0) for i in range(42)]
+    src = _write(tmp_path, "log.jsonl", records)
+    out = tmp_path / "trace.jsonl"
+    rc, stdout, _ = _cli(["trace", "import", src, "--out", str(out), "--source", "demo", "--json"], capsys)
+    summary = json.loads(stdout)
+    assert rc == 0 and summary["trajectories"] == 42 and 0 < summary["error_rate"] < 1
+    trajs = load_trace(out)
+    assert len(trajs) == 42 and trajs[0].extra["source"] == "demo"
+    rc, stdout, _ = _cli(["route-eval", "--trace", str(out), "--policy", "all", "--json"], capsys)
+    assert rc == 0 and json.loads(stdout)["policies"]["cmlfq"]["trajectories"] == 42
+    rc, stdout, _ = _cli(["plan", "--trace", str(out), "--gpus", "16", "--json"], capsys)
+    assert rc == 0 and json.loads(stdout)["makespan_s"] > 0
+    sim = tmp_path / "sim"
+    argv = [
+        "simulate",
+        "--trace",
+        str(out),
+        "--steps",
+        "1",
+        "--gpus",
+        "16",
+        "--policy",
+        "colocated",
+        "--no-plots",
+        "--json",
+    ]
+    rc, stdout, _ = _cli([*argv, "--out", str(sim)], capsys)
+    assert rc == 0 and json.loads(stdout)["policies"]["colocated"]["throughput_tok_s"] > 0
+
+
+def test_verl_rows_already_in_trace_form(tmp_path) -> None:
+    """What libra.adapters.verl exports (trace records, or batch rows with the record under `libra_trace`)."""
+    record = {"prompt_id": "x", "prompt_tokens": 5, "turns": [{"gen_tokens": 3, "tool": None}], "step": 2}
+    row = {"uid": "p-9", "sample": 1, "libra_trace": {**record, "step": None}}
+    plain, nested = import_files("verl", [_write(tmp_path, "v.jsonl", [record, row])])
+    assert (plain.prompt_id, plain.step, plain.total_tokens) == ("x", 2, 8)
+    assert (nested.prompt_id, nested.sample, nested.total_tokens) == ("p-9", 1, 8)
