@@ -159,6 +159,7 @@ class RolloutRun(Admission):
         # tail of a rollout where most slices have a few percent of the requests left; ascending order keeps every
         # sum (bincount) in the same order as a scan of all requests, so results are identical
         self._live = np.arange(n)
+        self._now = start
         self._by_state: dict[tuple[int, bool], np.ndarray] = {}  # _in_state results until the next state write
         self._assign(np.arange(n), routes.bucket[:, 0])
         self._deg_key = -1
@@ -220,6 +221,7 @@ class RolloutRun(Admission):
 
     # --- one slice ----------------------------------------------------------------------------------------------
     def advance(self, t: float, dt: float) -> None:
+        self._now = t
         self._live = self._in_state(DONE, equal=False)
         self._returns(t, dt)
         self._admit(t)
@@ -277,7 +279,9 @@ class RolloutRun(Admission):
         if self._occupancy.size == k_all:  # the batch over the slice, as the last slice's share of it decoded
             b = np.where(b > 0, np.maximum(1.0, b * self._occupancy), b)
         ctx = np.bincount(self.where[running], weights=self.ctx[running], minlength=k_all)
-        waiting = np.bincount(self.where[self._in_state(WAIT)], minlength=k_all)
+        queued = self._in_state(WAIT)
+        queued = queued[self.ready[queued] <= self._now]  # queued now (not a tool returning later in the slice)
+        waiting = np.bincount(self.where[queued], minlength=k_all)
         out = np.full(k_all, np.inf)
         for tp in self._degrees():
             sel = (inst.tp == tp) & (b > 0)
@@ -305,7 +309,11 @@ class RolloutRun(Admission):
             avail = np.maximum(0.0, dt - self.debt)
             k = self.where[running]
             lag = self.lag[running]
-            advance = np.maximum(0.0, avail[k] - lag) / step[k]
+            # the instance's owed prefill stalls it at the slice start: a request that becomes ready later is not
+            # held by it (one that decodes as of before the boundary, lag < 0, is, after its credit)
+            owed = np.minimum(self.debt[k], dt)
+            delay = np.where(lag < 0, owed + lag, np.maximum(owed, lag))
+            advance = np.maximum(0.0, dt - delay) / step[k]
             rem0 = self.rem[running]
             took = np.minimum(advance, rem0)
             self._decoded_s = np.bincount(k, weights=took * step[k], minlength=k_all)
@@ -320,7 +328,7 @@ class RolloutRun(Admission):
             self.lag[running] = 0.0
             if ended.size:
                 ke = k[end]
-                at = t + np.minimum(self.debt[ke], dt) + lag[end] + rem0[end] * step[ke]
+                at = t + delay[end] + rem0[end] * step[ke]
                 still.append(self._continue_in_slice(ended, at, t + dt, step))
             still_all = np.concatenate(still)
             start_b = np.bincount(k, minlength=k_all)
