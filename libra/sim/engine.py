@@ -44,13 +44,14 @@ from libra.spec import WorkloadProfile
 class ReconfigCosts:
     """Seconds a worker needs to switch (PAPER.md: ~10.8 s into rollout, 3.6 s snapshot + 4.4 s restore into
     training, channel setup tens of ms). `colocated_switch_s` is the per-switch cost of the colocated pipeline
-    (offload/reload); PAPER.md gives no number, so it defaults to 0, which favours `colocated`."""
+    (sleep/wake, offload/reload, weight reshard), paid at each of its two switches per step as verl does; None
+    (the default) takes the cost model's `CostCoefficients.colocated_switch_s` (a sourced default)."""
 
     to_rollout_s: float = 10.8
     snapshot_s: float = 3.6
     restore_s: float = 4.4
     channel_setup_s: float = 0.05
-    colocated_switch_s: float = 0.0
+    colocated_switch_s: float | None = None
 
     @property
     def to_training_s(self) -> float:
@@ -218,7 +219,9 @@ class PolicyRun:
             return self._sync_stage(work, routes)
         return self._async_stage(work, routes)
 
-    def _rollout(self, work: StepWork, routes: Routes, start: float, sync_s: float) -> RolloutRun:
+    def _rollout(
+        self, work: StepWork, routes: Routes, start: float, sync_s: float, kv_memory: float | None = None
+    ) -> RolloutRun:
         inst = self._instances(start)
         inst.ready_at = np.maximum(inst.ready_at, start + sync_s)
         slice_s = max(self.options.min_slice_s, rollout_floor_s(self.cm, work, inst) / self.options.slices_per_rollout)
@@ -232,12 +235,15 @@ class PolicyRun:
             max_slice_s=self.options.max_slice_s,
             steal=self.options.steal,
             dispatch=self.options.dispatch,
+            kv_memory=kv_memory,
         )
 
     def _sync_stage(self, work: StepWork, routes: Routes) -> StageRecord:
         assert self.alloc is not None
         t0, sw = self.clock, self.costs.colocated_switch_s
-        roll = self._rollout(work, routes, t0, sw)
+        if sw is None:
+            sw = self.cm.coeffs.colocated_switch_s
+        roll = self._rollout(work, routes, t0, sw, kv_memory=self.cm.coeffs.colocated_kv_fraction)
         t = t0
         while not roll.done:
             dt = roll.next_event(t) - t

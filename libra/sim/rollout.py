@@ -117,10 +117,14 @@ class RolloutRun(Admission):
         max_slice_s: float = 60.0,
         steal: str = "all",
         dispatch: str = "blocks",
+        kv_memory: float | None = None,
     ) -> None:
         check_steal(steal)
         check_dispatch(dispatch)
         self.dispatch = dispatch
+        # share of GPU memory the engines may use when not the cost model's (colocated: the engine shares the GPUs
+        # with the sleeping trainer, `CostCoefficients.colocated_kv_fraction`)
+        self.kv_memory = kv_memory
         self.cm, self.rc, self.c = cost, cost.rollout, cost.coeffs
         self.work, self.routes, self.inst = work, routes, instances
         self.min_slice_s, self.max_slice_s, self.steal = min_slice_s, max_slice_s, steal
@@ -263,9 +267,16 @@ class RolloutRun(Admission):
     def _degrees(self) -> tuple[int, ...]:
         if self._deg_key != len(self.inst):
             self._deg = tuple(int(x) for x in np.unique(self.inst.tp))
-            self._cap = np.array([self.c.kv_fill * self.rc.kv_capacity_tokens(int(tp)) for tp in self.inst.tp])
+            self._cap = np.array([self.c.kv_fill * self._kv_tokens(int(tp)) for tp in self.inst.tp])
             self._deg_key = len(self.inst)
         return self._deg
+
+    def _kv_tokens(self, tp: int) -> float:
+        if self.kv_memory is None:
+            return self.rc.kv_capacity_tokens(tp)
+        m, gpu = self.cm.model, self.cm.cluster.gpu
+        free = self.kv_memory * gpu.memory_bytes - m.weight_bytes / tp - self.c.activation_reserve_gb * 1e9
+        return max(1.0, free / m.kv_bytes_per_token(tp))
 
     def _cap_k(self) -> np.ndarray:
         """KV tokens each instance may fill (`kv_fill` of its pool)."""

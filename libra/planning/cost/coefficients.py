@@ -45,6 +45,14 @@ class CostCoefficients:
     dp_overlap: float = 0.70  # share of the DP gradient all-reduce hidden behind backward
     optimizer_bytes_per_param: float = 16.0  # fp32 master + Adam m, v read and written per step
     logprob_forward_passes: int = 1  # extra forward passes per step (old-policy log-probs for GRPO/PPO)
+    # --- colocated (verl's hybrid engine: rollout and training take turns on the same GPUs) ---------------------
+    # seconds per switch between the two (sleep/wake of the engine, offload/reload of parameters and optimizer
+    # state, weight reshard): vllm-project/vime#442 measures Actor.sleep() + wake_up() at 11.27 s per step (two
+    # switches) for Qwen3-0.6B on one L20 in colocate mode; a lower bound for larger models
+    colocated_switch_s: float = 5.6
+    # share of GPU memory the colocated engine may use (its KV pool follows): verl's
+    # actor_rollout_ref.rollout.gpu_memory_utilization, 0.5 in its documented config (docs/examples/config.rst)
+    colocated_kv_fraction: float = 0.5
 
     def replace(self, **changes: float) -> CostCoefficients:
         return attrs.evolve(self, **changes)
@@ -60,6 +68,7 @@ _FRACTIONS = (
     "link_efficiency",
     "train_mfu",
     "train_attention_efficiency",
+    "colocated_kv_fraction",
 )  # divisors: in (0, 1]
 _POSITIVE = ("max_num_seqs",)
 
