@@ -60,6 +60,7 @@ def test_a_many_turn_rollout_does_not_depend_on_the_slicing(steal, tolerance):
     assert coarse == pytest.approx(fine, rel=tolerance)
 
 
+@pytest.mark.slow
 def test_identical_steps_simulate_alike_for_every_policy(tmp_path):
     """Three steps with the same many-turn trajectories in another order: a policy that runs them on the same
     allocation takes the same time for each within 5 % (C-MLFQ's policies from step 1, once the prefix tree has
