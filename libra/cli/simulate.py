@@ -40,6 +40,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-len", type=int, default=40960, help="maximum model length (default 40960)")
     p.add_argument("--drift-steps", type=int, default=100, help="steps over which the synthetic workload drifts")
     p.add_argument("--seed", type=int, default=0, help="seed of the workload and tool latencies (default 0)")
+    p.add_argument(
+        "--colocated-switch-s",
+        type=float,
+        metavar="S",
+        help="seconds per switch of the colocated pipeline between rollout and training (sleep/wake, offload/reload, "
+        "weight reshard; paid twice per step; default: the coefficients' colocated_switch_s, 5.6)",
+    )
+    p.add_argument(
+        "--colocated-kv-fraction",
+        type=float,
+        metavar="F",
+        help="share of GPU memory the colocated engine may use, its KV pool follows (verl's rollout "
+        "gpu_memory_utilization; default: the coefficients' colocated_kv_fraction, 0.5)",
+    )
     p.add_argument("--slices", type=int, default=300, help="time slices per rollout: the fidelity knob (default 300)")
     p.add_argument(
         "--steal",
@@ -81,6 +95,24 @@ def _policies(text: str) -> list[str]:
     return names
 
 
+def _colocated(args: argparse.Namespace, coeffs):
+    """The coefficients with the colocated options applied (checked: finite, switch >= 0, fraction in (0, 1])."""
+    import math
+
+    from libra.planning.cost import CostCoefficients
+
+    changes = {}
+    if args.colocated_switch_s is not None:
+        if not math.isfinite(args.colocated_switch_s) or args.colocated_switch_s < 0:
+            raise CLIError(f"--colocated-switch-s must be a finite number >= 0, got {args.colocated_switch_s}")
+        changes["colocated_switch_s"] = args.colocated_switch_s
+    if args.colocated_kv_fraction is not None:
+        if not math.isfinite(args.colocated_kv_fraction) or not 0 < args.colocated_kv_fraction <= 1:
+            raise CLIError(f"--colocated-kv-fraction must be in (0, 1], got {args.colocated_kv_fraction}")
+        changes["colocated_kv_fraction"] = args.colocated_kv_fraction
+    return (coeffs or CostCoefficients()).replace(**changes) if changes else coeffs
+
+
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -93,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
             raise CLIError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     policies = _policies(args.policy)
     cluster, model, coeffs = setup_from_args(args)
+    coeffs = _colocated(args, coeffs)
     if args.trace:
         source = WorkSource.from_trace(args.trace, seed=args.seed)
         if args.steps > source.num_steps:

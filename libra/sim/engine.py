@@ -44,13 +44,14 @@ from libra.spec import WorkloadProfile
 class ReconfigCosts:
     """Seconds a worker needs to switch (PAPER.md: ~10.8 s into rollout, 3.6 s snapshot + 4.4 s restore into
     training, channel setup tens of ms). `colocated_switch_s` is the per-switch cost of the colocated pipeline
-    (offload/reload); PAPER.md gives no number, so it defaults to 0, which favours `colocated`."""
+    (sleep/wake, offload/reload, weight reshard), paid at each of its two switches per step as verl does; None
+    (the default) takes the cost model's `CostCoefficients.colocated_switch_s` (a sourced default)."""
 
     to_rollout_s: float = 10.8
     snapshot_s: float = 3.6
     restore_s: float = 4.4
     channel_setup_s: float = 0.05
-    colocated_switch_s: float = 0.0
+    colocated_switch_s: float | None = None
 
     @property
     def to_training_s(self) -> float:
@@ -63,7 +64,9 @@ class ReconfigCosts:
 
 @attrs.frozen(kw_only=True)
 class SimOptions:
-    slices_per_rollout: int = 300  # the shortest time slice is the last rollout time over this (fidelity knob)
+    # the shortest time slice is a lower bound of the rollout from its work (`rollout_floor_s`) over this (the
+    # fidelity knob)
+    slices_per_rollout: int = 300
     min_slice_s: float = 0.05  # ... but never shorter than this
     max_slice_s: float = 60.0
     core_fraction: float = 0.5  # elastic pool: share of training replicas that never leave training
@@ -83,6 +86,25 @@ class SimOptions:
 
 def batch_stats(work: StepWork, global_batch: int, max_len: int) -> BatchStats:
     return BatchStats.from_lengths(np.minimum(work.total_tokens, max_len), num_sequences=global_batch)
+
+
+def rollout_floor_s(cm: CostModel, work: StepWork, inst: Instances) -> float:
+    """A lower bound of a step's rollout on `inst` from the step's work alone: the larger of its longest chain of
+    turns (decode at batch one on the widest instance at half the final context, plus its tool calls) and its
+    decode tokens over the instances' rate at their largest batch (at the mean half context). It sets the time
+    slice: a slice from the last rollout's length would let one stretched rollout coarsen the next."""
+    rc, c = cm.rollout, cm.coeffs
+    total = work.total_tokens.astype(float)
+    tp_max = int(inst.tp.max()) if len(inst) else 1
+    step1 = rc.decode_step_time(tp_max, np.ones_like(total), total / 2.0)
+    chain = float(np.max(work.gen_tokens * step1 + work.latency.sum(axis=1)))
+    ctx = float(total.mean()) / 2.0
+    rate = 0.0
+    for tp in np.unique(inst.tp):
+        batch = float(np.clip(np.floor(c.kv_fill * rc.kv_capacity_tokens(int(tp)) / max(ctx, 1.0)), 1, c.max_num_seqs))
+        step = float(np.asarray(rc.decode_step_time(int(tp), np.array([batch]), np.array([ctx])))[0])
+        rate += int((inst.tp == tp).sum()) * batch / step
+    return max(chain, float(work.gen_tokens.sum()) / rate if rate > 0 else 0.0)
 
 
 def weight_sync_s(cm: CostModel) -> float:
@@ -117,7 +139,6 @@ class PolicyRun:
         self.restart_gpus = 0  # rollout GPUs that trained last stage and must start their engine again
         self._delays = (0.0, 0.0, 0)  # (rollout restart s, training block s, joining replicas) of this stage
         self._new_instances: Counter[int] = Counter()
-        self._last_rollout_s = 300.0  # sets the slice length of the next rollout (a guess before the first)
         self._lent_log: list[tuple[int, float]] = []  # (GPUs, since when) lent to training this stage
         self._borrow_log: list[tuple[int, float]] = []  # (GPUs, since when) borrowed from training this stage
 
@@ -198,10 +219,12 @@ class PolicyRun:
             return self._sync_stage(work, routes)
         return self._async_stage(work, routes)
 
-    def _rollout(self, work: StepWork, routes: Routes, start: float, sync_s: float) -> RolloutRun:
+    def _rollout(
+        self, work: StepWork, routes: Routes, start: float, sync_s: float, kv_memory: float | None = None
+    ) -> RolloutRun:
         inst = self._instances(start)
         inst.ready_at = np.maximum(inst.ready_at, start + sync_s)
-        slice_s = max(self.options.min_slice_s, self._last_rollout_s / self.options.slices_per_rollout)
+        slice_s = max(self.options.min_slice_s, rollout_floor_s(self.cm, work, inst) / self.options.slices_per_rollout)
         return RolloutRun(
             self.cm,
             work,
@@ -212,19 +235,21 @@ class PolicyRun:
             max_slice_s=self.options.max_slice_s,
             steal=self.options.steal,
             dispatch=self.options.dispatch,
+            kv_memory=kv_memory,
         )
 
     def _sync_stage(self, work: StepWork, routes: Routes) -> StageRecord:
         assert self.alloc is not None
         t0, sw = self.clock, self.costs.colocated_switch_s
-        roll = self._rollout(work, routes, t0, sw)
+        if sw is None:
+            sw = self.cm.coeffs.colocated_switch_s
+        roll = self._rollout(work, routes, t0, sw, kv_memory=self.cm.coeffs.colocated_kv_fraction)
         t = t0
         while not roll.done:
             dt = roll.next_event(t) - t
             roll.advance(t, dt)
             t += dt
         b = roll.end_time
-        self._last_rollout_s = b - t0
         batch = batch_stats(work, self.global_batch, self.max_len)
         job = TrainingJob(self.cm, self.alloc.train, batch, start=b + sw, replicas=self.alloc.train.dp)
         end = job.run_to_end()
@@ -265,7 +290,6 @@ class PolicyRun:
                     if not borrowed_once:
                         borrowed_once = self._borrow(roll, job, t) > 0
             end_roll = roll.end_time
-            self._last_rollout_s = end_roll - t0
         end = end_roll
         train_s = 0.0
         if job is not None:
@@ -384,6 +408,8 @@ class PolicyRun:
             reconfiguration_s=reconfig,
             staleness=staleness,
             trained=job is not None,
+            decoded_tokens=roll.decoded if roll is not None else 0.0,
+            decode_capacity_tokens=roll.capacity_tokens if roll is not None else 0.0,
         )
         self.records.append(rec)
         return rec

@@ -319,11 +319,18 @@ class Libra(Policy):
         if (obs.step + 1) % self.replan_every or self.plan is None:
             return None
         profile = obs.profile()
-        candidate = self._plan(profile)
-        current_s = max(self.env.planner.evaluate(self.plan, profile))
-        verdict = self.gate.decide(
-            current=self.plan, candidate=candidate, horizon_steps=self.replan_every, current_makespan_s=current_s
-        )
+        planner = self.env.planner
+        if not self.homogeneous:  # the planner's own replan: both plans scored by `evaluate` on the newest profile
+            candidate, verdict = planner.replan(self.plan, profile, gate=self.gate, horizon_steps=self.replan_every)
+        else:  # the best single degree, scored the same way as `GlobalPlanner.replan` scores (no phantom gain)
+            candidate = self._plan(profile)
+            verdict = self.gate.decide(
+                current=self.plan,
+                candidate=candidate,
+                horizon_steps=self.replan_every,
+                current_makespan_s=max(planner.evaluate(self.plan, profile)),
+                candidate_makespan_s=max(planner.evaluate(candidate, profile)),
+            )
         allocation = _plan_allocation(candidate, self._routing())
         if not verdict.apply or allocation.same_layout(_plan_allocation(self.plan, self._routing())):
             return None  # the gate said no, or the candidate is the plan already running

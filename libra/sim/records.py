@@ -34,6 +34,8 @@ class StageRecord:
     reconfiguration_s: float  # delay the stage paid for a reconfiguration (0 when none)
     staleness: int  # policy versions between the rollout and the training of the batch trained in this stage
     trained: bool  # this stage trained a batch
+    decoded_tokens: float = 0.0  # tokens the rollout decoded
+    decode_capacity_tokens: float = 0.0  # tokens its instances could have decoded at their largest batch
 
     @property
     def duration(self) -> float:
@@ -62,6 +64,7 @@ class PolicyResult:
         busy = sum(x.busy_gpu_s for x in r)
         available = sum(x.available_gpu_s for x in r)
         trained = [x for x in r if x.trained]
+        capacity = sum(x.decode_capacity_tokens for x in r)
         return {
             "throughput_tok_s": tokens / wall if wall > 0 else 0.0,
             "gen_throughput_tok_s": sum(x.gen_tokens for x in r) / wall if wall > 0 else 0.0,
@@ -72,6 +75,8 @@ class PolicyResult:
             "migrated_token_fraction": sum(x.migrated_tokens for x in r) / tokens if tokens else 0.0,
             "rebalanced_token_fraction": sum(x.rebalanced_tokens for x in r) / tokens if tokens else 0.0,
             "staleness": float(np.mean([x.staleness for x in trained])) if trained else 0.0,
+            # decode rate over capacity (rollout instances at their largest batch); occupancy is 1 - idle
+            "utilisation": sum(x.decoded_tokens for x in r) / capacity if capacity > 0 else 0.0,
             "mean_rollout_s": float(np.mean([x.rollout_s for x in steps])) if steps else 0.0,
             "mean_train_s": float(np.mean([x.train_s for x in trained])) if trained else 0.0,
             "reconfiguration_s": sum(x.reconfiguration_s for x in r),

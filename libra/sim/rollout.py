@@ -91,6 +91,16 @@ def deal(members: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return slots[np.argsort(share, kind="stable")]
 
 
+def _grouped(items: np.ndarray, k: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`items` and their instances `k` in `order` (which must keep each instance's items together), and each
+    item's rank inside its instance's group."""
+    items, k = items[order], k[order]
+    first = np.r_[True, k[1:] != k[:-1]] if k.size else np.zeros(0, bool)
+    starts = np.flatnonzero(first)
+    rank = np.arange(k.size) - starts[np.cumsum(first) - 1] if k.size else np.zeros(0, np.int64)
+    return items, k, rank
+
+
 class RolloutRun(Admission):
     """One step's requests on `instances`, from time `start`. Call `advance(t, dt)` slice by slice. Admission
     (who starts decoding at a slice boundary, and from when) is `libra.sim.admission.Admission`."""
@@ -107,10 +117,14 @@ class RolloutRun(Admission):
         max_slice_s: float = 60.0,
         steal: str = "all",
         dispatch: str = "blocks",
+        kv_memory: float | None = None,
     ) -> None:
         check_steal(steal)
         check_dispatch(dispatch)
         self.dispatch = dispatch
+        # share of GPU memory the engines may use when not the cost model's (colocated: the engine shares the GPUs
+        # with the sleeping trainer, `CostCoefficients.colocated_kv_fraction`)
+        self.kv_memory = kv_memory
         self.cm, self.rc, self.c = cost, cost.rollout, cost.coeffs
         self.work, self.routes, self.inst = work, routes, instances
         self.min_slice_s, self.max_slice_s, self.steal = min_slice_s, max_slice_s, steal
@@ -134,7 +148,13 @@ class RolloutRun(Admission):
         self.rebalanced_tokens = 0
         self.busy_gpu_s = 0.0
         self.decoded = 0.0
+        self.capacity_tokens = 0.0  # tokens the instances could have decoded (`_capacity`)
         self._last: tuple[np.ndarray, np.ndarray] | None = None  # (still running, step times) after a slice
+        self._later_debt = np.zeros(len(instances))  # prefill of turns taken back inside a slice, owed next slice
+        self._own_debt = np.zeros(n)  # ... of which each request already waited for its own
+        # per instance: seconds decoded in the last slice over (its batch at the slice start x the slice): requests
+        # leave for tools and others come back inside a slice, so the batch a slice decodes at is not its start's
+        self._occupancy = np.zeros(0)
         # (instance, time) of every request that left the GPU inside the last slice (tool call, move or finish):
         # the slots the next boundary's admission refills, as if it had happened when each slot came free
         self._freed = (np.zeros(0, np.int64), np.zeros(0))
@@ -143,6 +163,7 @@ class RolloutRun(Admission):
         # tail of a rollout where most slices have a few percent of the requests left; ascending order keeps every
         # sum (bincount) in the same order as a scan of all requests, so results are identical
         self._live = np.arange(n)
+        self._now = start
         self._by_state: dict[tuple[int, bool], np.ndarray] = {}  # _in_state results until the next state write
         self._assign(np.arange(n), routes.bucket[:, 0])
         self._deg_key = -1
@@ -204,6 +225,7 @@ class RolloutRun(Admission):
 
     # --- one slice ----------------------------------------------------------------------------------------------
     def advance(self, t: float, dt: float) -> None:
+        self._now = t
         self._live = self._in_state(DONE, equal=False)
         self._returns(t, dt)
         self._admit(t)
@@ -245,9 +267,16 @@ class RolloutRun(Admission):
     def _degrees(self) -> tuple[int, ...]:
         if self._deg_key != len(self.inst):
             self._deg = tuple(int(x) for x in np.unique(self.inst.tp))
-            self._cap = np.array([self.c.kv_fill * self.rc.kv_capacity_tokens(int(tp)) for tp in self.inst.tp])
+            self._cap = np.array([self.c.kv_fill * self._kv_tokens(int(tp)) for tp in self.inst.tp])
             self._deg_key = len(self.inst)
         return self._deg
+
+    def _kv_tokens(self, tp: int) -> float:
+        if self.kv_memory is None:
+            return self.rc.kv_capacity_tokens(tp)
+        m, gpu = self.cm.model, self.cm.cluster.gpu
+        free = self.kv_memory * gpu.memory_bytes - m.weight_bytes / tp - self.c.activation_reserve_gb * 1e9
+        return max(1.0, free / m.kv_bytes_per_token(tp))
 
     def _cap_k(self) -> np.ndarray:
         """KV tokens each instance may fill (`kv_fill` of its pool)."""
@@ -258,8 +287,12 @@ class RolloutRun(Admission):
         """Engine step seconds of every instance for its current batch (inf where nothing runs)."""
         inst, k_all = self.inst, len(self.inst)
         b = np.bincount(self.where[running], minlength=k_all).astype(float)
+        if self._occupancy.size == k_all:  # the batch over the slice, as the last slice's share of it decoded
+            b = np.where(b > 0, np.maximum(1.0, b * self._occupancy), b)
         ctx = np.bincount(self.where[running], weights=self.ctx[running], minlength=k_all)
-        waiting = np.bincount(self.where[self._in_state(WAIT)], minlength=k_all)
+        queued = self._in_state(WAIT)
+        queued = queued[self.ready[queued] <= self._now]  # queued now (not a tool returning later in the slice)
+        waiting = np.bincount(self.where[queued], minlength=k_all)
         out = np.full(k_all, np.inf)
         for tp in self._degrees():
             sel = (inst.tp == tp) & (b > 0)
@@ -273,38 +306,105 @@ class RolloutRun(Admission):
         return out
 
     def _decode(self, t: float, dt: float) -> None:
+        """Decode the slice [t, t + dt). A request may run several segments inside one slice: a segment that ends
+        at a chunk boundary goes on at once, and one that ends in a tool call whose result comes back before the
+        slice ends takes its slot again (when its instance has nobody queued and KV room for it) and decodes from
+        its return, so results do not depend on how many turns fit in a slice (`_continue_in_slice`)."""
         running = self._in_state(RUN)
         k_all = len(self.inst)
         busy_k = np.minimum(self.debt, dt)
         self._last = None
+        self._later_debt = np.zeros(k_all)
         if running.size:
             step = self.step_times(running)
             avail = np.maximum(0.0, dt - self.debt)
             k = self.where[running]
             lag = self.lag[running]
-            advance = np.maximum(0.0, avail[k] - lag) / step[k]
+            # the instance's owed prefill stalls it at the slice start: a request that becomes ready later is not
+            # held by it (one that decodes as of before the boundary, lag < 0, is, after its credit)
+            owed = np.minimum(self.debt[k], dt)
+            delay = np.where(lag < 0, owed + lag, np.maximum(owed, lag))
+            advance = np.maximum(0.0, dt - delay) / step[k]
             rem0 = self.rem[running]
             took = np.minimum(advance, rem0)
+            self._decoded_s = np.bincount(k, weights=took * step[k], minlength=k_all)
             self.rem[running] = rem0 - took
             self.ctx[running] += took
             self.decoded += float(took.sum())
             has_run = np.bincount(k, minlength=k_all) > 0
             busy_k = np.where(has_run, dt, busy_k)
             end = rem0 <= advance
+            still = [running[~end]]
             ended = running[end]
-            if ended.size:
-                ke = self.where[ended]
-                at = t + np.minimum(self.debt[ke], dt) + lag[end] + rem0[end] * step[ke]
-                self._end_segments(ended, at, t + dt, step[ke])
-            self._last = (running[~end], step)
             self.lag[running] = 0.0
+            if ended.size:
+                ke = k[end]
+                at = t + delay[end] + rem0[end] * step[ke]
+                still.append(self._continue_in_slice(ended, at, t + dt, step))
+            still_all = np.concatenate(still)
+            start_b = np.bincount(k, minlength=k_all)
+            occ = np.ones(k_all)
+            open_s = np.maximum(1e-9, (avail * start_b))
+            np.divide(self._decoded_s, open_s, out=occ, where=(start_b > 0) & (avail > 0))
+            self._occupancy = np.minimum(1.0, occ)
+            self._last = (still_all, step)
+            # a turn taken inside the slice already waited for its own prefill; its instance owes it to the others
+            self.lag[still_all] = -self._own_debt[still_all]
+            self._own_debt[:] = 0.0
         self.busy_gpu_s += float((busy_k * self.inst.tp).sum())
-        self.debt = np.maximum(0.0, self.debt - dt)
+        self.capacity_tokens += self._capacity(t, dt, running)
+        self.debt = np.maximum(0.0, self.debt - dt) + self._later_debt
 
-    def _end_segments(self, ended: np.ndarray, at: np.ndarray, slice_end: float, step: np.ndarray) -> None:
+    def _capacity(self, t: float, dt: float, running: np.ndarray) -> float:
+        """Tokens the started, active instances could decode in [t, t + dt) at their largest batch: as many
+        sequences as `max_num_seqs` and their KV pool allow at the running contexts (each instance's mean, or the
+        mean over all running requests where one has none). `decoded / capacity` is the rollout's utilisation."""
+        inst = self.inst
+        up = np.maximum(0.0, t + dt - np.maximum(t, inst.ready_at)) * inst.active
+        if not up.any():
+            return 0.0
+        k_all = len(inst)
+        b = np.bincount(self.where[running], minlength=k_all)
+        ctx_k = np.bincount(self.where[running], weights=self.ctx[running], minlength=k_all)
+        live = self._live
+        mean_all = float(self.ctx[live].mean()) if live.size else 1.0
+        ctx = np.where(b > 0, ctx_k / np.maximum(b, 1), mean_all)
+        batch = np.clip(np.floor(self._cap_k() / np.maximum(ctx, 1.0)), 1, self.c.max_num_seqs)
+        total = 0.0
+        for tp in self._degrees():
+            sel = (inst.tp == tp) & (up > 0)
+            if sel.any():
+                step = self.rc.decode_step_time(int(tp), batch[sel], ctx[sel])
+                total += float((up[sel] * batch[sel] / step).sum())
+        return total
+
+    def _continue_in_slice(self, ended: np.ndarray, at: np.ndarray, slice_end: float, step: np.ndarray) -> np.ndarray:
+        """Segments `ended` at times `at`; the requests that go on decoding inside this slice (`_end_segments`)
+        run their next segment from when they can, at their instance's step time of the slice, until no segment
+        ends before `slice_end`. Returns the requests still decoding at the slice end."""
+        still = []
+        while ended.size:
+            cont, start = self._end_segments(ended, at, slice_end)
+            if cont.size == 0:
+                break
+            k = self.where[cont]
+            advance = np.maximum(0.0, slice_end - start) / step[k]
+            rem0 = self.rem[cont]
+            took = np.minimum(advance, rem0)
+            self._decoded_s += np.bincount(k, weights=took * step[k], minlength=len(self._decoded_s))
+            self.rem[cont] = rem0 - took
+            self.ctx[cont] += took
+            self.decoded += float(took.sum())
+            end = rem0 <= advance
+            still.append(cont[~end])
+            ended, at = cont[end], start[end] + rem0[end] * step[k[end]]
+        return np.concatenate(still) if still else ended[:0]
+
+    def _end_segments(self, ended: np.ndarray, at: np.ndarray, slice_end: float) -> tuple[np.ndarray, np.ndarray]:
         """Segments that ended at times `at`: the request finishes, calls its tool, moves to another bucket
-        (through the same path, with no tool time), or keeps decoding its next chunk in place (for the rest of
-        the slice too, at the slice's step time `step`)."""
+        (through the same path, with no tool time), or goes on with its next chunk in place. Returns the requests
+        that go on decoding inside this slice and when each starts: a chunk boundary at once; and the requests
+        that take a slot freed inside this slice (`_refill`)."""
         w = self.work
         seg = self.turn[ended]
         last = seg >= w.num_segments[ended] - 1
@@ -313,16 +413,10 @@ class RolloutRun(Admission):
         self.finish[fin] = at[last]
         self._note_freed(fin, at[last])
         go, sg, ag = ended[~last], seg[~last], at[~last]
-        if go.size == 0:
-            return
         keep = ~w.tool_end[go, sg] & ((self.routes.carried[go, sg + 1] == 0) | self._covered(go, sg + 1))
         stay = go[keep]  # a chunk boundary with no migration: nothing happens
         self.turn[stay] += 1
-        nxt = w.gen[stay, self.turn[stay]].astype(float)
-        took = np.minimum(np.maximum(0.0, slice_end - ag[keep]) / step[~last][keep], nxt - 1.0).clip(0.0)
-        self.rem[stay] = nxt - took
-        self.ctx[stay] += took
-        self.decoded += float(took.sum())
+        self.rem[stay] = w.gen[stay, self.turn[stay]].astype(float)
         self.lag[stay] = 0.0
         go, sg, ag = go[~keep], sg[~keep], ag[~keep]
         if go.size:
@@ -335,6 +429,78 @@ class RolloutRun(Admission):
             self.rem[go] = w.gen[go, sg + 1].astype(float)
             self._set_state(go, TOOL)
             self._note_freed(go, ag)
+        back, start = self._refill(slice_end)
+        return np.concatenate([stay, back]), np.concatenate([at[~last][keep], start])
+
+    def _refill(self, slice_end: float) -> tuple[np.ndarray, np.ndarray]:
+        """Slots freed inside this slice go to turns under way inside it, not at the next boundary, so a request
+        can run several turns in one slice. Candidates on an instance with freed slots: turns queued there and
+        turns whose tool returns inside this slice and that stay on their instance (a routed move waits for the
+        boundary); as many as its KV room holds, by readiness. Turn i takes the first slot freed once it is back
+        and after turn i - 1's, s_i = max(s_(i-1) + 1, g_i), when new requests queue on the instance (they take
+        the slots no turn is back for, at the boundary, as of when each came free: `_credit`); with none queued
+        the i-th turn takes the i-th slot. A taker decodes from max(slot free, ready) plus the prefill of its tool
+        tokens, which its instance owes at the next slice. Returns the requests taken and when each starts."""
+        fk, ft = self._freed
+        none = (np.zeros(0, np.int64), np.zeros(0))
+        if fk.size == 0:
+            return none
+        k_all = len(self.inst)
+        slots_k = np.bincount(fk, minlength=k_all)
+        waiting = self._in_state(WAIT)
+        fresh = self.fresh[waiting]
+        new_k = np.bincount(self.where[waiting[fresh]], minlength=k_all)
+        tool = self._in_state(TOOL)
+        tool = tool[self.ready[tool] < slice_end]
+        if tool.size:
+            turn = self.turn[tool]
+            tool = tool[self.moved[tool] | self._covered(tool, turn) | (self.routes.carried[tool, turn] == 0)]
+        cand = np.concatenate([waiting[~fresh], tool])
+        cand = cand[slots_k[self.where[cand]] > 0]
+        if cand.size == 0:
+            return none
+        # the KV room the boundary's admission would see now (contexts as of the slice end: a little cautious)
+        running = self._in_state(RUN)
+        run_k = np.bincount(self.where[running], minlength=k_all)
+        used_k = np.bincount(self.where[running], weights=self.ctx[running], minlength=k_all)
+        room = self._cap_k() - used_k - self.c.kv_headroom_seqs * used_k / np.maximum(run_k, 1)
+        k = self.where[cand]
+        cand, k, rank = _grouped(cand, k, np.lexsort((self.ready[cand], k)))
+        need = self.ctx[cand]
+        cs = np.cumsum(need)
+        within = cs - (cs - need)[np.flatnonzero(rank == 0)][np.cumsum(rank == 0) - 1]
+        fits = (within <= room[k]) | ((rank == 0) & (run_k[k] == 0))
+        cand, k, rank = cand[fits], k[fits], rank[fits]
+        sorder = np.lexsort((ft, fk))
+        fk, ft = fk[sorder], ft[sorder]
+        first_slot = np.searchsorted(fk, np.arange(k_all), side="left")
+        span = float(ft.max() - ft.min()) + 1.0
+        key = fk * span + (ft - ft.min())
+        g = np.searchsorted(key, k * span + (self.ready[cand] - ft.min()), side="left") - first_slot[k]
+        big = float(cand.size + fk.size + 1)
+        chain = rank + np.maximum.accumulate(g - rank + k * big) - k * big
+        s = np.where(new_k[k] > 0, chain, rank).astype(np.int64)
+        ok = s < slots_k[k]
+        cand, k, slot = cand[ok], k[ok], first_slot[k[ok]] + s[ok]
+        secs = np.zeros(cand.size)
+        tps = self.inst.tp[k]
+        for tp in np.unique(tps):
+            sel = tps == tp
+            secs[sel] = self.rc.prefill_time(int(tp), self.pending[cand[sel]], self.ctx[cand[sel]] / 2.0)
+        start = np.maximum(ft[slot], self.ready[cand]) + secs
+        inside = start < slice_end
+        if not inside.any():
+            return none
+        cand, k, slot, secs, start = cand[inside], k[inside], slot[inside], secs[inside], start[inside]
+        self._later_debt += np.bincount(k, weights=secs, minlength=k_all)
+        self._own_debt[cand] += secs
+        self.pending[cand] = 0.0
+        self.lag[cand] = 0.0
+        self._set_state(cand, RUN)
+        left = np.ones(fk.size, bool)
+        left[slot] = False
+        self._freed = (fk[left], ft[left])
+        return cand, start
 
     # --- when to look again -------------------------------------------------------------------------------------
     def next_event(self, t: float) -> float:

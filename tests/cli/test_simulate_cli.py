@@ -15,8 +15,9 @@ def test_json_report_has_the_contract_keys(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert set(out["policies"]) == {"static-uniform", "libra"}
     for s in out["policies"].values():
-        for key in ("throughput_tok_s", "mean_step_s", "gpu_idle_fraction", "reconfigurations"):
+        for key in ("throughput_tok_s", "mean_step_s", "gpu_idle_fraction", "reconfigurations", "utilisation"):
             assert key in s
+        assert 0 < s["utilisation"] <= 1  # decode rate over capacity, beside occupancy (1 - gpu_idle_fraction)
     saved = json.loads((tmp_path / "report.json").read_text())
     assert saved["policies"] == out["policies"]
     assert len(saved["runs"]["libra"]["steps"]) == 3  # two rollout stages and the final training stage
@@ -179,3 +180,32 @@ def test_dispatch_modes(tmp_path, capsys):
         out[mode] = json.loads(capsys.readouterr().out)["policies"]["colocated"]
     assert out["blocks"]["steps"] == out["interleaved"]["steps"] == 2
     assert out["blocks"]["mean_rollout_s"] != out["interleaved"]["mean_rollout_s"]  # the spread matters
+
+
+def test_colocated_switch_and_kv_fraction_change_colocated_only(tmp_path, capsys):
+    """The colocated options reach the simulation: a costlier switch and a smaller KV pool slow `colocated`, and
+    leave a disaggregated policy as it was; bad values are one-line errors."""
+    runs = {}
+    for name, extra in {
+        "free": ["--colocated-switch-s", "0", "--colocated-kv-fraction", "0.9"],
+        "verl": ["--colocated-switch-s", "60", "--colocated-kv-fraction", "0.4"],
+    }.items():
+        rc = main(
+            [
+                *SMALL,
+                "--policy",
+                "colocated,static-uniform",
+                "--out",
+                str(tmp_path / name),
+                "--json",
+                "--no-plots",
+                *extra,
+            ]
+        )
+        assert rc == 0
+        runs[name] = json.loads(capsys.readouterr().out)["policies"]
+    assert runs["verl"]["colocated"]["wall_s"] > runs["free"]["colocated"]["wall_s"] + 2 * 2 * 60 * 0.99
+    assert runs["verl"]["static-uniform"] == runs["free"]["static-uniform"]
+    assert main([*SMALL, "--colocated-kv-fraction", "1.5", "--out", str(tmp_path)]) == 2
+    assert "--colocated-kv-fraction must be in (0, 1]" in capsys.readouterr().err
+    assert main([*SMALL, "--colocated-switch-s", "nan", "--out", str(tmp_path)]) == 2

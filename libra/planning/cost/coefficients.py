@@ -56,6 +56,14 @@ class CostCoefficients:
     # --- MoE (fitted to the published MoE training anchors, anchors.yaml family train_moe) ---------------------
     expert_efficiency: float = 1.0  # expert (grouped) GEMMs relative to dense ones  [anchors: fit, train_moe]
     expert_saturation_tokens: float = 1570.0  # tokens per expert GEMM at half that efficiency  [anchors: train_moe]
+    # --- colocated (verl's hybrid engine: rollout and training take turns on the same GPUs) ---------------------
+    # seconds per switch between the two (sleep/wake of the engine, offload/reload of parameters and optimizer
+    # state, weight reshard): vllm-project/vime#442 measures Actor.sleep() + wake_up() at 11.27 s per step (two
+    # switches) for Qwen3-0.6B on one L20 in colocate mode; a lower bound for larger models
+    colocated_switch_s: float = 5.6
+    # share of GPU memory the colocated engine may use (its KV pool follows): verl's
+    # actor_rollout_ref.rollout.gpu_memory_utilization, 0.5 in its documented config (docs/examples/config.rst)
+    colocated_kv_fraction: float = 0.5
 
     def replace(self, **changes: float) -> CostCoefficients:
         return attrs.evolve(self, **changes)
@@ -72,6 +80,7 @@ _FRACTIONS = (
     "train_mfu",
     "train_attention_efficiency",
     "expert_efficiency",
+    "colocated_kv_fraction",
 )  # divisors: in (0, 1]
 _POSITIVE = ("max_num_seqs",)
 
