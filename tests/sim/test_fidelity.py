@@ -37,7 +37,7 @@ FAST_TP = Path(__file__).resolve().parents[2] / "examples" / "coeffs" / "fast_tp
     ],
 )
 def test_long_rollouts_do_not_lose_time_to_coarse_slices(buckets, instances, coeffs, steal, dispatch, tolerance):
-    """A late r2e-gym step (8,192 requests, about 4,400-6,100 s of rollout) with the floor the default slicing gives
+    """A late r2e-gym step (8,192 requests, about 2,400-6,100 s of rollout) with the floor the default slicing gives
     it (a 300th of the rollout, 12-19 s) against 1-s slices. Slots that come free inside a slice are refilled as of
     when they came free; before that, the coarse floor lost 14-19 % here (docs/sim.md, fidelity notes)."""
     cm = CostModel(
@@ -70,7 +70,7 @@ def test_long_rollouts_do_not_lose_time_to_coarse_slices(buckets, instances, coe
             t += dt
         assert (run.state == DONE).all()
         ends[floor] = run.end_time
-    assert ends[1.0] > 2500
+    assert ends[1.0] > 2000  # a long rollout (about 2,400-4,400 s with the anchored defaults), where slicing matters
     assert ends[0.0] == pytest.approx(ends[1.0], rel=tolerance)
 
 
