@@ -36,14 +36,23 @@ def _payload(info):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     here = os.path.dirname(os.path.abspath(__file__))  # actors unpickle `_payload` from this module
-    ray.init(
-        num_cpus=2,
-        resources={"libra_node_0": 1, "libra_node_1": 1},
-        include_dashboard=False,
-        _temp_dir=str(tmp_path_factory.mktemp("ray")),
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}},
-    )
+    # Ray's own node start has fixed limits (30 s for the raylet to register; a wait for the metrics agent's port
+    # file) that a heavily loaded machine can miss (seen at load average 30 on 2 cores): a failed start is retried.
+    for attempt in range(3):
+        try:
+            ray.init(
+                num_cpus=2,
+                resources={"libra_node_0": 1, "libra_node_1": 1},
+                include_dashboard=False,
+                _temp_dir=str(tmp_path_factory.mktemp("ray")),
+                log_to_driver=False,
+                runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}},
+            )
+            break
+        except Exception:
+            ray.shutdown()
+            if attempt == 2:
+                raise
     yield
     ray.shutdown()
 
