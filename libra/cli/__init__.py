@@ -11,7 +11,7 @@ import sys
 
 from libra.cli._common import CLIError
 
-_SUBCOMMANDS = ("plan", "trace", "route_eval", "simulate")
+_SUBCOMMANDS = ("plan", "trace", "route_eval", "simulate", "run")
 
 
 def _load_subcommand(name: str):
