@@ -46,6 +46,8 @@ from libra.spec import Role
 
 log = logging.getLogger("libra.runtime")
 CHECKPOINT = "checkpoint"
+# wall time of the orchestrator's thread spent outside Libra: the rest is orchestration overhead
+OUTSIDE = ("engine", "tools", "train_wait", "weights", "switching")
 
 
 @attrs.frozen(kw_only=True)
@@ -428,7 +430,7 @@ class Orchestrator:
         main = self.clock.take()
         wall = now - self._last_record
         self._last_record = now
-        accounted = sum(main.values())
+        accounted = sum(v for c, v in main.items() if c in OUTSIDE)
         record = {
             "step": k,
             "policy_version": result.version - 1,
@@ -457,15 +459,17 @@ class Orchestrator:
             "orchestration": {
                 "wall_s": round(wall, 4),
                 "overhead_s": round(max(0.0, wall - accounted), 4),
-                "planning_s": round(main.get("planning", 0.0), 4),
+                **{f"{c}_s": round(main.get(c, 0.0), 4) for c in ("planning", "routing", "records", "checkpoint")},
             },
             "weights": push,
             "mean_reward": sum(r.reward for r in records.values()) / max(1, len(records)),
         }
         self.losses.append(result.loss)
-        self.records.add_step(record, trajectories)
+        with self.clock.span("records"):
+            self.records.add_step(record, trajectories)
         self.step = k + 1
-        self._checkpoint(info)
+        with self.clock.span("checkpoint"):
+            self._checkpoint(info)
         log.info(
             "step %d done: loss %+.5f, %d trajectories, staleness %s, version %d",
             k,

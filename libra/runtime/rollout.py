@@ -163,7 +163,7 @@ def run_rollout(
                 v = ev.weight_version
                 st.turn_version = v if st.turn_version is None else min(st.turn_version, v)
             if ev.kind == EventKind.TOKENS:
-                with clock.span("engine"):
+                with clock.span("routing"):  # the router's decision (a migration, rare, is engine time in it)
                     moved = routed.progress(st.rid)
                 if moved is not None and moved.to_instance != moved.from_instance:
                     st.rec.instances.append(moved.to_instance)

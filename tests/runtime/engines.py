@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import attrs
 
 from libra.runtime import RunConfig
@@ -34,7 +36,11 @@ def plain_synchronous_losses(backend, model_dir: str, config: RunConfig, steps: 
     )
     (instance,) = backend.instances()
     backend.load_weights(trainer.export_weights(bucket_bytes=1 << 20))
-    sampling = Sampling(max_tokens=config.max_tokens, temperature=0.0)
+
+    def sampling(rid: str, turn: int) -> Sampling:  # greedy, or seeded per request and turn
+        seed = None if config.temperature == 0 else zlib.crc32(f"{config.seed}/{rid}/{turn}".encode())
+        return Sampling(max_tokens=config.max_tokens, temperature=config.temperature, seed=seed)
+
     losses = []
     for step in range(steps):
         agent = ToolAgent(tok, step=step, shift=config.shift)
@@ -48,7 +54,7 @@ def plain_synchronous_losses(backend, model_dir: str, config: RunConfig, steps: 
         starts = {rid: len(ids) for rid, ids in prompts.items()}
         contexts: dict[str, tuple[int, ...]] = {}
         for rid, ids in prompts.items():
-            backend.submit(rid, instance, ids, sampling)
+            backend.submit(rid, instance, ids, sampling(rid, 0))
         while len(contexts) < len(prompts):
             for ev in backend.poll():
                 if ev.kind != EventKind.FINISHED:
@@ -63,7 +69,7 @@ def plain_synchronous_losses(backend, model_dir: str, config: RunConfig, steps: 
                     contexts[rid] = backend.release(rid)
                     continue
                 masks[rid] += [0] * len(result.output_token_ids)
-                backend.resume(rid, result.output_token_ids, sampling)
+                backend.resume(rid, result.output_token_ids, sampling(rid, turns[rid]))
                 starts[rid] = len(backend.context(rid))
         order = sorted(prompts, key=lambda r: (r.split("-")[1], int(r.split("-")[2])))
         batch = make_batch(

@@ -46,7 +46,7 @@ class _Killer:
 
     def __init__(self, seed: int, steps: tuple[int, ...]) -> None:
         self.rnd = random.Random(seed)
-        self.at = {s: self.rnd.randint(5, 60) for s in steps}
+        self.at = {s: self.rnd.randint(3, 25) for s in steps}
         self.polls: dict[int, int] = {}
         self.killed: list[tuple[int, str]] = []
 
@@ -70,15 +70,20 @@ class _Killer:
 
 def test_default_run_replans_on_the_engines_overlaps_and_survives_engine_kills(tmp_path) -> None:
     out = tmp_path / "run"
-    killer = _Killer(seed=1, steps=(1,))
-    orch = Orchestrator(RunConfig(steps=4, max_staleness=1), out, on_poll=killer)
+    # LIBRA_RUNTIME_KILL_SEED and LIBRA_RUNTIME_KILL_STEPS (any of 0,1,2: the steps that run on two engines) widen
+    # the fault check; each kill costs an engine restart (minutes on a loaded 2-core machine)
+    seed = int(os.environ.get("LIBRA_RUNTIME_KILL_SEED", "1"))
+    kill_steps = tuple(int(x) for x in os.environ.get("LIBRA_RUNTIME_KILL_STEPS", "1").split(","))
+    steps = 4
+    killer = _Killer(seed=seed, steps=kill_steps)
+    orch = Orchestrator(RunConfig(steps=steps, max_staleness=1), out, on_poll=killer)
     try:
         summary = orch.run()
     finally:
         orch.close()
-    assert summary.steps_completed == 4
+    assert summary.steps_completed == steps
     records = read_jsonl(out / "run.jsonl")
-    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    assert [r["step"] for r in records] == list(range(steps))
     _staleness_ok(records, 1)
     _trace_staleness(out, 1)
     # the workload shift (tool outputs grow from step 2) triggers an applied replan that changes the rollout pool,
@@ -97,9 +102,10 @@ def test_default_run_replans_on_the_engines_overlaps_and_survives_engine_kills(t
     ]
     assert max(overlaps) > 0, overlaps
     # the killed engine: its requests were re-queued, the step completed, the instance was restarted
-    assert killer.killed and killer.killed[0][0] == 1
-    assert records[1]["trajectories"]["requeued"] >= 1
-    assert any(d["source"] == "elastic" and d["kind"] == "StartInstance" for d in records[2]["decisions"])
+    assert [k for k, _ in killer.killed] == list(killer.at)
+    for k, _ in killer.killed:
+        assert records[k]["trajectories"]["requeued"] >= 1
+        assert any(d["source"] == "elastic" and d["kind"] == "StartInstance" for d in records[k + 1]["decisions"])
     assert any(d["source"] == "router" and d["decisions"] > 0 for d in decisions)
     assert (out / "timeline.png").stat().st_size > 1000
     # the trace plans and simulates
@@ -109,7 +115,9 @@ def test_default_run_replans_on_the_engines_overlaps_and_survives_engine_kills(t
 
 
 def test_synchronous_run_equals_a_plain_loop_and_staleness_two_is_bounded(tmp_path) -> None:
-    config = one_instance_config(steps=3, max_staleness=0, temperature=0.0)
+    # greedy decoding makes every sample of a prompt identical, so GRPO's advantages and the loss are exactly 0:
+    # the comparison is made with seeded sampling (a fixed seed per request and turn, as deterministic as greedy)
+    config = one_instance_config(steps=3, max_staleness=0, temperature=1.0)
     orch = Orchestrator(config, tmp_path / "sync")
     try:
         orch.run()
@@ -121,7 +129,7 @@ def test_synchronous_run_equals_a_plain_loop_and_staleness_two_is_bounded(tmp_pa
     finally:
         orch.close()
     assert [r["loss"] for r in records] == pytest.approx(plain, abs=1e-6)
-    assert len({round(x, 9) for x in plain}) > 1  # the steps differ: the weights moved
+    assert len({round(x, 9) for x in plain}) == 3 and all(x != 0 for x in plain)  # the weights moved
     # max_staleness 2 on the same job
     orch = Orchestrator(attrs.evolve(config, max_staleness=2, temperature=1.0, steps=4), tmp_path / "s2")
     try:
@@ -133,28 +141,43 @@ def test_synchronous_run_equals_a_plain_loop_and_staleness_two_is_bounded(tmp_pa
     _trace_staleness(tmp_path / "s2", 2)
 
 
-def test_killed_orchestrator_resumes_from_the_last_completed_step(tmp_path) -> None:
+def _run_until(cmd, out: Path, records: int, sig: int, env) -> int:
+    """Start `libra run`, wait until run.jsonl holds `records` steps, send `sig` to it (its whole process group
+    for SIGKILL: a crash takes the engines with it); returns the exit code."""
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + scaled(900)
+    while time.monotonic() < deadline and len(read_jsonl(out / "run.jsonl")) < records:
+        assert proc.poll() is None, f"the run ended before it could be stopped: {proc.stderr.read()[-2000:]}"
+        time.sleep(0.2)
+    if sig == signal.SIGKILL:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
+    _, err = proc.communicate(timeout=scaled(300))
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130 and "continue with: libra run --resume" in err, err[-2000:]
+    return proc.returncode
+
+
+def test_interrupted_and_killed_orchestrator_resume_from_the_last_completed_step(tmp_path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text(
-        "steps: 3\nmax_staleness: 1\nshift: null\nprompts: [what is the answer, the fox]\n"
+        "steps: 4\nmax_staleness: 1\nshift: null\nprompts: [what is the answer, the fox]\n"
         "samples_per_prompt: 2\nvirtual: {gpus: 2, gpus_per_node: 2, model: Qwen3-4B}\n"
     )
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "libra", "run", "--config", str(config), "--out", str(out), "--quiet"]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    deadline = time.monotonic() + scaled(900)
-    while time.monotonic() < deadline and len(read_jsonl(out / "run.jsonl")) < 1:
-        assert proc.poll() is None, "the run ended before it could be killed"
-        time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=scaled(60))
+    libra = [sys.executable, "-m", "libra", "run"]
+    _run_until([*libra, "--config", str(config), "--out", str(out)], out, 1, signal.SIGINT, env)  # Ctrl-C
+    after_interrupt = read_jsonl(out / "run.jsonl")
+    assert [r["step"] for r in after_interrupt] == list(range(len(after_interrupt)))  # consistent
+    _run_until([*libra, "--resume", str(out)], out, len(after_interrupt) + 1, signal.SIGKILL, env)  # crash
     before = read_jsonl(out / "run.jsonl")
-    assert before and before[-1]["step"] == len(before) - 1
+    assert before[: len(after_interrupt)] == after_interrupt and before[-1]["step"] == len(before) - 1
     done = subprocess.run(
-        [sys.executable, "-m", "libra", "run", "--resume", str(out), "--quiet", "--json"],
+        [*libra, "--resume", str(out), "--quiet", "--json"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -164,15 +187,13 @@ def test_killed_orchestrator_resumes_from_the_last_completed_step(tmp_path) -> N
     )
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout)
-    assert summary["first_step"] == len(before) and summary["steps_completed"] == 3
+    first = summary["first_step"]  # the last checkpointed step + 1 (a kill between record and checkpoint: one less)
+    assert len(before) - 1 <= first <= len(before) and summary["steps_completed"] == 4
     records = read_jsonl(out / "run.jsonl")
-    assert [r["step"] for r in records] == [0, 1, 2]
-    assert records[: len(before)] == before  # the completed steps are kept as they were
-    _staleness_ok(records, 1)
-    resumed = [d for d in records[len(before)]["decisions"] if d["kind"] == "resume"]
-    assert resumed and resumed[0]["step"] == len(before)
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    assert records[:first] == before[:first]  # the completed steps are kept as they were
+    _staleness_ok(records, 1)  # the step counter and the weight versions continue: version = step + 1
+    resumed = [d for d in records[first]["decisions"] if d["kind"] == "resume"]
+    assert resumed and resumed[0]["step"] == first
     trace = read_jsonl(out / "trace.jsonl")
-    assert sorted((t["step"], t["request_id"]) for t in trace) == sorted(
-        {(t["step"], t["request_id"]) for t in trace}
-    )  # nothing trained twice
-    assert len(trace) == 3 * 4
+    assert len(trace) == 4 * 4 and len({(t["step"], t["request_id"]) for t in trace}) == 16  # 0 lost, 0 twice
