@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -94,15 +95,26 @@ def _execute(config, out: Path, *, resume: bool, as_json: bool, quiet: bool) -> 
 
     orch = Orchestrator(config, out, resume=resume, on_step=on_step)
     interrupted = False
+    # engines (and their worker processes, which inherit it) log to stdout: send fd 1 to stderr during the run,
+    # so that stdout holds only the table or the one JSON object
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C -> KeyboardInterrupt -> clean stop
+    sys.stdout.flush()
+    saved_stdout = os.dup(1)
+    os.dup2(2, 1)
     try:
         summary = orch.run()
     except KeyboardInterrupt:
         interrupted = True
         summary = None
     finally:
-        bar.close()
-        orch.close()
-        logger.removeHandler(handler)
+        try:
+            bar.close()
+            orch.close()
+        finally:
+            logger.removeHandler(handler)
+            sys.stdout.flush()
+            os.dup2(saved_stdout, 1)
+            os.close(saved_stdout)
     done = orch.step
     if interrupted:
         log(

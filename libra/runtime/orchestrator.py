@@ -17,10 +17,10 @@ Step k, as carried out here (all engine calls on the orchestrator's thread, trai
 
 from __future__ import annotations
 
-import io
 import logging
-import math
 import pickle
+import signal
+import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -34,18 +34,16 @@ from libra.adapters.types import Sampling
 from libra.elastic import ElasticController, StartInstance, StopInstance
 from libra.planning import ReplanGate
 from libra.planning.placement import place
-from libra.runtime import virtual
+from libra.runtime import checkpoint, virtual
 from libra.runtime.agent import AgentFactory, default_agent_factory
 from libra.runtime.clock import Clock
 from libra.runtime.config import RunConfig, RunConfigError
-from libra.runtime.records import TIMELINE_FILE, RunRecords, staleness_histogram, write_atomic
+from libra.runtime.records import TIMELINE_FILE, RunRecords, staleness_histogram
 from libra.runtime.rollout import LiveRoutedRollout, TrajectoryRecord, run_rollout
 from libra.runtime.trainer import TrainerThread, TrainResult
 from libra.scheduling import make_router
-from libra.spec import Role
 
 log = logging.getLogger("libra.runtime")
-CHECKPOINT = "checkpoint"
 # wall time of the orchestrator's thread spent outside Libra: the rest is orchestration overhead
 OUTSIDE = ("engine", "tools", "train_wait", "weights", "switching")
 
@@ -185,8 +183,10 @@ class Orchestrator:
 
     def _start_instance(self, spec: Any, *, step: int, source: str, why: str) -> None:
         start = self.clock.now()
+        handler = signal.getsignal(signal.SIGINT)
         with self.clock.span("switching"):
             self.backend.start_instance(spec)
+        _reinstall(handler)
         self.clock.mark(spec.name, "switching", start, self.clock.now(), step)
         self._decide(
             source,
@@ -327,6 +327,7 @@ class Orchestrator:
         return RunSummary(out_dir=str(self.out), steps_completed=self.step, first_step=first, losses=tuple(self.losses))
 
     def _rollout(self, k: int) -> None:
+        _reinstall(signal.getsignal(signal.SIGINT))
         cfg = self.config
         agent = self.agent_factory(k, self.tokenizer)
         prompts = {
@@ -484,8 +485,6 @@ class Orchestrator:
     # -- checkpoints ----------------------------------------------------------------------------------------------
 
     def _checkpoint(self, info: dict[str, Any]) -> None:
-        import torch
-
         plan, placement = info["plan_state"]
         state = {
             "next_step": self.step,
@@ -498,21 +497,21 @@ class Orchestrator:
             "losses": list(self.losses),
             "config": self.config.to_dict(),
         }
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        (self.out / CHECKPOINT).mkdir(exist_ok=True)
-        write_atomic(self.out / CHECKPOINT / "state.pt", buf.getvalue())
+        self._wait_checkpoint()
+        self._ckpt_writer = checkpoint.save_in_background(self.out, state)
+
+    def _wait_checkpoint(self) -> None:
+        writer = getattr(self, "_ckpt_writer", None)
+        if writer is not None:
+            writer.join()
+            self._ckpt_writer = None
 
     def _load_checkpoint(self) -> dict[str, Any]:
-        import torch
-
-        path = self.out / CHECKPOINT / "state.pt"
-        if not path.is_file():
-            raise RunConfigError(f"nothing to resume in {str(self.out)!r}: no {CHECKPOINT}/state.pt")
-        return torch.load(path, weights_only=False)
+        return checkpoint.load(self.out)
 
     def close(self) -> None:
         """Stop the engines and draw the timeline (safe to call twice, and after an interrupt)."""
+        self._wait_checkpoint()
         if self.clock.spans:
             try:
                 from libra.runtime.timeline import draw_timeline
@@ -529,8 +528,12 @@ class Orchestrator:
             self.backend = None
 
 
-def is_finite(x: float) -> bool:
-    return math.isfinite(x)
+def _reinstall(handler: Any) -> None:
+    """Set the SIGINT handler again at the C level: a native library loaded with an engine resets the process's
+    SIGINT action to the default (Python still reports its own handler), and Ctrl-C must stay a KeyboardInterrupt
+    so that the run stops cleanly."""
+    if threading.current_thread() is threading.main_thread() and callable(handler):
+        signal.signal(signal.SIGINT, handler)
 
 
-__all__ = ["Orchestrator", "RunSummary", "Role"]
+__all__ = ["Orchestrator", "RunSummary"]
