@@ -47,10 +47,9 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--resume DIR continues in DIR; do not also give a different --out")
     out = Path(args.resume or args.out or DEFAULT_OUT)
     if args.resume:
-        saved = out / "checkpoint" / "state.pt"
-        if not saved.is_file():
-            raise CLIError(f"nothing to resume in {str(out)!r}: no checkpoint/state.pt")
         config_file = out / "config.json"
+        if not config_file.is_file():
+            raise CLIError(f"nothing to resume in {str(out)!r}: no config.json of a run")
         config = config_from_dict(json.loads(config_file.read_text()), where=str(config_file))
     else:
         config = load_config(args.config) if args.config else RunConfig()

@@ -32,6 +32,10 @@ def save_in_background(out: Path, state: dict[str, Any]) -> threading.Thread:
     return thread
 
 
+def exists(out: Path) -> bool:
+    return (out / DIR / FILE).is_file()
+
+
 def load(out: Path) -> dict[str, Any]:
     import torch
 

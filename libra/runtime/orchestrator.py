@@ -17,13 +17,14 @@ Step k, as carried out here (all engine calls on the orchestrator's thread, trai
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import pickle
 import signal
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,9 @@ class Orchestrator:
         from libra.adapters.vllm_backend import VLLMRolloutBackend
 
         cfg = self.config
-        state = self._load_checkpoint() if self.resume else None
+        state = self._load_checkpoint() if self.resume and checkpoint.exists(self.out) else None
+        if self.resume and state is None:  # killed before the first checkpoint: start again from step 0
+            log.info("no checkpoint in %s: the run starts again from step 0", self.out)
         self.out.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(cfg.seed)
         model_dir = cfg.model or str(self.out / "model")
@@ -466,11 +469,12 @@ class Orchestrator:
             "mean_reward": sum(r.reward for r in records.values()) / max(1, len(records)),
         }
         self.losses.append(result.loss)
-        with self.clock.span("records"):
-            self.records.add_step(record, trajectories)
-        self.step = k + 1
-        with self.clock.span("checkpoint"):
-            self._checkpoint(info)
+        with _deferred_sigint():  # the record and its checkpoint go together: Ctrl-C waits for both
+            with self.clock.span("records"):
+                self.records.add_step(record, trajectories)
+            self.step = k + 1
+            with self.clock.span("checkpoint"):
+                self._checkpoint(info)
         log.info(
             "step %d done: loss %+.5f, %d trajectories, staleness %s, version %d",
             k,
@@ -526,6 +530,22 @@ class Orchestrator:
         if self.backend is not None:
             self.backend.shutdown()
             self.backend = None
+
+
+@contextlib.contextmanager
+def _deferred_sigint() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) until the block is done, then raise it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def _reinstall(handler: Any) -> None:
