@@ -18,7 +18,12 @@ EXAMPLE = ROOT / "examples" / "tiny_rl_loop.py"
 
 @pytest.mark.slow
 def test_tiny_rl_loop_leaves_run_records(tmp_path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    }
     out = tmp_path / "run"
     done = subprocess.run(
         [sys.executable, str(EXAMPLE), str(out), "--steps", "2"],

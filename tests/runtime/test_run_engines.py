@@ -168,7 +168,7 @@ def test_interrupted_and_killed_orchestrator_resume_from_the_last_completed_step
         "samples_per_prompt: 2\nvirtual: {gpus: 2, gpus_per_node: 2, model: Qwen3-4B}\n"
     )
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     libra = [sys.executable, "-m", "libra", "run"]
     _run_until([*libra, "--config", str(config), "--out", str(out)], out, 1, signal.SIGINT, env)  # Ctrl-C
     after_interrupt = read_jsonl(out / "run.jsonl")
