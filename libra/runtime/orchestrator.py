@@ -1,0 +1,559 @@
+"""The orchestrator: runs RL steps with rollout and training overlapped, every decision taken by Libra.
+
+Step k, as carried out here (all engine calls on the orchestrator's thread, training on a background thread):
+
+1. **boundary** (before rollout k): restart instances whose engine died (source `elastic`); profile the last
+   `window_steps` steps, replan the rollout side on the virtual cluster, ask the gate (source `gate`); when it
+   applies: new placement (`place`, fewest workers moved) -> `ElasticController.apply_plan` -> StopInstance /
+   StartInstance carried out on the engines (source `planner`), the router rebuilt on the new buckets keeping its
+   learned tree. The trainer keeps training meanwhile.
+2. **rollout k** starts once the engines serve weights of version >= k - max_staleness; every request is routed by
+   the router (migrations carried out, source `router`). Between engine polls the orchestrator collects finished
+   training steps, pushes their weights and starts the next training step: rollout k overlaps training k-1.
+3. **train k** (one optimizer step, version k -> k+1) on the batch of rollout k; its weights are pushed to every
+   instance and the versions checked on both sides (engine-reported version, a parameter checksum).
+4. **record k** (`run.jsonl`, `trace.jsonl`), checkpoint (trainer + optimizer, router, plan, placement, step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import pickle
+import signal
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from libra.adapters.grpo import group_advantages, make_batch
+from libra.adapters.types import Sampling
+from libra.elastic import ElasticController, StartInstance, StopInstance
+from libra.planning import ReplanGate
+from libra.planning.placement import place
+from libra.runtime import checkpoint, virtual
+from libra.runtime.agent import AgentFactory, default_agent_factory
+from libra.runtime.clock import Clock
+from libra.runtime.config import RunConfig, RunConfigError
+from libra.runtime.records import TIMELINE_FILE, RunRecords, staleness_histogram
+from libra.runtime.rollout import LiveRoutedRollout, TrajectoryRecord, run_rollout
+from libra.runtime.trainer import TrainerThread, TrainResult
+from libra.scheduling import make_router
+
+log = logging.getLogger("libra.runtime")
+# wall time of the orchestrator's thread spent outside Libra: the rest is orchestration overhead
+OUTSIDE = ("engine", "tools", "train_wait", "weights", "switching")
+
+
+@attrs.frozen(kw_only=True)
+class RunSummary:
+    out_dir: str
+    steps_completed: int
+    first_step: int
+    losses: tuple[float, ...]
+    interrupted: bool = False
+
+
+class Orchestrator:
+    """`Orchestrator(config, out_dir).run()`; `resume=True` continues from the checkpoint in `out_dir`.
+    `agent_factory(step, tokenizer)` builds the agent of each step (default: the toy tools). `on_step(record)`
+    is called after each completed step; `on_poll(orchestrator)` between engine polls (fault injection)."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        out_dir: str | Path,
+        *,
+        resume: bool = False,
+        agent_factory: AgentFactory | None = None,
+        on_step: Callable[[dict[str, Any]], Any] | None = None,
+        on_poll: Callable[[Orchestrator], Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.out = Path(out_dir)
+        self.resume = resume
+        self.agent_factory = agent_factory or default_agent_factory(config.shift)
+        self.on_step, self.on_poll = on_step, on_poll
+        self.clock = Clock()
+        self.backend: Any = None
+        self.step = 0  # next step to train
+        self.losses: list[float] = []
+        self.rolling_step: int | None = None
+
+    # -- setup ----------------------------------------------------------------------------------------------------
+
+    def _setup(self) -> None:
+        import torch
+        from transformers import AutoTokenizer, LlamaForCausalLM
+
+        from libra.adapters.tiny_model import build_tiny_model
+        from libra.adapters.torch_ddp import TorchDDPTrainer
+        from libra.adapters.vllm_backend import VLLMRolloutBackend
+
+        cfg = self.config
+        state = self._load_checkpoint() if self.resume and checkpoint.exists(self.out) else None
+        if self.resume and state is None:  # killed before the first checkpoint: start again from step 0
+            log.info("no checkpoint in %s: the run starts again from step 0", self.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(cfg.seed)
+        model_dir = cfg.model or str(self.out / "model")
+        if cfg.model is None and not (self.out / "model" / "config.json").is_file():
+            build_tiny_model(model_dir, seed=cfg.seed)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.trainer = TorchDDPTrainer(
+            model=LlamaForCausalLM.from_pretrained(model_dir),
+            distributed=False,
+            optimizer_factory=lambda ps: torch.optim.Adam(ps, lr=cfg.lr),
+        )
+        self.cluster = virtual.virtual_cluster(cfg)
+        self.planner = virtual.virtual_planner(cfg)
+        self.gate = ReplanGate(
+            to_rollout_s=cfg.replan.to_rollout_s, min_relative_gain=cfg.replan.min_relative_gain, nonblocking_join=True
+        )
+        self.prompt_ids = [list(self.tokenizer.encode(p)) for p in cfg.prompts]
+        self.pending: list[dict[str, Any]] = []  # decisions applied before the next rollout
+        self.history: dict[int, list[TrajectoryRecord]] = {}
+        self.trained: set[tuple[int, str]] = set()
+        if state is None:
+            t0 = time.perf_counter()
+            self.plan = self.planner.plan(virtual.prior_profile(cfg, [len(p) for p in self.prompt_ids]))
+            self.placement = place(self.plan, self.cluster)
+            self._decide(
+                "planner",
+                "plan",
+                step=0,
+                why="first plan, from the prior profile",
+                plan=virtual.plan_summary(self.plan, cfg),
+                solve_s=time.perf_counter() - t0,
+            )
+            router = self._new_router(None)
+        else:
+            self.trainer.restore(state["trainer"])
+            self.step = int(state["next_step"])
+            self.plan, self.placement = state["plan"], state["placement"]
+            router = pickle.loads(state["router"])
+            self.history = state["history"]
+            self.trained = state["trained"]
+            self.losses = list(state["losses"])
+            self._decide(
+                "elastic", "resume", step=self.step, why=f"resumed from the checkpoint after step {self.step - 1}"
+            )
+        self.records = RunRecords(self.out, resume=self.resume, keep_steps=self.step)
+        self.controller = ElasticController(placement=self.placement)
+        self.backend = VLLMRolloutBackend(
+            model=model_dir, dtype=cfg.engine.dtype, seed=cfg.seed, engine_tp="one", sleep_mode="pause"
+        )
+        for _name, spec in sorted(virtual.instance_specs(self.placement, cfg).items()):
+            self._start_instance(spec, step=self.step, source="planner", why="initial placement")
+        self.routed = LiveRoutedRollout(
+            backend=self.backend, router=router, bucket_instances=virtual.bucket_instances(self.plan, self.placement)
+        )
+        self._push(self.trainer.export_weights(bucket_bytes=1 << 20), step=self.step)
+        self.train = TrainerThread(self.trainer, clock_t0=self.clock.t0)
+
+    def _new_router(self, old: Any) -> Any:
+        cfg = self.config
+        buckets = virtual.real_buckets(self.plan, cfg)
+        options: dict[str, Any] = {}
+        if cfg.router == "cmlfq":
+            options = (
+                {"tree": old.tree}
+                if old is not None and hasattr(old, "tree")
+                else {"size_edges": cfg.router_size_edges}
+            )
+        try:
+            return make_router(cfg.router, buckets, **options)
+        except Exception as exc:
+            raise RunConfigError(f"router {cfg.router!r}: {exc}") from None
+
+    # -- decisions ------------------------------------------------------------------------------------------------
+
+    def _decide(self, source: str, kind: str, *, step: int, why: str, **fields: Any) -> None:
+        entry = {"source": source, "kind": kind, "step": step, "why": why, "t_s": round(self.clock.now(), 3), **fields}
+        self.pending.append(entry)
+        log.info(
+            "step %d %s %s: %s %s",
+            step,
+            source,
+            kind,
+            why,
+            " ".join(f"{k}={v}" for k, v in fields.items() if k in ("worker", "tp", "apply", "from_mix", "to_mix")),
+        )
+
+    def _start_instance(self, spec: Any, *, step: int, source: str, why: str) -> None:
+        start = self.clock.now()
+        handler = signal.getsignal(signal.SIGINT)
+        with self.clock.span("switching"):
+            self.backend.start_instance(spec)
+        _reinstall(handler)
+        self.clock.mark(spec.name, "switching", start, self.clock.now(), step)
+        self._decide(
+            source,
+            "StartInstance",
+            step=step,
+            why=why,
+            worker=spec.name,
+            tp=spec.tp,
+            max_num_seqs=spec.max_num_seqs,
+            seconds=round(self.clock.now() - start, 3),
+        )
+
+    def _stop_instance(self, name: str, *, step: int, source: str, why: str) -> None:
+        start = self.clock.now()
+        with self.clock.span("switching"):
+            self.backend.stop_instance(name)
+        self.clock.mark(name, "switching", start, self.clock.now(), step)
+        self._decide(
+            source, "StopInstance", step=step, why=why, worker=name, seconds=round(self.clock.now() - start, 3)
+        )
+
+    def _boundary(self, k: int) -> None:
+        """Before rollout k: recover dead engines, then replan through the gate and carry the plan out."""
+        cfg = self.config
+        for death in self.backend.deaths[getattr(self, "_deaths_seen", 0) :]:
+            self._decide(
+                "elastic",
+                "EngineDied",
+                step=k,
+                why=death.cause[:200],
+                worker=death.instance,
+                requeued=len(death.requeued),
+                failed=len(death.failed),
+            )
+        self._deaths_seen = len(self.backend.deaths)
+        specs = virtual.instance_specs(self.placement, cfg)
+        for name in sorted(set(specs) - set(self.backend.instances())):
+            self._start_instance(specs[name], step=k, source="elastic", why="its engine died: restart it")
+        window = [t for s in sorted(self.history)[-cfg.replan.window_steps :] for t in self.history[s]]
+        if not (cfg.replan.enabled and window):
+            return
+        t0 = time.perf_counter()
+        with self.clock.span("planning"):
+            profile = virtual.scaled_profile([r.trajectory() for r in window], cfg, name=f"window@{k}")
+            candidate, decision = virtual.replan_rollout(
+                self.planner, self.plan, profile, self.gate, cfg.replan.horizon_steps
+            )
+        self._decide(
+            "gate",
+            "ReplanDecision",
+            step=k,
+            why=decision.reason,
+            apply=decision.apply,
+            current_s=decision.current_s,
+            candidate_s=decision.candidate_s,
+            saving_s=decision.saving_s,
+            cost_s=decision.cost_s,
+            from_mix=virtual.mix(self.plan),
+            to_mix=virtual.mix(candidate),
+            solve_s=round(time.perf_counter() - t0, 4),
+        )
+        if not decision.apply:
+            return
+        with self.clock.span("planning"):
+            placement = place(candidate, self.cluster, current=self.placement)
+            decisions = self.controller.apply_plan(placement, step=k, why=decision.reason)
+        self._decide(
+            "planner",
+            "plan",
+            step=k,
+            why=decision.reason,
+            plan=virtual.plan_summary(candidate, cfg),
+            from_mix=virtual.mix(self.plan),
+            to_mix=virtual.mix(candidate),
+        )
+        self.plan, self.placement = candidate, placement
+        specs = virtual.instance_specs(placement, cfg)
+        for d in decisions:  # stops first (free the resources), then starts: the controller's order
+            if isinstance(d, StopInstance):
+                if d.worker in self.backend.instances():
+                    self._stop_instance(d.worker, step=k, source="planner", why=d.why)
+            elif isinstance(d, StartInstance):
+                self._start_instance(specs[d.worker], step=k, source="planner", why=d.why)
+            else:
+                raise RuntimeError(f"the rollout-only replan produced an unexpected decision {d!r}")
+        self.routed = LiveRoutedRollout(
+            backend=self.backend,
+            router=self._new_router(self.routed.router),
+            bucket_instances=virtual.bucket_instances(self.plan, self.placement),
+        )
+
+    # -- weights --------------------------------------------------------------------------------------------------
+
+    def _push(self, update: Any, *, step: int) -> dict[str, Any]:
+        start = self.clock.now()
+        with self.clock.span("weights"):
+            served = self.backend.load_weights(update)
+            want = (
+                float(self.trainer.module.lm_head.weight.detach().double().sum())
+                if self.trainer.version == update.version
+                else None
+            )
+            versions = {n: self.backend.weight_version(n) for n in self.backend.instances()}
+            checks = {n: self.backend.param_checksum(n, "lm_head.weight") for n in self.backend.instances()}
+        bad = {n: v for n, v in versions.items() if v != update.version}
+        if served != update.version or bad:
+            raise RuntimeError(f"weight push of version {update.version}: instances serve {bad or served}")
+        if want is not None and any(abs(c - want) > 1e-6 * max(1.0, abs(want)) for c in checks.values()):
+            raise RuntimeError(f"weight push of version {update.version}: checksums {checks} != trainer {want}")
+        for n in versions:
+            self.clock.mark(n, "weights", start, self.clock.now(), step)
+        self.served_version = update.version
+        return {"version": update.version, "instances": versions, "checksum_checked": want is not None}
+
+    # -- the loop -------------------------------------------------------------------------------------------------
+
+    def run(self, steps: int | None = None) -> RunSummary:
+        target = self.config.steps if steps is None else steps
+        if self.backend is None:
+            self._setup()
+        first = self.step
+        self.rollout_next = self.step
+        self.ready: dict[int, tuple[dict[str, Any], dict[str, TrajectoryRecord], dict[str, Any]]] = {}
+        self._last_record = self.clock.now()
+        self.clock.take()
+        while self.step < target:
+            k = self.rollout_next
+            if (
+                k < target
+                and self.served_version >= k - self.config.max_staleness
+                and len(self.ready) <= self.config.max_staleness
+            ):
+                self._boundary(k)
+                self._rollout(k)
+                self._service()
+            else:
+                self._service(block=True)
+        return RunSummary(out_dir=str(self.out), steps_completed=self.step, first_step=first, losses=tuple(self.losses))
+
+    def _rollout(self, k: int) -> None:
+        _reinstall(signal.getsignal(signal.SIGINT))
+        cfg = self.config
+        agent = self.agent_factory(k, self.tokenizer)
+        prompts = {
+            f"s{k}-p{i}-{j}": (f"p{i}", j, ids)
+            for i, ids in enumerate(self.prompt_ids)
+            for j in range(cfg.samples_per_prompt)
+        }
+
+        def sampling(rid: str, turn: int) -> Sampling:
+            seed = None if cfg.temperature == 0 else zlib.crc32(f"{cfg.seed}/{rid}/{turn}".encode())
+            return Sampling(max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=seed)
+
+        first_migration, first_decision = len(self.routed.migrations), len(self.routed.decisions)
+        self.rolling_step = k
+        start = self.clock.now()
+        records = run_rollout(
+            self.routed,
+            prompts,
+            agent=agent,
+            sampling=sampling,
+            max_turns=cfg.max_turns,
+            step=k,
+            clock=self.clock,
+            on_poll=self._poll_hook,
+        )
+        end = self.clock.now()
+        self.rolling_step = None
+        self.routed.router.end_step()
+        self.history[k] = list(records.values())
+        for old in [s for s in self.history if s < k - 8]:
+            del self.history[old]
+        workers: dict[str, dict[str, float]] = {}
+        for r in records.values():
+            for name in dict.fromkeys(r.instances):
+                w = workers.setdefault(name, {"trajectories": 0, "tokens": 0})
+                w["trajectories"] += 1
+                w["tokens"] += len(r.context)
+        for name in workers:
+            self.clock.mark(name, "rollout", start, end, k)
+        moved = self.routed.migrations[first_migration:]
+        routing = {
+            "source": "router",
+            "kind": "routing",
+            "step": k,
+            "router": cfg.router,
+            "decisions": len(self.routed.decisions) - first_decision,
+            "migrations": len(moved),
+            "migrated_tokens": sum(m.migrated_tokens for m in moved),
+            "moves": [
+                {"request": m.request_id, "from": m.from_instance, "to": m.to_instance, "tokens": m.migrated_tokens}
+                for m in moved[:50]
+            ],
+        }
+        info = {
+            "rollout_window_s": [round(start, 4), round(end, 4)],
+            "decisions": [*self.pending, routing],
+            "plan": virtual.plan_summary(self.plan, cfg),
+            "workers": workers,
+            "retried": sum(r.attempts - 1 for r in records.values()),
+            "requeued": sum(r.requeues for r in records.values()),
+            "expected": len(prompts),
+            "router_state": pickle.dumps(self.routed.router),
+            "plan_state": (self.plan, self.placement),
+        }
+        self.pending = []
+        order = sorted(records, key=lambda rid: (prompts[rid][0], prompts[rid][1]))
+        batch = make_batch(
+            [records[r].context for r in order],
+            [records[r].mask for r in order],
+            group_advantages([records[r].reward for r in order], cfg.samples_per_prompt),
+            pad_id=self.tokenizer.pad_token_id,
+        )
+        self.ready[k] = (batch, records, info)
+        self.rollout_next = k + 1
+
+    def _poll_hook(self) -> None:
+        if self.on_poll is not None:
+            self.on_poll(self)
+        self._service()
+
+    def _service(self, *, block: bool = False) -> None:
+        """Collect a finished training step (push its weights, record it), start the next one if its batch is
+        ready. With `block`, wait for the running step."""
+        with self.clock.span("train_wait"):
+            result = self.train.poll(timeout=None if block else 0.0)
+        if result is not None:
+            self._complete(result)
+        if not self.train.busy and self.step in self.ready:
+            self.train.start(self.step, self.ready[self.step][0])
+
+    def _complete(self, result: TrainResult) -> None:
+        cfg = self.config
+        k = result.step
+        self.clock.mark("train-0", "train", result.start, result.end, k)
+        push = self._push(result.update, step=k) if result.version == self.trainer.version else {}
+        batch, records, info = self.ready.pop(k)
+        trajectories = [records[r].trajectory() for r in sorted(records)]
+        dup = sum(1 for r in records if (k, r) in self.trained)
+        self.trained.update((k, r) for r in records)
+        now = self.clock.now()
+        main = self.clock.take()
+        wall = now - self._last_record
+        self._last_record = now
+        accounted = sum(v for c, v in main.items() if c in OUTSIDE)
+        record = {
+            "step": k,
+            "policy_version": result.version - 1,
+            "weight_version": result.version,
+            "loss": result.loss,
+            "max_staleness": cfg.max_staleness,
+            "staleness": staleness_histogram(result.version - 1, trajectories),
+            "plan": info["plan"],
+            "decisions": info["decisions"],
+            "trajectories": {
+                "expected": info["expected"],
+                "finished": len(records),
+                "lost": info["expected"] - len(records),
+                "duplicated": dup,
+                "retried": info["retried"],
+                "requeued": info["requeued"],
+            },
+            "rollout_window_s": info["rollout_window_s"],
+            "train_window_s": [round(result.start, 4), round(result.end, 4)],
+            "phases_s": {
+                "rollout": info["rollout_window_s"][1] - info["rollout_window_s"][0],
+                "train": result.end - result.start,
+                **{k2: round(v, 4) for k2, v in main.items()},
+            },
+            "workers": {**info["workers"], "train-0": {"train_s": round(result.end - result.start, 4)}},
+            "orchestration": {
+                "wall_s": round(wall, 4),
+                "overhead_s": round(max(0.0, wall - accounted), 4),
+                **{f"{c}_s": round(main.get(c, 0.0), 4) for c in ("planning", "routing", "records", "checkpoint")},
+            },
+            "weights": push,
+            "mean_reward": sum(r.reward for r in records.values()) / max(1, len(records)),
+        }
+        self.losses.append(result.loss)
+        with _deferred_sigint():  # the record and its checkpoint go together: Ctrl-C waits for both
+            with self.clock.span("records"):
+                self.records.add_step(record, trajectories)
+            self.step = k + 1
+            with self.clock.span("checkpoint"):
+                self._checkpoint(info)
+        log.info(
+            "step %d done: loss %+.5f, %d trajectories, staleness %s, version %d",
+            k,
+            result.loss,
+            len(records),
+            record["staleness"],
+            result.version,
+        )
+        if self.on_step is not None:
+            self.on_step(record)
+
+    # -- checkpoints ----------------------------------------------------------------------------------------------
+
+    def _checkpoint(self, info: dict[str, Any]) -> None:
+        plan, placement = info["plan_state"]
+        state = {
+            "next_step": self.step,
+            "trainer": self.trainer.snapshot(),
+            "router": info["router_state"],
+            "plan": plan,
+            "placement": placement,
+            "history": {s: h for s, h in self.history.items() if s < self.step},
+            "trained": set(self.trained),
+            "losses": list(self.losses),
+            "config": self.config.to_dict(),
+        }
+        self._wait_checkpoint()
+        self._ckpt_writer = checkpoint.save_in_background(self.out, state)
+
+    def _wait_checkpoint(self) -> None:
+        writer = getattr(self, "_ckpt_writer", None)
+        if writer is not None:
+            writer.join()
+            self._ckpt_writer = None
+
+    def _load_checkpoint(self) -> dict[str, Any]:
+        return checkpoint.load(self.out)
+
+    def close(self) -> None:
+        """Stop the engines and draw the timeline (safe to call twice, and after an interrupt)."""
+        self._wait_checkpoint()
+        if self.clock.spans:
+            try:
+                from libra.runtime.timeline import draw_timeline
+
+                draw_timeline(
+                    self.clock.spans,
+                    self.out / TIMELINE_FILE,
+                    title=f"libra run: max_staleness {self.config.max_staleness}",
+                )
+            except Exception as exc:  # noqa: BLE001 - a missing plot must not hide the run's result
+                log.warning("timeline not drawn: %s", exc)
+        if self.backend is not None:
+            self.backend.shutdown()
+            self.backend = None
+
+
+@contextlib.contextmanager
+def _deferred_sigint() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) until the block is done, then raise it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
+
+
+def _reinstall(handler: Any) -> None:
+    """Set the SIGINT handler again at the C level: a native library loaded with an engine resets the process's
+    SIGINT action to the default (Python still reports its own handler), and Ctrl-C must stay a KeyboardInterrupt
+    so that the run stops cleanly."""
+    if threading.current_thread() is threading.main_thread() and callable(handler):
+        signal.signal(signal.SIGINT, handler)
+
+
+__all__ = ["Orchestrator", "RunSummary"]

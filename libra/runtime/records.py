@@ -1,0 +1,67 @@
+"""The run's records: `run.jsonl` (one record per completed step), `trace.jsonl` (every trained trajectory in
+Libra's trace schema: `libra plan --trace` and `libra simulate --trace` read it) and `timeline.png`.
+
+Each file is rewritten whole through a temporary file and `os.replace` after every step, so whatever stops the
+run (Ctrl-C, SIGKILL), the files on disk hold exactly the completed steps."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from libra.spec.jsonable import jsonable
+from libra.workloads.trace import Trajectory
+
+RUN_FILE, TRACE_FILE, TIMELINE_FILE = "run.jsonl", "trace.jsonl", "timeline.png"
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    write_atomic(path, "".join(json.dumps(jsonable(r), sort_keys=True) + "\n" for r in rows).encode())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def staleness_histogram(trained_version: int, trajectories: Sequence[Trajectory]) -> dict[str, int]:
+    """How many trajectories were trained `s` versions after their oldest turn's weights (key: s)."""
+    counts = Counter(
+        trained_version - min(t.extra.get("weight_version", trained_version) for t in tr.turns)
+        for tr in trajectories
+        if tr.turns
+    )
+    return {str(k): v for k, v in sorted(counts.items())}
+
+
+class RunRecords:
+    """In-memory copy of the records of completed steps, flushed atomically after each step."""
+
+    def __init__(self, out_dir: Path, *, resume: bool = False, keep_steps: int | None = None) -> None:
+        self.dir = out_dir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.steps: list[dict[str, Any]] = []
+        self.trace: list[dict[str, Any]] = []
+        if resume:
+            self.steps = [r for r in read_jsonl(self.dir / RUN_FILE) if keep_steps is None or r["step"] < keep_steps]
+            self.trace = [t for t in read_jsonl(self.dir / TRACE_FILE) if keep_steps is None or t["step"] < keep_steps]
+
+    def add_step(self, record: dict[str, Any], trajectories: Sequence[Trajectory]) -> None:
+        self.steps.append(record)
+        self.trace.extend(t.to_json() for t in trajectories)
+        write_jsonl(self.dir / TRACE_FILE, self.trace)
+        write_jsonl(self.dir / RUN_FILE, self.steps)

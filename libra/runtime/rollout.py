@@ -1,0 +1,229 @@
+"""One step's rollout: every trajectory driven turn by turn through the router on the rollout backend.
+
+`RoutedRollout` (libra.adapters.routing) applies the router's decisions (admission bucket, migrations on tool
+returns and on growth); this loop adds what a runtime needs around it: the weight version of every turn (the
+oldest version that produced any of its tokens), a callback between engine polls (the orchestrator pushes new
+weights and starts training there, so rollout and training overlap), re-queues after engine deaths, retries of a
+trajectory that failed outright (a new request id, counted), and the time spent inside engines and tools.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from libra.adapters.errors import RequestFailedError
+from libra.adapters.routing import RoutedRollout
+from libra.adapters.types import EventKind, Sampling
+from libra.runtime.agent import Agent
+from libra.runtime.clock import Clock
+from libra.workloads.trace import Trajectory, Turn
+
+
+class LiveRoutedRollout(RoutedRollout):
+    """Routes to a bucket's live instances; when none of a bucket's instances is alive (its engine died), to the
+    least-loaded live instance of any bucket (the request still runs; the router keeps its bucket)."""
+
+    def pick(self, bucket: int) -> str:
+        live = set(self.backend.instances())
+        names = [n for n in self.bucket_instances.get(bucket, ()) if n in live]
+        if not names:
+            names = sorted(live)
+        if not names:
+            raise RequestFailedError("-", "no live rollout instance")
+        load = getattr(self.backend, "num_requests", lambda n: 0)
+        return min(names, key=lambda n: (load(n), n))
+
+
+@attrs.define(eq=False)
+class TrajectoryRecord:
+    """One finished trajectory of step `step`: the token context, the loss mask (1 on generated tokens), its turns
+    with the weight version of each, the instances it visited, its reward."""
+
+    request_id: str
+    prompt_id: str
+    sample: int
+    step: int
+    prompt_tokens: int
+    context: tuple[int, ...] = ()
+    mask: tuple[int, ...] = ()
+    turns: list[Turn] = attrs.field(factory=list)
+    turn_versions: list[int] = attrs.field(factory=list)
+    instances: list[str] = attrs.field(factory=list)
+    tool_latency_s: list[float] = attrs.field(factory=list)
+    reward: float = 0.0
+    attempts: int = 1
+    requeues: int = 0
+
+    def trajectory(self) -> Trajectory:
+        turns = tuple(
+            attrs.evolve(t, extra={"weight_version": v, **({"tool_latency_s": lat} if t.tool else {})})
+            for t, v, lat in zip(self.turns, self.turn_versions, self.tool_latency_s + [0.0] * len(self.turns))
+        )
+        return Trajectory(
+            prompt_id=self.prompt_id,
+            prompt_tokens=self.prompt_tokens,
+            turns=turns,
+            sample=self.sample,
+            step=self.step,
+            reward=self.reward,
+            extra={"request_id": self.request_id, "instances": list(self.instances)},
+        )
+
+
+@attrs.define(eq=False)
+class _Live:
+    rec: TrajectoryRecord
+    rid: str  # the backend request id of the current attempt
+    turn_start: int
+    turn_version: int | None = None
+    mask: list[int] = attrs.field(factory=list)
+
+
+def run_rollout(
+    routed: RoutedRollout,
+    prompts: Mapping[str, tuple[str, int, Sequence[int]]],
+    *,
+    agent: Agent,
+    sampling: Callable[[str, int], Sampling],
+    max_turns: int,
+    step: int,
+    clock: Clock,
+    on_poll: Callable[[], Any] | None = None,
+    max_attempts: int = 3,
+    max_idle_polls: int = 200_000,
+) -> dict[str, TrajectoryRecord]:
+    """Run every trajectory of `prompts` (request id -> (prompt id, sample, prompt token ids)) to its end.
+    `sampling(request_id, turn_index)` gives each turn's sampling settings. Returns one record per request id;
+    a trajectory that fails is retried from its prompt (up to `max_attempts`), so none is dropped silently: if
+    it still fails, `RolloutLost` is raised."""
+    backend = routed.backend
+    live: dict[str, _Live] = {}
+    done: dict[str, TrajectoryRecord] = {}
+
+    def start(rid: str, attempt: int) -> None:
+        pid, sample, ids = prompts[rid]
+        backend_id = rid if attempt == 1 else f"{rid}~{attempt}"
+        rec = TrajectoryRecord(request_id=rid, prompt_id=pid, sample=sample, step=step, prompt_tokens=len(ids))
+        rec.attempts = attempt
+        with clock.span("engine"):
+            inst = routed.admit(backend_id, prompt_id=pid, prompt_token_ids=ids, sampling=sampling(rid, 0))
+        rec.instances.append(inst)
+        live[backend_id] = _Live(rec=rec, rid=backend_id, turn_start=len(ids), mask=[0] * len(ids))
+
+    def close(st: _Live, error: str | None) -> None:
+        rec = st.rec
+        traj = Trajectory(prompt_id=rec.prompt_id, prompt_tokens=rec.prompt_tokens, turns=tuple(rec.turns), step=step)
+        with clock.span("engine"):
+            try:
+                context = backend.release(st.rid)
+            except RequestFailedError as exc:
+                context, error = (), error or exc.reason
+            except KeyError:
+                context, error = (), error or "request vanished"
+        routed.router.finish(st.rid, traj)
+        del live[st.rid]
+        if error is not None:
+            if rec.attempts >= max_attempts:
+                raise RolloutLost(f"trajectory {rec.request_id} failed {rec.attempts} times; last error: {error}")
+            start(rec.request_id, rec.attempts + 1)
+            return
+        rec.context = tuple(context)
+        rec.mask = tuple(st.mask[: len(context)])
+        rec.reward = float(agent.reward(st.rid if st.rid == rec.request_id else rec.request_id))
+        done[rec.request_id] = rec
+
+    for rid in prompts:
+        start(rid, 1)
+    idle = 0
+    while live:
+        if on_poll is not None:
+            on_poll()
+        with clock.span("engine"):
+            events = backend.poll()
+        if not events:
+            idle += 1
+            if idle > max_idle_polls or not getattr(backend, "has_running", lambda: True)():
+                if not getattr(backend, "has_running", lambda: True)() and live:
+                    for st in list(live.values()):
+                        close(st, "no running request and no event: the engine lost it")
+                    continue
+                raise RuntimeError(f"rollout of step {step} made no progress in {max_idle_polls} polls")
+            continue
+        idle = 0
+        for ev in events:
+            routed.events.append(ev)
+            st = live.get(ev.request_id)
+            if st is None:
+                continue
+            if ev.kind in (EventKind.TOKENS, EventKind.FINISHED) and ev.weight_version is not None:
+                v = ev.weight_version
+                st.turn_version = v if st.turn_version is None else min(st.turn_version, v)
+            if ev.kind == EventKind.TOKENS:
+                with clock.span("routing"):  # the router's decision (a migration, rare, is engine time in it)
+                    moved = routed.progress(st.rid)
+                if moved is not None and moved.to_instance != moved.from_instance:
+                    st.rec.instances.append(moved.to_instance)
+            elif ev.kind == EventKind.REQUEUED:
+                st.rec.requeues += 1
+                st.rec.instances.append(ev.instance)
+            elif ev.kind == EventKind.FAILED:
+                close(st, ev.error or "failed")
+            elif ev.kind == EventKind.FINISHED:
+                _end_turn(routed, st, agent, sampling, max_turns, clock, close)
+    return done
+
+
+class RolloutLost(RuntimeError):
+    """A trajectory failed on every attempt (no live instance could serve it)."""
+
+
+def _end_turn(routed, st: _Live, agent, sampling, max_turns, clock: Clock, close) -> None:
+    backend = routed.backend
+    with clock.span("engine"):
+        context = backend.context(st.rid)
+    generated = tuple(context[st.turn_start :])
+    st.mask.extend([1] * len(generated))
+    rec = st.rec
+    version = st.turn_version if st.turn_version is not None else -1
+    st.turn_version = None
+    index = len(rec.turns)
+    result = None
+    if index + 1 < max_turns:
+        t0 = time.perf_counter()
+        with clock.span("tools"):
+            result = agent.tool(st.rid if st.rid == rec.request_id else rec.request_id, generated, index)
+        latency = time.perf_counter() - t0
+    if result is None:
+        rec.turns.append(Turn(gen_tokens=len(generated)))
+        rec.turn_versions.append(version)
+        close(st, None)
+        return
+    room = backend.spec(backend.instance_of(st.rid)).max_model_len if hasattr(backend, "spec") else None
+    output = result.output_token_ids
+    if room is not None:  # never let a tool output fill the context: the next turn needs room to generate
+        output = output[: max(0, room - len(context) - 2 - routed_max_tokens(sampling, rec.request_id, index + 1))]
+        result = attrs.evolve(result, output_token_ids=tuple(output))
+    rec.turns.append(
+        Turn(gen_tokens=len(generated), tool=result.tool, tool_status=result.status, tool_tokens=len(output))
+    )
+    rec.turn_versions.append(version)
+    rec.tool_latency_s.append(latency)
+    st.mask.extend([0] * len(output))
+    try:
+        with clock.span("engine"):
+            moved = routed.tool_return(st.rid, result, sampling(rec.request_id, index + 1))
+    except RequestFailedError as exc:
+        close(st, exc.reason)
+        return
+    if moved is not None and moved.to_instance != moved.from_instance:
+        rec.instances.append(moved.to_instance)
+    with clock.span("engine"):
+        st.turn_start = len(backend.context(st.rid))
+
+
+def routed_max_tokens(sampling, request_id: str, turn: int) -> int:
+    return sampling(request_id, turn).max_tokens

@@ -1,0 +1,54 @@
+"""Run configurations: defaults, the commented example file, and one-line errors (no engine starts here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from libra.cli import main
+from libra.runtime import RunConfig, RunConfigError, config_from_dict, load_config
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "run_config.yaml"
+
+
+def test_the_example_file_is_the_default() -> None:
+    assert load_config(EXAMPLE) == RunConfig()
+
+
+def test_sections_and_overrides() -> None:
+    c = config_from_dict({"max_staleness": 2, "virtual": {"gpus": 8, "gpus_per_node": 8}, "shift": None})
+    assert c.max_staleness == 2 and c.virtual.gpus == 8 and c.shift is None and c.engine == RunConfig().engine
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        ({"max_stalenes": 1}, "unknown setting(s) ['max_stalenes']"),
+        ({"virtual": {"gpu_count": 4}}, "virtual.gpu_count"),
+        ({"max_staleness": -1}, "max_staleness must be an integer >= 0"),
+        ({"samples_per_prompt": 0}, "samples_per_prompt must be a positive number"),
+        ({"prompts": []}, "at least one prompt"),
+        ({"engine": 3}, "engine must be a mapping"),
+    ],
+)
+def test_bad_settings_name_the_setting(raw, needle) -> None:
+    with pytest.raises(RunConfigError, match=None) as err:
+        config_from_dict(raw)
+    assert needle in str(err.value)
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("max_staleness: [1\n")
+    assert main(["run", "--config", str(bad), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("libra: error:") and "not valid YAML" in err[0]
+    bad.write_text("virtual: {gpus: 0}\n")
+    assert main(["run", "--config", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert "gpus must be a positive number" in capsys.readouterr().err
+    assert main(["run", "--resume", str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nothing to resume" in err[0]
+    assert main(["run", "--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
