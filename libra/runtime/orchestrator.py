@@ -502,7 +502,7 @@ class Orchestrator:
             "config": self.config.to_dict(),
         }
         self._wait_checkpoint()
-        self._ckpt_writer = checkpoint.save_in_background(self.out, state)
+        self._ckpt_writer: threading.Thread | None = checkpoint.save_in_background(self.out, state)
 
     def _wait_checkpoint(self) -> None:
         writer = getattr(self, "_ckpt_writer", None)

@@ -156,9 +156,10 @@ def run_rollout(
         idle = 0
         for ev in events:
             routed.events.append(ev)
-            st = live.get(ev.request_id)
-            if st is None:
+            found = live.get(ev.request_id)
+            if found is None:
                 continue
+            st = found
             if ev.kind in (EventKind.TOKENS, EventKind.FINISHED) and ev.weight_version is not None:
                 v = ev.weight_version
                 st.turn_version = v if st.turn_version is None else min(st.turn_version, v)

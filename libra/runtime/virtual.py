@@ -77,7 +77,7 @@ def scaled_profile(
 def prior_profile(config: RunConfig, prompt_tokens: Sequence[int]) -> WorkloadProfile:
     """Before any trajectory finished: each prompt decodes `max_tokens` per turn for `max_turns` turns with tool
     outputs of one turn's size (the planner's first guess; the first replan replaces it)."""
-    shapes = []
+    shapes: list[tuple[float, float, float]] = []
     for p in prompt_tokens:
         gen = config.max_tokens * config.max_turns
         shapes.append(((p + 2 * gen) * config.virtual.token_scale, gen * config.virtual.token_scale, config.max_turns))
