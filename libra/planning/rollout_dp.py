@@ -124,36 +124,28 @@ class RolloutTable:
         self.tp_degrees = tuple(tp for tp in tp_degrees if tp <= max_gpus)
         self.times: dict[int, np.ndarray] = {}  # tp -> flat running-min times
         self.offsets: dict[int, np.ndarray] = {}  # tp -> start offset of each range in the flat array
-        self._values: dict[int, np.ndarray] = {}  # tp -> sorted distinct negated times
-        self._width: dict[int, int] = {}
-        self._keys: dict[int, np.ndarray] = {}
         for tp in self.tp_degrees:
             caps = np.minimum(np.ceil(n), max_gpus // tp).astype(int)
             fits = max_total <= cost.kv_capacity_tokens(tp)
             caps = np.where(fits, caps, 0)
             offsets = np.concatenate([[0], np.cumsum(caps)])
-            row = np.repeat(np.arange(len(caps)), caps)
-            k = (np.arange(offsets[-1]) - offsets[row] + 1).astype(float)
-            tm = cost.instance_time(
+            k = (np.arange(offsets[-1]) - np.repeat(offsets[:-1], caps) + 1).astype(float)
+            tm = cost.instance_time_shared(
                 tp,
-                num_requests=n[row] / k,
-                decode_tokens=decode[row] / k,
-                prefill_tokens=prefill[row] / k,
-                resident_context=resident[row],
-                max_gen=max_gen[row],
-                max_turns=max_turns[row],
+                caps,
+                k,
+                num_requests=n,
+                decode_tokens=decode,
+                prefill_tokens=prefill,
+                resident_context=resident,
+                max_gen=max_gen,
+                max_turns=max_turns,
                 tool_latency_s=tool_latency_s,
-                new_requests=fresh[row] / k,
-                queued_share=queued[row],
+                new_requests=fresh,
+                queued_share=queued,
             )
             times = _segmented_running_min(np.asarray(tm, dtype=float), caps, offsets)
             self.times[tp], self.offsets[tp] = times, offsets
-            # Integer search keys: within a range times never increase, so (range, rank of -time) is sorted and
-            # "how many instances are too slow for T" is one searchsorted per range for any T.
-            values, ranks = np.unique(-times, return_inverse=True)
-            width = len(values) + 1
-            self._values[tp], self._width[tp] = values, width
-            self._keys[tp] = np.repeat(np.arange(len(caps), dtype=np.int64), caps) * width + ranks
 
     @property
     def num_entries(self) -> int:
@@ -175,9 +167,7 @@ class RolloutTable:
         for tp in self.times:
             offsets = self.offsets[tp]
             caps = np.diff(offsets)
-            rank = np.searchsorted(self._values[tp], -limit, side="left")  # ranks below it: time > limit
-            queries = np.arange(len(caps), dtype=np.int64) * self._width[tp] + rank
-            slower = np.searchsorted(self._keys[tp], queries, side="left") - offsets[:-1]
+            slower = _segmented_count_above(self.times[tp], offsets, limit)
             ok = (caps > 0) & (slower < caps)
             out[tp] = np.where(ok, slower + 1, 0)
         return out
@@ -238,10 +228,7 @@ class RolloutTable:
 
     def candidates(self, lo: float, hi: float) -> np.ndarray:
         """Every bucket time in (lo, hi]: the optimum lies among them or among the training times."""
-        found = []
-        for values in self._values.values():  # negated and sorted: times in (lo, hi] are a slice
-            a, b = np.searchsorted(values, -hi, side="left"), np.searchsorted(values, -lo, side="left")
-            found.append(-values[a:b])
+        found = [times[(times > lo) & (times <= hi)] for times in self.times.values()]
         return np.unique(np.concatenate(found)) if found else np.empty(0)
 
     def instance_groups(self, buckets: list[BucketChoice]) -> tuple[InstanceGroup, ...]:
@@ -251,6 +238,22 @@ class RolloutTable:
             high = math.inf if k == len(buckets) - 1 else self.groups[b.stop - 1].max_total
             out.append(InstanceGroup(tp=b.tp, count=b.count, max_tokens=high, min_tokens=low))
         return tuple(out)
+
+
+def _segmented_count_above(values: np.ndarray, offsets: np.ndarray, limit: float) -> np.ndarray:
+    """Per segment [offsets[r], offsets[r+1]) of a flat array non-increasing inside each segment, how many values
+    exceed `limit`: one binary search per segment, all segments at once (O(segments * log(longest)))."""
+    lo, hi = offsets[:-1].copy(), offsets[1:].copy()
+    last = max(len(values) - 1, 0)
+    while True:
+        active = lo < hi
+        if not active.any():
+            return lo - offsets[:-1]
+        mid = (lo + hi) // 2
+        above = np.zeros(len(lo), dtype=bool)
+        above[active] = values[np.minimum(mid[active], last)] > limit
+        lo = np.where(active & above, mid + 1, lo)
+        hi = np.where(active & ~above, mid, hi)
 
 
 def _segmented_running_min(values: np.ndarray, caps: np.ndarray, offsets: np.ndarray) -> np.ndarray:
