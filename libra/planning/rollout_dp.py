@@ -44,6 +44,8 @@ from libra.planning.cost import RolloutCost
 from libra.spec import InstanceGroup, LengthGroup, SpecError
 
 ROUTINGS = ("start-small", "final-length")
+_NONE = np.empty(0, dtype=np.int64)
+_CHUNK = 1 << 15  # table entries per vectorised cost evaluation
 
 
 @attrs.frozen(kw_only=True)
@@ -130,22 +132,36 @@ class RolloutTable:
             caps = np.where(fits, caps, 0)
             offsets = np.concatenate([[0], np.cumsum(caps)])
             k = (np.arange(offsets[-1]) - np.repeat(offsets[:-1], caps) + 1).astype(float)
-            tm = cost.instance_time_shared(
-                tp,
-                caps,
-                k,
-                num_requests=n,
-                decode_tokens=decode,
-                prefill_tokens=prefill,
-                resident_context=resident,
-                max_gen=max_gen,
-                max_turns=max_turns,
-                tool_latency_s=tool_latency_s,
-                new_requests=fresh,
-                queued_share=queued,
-            )
-            times = _segmented_running_min(np.asarray(tm, dtype=float), caps, offsets)
+            tm = np.empty(int(offsets[-1]))
+            # rows in chunks of about _CHUNK entries: the temporaries stay in cache (elementwise, so exact)
+            bounds = np.searchsorted(offsets, np.arange(0, offsets[-1], _CHUNK), side="right") - 1
+            for a, b in zip(bounds, [*bounds[1:], len(caps)], strict=False):  # no chunk when no entries
+                if a == b:
+                    continue
+                rows = slice(int(a), int(b))
+                tm[offsets[a] : offsets[b]] = cost.instance_time_shared(
+                    tp,
+                    caps[rows],
+                    k[offsets[a] : offsets[b]],
+                    num_requests=n[rows],
+                    decode_tokens=decode[rows],
+                    prefill_tokens=prefill[rows],
+                    resident_context=resident[rows],
+                    max_gen=max_gen[rows],
+                    max_turns=max_turns[rows],
+                    tool_latency_s=tool_latency_s,
+                    new_requests=fresh[rows],
+                    queued_share=queued[rows],
+                )
+            times = _segmented_running_min(tm, caps, offsets)
             self.times[tp], self.offsets[tp] = times, offsets
+        # every TP degree's table end to end, so one search per limit answers all of them
+        shift = np.cumsum([0] + [len(t) for t in self.times.values()])[:-1]
+        self._all_times = np.concatenate([*self.times.values(), np.empty(0)])
+        shifted = [o + d for o, d in zip(self.offsets.values(), shift, strict=True)]
+        self._all_starts = np.concatenate([*(o[:-1] for o in shifted), _NONE])
+        self._all_ends = np.concatenate([*(o[1:] for o in shifted), _NONE])
+        self._levels = 1 << np.arange(int(max(self._all_ends - self._all_starts, default=0)).bit_length())[::-1]
 
     @property
     def num_entries(self) -> int:
@@ -163,14 +179,17 @@ class RolloutTable:
 
     def min_counts(self, limit: float) -> dict[int, np.ndarray]:
         """tp -> per range, the fewest instances finishing within `limit` (0 = impossible)."""
-        out = {}
-        for tp in self.times:
-            offsets = self.offsets[tp]
-            caps = np.diff(offsets)
-            slower = _segmented_count_above(self.times[tp], offsets, limit)
-            ok = (caps > 0) & (slower < caps)
-            out[tp] = np.where(ok, slower + 1, 0)
-        return out
+        starts, ends = self._all_starts, self._all_ends
+        pos = starts.copy()  # binary lifting inside every range at once: times never increase within a range
+        if len(self._all_times):
+            last = len(self._all_times) - 1
+            for step in self._levels:
+                cand = pos + step
+                move = (cand <= ends) & (self._all_times[np.minimum(cand - 1, last)] > limit)
+                pos = np.where(move, cand, pos)
+        slower, caps = pos - starts, ends - starts  # per range, how many counts are slower than `limit`
+        counts = np.where((caps > 0) & (slower < caps), slower + 1, 0)
+        return dict(zip(self.times, np.split(counts, len(self.times)), strict=True)) if self.times else {}
 
     def min_gpus(self, limit: float) -> tuple[float, list[BucketChoice]]:
         """M(limit): fewest GPUs so that every bucket finishes within `limit`, and the buckets achieving it."""
@@ -238,22 +257,6 @@ class RolloutTable:
             high = math.inf if k == len(buckets) - 1 else self.groups[b.stop - 1].max_total
             out.append(InstanceGroup(tp=b.tp, count=b.count, max_tokens=high, min_tokens=low))
         return tuple(out)
-
-
-def _segmented_count_above(values: np.ndarray, offsets: np.ndarray, limit: float) -> np.ndarray:
-    """Per segment [offsets[r], offsets[r+1]) of a flat array non-increasing inside each segment, how many values
-    exceed `limit`: one binary search per segment, all segments at once (O(segments * log(longest)))."""
-    lo, hi = offsets[:-1].copy(), offsets[1:].copy()
-    last = max(len(values) - 1, 0)
-    while True:
-        active = lo < hi
-        if not active.any():
-            return lo - offsets[:-1]
-        mid = (lo + hi) // 2
-        above = np.zeros(len(lo), dtype=bool)
-        above[active] = values[np.minimum(mid[active], last)] > limit
-        lo = np.where(active & above, mid + 1, lo)
-        hi = np.where(active & ~above, mid, hi)
 
 
 def _segmented_running_min(values: np.ndarray, caps: np.ndarray, offsets: np.ndarray) -> np.ndarray:
