@@ -44,6 +44,8 @@ from libra.planning.cost import RolloutCost
 from libra.spec import InstanceGroup, LengthGroup, SpecError
 
 ROUTINGS = ("start-small", "final-length")
+_NONE = np.empty(0, dtype=np.int64)
+_CHUNK = 1 << 15  # table entries per vectorised cost evaluation
 
 
 @attrs.frozen(kw_only=True)
@@ -124,36 +126,42 @@ class RolloutTable:
         self.tp_degrees = tuple(tp for tp in tp_degrees if tp <= max_gpus)
         self.times: dict[int, np.ndarray] = {}  # tp -> flat running-min times
         self.offsets: dict[int, np.ndarray] = {}  # tp -> start offset of each range in the flat array
-        self._values: dict[int, np.ndarray] = {}  # tp -> sorted distinct negated times
-        self._width: dict[int, int] = {}
-        self._keys: dict[int, np.ndarray] = {}
         for tp in self.tp_degrees:
             caps = np.minimum(np.ceil(n), max_gpus // tp).astype(int)
             fits = max_total <= cost.kv_capacity_tokens(tp)
             caps = np.where(fits, caps, 0)
             offsets = np.concatenate([[0], np.cumsum(caps)])
-            row = np.repeat(np.arange(len(caps)), caps)
-            k = (np.arange(offsets[-1]) - offsets[row] + 1).astype(float)
-            tm = cost.instance_time(
-                tp,
-                num_requests=n[row] / k,
-                decode_tokens=decode[row] / k,
-                prefill_tokens=prefill[row] / k,
-                resident_context=resident[row],
-                max_gen=max_gen[row],
-                max_turns=max_turns[row],
-                tool_latency_s=tool_latency_s,
-                new_requests=fresh[row] / k,
-                queued_share=queued[row],
-            )
-            times = _segmented_running_min(np.asarray(tm, dtype=float), caps, offsets)
+            k = (np.arange(offsets[-1]) - np.repeat(offsets[:-1], caps) + 1).astype(float)
+            tm = np.empty(int(offsets[-1]))
+            # rows in chunks of about _CHUNK entries: the temporaries stay in cache (elementwise, so exact)
+            bounds = np.searchsorted(offsets, np.arange(0, offsets[-1], _CHUNK), side="right") - 1
+            for a, b in zip(bounds, [*bounds[1:], len(caps)], strict=False):  # no chunk when no entries
+                if a == b:
+                    continue
+                rows = slice(int(a), int(b))
+                tm[offsets[a] : offsets[b]] = cost.instance_time_shared(
+                    tp,
+                    caps[rows],
+                    k[offsets[a] : offsets[b]],
+                    num_requests=n[rows],
+                    decode_tokens=decode[rows],
+                    prefill_tokens=prefill[rows],
+                    resident_context=resident[rows],
+                    max_gen=max_gen[rows],
+                    max_turns=max_turns[rows],
+                    tool_latency_s=tool_latency_s,
+                    new_requests=fresh[rows],
+                    queued_share=queued[rows],
+                )
+            times = _segmented_running_min(tm, caps, offsets)
             self.times[tp], self.offsets[tp] = times, offsets
-            # Integer search keys: within a range times never increase, so (range, rank of -time) is sorted and
-            # "how many instances are too slow for T" is one searchsorted per range for any T.
-            values, ranks = np.unique(-times, return_inverse=True)
-            width = len(values) + 1
-            self._values[tp], self._width[tp] = values, width
-            self._keys[tp] = np.repeat(np.arange(len(caps), dtype=np.int64), caps) * width + ranks
+        # every TP degree's table end to end, so one search per limit answers all of them
+        shift = np.cumsum([0] + [len(t) for t in self.times.values()])[:-1]
+        self._all_times = np.concatenate([*self.times.values(), np.empty(0)])
+        shifted = [o + d for o, d in zip(self.offsets.values(), shift, strict=True)]
+        self._all_starts = np.concatenate([*(o[:-1] for o in shifted), _NONE])
+        self._all_ends = np.concatenate([*(o[1:] for o in shifted), _NONE])
+        self._levels = 1 << np.arange(int(max(self._all_ends - self._all_starts, default=0)).bit_length())[::-1]
 
     @property
     def num_entries(self) -> int:
@@ -171,16 +179,17 @@ class RolloutTable:
 
     def min_counts(self, limit: float) -> dict[int, np.ndarray]:
         """tp -> per range, the fewest instances finishing within `limit` (0 = impossible)."""
-        out = {}
-        for tp in self.times:
-            offsets = self.offsets[tp]
-            caps = np.diff(offsets)
-            rank = np.searchsorted(self._values[tp], -limit, side="left")  # ranks below it: time > limit
-            queries = np.arange(len(caps), dtype=np.int64) * self._width[tp] + rank
-            slower = np.searchsorted(self._keys[tp], queries, side="left") - offsets[:-1]
-            ok = (caps > 0) & (slower < caps)
-            out[tp] = np.where(ok, slower + 1, 0)
-        return out
+        starts, ends = self._all_starts, self._all_ends
+        pos = starts.copy()  # binary lifting inside every range at once: times never increase within a range
+        if len(self._all_times):
+            last = len(self._all_times) - 1
+            for step in self._levels:
+                cand = pos + step
+                move = (cand <= ends) & (self._all_times[np.minimum(cand - 1, last)] > limit)
+                pos = np.where(move, cand, pos)
+        slower, caps = pos - starts, ends - starts  # per range, how many counts are slower than `limit`
+        counts = np.where((caps > 0) & (slower < caps), slower + 1, 0)
+        return dict(zip(self.times, np.split(counts, len(self.times)), strict=True)) if self.times else {}
 
     def min_gpus(self, limit: float) -> tuple[float, list[BucketChoice]]:
         """M(limit): fewest GPUs so that every bucket finishes within `limit`, and the buckets achieving it."""
@@ -238,10 +247,7 @@ class RolloutTable:
 
     def candidates(self, lo: float, hi: float) -> np.ndarray:
         """Every bucket time in (lo, hi]: the optimum lies among them or among the training times."""
-        found = []
-        for values in self._values.values():  # negated and sorted: times in (lo, hi] are a slice
-            a, b = np.searchsorted(values, -hi, side="left"), np.searchsorted(values, -lo, side="left")
-            found.append(-values[a:b])
+        found = [times[(times > lo) & (times <= hi)] for times in self.times.values()]
         return np.unique(np.concatenate(found)) if found else np.empty(0)
 
     def instance_groups(self, buckets: list[BucketChoice]) -> tuple[InstanceGroup, ...]:

@@ -75,6 +75,13 @@ class RolloutCost:
     # --- one decode step --------------------------------------------------------------------------------------
     def decode_step_time(self, tp: int, batch, resident_context):
         """Seconds for one decode iteration of `batch` sequences with `resident_context` tokens each."""
+        m = self.model
+        work = 2.0 * m.active_params + 4.0 * m.num_layers * m.num_heads * m.head_dim * resident_context
+        return self._decode_step(tp, batch, resident_context, work)
+
+    def _decode_step(self, tp: int, batch, resident_context, work_per_seq):
+        """`decode_step_time` given `work_per_seq` = 2 active_params + attention FLOPs at `resident_context`
+        (computed by the caller, once per distinct context)."""
         c, m, g = self.c, self.model, self.gpu
         if m.is_moe:  # a decode step reads only the experts its tokens route to
             touched = np.minimum(m.num_experts, batch * m.experts_per_token)
@@ -83,8 +90,7 @@ class RolloutCost:
             weights = m.weight_bytes
         kv_bytes = batch * resident_context * m.kv_bytes_per_token(tp)
         mem = (weights / tp + kv_bytes) / (g.hbm_bytes_per_s * c.hbm_efficiency)
-        attn_flops = 4.0 * m.num_layers * m.num_heads * m.head_dim * resident_context
-        compute = batch * (2.0 * m.active_params + attn_flops) / (tp * g.flops * c.decode_mfu)
+        compute = batch * work_per_seq / (tp * g.flops * c.decode_mfu)
         overhead = c.step_overhead_s + c.per_seq_overhead_s * batch + (c.tp_step_overhead_s if tp > 1 else 0.0)
         return np.maximum(mem, compute) + self.tp_comm_time(tp, batch) + overhead
 
@@ -101,8 +107,14 @@ class RolloutCost:
     # --- prefill ----------------------------------------------------------------------------------------------
     def prefill_time(self, tp: int, tokens, context=0.0):
         """Seconds to prefill `tokens` tokens that attend to `context` earlier tokens on average (compute-bound)."""
+        m = self.model
+        work = 2.0 * m.active_params + 4.0 * m.num_layers * m.num_heads * m.head_dim * context
+        return self._prefill(tp, tokens, work)
+
+    def _prefill(self, tp: int, tokens, work_per_token):
+        """`prefill_time` given `work_per_token` = 2 active_params + attention FLOPs at the attended context."""
         c, m, g = self.c, self.model, self.gpu
-        flops = tokens * (2.0 * m.active_params + 4.0 * m.num_layers * m.num_heads * m.head_dim * context)
+        flops = tokens * work_per_token
         compute = flops / (tp * g.flops * c.prefill_mfu)
         weights = m.weight_bytes / tp / (g.hbm_bytes_per_s * c.hbm_efficiency)  # read once per prefill, not hidden
         return compute + weights + self.tp_comm_time(tp, tokens)
@@ -141,6 +153,53 @@ class RolloutCost:
         if not share.any():
             return total
         return np.where(share > 0, np.maximum(total, chain / (1.0 - share)), total)
+
+    def instance_time_shared(
+        self,
+        tp: int,
+        counts,
+        shares,
+        *,
+        num_requests,
+        decode_tokens,
+        prefill_tokens,
+        resident_context,
+        max_gen,
+        max_turns,
+        tool_latency_s: float,
+        new_requests,
+        queued_share,
+    ):
+        """`instance_time` for many (row, k) pairs at once: the work of row r (per-row totals, as for
+        `instance_time`) shared evenly by k instances, for the `counts[r]` consecutive entries of `shares` that
+        belong to row r (k = shares[i]). Bit for bit `instance_time(tp, num_requests=num_requests[row] / k, ...,
+        resident_context=resident_context[row], ...)`, with every term that depends on the row alone (KV limit,
+        attention work, the tail's batch-of-one step) computed once per row instead of once per entry."""
+        rows = len(counts)
+        per_row = lambda x: np.broadcast_to(np.asarray(x, dtype=float), (rows,))  # noqa: E731
+        ex = lambda x: np.repeat(per_row(x), counts)  # noqa: E731  (row value for every entry)
+        c, m = self.c, self.model
+        resident = per_row(resident_context)
+        kv_limit = self.kv_limit(tp, resident)
+        num = ex(num_requests) / shares
+        batch = np.maximum(1.0, np.minimum(ex(np.minimum(c.max_num_seqs, kv_limit)), num))
+        fresh = ex(new_requests) / shares
+        kv_bound = ex(kv_limit) < np.minimum(c.max_num_seqs, num)
+        churn = np.where(kv_bound, 1.0 + np.minimum(c.preemption_factor / batch, c.max_churn), 1.0)
+        work = 2.0 * m.active_params + 4.0 * m.num_layers * m.num_heads * m.head_dim * resident
+        step = self._decode_step(tp, batch, ex(resident), ex(work)) * churn
+        throughput = ex(decode_tokens) / shares / batch * step
+        tools = per_row(max_turns) * tool_latency_s
+        chain = ex(max_gen) * step + ex(tools)
+        left = np.where(chain > throughput, 1.0 - throughput / np.maximum(chain, 1e-12), 0.0)
+        tail = left * ex(per_row(max_gen) * self.decode_step_time(tp, 1.0, resident) + tools)
+        prefill_work = 2.0 * m.active_params + 4.0 * m.num_layers * m.num_heads * m.head_dim * (resident / 2.0)
+        prefill = self._prefill(tp, ex(prefill_tokens) / shares, ex(prefill_work))
+        total = prefill + fresh * c.per_request_overhead_s + throughput + tail
+        share = per_row(queued_share)
+        if not share.any():
+            return total
+        return np.where(ex(share > 0), np.maximum(total, chain / ex(1.0 - share)), total)
 
     def fluid_gpu_seconds(self, tp: int, *, num_requests, decode_tokens, prefill_tokens, resident_context):
         """GPU-seconds to serve the work at full concurrency with no tail: a lower bound on any real layout."""
