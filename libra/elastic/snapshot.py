@@ -2,12 +2,14 @@
 
 ``version`` is the number of optimizer steps the state has taken. A snapshot holds the model's ``state_dict``
 tensors (parameters and buffers, in order) and the optimizer's per-parameter state tensors, packed into buckets
-with a CRC-32 each, plus a JSON description (names, shapes, dtypes, the optimizer's non-tensor state and
-``param_groups``). :func:`restore` checks every checksum before it touches the model, so a partial or corrupted
-snapshot is rejected, never applied.
+with a checksum each (XXH3-64, see :mod:`libra.elastic.pack`), plus a JSON description (names, shapes, dtypes,
+the optimizer's non-tensor state and ``param_groups``). :func:`restore` checks every checksum before it touches
+the model, so a partial or corrupted snapshot is rejected, never applied. A snapshot whose buckets were
+checksummed as they were written (by :func:`capture`, or by :meth:`~libra.elastic.wire.TcpLink.recv` as they
+arrived) carries ``verified=True``, and :func:`restore` does not read them a second time.
 
-:func:`state_digest` is a content hash of model + optimizer (the CRCs of a packed copy): two replicas with equal
-digests hold bitwise-identical state (up to CRC collisions; tests also compare tensors).
+:func:`state_digest` is a content hash of model + optimizer (the checksums of a packed copy): two replicas with
+equal digests hold bitwise-identical state (up to hash collisions; tests also compare tensors).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 import attrs
 import torch
 
-from libra.elastic.pack import DEFAULT_BUCKET_BYTES, Layout, checksum, pack, plan_layout, unpack
+from libra.elastic.pack import DEFAULT_BUCKET_BYTES, Layout, checksums, pack_checksummed, plan_layout, unpack
 from libra.elastic.wire import Kind, Message
 
 _DTYPES = {
@@ -47,6 +49,9 @@ class Snapshot:
     description: dict = attrs.field(eq=False)
     buckets: tuple[torch.Tensor, ...] = attrs.field(eq=False)
     checksums: tuple[int, ...]
+    #: The checksums were computed from these very buffers as they were written (pack or receive), so
+    #: :func:`restore` need not verify them again. Constructed snapshots default to False (verified on restore).
+    verified: bool = attrs.field(default=False, eq=False)
 
     @property
     def nbytes(self) -> int:
@@ -54,17 +59,26 @@ class Snapshot:
 
     def to_message(self) -> Message:
         info = {"description": self.description, "checksums": list(self.checksums)}
-        return Message(kind=Kind.SNAPSHOT, step=self.version, version=self.version, info=info, blobs=self.buckets)
+        return Message(
+            kind=Kind.SNAPSHOT,
+            step=self.version,
+            version=self.version,
+            info=info,
+            blobs=self.buckets,
+            checksums=self.checksums if self.verified else None,
+        )
 
     @classmethod
     def from_message(cls, msg: Message) -> Snapshot:
         if msg.kind != Kind.SNAPSHOT:
             raise SnapshotError(f"expected a SNAPSHOT message, got {msg.kind.name}")
+        sums = tuple(msg.info["checksums"])
         return cls(
             version=msg.version,
             description=msg.info["description"],
             buckets=msg.blobs,
-            checksums=tuple(msg.info["checksums"]),
+            checksums=sums,
+            verified=msg.checksums is not None and tuple(msg.checksums) == sums,
         )
 
 
@@ -116,12 +130,9 @@ def capture(
     tensors, description = _collect(model, optimizer)
     description["bucket_bytes"] = bucket_bytes
     layout = _layout(description, [t.numel() * t.element_size() for t in tensors])
-    buckets = pack(tensors, layout, backend=backend)
+    buckets, sums = pack_checksummed(tensors, layout, backend=backend)
     return Snapshot(
-        version=version,
-        description=description,
-        buckets=tuple(buckets),
-        checksums=tuple(checksum(b, backend=backend) for b in buckets),
+        version=version, description=description, buckets=tuple(buckets), checksums=tuple(sums), verified=True
     )
 
 
@@ -131,9 +142,10 @@ def restore(
     """Overwrite model (in place) and optimizer state with the snapshot, after verifying every bucket checksum."""
     if len(snapshot.buckets) != len(snapshot.checksums):
         raise SnapshotError(f"{len(snapshot.buckets)} buckets but {len(snapshot.checksums)} checksums")
-    for i, (bucket, crc) in enumerate(zip(snapshot.buckets, snapshot.checksums, strict=True)):
-        if checksum(bucket, backend=backend) != crc:
-            raise SnapshotError(f"snapshot v{snapshot.version}: bucket {i} fails its checksum")
+    if not snapshot.verified:
+        for i, (got, want) in enumerate(zip(checksums(snapshot.buckets), snapshot.checksums, strict=True)):
+            if got != want:
+                raise SnapshotError(f"snapshot v{snapshot.version}: bucket {i} fails its checksum")
     desc = snapshot.description
     state = model.state_dict()
     targets: list[torch.Tensor] = []
@@ -172,5 +184,5 @@ def restore(
 def state_digest(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *, backend: str = "auto"
 ) -> tuple[int, ...]:
-    """CRC-32 of every bucket of a packed copy of model + optimizer state."""
+    """The checksum of every bucket of a packed copy of model + optimizer state."""
     return capture(model, optimizer, version=0, backend=backend).checksums
