@@ -7,8 +7,9 @@ to its own gradient, all-reduces over the core process group (created once by th
 the number of replicas that contributed real gradients and sends the result back to its hybrids. Then the caller
 runs ``optimizer.step()``.
 
-Joining is non-blocking for the core: at a step boundary it packs a snapshot of version ``t`` (a copy) and a
-background send ships it; meanwhile it keeps the reduced gradients of steps ``t, t+1, ...`` so that the hybrid
+Joining is non-blocking for the core: at a step boundary a background thread packs a snapshot of version ``t``
+(a copy; it overlaps the forward and backward pass, and ``reduce`` waits for it before the caller's optimizer step
+changes the state) and ships it; meanwhile it keeps the reduced gradients of steps ``t, t+1, ...`` so that the hybrid
 can replay them. A hybrid is attached as a placeholder (contributes nothing, receives the reduced gradient) and
 becomes active only when it holds every reduced gradient up to the previous step, i.e. is bitwise equal to the
 core. ``timeout_s`` bounds each wait on a hybrid: in ``reduce`` the hybrid computes its gradient while the core
@@ -20,6 +21,8 @@ from a placeholder) skips it; failures detach that hybrid; the core step always 
 from __future__ import annotations
 
 import collections
+import contextlib
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -27,7 +30,8 @@ import attrs
 import torch
 
 from libra.elastic.grads import Mode, StepAssignment, flatten, unflatten_into
-from libra.elastic.snapshot import capture
+from libra.elastic.pack import checksum
+from libra.elastic.snapshot import PendingCapture
 from libra.elastic.states import JoinEvent, JoinState, Transition, WorkerStates
 from libra.elastic.wire import Kind, Link, LinkError, Message, SendHandle, SideChannelServer, as_bytes
 
@@ -64,6 +68,31 @@ class _Slot:
     next_replay: int = 0  # first step whose reduced gradient the hybrid has not been sent yet
     placeholder_steps: int = 0
     mode: Mode = Mode.PLACEHOLDER
+
+
+class _SnapshotSend:
+    """A :class:`~libra.elastic.snapshot.PendingCapture` and, once it is packed, its send (one thread)."""
+
+    def __init__(self, link: Link, pending: PendingCapture, timeout: float) -> None:
+        self.pending = pending
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(link, timeout), daemon=True, name="libra-snap")
+        self._thread.start()
+
+    def _run(self, link: Link, timeout: float) -> None:
+        try:
+            link.send(self.pending.wait().to_message(), timeout=timeout)
+        except BaseException as exc:  # reported through error(); the core must not die of a peer's failure
+            self._error = exc
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def close(self) -> None:
+        self._thread.join(timeout=5.0)
 
 
 class CoreExchange:
@@ -221,13 +250,17 @@ class CoreExchange:
         flat.div_(int(total))
         if any(s.state == JoinState.FETCHING_STATE for s in self._slots.values()):
             self._replay[step] = flat.clone()
+        reduced = Message(kind=Kind.REDUCED, step=step, version=step, blobs=(as_bytes(flat),))
+        if len(self._live()) > 1:  # hash the reduced gradient once, not once per hybrid
+            reduced = attrs.evolve(reduced, checksums=(checksum(reduced.blobs[0]),))
         for slot in self._live():
-            sent = self._send(slot, Message(kind=Kind.REDUCED, step=step, version=step, blobs=(as_bytes(flat),)), step)
+            sent = self._send(slot, reduced, step)
             if sent:
                 slot.next_replay = step + 1
                 if slot.state == JoinState.PLACEHOLDER:
                     slot.placeholder_steps += 1
         unflatten_into(flat, grads)
+        self._wait_for_captures()
         self.records.append(
             StepRecord(
                 step=step,
@@ -270,11 +303,20 @@ class CoreExchange:
             if slot.state == JoinState.FAILED:
                 self._transition(slot, JoinEvent.RECOVER, step, "rejoined after a failure")
             self._transition(slot, JoinEvent.REQUEST, step, "JOIN received")
-            snap = capture(self._model, self._optimizer, version=step, backend=self._backend)
+            pending = PendingCapture(self._model, self._optimizer, version=step, backend=self._backend)
             slot.snapshot_version = slot.next_replay = step
-            slot.send = link.send_async(snap.to_message(), timeout=self.snapshot_timeout_s)
-            self._transition(slot, JoinEvent.START_FETCH, step, f"snapshot v{step} ({snap.nbytes} bytes) sending")
+            slot.send = _SnapshotSend(link, pending, self.snapshot_timeout_s)
+            self._transition(slot, JoinEvent.START_FETCH, step, f"snapshot v{step} ({pending.nbytes} bytes) sending")
         self._pending = still
+
+    def _wait_for_captures(self) -> None:
+        """Snapshots still being packed read parameters and optimizer state: finish them before the caller's
+        optimizer step changes those. No timeout: the pack is a local copy, and a torn snapshot must never ship
+        (a failed pack is reported by the send handle and fails its slot at the next begin_step)."""
+        for slot in list(self._slots.values()):
+            if isinstance(slot.send, _SnapshotSend) and not slot.send.pending.done():
+                with contextlib.suppress(Exception):
+                    slot.send.pending.wait()
 
     def _progress_fetches(self, step: int) -> None:
         for slot in [s for s in self._slots.values() if s.state == JoinState.FETCHING_STATE]:

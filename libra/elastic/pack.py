@@ -213,10 +213,16 @@ def _fill_bucket(dst: np.ndarray, slots: list[tuple[int, np.ndarray]]) -> int:
 
 
 def pack_checksummed(
-    tensors: Sequence[torch.Tensor], layout: Layout, *, backend: str = "auto"
+    tensors: Sequence[torch.Tensor],
+    layout: Layout,
+    *,
+    backend: str = "auto",
+    out: Sequence[torch.Tensor] | None = None,
 ) -> tuple[list[torch.Tensor], list[int]]:
-    """New uint8 CPU buckets (as :func:`pack`) and the checksum of each (as :func:`checksum`). On ``"auto"`` the
-    checksum is computed chunk by chunk during the copy (no second pass over memory)."""
+    """Uint8 CPU buckets (as :func:`pack`) and the checksum of each (as :func:`checksum`). On ``"auto"`` the
+    checksum is computed chunk by chunk during the copy (no second pass over memory). ``out``: buckets to
+    overwrite (contiguous uint8, the layout's sizes), e.g. those of an earlier pack, instead of new memory (the
+    kernel zero-fills every page of new memory on first touch, which costs about as much as a copy)."""
     if len(tensors) != len(layout.slot_nbytes):
         raise ValueError(f"layout is for {len(layout.slot_nbytes)} tensors, got {len(tensors)}")
     if backend != "auto":
@@ -225,7 +231,13 @@ def pack_checksummed(
     for i, t in enumerate(tensors):
         if t.device.type != "cpu":
             raise ValueError(f"pack: tensor {i} is on {t.device}; use the CUDA path")
-    buckets = [torch.empty(size, dtype=torch.uint8) for size in layout.bucket_sizes]
+    if out is None:
+        buckets = [torch.empty(size, dtype=torch.uint8) for size in layout.bucket_sizes]
+    else:
+        buckets = list(out)
+        have = [(int(b.numel()), b.dtype, b.is_contiguous()) for b in buckets]
+        if have != [(size, torch.uint8, True) for size in layout.bucket_sizes]:
+            raise ValueError(f"pack: out buckets {have} do not match the layout's {list(layout.bucket_sizes)}")
     slots: list[list[tuple[int, np.ndarray]]] = [[] for _ in buckets]
     for t, b, off, n in zip(tensors, layout.slot_bucket, layout.slot_offset, layout.slot_nbytes, strict=True):
         if n:

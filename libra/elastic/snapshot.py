@@ -14,6 +14,8 @@ equal digests hold bitwise-identical state (up to hash collisions; tests also co
 
 from __future__ import annotations
 
+import math
+import threading
 from typing import Any
 
 import attrs
@@ -129,6 +131,63 @@ def capture(
     """Pack the current model + optimizer state (a copy: training may continue at once)."""
     tensors, description = _collect(model, optimizer)
     description["bucket_bytes"] = bucket_bytes
+    return _capture_tensors(tensors, description, version, backend)
+
+
+class PendingCapture:
+    """:func:`capture` running on a background thread, so the copy overlaps the training step.
+
+    Taken at a step boundary (after ``optimizer.step()`` of the previous step, before the next one): the model's
+    buffers (BatchNorm statistics and the like, which a forward pass changes) are copied at once, on the calling
+    thread; parameters and optimizer state are packed in the background. The caller must not change parameters or
+    optimizer state until :meth:`wait` returns (the elastic core waits at the end of ``reduce``, before the caller's
+    ``optimizer.step()``), which is what the step protocol already guarantees."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        *,
+        version: int,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        backend: str = "auto",
+    ) -> None:
+        tensors, description = _collect(model, optimizer)
+        params = {p.data_ptr() for p in model.parameters()}
+        count = len(description["model"])
+        tensors = [t.clone() if i < count and t.data_ptr() not in params else t for i, t in enumerate(tensors)]
+        description["bucket_bytes"] = bucket_bytes
+        self.version = version
+        self.nbytes = _layout(description, [t.numel() * t.element_size() for t in tensors]).total_bytes
+        self._args = (tensors, description, version, backend)
+        self._snapshot: Snapshot | None = None
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        threading.Thread(target=self._run, daemon=True, name=f"libra-capture-v{version}").start()
+
+    def _run(self) -> None:
+        try:
+            self._snapshot = _capture_tensors(*self._args)
+        except BaseException as exc:  # reported by wait()
+            self._error = exc
+        finally:
+            self._args = None
+            self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> Snapshot:
+        """The snapshot, once packed; raises what the packing raised, or TimeoutError."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"snapshot v{self.version} not packed within {timeout}s")
+        if self._error is not None:
+            raise self._error
+        assert self._snapshot is not None
+        return self._snapshot
+
+
+def _capture_tensors(tensors: list[torch.Tensor], description: dict, version: int, backend: str) -> Snapshot:
     layout = _layout(description, [t.numel() * t.element_size() for t in tensors])
     buckets, sums = pack_checksummed(tensors, layout, backend=backend)
     return Snapshot(
@@ -137,9 +196,19 @@ def capture(
 
 
 def restore(
-    snapshot: Snapshot, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *, backend: str = "auto"
+    snapshot: Snapshot,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    *,
+    backend: str = "auto",
+    share_buckets: bool = False,
 ) -> None:
-    """Overwrite model (in place) and optimizer state with the snapshot, after verifying every bucket checksum."""
+    """Overwrite model (in place) and optimizer state with the snapshot, after verifying every bucket checksum
+    (unless the snapshot is ``verified``).
+
+    ``share_buckets=True``: the optimizer's new state tensors are views into the snapshot's buckets instead of
+    copies (for Adam, two thirds of the bytes are then never copied); only for buckets nobody else reuses, such as
+    the fresh ones a received snapshot arrives in."""
     if len(snapshot.buckets) != len(snapshot.checksums):
         raise SnapshotError(f"{len(snapshot.buckets)} buckets but {len(snapshot.checksums)} checksums")
     if not snapshot.verified:
@@ -155,30 +224,53 @@ def restore(
             have = None if t is None else _entry(t)
             raise SnapshotError(f"model tensor {name!r}: snapshot has {[shape, dtype]}, model has {have}")
         targets.append(t)
-    opt_tensors: list[torch.Tensor] = []
-    opt_state: dict[int, dict[str, Any]] = {}
-    for pid, slot in desc["optimizer"]["state"]:
-        entry: dict[str, Any] = {}
-        for key, kind, *rest in slot:
+    opt_specs: list[tuple[list[int], torch.dtype]] = []
+    for _pid, slot in desc["optimizer"]["state"]:
+        for _key, kind, *rest in slot:
             if kind == "tensor":
-                t = torch.empty(rest[0], dtype=_DTYPES[rest[1]])
-                opt_tensors.append(t)
-                entry[key] = t
-            else:
-                entry[key] = rest[0]
-        opt_state[int(pid)] = entry
-    nbytes = [t.numel() * t.element_size() for t in (*targets, *opt_tensors)]
+                opt_specs.append((rest[0], _DTYPES[rest[1]]))
+    nbytes = [t.numel() * t.element_size() for t in targets]
+    nbytes += [math.prod(shape) * torch.empty(0, dtype=dtype).element_size() for shape, dtype in opt_specs]
     layout = _layout(desc, nbytes)
     if layout.bucket_sizes != tuple(int(b.numel()) for b in snapshot.buckets):
         raise SnapshotError(f"bucket sizes {[int(b.numel()) for b in snapshot.buckets]} != {layout.bucket_sizes}")
+    first = len(targets)
+    if share_buckets:
+        opt_tensors = [
+            _slot_view(snapshot.buckets, layout, first + i, shape, dtype) for i, (shape, dtype) in enumerate(opt_specs)
+        ]
+        unpack_layout = Layout(
+            bucket_sizes=layout.bucket_sizes,
+            slot_bucket=layout.slot_bucket[:first],
+            slot_offset=layout.slot_offset[:first],
+            slot_nbytes=layout.slot_nbytes[:first],
+        )
+    else:
+        opt_tensors = [torch.empty(shape, dtype=dtype) for shape, dtype in opt_specs]
+        unpack_layout = layout
+    opt_state: dict[int, dict[str, Any]] = {}
+    made = iter(opt_tensors)
+    for pid, slot in desc["optimizer"]["state"]:
+        opt_state[int(pid)] = {key: next(made) if kind == "tensor" else rest[0] for key, kind, *rest in slot}
     staging = [t if t.is_contiguous() else torch.empty_like(t, memory_format=torch.contiguous_format) for t in targets]
     with torch.no_grad():
-        unpack(snapshot.buckets, [*staging, *opt_tensors], layout, backend=backend)
+        unpack(snapshot.buckets, [*staging, *([] if share_buckets else opt_tensors)], unpack_layout, backend=backend)
         for t, s in zip(targets, staging, strict=True):
             if s is not t:
                 t.copy_(s)
     if optimizer is not None and desc["optimizer"]["param_groups"] is not None:
         optimizer.load_state_dict({"state": opt_state, "param_groups": desc["optimizer"]["param_groups"]})
+
+
+def _slot_view(
+    buckets: tuple[torch.Tensor, ...], layout: Layout, i: int, shape: list[int], dtype: torch.dtype
+) -> torch.Tensor:
+    """Slot ``i`` as a tensor of ``shape``/``dtype`` sharing the bucket's memory (slots are 64-byte aligned)."""
+    n = layout.slot_nbytes[i]
+    if n == 0:
+        return torch.empty(shape, dtype=dtype)
+    off = layout.slot_offset[i]
+    return buckets[layout.slot_bucket[i]][off : off + n].view(dtype).view(shape)
 
 
 def state_digest(
