@@ -285,6 +285,7 @@ class CoreExchange:
 
     def _admit_pending(self, step: int) -> None:
         still = []
+        shared: PendingCapture | None = None  # joiners admitted at the same boundary share one snapshot
         for link in self._pending:
             if not link.poll():
                 still.append(link)
@@ -303,7 +304,9 @@ class CoreExchange:
             if slot.state == JoinState.FAILED:
                 self._transition(slot, JoinEvent.RECOVER, step, "rejoined after a failure")
             self._transition(slot, JoinEvent.REQUEST, step, "JOIN received")
-            pending = PendingCapture(self._model, self._optimizer, version=step, backend=self._backend)
+            if shared is None:
+                shared = PendingCapture(self._model, self._optimizer, version=step, backend=self._backend)
+            pending = shared
             slot.snapshot_version = slot.next_replay = step
             slot.send = _SnapshotSend(link, pending, self.snapshot_timeout_s)
             self._transition(slot, JoinEvent.START_FETCH, step, f"snapshot v{step} ({pending.nbytes} bytes) sending")

@@ -246,7 +246,7 @@ def restore(
             slot_nbytes=layout.slot_nbytes[:first],
         )
     else:
-        opt_tensors = [torch.empty(shape, dtype=dtype) for shape, dtype in opt_specs]
+        opt_tensors = _reusable_state(optimizer, desc["optimizer"]["state"], opt_specs)
         unpack_layout = layout
     opt_state: dict[int, dict[str, Any]] = {}
     made = iter(opt_tensors)
@@ -260,6 +260,36 @@ def restore(
                 t.copy_(s)
     if optimizer is not None and desc["optimizer"]["param_groups"] is not None:
         optimizer.load_state_dict({"state": opt_state, "param_groups": desc["optimizer"]["param_groups"]})
+
+
+def _reusable_state(
+    optimizer: torch.optim.Optimizer | None, saved: list, specs: list[tuple[list[int], torch.dtype]]
+) -> list[torch.Tensor]:
+    """Targets for the optimizer's state tensors: the optimizer's own tensor where it already holds one of the
+    same key, shape and dtype (overwritten in place after verification: memory already mapped, no page faults),
+    else a new one."""
+    current = optimizer.state_dict()["state"] if optimizer is not None else {}
+    out: list[torch.Tensor] = []
+    specs_iter = iter(specs)
+    for pid, slot in saved:
+        have = current.get(int(pid), {})
+        for key, kind, *_ in slot:
+            if kind != "tensor":
+                continue
+            shape, dtype = next(specs_iter)
+            t = have.get(key)
+            fits = isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.is_contiguous()
+            if fits and list(t.shape) == list(shape) and t.dtype == dtype and not _aliases(t, out):
+                out.append(t)
+            else:
+                out.append(torch.empty(shape, dtype=dtype))
+    return out
+
+
+def _aliases(t: torch.Tensor, others: list[torch.Tensor]) -> bool:
+    """Whether ``t`` shares memory with a tensor already chosen (two state entries must not land in one tensor)."""
+    ptr = t.untyped_storage().data_ptr()
+    return t.numel() > 0 and any(o.numel() > 0 and o.untyped_storage().data_ptr() == ptr for o in others)
 
 
 def _slot_view(

@@ -134,3 +134,19 @@ def test_a_message_whose_checksums_differ_is_not_marked_verified():
     forged = attrs.evolve(msg, checksums=tuple(c ^ 1 for c in snap.checksums))
     assert not Snapshot.from_message(forged).verified
     assert not Snapshot.from_message(attrs.evolve(msg, checksums=None)).verified
+
+
+def test_restore_overwrites_the_optimizers_existing_state_in_place():
+    m, o = make(0)
+    train(m, o, 3)
+    snap = capture(m, o, version=3, bucket_bytes=512)
+    m2, o2 = make(1)
+    train(m2, o2, 1, seed=9)  # the target already holds Adam state of the same shapes
+    before = {pid: {k: v.data_ptr() for k, v in st.items()} for pid, st in o2.state_dict()["state"].items()}
+    restore(snap, m2, o2)
+    after = {pid: {k: v.data_ptr() for k, v in st.items()} for pid, st in o2.state_dict()["state"].items()}
+    assert after == before  # no new memory
+    assert state_digest(m, o) == state_digest(m2, o2)
+    train(m, o, 2, seed=5)
+    train(m2, o2, 2, seed=5)
+    assert state_digest(m, o) == state_digest(m2, o2)
