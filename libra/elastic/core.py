@@ -114,6 +114,7 @@ class CoreExchange:
         backend: str = "auto",
         on_transition: Callable[[Transition], None] | None = None,
         history: int = 10_000,
+        reuse_snapshot_buffers: bool = True,
     ) -> None:
         self._group, self.core_rank, self.num_core = core_group, core_rank, num_core_replicas
         self._model, self._optimizer = model, optimizer
@@ -127,6 +128,10 @@ class CoreExchange:
         self._slots: dict[str, _Slot] = {}
         self._replay: dict[int, torch.Tensor] = {}  # step -> reduced flat gradient, kept while a hybrid needs it
         self._assignment: StepAssignment | None = None
+        # Buckets of the last snapshot whose sends all completed, overwritten by the next one: new memory costs a
+        # page fault per 4 KiB on first touch, more than the copy itself (1.2 GB: seconds on a loaded VM).
+        self.reuse_snapshot_buffers = reuse_snapshot_buffers
+        self._spare_buckets: list[torch.Tensor] | None = None
 
     # -- membership ---------------------------------------------------------------------------------------------
 
@@ -171,6 +176,7 @@ class CoreExchange:
             link.close()
         self._pending.clear()
         self._replay.clear()
+        self._spare_buckets = None
 
     # -- the step protocol --------------------------------------------------------------------------------------
 
@@ -305,12 +311,23 @@ class CoreExchange:
                 self._transition(slot, JoinEvent.RECOVER, step, "rejoined after a failure")
             self._transition(slot, JoinEvent.REQUEST, step, "JOIN received")
             if shared is None:
-                shared = PendingCapture(self._model, self._optimizer, version=step, backend=self._backend)
+                spare, self._spare_buckets = self._spare_buckets, None
+                shared = PendingCapture(self._model, self._optimizer, version=step, backend=self._backend, out=spare)
             pending = shared
             slot.snapshot_version = slot.next_replay = step
             slot.send = _SnapshotSend(link, pending, self.snapshot_timeout_s)
             self._transition(slot, JoinEvent.START_FETCH, step, f"snapshot v{step} ({pending.nbytes} bytes) sending")
         self._pending = still
+
+    def _recycle(self, send: SendHandle) -> None:
+        """Keep a delivered snapshot's buckets for the next one, once no send uses them any more."""
+        if not (self.reuse_snapshot_buffers and isinstance(send, _SnapshotSend) and send.done()):
+            return
+        if send.error() is not None or any(
+            isinstance(s.send, _SnapshotSend) and s.send.pending is send.pending for s in self._slots.values()
+        ):
+            return
+        self._spare_buckets = list(send.pending.wait().buckets)
 
     def _wait_for_captures(self) -> None:
         """Snapshots still being packed read parameters and optimizer state: finish them before the caller's
@@ -339,8 +356,9 @@ class CoreExchange:
                         slot, step, f"expected ATTACH v{slot.snapshot_version}, got {msg.kind.name} v{msg.version}"
                     )
                     continue
-                slot.send.close()
-                slot.send = None
+                send, slot.send = slot.send, None
+                send.close()
+                self._recycle(send)
                 self._transition(slot, JoinEvent.RESTORED, step, f"restored snapshot v{msg.version}")
 
     def _recv_contribution(self, slot: _Slot, step: int) -> Message | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -141,7 +142,8 @@ class PendingCapture:
     buffers (BatchNorm statistics and the like, which a forward pass changes) are copied at once, on the calling
     thread; parameters and optimizer state are packed in the background. The caller must not change parameters or
     optimizer state until :meth:`wait` returns (the elastic core waits at the end of ``reduce``, before the caller's
-    ``optimizer.step()``), which is what the step protocol already guarantees."""
+    ``optimizer.step()``), which is what the step protocol already guarantees. ``out``: buckets of an earlier
+    snapshot to overwrite (ignored if the sizes differ), see :func:`~libra.elastic.pack.pack_checksummed`."""
 
     def __init__(
         self,
@@ -151,6 +153,7 @@ class PendingCapture:
         version: int,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         backend: str = "auto",
+        out: Sequence[torch.Tensor] | None = None,
     ) -> None:
         tensors, description = _collect(model, optimizer)
         params = {p.data_ptr() for p in model.parameters()}
@@ -158,8 +161,11 @@ class PendingCapture:
         tensors = [t.clone() if i < count and t.data_ptr() not in params else t for i, t in enumerate(tensors)]
         description["bucket_bytes"] = bucket_bytes
         self.version = version
-        self.nbytes = _layout(description, [t.numel() * t.element_size() for t in tensors]).total_bytes
-        self._args = (tensors, description, version, backend)
+        layout = _layout(description, [t.numel() * t.element_size() for t in tensors])
+        self.nbytes = layout.total_bytes
+        if out is not None and [int(b.numel()) for b in out] != list(layout.bucket_sizes):
+            out = None  # the state's shapes changed: new buckets
+        self._args = (tensors, description, version, backend, out)
         self._snapshot: Snapshot | None = None
         self._error: BaseException | None = None
         self._done = threading.Event()
@@ -187,9 +193,15 @@ class PendingCapture:
         return self._snapshot
 
 
-def _capture_tensors(tensors: list[torch.Tensor], description: dict, version: int, backend: str) -> Snapshot:
+def _capture_tensors(
+    tensors: list[torch.Tensor],
+    description: dict,
+    version: int,
+    backend: str,
+    out: Sequence[torch.Tensor] | None = None,
+) -> Snapshot:
     layout = _layout(description, [t.numel() * t.element_size() for t in tensors])
-    buckets, sums = pack_checksummed(tensors, layout, backend=backend)
+    buckets, sums = pack_checksummed(tensors, layout, backend=backend, out=out if backend == "auto" else None)
     return Snapshot(
         version=version, description=description, buckets=tuple(buckets), checksums=tuple(sums), verified=True
     )
