@@ -8,21 +8,20 @@ the number of replicas that contributed real gradients and sends the result back
 runs ``optimizer.step()``.
 
 Joining is non-blocking for the core: at a step boundary a background thread packs a snapshot of version ``t``
-(a copy; it overlaps the forward and backward pass, and ``reduce`` waits for it before the caller's optimizer step
-changes the state) and ships it; meanwhile it keeps the reduced gradients of steps ``t, t+1, ...`` so that the hybrid
-can replay them. A hybrid is attached as a placeholder (contributes nothing, receives the reduced gradient) and
-becomes active only when it holds every reduced gradient up to the previous step, i.e. is bitwise equal to the
-core. ``timeout_s`` bounds each wait on a hybrid: in ``reduce`` the hybrid computes its gradient while the core
-computes its own, so the timeout only needs to cover the skew between them plus the transfer. Anything wrong with
-a contribution (timeout, closed peer, bad checksum, wrong step or version, a gradient
-from a placeholder) skips it; failures detach that hybrid; the core step always completes.
+(a copy that overlaps the forward and backward pass; ``reduce`` waits for it before the caller's optimizer step
+changes the state, then posts its send in the background); meanwhile it keeps the reduced gradients of steps
+``t, t+1, ...`` so that the hybrid can replay them. A hybrid is attached as a placeholder (contributes nothing,
+receives the reduced gradient) and becomes active only when it holds every reduced gradient up to the previous
+step, i.e. is bitwise equal to the core. ``timeout_s`` bounds each wait on a hybrid: in ``reduce`` the hybrid
+computes its gradient while the core computes its own, so the timeout only needs to cover the skew between them
+plus the transfer. Anything wrong with a contribution (timeout, closed peer, bad checksum, wrong step or version,
+a gradient from a placeholder) skips it; failures detach that hybrid; the core step always completes.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -71,28 +70,32 @@ class _Slot:
 
 
 class _SnapshotSend:
-    """A :class:`~libra.elastic.snapshot.PendingCapture` and, once it is packed, its send (one thread)."""
+    """A :class:`~libra.elastic.snapshot.PendingCapture` and, once it is packed, its send: started by the core's
+    own thread (:meth:`start`, at the end of ``reduce``) with the link's ``send_async``, like any other send."""
 
     def __init__(self, link: Link, pending: PendingCapture, timeout: float) -> None:
-        self.pending = pending
+        self.pending, self._link, self._timeout = pending, link, timeout
+        self._handle: SendHandle | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(link, timeout), daemon=True, name="libra-snap")
-        self._thread.start()
 
-    def _run(self, link: Link, timeout: float) -> None:
+    def start(self) -> None:
+        """Post the send if the snapshot is packed and the send is not posted yet (a failed pack is an error)."""
+        if self._handle is not None or self._error is not None or not self.pending.done():
+            return
         try:
-            link.send(self.pending.wait().to_message(), timeout=timeout)
-        except BaseException as exc:  # reported through error(); the core must not die of a peer's failure
+            self._handle = self._link.send_async(self.pending.wait().to_message(), timeout=self._timeout)
+        except Exception as exc:  # reported through error(); the core must not die of a failed pack or send
             self._error = exc
 
     def done(self) -> bool:
-        return not self._thread.is_alive()
+        return self._error is not None or (self._handle is not None and self._handle.done())
 
     def error(self) -> BaseException | None:
-        return self._error
+        return self._error if self._error is not None else self._handle.error() if self._handle else None
 
     def close(self) -> None:
-        self._thread.join(timeout=5.0)
+        if self._handle is not None:
+            self._handle.close()
 
 
 class CoreExchange:
@@ -334,13 +337,16 @@ class CoreExchange:
         optimizer step changes those. No timeout: the pack is a local copy, and a torn snapshot must never ship
         (a failed pack is reported by the send handle and fails its slot at the next begin_step)."""
         for slot in list(self._slots.values()):
-            if isinstance(slot.send, _SnapshotSend) and not slot.send.pending.done():
+            if isinstance(slot.send, _SnapshotSend):
                 with contextlib.suppress(Exception):
                     slot.send.pending.wait()
+                slot.send.start()
 
     def _progress_fetches(self, step: int) -> None:
         for slot in [s for s in self._slots.values() if s.state == JoinState.FETCHING_STATE]:
             assert slot.send is not None
+            if isinstance(slot.send, _SnapshotSend):
+                slot.send.start()  # normally already posted at the end of reduce
             if slot.send.error() is not None:
                 self._fail(slot, step, f"snapshot send failed: {slot.send.error()}")
             elif step - slot.snapshot_version > self.max_catchup_steps:
