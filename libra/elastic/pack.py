@@ -166,6 +166,15 @@ _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
+def _forget_pool_after_fork() -> None:
+    """A forked child has none of the parent's pool threads: start a new pool there when needed."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool_after_fork)
+
+
 def workers() -> int:
     """Threads of the copy/checksum pool: ``$LIBRA_PACK_THREADS``, else the CPU count (at most 8)."""
     return max(1, int(os.environ.get("LIBRA_PACK_THREADS") or min(os.cpu_count() or 1, 8)))

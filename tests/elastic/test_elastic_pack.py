@@ -213,3 +213,35 @@ def test_cuda_path_writes_the_same_bytes_as_python():
     outs = [torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in tensors]
     unpack_cuda(hosts, outs, lay)
     assert all(torch.equal(a.contiguous(), b.cpu()) for a, b in zip(tensors, outs))
+
+
+@pytest.mark.timeout(120)
+def test_a_forked_child_packs_on_a_pool_of_its_own(monkeypatch):
+    """The pool's threads do not survive fork: a child that reused the parent's pool object would hang."""
+    import os
+
+    monkeypatch.setattr(pack_mod, "_INLINE_BYTES", 0)
+    tensors = [torch.arange(1000, dtype=torch.float32), torch.ones(500)]
+    lay = layout_of(tensors, bucket_bytes=2048)
+    expected = pack_checksummed(tensors, lay)[1]  # creates the parent's pool
+    assert pack_mod._pool is not None
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = 0 if pack_checksummed(tensors, lay)[1] == expected else 2
+        finally:
+            os._exit(code)
+    import signal
+    import time
+
+    from tests.limits import scaled
+
+    deadline = time.monotonic() + scaled(30)
+    while (waited := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if waited[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung packing on the parent's (threadless) pool")
+    assert os.WIFEXITED(waited[1]) and os.WEXITSTATUS(waited[1]) == 0
