@@ -1,11 +1,7 @@
-// Libra snapshot extension: pack tensors into contiguous byte buckets, unpack them, checksum them (CRC-32, the
-// same polynomial and framing as zlib.crc32, so the pure-Python reference in libra/elastic/pack.py gives the same
-// numbers). The byte layout (which bucket, which offset) is computed in Python and passed in, so both paths write
-// identical bytes: tensor bytes at their offsets, zeros everywhere else.
-//
-// Copies and checksums run in parallel over chunks of at most kChunk bytes (at::parallel_for); the CRC of a bucket
-// is assembled from per-chunk CRCs with crc32_combine (zlib's GF(2) matrix method). Per chunk, zlib's crc32 is
-// used where the build found zlib (LIBRA_HAVE_ZLIB), else a slicing-by-8 table; both give zlib.crc32's value.
+// Libra snapshot extension: pack tensors into contiguous byte buckets and unpack them. The byte layout (which
+// bucket, which offset) is computed in Python and passed in, so every path writes identical bytes: tensor bytes at
+// their offsets, zeros everywhere else. Copies run in parallel over chunks of at most kChunk bytes
+// (at::parallel_for). Checksums are not computed here: libra/elastic/pack.py uses the xxhash library (XXH3-64).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -15,10 +11,6 @@
 #include <cstring>
 #include <vector>
 
-#ifdef LIBRA_HAVE_ZLIB
-#include <zlib.h>  // its CRC-32 is several times faster than the table fallback below; same numbers
-#endif
-
 #ifdef LIBRA_WITH_CUDA
 #include "pack_cuda.h"
 #include <cuda_runtime.h>
@@ -27,105 +19,6 @@
 namespace {
 
 constexpr int64_t kChunk = int64_t(1) << 20;  // 1 MiB: small enough to spread over cores, big enough to amortise
-
-uint32_t g_table[8][256];
-
-struct TableInit {
-  TableInit() {
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      g_table[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; ++i)
-      for (int t = 1; t < 8; ++t) g_table[t][i] = (g_table[t - 1][i] >> 8) ^ g_table[0][g_table[t - 1][i] & 0xFF];
-  }
-} g_table_init;
-
-// Raw CRC-32 update (no pre/post inversion), slicing-by-8.
-uint32_t crc_update(uint32_t crc, const uint8_t* p, int64_t n) {
-  while (n >= 8) {
-    uint32_t lo, hi;
-    std::memcpy(&lo, p, 4);
-    std::memcpy(&hi, p + 4, 4);
-    lo ^= crc;
-    crc = g_table[7][lo & 0xFF] ^ g_table[6][(lo >> 8) & 0xFF] ^ g_table[5][(lo >> 16) & 0xFF] ^
-          g_table[4][lo >> 24] ^ g_table[3][hi & 0xFF] ^ g_table[2][(hi >> 8) & 0xFF] ^
-          g_table[1][(hi >> 16) & 0xFF] ^ g_table[0][hi >> 24];
-    p += 8;
-    n -= 8;
-  }
-  while (n-- > 0) crc = g_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
-  return crc;
-}
-
-uint32_t crc32_plain(const uint8_t* p, int64_t n) {
-#ifdef LIBRA_HAVE_ZLIB
-  uLong crc = crc32(0L, Z_NULL, 0);
-  while (n > 0) {  // zlib takes uInt lengths
-    const uInt len = static_cast<uInt>(std::min<int64_t>(n, int64_t(1) << 30));
-    crc = crc32(crc, p, len);
-    p += len;
-    n -= len;
-  }
-  return static_cast<uint32_t>(crc);
-#else
-  return ~crc_update(0xFFFFFFFFu, p, n);
-#endif
-}
-
-uint32_t gf2_times(const uint32_t* mat, uint32_t vec) {
-  uint32_t sum = 0;
-  while (vec) {
-    if (vec & 1) sum ^= *mat;
-    vec >>= 1;
-    ++mat;
-  }
-  return sum;
-}
-
-void gf2_square(uint32_t* square, const uint32_t* mat) {
-  for (int n = 0; n < 32; ++n) square[n] = gf2_times(mat, mat[n]);
-}
-
-// CRC of A||B from crc(A), crc(B) and len(B) (zlib's crc32_combine).
-uint32_t crc32_combine(uint32_t crc1, uint32_t crc2, int64_t len2) {
-  if (len2 <= 0) return crc1;
-  uint32_t even[32], odd[32];
-  odd[0] = 0xEDB88320u;
-  uint32_t row = 1;
-  for (int n = 1; n < 32; ++n) {
-    odd[n] = row;
-    row <<= 1;
-  }
-  gf2_square(even, odd);
-  gf2_square(odd, even);
-  do {
-    gf2_square(even, odd);
-    if (len2 & 1) crc1 = gf2_times(even, crc1);
-    len2 >>= 1;
-    if (len2 == 0) break;
-    gf2_square(odd, even);
-    if (len2 & 1) crc1 = gf2_times(odd, crc1);
-    len2 >>= 1;
-  } while (len2 != 0);
-  return crc1 ^ crc2;
-}
-
-uint32_t crc32_parallel(const uint8_t* p, int64_t n) {
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  if (chunks <= 1) return crc32_plain(p, n);
-  std::vector<uint32_t> crcs(chunks);
-  at::parallel_for(0, chunks, 1, [&](int64_t b, int64_t e) {
-    for (int64_t c = b; c < e; ++c) {
-      const int64_t off = c * kChunk;
-      crcs[c] = crc32_plain(p + off, std::min(kChunk, n - off));
-    }
-  });
-  uint32_t crc = crcs[0];
-  for (int64_t c = 1; c < chunks; ++c) crc = crc32_combine(crc, crcs[c], std::min(kChunk, n - c * kChunk));
-  return crc;
-}
 
 struct Copy {
   uint8_t* dst;
@@ -207,12 +100,6 @@ void unpack(const std::vector<at::Tensor>& buckets, const std::vector<at::Tensor
   run_copies(copies);
 }
 
-// CRC-32 (zlib.crc32 compatible) of a contiguous CPU tensor's bytes.
-int64_t checksum(const at::Tensor& t) {
-  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), "checksum: need a contiguous CPU tensor");
-  return static_cast<int64_t>(crc32_parallel(static_cast<const uint8_t*>(t.data_ptr()), nbytes_of(t)));
-}
-
 #ifdef LIBRA_WITH_CUDA
 namespace {
 std::vector<libra_copy_op> cuda_ops(const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& slot_offset,
@@ -260,10 +147,9 @@ void unpack_cuda_from(at::Tensor host, at::Tensor device_bucket, const std::vect
 #endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "Libra snapshot buckets: pack/unpack tensors into contiguous byte buckets and CRC-32 them";
+  m.doc() = "Libra snapshot buckets: pack/unpack tensors into contiguous byte buckets";
   m.def("pack", &pack, "pack CPU tensors into uint8 buckets (layout given)");
   m.def("unpack", &unpack, "unpack uint8 buckets into existing CPU tensors (in place)");
-  m.def("checksum", &checksum, "CRC-32 (zlib-compatible) of a contiguous CPU tensor's bytes");
 #ifdef LIBRA_WITH_CUDA
   m.def("pack_cuda_into", &pack_cuda_into, "gather CUDA tensors into a device bucket and copy to pinned host (async)");
   m.def("unpack_cuda_from", &unpack_cuda_from, "copy a pinned host bucket to the device and scatter it (async)");

@@ -7,22 +7,24 @@ to its own gradient, all-reduces over the core process group (created once by th
 the number of replicas that contributed real gradients and sends the result back to its hybrids. Then the caller
 runs ``optimizer.step()``.
 
-Joining is non-blocking for the core: at a step boundary it packs a snapshot of version ``t`` (a copy) and a
-background send ships it; meanwhile it keeps the reduced gradients of steps ``t, t+1, ...`` so that the hybrid
-can replay them. A hybrid is attached as a placeholder (contributes nothing, receives the reduced gradient) and
-becomes active only when it holds every reduced gradient up to the previous step, i.e. is bitwise equal to the
-core. ``timeout_s`` bounds each wait on a hybrid: in ``reduce`` the hybrid computes its gradient while the core
-computes its own, so the timeout only needs to cover the skew between them plus the transfer. Anything wrong with
-a contribution (timeout, closed peer, bad checksum, wrong step or version, a gradient
-from a placeholder) skips it; failures detach that hybrid; the core step always completes. A late contribution
-(nothing of it arrived within ``timeout_s``) is a *miss*, not a failure: the step goes on without it, the hybrid
-stays attached and still receives the reduced gradient (its late message is dropped as stale next step); only
-``max_missed`` consecutive misses detach it. One slow step of a live hybrid must not remove it.
+Joining is non-blocking for the core: at a step boundary a background thread packs a snapshot of version ``t``
+(a copy that overlaps the forward and backward pass; ``reduce`` waits for it before the caller's optimizer step
+changes the state, then posts its send in the background); meanwhile it keeps the reduced gradients of steps
+``t, t+1, ...`` so that the hybrid can replay them. A hybrid is attached as a placeholder (contributes nothing,
+receives the reduced gradient) and becomes active only when it holds every reduced gradient up to the previous
+step, i.e. is bitwise equal to the core. ``timeout_s`` bounds each wait on a hybrid: in ``reduce`` the hybrid
+computes its gradient while the core computes its own, so the timeout only needs to cover the skew between them
+plus the transfer. Anything wrong with a contribution (timeout, closed peer, bad checksum, wrong step or version,
+a gradient from a placeholder) skips it; failures detach that hybrid; the core step always completes.
+A late contribution (nothing of it arrived within ``timeout_s``) is a *miss*, not a failure: the step goes on
+without it, the hybrid stays attached and still receives the reduced gradient (its late message is dropped as stale
+next step); only ``max_missed`` consecutive misses detach it. One slow step of a live hybrid must not remove it.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 
@@ -30,7 +32,8 @@ import attrs
 import torch
 
 from libra.elastic.grads import Mode, StepAssignment, flatten, unflatten_into
-from libra.elastic.snapshot import capture
+from libra.elastic.pack import checksum
+from libra.elastic.snapshot import PendingCapture
 from libra.elastic.states import JoinEvent, JoinState, Transition, WorkerStates
 from libra.elastic.wire import Kind, Link, LinkError, Message, SendHandle, SideChannelServer, arrives, as_bytes
 
@@ -71,6 +74,35 @@ class _Slot:
     missed: int = 0  # consecutive steps whose contribution did not arrive in time
 
 
+class _SnapshotSend:
+    """A :class:`~libra.elastic.snapshot.PendingCapture` and, once it is packed, its send: started by the core's
+    own thread (:meth:`start`, at the end of ``reduce``) with the link's ``send_async``, like any other send."""
+
+    def __init__(self, link: Link, pending: PendingCapture, timeout: float) -> None:
+        self.pending, self._link, self._timeout = pending, link, timeout
+        self._handle: SendHandle | None = None
+        self._error: BaseException | None = None
+
+    def start(self) -> None:
+        """Post the send if the snapshot is packed and the send is not posted yet (a failed pack is an error)."""
+        if self._handle is not None or self._error is not None or not self.pending.done():
+            return
+        try:
+            self._handle = self._link.send_async(self.pending.wait().to_message(), timeout=self._timeout)
+        except Exception as exc:  # reported through error(); the core must not die of a failed pack or send
+            self._error = exc
+
+    def done(self) -> bool:
+        return self._error is not None or (self._handle is not None and self._handle.done())
+
+    def error(self) -> BaseException | None:
+        return self._error if self._error is not None else self._handle.error() if self._handle else None
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+
+
 class CoreExchange:
     """Side channel of one core replica (``core_rank`` of ``num_core_replicas`` in ``core_group``)."""
 
@@ -91,6 +123,7 @@ class CoreExchange:
         backend: str = "auto",
         on_transition: Callable[[Transition], None] | None = None,
         history: int = 10_000,
+        reuse_snapshot_buffers: bool = True,
     ) -> None:
         self._group, self.core_rank, self.num_core = core_group, core_rank, num_core_replicas
         self._model, self._optimizer = model, optimizer
@@ -107,6 +140,10 @@ class CoreExchange:
         self._slots: dict[str, _Slot] = {}
         self._replay: dict[int, torch.Tensor] = {}  # step -> reduced flat gradient, kept while a hybrid needs it
         self._assignment: StepAssignment | None = None
+        # Buckets of the last snapshot whose sends all completed, overwritten by the next one: new memory costs a
+        # page fault per 4 KiB on first touch, more than the copy itself (1.2 GB: seconds on a loaded VM).
+        self.reuse_snapshot_buffers = reuse_snapshot_buffers
+        self._spare_buckets: list[torch.Tensor] | None = None
 
     # -- membership ---------------------------------------------------------------------------------------------
 
@@ -151,6 +188,7 @@ class CoreExchange:
             link.close()
         self._pending.clear()
         self._replay.clear()
+        self._spare_buckets = None
 
     # -- the step protocol --------------------------------------------------------------------------------------
 
@@ -230,13 +268,17 @@ class CoreExchange:
         flat.div_(int(total))
         if any(s.state == JoinState.FETCHING_STATE for s in self._slots.values()):
             self._replay[step] = flat.clone()
+        reduced = Message(kind=Kind.REDUCED, step=step, version=step, blobs=(as_bytes(flat),))
+        if len(self._live()) > 1:  # hash the reduced gradient once, not once per hybrid
+            reduced = attrs.evolve(reduced, checksums=(checksum(reduced.blobs[0]),))
         for slot in self._live():
-            sent = self._send(slot, Message(kind=Kind.REDUCED, step=step, version=step, blobs=(as_bytes(flat),)), step)
+            sent = self._send(slot, reduced, step)
             if sent:
                 slot.next_replay = step + 1
                 if slot.state == JoinState.PLACEHOLDER:
                     slot.placeholder_steps += 1
         unflatten_into(flat, grads)
+        self._wait_for_captures()
         self.records.append(
             StepRecord(
                 step=step,
@@ -261,6 +303,7 @@ class CoreExchange:
 
     def _admit_pending(self, step: int) -> None:
         still = []
+        shared: PendingCapture | None = None  # joiners admitted at the same boundary share one snapshot
         for link in self._pending:
             if not link.poll():
                 still.append(link)
@@ -279,15 +322,40 @@ class CoreExchange:
             if slot.state == JoinState.FAILED:
                 self._transition(slot, JoinEvent.RECOVER, step, "rejoined after a failure")
             self._transition(slot, JoinEvent.REQUEST, step, "JOIN received")
-            snap = capture(self._model, self._optimizer, version=step, backend=self._backend)
+            if shared is None:
+                spare, self._spare_buckets = self._spare_buckets, None
+                shared = PendingCapture(self._model, self._optimizer, version=step, backend=self._backend, out=spare)
+            pending = shared
             slot.snapshot_version = slot.next_replay = step
-            slot.send = link.send_async(snap.to_message(), timeout=self.snapshot_timeout_s)
-            self._transition(slot, JoinEvent.START_FETCH, step, f"snapshot v{step} ({snap.nbytes} bytes) sending")
+            slot.send = _SnapshotSend(link, pending, self.snapshot_timeout_s)
+            self._transition(slot, JoinEvent.START_FETCH, step, f"snapshot v{step} ({pending.nbytes} bytes) sending")
         self._pending = still
+
+    def _recycle(self, send: SendHandle) -> None:
+        """Keep a delivered snapshot's buckets for the next one, once no send uses them any more."""
+        if not (self.reuse_snapshot_buffers and isinstance(send, _SnapshotSend) and send.done()):
+            return
+        if send.error() is not None or any(
+            isinstance(s.send, _SnapshotSend) and s.send.pending is send.pending for s in self._slots.values()
+        ):
+            return
+        self._spare_buckets = list(send.pending.wait().buckets)
+
+    def _wait_for_captures(self) -> None:
+        """Snapshots still being packed read parameters and optimizer state: finish them before the caller's
+        optimizer step changes those. No timeout: the pack is a local copy, and a torn snapshot must never ship
+        (a failed pack is reported by the send handle and fails its slot at the next begin_step)."""
+        for slot in list(self._slots.values()):
+            if isinstance(slot.send, _SnapshotSend):
+                with contextlib.suppress(Exception):
+                    slot.send.pending.wait()
+                slot.send.start()
 
     def _progress_fetches(self, step: int) -> None:
         for slot in [s for s in self._slots.values() if s.state == JoinState.FETCHING_STATE]:
             assert slot.send is not None
+            if isinstance(slot.send, _SnapshotSend):
+                slot.send.start()  # normally already posted at the end of reduce
             if slot.send.error() is not None:
                 self._fail(slot, step, f"snapshot send failed: {slot.send.error()}")
             elif step - slot.snapshot_version > self.max_catchup_steps:
@@ -303,8 +371,9 @@ class CoreExchange:
                         slot, step, f"expected ATTACH v{slot.snapshot_version}, got {msg.kind.name} v{msg.version}"
                     )
                     continue
-                slot.send.close()
-                slot.send = None
+                send, slot.send = slot.send, None
+                send.close()
+                self._recycle(send)
                 self._transition(slot, JoinEvent.RESTORED, step, f"restored snapshot v{msg.version}")
 
     def _recv_contribution(self, slot: _Slot, step: int) -> Message | None:

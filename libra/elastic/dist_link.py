@@ -169,13 +169,14 @@ class DistLink:
         blobs = []
         for i, (n, crc) in enumerate(meta["blobs"]):
             if n == 0:
-                blobs.append(torch.empty(0, dtype=torch.uint8))
-                continue
-            work, blob = self._irecv(n)
-            self._wait(work, deadline)
+                blob = torch.empty(0, dtype=torch.uint8)
+            else:
+                work, blob = self._irecv(n)
+                self._wait(work, deadline)
             _check_blob(i, blob, crc)
             blobs.append(blob)
-        return Message(kind=kind, step=step, version=version, info=meta["info"], blobs=tuple(blobs))
+        sums = tuple(int(crc) for _, crc in meta["blobs"])
+        return Message(kind=kind, step=step, version=version, info=meta["info"], blobs=tuple(blobs), checksums=sums)
 
     def close(self) -> None:
         """Nothing to release: a posted prefix receive stays with the channel (see ``_pending``)."""

@@ -79,7 +79,8 @@ class HybridReplica:
             msg = link.recv(timeout=snapshot_timeout_s)
             snapshot = Snapshot.from_message(msg)
             self._fault("restoring")
-            restore(snapshot, self._model, self._optimizer, backend=self._backend)
+            # The buckets arrived in fresh memory that nothing else uses: the optimizer state can live in them.
+            restore(snapshot, self._model, self._optimizer, backend=self._backend, share_buckets=True)
             self.version = snapshot.version
             self._event(JoinEvent.RESTORED, f"restored snapshot v{snapshot.version}")
             link.send(Message(kind=Kind.ATTACH, step=self.version, version=self.version), timeout=self.timeout_s)

@@ -91,9 +91,6 @@ def _build() -> ModuleType:
     sources = [str(EXT_DIR / s) for s in CPU_SOURCES]
     flags = ["-O3"]
     ldflags = ["-fopenmp"]
-    if _have_zlib():
-        flags.append("-DLIBRA_HAVE_ZLIB")
-        ldflags.append("-lz")
     with_cuda = cuda_compatible()[0]
     if with_cuda:
         sources += [str(EXT_DIR / s) for s in CUDA_SOURCES]
@@ -108,15 +105,6 @@ def _build() -> ModuleType:
         with_cuda=with_cuda,
         verbose=False,
     )
-
-
-def _have_zlib() -> bool:
-    """zlib's header and library are installed (the extension then uses its CRC-32)."""
-    import ctypes.util
-    import sysconfig
-
-    include_dirs = ["/usr/include", "/usr/local/include", sysconfig.get_paths()["include"]]
-    return ctypes.util.find_library("z") is not None and any(Path(d, "zlib.h").is_file() for d in include_dirs)
 
 
 def nvcc_compile_command(output: Path) -> list[str]:

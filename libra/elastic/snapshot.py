@@ -2,22 +2,27 @@
 
 ``version`` is the number of optimizer steps the state has taken. A snapshot holds the model's ``state_dict``
 tensors (parameters and buffers, in order) and the optimizer's per-parameter state tensors, packed into buckets
-with a CRC-32 each, plus a JSON description (names, shapes, dtypes, the optimizer's non-tensor state and
-``param_groups``). :func:`restore` checks every checksum before it touches the model, so a partial or corrupted
-snapshot is rejected, never applied.
+with a checksum each (XXH3-64, see :mod:`libra.elastic.pack`), plus a JSON description (names, shapes, dtypes,
+the optimizer's non-tensor state and ``param_groups``). :func:`restore` checks every checksum before it touches
+the model, so a partial or corrupted snapshot is rejected, never applied. A snapshot whose buckets were
+checksummed as they were written (by :func:`capture`, or by :meth:`~libra.elastic.wire.TcpLink.recv` as they
+arrived) carries ``verified=True``, and :func:`restore` does not read them a second time.
 
-:func:`state_digest` is a content hash of model + optimizer (the CRCs of a packed copy): two replicas with equal
-digests hold bitwise-identical state (up to CRC collisions; tests also compare tensors).
+:func:`state_digest` is a content hash of model + optimizer (the checksums of a packed copy): two replicas with
+equal digests hold bitwise-identical state (up to hash collisions; tests also compare tensors).
 """
 
 from __future__ import annotations
 
+import math
+import threading
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 import torch
 
-from libra.elastic.pack import DEFAULT_BUCKET_BYTES, Layout, checksum, pack, plan_layout, unpack
+from libra.elastic.pack import DEFAULT_BUCKET_BYTES, Layout, checksums, pack_checksummed, plan_layout, unpack
 from libra.elastic.wire import Kind, Message
 
 _DTYPES = {
@@ -47,6 +52,9 @@ class Snapshot:
     description: dict = attrs.field(eq=False)
     buckets: tuple[torch.Tensor, ...] = attrs.field(eq=False)
     checksums: tuple[int, ...]
+    #: The checksums were computed from these very buffers as they were written (pack or receive), so
+    #: :func:`restore` need not verify them again. Constructed snapshots default to False (verified on restore).
+    verified: bool = attrs.field(default=False, eq=False)
 
     @property
     def nbytes(self) -> int:
@@ -54,17 +62,26 @@ class Snapshot:
 
     def to_message(self) -> Message:
         info = {"description": self.description, "checksums": list(self.checksums)}
-        return Message(kind=Kind.SNAPSHOT, step=self.version, version=self.version, info=info, blobs=self.buckets)
+        return Message(
+            kind=Kind.SNAPSHOT,
+            step=self.version,
+            version=self.version,
+            info=info,
+            blobs=self.buckets,
+            checksums=self.checksums if self.verified else None,
+        )
 
     @classmethod
     def from_message(cls, msg: Message) -> Snapshot:
         if msg.kind != Kind.SNAPSHOT:
             raise SnapshotError(f"expected a SNAPSHOT message, got {msg.kind.name}")
+        sums = tuple(msg.info["checksums"])
         return cls(
             version=msg.version,
             description=msg.info["description"],
             buckets=msg.blobs,
-            checksums=tuple(msg.info["checksums"]),
+            checksums=sums,
+            verified=msg.checksums is not None and tuple(msg.checksums) == sums,
         )
 
 
@@ -115,25 +132,101 @@ def capture(
     """Pack the current model + optimizer state (a copy: training may continue at once)."""
     tensors, description = _collect(model, optimizer)
     description["bucket_bytes"] = bucket_bytes
+    return _capture_tensors(tensors, description, version, backend)
+
+
+class PendingCapture:
+    """:func:`capture` running on a background thread, so the copy overlaps the training step.
+
+    Taken at a step boundary (after ``optimizer.step()`` of the previous step, before the next one): the model's
+    buffers (BatchNorm statistics and the like, which a forward pass changes) are copied at once, on the calling
+    thread; parameters and optimizer state are packed in the background. The caller must not change parameters or
+    optimizer state until :meth:`wait` returns (the elastic core waits at the end of ``reduce``, before the caller's
+    ``optimizer.step()``), which is what the step protocol already guarantees. ``out``: buckets of an earlier
+    snapshot to overwrite (ignored if the sizes differ), see :func:`~libra.elastic.pack.pack_checksummed`."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        *,
+        version: int,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        backend: str = "auto",
+        out: Sequence[torch.Tensor] | None = None,
+    ) -> None:
+        tensors, description = _collect(model, optimizer)
+        params = {p.data_ptr() for p in model.parameters()}
+        count = len(description["model"])
+        tensors = [t.clone() if i < count and t.data_ptr() not in params else t for i, t in enumerate(tensors)]
+        description["bucket_bytes"] = bucket_bytes
+        self.version = version
+        layout = _layout(description, [t.numel() * t.element_size() for t in tensors])
+        self.nbytes = layout.total_bytes
+        if out is not None and [int(b.numel()) for b in out] != list(layout.bucket_sizes):
+            out = None  # the state's shapes changed: new buckets
+        self._args = (tensors, description, version, backend, out)
+        self._snapshot: Snapshot | None = None
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        threading.Thread(target=self._run, daemon=True, name=f"libra-capture-v{version}").start()
+
+    def _run(self) -> None:
+        try:
+            self._snapshot = _capture_tensors(*self._args)
+        except BaseException as exc:  # reported by wait()
+            self._error = exc
+        finally:
+            self._args = None
+            self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> Snapshot:
+        """The snapshot, once packed; raises what the packing raised, or TimeoutError."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"snapshot v{self.version} not packed within {timeout}s")
+        if self._error is not None:
+            raise self._error
+        assert self._snapshot is not None
+        return self._snapshot
+
+
+def _capture_tensors(
+    tensors: list[torch.Tensor],
+    description: dict,
+    version: int,
+    backend: str,
+    out: Sequence[torch.Tensor] | None = None,
+) -> Snapshot:
     layout = _layout(description, [t.numel() * t.element_size() for t in tensors])
-    buckets = pack(tensors, layout, backend=backend)
+    buckets, sums = pack_checksummed(tensors, layout, backend=backend, out=out if backend == "auto" else None)
     return Snapshot(
-        version=version,
-        description=description,
-        buckets=tuple(buckets),
-        checksums=tuple(checksum(b, backend=backend) for b in buckets),
+        version=version, description=description, buckets=tuple(buckets), checksums=tuple(sums), verified=True
     )
 
 
 def restore(
-    snapshot: Snapshot, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *, backend: str = "auto"
+    snapshot: Snapshot,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    *,
+    backend: str = "auto",
+    share_buckets: bool = False,
 ) -> None:
-    """Overwrite model (in place) and optimizer state with the snapshot, after verifying every bucket checksum."""
+    """Overwrite model (in place) and optimizer state with the snapshot, after verifying every bucket checksum
+    (unless the snapshot is ``verified``).
+
+    ``share_buckets=True``: the optimizer's new state tensors are views into the snapshot's buckets instead of
+    copies (for Adam, two thirds of the bytes are then never copied); only for buckets nobody else reuses, such as
+    the fresh ones a received snapshot arrives in."""
     if len(snapshot.buckets) != len(snapshot.checksums):
         raise SnapshotError(f"{len(snapshot.buckets)} buckets but {len(snapshot.checksums)} checksums")
-    for i, (bucket, crc) in enumerate(zip(snapshot.buckets, snapshot.checksums, strict=True)):
-        if checksum(bucket, backend=backend) != crc:
-            raise SnapshotError(f"snapshot v{snapshot.version}: bucket {i} fails its checksum")
+    if not snapshot.verified:
+        for i, (got, want) in enumerate(zip(checksums(snapshot.buckets), snapshot.checksums, strict=True)):
+            if got != want:
+                raise SnapshotError(f"snapshot v{snapshot.version}: bucket {i} fails its checksum")
     desc = snapshot.description
     state = model.state_dict()
     targets: list[torch.Tensor] = []
@@ -143,25 +236,37 @@ def restore(
             have = None if t is None else _entry(t)
             raise SnapshotError(f"model tensor {name!r}: snapshot has {[shape, dtype]}, model has {have}")
         targets.append(t)
-    opt_tensors: list[torch.Tensor] = []
-    opt_state: dict[int, dict[str, Any]] = {}
-    for pid, slot in desc["optimizer"]["state"]:
-        entry: dict[str, Any] = {}
-        for key, kind, *rest in slot:
+    opt_specs: list[tuple[list[int], torch.dtype]] = []
+    for _pid, slot in desc["optimizer"]["state"]:
+        for _key, kind, *rest in slot:
             if kind == "tensor":
-                t = torch.empty(rest[0], dtype=_DTYPES[rest[1]])
-                opt_tensors.append(t)
-                entry[key] = t
-            else:
-                entry[key] = rest[0]
-        opt_state[int(pid)] = entry
-    nbytes = [t.numel() * t.element_size() for t in (*targets, *opt_tensors)]
+                opt_specs.append((rest[0], _DTYPES[rest[1]]))
+    nbytes = [t.numel() * t.element_size() for t in targets]
+    nbytes += [math.prod(shape) * torch.empty(0, dtype=dtype).element_size() for shape, dtype in opt_specs]
     layout = _layout(desc, nbytes)
     if layout.bucket_sizes != tuple(int(b.numel()) for b in snapshot.buckets):
         raise SnapshotError(f"bucket sizes {[int(b.numel()) for b in snapshot.buckets]} != {layout.bucket_sizes}")
+    first = len(targets)
+    if share_buckets:
+        opt_tensors = [
+            _slot_view(snapshot.buckets, layout, first + i, shape, dtype) for i, (shape, dtype) in enumerate(opt_specs)
+        ]
+        unpack_layout = Layout(
+            bucket_sizes=layout.bucket_sizes,
+            slot_bucket=layout.slot_bucket[:first],
+            slot_offset=layout.slot_offset[:first],
+            slot_nbytes=layout.slot_nbytes[:first],
+        )
+    else:
+        opt_tensors = _reusable_state(optimizer, desc["optimizer"]["state"], opt_specs)
+        unpack_layout = layout
+    opt_state: dict[int, dict[str, Any]] = {}
+    made = iter(opt_tensors)
+    for pid, slot in desc["optimizer"]["state"]:
+        opt_state[int(pid)] = {key: next(made) if kind == "tensor" else rest[0] for key, kind, *rest in slot}
     staging = [t if t.is_contiguous() else torch.empty_like(t, memory_format=torch.contiguous_format) for t in targets]
     with torch.no_grad():
-        unpack(snapshot.buckets, [*staging, *opt_tensors], layout, backend=backend)
+        unpack(snapshot.buckets, [*staging, *([] if share_buckets else opt_tensors)], unpack_layout, backend=backend)
         for t, s in zip(targets, staging, strict=True):
             if s is not t:
                 t.copy_(s)
@@ -169,8 +274,49 @@ def restore(
         optimizer.load_state_dict({"state": opt_state, "param_groups": desc["optimizer"]["param_groups"]})
 
 
+def _reusable_state(
+    optimizer: torch.optim.Optimizer | None, saved: list, specs: list[tuple[list[int], torch.dtype]]
+) -> list[torch.Tensor]:
+    """Targets for the optimizer's state tensors: the optimizer's own tensor where it already holds one of the
+    same key, shape and dtype (overwritten in place after verification: memory already mapped, no page faults),
+    else a new one."""
+    current = optimizer.state_dict()["state"] if optimizer is not None else {}
+    out: list[torch.Tensor] = []
+    specs_iter = iter(specs)
+    for pid, slot in saved:
+        have = current.get(int(pid), {})
+        for key, kind, *_ in slot:
+            if kind != "tensor":
+                continue
+            shape, dtype = next(specs_iter)
+            t = have.get(key)
+            fits = isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.is_contiguous()
+            if fits and list(t.shape) == list(shape) and t.dtype == dtype and not _aliases(t, out):
+                out.append(t)
+            else:
+                out.append(torch.empty(shape, dtype=dtype))
+    return out
+
+
+def _aliases(t: torch.Tensor, others: list[torch.Tensor]) -> bool:
+    """Whether ``t`` shares memory with a tensor already chosen (two state entries must not land in one tensor)."""
+    ptr = t.untyped_storage().data_ptr()
+    return t.numel() > 0 and any(o.numel() > 0 and o.untyped_storage().data_ptr() == ptr for o in others)
+
+
+def _slot_view(
+    buckets: tuple[torch.Tensor, ...], layout: Layout, i: int, shape: list[int], dtype: torch.dtype
+) -> torch.Tensor:
+    """Slot ``i`` as a tensor of ``shape``/``dtype`` sharing the bucket's memory (slots are 64-byte aligned)."""
+    n = layout.slot_nbytes[i]
+    if n == 0:
+        return torch.empty(shape, dtype=dtype)
+    off = layout.slot_offset[i]
+    return buckets[layout.slot_bucket[i]][off : off + n].view(dtype).view(shape)
+
+
 def state_digest(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *, backend: str = "auto"
 ) -> tuple[int, ...]:
-    """CRC-32 of every bucket of a packed copy of model + optimizer state."""
+    """The checksum of every bucket of a packed copy of model + optimizer state."""
     return capture(model, optimizer, version=0, backend=backend).checksums

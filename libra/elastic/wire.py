@@ -2,7 +2,10 @@
 
 A :class:`Message` is a kind, a training step, a state version, a small JSON ``info`` dict and a list of byte
 blobs (1-D uint8 CPU tensors; a gradient or a snapshot bucket viewed as bytes). Every blob travels with its
-CRC-32, checked on receipt, so a truncated or corrupted contribution is rejected, never applied.
+checksum (XXH3-64, :func:`libra.elastic.pack.checksum`), checked on receipt, so a truncated or corrupted
+contribution is rejected, never applied. A sender that already holds its blobs' checksums (a snapshot packs them
+as it copies) passes them in ``Message.checksums`` and they are not recomputed; :meth:`TcpLink.recv` hashes each
+blob window by window as it arrives (while it is still in cache) and returns the verified checksums there too.
 
 Transports (both implement :class:`Link`):
 
@@ -32,11 +35,13 @@ from typing import Protocol
 import attrs
 import torch
 
-from libra.elastic.pack import checksum
+from libra.elastic.pack import checksum, checksums, new_hasher
 
 _PREFIX = struct.Struct("<4sB3xqqQ")  # magic, kind, step, version, meta length
 _MAGIC = b"LBR1"
 _MAX_META = 16 << 20
+#: Receive granularity: each window is hashed right after it lands (it is still in L2).
+RECV_WINDOW = 256 << 10
 
 
 class Kind(IntEnum):
@@ -73,6 +78,9 @@ class Message:
     version: int
     info: dict = attrs.field(factory=dict, eq=False)
     blobs: tuple[torch.Tensor, ...] = attrs.field(default=(), eq=False)
+    #: The blobs' checksums when known: given by a sender that computed them while writing the blobs (then they
+    #: are not recomputed), set by a receiver to the values it verified. None: compute on send.
+    checksums: tuple[int, ...] | None = attrs.field(default=None, eq=False)
 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -81,7 +89,10 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def _encode_meta(msg: Message, backend: str = "auto") -> bytes:
-    blobs = [[int(b.numel()), checksum(b, backend=backend)] for b in msg.blobs]
+    sums = msg.checksums
+    if sums is None or len(sums) != len(msg.blobs):
+        sums = checksums(msg.blobs) if len(msg.blobs) > 1 else [checksum(b, backend=backend) for b in msg.blobs]
+    blobs = [[int(b.numel()), int(c)] for b, c in zip(msg.blobs, sums, strict=True)]
     return json.dumps({"info": msg.info, "blobs": blobs}, separators=(",", ":")).encode()
 
 
@@ -96,9 +107,12 @@ def _decode_prefix(raw: bytes) -> tuple[Kind, int, int, int]:
 
 
 def _check_blob(i: int, blob: torch.Tensor, crc: int, backend: str = "auto") -> None:
-    got = checksum(blob, backend=backend)
-    if got != crc:
-        raise LinkCorrupt(f"blob {i}: checksum {got:#010x} != sent {crc:#010x}")
+    _check_sum(i, checksum(blob, backend=backend), crc)
+
+
+def _check_sum(i: int, got: int, sent: int) -> None:
+    if got != sent:
+        raise LinkCorrupt(f"blob {i}: checksum {got:#018x} != sent {sent:#018x}")
 
 
 class SendHandle(Protocol):
@@ -149,9 +163,17 @@ class _ThreadSend:
         self._thread.join(timeout=5.0)
 
 
+#: ``recv(into=...)``: called with (blob index, byte count) before a blob is received; returns a 1-D uint8 CPU
+#: tensor of at least that many bytes to receive into (preallocated, reused memory), or None for a new one.
+BlobAllocator = Callable[[int, int], "torch.Tensor | None"]
+
+
 class TcpLink:
     """A framed message stream over one TCP socket. ``fault`` is called at named points (fault-injection tests);
-    ``backend`` picks the CRC implementation (see :func:`libra.elastic.pack.checksum`)."""
+    ``backend`` is passed to :func:`libra.elastic.pack.checksum` (every backend gives the same value).
+
+    Blobs are sent straight from their memory (``sendall`` of a memoryview: no copy in Python, the loop over
+    partial sends runs in C) and received straight into their destination, window by window."""
 
     def __init__(self, sock: socket.socket, *, fault: FaultHook = _no_fault, backend: str = "auto") -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -176,7 +198,7 @@ class TcpLink:
         with self._send_lock:
             self._sendall(_PREFIX.pack(_MAGIC, int(msg.kind), msg.step, msg.version, len(meta)) + meta, deadline)
             for blob in msg.blobs:
-                view = memoryview(blob.numpy()).cast("B")
+                view = memoryview(blob.detach().contiguous().reshape(-1).view(torch.uint8).numpy()).cast("B")
                 half = len(view) // 2
                 self._sendall(view[:half], deadline)
                 self._fault(f"mid_send:{msg.kind.name}")
@@ -192,17 +214,26 @@ class TcpLink:
             return True  # closed: let recv() raise
         return bool(readable)
 
-    def recv(self, *, timeout: float) -> Message:
+    def recv(self, *, timeout: float, into: BlobAllocator | None = None) -> Message:
+        """The next message; every blob verified against its checksum as it arrives. ``into`` supplies the memory
+        blobs are received into (see :data:`BlobAllocator`); by default each blob is a new tensor."""
         deadline = time.monotonic() + timeout
         kind, step, version, meta_len = _decode_prefix(self._recv_exact(_PREFIX.size, deadline))
         meta = json.loads(self._recv_exact(meta_len, deadline))
-        blobs = []
+        blobs, sums = [], []
         for i, (n, crc) in enumerate(meta["blobs"]):
-            blob = torch.empty(n, dtype=torch.uint8)
-            self._recv_into(memoryview(blob.numpy()).cast("B"), deadline)
-            _check_blob(i, blob, crc, self.backend)
+            blob = into(i, n) if into is not None else None
+            if blob is None:
+                blob = torch.empty(n, dtype=torch.uint8)
+            elif blob.dtype != torch.uint8 or blob.dim() != 1 or blob.numel() < n or not blob.is_contiguous():
+                raise ValueError(f"recv(into=...): blob {i} needs a contiguous 1-D uint8 tensor of >= {n} bytes")
+            blob = blob[:n]
+            _check_sum(i, self._recv_hashed(memoryview(blob.numpy()).cast("B"), deadline), crc)
             blobs.append(blob)
-        return Message(kind=kind, step=step, version=version, info=meta["info"], blobs=tuple(blobs))
+            sums.append(crc)
+        return Message(
+            kind=kind, step=step, version=version, info=meta["info"], blobs=tuple(blobs), checksums=tuple(sums)
+        )
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -216,16 +247,25 @@ class TcpLink:
         return left
 
     def _sendall(self, data: bytes | memoryview, deadline: float) -> None:
-        view = memoryview(data).cast("B")
-        while view:
-            try:
-                self._sock.settimeout(self._remaining(deadline))
-                sent = self._sock.send(view)
-            except TimeoutError as exc:
-                raise LinkTimeout("side channel send timed out") from exc
-            except OSError as exc:
-                raise LinkClosed(f"side channel send failed: {exc}") from exc
-            view = view[sent:]
+        """All of ``data`` in one ``sendall`` (its timeout bounds the whole call since Python 3.5)."""
+        if not len(data):
+            return
+        try:
+            self._sock.settimeout(self._remaining(deadline))
+            self._sock.sendall(data)
+        except TimeoutError as exc:
+            raise LinkTimeout("side channel send timed out") from exc
+        except OSError as exc:
+            raise LinkClosed(f"side channel send failed: {exc}") from exc
+
+    def _recv_hashed(self, view: memoryview, deadline: float) -> int:
+        """Receive exactly ``len(view)`` bytes into ``view``, hashing each window as soon as it is complete."""
+        h = new_hasher()
+        for start in range(0, len(view), RECV_WINDOW):
+            window = view[start : start + RECV_WINDOW]
+            self._recv_into(window, deadline)
+            h.update(window)
+        return h.intdigest()
 
     def _recv_into(self, view: memoryview, deadline: float) -> None:
         while view:

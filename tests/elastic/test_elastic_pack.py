@@ -1,19 +1,32 @@
-"""Snapshot buckets: layout, the C++ extension against the pure-Python reference (identical bytes and CRCs),
-and the compile-only check of the CUDA source."""
+"""Snapshot buckets: layout, the fast path and the C++ extension against the pure-Python reference (identical
+bytes and checksums), the checksum is XXH3-64 and catches corruption, and the compile-only check of the CUDA
+source."""
 
 from __future__ import annotations
 
 import random
 import shutil
 import subprocess
-import zlib
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
+import xxhash  # noqa: E402
 
 from libra.elastic import native  # noqa: E402
-from libra.elastic.pack import checksum, layout_of, pack, plan_layout, unpack  # noqa: E402
+from libra.elastic import pack as pack_mod  # noqa: E402
+from libra.elastic.pack import (  # noqa: E402
+    checksum,
+    checksums,
+    layout_of,
+    new_hasher,
+    pack,
+    pack_checksummed,
+    plan_layout,
+    unpack,
+)
 from tests.limits import scaled  # noqa: E402
 
 DTYPES = [
@@ -58,16 +71,71 @@ def test_layout_slots_are_aligned_disjoint_and_inside_their_bucket():
         plan_layout([1], bucket_bytes=0)
 
 
+def test_checksum_is_xxh3_64():
+    # Test vectors of the reference implementation (xxHash's XXH3_64bits with seed 0).
+    assert checksum(torch.empty(0, dtype=torch.uint8)) == 0x2D06800538D394C2
+    data = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    assert checksum(data) == xxhash.xxh3_64_intdigest(bytes(range(256)))
+    assert checksum(torch.tensor([1.0, -2.0])) == xxhash.xxh3_64_intdigest(torch.tensor([1.0, -2.0]).numpy().tobytes())
+
+
 @pytest.mark.parametrize("seed", range(20))
-def test_python_reference_roundtrip_and_crc_is_zlib(seed):
+def test_python_reference_roundtrip(seed):
     tensors = random_tensors(seed)
     lay = layout_of(tensors, bucket_bytes=256)
     buckets = pack(tensors, lay, backend="python")
     for b in buckets:
-        assert checksum(b, backend="python") == zlib.crc32(bytes(b.numpy()))
+        assert checksum(b, backend="python") == xxhash.xxh3_64_intdigest(bytes(b.numpy()))
     outs = [torch.empty(t.shape, dtype=t.dtype) for t in tensors]
     unpack(buckets, outs, lay, backend="python")
     assert all(torch.equal(a, b) for a, b in zip(tensors, outs))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_fast_path_writes_the_same_bytes_and_checksums_as_python(seed):
+    tensors = random_tensors(seed)
+    lay = layout_of(tensors, bucket_bytes=random.Random(seed).choice([64, 256, 4096, 1 << 20]))
+    ref = pack(tensors, lay, backend="python")
+    fast, sums = pack_checksummed(tensors, lay)
+    assert len(ref) == len(fast)
+    for a, b, c in zip(ref, fast, sums):
+        assert torch.equal(a, b)
+        assert c == checksum(a, backend="python")
+    outs = [torch.full(t.shape, 3, dtype=t.dtype) for t in tensors]
+    unpack(fast, outs, lay)
+    assert all(torch.equal(a.contiguous(), b) for a, b in zip(tensors, outs))
+
+
+def test_fast_path_on_the_thread_pool_with_multi_chunk_tensors(monkeypatch):
+    """Big enough to run on the pool, tensors spanning many copy/hash chunks and several buckets."""
+    monkeypatch.setattr(pack_mod, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(pack_mod, "_INLINE_BYTES", 0)
+    gen = torch.Generator().manual_seed(1)
+    tensors = [torch.randn(n, generator=gen) for n in (50_000, 1, 123_457, 0, 70_001)]
+    tensors.append(torch.randint(0, 2, (9_999,), generator=gen).bool())
+    lay = layout_of(tensors, bucket_bytes=300_000)
+    assert len(lay.bucket_sizes) >= 3
+    ref = pack(tensors, lay, backend="python")
+    fast, sums = pack_checksummed(tensors, lay)
+    assert all(torch.equal(a, b) for a, b in zip(ref, fast))
+    assert sums == [checksum(b) for b in ref] == checksums(ref)
+    outs = [torch.empty_like(t) for t in tensors]
+    unpack(fast, outs, lay)
+    assert all(torch.equal(a, b) for a, b in zip(tensors, outs))
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.binary(min_size=1, max_size=5000), cuts=st.lists(st.integers(0, 5000), max_size=6), flip=st.integers())
+def test_streaming_checksum_equals_one_shot_and_catches_any_flipped_byte(data, cuts, flip):
+    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    h = new_hasher()
+    edges = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
+    for a, b in zip(edges, edges[1:]):
+        h.update(buf[a:b].numpy())
+    assert h.intdigest() == checksum(buf)
+    bad = buf.clone()
+    bad[flip % len(data)] ^= 0x01
+    assert checksum(bad) != checksum(buf)
 
 
 @pytest.fixture(scope="module")
@@ -93,11 +161,13 @@ def test_cpp_extension_writes_the_same_bytes_as_python(ext, seed):
     assert all(torch.equal(a.contiguous(), b) for a, b in zip(tensors, outs))
 
 
-def test_cpp_parallel_crc_matches_zlib_on_multi_chunk_buffers(ext):
+def test_cpp_multi_chunk_tensors_pack_like_python(ext):
     gen = torch.Generator().manual_seed(0)
-    for n in (0, 1, 7, (1 << 20) - 1, 1 << 20, (3 << 20) + 12345):
-        buf = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=gen)
-        assert checksum(buf, backend="native") == zlib.crc32(bytes(buf.numpy())), n
+    tensors = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=gen) for n in (1, (1 << 20) + 7, 3 << 20)]
+    lay = layout_of(tensors, bucket_bytes=2 << 20)
+    assert all(
+        torch.equal(a, b) for a, b in zip(pack(tensors, lay, backend="python"), pack(tensors, lay, backend="native"))
+    )
 
 
 def test_cpp_rejects_a_layout_that_does_not_fit(ext):
@@ -144,3 +214,35 @@ def test_cuda_path_writes_the_same_bytes_as_python():
     outs = [torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in tensors]
     unpack_cuda(hosts, outs, lay)
     assert all(torch.equal(a.contiguous(), b.cpu()) for a, b in zip(tensors, outs))
+
+
+@pytest.mark.timeout(120)
+def test_a_forked_child_packs_on_a_pool_of_its_own(monkeypatch):
+    """The pool's threads do not survive fork: a child that reused the parent's pool object would hang."""
+    import os
+
+    monkeypatch.setattr(pack_mod, "_INLINE_BYTES", 0)
+    tensors = [torch.arange(1000, dtype=torch.float32), torch.ones(500)]
+    lay = layout_of(tensors, bucket_bytes=2048)
+    expected = pack_checksummed(tensors, lay)[1]  # creates the parent's pool
+    assert pack_mod._pool is not None
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = 0 if pack_checksummed(tensors, lay)[1] == expected else 2
+        finally:
+            os._exit(code)
+    import signal
+    import time
+
+    from tests.limits import scaled
+
+    deadline = time.monotonic() + scaled(30)
+    while (waited := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if waited[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung packing on the parent's (threadless) pool")
+    assert os.WIFEXITED(waited[1]) and os.WEXITSTATUS(waited[1]) == 0

@@ -71,3 +71,82 @@ def test_message_roundtrip_keeps_version_and_content():
     snap = capture(m, o, version=2)
     back = Snapshot.from_message(snap.to_message())
     assert back.version == 2 and back.checksums == snap.checksums
+
+
+@pytest.mark.parametrize("verified", [True, False])
+def test_restore_into_shared_buckets_is_bitwise_and_the_optimizer_state_lives_in_them(verified):
+    m, o = make(0)
+    train(m, o, 3)
+    snap = capture(m, o, version=3, bucket_bytes=512)
+    if not verified:  # as if it came from elsewhere: verify on restore
+        snap = Snapshot(version=3, description=snap.description, buckets=snap.buckets, checksums=snap.checksums)
+    m2, o2 = make(1)
+    restore(snap, m2, o2, share_buckets=True)
+    assert state_digest(m, o) == state_digest(m2, o2)
+    bucket_ptrs = [(b.data_ptr(), b.data_ptr() + b.numel()) for b in snap.buckets]
+    exp_avg = next(iter(o2.state.values()))["exp_avg"]
+    assert any(lo <= exp_avg.data_ptr() < hi for lo, hi in bucket_ptrs)
+    train(m, o, 2, seed=5)
+    train(m2, o2, 2, seed=5)
+    assert state_digest(m, o) == state_digest(m2, o2)
+
+
+def test_pending_capture_is_the_state_at_its_start_even_if_a_forward_pass_changes_buffers(monkeypatch):
+    import threading
+
+    from libra.elastic import snapshot as snapshot_mod
+
+    m, o = make(0)
+    train(m, o, 2)
+    expected = state_digest(m, o)
+    gate = threading.Event()
+    real = snapshot_mod._capture_tensors
+
+    def held(*args):
+        gate.wait(30)
+        return real(*args)
+
+    monkeypatch.setattr(snapshot_mod, "_capture_tensors", held)
+    pending = snapshot_mod.PendingCapture(m, o, version=2)
+    m.train()
+    m(torch.randn(8, 5))  # BatchNorm running statistics change during the pack
+    assert not pending.done()
+    gate.set()
+    snap = pending.wait(30)
+    assert snap.version == 2 and snap.verified and snap.nbytes == pending.nbytes
+    assert snap.checksums == expected != state_digest(m, o)
+
+
+def test_pending_capture_reports_a_failed_pack():
+    m, o = make(0)
+    pending = __import__("libra.elastic.snapshot", fromlist=["x"]).PendingCapture(m, o, version=0, backend="bogus")
+    with pytest.raises(ValueError, match="backend"):
+        pending.wait(30)
+
+
+def test_a_message_whose_checksums_differ_is_not_marked_verified():
+    m, o = make(0)
+    snap = capture(m, o, version=0)
+    msg = snap.to_message()
+    assert Snapshot.from_message(msg).verified
+    import attrs
+
+    forged = attrs.evolve(msg, checksums=tuple(c ^ 1 for c in snap.checksums))
+    assert not Snapshot.from_message(forged).verified
+    assert not Snapshot.from_message(attrs.evolve(msg, checksums=None)).verified
+
+
+def test_restore_overwrites_the_optimizers_existing_state_in_place():
+    m, o = make(0)
+    train(m, o, 3)
+    snap = capture(m, o, version=3, bucket_bytes=512)
+    m2, o2 = make(1)
+    train(m2, o2, 1, seed=9)  # the target already holds Adam state of the same shapes
+    before = {pid: {k: v.data_ptr() for k, v in st.items()} for pid, st in o2.state_dict()["state"].items()}
+    restore(snap, m2, o2)
+    after = {pid: {k: v.data_ptr() for k, v in st.items()} for pid, st in o2.state_dict()["state"].items()}
+    assert after == before  # no new memory
+    assert state_digest(m, o) == state_digest(m2, o2)
+    train(m, o, 2, seed=5)
+    train(m2, o2, 2, seed=5)
+    assert state_digest(m, o) == state_digest(m2, o2)

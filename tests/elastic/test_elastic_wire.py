@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from libra.elastic.grads import flatten, shard_bounds, unflatten_into  # noqa: E402
+from libra.elastic.pack import checksum  # noqa: E402
 from libra.elastic.wire import (  # noqa: E402
     Kind,
     LinkClosed,
@@ -128,3 +129,30 @@ def test_flatten_roundtrip_and_dtype_check():
     assert all(torch.equal(a, b) for a, b in zip(grads, target))
     with pytest.raises(ValueError, match="mix dtypes"):
         flatten([torch.zeros(1), torch.zeros(1, dtype=torch.float64)])
+
+
+def test_receive_into_caller_memory_and_report_the_verified_checksums(pair, monkeypatch):
+    from libra.elastic import wire
+
+    monkeypatch.setattr(wire, "RECV_WINDOW", 4096)  # several windows per blob
+    a, b = pair
+    blobs = (as_bytes(torch.randn(10_000)), as_bytes(torch.arange(7, dtype=torch.int8)))
+    a.send(Message(kind=Kind.SNAPSHOT, step=1, version=1, blobs=blobs), timeout=5)
+    pool = [torch.zeros(50_000, dtype=torch.uint8), torch.zeros(64, dtype=torch.uint8)]
+    msg = b.recv(timeout=5, into=lambda i, n: pool[i])
+    assert all(torch.equal(x, y) for x, y in zip(msg.blobs, blobs))
+    assert msg.blobs[0].data_ptr() == pool[0].data_ptr()  # received in place, no copy
+    assert msg.checksums == tuple(checksum(x) for x in blobs)
+    with pytest.raises(ValueError, match="contiguous 1-D uint8"):
+        a.send(Message(kind=Kind.GRAD, step=1, version=1, blobs=blobs[:1]), timeout=5)
+        b.recv(timeout=5, into=lambda i, n: torch.zeros(10, dtype=torch.uint8))
+
+
+def test_given_checksums_are_sent_as_is_and_a_wrong_one_is_caught(pair):
+    a, b = pair
+    blob = as_bytes(torch.randn(1000))
+    a.send(Message(kind=Kind.GRAD, step=1, version=1, blobs=(blob,), checksums=(checksum(blob),)), timeout=5)
+    assert b.recv(timeout=5).checksums == (checksum(blob),)
+    a.send(Message(kind=Kind.GRAD, step=2, version=2, blobs=(blob,), checksums=(checksum(blob) ^ 4,)), timeout=5)
+    with pytest.raises(LinkCorrupt, match="checksum"):
+        b.recv(timeout=5)

@@ -1,0 +1,129 @@
+"""The core packs a joiner's snapshot on a background thread while it trains (issue 16): the snapshot is still
+the state of its version, because ``reduce`` waits for the pack before the caller's optimizer step."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from libra.elastic import snapshot as snapshot_mod  # noqa: E402
+from libra.elastic.core import CoreExchange  # noqa: E402
+from libra.elastic.grads import trainable  # noqa: E402
+from libra.elastic.snapshot import Snapshot, state_digest  # noqa: E402
+from libra.elastic.wire import Kind, LinkError, Message, TcpLink, free_port  # noqa: E402
+from tests.limits import scaled  # noqa: E402
+
+
+@pytest.fixture
+def group():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield dist.new_group([0])
+    dist.destroy_process_group()
+
+
+def _link(sock: socket.socket) -> TcpLink:
+    link = TcpLink.__new__(TcpLink)  # AF_UNIX socketpair: skip the TCP_NODELAY of __init__
+    link._sock, link._fault, link._send_lock, link.backend = sock, (lambda _: None), threading.Lock(), "auto"
+    return link
+
+
+def test_snapshot_packed_during_the_step_is_the_state_of_its_version(group, monkeypatch):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 6), torch.randn(8, 2)
+    core = CoreExchange(core_group=group, core_rank=0, num_core_replicas=1, model=model, optimizer=opt, timeout_s=30)
+    expected = state_digest(model, opt)  # version 0: the state at begin_step(0)
+    # Hold the background pack until the caller has called reduce (and would run its optimizer step).
+    started, gate = threading.Event(), threading.Event()
+    real = snapshot_mod._capture_tensors
+
+    def held(*args):
+        started.set()
+        gate.wait(scaled(30))
+        return real(*args)
+
+    monkeypatch.setattr(snapshot_mod, "_capture_tensors", held)
+    core_end, hybrid_end = socket.socketpair()
+    core.admit(_link(core_end))
+    hybrid = _link(hybrid_end)
+    hybrid.send(Message(kind=Kind.JOIN, step=-1, version=-1, info={"worker": "h"}), timeout=scaled(5))
+    received: dict = {}
+    reader = threading.Thread(target=lambda: received.update(msg=hybrid.recv(timeout=scaled(60))))
+    reader.start()
+
+    core.begin_step(0)
+    assert started.wait(scaled(30))
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()  # changes BatchNorm statistics during the pack
+    threading.Timer(0.2, gate.set).start()  # if reduce did not wait, the optimizer step below would race the pack
+    core.reduce(0, [p.grad for p in trainable(model)])
+    opt.step()
+    assert state_digest(model, opt) != expected
+    reader.join(scaled(60))
+    snap = Snapshot.from_message(received["msg"])
+    assert snap.version == 0 and snap.verified and snap.checksums == expected
+    core.close()
+    hybrid.close()
+
+
+def test_the_next_snapshot_reuses_the_buckets_of_a_delivered_one(group):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 6), torch.randn(8, 2)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()  # Adam state exists, so both snapshots have the same layout
+    core = CoreExchange(core_group=group, core_rank=0, num_core_replicas=1, model=model, optimizer=opt, timeout_s=30)
+    hybrids, snaps, buckets = [], [], []
+
+    def join(worker: str) -> None:
+        core_end, hybrid_end = socket.socketpair()
+        core.admit(_link(core_end))
+        hybrid = _link(hybrid_end)
+        hybrids.append(hybrid)
+        hybrid.send(Message(kind=Kind.JOIN, step=-1, version=-1, info={"worker": worker}), timeout=scaled(5))
+
+    def placeholder(hybrid: TcpLink) -> None:
+        """An attached hybrid that answers every STEP with a placeholder, until the link closes."""
+        try:
+            while True:
+                msg = hybrid.recv(timeout=scaled(60))
+                if msg.kind == Kind.STEP:
+                    hybrid.send(Message(kind=Kind.PLACEHOLDER, step=msg.step, version=msg.step), timeout=scaled(5))
+                elif msg.kind == Kind.LEAVE:
+                    return
+        except LinkError:
+            return
+
+    def step(t: int) -> None:
+        core.begin_step(t)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        core.reduce(t, [p.grad for p in trainable(model)])
+        opt.step()
+
+    for worker, t in (("h1", 0), ("h2", 2)):
+        join(worker)
+        expected = state_digest(model, opt)
+        step(t)
+        buckets.append([b.data_ptr() for b in core._slots[worker].send.pending.wait().buckets])
+        snap = Snapshot.from_message(hybrids[-1].recv(timeout=scaled(30)))
+        assert snap.version == t and snap.checksums == expected
+        snaps.append(snap)
+        hybrids[-1].send(Message(kind=Kind.ATTACH, step=t, version=t), timeout=scaled(5))
+        threading.Thread(target=placeholder, args=(hybrids[-1],), daemon=True).start()
+        while not core.join_message_waiting():
+            threading.Event().wait(0.01)
+        step(t + 1)  # reads the ATTACH: the snapshot is delivered, its buckets become spare
+        assert core._spare_buckets is not None
+    assert buckets[1] == buckets[0]  # the second snapshot was packed into the first one's memory
+    core.close()
+    for h in hybrids:
+        h.close()
