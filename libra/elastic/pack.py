@@ -18,6 +18,7 @@ unsigned 64-bit int.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -146,7 +147,7 @@ def unpack(
 def checksum(bucket: torch.Tensor, *, backend: str = "auto") -> int:
     """XXH3-64 of a CPU tensor's bytes, as an unsigned 64-bit int (the same for every backend)."""
     _module(backend)  # validates the name (and, for "native", that the extension exists)
-    return xxhash.xxh3_64_intdigest(_np_bytes(bucket))
+    return xxhash.xxh3_64_intdigest(_np_bytes(bucket).data)
 
 
 def new_hasher() -> xxhash.xxh3_64:
@@ -206,18 +207,18 @@ def _fill_bucket(dst: np.ndarray, slots: list[tuple[int, np.ndarray]]) -> int:
         if off > cursor:
             gap = dst[cursor:off]
             gap.fill(0)
-            h.update(gap)
+            h.update(gap.data)
         n = src.size
         for start in range(0, n, CHUNK_BYTES):
             end = min(n, start + CHUNK_BYTES)
             piece = dst[off + start : off + end]
             np.copyto(piece, src[start:end])
-            h.update(piece)
+            h.update(piece.data)
         cursor = max(cursor, off + n)
     if cursor < dst.size:
         tail = dst[cursor:]
         tail.fill(0)
-        h.update(tail)
+        h.update(tail.data)
     return h.intdigest()
 
 
@@ -253,7 +254,7 @@ def pack_checksummed(
             slots[b].append((off, _np_bytes(t)))
     order = sorted(range(len(buckets)), key=lambda b: -layout.bucket_sizes[b])
     views = [_np_bytes(b) for b in buckets]
-    done = _run([lambda b=b: _fill_bucket(views[b], slots[b]) for b in order], layout.total_bytes)
+    done = _run([functools.partial(_fill_bucket, views[b], slots[b]) for b in order], layout.total_bytes)
     crcs = [0] * len(buckets)
     for b, value in zip(order, done, strict=True):
         crcs[b] = value
@@ -263,7 +264,7 @@ def pack_checksummed(
 def checksums(buckets: Sequence[torch.Tensor]) -> list[int]:
     """:func:`checksum` of every bucket, spread over the pool."""
     views = [_np_bytes(b) for b in buckets]
-    return _run([lambda v=v: xxhash.xxh3_64_intdigest(v) for v in views], sum(v.size for v in views))
+    return _run([functools.partial(xxhash.xxh3_64_intdigest, v.data) for v in views], sum(v.size for v in views))
 
 
 def _unpack_fast(buckets: Sequence[torch.Tensor], tensors: Sequence[torch.Tensor], layout: Layout) -> None:
@@ -280,7 +281,7 @@ def _unpack_fast(buckets: Sequence[torch.Tensor], tensors: Sequence[torch.Tensor
             np.copyto(dst, views[b][off : off + dst.size])
 
     order = sorted(range(len(views)), key=lambda b: -views[b].size)
-    _run([lambda b=b: copy(b) for b in order], layout.total_bytes)
+    _run([functools.partial(copy, b) for b in order], layout.total_bytes)
 
 
 def _bucket_members(layout: Layout, bucket: int) -> list[int]:

@@ -165,7 +165,7 @@ class PendingCapture:
         self.nbytes = layout.total_bytes
         if out is not None and [int(b.numel()) for b in out] != list(layout.bucket_sizes):
             out = None  # the state's shapes changed: new buckets
-        self._args = (tensors, description, version, backend, out)
+        self._args: tuple | None = (tensors, description, version, backend, out)
         self._snapshot: Snapshot | None = None
         self._error: BaseException | None = None
         self._done = threading.Event()
@@ -173,6 +173,7 @@ class PendingCapture:
 
     def _run(self) -> None:
         try:
+            assert self._args is not None  # set in __init__, cleared only here
             self._snapshot = _capture_tensors(*self._args)
         except BaseException as exc:  # reported by wait()
             self._error = exc

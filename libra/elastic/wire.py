@@ -28,7 +28,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import IntEnum
 from typing import Protocol
 
@@ -89,7 +89,7 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def _encode_meta(msg: Message, backend: str = "auto") -> bytes:
-    sums = msg.checksums
+    sums: Sequence[int] | None = msg.checksums
     if sums is None or len(sums) != len(msg.blobs):
         sums = checksums(msg.blobs) if len(msg.blobs) > 1 else [checksum(b, backend=backend) for b in msg.blobs]
     blobs = [[int(b.numel()), int(c)] for b, c in zip(msg.blobs, sums, strict=True)]

@@ -49,7 +49,7 @@ def test_defaults_and_table(tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     assert main(["trace", "generate"]) == 0
     text = capsys.readouterr().out
-    assert "wrote 1024 trajectories" in text and "mean_tokens" in text
+    assert "wrote 1024 synthetic trajectories" in text and "mean_tokens" in text
     assert len(load_trace(tmp_path / "search-r1-trace.jsonl")) == 1024
     assert main(["trace"]) == 0  # the bare command generates with the defaults too
 
