@@ -25,10 +25,8 @@ class Node:
         self.mean = 0.0
         self.p50 = 0.0
         self.p90 = 0.0
-        # the window, sorted, as floats (exact: token counts are far below 2**53): quantiles and bucket
-        # probabilities by bisection, whose keys are floats, and a float list compares them twice as fast (issue 16)
-        self.ordered: list[float] = []
-        self.prefix: list[float] = [0]  # prefix sums of `ordered`: conditional means by bisection
+        self.ordered: list[int] = []  # the window, sorted: quantiles and bucket probabilities by bisection
+        self.prefix: list[int] = [0]  # prefix sums of `ordered`: conditional means by bisection
 
     def fraction_at_most(self, tokens: float) -> float:
         """Share of the window whose remaining tokens are <= `tokens` (0 for an empty window)."""
@@ -41,7 +39,7 @@ class Node:
         growing by `elapsed`. None when none did."""
         ordered = self.ordered
         n = len(ordered)
-        i = bisect.bisect_right(ordered, elapsed)
+        i = bisect.bisect_right(ordered, math.floor(elapsed))  # (the same position: the window holds integers)
         k = n - i
         if k <= 0:
             return None
@@ -60,7 +58,7 @@ class Node:
         self.count = n
         if n:
             self.mean = sum(w) / n
-            self.ordered = ordered = sorted(map(float, w))
+            self.ordered = ordered = sorted(w)
             self.prefix = list(itertools.accumulate(ordered, initial=0))
             self.p50 = float(ordered[math.ceil(0.5 * n) - 1])
             self.p90 = float(ordered[math.ceil(0.9 * n) - 1])
@@ -77,8 +75,8 @@ def refresh_all(nodes: list[Node], limit: int) -> None:
         x = w[0]
         node.count = 1
         node.mean = sum(w) / 1
-        node.ordered = [float(x)]
-        node.prefix = [0, 0 + float(x)]  # as itertools.accumulate(ordered, initial=0)
+        node.ordered = [x]
+        node.prefix = [0, 0 + x]  # as itertools.accumulate(ordered, initial=0)
         node.p50 = node.p90 = float(x)
 
 
