@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
+from math import floor
 from typing import Any
 
 from libra.scheduling.budget import MigrationBudget
@@ -327,13 +328,15 @@ class CMLFQRouter(Router):
             if self.limits[-1] == float("inf"):
                 probs[-1] = 1.0
             return probs
-        below = bisect_right(ordered, (ctx - anchor) / scale - 1) / n  # ended before reaching the current context
+        # the window holds integers: bisecting by the floor of a float key gives the same position, and an
+        # int-to-int comparison costs about half an int-to-float one (issue 16)
+        below = bisect_right(ordered, floor((ctx - anchor) / scale - 1)) / n  # ended before the current context
         alive = 1.0 - below
         if alive <= 0:
             return None
         probs = []
         for limit in self._finite_limits:
-            upto = bisect_right(ordered, (limit - anchor) / scale) / n
+            upto = bisect_right(ordered, floor((limit - anchor) / scale)) / n
             probs.append((upto - below) / alive if upto > below else 0.0)
             if upto > below:
                 below = upto

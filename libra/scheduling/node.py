@@ -39,7 +39,7 @@ class Node:
         growing by `elapsed`. None when none did."""
         ordered = self.ordered
         n = len(ordered)
-        i = bisect.bisect_right(ordered, elapsed)
+        i = bisect.bisect_right(ordered, math.floor(elapsed))  # (the same position: the window holds integers)
         k = n - i
         if k <= 0:
             return None

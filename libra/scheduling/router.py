@@ -50,6 +50,7 @@ class Request:
         "tool_tokens",
         "migrations",
         "state",
+        "stay",
     )
 
     def __init__(
@@ -64,6 +65,7 @@ class Request:
         self.tool_tokens = 0
         self.migrations = 0
         self.state: Any = None  # per-policy scratch
+        self.stay: RouteDecision | None = None  # the "stay" decision in `bucket`, made once per bucket (router.py)
 
 
 def _check_count(name: str, value: object) -> int:
@@ -188,14 +190,18 @@ class Router(ABC):
 
     def _move(self, req: Request, target: int, carried: int, reason: str) -> RouteDecision:
         if target == req.bucket:
-            return RouteDecision(
-                request_id=req.request_id,
-                bucket=target,
-                migrate=False,
-                from_bucket=target,
-                migrated_tokens=0,
-                reason="stay",
-            )
+            # most calls keep the request where it is: one frozen decision per request and bucket serves them all
+            stay = req.stay
+            if stay is None or stay.bucket != target:
+                stay = req.stay = RouteDecision(
+                    request_id=req.request_id,
+                    bucket=target,
+                    migrate=False,
+                    from_bucket=target,
+                    migrated_tokens=0,
+                    reason="stay",
+                )
+            return stay
         source = req.bucket
         req.bucket = target
         req.migrations += 1
