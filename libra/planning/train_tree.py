@@ -1,7 +1,7 @@
 """Training-parallelism search: the best layout for a given number of training GPUs.
 
-The decision tree of PAPER.md, TP -> EP -> PP -> DP x micro-batch (x activation recompute), with two kinds of
-pruning that can never discard the optimum:
+The decision tree of the published system (docs/design.md), TP -> EP -> PP -> DP x micro-batch (x activation
+recompute), with two kinds of pruning that can never discard the optimum:
 
 - memory: a branch whose model states (weights, grads, optimizer shards) already exceed GPU memory at the
   largest DP it could have is cut; activations only add to that;
