@@ -195,6 +195,8 @@ class PlanOptimum:
     makespan_s: float
     train_gpus: int  # GPUs the optimal training layout uses (0 when no plan exists)
     rollout: RolloutOptimum | None
+    batch: BatchStats  # the training batch the oracle built from the RL settings
+    groups: tuple[LengthGroup, ...]  # the rollout's length groups
 
 
 def plan_optimum(
@@ -217,7 +219,7 @@ def plan_optimum(
     batch = BatchStats.from_lengths(np.array(lengths), num_sequences=sequences)
     groups = attrs.evolve(profile, requests_per_step=sequences).groups(num_groups)
     exact = [math.inf] + [brute_force_training(cm, batch, u) for u in range(1, num_gpus)]
-    best = PlanOptimum(makespan_s=math.inf, train_gpus=0, rollout=None)
+    best = PlanOptimum(makespan_s=math.inf, train_gpus=0, rollout=None, batch=batch, groups=groups)
     for t in range(1, num_gpus):
         t_train, used = math.inf, 0
         for u in range(1, t + 1):
@@ -227,5 +229,7 @@ def plan_optimum(
             continue
         roll = rollout_optimum(cm, groups, num_gpus - t, tp_options, profile.mean_tool_time_s, routing, admission_delay)
         if max(t_train, roll.time_s) < best.makespan_s:
-            best = PlanOptimum(makespan_s=max(t_train, roll.time_s), train_gpus=used, rollout=roll)
+            best = PlanOptimum(
+                makespan_s=max(t_train, roll.time_s), train_gpus=used, rollout=roll, batch=batch, groups=groups
+            )
     return best

@@ -202,8 +202,8 @@ def parse_line(text: str, path: Path, line: int) -> Trajectory:
         raise TraceError(path, line, "turns", f"has {len(turns_raw):,} turns; at most {MAX_TURNS:,}")
     turns = tuple(_parse_turn(t, i, path, line) for i, t in enumerate(turns_raw))
     total = prompt_tokens + sum(t.gen_tokens + t.tool_tokens for t in turns)
-    if total > MAX_TOKENS:
-        raise TraceError(path, line, None, f"trajectory of {total:,} tokens; at most {MAX_TOKENS:,}")
+    if not 1 <= total <= MAX_TOKENS:
+        raise TraceError(path, line, None, f"trajectory of {total:,} tokens; it must hold 1 to {MAX_TOKENS:,}")
     for i, t in enumerate(turns[:-1]):
         if t.tool is None:
             raise TraceError(path, line, f"turns[{i}].tool", "only the last turn may have no tool call")

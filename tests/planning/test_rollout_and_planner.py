@@ -107,6 +107,19 @@ def test_global_planner_equals_brute_force_on_1000_instances() -> None:
         feasible += 1
         multi += oracle.rollout is not None and oracle.rollout.multi_bucket
         assert plan.makespan_s == pytest.approx(oracle.makespan_s, rel=1e-9), seed
+        # the plan's own parts, re-costed on the oracle's batch and groups (a wrong batch shows even where rollout
+        # decides the makespan)
+        t = plan.train
+        layout = (t.tp, t.pp, t.dp, t.ep, t.micro_batch, t.recompute, oracle.batch)
+        assert t.time_s == pytest.approx(float(cm.training.step_time(*layout)), rel=1e-9), seed
+        starts = [0] + [
+            next(k + 1 for k, g in enumerate(oracle.groups) if g.max_total == b.max_tokens)
+            for b in plan.rollout.instances[:-1]
+        ]
+        stops = starts[1:] + [len(oracle.groups)]
+        for b, start, stop in zip(plan.rollout.instances, starts, stops):
+            direct = bucket_time(cm, oracle.groups, start, stop, b.tp, b.count, profile.mean_tool_time_s, routing)
+            assert direct <= plan.rollout.time_s * (1 + 1e-9), seed
         assert plan.train.num_gpus + plan.rollout.num_gpus == cm.cluster.num_gpus
         assert sum(g.num_gpus for g in plan.rollout.instances) <= plan.rollout.num_gpus
     print(
