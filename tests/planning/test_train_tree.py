@@ -101,3 +101,68 @@ def test_layouts_are_consistent_with_the_cluster(seed: int) -> None:
         assert cm.model.num_layers % config.pp == 0
         assert batch.num_sequences % (config.dp * config.micro_batch) == 0
         assert config.memory_gb * 1e9 <= cm.cluster.gpu.memory_bytes
+
+
+def _branches(search: TrainingSearch, num_gpus: int):
+    for tp in tp_degrees(search.cm):
+        for ep in ep_degrees(search.cm, tp):
+            for pp in pp_degrees(search.cm):
+                dp = search.valid_dp(num_gpus, tp, pp, ep)
+                if dp is not None:
+                    yield tp, pp, ep, dp
+
+
+def test_memory_cut_is_exactly_the_model_states() -> None:
+    """`_states_fit` cuts a branch exactly when the model states alone (memory_bytes of an empty batch: no
+    activations, no logits) do not fit: never more (that would lose layouts), never less (that would waste work)."""
+    cut = kept = 0
+    for seed in range(150):
+        cm, rng = sized_cost_model(seed)
+        batch = sized_batch(rng)
+        empty = BatchStats(num_sequences=batch.num_sequences, mean_len=0.0, mean_sq_len=0.0, max_len=0.0)
+        search = TrainingSearch(cm, batch)
+        for gpus in range(1, cm.cluster.num_gpus + 1):
+            for tp, pp, ep, dp in _branches(search, gpus):
+                states_only = cm.training.memory_bytes(tp, pp, dp, ep, 1, True, empty)
+                expected = bool(cm.training.fits(states_only))
+                assert search._states_fit(tp, pp, ep, dp) == expected, (seed, tp, pp, ep, dp)
+                cut += not expected
+                kept += expected
+    assert cut >= 20 and kept >= 20  # both sides of the cut are exercised (28 cut here)
+
+
+def test_branch_bound_never_exceeds_a_leaf_below_it() -> None:
+    """The bound is a lower bound on every fitting leaf (micro-batch, recompute) of its branch, and tight enough to
+    be reached or nearly reached somewhere."""
+    tight = 0
+    for seed in range(150):
+        cm, rng = sized_cost_model(seed)
+        batch = sized_batch(rng)
+        search = TrainingSearch(cm, batch)
+        for gpus in range(1, cm.cluster.num_gpus + 1):
+            for tp, pp, ep, dp in _branches(search, gpus):
+                bound = search._branch_bound(tp, pp, ep, dp)
+                leaves = [
+                    float(cm.training.step_time(tp, pp, dp, ep, mb, rc, batch))
+                    for mb in search.micro_batches(dp)
+                    for rc in (False, True)
+                    if cm.training.fits(cm.training.memory_bytes(tp, pp, dp, ep, mb, rc, batch))
+                ]
+                assert all(bound <= t * (1 + 1e-12) for t in leaves), (seed, tp, pp, ep, dp)
+                tight += bool(leaves) and min(leaves) <= bound * 1.05
+    assert tight >= 10  # within 5 % of the best leaf on some branches (15 here)
+
+
+def test_nodes_visited_counts_every_node_and_leaf(monkeypatch) -> None:
+    """With the bound switched off the search visits exactly the (TP, EP, PP) nodes and the leaves of every branch
+    that is valid and whose states fit, and its layouts have integer degrees."""
+    monkeypatch.setattr(TrainingSearch, "_branch_bound", lambda self, tp, pp, ep, dp: -np.inf)
+    for seed in range(40):
+        cm, rng = sized_cost_model(seed)
+        batch = sized_batch(rng)
+        search = TrainingSearch(cm, batch)
+        for gpus in range(1, cm.cluster.num_gpus + 1):
+            best = search.best(gpus)
+            assert search.nodes_visited == _visits_without_bound_pruning(search, gpus), (seed, gpus)
+            if best is not None:
+                assert all(type(x) is int for x in (best.tp, best.pp, best.dp, best.ep, best.micro_batch))
