@@ -31,8 +31,15 @@ def _is_user_error(exc: Exception) -> bool:
     return placement is not None and isinstance(exc, placement.PlacementError)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line (no usage block) like every other `libra` error."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="libra",
         description="Resource management for agentic RL post-training: plan GPU splits, route requests, simulate.",
     )

@@ -7,6 +7,7 @@ import json
 import math
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from libra.spec.jsonable import jsonable
@@ -14,6 +15,38 @@ from libra.spec.jsonable import jsonable
 
 class CLIError(Exception):
     """An error to print as one line (no traceback) with a non-zero exit."""
+
+
+def check_ranges(args: argparse.Namespace, limits: dict[str, tuple[int, int]]) -> None:
+    """Every integer option named in `limits` (its dest) lies in [low, high]; bounded before any work starts, so
+    no count sizes an allocation or a loop unchecked. Options left at None are skipped."""
+    for name, (low, high) in limits.items():
+        value = getattr(args, name, None)
+        if value is not None and not low <= value <= high:
+            raise CLIError(f"--{name.replace('_', '-')} must be between {low:,} and {high:,}, got {value}")
+
+
+MAX_TRAJECTORIES_PER_STEP = 1 << 20  # prompts x samples
+MAX_MODEL_LEN = 10_000_000  # the trace loader's bound on one trajectory
+
+
+def check_batch(prompts: int, samples: int) -> None:
+    if prompts * samples > MAX_TRAJECTORIES_PER_STEP:
+        raise CLIError(
+            f"--prompts x --samples = {prompts * samples:,} trajectories per step; "
+            f"at most {MAX_TRAJECTORIES_PER_STEP:,}"
+        )
+
+
+def check_new_output(path: Path, *, directory: bool) -> None:
+    """Fail before the work when an output path cannot be written: a folder named by an existing file (or the
+    reverse), or a parent folder that does not exist."""
+    if directory and path.exists() and not path.is_dir():
+        raise CLIError(f"--out {path}: exists and is not a folder")
+    if not directory and path.is_dir():
+        raise CLIError(f"--out {path}: is a folder; name a file")
+    if not directory and not path.parent.is_dir():
+        raise CLIError(f"--out {path}: folder {path.parent} does not exist")
 
 
 def add_setup_args(p: argparse.ArgumentParser) -> None:

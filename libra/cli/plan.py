@@ -8,7 +8,19 @@ from typing import Any
 
 import attrs
 
-from libra.cli._common import CLIError, add_setup_args, emit_json, key_values, log, setup_from_args, table
+from libra.cli._common import (
+    MAX_MODEL_LEN,
+    MAX_TRAJECTORIES_PER_STEP,
+    CLIError,
+    add_setup_args,
+    check_batch,
+    check_ranges,
+    emit_json,
+    key_values,
+    log,
+    setup_from_args,
+    table,
+)
 
 DEFAULT_WORKLOAD = "r2e-gym"
 
@@ -22,12 +34,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_setup_args(p)
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--trace", metavar="FILE", help="plan from a trace file (JSON Lines, DESIGN.md schema)")
+    src.add_argument("--trace", metavar="FILE", help="plan from a trace file (JSON Lines, docs/trace-schema.md)")
     src.add_argument("--workload", default=DEFAULT_WORKLOAD, help="synthetic workload: search-r1, dapo-math, r2e-gym")
     p.add_argument("--step", type=int, default=0, help="step of the synthetic workload to plan for (drift)")
     p.add_argument("--window-steps", type=int, default=None, help="with --trace: profile only the last N steps")
-    p.add_argument("--prompts", type=int, default=512, help="prompts per RL step (default 512)")
-    p.add_argument("--samples", type=int, default=16, help="samples per prompt (default 16)")
+    p.add_argument(
+        "--prompts",
+        type=int,
+        default=None,
+        help="prompts per RL step (default 512; with --trace: the trace's trajectories per step)",
+    )
+    p.add_argument("--samples", type=int, default=None, help="samples per prompt (default 16; with --trace: 1)")
     p.add_argument("--max-len", type=int, default=40960, help="maximum model length in tokens (default 40960)")
     p.add_argument(
         "--tp-degrees", default=None, help="rollout TP degrees to consider (default 1,2,4,8, those that fit in a node)"
@@ -49,24 +66,40 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def _profile(args: argparse.Namespace, requests_per_step: int):
-    from libra.workloads import load_trace, profile_from_trajectories
+def _trace_batch(args: argparse.Namespace, trajectories) -> tuple[int, int]:
+    """(prompts, samples) of one step of a trace, unless given: the mean trajectories per step of the window."""
+    if args.prompts is not None or args.samples is not None:
+        return args.prompts or 512, args.samples or 1
+    from libra.workloads import group_by_step
 
-    if args.trace:
-        trajectories = load_trace(args.trace)
+    steps = group_by_step(trajectories)
+    if args.window_steps:
+        steps = steps[-args.window_steps :]
+    per_step = round(sum(len(s) for s in steps) / len(steps))
+    return max(1, per_step), 1
+
+
+def _profile(args: argparse.Namespace, rl, trajectories):
+    from libra.workloads import profile_from_trajectories
+
+    if trajectories is not None:
         return profile_from_trajectories(
-            trajectories, name=args.trace, window_steps=args.window_steps, requests_per_step=requests_per_step
+            trajectories, name=args.trace, window_steps=args.window_steps, requests_per_step=rl.global_batch
         )
     from libra.workloads.generators import WorkloadGenerator
 
     gen = WorkloadGenerator(
         args.workload,
         seed=args.seed,
-        num_prompts=args.prompts,
-        samples_per_prompt=args.samples,
+        num_prompts=rl.num_prompts,
+        samples_per_prompt=rl.samples_per_prompt,
         max_model_len=args.max_len,
     )
-    return profile_from_trajectories(gen.step(args.step), name=args.workload, requests_per_step=requests_per_step)
+    step = gen.step(args.step)
+    longest = max(t.total_tokens for t in step)
+    if longest > args.max_len:
+        raise CLIError(f"--max-len {args.max_len} is shorter than the workload's prompts ({longest:,} tokens)")
+    return profile_from_trajectories(step, name=args.workload, requests_per_step=rl.global_batch)
 
 
 def _tp_degrees(text: str) -> tuple[int, ...]:
@@ -108,12 +141,35 @@ def _emit_verl(args: argparse.Namespace, plan, cluster, rl, model) -> dict[str, 
 def run(args: argparse.Namespace) -> int:
     from libra.planning import GlobalPlanner, PlannerOptions
     from libra.spec import RLSettings, SpecError
+    from libra.spec.cluster import MAX_GPUS, MAX_GPUS_PER_NODE
 
     if args.gpus < 2 and not args.cluster:
         raise CLIError(f"--gpus must be at least 2 (one for training, one for rollout), got {args.gpus}")
+    check_ranges(
+        args,
+        {
+            "gpus": (2, MAX_GPUS),
+            "gpus_per_node": (1, MAX_GPUS_PER_NODE),
+            "step": (0, 1_000_000),
+            "window_steps": (1, 1_000_000),
+            "prompts": (1, MAX_TRAJECTORIES_PER_STEP),
+            "samples": (1, MAX_TRAJECTORIES_PER_STEP),
+            "max_len": (1, MAX_MODEL_LEN),
+            "seed": (0, 2**63 - 1),
+        },
+    )
     cluster, model, coeffs = setup_from_args(args)
-    rl = RLSettings(num_prompts=args.prompts, samples_per_prompt=args.samples, max_model_len=args.max_len)
-    profile = _profile(args, rl.global_batch)
+    trajectories = None
+    if args.trace:
+        from libra.workloads import load_trace
+
+        trajectories = load_trace(args.trace)
+        prompts, samples = _trace_batch(args, trajectories)
+    else:
+        prompts, samples = args.prompts or 512, args.samples or 16
+    check_batch(prompts, samples)
+    rl = RLSettings(num_prompts=prompts, samples_per_prompt=samples, max_model_len=args.max_len)
+    profile = _profile(args, rl, trajectories)
     options = PlannerOptions(routing=args.routing)
     if args.tp_degrees is not None:
         options = attrs.evolve(options, tp_degrees=_tp_degrees(args.tp_degrees))

@@ -11,14 +11,23 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from libra.cli._common import CLIError, emit_json, key_values, log, table
+from libra.cli._common import (
+    MAX_TRAJECTORIES_PER_STEP,
+    CLIError,
+    check_batch,
+    check_ranges,
+    emit_json,
+    key_values,
+    log,
+    table,
+)
 from libra.scheduling import CMLFQ_PRESETS, DEFAULT_PRESET, POLICIES, as_agent_log, make_router, replay
 from libra.scheduling.sources import quantile_buckets
 from libra.spec import format_buckets, parse_buckets
 from libra.workloads import WORKLOAD_NAMES, generate
 from libra.workloads.corpus import load_trace_any
 
-DEFAULT_BUCKETS = "2:5000,4:15000,8:inf"  # PAPER.md, Search-R1
+DEFAULT_BUCKETS = "2:5000,4:15000,8:inf"  # the published Search-R1 buckets (docs/design.md)
 
 
 def register(subparsers) -> None:
@@ -96,6 +105,21 @@ def parse_options(items: list[str]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_ranges(
+        args,
+        {
+            "steps": (1, 100_000),
+            "seed": (0, 2**63 - 1),
+            "prompts": (1, MAX_TRAJECTORIES_PER_STEP),
+            "samples": (1, MAX_TRAJECTORIES_PER_STEP),
+            "chunks": (1, 100_000),
+            "warmup_steps": (0, 100_000),
+        },
+    )
+    if not args.trace:
+        check_batch(args.prompts, args.samples)
+        if args.steps * args.prompts * args.samples > 10 * MAX_TRAJECTORIES_PER_STEP:
+            raise CLIError(f"--steps x --prompts x --samples: at most {10 * MAX_TRAJECTORIES_PER_STEP:,} trajectories")
     buckets = None if args.buckets == "quantiles" else parse_buckets(args.buckets)
     policies = POLICIES if args.policy == "all" else (args.policy,)
     if args.policy != "all" and args.policy not in POLICIES:

@@ -6,7 +6,19 @@ import argparse
 import os
 from pathlib import Path
 
-from libra.cli._common import CLIError, add_setup_args, emit_json, log, setup_from_args, table
+from libra.cli._common import (
+    MAX_MODEL_LEN,
+    MAX_TRAJECTORIES_PER_STEP,
+    CLIError,
+    add_setup_args,
+    check_batch,
+    check_new_output,
+    check_ranges,
+    emit_json,
+    log,
+    setup_from_args,
+    table,
+)
 
 DEFAULT_STEPS = 3
 _COLUMNS = (
@@ -119,10 +131,28 @@ def run(args: argparse.Namespace) -> int:
     from libra.sim import Scenario, SimOptions, WorkSource, simulate
     from libra.sim.report import write_report
     from libra.spec import RLSettings
+    from libra.spec.cluster import MAX_GPUS, MAX_GPUS_PER_NODE
 
     for name in ("steps", "prompts", "samples", "max_len", "slices", "drift_steps", "workers"):
         if getattr(args, name) < 1:
             raise CLIError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    check_ranges(
+        args,
+        {
+            "gpus": (1, MAX_GPUS),
+            "gpus_per_node": (1, MAX_GPUS_PER_NODE),
+            "steps": (1, 100_000),
+            "prompts": (1, MAX_TRAJECTORIES_PER_STEP),
+            "samples": (1, MAX_TRAJECTORIES_PER_STEP),
+            "max_len": (1, MAX_MODEL_LEN),
+            "slices": (1, 100_000),
+            "drift_steps": (1, 1_000_000),
+            "workers": (1, 64),
+            "seed": (0, 2**63 - 1),
+        },
+    )
+    check_batch(args.prompts, args.samples)
+    check_new_output(Path(args.out), directory=True)  # before the simulation, not after it
     policies = _policies(args.policy)
     cluster, model, coeffs = setup_from_args(args)
     coeffs = _colocated(args, coeffs)

@@ -1,36 +1,73 @@
-"""Exhaustive oracles for the planner's solvers, for tests on small instances. They share the cost model with
-the solvers and nothing else: plain enumeration, no pruning, no bisection, no tables."""
+"""Exhaustive oracles for the planner's solvers, for tests on small instances.
+
+They share the cost functions (`CostModel.training` / `CostModel.rollout`, `BatchStats`, the length groups of
+`WorkloadProfile.groups`) with the solvers and nothing else: the validity rules of a layout are written out here
+again from the design (not imported from `train_tree`), the planner's batch is rebuilt from the RL settings and the
+profile (not taken from the planner), and the rollout side lists every bucket split, TP degree and instance count
+with plain loops, computing each bucket's work group by group (no prefix sums, no tables, no bisection, no pruning).
+"""
 
 from __future__ import annotations
 
-import itertools
 import math
+from collections.abc import Iterator
 
+import attrs
 import numpy as np
 
 from libra.planning.cost import BatchStats, CostModel
-from libra.planning.train_tree import TrainingSearch, ep_degrees, pp_degrees, tp_degrees
-from libra.spec import LengthGroup
+from libra.spec import LengthGroup, RLSettings, WorkloadProfile
+
+# the micro-batch sizes the design allows (sequences per micro-batch)
+ORACLE_MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
 
 
-def brute_force_training(cm: CostModel, batch: BatchStats, num_gpus: int, search: TrainingSearch) -> float:
-    """Least step time over every valid layout on exactly `num_gpus` GPUs (inf if none)."""
-    best = math.inf
-    opts = search.options
-    for tp, pp in itertools.product(tp_degrees(cm), pp_degrees(cm)):
-        for ep in ep_degrees(cm, tp):
-            if num_gpus % (tp * pp):
+@attrs.frozen(kw_only=True)
+class Layout:
+    tp: int
+    pp: int
+    dp: int
+    ep: int
+    micro_batch: int
+    recompute: bool
+
+
+def training_layouts(
+    cm: CostModel, num_sequences: int, num_gpus: int, allow_recompute: bool = True
+) -> Iterator[Layout]:
+    """Every valid layout on exactly `num_gpus` GPUs, memory not checked. The rules, from the design: TP is a power
+    of two inside a node that divides the attention heads, and the KV heads divide it or it divides them; PP
+    divides the layers; DP = GPUs / (TP PP) is integral and divides the global batch; EP divides the experts and
+    DP, and a TP x EP block stays inside a node (dense models: EP = 1); the micro-batch divides the sequences of
+    one replica."""
+    m, node = cm.model, cm.cluster.gpus_per_node
+    for tp in range(1, node + 1):
+        if tp & (tp - 1) or m.num_heads % tp or (m.num_kv_heads % tp and tp % m.num_kv_heads):
+            continue
+        for pp in range(1, m.num_layers + 1):
+            if m.num_layers % pp or num_gpus % (tp * pp):
                 continue
             dp = num_gpus // (tp * pp)
-            if batch.num_sequences % dp or dp % ep:
+            if num_sequences % dp:
                 continue
-            for mb in opts.micro_batches:
-                if (batch.num_sequences // dp) % mb:
+            experts = m.num_experts if m.num_experts > 1 else 1
+            for ep in range(1, experts + 1):
+                if experts % ep or dp % ep or tp * ep > node:
                     continue
-                for recompute in (False, True) if opts.allow_recompute else (False,):
-                    mem = cm.training.memory_bytes(tp, pp, dp, ep, mb, recompute, batch)
-                    if cm.training.fits(mem):
-                        best = min(best, float(cm.training.step_time(tp, pp, dp, ep, mb, recompute, batch)))
+                for mb in ORACLE_MICRO_BATCHES:
+                    if (num_sequences // dp) % mb:
+                        continue
+                    for recompute in (False, True) if allow_recompute else (False,):
+                        yield Layout(tp=tp, pp=pp, dp=dp, ep=ep, micro_batch=mb, recompute=recompute)
+
+
+def brute_force_training(cm: CostModel, batch: BatchStats, num_gpus: int, allow_recompute: bool = True) -> float:
+    """Least step time over every valid layout on exactly `num_gpus` GPUs that fits memory (inf if none)."""
+    best = math.inf
+    for lay in training_layouts(cm, batch.num_sequences, num_gpus, allow_recompute):
+        args = (lay.tp, lay.pp, lay.dp, lay.ep, lay.micro_batch, lay.recompute, batch)
+        if cm.training.fits(cm.training.memory_bytes(*args)):
+            best = min(best, float(cm.training.step_time(*args)))
     return best
 
 
@@ -47,7 +84,7 @@ def bucket_time(
 ) -> float:
     """Time of `count` instances of degree `tp` serving bucket groups[start:stop], computed directly: each group's
     piece of work (from context lo to the end of the group or, passing through, to the bucket's limit hi) is listed
-    one by one."""
+    one by one. An instance may idle, so the time is the best over 1..count instances."""
     flow = routing == "start-small"
     hi = groups[stop - 1].max_total
     lo = groups[start - 1].max_total if flow and start > 0 else 0.0
@@ -67,7 +104,7 @@ def bucket_time(
     fresh = (n if start == 0 else 0.0) if flow else n
     last = groups[stop - 1]
     max_gen, max_turns = last.tail_gen, last.tail_turns  # the whole chain of the longest request
-    best = math.inf  # an instance may idle: c instances are never slower than fewer
+    best = math.inf
     for c in range(1, count + 1):
         t = cm.rollout.instance_time(
             tp,
@@ -85,11 +122,61 @@ def bucket_time(
     return best
 
 
-def _compositions(q: int):
-    """Every way to cut groups 0..q-1 into contiguous ranges."""
-    for cuts in itertools.product((False, True), repeat=q - 1):
-        bounds = [0] + [i + 1 for i, cut in enumerate(cuts) if cut] + [q]
-        yield list(zip(bounds, bounds[1:]))
+def _splits(q: int) -> Iterator[list[tuple[int, int]]]:
+    """Every way to cut groups 0..q-1 into contiguous ranges (2^(q-1) of them), by plain recursion."""
+    if q == 0:
+        yield []
+        return
+    for first in range(q):  # the last range is [first, q)
+        for head in _splits(first):
+            yield head + [(first, q)]
+
+
+@attrs.frozen(kw_only=True)
+class RolloutOptimum:
+    time_s: float
+    buckets: tuple[tuple[int, int, int, int], ...]  # (start, stop, tp, count) of an optimal plan
+    single_bucket_s: float  # the best plan with one bucket only
+
+    @property
+    def multi_bucket(self) -> bool:
+        """The optimum needs more than one bucket: every single-bucket plan is strictly slower."""
+        return math.isfinite(self.time_s) and self.time_s < self.single_bucket_s * (1 - 1e-9)
+
+
+def rollout_optimum(
+    cm: CostModel,
+    groups: tuple[LengthGroup, ...],
+    gpus: int,
+    tp_options: tuple[int, ...],
+    tool_latency_s: float = 0.0,
+    routing: str = "start-small",
+    admission_delay: float = 0.5,
+) -> RolloutOptimum:
+    """Least rollout makespan with at most `gpus` GPUs: every split into buckets, and for each bucket every TP
+    degree and instance count within the GPUs left (depth-first over the buckets)."""
+    best: tuple[float, tuple] = (math.inf, ())
+    single = math.inf
+    for ranges in _splits(len(groups)):
+
+        def assign(k: int, left: int, worst: float, chosen: tuple, ranges: list = ranges) -> None:
+            nonlocal best
+            if worst >= best[0]:
+                return  # cannot beat the best so far (equal is no better)
+            if k == len(ranges):
+                best = (worst, chosen)
+                return
+            a, b = ranges[k]
+            for tp in tp_options:
+                for c in range(1, left // tp + 1):
+                    t = bucket_time(cm, groups, a, b, tp, c, tool_latency_s, routing, admission_delay)
+                    if math.isfinite(t):
+                        assign(k + 1, left - tp * c, max(worst, t), chosen + ((a, b, tp, c),))
+
+        assign(0, gpus, 0.0, ())
+        if len(ranges) == 1:
+            single = best[0]
+    return RolloutOptimum(time_s=best[0], buckets=best[1], single_bucket_s=single)
 
 
 def brute_force_rollout(
@@ -100,41 +187,49 @@ def brute_force_rollout(
     tool_latency_s: float = 0.0,
     routing: str = "start-small",
 ) -> float:
-    """Least rollout makespan with at most `gpus` GPUs: every partition into buckets, every (tp, count) each."""
-    best = math.inf
-    for ranges in _compositions(len(groups)):
-        options = []
-        for a, b in ranges:
-            opts = [
-                (tp * c, bucket_time(cm, groups, a, b, tp, c, tool_latency_s, routing))
-                for tp in tp_options
-                for c in range(1, gpus // tp + 1)
-            ]
-            options.append([o for o in opts if math.isfinite(o[1])])
-        for combo in itertools.product(*options):
-            if sum(g for g, _ in combo) <= gpus:
-                best = min(best, max(t for _, t in combo))
-    return best
+    return rollout_optimum(cm, groups, gpus, tp_options, tool_latency_s, routing).time_s
 
 
-def brute_force_plan(
+@attrs.frozen(kw_only=True)
+class PlanOptimum:
+    makespan_s: float
+    train_gpus: int  # GPUs the optimal training layout uses (0 when no plan exists)
+    rollout: RolloutOptimum | None
+    batch: BatchStats  # the training batch the oracle built from the RL settings
+    groups: tuple[LengthGroup, ...]  # the rollout's length groups
+
+
+def plan_optimum(
     cm: CostModel,
-    batch: BatchStats,
-    groups: tuple[LengthGroup, ...],
+    rl: RLSettings,
+    profile: WorkloadProfile,
     num_gpus: int,
     tp_options: tuple[int, ...],
-    search: TrainingSearch,
-    tool_latency_s: float = 0.0,
+    *,
+    num_groups: int,
     routing: str = "start-small",
-) -> float:
-    """Least makespan max(T_train, T_rollout) over every split, training layout and rollout plan."""
-    train = np.array([math.inf] + [brute_force_training(cm, batch, t, search) for t in range(1, num_gpus + 1)])
-    best = math.inf
+    admission_delay: float = 0.5,
+) -> PlanOptimum:
+    """Least makespan max(T_train, T_rollout) over every split of `num_gpus` GPUs, every training layout on at most
+    the training share (spare GPUs may idle) and every rollout plan on the rest. The training batch is the global
+    batch of `rl` (num_prompts x samples_per_prompt sequences) with the profile's lengths capped at max_model_len;
+    the rollout serves that many requests, grouped by `profile.groups`."""
+    sequences = rl.num_prompts * rl.samples_per_prompt
+    lengths = [min(x, rl.max_model_len) for x in profile.total_lengths]
+    batch = BatchStats.from_lengths(np.array(lengths), num_sequences=sequences)
+    groups = attrs.evolve(profile, requests_per_step=sequences).groups(num_groups)
+    exact = [math.inf] + [brute_force_training(cm, batch, u) for u in range(1, num_gpus)]
+    best = PlanOptimum(makespan_s=math.inf, train_gpus=0, rollout=None, batch=batch, groups=groups)
     for t in range(1, num_gpus):
-        t_train = float(np.min(train[: t + 1]))  # spare training GPUs may idle
-        if not math.isfinite(t_train):
+        t_train, used = math.inf, 0
+        for u in range(1, t + 1):
+            if exact[u] < t_train:
+                t_train, used = exact[u], u
+        if not math.isfinite(t_train) or t_train >= best.makespan_s:
             continue
-        best = min(
-            best, max(t_train, brute_force_rollout(cm, groups, num_gpus - t, tp_options, tool_latency_s, routing))
-        )
+        roll = rollout_optimum(cm, groups, num_gpus - t, tp_options, profile.mean_tool_time_s, routing, admission_delay)
+        if max(t_train, roll.time_s) < best.makespan_s:
+            best = PlanOptimum(
+                makespan_s=max(t_train, roll.time_s), train_gpus=used, rollout=roll, batch=batch, groups=groups
+            )
     return best

@@ -122,6 +122,16 @@ class GlobalPlanner:
         bad = [tp for tp in tps if tp < 1 or tp > self.cluster.gpus_per_node]
         if bad:
             raise SpecError(f"TP degree(s) {bad} must be between 1 and the GPUs per node ({node})")
+        m = self.model
+        split = [tp for tp in tps if m.num_heads % tp or (m.num_kv_heads % tp and tp % m.num_kv_heads)]
+        if split and (tp_degrees is not None or self.options.tp_degrees != TP_DEGREES):
+            raise SpecError(
+                f"rollout TP degree(s) {split} must divide the {m.num_heads} attention heads of {m.name} "
+                f"(and its {m.num_kv_heads} KV heads must divide the degree or the degree them)"
+            )
+        tps = tuple(tp for tp in tps if tp not in split)  # defaults the model cannot use are left out
+        if not tps:
+            raise SpecError(f"no rollout TP degree divides the {m.num_heads} attention heads of {m.name}")
         key = (profile, tps)
         if key not in self._cache:
             self._cache[key] = _Tables(self, profile, tps)
@@ -186,9 +196,21 @@ class GlobalPlanner:
                 return hi
             hi *= 4.0
         longest = max(g.max_total for g in tab.groups)
+        train_min = int(np.argmax(np.isfinite(tab.train_runmin)))  # fewest GPUs any training layout runs on
+        rollout_min = tab.rollout.min_gpus(math.inf)[0]  # fewest GPUs that serve every request at all
+        if train_min >= budget:
+            raise PlanningError(
+                f"no plan for {self.model.name} on {budget} GPUs: training alone needs {train_min} of them "
+                f"(memory and a global batch of {self.rl.global_batch}), leaving none for rollout"
+            )
+        if not math.isfinite(rollout_min):
+            raise PlanningError(
+                f"no plan for {self.model.name} on {budget} GPUs: no rollout instance of TP "
+                f"{'/'.join(map(str, tab.rollout.tp_degrees))} has a KV cache that holds {longest:.0f} tokens"
+            )
         raise PlanningError(
-            f"no plan for {self.model.name} on {budget} GPUs: training and rollout do not both fit "
-            f"(rollout needs an instance whose KV cache holds {longest:.0f} tokens)"
+            f"no plan for {self.model.name} on {budget} GPUs: training needs at least {train_min} and rollout "
+            f"at least {rollout_min:.0f} (an instance whose KV cache holds {longest:.0f} tokens)"
         )
 
     @staticmethod

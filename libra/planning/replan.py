@@ -5,8 +5,9 @@
              + to_training_s  if any GPU turns into training (0 when the elastic pool joins without blocking)
     apply   <=> saving > cost  and  (T_current - T_candidate) / T_current >= min_relative_gain
 
-Defaults from PAPER.md: turning a worker into rollout takes about 10.8 s (starting vLLM), into training about
-8 s (3.6 s snapshot + 4.4 s restore), and the published system also asks for a relative gain of at least 5 %.
+Defaults from the published system (docs/design.md): turning a worker into rollout takes about 10.8 s (starting vLLM),
+into training about 8 s (3.6 s snapshot + 4.4 s restore), and the published system also asks for a relative gain of at
+least 5 %.
 """
 
 from __future__ import annotations

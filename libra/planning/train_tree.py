@@ -1,13 +1,17 @@
 """Training-parallelism search: the best layout for a given number of training GPUs.
 
-The decision tree of PAPER.md, TP -> EP -> PP -> DP x micro-batch (x activation recompute), with two kinds of
-pruning that can never discard the optimum:
+The decision tree of the published system (docs/design.md), TP -> EP -> PP -> DP x micro-batch (x activation
+recompute), with two kinds of pruning that can never discard the optimum:
 
 - memory: a branch whose model states (weights, grads, optimizer shards) already exceed GPU memory at the
   largest DP it could have is cut; activations only add to that;
-- bounds: `TrainingCost.ideal_step_time` stretched by the smallest pipeline bubble the branch can have,
-  `(N/dp + pp - 1) / (N/dp)` (micro-batches of one sequence), is a lower bound on every leaf below the branch;
-  a branch whose bound is not below the incumbent is cut.
+- bounds: the branch's own step time at micro-batch 1 without recompute, with per-message latencies and
+  per-micro-batch overheads zeroed, is a lower bound on every leaf below the branch (every remaining term is
+  linear in the micro-batch size, so `m` micro-batches of `mb` sequences cost at least `N/dp` of one, the bubble
+  `(pp - 1)` stages at least `pp - 1` stages of one sequence, and recompute only adds a pass, which the bound
+  counts when micro-batch 1 without recompute does not fit memory, since memory grows with the micro-batch; the
+  DP all-reduce and the optimizer do not depend on the micro-batch). A branch whose bound is not below the
+  incumbent is cut.
 
 Validity rules: TP divides the attention heads and stays inside a node; EP divides the experts and `dp`, and a
 TP x EP block stays inside a node; PP divides the layers; DP is integral and divides the global batch; the
@@ -93,6 +97,8 @@ class TrainingSearch:
         self.cm, self.batch = cm, batch
         self.options = options or TreeOptions()
         self.nodes_visited = 0
+        bare = attrs.evolve(cm.coeffs, allreduce_latency_s=0.0, microbatch_overhead_s=0.0)
+        self._bare = CostModel(cm.cluster, cm.model, bare).training
 
     # --- leaves -----------------------------------------------------------------------------------------------
     def _leaf(self, shape: Shape, dp: int) -> TrainConfig | None:
@@ -119,9 +125,12 @@ class TrainingSearch:
         states = 6.0 * (dense + expert) + 12.0 * (dense / dp + expert / max(dp / ep, 1))
         return bool(self.cm.training.fits(states))
 
-    def _bubble_bound(self, num_gpus: int, pp: int, dp: int) -> float:
-        per_replica = self.batch.num_sequences / dp
-        return float(self.cm.training.ideal_step_time(num_gpus, self.batch)) * (per_replica + pp - 1) / per_replica
+    def _branch_bound(self, tp: int, pp: int, ep: int, dp: int) -> float:
+        """A lower bound on the step time of every leaf (micro-batch, recompute) below the branch. Memory grows with
+        the micro-batch, so when micro-batch 1 without recompute does not fit, every leaf that fits recomputes."""
+        b = self.batch
+        must_recompute = not self.cm.training.fits(self.cm.training.memory_bytes(tp, pp, dp, ep, 1, False, b))
+        return float(self._bare.step_time(tp, pp, dp, ep, 1, must_recompute, b))
 
     def valid_dp(self, num_gpus: int, tp: int, pp: int, ep: int) -> int | None:
         if num_gpus % (tp * pp):
@@ -150,7 +159,7 @@ class TrainingSearch:
                     dp = self.valid_dp(num_gpus, tp, pp, ep)
                     if dp is None or not self._states_fit(tp, pp, ep, dp):
                         continue
-                    if best is not None and self._bubble_bound(num_gpus, pp, dp) >= best.time_s:
+                    if best is not None and self._branch_bound(tp, pp, ep, dp) >= best.time_s:
                         continue
                     for mb in self.micro_batches(dp):
                         for recompute in self.recompute_options():

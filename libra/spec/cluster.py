@@ -8,6 +8,9 @@ import networkx as nx
 from libra.spec.errors import SpecError
 from libra.spec.hardware import GPUSpec
 
+MAX_GPUS = 65_536  # the planner tabulates every GPU count up to the cluster size
+MAX_GPUS_PER_NODE = 64
+
 
 @attrs.frozen(kw_only=True)
 class ClusterSpec:
@@ -18,17 +21,21 @@ class ClusterSpec:
     gpus_per_node: int
 
     def __attrs_post_init__(self) -> None:
-        if self.num_nodes < 1:
-            raise SpecError(f"ClusterSpec.num_nodes must be >= 1, got {self.num_nodes}")
-        if self.gpus_per_node < 1:
-            raise SpecError(f"ClusterSpec.gpus_per_node must be >= 1, got {self.gpus_per_node}")
+        if not isinstance(self.gpu, GPUSpec):
+            raise SpecError(f"ClusterSpec.gpu must be a GPUSpec, got {self.gpu!r}")
+        for name, high in (("num_nodes", MAX_GPUS), ("gpus_per_node", MAX_GPUS_PER_NODE)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+                raise SpecError(f"ClusterSpec.{name} must be an integer in [1, {high:,}], got {value!r}")
+        if self.num_gpus > MAX_GPUS:
+            raise SpecError(f"a cluster of {self.num_gpus:,} GPUs is more than the {MAX_GPUS:,} Libra plans for")
 
     @classmethod
     def from_total(cls, *, gpu: GPUSpec, num_gpus: int, gpus_per_node: int) -> ClusterSpec:
-        if num_gpus < 1:
-            raise SpecError(f"the number of GPUs must be >= 1, got {num_gpus}")
-        if gpus_per_node < 1:
-            raise SpecError(f"GPUs per node must be >= 1, got {gpus_per_node}")
+        if not 1 <= num_gpus <= MAX_GPUS:
+            raise SpecError(f"the number of GPUs must be between 1 and {MAX_GPUS:,}, got {num_gpus}")
+        if not 1 <= gpus_per_node <= MAX_GPUS_PER_NODE:
+            raise SpecError(f"GPUs per node must be between 1 and {MAX_GPUS_PER_NODE}, got {gpus_per_node}")
         if num_gpus % gpus_per_node:
             raise SpecError(
                 f"GPUs per node ({gpus_per_node}) must divide the number of GPUs ({num_gpus}); "

@@ -6,14 +6,24 @@ bandwidth into the node's NVLink fabric; `network_bandwidth_gbs` is the per-GPU 
 
 from __future__ import annotations
 
+import math
+
 import attrs
 
 from libra.spec.errors import SpecError
 
 
-def _positive(instance: object, attribute: attrs.Attribute, value: float) -> None:
-    if not value > 0:
-        raise SpecError(f"{type(instance).__name__}.{attribute.name} must be > 0, got {value!r}")
+def _positive(high: float):
+    """Validator: a finite number (not a bool) in (0, high]; the bounds are far above any accelerator."""
+
+    def check(instance: object, attribute: attrs.Attribute, value: float) -> None:
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not (number and math.isfinite(value) and 0 < value <= high):
+            raise SpecError(
+                f"{type(instance).__name__}.{attribute.name} must be a number in (0, {high:g}], got {value!r}"
+            )
+
+    return check
 
 
 @attrs.frozen(kw_only=True)
@@ -21,11 +31,11 @@ class GPUSpec:
     """One accelerator: memory, dense bf16 compute and the three bandwidths the cost model uses."""
 
     name: str
-    memory_gb: float = attrs.field(validator=_positive)
-    bf16_tflops: float = attrs.field(validator=_positive)
-    hbm_bandwidth_gbs: float = attrs.field(validator=_positive)
-    nvlink_bandwidth_gbs: float = attrs.field(validator=_positive)
-    network_bandwidth_gbs: float = attrs.field(validator=_positive)
+    memory_gb: float = attrs.field(validator=_positive(1e5))
+    bf16_tflops: float = attrs.field(validator=_positive(1e6))
+    hbm_bandwidth_gbs: float = attrs.field(validator=_positive(1e6))
+    nvlink_bandwidth_gbs: float = attrs.field(validator=_positive(1e6))
+    network_bandwidth_gbs: float = attrs.field(validator=_positive(1e6))
 
     @property
     def memory_bytes(self) -> float:

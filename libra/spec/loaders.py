@@ -1,8 +1,14 @@
-"""Load a model or a cluster from a YAML or JSON file (keys are the attrs field names)."""
+"""Load a model or a cluster from a YAML or JSON file (keys are the attrs field names).
+
+Input is bounded before it is parsed: a regular file of at most `MAX_FILE_BYTES`, UTF-8 text, nesting that the
+parsers can follow; anything else is a one-line SpecError. YAML numbers written like `3e-6` (no dot, which plain
+YAML 1.1 reads as a string) load as numbers.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +20,50 @@ from libra.spec.errors import SpecError
 from libra.spec.hardware import GPUSpec, get_gpu
 from libra.spec.model import ModelSpec, get_model
 
+MAX_FILE_BYTES = 16 << 20  # a model, cluster or coefficients file is a few hundred bytes
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML's safe loader that also reads `3e-6` and `1E9` (exponent without a dot) as floats."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def read_text(path: Path, limit: int = MAX_FILE_BYTES) -> str:
+    """The UTF-8 text of a regular file of at most `limit` bytes; a one-line SpecError otherwise (devices, FIFOs,
+    directories, unreadable /proc files, binary data)."""
+    try:
+        if not path.is_file():
+            what = "does not exist" if not path.exists() else "is not a regular file"
+            raise SpecError(f"cannot read {path}: it {what}")
+        with path.open("rb") as handle:
+            data = handle.read(limit + 1)
+    except OSError as exc:
+        raise SpecError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise SpecError(f"{path}: larger than {limit >> 20} MiB; not a model, cluster or coefficients file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+
 
 def read_mapping(path: Path) -> dict[str, Any]:
     """The mapping at the top of a YAML or JSON file (`.json` is JSON, anything else YAML); SpecError otherwise."""
+    text = read_text(path)
+    kind = "JSON" if path.suffix == ".json" else "YAML"
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise SpecError(f"cannot read {path}: {exc.strerror}") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=_Loader)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise SpecError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
+        message = " ".join(str(exc).split())
+        raise SpecError(f"{path}: not valid {kind}: {message}") from None
+    except RecursionError:
+        raise SpecError(f"{path}: not valid {kind}: nested too deeply") from None
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping of field names to values")
     return data

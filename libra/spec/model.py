@@ -7,9 +7,36 @@ import attrs
 from libra.spec.errors import SpecError
 
 
+def _whole(low: int, high: int):
+    """Validator: an integer (not a bool) in [low, high]. The upper bounds keep every search over layers, heads and
+    experts small; they are far above any published model."""
+
+    def check(instance: object, attribute: attrs.Attribute, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise SpecError(
+                f"{type(instance).__name__}.{attribute.name} must be an integer in [{low}, {high:,}], got {value!r}"
+            )
+
+    return check
+
+
 def _at_least_one(instance: object, attribute: attrs.Attribute, value: int) -> None:
-    if not (isinstance(value, int) and value >= 1):
-        raise SpecError(f"{type(instance).__name__}.{attribute.name} must be an integer >= 1, got {value!r}")
+    _whole(1, 10**9)(instance, attribute, value)
+
+
+def _flag(instance: object, attribute: attrs.Attribute, value: bool) -> None:
+    if not isinstance(value, bool):
+        raise SpecError(f"{type(instance).__name__}.{attribute.name} must be true or false, got {value!r}")
+
+
+def _optional_width(instance: object, attribute: attrs.Attribute, value: int | None) -> None:
+    if value is not None:
+        _whole(1, 10**7)(instance, attribute, value)
+
+
+def _name(instance: object, attribute: attrs.Attribute, value: str) -> None:
+    if not isinstance(value, str) or not value or len(value) > 200:
+        raise SpecError(f"{type(instance).__name__}.{attribute.name} must be a non-empty string, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -17,19 +44,19 @@ class ModelSpec:
     """A decoder-only transformer. For MoE models every layer has `num_experts` experts of `moe_ffn_hidden_size`
     and each token uses `experts_per_token` of them; dense models have `num_experts == 1`."""
 
-    name: str
-    num_layers: int = attrs.field(validator=_at_least_one)
-    hidden_size: int = attrs.field(validator=_at_least_one)
-    num_heads: int = attrs.field(validator=_at_least_one)
-    num_kv_heads: int = attrs.field(validator=_at_least_one)
-    head_dim: int = attrs.field(validator=_at_least_one)
-    ffn_hidden_size: int = attrs.field(validator=_at_least_one)
-    vocab_size: int = attrs.field(validator=_at_least_one)
-    num_experts: int = attrs.field(default=1, validator=_at_least_one)
-    experts_per_token: int = attrs.field(default=1, validator=_at_least_one)
-    moe_ffn_hidden_size: int | None = None
-    dtype_bytes: int = attrs.field(default=2, validator=_at_least_one)
-    tie_embeddings: bool = False
+    name: str = attrs.field(validator=_name)
+    num_layers: int = attrs.field(validator=_whole(1, 10_000))
+    hidden_size: int = attrs.field(validator=_whole(1, 10**6))
+    num_heads: int = attrs.field(validator=_whole(1, 10_000))
+    num_kv_heads: int = attrs.field(validator=_whole(1, 10_000))
+    head_dim: int = attrs.field(validator=_whole(1, 10_000))
+    ffn_hidden_size: int = attrs.field(validator=_whole(1, 10**7))
+    vocab_size: int = attrs.field(validator=_whole(1, 10**8))
+    num_experts: int = attrs.field(default=1, validator=_whole(1, 4096))
+    experts_per_token: int = attrs.field(default=1, validator=_whole(1, 4096))
+    moe_ffn_hidden_size: int | None = attrs.field(default=None, validator=_optional_width)
+    dtype_bytes: int = attrs.field(default=2, validator=_whole(1, 8))
+    tie_embeddings: bool = attrs.field(default=False, validator=_flag)
 
     def __attrs_post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:

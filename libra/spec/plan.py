@@ -50,7 +50,13 @@ def parse_buckets(spec: str) -> tuple[Bucket, ...]:
             raise SpecError(
                 f"bucket {part.strip()!r}: tp must be an integer and max_tokens a number or 'inf'"
             ) from None
+        if not 1 <= tp <= 64:
+            raise SpecError(f"bucket {part.strip()!r}: tp must be between 1 and 64")
+        if not (math.isinf(limit) and limit > 0) and not (math.isfinite(limit) and limit >= 1 and limit.is_integer()):
+            raise SpecError(f"bucket {part.strip()!r}: max_tokens must be a whole number of tokens >= 1, or 'inf'")
         buckets.append(Bucket(tp=tp, max_tokens=limit))
+    if len(buckets) > 64:
+        raise SpecError(f"at most 64 buckets, got {len(buckets)}")
     for a, b in zip(buckets, buckets[1:]):
         if not b.max_tokens > a.max_tokens:
             raise SpecError(f"bucket limits must increase: {a.max_tokens:g} then {b.max_tokens:g} in {spec!r}")

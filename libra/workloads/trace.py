@@ -1,12 +1,16 @@
-"""The trace schema (DESIGN.md): JSON Lines, one trajectory per line, with a validating loader.
+"""The trace schema (docs/trace-schema.md): JSON Lines, one trajectory per line, with a validating loader.
 
 A turn is one generation plus the tool return that goes back into the context. Unknown keys are kept in `extra`.
-A bad line raises `TraceError` naming the file, the line number and the field.
+A bad line raises `TraceError` naming the file, the line number and the field. Input is bounded before work:
+a regular file, UTF-8 lines of at most `MAX_LINE_BYTES`, token counts of at most `MAX_TOKENS` per trajectory,
+at most `MAX_TURNS` turns, finite rewards, and a turn's optional `tool_latency_s` a finite number of seconds in
+[0, `MAX_TOOL_LATENCY_S`] (docs/trace-schema.md).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +18,10 @@ from typing import Any
 import attrs
 
 TOOL_STATUSES = ("ok", "error", "timeout")
+MAX_TOKENS = 10_000_000  # tokens in one trajectory (prompt + generated + tool), 250 x a 40,960-token context
+MAX_TURNS = 4096  # turns in one trajectory
+MAX_TOOL_LATENCY_S = 3600.0  # seconds one tool call may take
+MAX_LINE_BYTES = 64 << 20  # one JSON line
 _KNOWN_KEYS = {"prompt_id", "sample", "step", "prompt_tokens", "turns", "reward"}
 _TURN_KEYS = {"gen_tokens", "tool", "tool_status", "tool_tokens"}
 
@@ -126,8 +134,8 @@ def _int_field(obj: dict, key: str, path: Path, line: int, *, required: bool = T
             raise TraceError(path, line, key, "missing")
         return default
     value = obj[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise TraceError(path, line, key, f"must be a non-negative integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS:
+        raise TraceError(path, line, key, f"must be an integer in [0, {MAX_TOKENS:,}], got {value!r}")
     return value
 
 
@@ -150,14 +158,35 @@ def _parse_turn(raw: Any, index: int, path: Path, line: int) -> Turn:
     if tool is None and tool_tokens:
         raise TraceError(path, line, f"{name}.tool_tokens", "must be 0 when tool is null")
     extra = {k: v for k, v in raw.items() if k not in _TURN_KEYS}
+    latency = extra.get("tool_latency_s")
+    if latency is not None and not (
+        isinstance(latency, int | float)
+        and not isinstance(latency, bool)
+        and math.isfinite(latency)
+        and 0 <= latency <= MAX_TOOL_LATENCY_S
+    ):
+        raise TraceError(
+            path,
+            line,
+            f"{name}.tool_latency_s",
+            f"must be a number of seconds in [0, {MAX_TOOL_LATENCY_S:g}], got {latency!r}",
+        )
     return Turn(gen_tokens=gen, tool=tool, tool_status=status, tool_tokens=tool_tokens, extra=extra)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
 
 
 def parse_line(text: str, path: Path, line: int) -> Trajectory:
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise TraceError(path, line, None, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except ValueError as exc:  # NaN, Infinity
+        raise TraceError(path, line, None, f"not valid JSON ({exc})") from None
+    except RecursionError:
+        raise TraceError(path, line, None, "not valid JSON (nested too deeply)") from None
     if not isinstance(obj, dict):
         raise TraceError(path, line, None, "each line must be a JSON object")
     prompt_id = obj.get("prompt_id")
@@ -169,15 +198,22 @@ def parse_line(text: str, path: Path, line: int) -> Trajectory:
     turns_raw = obj.get("turns")
     if not isinstance(turns_raw, list) or not turns_raw:
         raise TraceError(path, line, "turns", "must be a non-empty list of turns")
+    if len(turns_raw) > MAX_TURNS:
+        raise TraceError(path, line, "turns", f"has {len(turns_raw):,} turns; at most {MAX_TURNS:,}")
     turns = tuple(_parse_turn(t, i, path, line) for i, t in enumerate(turns_raw))
+    total = prompt_tokens + sum(t.gen_tokens + t.tool_tokens for t in turns)
+    if not 1 <= total <= MAX_TOKENS:
+        raise TraceError(path, line, None, f"trajectory of {total:,} tokens; it must hold 1 to {MAX_TOKENS:,}")
     for i, t in enumerate(turns[:-1]):
         if t.tool is None:
             raise TraceError(path, line, f"turns[{i}].tool", "only the last turn may have no tool call")
     sample = _int_field(obj, "sample", path, line, required=False, default=-1)
     step = _int_field(obj, "step", path, line, required=False, default=-1)
     reward = obj.get("reward")
-    if reward is not None and (isinstance(reward, bool) or not isinstance(reward, int | float)):
-        raise TraceError(path, line, "reward", f"must be a number or null, got {reward!r}")
+    if reward is not None and (
+        isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward)
+    ):
+        raise TraceError(path, line, "reward", f"must be a finite number or null, got {reward!r}")
     extra = {k: v for k, v in obj.items() if k not in _KNOWN_KEYS}
     return Trajectory(
         prompt_id=prompt_id,
@@ -194,11 +230,28 @@ def iter_trace(path: str | Path) -> Iterator[Trajectory]:
     """Yield trajectories in file order; blank lines are skipped."""
     path = Path(path)
     try:
-        handle = path.open()
+        if not path.is_file():
+            what = "does not exist" if not path.exists() else "is not a regular file"
+            raise TraceError(path, None, None, f"cannot open trace: it {what}")
+        handle = path.open("rb")
     except OSError as exc:
-        raise TraceError(path, None, None, f"cannot open trace: {exc.strerror}") from None
+        raise TraceError(path, None, None, f"cannot open trace: {exc.strerror or exc}") from None
     with handle:
-        for number, text in enumerate(handle, start=1):
+        number = 0
+        while True:
+            number += 1
+            try:
+                raw = handle.readline(MAX_LINE_BYTES + 1)
+            except OSError as exc:
+                raise TraceError(path, number, None, f"cannot read trace: {exc.strerror or exc}") from None
+            if not raw:
+                return
+            if len(raw) > MAX_LINE_BYTES:
+                raise TraceError(path, number, None, f"line longer than {MAX_LINE_BYTES >> 20} MiB")
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise TraceError(path, number, None, f"not UTF-8 text (byte {exc.start} of the line)") from None
             if text.strip():
                 yield parse_line(text, path, number)
 

@@ -3,10 +3,16 @@ limits, divisibility and KV capacity all bite)."""
 
 from __future__ import annotations
 
+import os
+
+import attrs
 import numpy as np
 
-from libra.planning.cost import BatchStats, CostModel
+from libra.planning.cost import BatchStats, CostCoefficients, CostModel
 from libra.spec import ClusterSpec, GPUSpec, LengthGroup, ModelSpec
+
+# instances per oracle test; scripts/mutation.sh lowers it (the share thresholds are asserted at >= 1,000 only)
+ORACLE_INSTANCES = int(os.environ.get("LIBRA_ORACLE_INSTANCES", "1000"))
 
 
 def random_model(rng: np.random.Generator) -> ModelSpec:
@@ -75,3 +81,51 @@ def random_cost_model(
 ) -> tuple[CostModel, np.random.Generator]:
     rng = np.random.default_rng(seed)
     return CostModel(random_cluster(rng, max_gpus, memory_gb), random_model(rng)), rng
+
+
+# --- instances drawn to be mostly feasible, with heterogeneous lengths (the oracle tests' distribution) -------------
+def sized_cost_model(
+    seed: int, max_gpus: int = 16, headroom: tuple[float, float] = (0.5, 6.0)
+) -> tuple[CostModel, np.random.Generator]:
+    """A random model on GPUs whose memory is the rollout engine's fixed reserve plus `headroom` times the model's
+    bf16 weights (log-uniform), so that most layouts and instances fit somewhere while memory still decides
+    between them."""
+    rng = np.random.default_rng(seed)
+    model = random_model(rng)
+    cluster = random_cluster(rng, max_gpus)
+    factor = float(np.exp(rng.uniform(np.log(headroom[0]), np.log(headroom[1]))))
+    reserve = CostCoefficients().activation_reserve_gb / CostCoefficients().gpu_memory_utilization
+    gpu = attrs.evolve(cluster.gpu, memory_gb=reserve + model.weight_bytes * factor / 1e9)
+    return CostModel(attrs.evolve(cluster, gpu=gpu), model), rng
+
+
+def sized_batch(rng: np.random.Generator) -> BatchStats:
+    lengths = rng.integers(64, 4096, size=int(rng.integers(1, 64)))
+    return BatchStats.from_lengths(lengths, num_sequences=int(rng.choice([48, 96, 120, 240, 360, 720])))
+
+
+def skewed_groups(
+    rng: np.random.Generator, max_groups: int = 3, longest: float | None = None
+) -> tuple[LengthGroup, ...]:
+    """Length groups whose sizes fall and whose lengths grow geometrically: many short requests, a few long ones
+    (the long tail that makes several buckets pay). `longest`: the longest request (e.g. a multiple of one
+    instance's KV capacity, so that the tail needs a larger TP degree than the bulk)."""
+    q = int(rng.integers(2, max_groups + 1)) if rng.random() < 0.9 else 1
+    growth = float(rng.uniform(2.0, 6.0))
+    base = float(rng.uniform(200, 800)) if longest is None else max(64.0, longest / growth ** (q - 1))
+    count = int(rng.integers(4, 40))
+    out, low = [], 50.0
+    for k in range(q):
+        top = base * growth**k
+        mean_total = float(rng.uniform(max(low, top / 2), top))
+        out.append(
+            LengthGroup(
+                count=max(1, count // (k * 3 + 1)),
+                mean_total=mean_total,
+                mean_gen=float(mean_total * rng.uniform(0.3, 0.9)),
+                max_total=float(top),
+                mean_turns=float(rng.integers(1, 5)),
+            )
+        )
+        low = top
+    return tuple(out)

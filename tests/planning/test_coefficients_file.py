@@ -32,11 +32,14 @@ def test_fields_left_out_keep_their_defaults(tmp_path) -> None:
         ("tp_step_overhed_s: 0.001\n", "unknown field(s) tp_step_overhed_s"),
         ("hbm_efficiency: 1.5\n", "hbm_efficiency must be a number in (0, 1]"),
         ("decode_mfu: 0\n", "decode_mfu must be a number in (0, 1]"),
-        ("max_num_seqs: 2.5\n", "max_num_seqs must be a whole number >= 1"),
-        ("step_overhead_s: -1\n", "step_overhead_s must be a finite number >= 0"),
-        ("step_overhead_s: .nan\n", "step_overhead_s must be a finite number >= 0"),
-        ("per_request_overhead_s: true\n", "per_request_overhead_s must be a finite number >= 0"),
-        ("logprob_forward_passes: 1.5\n", "logprob_forward_passes must be a whole number >= 0"),
+        ("max_num_seqs: 2.5\n", "max_num_seqs must be a whole number in [1, 1,000,000]"),
+        ("step_overhead_s: -1\n", "step_overhead_s must be a finite number in [0, 1e+06]"),
+        ("step_overhead_s: .nan\n", "step_overhead_s must be a finite number in [0, 1e+06]"),
+        ("step_overhead_s: 1e30\n", "step_overhead_s must be a finite number in [0, 1e+06]"),
+        ("per_request_overhead_s: true\n", "per_request_overhead_s must be a finite number in [0, 1e+06]"),
+        ("logprob_forward_passes: 1.5\n", "logprob_forward_passes must be a whole number in [0, 100]"),
+        ("dp_overlap: 1e12\n", "dp_overlap must be a number in [0, 1]"),
+        ("dp_overlap: -0.5\n", "dp_overlap must be a number in [0, 1]"),
         ("- 1\n- 2\n", "expected a mapping"),
     ],
 )
@@ -47,3 +50,10 @@ def test_bad_files_are_one_line_errors(tmp_path, text, message) -> None:
         load_coefficients(path)
     assert message in str(err.value) and "\n" not in str(err.value)
     assert str(path) in str(err.value)
+
+
+def test_exponents_without_a_dot_load_as_numbers(tmp_path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("allreduce_latency_s: 3e-6\nstep_overhead_s: 4E-3\ndp_overlap: 0.5\n")
+    loaded = load_coefficients(path)
+    assert loaded.allreduce_latency_s == 3e-6 and loaded.step_overhead_s == 4e-3

@@ -44,7 +44,7 @@ def test_cluster_validation_names_every_factor() -> None:
     a800 = get_gpu("A800-80GB")
     with pytest.raises(SpecError, match=r"GPUs per node \(8\) must divide the number of GPUs \(12\)"):
         ClusterSpec.from_total(gpu=a800, num_gpus=12, gpus_per_node=8)
-    with pytest.raises(SpecError, match="must be >= 1, got 0"):
+    with pytest.raises(SpecError, match="must be between 1 and 65,536, got 0"):
         ClusterSpec.from_total(gpu=a800, num_gpus=0, gpus_per_node=8)
     c = ClusterSpec.from_total(gpu=a800, num_gpus=16, gpus_per_node=8)
     assert c.nvlink_domains() == [list(range(8)), list(range(8, 16))]
@@ -78,7 +78,7 @@ def test_model_validation() -> None:
             num_experts=4,
             experts_per_token=2,
         )
-    with pytest.raises(SpecError, match="num_layers must be an integer >= 1, got 0"):
+    with pytest.raises(SpecError, match=r"num_layers must be an integer in \[1, 10,000\], got 0"):
         ModelSpec(
             name="x",
             num_layers=0,
@@ -106,7 +106,10 @@ def test_bucket_specs() -> None:
         ("1:4000,2:3000", "must increase"),
         ("1-4000", "tp:max_tokens"),
         ("x:4", "integer"),
-        ("0:100", "tp must be >= 1"),
+        ("0:100", "tp must be between 1 and 64"),
+        ("1:0.5,2:inf", "whole number of tokens"),
+        ("1:nan", "whole number of tokens"),
+        ("1:-inf", "whole number of tokens"),
     ]:
         with pytest.raises(SpecError, match=message):
             parse_buckets(bad)

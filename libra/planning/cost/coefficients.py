@@ -7,8 +7,7 @@ Where each default comes from (the comment on each field says which):
   steps with expert parallelism) and checked on the held-out rows; `python -m libra.planning.cost.anchors` re-runs
   the fit and prints the MAPE per family (docs/cost-model.md).
 - The engine behaviour under load (`per_seq_overhead_s`, `per_request_overhead_s`, `kv_headroom_seqs`,
-  `preemption_factor`, `max_churn`) was chosen by a grid search against the published measurements in
-  shared/PAPER.md for Qwen3-14B on A800 (TP-1 x 8 against TP-8 throughput at 0-2K and 16K-32K tokens, growth of
+  `preemption_factor`, `max_churn`) was chosen by a grid search against the published measurements (docs/paper.md) for Qwen3-14B on A800 (TP-1 x 8 against TP-8 throughput at 0-2K and 16K-32K tokens, growth of
   rollout and training time from 1K to 32K tokens; `libra.planning.cost.published` checks them).
 - The rest are engine defaults (vLLM's memory utilisation and sequence cap) or datasheet-style values no anchor
   pins down (`decode_mfu`: decode is memory-bound in every anchor; `kv_fill`, `activation_reserve_gb`,
@@ -83,19 +82,25 @@ _FRACTIONS = (
     "colocated_kv_fraction",
 )  # divisors: in (0, 1]
 _POSITIVE = ("max_num_seqs",)
+_SHARES = ("dp_overlap",)  # shares: in [0, 1]
+_LIMITS = {"max_num_seqs": 1_000_000, "logprob_forward_passes": 100}
+_MAX_VALUE = 1e6  # every other coefficient (seconds, bytes, factors, GB) stays below it
 
 
 def _check_value(path: Path, key: str, value: object) -> float | int:
     whole = key in _INTEGER_FIELDS
     number = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+    high = _LIMITS.get(key, _MAX_VALUE)
     if key in _FRACTIONS:
         ok, kind = number and 0 < value <= 1, "a number in (0, 1]"
+    elif key in _SHARES:
+        ok, kind = number and 0 <= value <= 1, "a number in [0, 1]"
     elif key in _POSITIVE:
-        ok, kind = number and value >= 1 and float(value).is_integer(), "a whole number >= 1"
+        ok, kind = number and 1 <= value <= high and float(value).is_integer(), f"a whole number in [1, {high:,}]"
     elif whole:
-        ok, kind = number and value >= 0 and float(value).is_integer(), "a whole number >= 0"
+        ok, kind = number and 0 <= value <= high and float(value).is_integer(), f"a whole number in [0, {high:,}]"
     else:
-        ok, kind = number and value >= 0, "a finite number >= 0"
+        ok, kind = number and 0 <= value <= high, f"a finite number in [0, {high:g}]"
     if not ok:
         raise SpecError(f"{path}: {key} must be {kind}, got {value!r}")
     return int(value) if whole else value  # type: ignore[arg-type]
@@ -105,8 +110,9 @@ def load_coefficients(path_text: str | Path) -> CostCoefficients:
     """Coefficients from a YAML/JSON mapping of field names to values; fields left out keep their defaults.
 
     Write one from `calibrate`'s result with `json.dumps(attrs.asdict(coeffs))`. Efficiencies must lie in (0, 1],
-    `max_num_seqs` be a whole number >= 1, everything else a finite number >= 0; a bad file raises a one-line
-    SpecError naming the field.
+    `dp_overlap` in [0, 1], `max_num_seqs` be a whole number in [1, 1e6], `logprob_forward_passes` in [0, 100],
+    everything else a finite number in [0, 1e6]; a bad file raises a one-line SpecError naming the field
+    (docs/files.md lists them all).
     """
     path = Path(path_text)
     data = read_mapping(path)

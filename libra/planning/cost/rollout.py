@@ -202,8 +202,10 @@ class RolloutCost:
         return np.where(ex(share > 0), np.maximum(total, chain / ex(1.0 - share)), total)
 
     def fluid_gpu_seconds(self, tp: int, *, num_requests, decode_tokens, prefill_tokens, resident_context):
-        """GPU-seconds to serve the work at full concurrency with no tail: a lower bound on any real layout."""
+        """GPU-seconds to serve the work at full concurrency with no tail: a lower bound on any real layout. The
+        decode cost per token, step(B) / B, falls with B, so the bound takes the largest batch the KV pool holds;
+        without preemption churn, which an instance holding exactly that many requests does not pay."""
         batch = self.concurrency(tp, resident_context, np.inf)
-        step = self.effective_step_time(tp, batch, resident_context, np.inf)
+        step = self.decode_step_time(tp, batch, resident_context)
         prefill = self.prefill_time(tp, prefill_tokens, resident_context / 2.0)
         return tp * (decode_tokens / batch * step + prefill + num_requests * self.c.per_request_overhead_s)

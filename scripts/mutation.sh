@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Mutation testing (mutmut 3) of the solvers: the training tree, the rollout DP, the global planner, the replan gate
+# and the C-MLFQ decision rule, each against its fastest relevant tests (the oracle tests at a reduced instance
+# count). Not part of scripts/test.sh: it takes tens of minutes (docs/testing.md has the numbers).
+#
+#   bash scripts/mutation.sh                 # all solver files
+#   bash scripts/mutation.sh replan          # one file (train_tree, rollout_dp, planner, replan, cmlfq)
+#
+# Works in build/mutation (a copy of libra/ and tests/ with its own mutmut configuration); prints the kill rate
+# and every surviving mutant's diff. LIBRA_ORACLE_INSTANCES (default 60) sizes the oracle tests; MUTMUT_CHILDREN
+# (default 2) the parallel workers.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+python=${PYTHON:-$root/.venv/bin/python}
+[ -x "$python" ] || python=$(command -v python3)
+"$python" -c "import mutmut" 2>/dev/null || { echo "mutation.sh: mutmut is not installed (pip install mutmut)" >&2; exit 2; }
+
+declare -A files=(
+  [train_tree]=libra/planning/train_tree.py
+  [rollout_dp]=libra/planning/rollout_dp.py
+  [planner]=libra/planning/planner.py
+  [replan]=libra/planning/replan.py
+  [cmlfq]=libra/scheduling/cmlfq.py
+)
+declare -A tests=(
+  [train_tree]=tests/planning/test_train_tree.py
+  [rollout_dp]=tests/planning/test_rollout_and_planner.py
+  [planner]=tests/planning/test_rollout_and_planner.py
+  [replan]="tests/planning/test_replan.py tests/planning/test_rollout_and_planner.py"
+  [cmlfq]="tests/scheduling/test_router.py tests/scheduling/test_evaluate.py"
+)
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(train_tree rollout_dp planner replan cmlfq)
+
+total_killed=0
+total_all=0
+for target in "${targets[@]}"; do
+  [ -n "${files[$target]:-}" ] || { echo "mutation.sh: unknown target $target" >&2; exit 2; }
+  work=$root/build/mutation/$target
+  rm -rf "$work"
+  mkdir -p "$work"
+  cp -r "$root/libra" "$root/tests" "$work/"
+  find "$work" -name __pycache__ -prune -exec rm -rf {} +
+  test_list=$(printf '"%s", ' ${tests[$target]})
+  cat >"$work/pyproject.toml" <<TOML
+[tool.mutmut]
+source_paths = ["${files[$target]}"]
+pytest_add_cli_args_test_selection = [${test_list%, }]
+also_copy = ["libra", "tests"]
+pytest_add_cli_args = ["-x", "-q", "-p", "no:cacheprovider", "-p", "no:benchmark"]
+
+[tool.pytest.ini_options]
+pythonpath = ["."]
+filterwarnings = ["ignore::DeprecationWarning"]
+markers = ["slow: slow", "multiproc: multiproc"]
+TOML
+  echo "== $target: mutating ${files[$target]} against ${tests[$target]}" >&2
+  (
+    cd "$work"
+    export LIBRA_ORACLE_INSTANCES=${LIBRA_ORACLE_INSTANCES:-60} PYTHONPATH=$work
+    "$python" -m mutmut run --max-children "${MUTMUT_CHILDREN:-2}" >"$work/run.log" 2>&1 || true
+    "$python" -m mutmut results --all true >"$work/results.txt" 2>&1 || "$python" -m mutmut results >"$work/results.txt" 2>&1
+    grep -E ': (survived|no tests|timeout|suspicious)' "$work/results.txt" | awk -F: '{print $1}' | while read -r name; do
+      echo "--- $name"
+      "$python" -m mutmut show "$name" 2>/dev/null || true
+    done >"$work/survivors.txt"
+  )
+  killed=$(grep -c ': killed' "$work/results.txt" || true)
+  all=$(grep -cE ': (killed|survived|no tests|timeout|suspicious|segfault|skipped|caught by type check)' "$work/results.txt" || true)
+  echo "$target: $killed of $all mutants killed; survivors in $work/survivors.txt"
+  total_killed=$((total_killed + killed))
+  total_all=$((total_all + all))
+done
+echo "total: $total_killed of $total_all mutants killed"
