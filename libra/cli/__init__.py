@@ -34,7 +34,7 @@ def _is_user_error(exc: Exception) -> bool:
 class _Parser(argparse.ArgumentParser):
     """argparse, with its errors on one line (no usage block) like every other `libra` error."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

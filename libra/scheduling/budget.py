@@ -37,7 +37,7 @@ class MigrationBudget:
         self._total = 0
         self._n = 0
 
-    def finish(self, points: list[tuple[float, float, int]] | None, total_tokens: int) -> None:
+    def finish(self, points: list[tuple[float, float, int] | None] | None, total_tokens: int) -> None:
         """A finished request's decision points (in order) and its final length."""
         if points:
             n = self._n

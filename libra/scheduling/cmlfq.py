@@ -144,7 +144,7 @@ class _Walk:
         self.root_ctx = ctx  # the context at admission, the anchor of the agnostic root's statistics
         self.warm = a_node.count > 0  # the tree had learnt something when the request arrived
         self.admitted = 0  # its bucket at admission
-        self.points: list[tuple[float, float, int]] | None = None  # decision points, for the budget (budget.py)
+        self.points: list[tuple[float, float, int] | None] | None = None  # decision points, for the budget (budget.py)
 
 
 @register_router
@@ -375,7 +375,7 @@ class CMLFQRouter(Router):
         tool-return move or as an overflow (budget.py)."""
         walk: _Walk = req.state
         a = walk.admitted
-        if best == a:
+        if best == a or walk.points is None:  # callers record only while the budget watches (points is a list)
             return
         top = probs[best]
         hi = (top - probs[a]) * mean / carried if carried > 0 else float("inf")

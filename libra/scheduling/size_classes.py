@@ -80,7 +80,7 @@ class QuantileStateCodec(StateCodec):
             if q is None:
                 q = recent[tool] = deque(maxlen=self.sample)
             q.extend(sizes)
-        pooled.extend(flat[-pooled.maxlen :])
+        pooled.extend(flat[-(pooled.maxlen or len(flat)) :])
         self._pooled_edges = self._quantiles(pooled)
         for tool, q in recent.items():
             if len(q) >= self.min_samples:

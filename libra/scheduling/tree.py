@@ -25,6 +25,7 @@ import math
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import cast
 
 from libra.scheduling.node import Node, NodeStats, refresh_all
 from libra.scheduling.size_classes import QuantileStateCodec
@@ -100,7 +101,9 @@ class PrefixTree:
         self.max_depth = _positive_int("max_depth", max_depth)
         if codec is None and isinstance(size_edges, str):
             codec = QuantileStateCodec.from_spec(size_edges, tools=tools)
-        self.codec = codec if codec is not None else StateCodec(size_edges=tuple(size_edges), tools=tools)
+        self.codec = (
+            codec if codec is not None else StateCodec(size_edges=tuple(cast(Sequence[int], size_edges)), tools=tools)
+        )
         self.agnostic = Node()
         self.prompts: dict[str, Node] = {}
         self.num_nodes = 1
@@ -522,7 +525,7 @@ class PrefixTree:
                 size_edges=data["size_edges"] if isinstance(data["size_edges"], str) else tuple(data["size_edges"]),
                 tools=data["tools"],
             )
-            if "size_class_state" in data:
+            if "size_class_state" in data and isinstance(tree.codec, QuantileStateCodec):
                 tree.codec.load_state(data["size_class_state"])
             tree.steps = int(data["steps"])
             tree._touched_at = None

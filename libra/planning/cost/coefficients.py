@@ -7,7 +7,8 @@ Where each default comes from (the comment on each field says which):
   steps with expert parallelism) and checked on the held-out rows; `python -m libra.planning.cost.anchors` re-runs
   the fit and prints the MAPE per family (docs/cost-model.md).
 - The engine behaviour under load (`per_seq_overhead_s`, `per_request_overhead_s`, `kv_headroom_seqs`,
-  `preemption_factor`, `max_churn`) was chosen by a grid search against the published measurements (docs/paper.md) for Qwen3-14B on A800 (TP-1 x 8 against TP-8 throughput at 0-2K and 16K-32K tokens, growth of
+  `preemption_factor`, `max_churn`) was chosen by a grid search against the published measurements
+  (docs/paper.md) for Qwen3-14B on A800 (TP-1 x 8 against TP-8 throughput at 0-2K and 16K-32K tokens, growth of
   rollout and training time from 1K to 32K tokens; `libra.planning.cost.published` checks them).
 - The rest are engine defaults (vLLM's memory utilisation and sequence cap) or datasheet-style values no anchor
   pins down (`decode_mfu`: decode is memory-bound in every anchor; `kv_fill`, `activation_reserve_gb`,
