@@ -47,7 +47,7 @@ print("engines and C++ extension: ok", file=sys.stderr)
 PY
 echo "== ruff" >&2
 ruff check libra tests benchmarks examples ext
-echo "== import-linter (layer rules of DESIGN.md)" >&2
+echo "== import-linter (layer rules of docs/design.md)" >&2
 lint-imports
 echo "== ruff format --check" >&2
 ruff format --check libra tests benchmarks examples ext

@@ -1,4 +1,4 @@
-"""C-MLFQ: causality-driven multi-level feedback queue (PAPER.md, mechanism 3).
+"""C-MLFQ: causality-driven multi-level feedback queue (docs/paper.md, mechanism 3).
 
 Admission: a request starts in the smallest bucket (`admit="smallest"`, the published rule) or, as an option, in
 the bucket the decision rule picks from the root statistics of its prompt (the prompt-agnostic root for an unseen

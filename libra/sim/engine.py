@@ -1,13 +1,13 @@
 """The simulator: steps of work, one `PolicyRun` per policy, all advanced in lockstep over the same steps.
 
-Pipelines (PAPER.md: an asynchronous iteration costs max(T_rollout, T_train)):
+Pipelines (docs/paper.md: an asynchronous iteration costs max(T_rollout, T_train)):
 - synchronous (colocated): stage k = rollout of step k on every GPU, then training of step k on every GPU;
   staleness 0.
 - asynchronous (disaggregated, staleness bound 1): stage k = rollout of step k (with the weights of training
   k - 2, synchronised over the network at the stage start) overlapped with training of step k - 1; the next stage
   starts when both end. A final stage trains the last step.
 
-Reconfiguration (a policy's `Decision` takes effect at a stage start; defaults from PAPER.md):
+Reconfiguration (a policy's `Decision` takes effect at a stage start; defaults from docs/paper.md):
 - a rollout instance that is new (its GPUs came from training or from an instance of another degree) starts
   `to_rollout_s` (10.8 s) later; instances whose degree survives keep running;
 - a new training layout (TP/PP/EP) or, without the elastic pool, any change of the replica count, blocks training
@@ -42,7 +42,7 @@ from libra.spec import WorkloadProfile
 
 @attrs.frozen(kw_only=True)
 class ReconfigCosts:
-    """Seconds a worker needs to switch (PAPER.md: ~10.8 s into rollout, 3.6 s snapshot + 4.4 s restore into
+    """Seconds a worker needs to switch (docs/paper.md: ~10.8 s into rollout, 3.6 s snapshot + 4.4 s restore into
     training, channel setup tens of ms). `colocated_switch_s` is the per-switch cost of the colocated pipeline
     (sleep/wake, offload/reload, weight reshard), paid at each of its two switches per step as verl does; None
     (the default) takes the cost model's `CostCoefficients.colocated_switch_s` (a sourced default)."""

@@ -1,4 +1,4 @@
-"""`libra trace import`: real agent logs to Libra traces (the trace schema of DESIGN.md).
+"""`libra trace import`: real agent logs to Libra traces (the trace schema of docs/trace-schema.md).
 
 Formats: `openai` (chat-completions message lists with tool calls; tau-bench-style result files), `swe-agent`
 (`.traj`), `mini-swe-agent` (`.traj.json`), `verl` (rollout exports: token ids and response masks). Text is
