@@ -1,4 +1,4 @@
-"""verl rollouts as Libra traces (docs/trace-schema.md schema, one trajectory per JSON line). Pure Python: no verl import.
+"""verl rollouts as Libra traces (docs/trace-schema.md, one trajectory per JSON line). Pure Python: no verl import.
 
 `LibraToolAgentLoop` puts one trace record per trajectory into `extra_fields["libra_trace"]`; verl copies extra
 fields into the batch's `non_tensor_batch` (one object array per key), so after a step

@@ -163,7 +163,7 @@ def calibrate(
 
     def coeffs_at(x: np.ndarray) -> CostCoefficients:
         values = np.where(fraction, 1.0 / (1.0 + np.exp(-x)), np.exp(x))
-        return attrs.evolve(start, **{name: float(v) for name, v in zip(fit, values)})
+        return start.replace(**{name: float(v) for name, v in zip(fit, values)})
 
     def loss(x: np.ndarray) -> float:
         cm = CostModel(cluster, model, coeffs_at(x))

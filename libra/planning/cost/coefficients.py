@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any, cast
 
 import attrs
 
@@ -65,7 +66,7 @@ class CostCoefficients:
     # actor_rollout_ref.rollout.gpu_memory_utilization, 0.5 in its documented config (docs/examples/config.rst)
     colocated_kv_fraction: float = 0.5
 
-    def replace(self, **changes: float) -> CostCoefficients:
+    def replace(self, **changes: Any) -> CostCoefficients:
         return attrs.evolve(self, **changes)
 
 
@@ -88,9 +89,10 @@ _LIMITS = {"max_num_seqs": 1_000_000, "logprob_forward_passes": 100}
 _MAX_VALUE = 1e6  # every other coefficient (seconds, bytes, factors, GB) stays below it
 
 
-def _check_value(path: Path, key: str, value: object) -> float | int:
+def _check_value(path: Path, key: str, raw: object) -> float | int:
     whole = key in _INTEGER_FIELDS
-    number = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+    number = not isinstance(raw, bool) and isinstance(raw, int | float) and math.isfinite(raw)
+    value = cast(float, raw)  # compared below only when `number` holds
     high = _LIMITS.get(key, _MAX_VALUE)
     if key in _FRACTIONS:
         ok, kind = number and 0 < value <= 1, "a number in (0, 1]"
@@ -103,8 +105,8 @@ def _check_value(path: Path, key: str, value: object) -> float | int:
     else:
         ok, kind = number and 0 <= value <= high, f"a finite number in [0, {high:g}]"
     if not ok:
-        raise SpecError(f"{path}: {key} must be {kind}, got {value!r}")
-    return int(value) if whole else value  # type: ignore[arg-type]
+        raise SpecError(f"{path}: {key} must be {kind}, got {raw!r}")
+    return int(value) if whole else value
 
 
 def load_coefficients(path_text: str | Path) -> CostCoefficients:

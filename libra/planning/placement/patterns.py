@@ -112,15 +112,15 @@ def _patterns(problem: PlacementProblem, types: tuple[EntityType, ...], avail: t
             continue
         saves = sum(t[2] * n for t, n in zip(types, kept))
         # The smallest unkept entity of each kind: adding that many new units of the kind is dominated.
-        unkept_min = {}
+        unkept_min: dict[str, int] = {}
         for (kind, units, _), n, a in zip(types, kept, avail):
             if n < a:
                 unkept_min[kind] = min(units, unkept_min.get(kind, units))
         for extra in _fill(keys, size, limit, pinned, room):
             if any(extra[k] >= m for k, m in unkept_min.items()):
                 continue
-            units = tuple((k, pinned[k] + extra[k]) for k in keys)
-            out.append(Pattern(kept=tuple(kept), units=units, saves=saves))
+            new_units = tuple((k, pinned[k] + extra[k]) for k in keys)
+            out.append(Pattern(kept=tuple(kept), units=new_units, saves=saves))
             if len(out) > MAX_PATTERNS:
                 return None
     return out
@@ -153,9 +153,9 @@ def decompose(problem: PlacementProblem) -> Decomposition:
             profile[e.type] += 1
         members[tuple(sorted(profile.items()))].append(n)
     classes = []
-    for profile, nodes in sorted(members.items(), key=lambda item: item[1][0]):
-        types = tuple(t for t, _ in profile)
-        patterns = _patterns(problem, types, tuple(a for _, a in profile))
+    for counts, nodes in sorted(members.items(), key=lambda item: item[1][0]):
+        types = tuple(t for t, _ in counts)
+        patterns = _patterns(problem, types, tuple(a for _, a in counts))
         if patterns is None:
             single.update(nodes)
         else:

@@ -105,7 +105,7 @@ def _build(
     kind = batch.tool[valid]
     no_tool = kind == NO_TOOL
     tools = np.array([*tool_names, None], object)[kind].tolist()
-    statuses = np.where(no_tool, None, np.array(STATUS_NAMES, object)[batch.status[valid]]).tolist()
+    statuses = np.where(no_tool, np.array(None, object), np.array(STATUS_NAMES, object)[batch.status[valid]]).tolist()
     tool_tok = np.where(no_tool, 0, batch.tool_tokens[valid]).tolist()
     latency = np.round(batch.tool_latency_s[valid], 3).tolist()
     extras = [{} if name is None else {"tool_latency_s": lat} for name, lat in zip(tools, latency)]
