@@ -14,6 +14,7 @@ Where `fork` is not available the caller runs serially.
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue as queue_module
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,6 +26,7 @@ from libra.spec import SpecError
 # prefix-tree update and C-MLFQ replays of the group that holds the tree (r2e-gym, 48 GPUs, 100 steps, one process
 # per group: libra-cmlfq and libra 80 s of CPU, the six other policies 83 s).
 TREE_COST = 4.0
+POLL_S = 1.0  # how often the parent checks, while no worker reports, that they are all still alive
 
 
 def policy_groups(policies: Sequence[str], workers: int) -> list[list[str]]:
@@ -70,9 +72,23 @@ def run_groups(
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
+    gone: set[int] = set()  # workers seen exited without a result at the last empty poll
     try:
         while len(results) < len(groups):
-            kind, index, payload = queue.get()
+            try:
+                kind, index, payload = queue.get(timeout=POLL_S)
+            except queue_module.Empty:
+                # A worker flushes its messages before it exits, so one that has exited and still said nothing
+                # after a whole further poll never will (killed, out of memory): fail instead of waiting forever.
+                exited = {i for i, p in enumerate(procs) if i not in results and p.exitcode is not None}
+                dead = exited & gone
+                if dead:
+                    i = min(dead)
+                    raise RuntimeError(
+                        f"simulation worker for {', '.join(groups[i])} died (exit code {procs[i].exitcode})"
+                    ) from None
+                gone = exited
+                continue
             if kind == "progress":
                 if progress:
                     progress(*payload)

@@ -9,6 +9,7 @@ from libra.sim import POLICY_NAMES, simulate
 from libra.sim.parallel import fork_available, policy_groups
 from libra.sim.policies import uses_shared_tree
 from libra.spec import SpecError
+from tests.limits import scaled
 
 
 def _canonical(report) -> list[str]:
@@ -42,3 +43,21 @@ def test_groups_cover_every_policy_once_and_keep_tree_users_together():
 
 def test_tree_users_are_the_cmlfq_policies_over_buckets():
     assert {p for p in POLICY_NAMES if uses_shared_tree(p)} == {"libra-cmlfq", "libra"}
+
+
+def _die_in_group(group, progress):
+    import os
+
+    if group == ["b"]:
+        os._exit(3)  # a worker killed without a word (the OOM killer, a signal)
+    return group
+
+
+@pytest.mark.skipif(not fork_available(), reason="worker processes need the fork start method")
+@pytest.mark.timeout(scaled(60))  # before the fix the parent waited forever
+def test_a_worker_that_dies_fails_the_run_instead_of_hanging():
+    from libra.sim.parallel import run_groups
+
+    with pytest.raises(RuntimeError, match=r"worker for b died \(exit code 3\)"):
+        run_groups(_die_in_group, [["a"], ["b"]])
+    assert run_groups(_die_in_group, [["a"], ["c"]]) == [["a"], ["c"]]
