@@ -7,6 +7,7 @@ Errors the user can fix print one line on stderr and exit 2; nothing prints a tr
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from libra.cli._common import CLIError
@@ -29,6 +30,20 @@ def _is_user_error(exc: Exception) -> bool:
     """Errors about the user's input raised by modules loaded on demand (placement needs OR-Tools)."""
     placement = sys.modules.get("libra.planning.placement")
     return placement is not None and isinstance(exc, placement.PlacementError)
+
+
+# The extra of pyproject.toml that brings each optional package a command may import lazily.
+_EXTRA_OF = {
+    "torch": "torch",
+    "vllm": "vllm",
+    "ray": "ray",
+    "deepspeed": "deepspeed",
+    "megatron": "megatron",
+    "transformers": "all",
+    "tokenizers": "all",
+    "xxhash": "torch",
+    "bpe_openai": "traces",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -65,6 +80,20 @@ def main(argv: list[str] | None = None) -> int:
     except (CLIError, SpecError, TraceError) as exc:
         print(f"libra: error: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:  # an optional engine (torch, vllm, ray, ...) the command needs is not installed
+        extra = _EXTRA_OF.get((exc.name or "").split(".")[0])
+        if extra is None:  # not an optional package: a broken install or a bug
+            print(f"libra: internal error: {type(exc).__name__}: {exc} (please report it)", file=sys.stderr)
+            return 1
+        print(
+            f"libra: error: this command needs {exc.name!r}, which is not installed here "
+            f"(pip install -c constraints.txt -e '.[{extra}]')",
+            file=sys.stderr,
+        )
+        return 2
+    except BrokenPipeError:  # the reader went away (`libra plan --json | head`): nothing left to say to it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except Exception as exc:  # noqa: BLE001 - the contract is one line, never a traceback
         if _is_user_error(exc):
             print(f"libra: error: {exc}", file=sys.stderr)

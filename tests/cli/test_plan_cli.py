@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from libra.cli import main
+from tests.limits import scaled
 
 
 def test_plan_defaults_print_a_table(capsys) -> None:
@@ -90,3 +91,29 @@ def test_coefficients_file_changes_the_prediction(tmp_path, capsys) -> None:
     slow.write_text("train_mfu: 2\n")
     assert main(["plan", "--coeffs", str(slow)]) == 2
     assert capsys.readouterr().err.strip().endswith("train_mfu must be a number in (0, 1], got 2")
+
+
+def test_a_missing_optional_engine_is_one_line_naming_the_extra(monkeypatch, capsys) -> None:
+    import libra.cli.estimate as estimate
+
+    def needs_torch(args):
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    monkeypatch.setattr(estimate, "run", needs_torch)
+    assert main(["estimate"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'torch'" in err and ".[torch]" in err
+
+
+def test_a_closed_pipe_is_not_an_internal_error() -> None:
+    """`libra estimate --json | head -c 10`: the reader is gone before libra writes; that is no internal error."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "libra", "estimate", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    child.stdout.close()  # the reader goes away before the child has started
+    err = child.stderr.read()
+    child.wait(timeout=scaled(120))
+    assert "internal error" not in err and "Traceback" not in err, err
