@@ -27,6 +27,11 @@ export LIBRA_REQUIRE_ENGINES=1
 # machine, often at a load average of 8+ on 2 cores, where limits sized on an idle machine killed live processes
 # (issue 15). A limit only bounds a wait; raising it never turns a failure into a pass. Set it higher on slower hosts.
 export LIBRA_TEST_TIMEOUT_FACTOR="${LIBRA_TEST_TIMEOUT_FACTOR:-2}"
+# A JIT build of a torch extension (DeepSpeed's shm op, libra_ext) that was killed leaves its lock file behind, and
+# every later build of it then waits on that lock forever. No build runs yet at this point, so any lock left is stale.
+for d in "${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}" "${LIBRA_EXT_BUILD_DIR:-$HOME/.cache/libra/ext}"; do
+  find "$d" -name lock -type f -delete 2>/dev/null || true
+done
 echo "== engines and C++ extension (a missing one fails here, in one line; the JIT build is cached in ~/.cache/libra/ext)" >&2
 python - <<'PY'
 import importlib, sys
@@ -73,10 +78,5 @@ echo "== verl tests (tests/adapters/verl_plugin, in .venv-verl)" >&2
 verl_env
 LIBRA_VERL_TESTS=1 LIBRA_MAIN_PYTHON="$PWD/.venv/bin/python" .venv-verl/bin/python -m pytest -q -p no:cacheprovider \
   tests/adapters/verl_plugin
-# A JIT build of a torch extension (DeepSpeed's shm op, libra_ext) that was killed leaves its lock file behind, and
-# every later build of it then waits on that lock forever. No build runs at this point, so any lock left is stale.
-for d in "${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}" "${LIBRA_EXT_BUILD_DIR:-$HOME/.cache/libra/ext}"; do
-  find "$d" -name lock -type f -delete 2>/dev/null || true
-done
 echo "== pytest" >&2
 python -m pytest -q --durations=15 "$@"
