@@ -126,11 +126,17 @@ class TrainingSearch:
         return bool(self.cm.training.fits(states))
 
     def _branch_bound(self, tp: int, pp: int, ep: int, dp: int) -> float:
-        """A lower bound on the step time of every leaf (micro-batch, recompute) below the branch. Memory grows with
-        the micro-batch, so when micro-batch 1 without recompute does not fit, every leaf that fits recomputes."""
+        """A lower bound on the step time of every leaf (micro-batch, recompute) below the branch: the least time
+        without latencies and per-micro-batch overheads over its micro-batches. Memory grows with the micro-batch,
+        so when micro-batch 1 without recompute does not fit, every leaf that fits recomputes."""
         b = self.batch
         must_recompute = not self.cm.training.fits(self.cm.training.memory_bytes(tp, pp, dp, ep, 1, False, b))
-        return float(self._bare.step_time(tp, pp, dp, ep, 1, must_recompute, b))
+        # The bare time of each micro-batch, not only of micro-batch 1: expert GEMMs get more efficient with more
+        # tokens per expert, so for an MoE model a larger micro-batch can be faster even without overheads.
+        return min(
+            (float(self._bare.step_time(tp, pp, dp, ep, mb, must_recompute, b)) for mb in self.micro_batches(dp)),
+            default=float("inf"),
+        )
 
     def valid_dp(self, num_gpus: int, tp: int, pp: int, ep: int) -> int | None:
         if num_gpus % (tp * pp):
