@@ -48,7 +48,7 @@ def test_cmlfq_routes_and_migrates_on_real_engines(backend):
     from libra.spec import parse_buckets
 
     buckets = parse_buckets("1:60,2:inf")
-    router = make_router("cmlfq", buckets, size_edges=(8, 32))
+    router = make_router("cmlfq", buckets, preset="published", size_edges=(8, 32))  # the rule this test describes
     rollout = RoutedRollout(backend=backend, router=router, bucket_instances={0: ["small"], 1: ["large"]})
     per_step = []
     for step in range(2):
