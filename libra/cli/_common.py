@@ -30,6 +30,13 @@ MAX_TRAJECTORIES_PER_STEP = 1 << 20  # prompts x samples
 MAX_MODEL_LEN = 10_000_000  # the trace loader's bound on one trajectory
 
 
+def check_generation(steps: int, prompts: int, samples: int) -> None:
+    """A synthetic workload the CLI is asked to generate stays bounded: per step and over all steps."""
+    check_batch(prompts, samples)
+    if steps * prompts * samples > 10 * MAX_TRAJECTORIES_PER_STEP:
+        raise CLIError(f"--steps x --prompts x --samples: at most {10 * MAX_TRAJECTORIES_PER_STEP:,} trajectories")
+
+
 def check_batch(prompts: int, samples: int) -> None:
     if prompts * samples > MAX_TRAJECTORIES_PER_STEP:
         raise CLIError(

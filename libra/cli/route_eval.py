@@ -14,7 +14,7 @@ from typing import Any
 from libra.cli._common import (
     MAX_TRAJECTORIES_PER_STEP,
     CLIError,
-    check_batch,
+    check_generation,
     check_ranges,
     emit_json,
     key_values,
@@ -117,9 +117,7 @@ def run(args: argparse.Namespace) -> int:
         },
     )
     if not args.trace:
-        check_batch(args.prompts, args.samples)
-        if args.steps * args.prompts * args.samples > 10 * MAX_TRAJECTORIES_PER_STEP:
-            raise CLIError(f"--steps x --prompts x --samples: at most {10 * MAX_TRAJECTORIES_PER_STEP:,} trajectories")
+        check_generation(args.steps, args.prompts, args.samples)
     buckets = None if args.buckets == "quantiles" else parse_buckets(args.buckets)
     policies = POLICIES if args.policy == "all" else (args.policy,)
     if args.policy != "all" and args.policy not in POLICIES:

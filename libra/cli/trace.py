@@ -13,7 +13,7 @@ from libra.cli._common import (
     MAX_MODEL_LEN,
     MAX_TRAJECTORIES_PER_STEP,
     CLIError,
-    check_batch,
+    check_generation,
     check_new_output,
     check_ranges,
     emit_json,
@@ -107,9 +107,7 @@ def run(args: argparse.Namespace) -> int:
             "max_model_len": (1, MAX_MODEL_LEN),
         },
     )
-    check_batch(args.prompts, args.samples)
-    if args.steps * args.prompts * args.samples > 10 * MAX_TRAJECTORIES_PER_STEP:
-        raise CLIError(f"--steps x --prompts x --samples: at most {10 * MAX_TRAJECTORIES_PER_STEP:,} trajectories")
+    check_generation(args.steps, args.prompts, args.samples)
     out = Path(args.out or f"{args.workload}-trace.jsonl")
     check_new_output(out, directory=False)
     log(
