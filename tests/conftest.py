@@ -41,3 +41,20 @@ def pytest_runtest_makereport(item, call):
 def pytest_make_collect_report(collector):
     outcome = yield
     _turn_required_skip_into_failure(outcome.get_result())
+
+
+# Every test gets a ceiling, so a hang fails that one test with a traceback instead of eating CI's whole budget
+# (a hung engine test once ran CI past 90 minutes with no output). Tests that set their own @pytest.mark.timeout keep
+# it. The ceiling is generous: it bounds a wait, it never decides a pass (tests/limits.py).
+_DEFAULT_TEST_CEILING_S = 300.0
+_SLOW_TEST_CEILING_S = 600.0
+
+
+def pytest_collection_modifyitems(config, items):
+    from tests.limits import scaled
+
+    for item in items:
+        if item.get_closest_marker("timeout") is not None:
+            continue
+        ceiling = _SLOW_TEST_CEILING_S if item.get_closest_marker("slow") is not None else _DEFAULT_TEST_CEILING_S
+        item.add_marker(pytest.mark.timeout(scaled(ceiling), method="signal"))
