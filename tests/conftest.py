@@ -50,11 +50,23 @@ _DEFAULT_TEST_CEILING_S = 300.0
 _SLOW_TEST_CEILING_S = 600.0
 
 
-def pytest_collection_modifyitems(config, items):
-    from tests.limits import scaled
+def _scaled(seconds: float) -> float:
+    # tests/limits.py loaded by path: in .venv-verl the name `tests` is verl's own package in site-packages
+    import importlib.util
+    from pathlib import Path
 
+    spec = importlib.util.spec_from_file_location("_libra_test_limits", Path(__file__).with_name("limits.py"))
+    assert spec is not None and spec.loader is not None
+    limits = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(limits)
+    return float(limits.scaled(seconds))
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.pluginmanager.hasplugin("timeout"):
+        raise pytest.UsageError("pytest-timeout is required (scripts/test.sh installs it): every test needs a ceiling")
     for item in items:
         if item.get_closest_marker("timeout") is not None:
             continue
         ceiling = _SLOW_TEST_CEILING_S if item.get_closest_marker("slow") is not None else _DEFAULT_TEST_CEILING_S
-        item.add_marker(pytest.mark.timeout(scaled(ceiling), method="signal"))
+        item.add_marker(pytest.mark.timeout(_scaled(ceiling), method="signal"))
