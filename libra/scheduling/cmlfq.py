@@ -178,8 +178,13 @@ class CMLFQRouter(Router):
         beyond: str = "promote",
         cold: str = "promote",
         admit_min_count: int | None = None,
+        shrink: float = 0.0,
     ) -> None:
         super().__init__(buckets)
+        if not shrink >= 0:
+            raise SpecError(f"cmlfq: shrink must be >= 0, got {shrink!r}")
+        self.shrink = float(shrink)
+        self._survivors = 0.0  # survivors in the window of the last `_bucket_probs` call
         if cold not in ("promote", "stay"):
             raise SpecError(f"cmlfq: cold must be 'promote' or 'stay', got {cold!r}")
         self.cold = cold
@@ -311,6 +316,15 @@ class CMLFQRouter(Router):
         if node is None:
             return None
         probs = self._bucket_probs(node, anchor, scale, ctx)
+        root = self.tree.agnostic
+        if probs is not None and self.shrink and node is not root:
+            # a node's few survivors are noisy: blend its shares with the survival statistics of all trajectories,
+            # as `shrink` pseudo-observations against the node's survivors
+            prior = self._bucket_probs(root, walk.root_ctx, 1.0, ctx)
+            if prior is not None:
+                n = self._survivors
+                w = n / (n + self.shrink)
+                probs = [w * a + (1.0 - w) * b for a, b in zip(probs, prior)]
         if probs is None and self.beyond == "root" and self.tree.agnostic.count:
             # the request outlived every observation at its node: the survival statistics of all trajectories,
             # else (it outlived them all too) the bucket of its context
@@ -334,6 +348,7 @@ class CMLFQRouter(Router):
         alive = 1.0 - below
         if alive <= 0:
             return None
+        self._survivors = alive * n
         probs = []
         for limit in self._finite_limits:
             upto = bisect_right(ordered, floor((limit - anchor) / scale)) / n

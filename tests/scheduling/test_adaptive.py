@@ -136,29 +136,73 @@ def test_budget_follows_the_cost_of_moving() -> None:
 
 
 # -- real agent trajectories (data/corpus; docs/routing.md has the table) --------------------------------------------
+CODING_BUCKETS = parse_buckets("1:8000,2:16000,4:32000,8:inf")
+
+
 @pytest.fixture(scope="module")
 def corpus_scores():
-    corpus = load_corpus()
-    return {name: score_source(trajs, quantile_buckets(trajs), {"default": {}}) for name, trajs in corpus.items()}
+    """(source, bucket set) -> results of the baselines and the default, on the committed corpus (a few seconds)."""
+    out = {}
+    for name, trajs in load_corpus().items():
+        out[name, "quartiles"] = score_source(trajs, quantile_buckets(trajs), {"default": {}})
+        if name.startswith(("swe-agent", "mini-swe-agent")):
+            out[name, "coding"] = score_source(trajs, CODING_BUCKETS, {"default": {}})
+    return out
+
+
+def _gap(res) -> float:
+    return res["default"].routing_accuracy - max(res[b].routing_accuracy for b in BASELINES)
 
 
 def test_default_on_every_real_source(corpus_scores) -> None:
-    """On every source with at least 100 trajectories, at its own quartile buckets, the default beats the best
-    baseline (fcfs, mlfq, predictor, most common bucket) while carrying at most 12 % of the tokens. Measured:
-    tau-bench/gpt-4o 44.0 % / 8.4 % vs 41.5 %; tau2/gemma-3-27b 56.0 % / 8.0 % vs 27.0 %."""
-    for name, res in corpus_scores.items():
+    """What holds on the real sources of >= 100 trajectories (docs/routing.md): the default never carries more than
+    12 % of the tokens; on the function-calling sources it beats the best baseline (fcfs, mlfq, predictor, most
+    common bucket): tau-bench/gpt-4o 44.0 % vs 41.5 %, tau2/gemma-3-27b 56.0 % vs 27.0 %; on the coding agent
+    (mini-swe-agent/gemini-3-pro, 500 SWE-bench Verified issues) it is within 5 points of the best baseline, below it
+    (27.6 % vs 28.8 % at quartiles, 47.8 % vs 51.2 % at 1:8000,2:16000,4:32000,8:inf)."""
+    seen = set()
+    for (name, buckets), res in corpus_scores.items():
         if res["default"].trajectories < 100:
             continue
-        best = max(res[b].routing_accuracy for b in BASELINES)
-        assert res["default"].routing_accuracy > best, name
-        assert res["default"].migrated_token_fraction <= MAX_MIGRATED, name
+        seen.add(name)
+        assert res["default"].migrated_token_fraction <= MAX_MIGRATED, (name, buckets)
+        if name.startswith("tau"):
+            assert _gap(res) > 0, name
+        else:
+            assert _gap(res) > -0.05, (name, buckets)
+    assert {"tau-bench-gpt4o-airline", "tau2-gemma3-27b-custom", "mini-swe-agent-gemini3pro-verified"} <= seen
 
 
-@pytest.mark.xfail(strict=True, reason="not met on tau-bench/gpt-4o (+2.5 points); see docs/routing.md")
+@pytest.mark.xfail(strict=True, reason="not met on tau-bench/gpt-4o (+2.5) nor the coding agents; docs/routing.md")
 def test_default_beats_baselines_by_five_points_everywhere(corpus_scores) -> None:
     for res in corpus_scores.values():
         if res["default"].trajectories >= 100:
-            assert res["default"].routing_accuracy >= max(res[b].routing_accuracy for b in BASELINES) + 0.05
+            assert _gap(res) >= 0.05
+
+
+def test_shrink_blends_node_shares_with_the_population() -> None:
+    """`shrink=k` mixes a node's bucket shares with the agnostic root's survival shares, weight n / (n + k) for n
+    survivors at the node: 0 leaves the node's shares, a huge k gives the root's."""
+    trace = generate("search-r1", num_steps=3, seed=5, num_prompts=8, samples_per_prompt=8)
+    probs = {}
+    for k in (0.0, 1e12):
+        router = make_router("cmlfq", SEARCH_BUCKETS, shrink=k)
+        replay(router, trace[: 2 * 64])
+        t = trace[-1]
+        router.admit("r", prompt_id=t.prompt_id, prompt_tokens=t.prompt_tokens)
+        ctx = t.prompt_tokens + t.turns[0].gen_tokens + t.turns[0].tool_tokens
+        router.on_tool_return(
+            "r", tool=t.turns[0].tool, tool_tokens=t.turns[0].tool_tokens, status="ok", context_tokens=ctx
+        )
+        walk = router._requests["r"].state
+        probs[k] = router._probabilities(walk, ctx)
+        root = router._bucket_probs(router.tree.agnostic, walk.root_ctx, 1.0, ctx)
+        node, anchor, scale = router._select(walk)
+        own = router._bucket_probs(node, anchor, scale, ctx)
+        assert node is not router.tree.agnostic
+        expected = own if k == 0 else root
+        assert probs[k] == pytest.approx(expected, abs=1e-9)
+    assert probs[0.0] != pytest.approx(probs[1e12], abs=1e-6)
 
 
 # -- synthetic search-r1 --------------------------------------------------------------------------------------------
