@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from libra.scheduling import CMLFQ_PRESETS, DEFAULT_PRESET, PrefixTree, make_router, replay
 from libra.scheduling.budget import PRICE_GRID, MigrationBudget
+from libra.scheduling.shrinkage import SHRINK_GRID, ShrinkFit
 from libra.scheduling.size_classes import QuantileStateCodec
 from libra.scheduling.sources import BASELINES, MAX_MIGRATED, quantile_buckets, score_source
 from libra.spec import parse_buckets
@@ -39,6 +40,7 @@ def _scaled(trajs: list[Trajectory], factor: float) -> list[Trajectory]:
 def test_default_is_the_adaptive_preset() -> None:
     router = make_router("cmlfq", SEARCH_BUCKETS)
     assert DEFAULT_PRESET == "adaptive" and router.budget == 0.08 and router.rule == "priced"
+    assert router.budget_mix and router._fit is not None
     assert make_router("cmlfq", SEARCH_BUCKETS, preset="published").rule == "mean-p90"
     # presets are complete option sets: laid over the default they give exactly themselves
     priced = make_router("cmlfq", SEARCH_BUCKETS, **CMLFQ_PRESETS["priced"])
@@ -155,29 +157,41 @@ def _gap(res) -> float:
 
 
 def test_default_on_every_real_source(corpus_scores) -> None:
-    """What holds on the real sources of >= 100 trajectories (docs/routing.md): the default never carries more than
-    12 % of the tokens; on the function-calling sources it beats the best baseline (fcfs, mlfq, predictor, most
-    common bucket): tau-bench/gpt-4o 44.0 % vs 41.5 %, tau2/gemma-3-27b 56.0 % vs 27.0 %; on the coding agent
-    (mini-swe-agent/gemini-3-pro, 500 SWE-bench Verified issues) it is within 5 points of the best baseline, below it
-    (27.6 % vs 28.8 % at quartiles, 47.8 % vs 51.2 % at 1:8000,2:16000,4:32000,8:inf)."""
+    """On every real source of >= 100 trajectories (docs/routing.md), at its quartile buckets and, for the coding
+    agent, at 1:8000,2:16000,4:32000,8:inf, the default beats the best baseline (fcfs, mlfq, predictor, most common
+    bucket) while carrying at most 12 % of the tokens. Measured: tau-bench/gpt-4o 44.5 % / 5.8 % vs 41.5 %;
+    tau2/gemma-3-27b 60.2 % / 6.5 % vs 27.0 %; mini-swe-agent/gemini-3-pro 34.6 % / 10.1 % vs 28.8 % and 56.6 % /
+    8.4 % vs 51.2 %."""
     seen = set()
     for (name, buckets), res in corpus_scores.items():
         if res["default"].trajectories < 100:
             continue
         seen.add(name)
         assert res["default"].migrated_token_fraction <= MAX_MIGRATED, (name, buckets)
-        if name.startswith("tau"):
-            assert _gap(res) > 0, name
-        else:
-            assert _gap(res) > -0.05, (name, buckets)
+        assert _gap(res) > 0, (name, buckets)
     assert {"tau-bench-gpt4o-airline", "tau2-gemma3-27b-custom", "mini-swe-agent-gemini3pro-verified"} <= seen
 
 
-@pytest.mark.xfail(strict=True, reason="not met on tau-bench/gpt-4o (+2.5) nor the coding agents; docs/routing.md")
+@pytest.mark.xfail(strict=True, reason="not met on tau-bench/gpt-4o (+3.0 points); see docs/routing.md")
 def test_default_beats_baselines_by_five_points_everywhere(corpus_scores) -> None:
     for res in corpus_scores.values():
         if res["default"].trajectories >= 100:
             assert _gap(res) >= 0.05
+
+
+def test_default_beats_baselines_by_five_points_on_the_coding_agent(corpus_scores) -> None:
+    """The issue's target met on the coding agent (both bucket sets): +5.8 and +5.4 points at 10.1 % and 8.4 %."""
+    for buckets in ("quartiles", "coding"):
+        res = corpus_scores["mini-swe-agent-gemini3pro-verified", buckets]
+        assert _gap(res) >= 0.05 and res["default"].migrated_token_fraction <= MAX_MIGRATED, buckets
+
+
+def test_fitted_shrinkage_and_price_mix_are_what_wins_on_the_coding_agent() -> None:
+    """Without the fitted shrinkage and the budget's price mix (the adaptive preset of before) the default is below
+    the best baseline on the coding agent: 27.6 % vs 28.8 % at quartiles (docs/routing.md)."""
+    trajs = load_corpus()["mini-swe-agent-gemini3pro-verified"]
+    res = score_source(trajs, quantile_buckets(trajs), {"fixed": {"shrink": 0.0, "budget_mix": False}})
+    assert res["fixed"].routing_accuracy < max(res[b].routing_accuracy for b in BASELINES)
 
 
 def test_shrink_blends_node_shares_with_the_population() -> None:
@@ -224,3 +238,61 @@ def test_default_is_robust_to_the_size_of_tool_returns(factor) -> None:
 
 def test_grid_is_increasing() -> None:
     assert all(a < b for a, b in itertools.pairwise(PRICE_GRID))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.lists(
+            st.tuples(st.floats(0, 60), st.floats(0, 60), st.integers(1, 5000)).map(
+                lambda p: (min(p[0], p[1]), max(p[0], p[1]), p[2])
+            ),
+            max_size=4,
+        ),
+        min_size=1,
+        max_size=10,
+    ),
+    st.floats(0.01, 0.5),
+)
+def test_price_mix_spends_the_budget_in_expectation(requests, share) -> None:
+    """choose_mix: the chosen price is `choose`'s; with probability q the next lower grid price whose share is over
+    the budget, so that q * share(lower) + (1 - q) * share(price) is the budget exactly (when such a price exists)."""
+    budget = MigrationBudget(share, steps=1)
+    for points in requests:
+        budget.finish(list(points), 10_000)
+    budget.end_step()
+    shares = budget.shares()
+    price, lower, q = budget.choose_mix(1.0)
+    assert price == budget.choose(1.0) and 0.0 <= q <= 1.0
+    if q > 0:
+        s_hi, s_lo = shares[PRICE_GRID.index(price)], shares[PRICE_GRID.index(lower)]
+        assert lower < price and s_lo > share >= s_hi
+        assert q * s_lo + (1 - q) * s_hi == pytest.approx(share)
+        between = PRICE_GRID[PRICE_GRID.index(lower) + 1 : PRICE_GRID.index(price)]
+        assert all(shares[PRICE_GRID.index(p)] <= share for p in between)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(5, 60))
+def test_shrink_fit_picks_the_least_brier_score(seed, m) -> None:
+    """ShrinkFit.choose is the grid value whose blended shares have the least Brier score (brute force)."""
+    rng = np.random.default_rng(seed)
+    fit = ShrinkFit(steps=1)
+    recs = []
+    for _ in range(m):
+        own, prior = rng.dirichlet(np.ones(3)), rng.dirichlet(np.ones(3))
+        n, y = float(rng.integers(1, 50)), int(rng.integers(0, 3))
+        fit.finish([(own.tolist(), prior.tolist(), n)], y)
+        recs.append((own, prior, n, y))
+    fit.end_step()
+
+    def brier(k):
+        total = 0.0
+        for own, prior, n, y in recs:
+            p = n / (n + k) * own + k / (n + k) * prior
+            total += sum((p[j] - (j == y)) ** 2 for j in range(3))
+        return total / m
+
+    scores = [brier(k) for k in SHRINK_GRID]
+    assert fit.scores() == pytest.approx(scores)
+    assert brier(fit.choose(0.0)) == pytest.approx(min(scores))
