@@ -5,9 +5,9 @@
 Per source: four buckets at its own 25/50/75 % length quantiles, and on coding sources also `1:8000,2:16000,
 4:32000,8:inf`; the baselines, the C-MLFQ presets and the candidate structures of the adaptive preset on each.
 Then, per source, the candidate that did best on the *other* sources (mean margin over the best baseline over
-their bucket sets, less twice any migrated-token share above 12 %; sources of >= 100 trajectories only), reported
-on the held-out source, and the
-default (the `adaptive` preset) on every source. Prints markdown tables (docs/routing.md).
+their bucket sets, among the candidates that carry at most 12 % of the tokens on each of them; sources of >= 100
+trajectories only), reported on the held-out source, and the default (the `adaptive` preset) on every source.
+Prints markdown tables (docs/routing.md).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 import numpy as np
 
 from libra.scheduling import CMLFQ_PRESETS
-from libra.scheduling.sources import BASELINES, margin, quantile_buckets, score_source
+from libra.scheduling.sources import BASELINES, MAX_MIGRATED, margin, quantile_buckets, score_source
 from libra.spec import format_buckets, parse_buckets
 from libra.workloads.corpus import DEFAULT_CORPUS, load_corpus, load_manifest
 
@@ -64,7 +64,13 @@ def main() -> int:
         # sources of fewer than MIN_SELECT trajectories are reported, not used to choose: one trajectory moves
         # their accuracy by 5 points
         others = [s for s in units if s != held and len(corpus[s]) >= MIN_SELECT]
-        chosen = max(CANDIDATES, key=lambda c: np.mean([source_margin(s, c) for s in others]))
+        # the issue's bound is a constraint: candidates over 12 % migrated tokens on any unit of the others are out
+        feasible = [
+            c
+            for c in CANDIDATES
+            if all(res[c].migrated_token_fraction <= MAX_MIGRATED for s in others for _, res in units[s])
+        ] or list(CANDIDATES)
+        chosen = max(feasible, key=lambda c: np.mean([source_margin(s, c) for s in others]))
         loso[held] = chosen
         for buckets, res in units[held]:
             r = res[chosen]

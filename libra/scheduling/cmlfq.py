@@ -336,7 +336,9 @@ class CMLFQRouter(Router):
         best = max(range(len(probs)), key=probs.__getitem__)
         return best, probs[best] >= self.confidence
 
-    def _probabilities(self, walk: _Walk, ctx: int, min_count: int | None = None) -> list[float] | None:
+    def _probabilities(
+        self, walk: _Walk, ctx: int, min_count: int | None = None, record: bool = False
+    ) -> list[float] | None:
         """Per bucket, the share of the selected node's window whose final length falls in it, among the
         trajectories that ran at least as long as the request has; None without a node or a survivor."""
         node, anchor, scale = self._select(walk, min_count)
@@ -345,15 +347,20 @@ class CMLFQRouter(Router):
         probs = self._bucket_probs(node, anchor, scale, ctx)
         root = self.tree.agnostic
         self._blend = None
-        if probs is not None and (self.shrink or self._fit is not None) and node is not root:
+        if probs is not None and (self.shrink or record) and node is not root:
             # a node's few survivors are noisy: blend its shares with the survival statistics of all trajectories,
             # as `shrink` pseudo-observations against the node's survivors (shrinkage.py)
             n = self._survivors
-            prior = self._bucket_probs(root, walk.root_ctx, 1.0, ctx)
+            prior = self._root_probs(root, walk.root_ctx, ctx)
             if prior is not None:
-                self._blend = (probs, prior, n)
-                w = n / (n + self.shrink)
-                probs = [w * a + (1.0 - w) * b for a, b in zip(probs, prior)]
+                if record:
+                    self._blend = (probs, prior, n)
+                if self.shrink:
+                    w = n / (n + self.shrink)
+                    v = 1.0 - w
+                    probs = probs[:]  # (no comprehension: a function call each time before Python 3.12)
+                    for i, b in enumerate(prior):
+                        probs[i] = w * probs[i] + v * b
         if probs is None and self.beyond == "root" and self.tree.agnostic.count:
             # the request outlived every observation at its node: the survival statistics of all trajectories,
             # else (it outlived them all too) the bucket of its context
@@ -388,13 +395,39 @@ class CMLFQRouter(Router):
             probs.append((1.0 - below) / alive if below < 1.0 else 0.0)
         return probs
 
+    def _root_probs(self, root: Node, anchor: int, ctx: int) -> list[float] | None:
+        """`_bucket_probs(root, anchor, 1.0, ctx)` (up to rounding) for the prior of the shrinkage, in counts: fewer
+        operations on every tool return."""
+        ordered = root.ordered
+        n = len(ordered)
+        if not n:
+            return None
+        below = bisect_right(ordered, ctx - anchor - 1)
+        if below >= n:
+            return None
+        alive = n - below
+        probs = []
+        for limit in self._finite_limits:
+            upto = bisect_right(ordered, floor(limit - anchor))
+            if upto > below:
+                probs.append((upto - below) / alive)
+                below = upto
+            else:
+                probs.append(0.0)
+        if len(probs) < len(self.limits):
+            probs.append((n - below) / alive)
+        return probs
+
     def _priced(self, req: Request, carried: int, tool_tokens: int) -> tuple[int, str]:
         """The `priced` rule after a tool return (module docstring): move once, when the gain pays for the carried
         context and the router is sure enough or waiting would carry the large return just received."""
         walk: _Walk = req.state
-        probs = self._probabilities(walk, req.context)
-        if self._blend is not None and self._fit is not None and len(walk.calib) < self._fit.per_request:
+        fit = self._fit
+        record = fit is not None and fit.taken < fit.per_step and len(walk.calib) < fit.per_request
+        probs = self._probabilities(walk, req.context, record=record)
+        if record and self._blend is not None:
             walk.calib.append(self._blend)
+            fit.taken += 1
         points = walk.points
         if points is not None and points and points[-1] is None:
             points.pop()

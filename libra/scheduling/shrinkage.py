@@ -4,7 +4,8 @@ A node's bucket shares come from the trajectories of its window that ran at leas
 in the tree, or late in a request, that may be a handful, and shares from a handful are overconfident. With
 `shrink=k` the router blends them with the survival shares of all trajectories (the agnostic root), weight
 `n / (n + k)` for `n` survivors at the node. `shrink="auto"` fits `k` to the workload: every tool return records
-(node shares, root shares, n) for the first `per_request` returns of a request, the request's final bucket is
+(node shares, root shares, n) for the first `per_request` returns of a request (at most `per_step` records a
+step: a large step has plenty, and recording costs time on the hot path), the request's final bucket is
 known when it finishes, and at each step end `k` is set to the value on a log grid with the least Brier score over
 the records of the last `steps` steps (the older, the lighter: weight 1/2 per step). Nothing in it is tuned to a
 workload: a workload whose nodes predict well keeps a small `k`, one whose nodes are noise gets a large one.
@@ -22,8 +23,10 @@ SHRINK_GRID = (0.0, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)
 class ShrinkFit:
     """Records of decision points and the choice of the prior strength (module docstring)."""
 
-    def __init__(self, *, steps: int = 3, per_request: int = 8, decay: float = 0.5) -> None:
+    def __init__(self, *, steps: int = 3, per_request: int = 8, per_step: int = 4096, decay: float = 0.5) -> None:
         self.per_request = per_request
+        self.per_step = per_step
+        self.taken = 0  # records taken this step (the router stops recording at `per_step`)
         self.decay = decay
         self._steps: deque[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = deque(maxlen=steps)
         self._own: list[list[float]] = []
@@ -40,6 +43,7 @@ class ShrinkFit:
             self._y.append(truth)
 
     def end_step(self) -> None:
+        self.taken = 0
         if self._y:
             self._steps.append(
                 (np.asarray(self._own), np.asarray(self._prior), np.asarray(self._n), np.asarray(self._y, np.int64))
