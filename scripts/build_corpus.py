@@ -1,6 +1,6 @@
 """Rebuild the corpus of real agent trajectories (data/corpus/) from public repositories.
 
-    python scripts/build_corpus.py --mirrors DIR [--out data/corpus]
+    python scripts/build_corpus.py --mirrors DIR [--out data/corpus] [--only SOURCE]...
 
 DIR holds bare git snapshots of the repositories below as DIR/<owner>+<name>/repo (what the project's fetch tool
 brings; a `git clone --bare` works the same). For each source the files are read at the pinned commit, their
@@ -55,6 +55,18 @@ SOURCES = [
         "globs": ["trajectories/demonstrations/*.traj", "tests/test_data/trajectories/*.traj"],
         "format": "swe-agent",
     },
+    {
+        "name": "mini-swe-agent-gemini3pro-verified",
+        "kind": "coding (SWE-bench Verified, 500 issues, bash only)",
+        "agent": "mini-swe-agent 1.15.0",
+        "model": "gemini-3-pro-preview",
+        "repo": "gruckion/mini-swe-agent",
+        "commit": "d12a71affd95403b036b2bdbd827349b77bfffb9",
+        "licence": "MIT (fork of SWE-agent/mini-swe-agent; the files are the SWE-bench experiments submission "
+        "bash-only/20251118_mini-v1.15.0_gemini-3-pro-preview-20251118)",
+        "globs": ["swebench_results/20251118_gemini-3-pro-74pct/trajs/*/*.traj.json"],
+        "format": "mini-swe-agent",
+    },
 ]
 
 
@@ -75,12 +87,23 @@ def _files(repo: Path, commit: str | None, globs: list[str]) -> list[tuple[str, 
     return list(seen.values())
 
 
-def build(mirrors: Path, out: Path) -> dict:
+def build(mirrors: Path, out: Path, only: list[str] | None = None) -> dict:
+    """Rebuild every source (or only the named ones, keeping the others' files and manifest entries)."""
     from libra.workloads.importers import import_files
 
     out.mkdir(parents=True, exist_ok=True)
+    old = {}
+    if only and (out / "MANIFEST.json").exists():
+        old = {s["name"]: s for s in json.loads((out / "MANIFEST.json").read_text())["sources"]}
+    unknown = set(only or ()) - {s["name"] for s in SOURCES}
+    if unknown:
+        raise SystemExit(f"unknown source(s): {', '.join(sorted(unknown))}")
     manifest = {"tokenizer": "o200k_base", "sources": []}
     for src in SOURCES:
+        if only and src["name"] not in only:
+            if src["name"] in old:
+                manifest["sources"].append(old[src["name"]])
+            continue
         repo = mirrors / src["repo"].replace("/", "+") / "repo"
         files = _files(repo, src["commit"], src["globs"])
         entries, trajectories, seen = [], [], set()
@@ -122,8 +145,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mirrors", required=True, type=Path)
     p.add_argument("--out", default=Path("data/corpus"), type=Path)
+    p.add_argument("--only", action="append", default=None, help="rebuild only this source (repeatable)")
     args = p.parse_args()
-    build(args.mirrors, args.out)
+    build(args.mirrors, args.out, args.only)
     return 0
 
 

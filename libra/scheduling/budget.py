@@ -84,11 +84,26 @@ class MigrationBudget:
 
     def choose(self, current: float) -> float:
         """The price for the next step (module docstring); `current` when nothing is recorded yet."""
+        return self.choose_mix(current)[0]
+
+    def choose_mix(self, current: float) -> tuple[float, float, float]:
+        """`(price, lower, q)`: the price `choose` picks and, for requests drawn with probability `q`, the next lower
+        grid price, so that the expected share meets the budget. Moves come in lumps (many requests reach the same
+        decision at about the same context), so the share can jump from well under the budget at one grid price to
+        well over it at the next; mixing the two prices over requests spends the budget in expectation (the
+        relaxation of the knapsack the price solves). `q` = 0 when nothing lower fits or nothing is recorded."""
         if not self._steps:
-            return current
+            return current, current, 0.0
         shares = self.shares()
         fitting = [(s, -i) for i, s in enumerate(shares) if s <= self.share]
         if not fitting:
-            return PRICE_GRID[-1]
-        _, neg_i = max(fitting)
-        return PRICE_GRID[-neg_i]
+            return PRICE_GRID[-1], PRICE_GRID[-1], 0.0
+        s_hi, neg_i = max(fitting)
+        i = -neg_i
+        # the highest grid price below `i` whose share exceeds the budget (shares need not be monotone in price)
+        below = [j for j in range(i - 1, -1, -1) if shares[j] > self.share]
+        if not below:
+            return PRICE_GRID[i], PRICE_GRID[i], 0.0
+        j = below[0]
+        q = (self.share - s_hi) / (shares[j] - s_hi)
+        return PRICE_GRID[i], PRICE_GRID[j], q

@@ -40,6 +40,7 @@ The tree learns only in `end_step`, from trajectories finished by then: routing 
 
 from __future__ import annotations
 
+import random
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from math import floor
@@ -47,6 +48,7 @@ from typing import Any
 
 from libra.scheduling.budget import MigrationBudget
 from libra.scheduling.router import Request, Router, register_router
+from libra.scheduling.shrinkage import ShrinkFit
 from libra.scheduling.states import DEFAULT_SIZE_EDGES
 from libra.scheduling.tree import Node, PrefixTree
 from libra.spec import Bucket, SpecError
@@ -69,6 +71,8 @@ _PUBLISHED: dict[str, Any] = {
     "beyond": "promote",
     "cold": "promote",
     "admit_min_count": None,
+    "shrink": 0.0,
+    "budget_mix": False,
 }
 _PRESETS: dict[str, dict[str, Any]] = {
     # the published rule: start small, move when the buckets of the predicted mean and P90 agree
@@ -112,6 +116,8 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "beyond": "root",
         "cold": "stay",
         "size_edges": "breaks:4",
+        "shrink": "auto",
+        "budget_mix": True,
     },
 }
 CMLFQ_PRESETS: dict[str, dict[str, Any]] = {name: {**_PUBLISHED, **opts} for name, opts in _PRESETS.items()}
@@ -135,6 +141,8 @@ class _Walk:
         "warm",
         "admitted",
         "points",
+        "price",
+        "calib",
     )
 
     def __init__(self, p_node: Node | None, a_node: Node, ctx: int) -> None:
@@ -145,6 +153,8 @@ class _Walk:
         self.warm = a_node.count > 0  # the tree had learnt something when the request arrived
         self.admitted = 0  # its bucket at admission
         self.points: list[tuple[float, float, int] | None] | None = None  # decision points, for the budget (budget.py)
+        self.price = 0.0  # the price of a carried token for this request (the router's, or the budget's mix)
+        self.calib: list[tuple[list[float], list[float], float]] = []  # `shrink="auto"` records (shrinkage.py)
 
 
 @register_router
@@ -178,8 +188,27 @@ class CMLFQRouter(Router):
         beyond: str = "promote",
         cold: str = "promote",
         admit_min_count: int | None = None,
+        shrink: float | str = 0.0,
+        budget_mix: bool = False,
+        seed: int = 0,
     ) -> None:
         super().__init__(buckets)
+        # `budget_mix`: requests draw the budget's lower price with probability q (budget.py, choose_mix), from a
+        # generator seeded by `seed` (a replay is reproducible)
+        self.budget_mix = bool(budget_mix)
+        self._mix_price = float(price)
+        self._mix_q = 0.0
+        self._rng = random.Random(seed)
+        if shrink == "auto":
+            self._fit: ShrinkFit | None = ShrinkFit()
+            shrink = 0.0
+        elif isinstance(shrink, str) or not shrink >= 0:
+            raise SpecError(f"cmlfq: shrink must be >= 0 or 'auto', got {shrink!r}")
+        else:
+            self._fit = None
+        self.shrink = float(shrink)
+        self._blend: tuple[list[float], list[float], float] | None = None  # the last blend's parts, for the fit
+        self._survivors = 0.0  # survivors in the window of the last `_bucket_probs` call
         if cold not in ("promote", "stay"):
             raise SpecError(f"cmlfq: cold must be 'promote' or 'stay', got {cold!r}")
         self.cold = cold
@@ -237,6 +266,9 @@ class CMLFQRouter(Router):
         bucket = self._admit_bucket(req)
         walk: _Walk = req.state
         walk.admitted = bucket
+        walk.price = self.price
+        if self._mix_q > 0.0 and self._rng.random() < self._mix_q:
+            walk.price = self._mix_price
         if self._budget is not None and walk.warm:
             walk.points = []
         return bucket
@@ -304,13 +336,31 @@ class CMLFQRouter(Router):
         best = max(range(len(probs)), key=probs.__getitem__)
         return best, probs[best] >= self.confidence
 
-    def _probabilities(self, walk: _Walk, ctx: int, min_count: int | None = None) -> list[float] | None:
+    def _probabilities(
+        self, walk: _Walk, ctx: int, min_count: int | None = None, record: bool = False
+    ) -> list[float] | None:
         """Per bucket, the share of the selected node's window whose final length falls in it, among the
         trajectories that ran at least as long as the request has; None without a node or a survivor."""
         node, anchor, scale = self._select(walk, min_count)
         if node is None:
             return None
         probs = self._bucket_probs(node, anchor, scale, ctx)
+        root = self.tree.agnostic
+        self._blend = None
+        if probs is not None and (self.shrink or record) and node is not root:
+            # a node's few survivors are noisy: blend its shares with the survival statistics of all trajectories,
+            # as `shrink` pseudo-observations against the node's survivors (shrinkage.py)
+            n = self._survivors
+            prior = self._root_probs(root, walk.root_ctx, ctx)
+            if prior is not None:
+                if record:
+                    self._blend = (probs, prior, n)
+                if self.shrink:
+                    w = n / (n + self.shrink)
+                    v = 1.0 - w
+                    probs = probs[:]  # (no comprehension: a function call each time before Python 3.12)
+                    for i, b in enumerate(prior):
+                        probs[i] = w * probs[i] + v * b
         if probs is None and self.beyond == "root" and self.tree.agnostic.count:
             # the request outlived every observation at its node: the survival statistics of all trajectories,
             # else (it outlived them all too) the bucket of its context
@@ -334,6 +384,7 @@ class CMLFQRouter(Router):
         alive = 1.0 - below
         if alive <= 0:
             return None
+        self._survivors = alive * n
         probs = []
         for limit in self._finite_limits:
             upto = bisect_right(ordered, floor((limit - anchor) / scale)) / n
@@ -344,11 +395,39 @@ class CMLFQRouter(Router):
             probs.append((1.0 - below) / alive if below < 1.0 else 0.0)
         return probs
 
+    def _root_probs(self, root: Node, anchor: int, ctx: int) -> list[float] | None:
+        """`_bucket_probs(root, anchor, 1.0, ctx)` (up to rounding) for the prior of the shrinkage, in counts: fewer
+        operations on every tool return."""
+        ordered = root.ordered
+        n = len(ordered)
+        if not n:
+            return None
+        below = bisect_right(ordered, ctx - anchor - 1)
+        if below >= n:
+            return None
+        alive = n - below
+        probs = []
+        for limit in self._finite_limits:
+            upto = bisect_right(ordered, floor(limit - anchor))
+            if upto > below:
+                probs.append((upto - below) / alive)
+                below = upto
+            else:
+                probs.append(0.0)
+        if len(probs) < len(self.limits):
+            probs.append((n - below) / alive)
+        return probs
+
     def _priced(self, req: Request, carried: int, tool_tokens: int) -> tuple[int, str]:
         """The `priced` rule after a tool return (module docstring): move once, when the gain pays for the carried
         context and the router is sure enough or waiting would carry the large return just received."""
         walk: _Walk = req.state
-        probs = self._probabilities(walk, req.context)
+        fit = self._fit
+        record = fit is not None and fit.taken < fit.per_step and len(walk.calib) < fit.per_request
+        probs = self._probabilities(walk, req.context, record=record)
+        if record and self._blend is not None:
+            walk.calib.append(self._blend)
+            fit.taken += 1
         points = walk.points
         if points is not None and points and points[-1] is None:
             points.pop()
@@ -361,7 +440,7 @@ class CMLFQRouter(Router):
             self._record(req, probs, best, mean, carried, tool_tokens)
         if req.migrations == 0:
             current = req.bucket
-            unit = self.price / mean
+            unit = walk.price / mean
             if (
                 best != current
                 and top - probs[current] >= unit * carried
@@ -396,7 +475,7 @@ class CMLFQRouter(Router):
                 return req.bucket, "stay"
             return self.bucket_for(req.context), "overflow"
         best = max(range(len(probs)), key=probs.__getitem__)
-        if best > req.bucket and probs[best] >= self.price * req.context / self._mean_length(req):
+        if best > req.bucket and probs[best] >= req.state.price * req.context / self._mean_length(req):
             return best, "overflow"
         return req.bucket, "stay"
 
@@ -471,13 +550,22 @@ class CMLFQRouter(Router):
         req = self._requests.get(request_id)
         if self._budget is not None and req is not None and req.state.warm:
             self._budget.finish(req.state.points, trajectory.total_tokens)
+        if self._fit is not None and req is not None and req.state is not None and req.state.calib:
+            self._fit.finish(req.state.calib, self.bucket_for(trajectory.total_tokens))
         super().finish(request_id, trajectory)
 
     def _adapt_price(self) -> None:
         if self._budget is not None:
             self._budget.end_step()
-            self.price = self._budget.choose(self.price)
+            if self.budget_mix:
+                self.price, self._mix_price, self._mix_q = self._budget.choose_mix(self.price)
+            else:
+                self.price = self._budget.choose(self.price)
 
     def _learn(self, finished: list[Trajectory]) -> None:
         self._adapt_price()
+        if self._fit is not None:
+            self._fit.end_step()
+            self.shrink = self._fit.choose(self.shrink)
+
         self.tree.update(finished)

@@ -25,9 +25,14 @@ def _digest(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-def router_digest(workload: str, preset: str, steps: int = 4, max_nodes: int = 200_000) -> str:
+# the adaptive preset without the fitted shrinkage and the price mix (issue 14): its digests are those of 544da9f
+FIXED = {"shrink": 0.0, "budget_mix": False}
+
+
+def router_digest(workload: str, preset: str, steps: int = 4, max_nodes: int = 200_000, **options) -> str:
     """Every decision of a C-MLFQ router (preset) driven turn by turn over `steps` seeded steps, then its tree."""
-    router = make_router("cmlfq", parse_buckets(BUCKETS[workload]), **{**CMLFQ_PRESETS[preset], "max_nodes": max_nodes})
+    options = {**CMLFQ_PRESETS[preset], "max_nodes": max_nodes, **options}
+    router = make_router("cmlfq", parse_buckets(BUCKETS[workload]), **options)
     log = []
     rid = 0
     for step in _steps(workload, steps):
@@ -67,7 +72,11 @@ def tree_digest(workload: str, size_edges, steps: int, max_nodes: int, window: i
     return _digest(out)
 
 
-ROUTER_CASES = [(w, p) for w in BUCKETS for p in PRESETS] + [("r2e-gym", "adaptive-small")]
+ROUTER_CASES = (
+    [(w, p) for w in BUCKETS for p in PRESETS]
+    + [(w, "adaptive-fixed") for w in BUCKETS]
+    + [("r2e-gym", "adaptive-small"), ("r2e-gym", "adaptive-small-fixed")]
+)
 TREE_CASES = {
     "search-r1-default": ("search-r1", (1000, 4000), 6, 200_000, 200),
     "r2e-gym-breaks-evict": ("r2e-gym", "breaks:4", 8, 3_000, 20),
@@ -77,9 +86,11 @@ TREE_CASES = {
 
 def compute_router(case: tuple[str, str]) -> str:
     workload, preset = case
+    options = FIXED if preset.endswith("-fixed") else {}
+    preset = preset.removesuffix("-fixed")
     if preset == "adaptive-small":  # a small tree: evictions between the steps
-        return router_digest(workload, "adaptive", steps=5, max_nodes=2_000)
-    return router_digest(workload, preset)
+        return router_digest(workload, "adaptive", steps=5, max_nodes=2_000, **options)
+    return router_digest(workload, preset, **options)
 
 
 def compute_tree(name: str) -> str:

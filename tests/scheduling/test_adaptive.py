@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from libra.scheduling import CMLFQ_PRESETS, DEFAULT_PRESET, PrefixTree, make_router, replay
 from libra.scheduling.budget import PRICE_GRID, MigrationBudget
+from libra.scheduling.shrinkage import SHRINK_GRID, ShrinkFit
 from libra.scheduling.size_classes import QuantileStateCodec
 from libra.scheduling.sources import BASELINES, MAX_MIGRATED, quantile_buckets, score_source
 from libra.spec import parse_buckets
@@ -39,6 +40,7 @@ def _scaled(trajs: list[Trajectory], factor: float) -> list[Trajectory]:
 def test_default_is_the_adaptive_preset() -> None:
     router = make_router("cmlfq", SEARCH_BUCKETS)
     assert DEFAULT_PRESET == "adaptive" and router.budget == 0.08 and router.rule == "priced"
+    assert router.budget_mix and router._fit is not None
     assert make_router("cmlfq", SEARCH_BUCKETS, preset="published").rule == "mean-p90"
     # presets are complete option sets: laid over the default they give exactly themselves
     priced = make_router("cmlfq", SEARCH_BUCKETS, **CMLFQ_PRESETS["priced"])
@@ -136,29 +138,86 @@ def test_budget_follows_the_cost_of_moving() -> None:
 
 
 # -- real agent trajectories (data/corpus; docs/routing.md has the table) --------------------------------------------
+CODING_BUCKETS = parse_buckets("1:8000,2:16000,4:32000,8:inf")
+
+
 @pytest.fixture(scope="module")
 def corpus_scores():
-    corpus = load_corpus()
-    return {name: score_source(trajs, quantile_buckets(trajs), {"default": {}}) for name, trajs in corpus.items()}
+    """(source, bucket set) -> results of the baselines and the default, on the committed corpus (a few seconds)."""
+    out = {}
+    for name, trajs in load_corpus().items():
+        out[name, "quartiles"] = score_source(trajs, quantile_buckets(trajs), {"default": {}})
+        if name.startswith(("swe-agent", "mini-swe-agent")):
+            out[name, "coding"] = score_source(trajs, CODING_BUCKETS, {"default": {}})
+    return out
+
+
+def _gap(res) -> float:
+    return res["default"].routing_accuracy - max(res[b].routing_accuracy for b in BASELINES)
 
 
 def test_default_on_every_real_source(corpus_scores) -> None:
-    """On every source with at least 100 trajectories, at its own quartile buckets, the default beats the best
-    baseline (fcfs, mlfq, predictor, most common bucket) while carrying at most 12 % of the tokens. Measured:
-    tau-bench/gpt-4o 44.0 % / 8.4 % vs 41.5 %; tau2/gemma-3-27b 56.0 % / 8.0 % vs 27.0 %."""
-    for name, res in corpus_scores.items():
+    """On every real source of >= 100 trajectories (docs/routing.md), at its quartile buckets and, for the coding
+    agent, at 1:8000,2:16000,4:32000,8:inf, the default beats the best baseline (fcfs, mlfq, predictor, most common
+    bucket) while carrying at most 12 % of the tokens. Measured: tau-bench/gpt-4o 44.5 % / 5.8 % vs 41.5 %;
+    tau2/gemma-3-27b 60.2 % / 6.5 % vs 27.0 %; mini-swe-agent/gemini-3-pro 34.6 % / 10.1 % vs 28.8 % and 56.6 % /
+    8.4 % vs 51.2 %."""
+    seen = set()
+    for (name, buckets), res in corpus_scores.items():
         if res["default"].trajectories < 100:
             continue
-        best = max(res[b].routing_accuracy for b in BASELINES)
-        assert res["default"].routing_accuracy > best, name
-        assert res["default"].migrated_token_fraction <= MAX_MIGRATED, name
+        seen.add(name)
+        assert res["default"].migrated_token_fraction <= MAX_MIGRATED, (name, buckets)
+        assert _gap(res) > 0, (name, buckets)
+    assert {"tau-bench-gpt4o-airline", "tau2-gemma3-27b-custom", "mini-swe-agent-gemini3pro-verified"} <= seen
 
 
-@pytest.mark.xfail(strict=True, reason="not met on tau-bench/gpt-4o (+2.5 points); see docs/routing.md")
+@pytest.mark.xfail(strict=True, reason="not met on tau-bench/gpt-4o (+3.0 points); see docs/routing.md")
 def test_default_beats_baselines_by_five_points_everywhere(corpus_scores) -> None:
     for res in corpus_scores.values():
         if res["default"].trajectories >= 100:
-            assert res["default"].routing_accuracy >= max(res[b].routing_accuracy for b in BASELINES) + 0.05
+            assert _gap(res) >= 0.05
+
+
+def test_default_beats_baselines_by_five_points_on_the_coding_agent(corpus_scores) -> None:
+    """The issue's target met on the coding agent (both bucket sets): +5.8 and +5.4 points at 10.1 % and 8.4 %."""
+    for buckets in ("quartiles", "coding"):
+        res = corpus_scores["mini-swe-agent-gemini3pro-verified", buckets]
+        assert _gap(res) >= 0.05 and res["default"].migrated_token_fraction <= MAX_MIGRATED, buckets
+
+
+def test_fitted_shrinkage_and_price_mix_are_what_wins_on_the_coding_agent(corpus_scores) -> None:
+    """Without the fitted shrinkage and the budget's price mix (the adaptive preset of before) the default is below
+    the best baseline on the coding agent: 27.6 % vs 28.8 % at quartiles (docs/routing.md)."""
+    trajs = load_corpus()["mini-swe-agent-gemini3pro-verified"]
+    fixed = replay(make_router("cmlfq", quantile_buckets(trajs), shrink=0.0, budget_mix=False), trajs)
+    res = corpus_scores["mini-swe-agent-gemini3pro-verified", "quartiles"]
+    assert fixed.routing_accuracy < max(res[b].routing_accuracy for b in BASELINES) < res["default"].routing_accuracy
+
+
+def test_shrink_blends_node_shares_with_the_population() -> None:
+    """`shrink=k` mixes a node's bucket shares with the agnostic root's survival shares, weight n / (n + k) for n
+    survivors at the node: 0 leaves the node's shares, a huge k gives the root's."""
+    trace = generate("search-r1", num_steps=3, seed=5, num_prompts=8, samples_per_prompt=8)
+    probs = {}
+    for k in (0.0, 1e12):
+        router = make_router("cmlfq", SEARCH_BUCKETS, shrink=k)
+        replay(router, trace[: 2 * 64])
+        t = trace[-1]
+        router.admit("r", prompt_id=t.prompt_id, prompt_tokens=t.prompt_tokens)
+        ctx = t.prompt_tokens + t.turns[0].gen_tokens + t.turns[0].tool_tokens
+        router.on_tool_return(
+            "r", tool=t.turns[0].tool, tool_tokens=t.turns[0].tool_tokens, status="ok", context_tokens=ctx
+        )
+        walk = router._requests["r"].state
+        probs[k] = router._probabilities(walk, ctx)
+        root = router._bucket_probs(router.tree.agnostic, walk.root_ctx, 1.0, ctx)
+        node, anchor, scale = router._select(walk)
+        own = router._bucket_probs(node, anchor, scale, ctx)
+        assert node is not router.tree.agnostic
+        expected = own if k == 0 else root
+        assert probs[k] == pytest.approx(expected, abs=1e-9)
+    assert probs[0.0] != pytest.approx(probs[1e12], abs=1e-6)
 
 
 # -- synthetic search-r1 --------------------------------------------------------------------------------------------
@@ -180,3 +239,61 @@ def test_default_is_robust_to_the_size_of_tool_returns(factor) -> None:
 
 def test_grid_is_increasing() -> None:
     assert all(a < b for a, b in itertools.pairwise(PRICE_GRID))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.lists(
+            st.tuples(st.floats(0, 60), st.floats(0, 60), st.integers(1, 5000)).map(
+                lambda p: (min(p[0], p[1]), max(p[0], p[1]), p[2])
+            ),
+            max_size=4,
+        ),
+        min_size=1,
+        max_size=10,
+    ),
+    st.floats(0.01, 0.5),
+)
+def test_price_mix_spends_the_budget_in_expectation(requests, share) -> None:
+    """choose_mix: the chosen price is `choose`'s; with probability q the next lower grid price whose share is over
+    the budget, so that q * share(lower) + (1 - q) * share(price) is the budget exactly (when such a price exists)."""
+    budget = MigrationBudget(share, steps=1)
+    for points in requests:
+        budget.finish(list(points), 10_000)
+    budget.end_step()
+    shares = budget.shares()
+    price, lower, q = budget.choose_mix(1.0)
+    assert price == budget.choose(1.0) and 0.0 <= q <= 1.0
+    if q > 0:
+        s_hi, s_lo = shares[PRICE_GRID.index(price)], shares[PRICE_GRID.index(lower)]
+        assert lower < price and s_lo > share >= s_hi
+        assert q * s_lo + (1 - q) * s_hi == pytest.approx(share)
+        between = PRICE_GRID[PRICE_GRID.index(lower) + 1 : PRICE_GRID.index(price)]
+        assert all(shares[PRICE_GRID.index(p)] <= share for p in between)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(5, 60))
+def test_shrink_fit_picks_the_least_brier_score(seed, m) -> None:
+    """ShrinkFit.choose is the grid value whose blended shares have the least Brier score (brute force)."""
+    rng = np.random.default_rng(seed)
+    fit = ShrinkFit(steps=1)
+    recs = []
+    for _ in range(m):
+        own, prior = rng.dirichlet(np.ones(3)), rng.dirichlet(np.ones(3))
+        n, y = float(rng.integers(1, 50)), int(rng.integers(0, 3))
+        fit.finish([(own.tolist(), prior.tolist(), n)], y)
+        recs.append((own, prior, n, y))
+    fit.end_step()
+
+    def brier(k):
+        total = 0.0
+        for own, prior, n, y in recs:
+            p = n / (n + k) * own + k / (n + k) * prior
+            total += sum((p[j] - (j == y)) ** 2 for j in range(3))
+        return total / m
+
+    scores = [brier(k) for k in SHRINK_GRID]
+    assert fit.scores() == pytest.approx(scores)
+    assert brier(fit.choose(0.0)) == pytest.approx(min(scores))

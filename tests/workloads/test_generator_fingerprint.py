@@ -21,6 +21,8 @@ FINGERPRINTS = {
     ("dapo-math", 80, 8000): "92f4d1addb56355f12264742e5a4e356c3ffdb680cb9a191b1458c0adcea47d0",
     ("r2e-gym", 0, 40960): "346fcf899a56a2f3321bf4c0e5877839a6c0bf8c56445486c013097a83975ab3",
     ("r2e-gym", 80, 8000): "345fc3f9e6feea308682d8e33c3e58bfd553994139611fb8443094c1e5cbdbfd",
+    ("swe-agent", 0, 40960): "9476ef5226f040b682e7fff56c7ffbf77f40bb7ef2e9dc3fb84cc4fa17872627",
+    ("swe-agent", 80, 8000): "7e16ff0de4f8866826822ff9be30339f1d2cef5bdf6eeaf62abe009baa3b40ef",
 }
 
 

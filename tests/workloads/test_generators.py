@@ -17,11 +17,11 @@ def _lengths(trajectories) -> np.ndarray:
 
 
 def test_names() -> None:
-    assert WORKLOAD_NAMES == ("search-r1", "dapo-math", "r2e-gym")
+    assert WORKLOAD_NAMES == ("search-r1", "dapo-math", "r2e-gym", "swe-agent")
 
 
 def test_unknown_workload_lists_the_names() -> None:
-    with pytest.raises(SpecError, match="search-r1, dapo-math, r2e-gym"):
+    with pytest.raises(SpecError, match="search-r1, dapo-math, r2e-gym, swe-agent"):
         WorkloadGenerator("swe-bench", seed=0)
 
 

@@ -16,11 +16,11 @@ from types import ModuleType
 import numpy as np
 
 from libra.spec import SpecError
-from libra.workloads.generators import dapo_math, r2e_gym, search_r1
+from libra.workloads.generators import dapo_math, r2e_gym, search_r1, swe_agent
 from libra.workloads.generators._base import PromptPool, cap_lengths, to_trajectories
 from libra.workloads.trace import Trajectory
 
-_MODULES: dict[str, ModuleType] = {m.NAME: m for m in (search_r1, dapo_math, r2e_gym)}
+_MODULES: dict[str, ModuleType] = {m.NAME: m for m in (search_r1, dapo_math, r2e_gym, swe_agent)}
 WORKLOAD_NAMES: tuple[str, ...] = tuple(_MODULES)
 
 __all__ = ["WORKLOAD_NAMES", "WorkloadGenerator", "generate"]
