@@ -35,7 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_setup_args(p)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--trace", metavar="FILE", help="plan from a trace file (JSON Lines, docs/trace-schema.md)")
-    src.add_argument("--workload", default=DEFAULT_WORKLOAD, help="synthetic workload: search-r1, dapo-math, r2e-gym, swe-agent")
+    src.add_argument(
+        "--workload", default=DEFAULT_WORKLOAD, help="synthetic workload: search-r1, dapo-math, r2e-gym, swe-agent"
+    )
     p.add_argument("--step", type=int, default=0, help="step of the synthetic workload to plan for (drift)")
     p.add_argument("--window-steps", type=int, default=None, help="with --trace: profile only the last N steps")
     p.add_argument(

@@ -43,7 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_setup_args(p)
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--workload", default="r2e-gym", help="synthetic workload: search-r1, dapo-math, r2e-gym, swe-agent")
+    src.add_argument(
+        "--workload", default="r2e-gym", help="synthetic workload: search-r1, dapo-math, r2e-gym, swe-agent"
+    )
     src.add_argument("--trace", metavar="FILE", help="replay a trace file (JSON Lines) instead, one step per label")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"RL steps to simulate (default {DEFAULT_STEPS})")
     p.add_argument("--policy", default="all", help="all, or a comma-separated list of policy names")
