@@ -425,7 +425,7 @@ class CMLFQRouter(Router):
         fit = self._fit
         record = fit is not None and fit.taken < fit.per_step and len(walk.calib) < fit.per_request
         probs = self._probabilities(walk, req.context, record=record)
-        if record and self._blend is not None:
+        if record and fit is not None and self._blend is not None:
             walk.calib.append(self._blend)
             fit.taken += 1
         points = walk.points
