@@ -1,6 +1,7 @@
 """A prefix-tree node and its statistics: the remaining tokens of the last `window` trajectories that passed
 through it, with count, mean, P50 and P90 (nearest rank) and the sorted window with its prefix sums, so that
-quantiles, bucket probabilities and conditional means are bisections."""
+quantiles, bucket probabilities and conditional means are bisections. The prefix sums are made when a conditional
+mean first needs them after an update (`beyond`): most nodes an update touches are never asked for one."""
 
 from __future__ import annotations
 
@@ -29,13 +30,14 @@ class Node:
             self.p50 = 0.0
             self.p90 = 0.0
             self.ordered: list[int] = []  # the window, sorted: quantiles and bucket probabilities by bisection
-            self.prefix: list[int] = [0]  # prefix sums of `ordered`: conditional means by bisection
+            # prefix sums of `ordered`, for conditional means by bisection; None until `beyond` first needs them
+            self.prefix: list[int] | None = [0]
         else:
             self.window = [first]
             self.total = self.count = 1
             self.mean = self.p50 = self.p90 = float(first)  # (the mean as sum(window) / 1)
             self.ordered = [first]
-            self.prefix = [0, first]  # as itertools.accumulate(ordered, initial=0)
+            self.prefix = None
 
     def fraction_at_most(self, tokens: float) -> float:
         """Share of the window whose remaining tokens are <= `tokens` (0 for an empty window)."""
@@ -52,9 +54,12 @@ class Node:
         k = n - i
         if k <= 0:
             return None
+        prefix = self.prefix
+        if prefix is None:  # (as of the last refresh: made once, on first need)
+            prefix = self.prefix = list(itertools.accumulate(ordered, initial=0))
         return (
             k,
-            (self.prefix[n] - self.prefix[i]) / k,
+            (prefix[n] - prefix[i]) / k,
             float(ordered[i + math.ceil(0.5 * k) - 1]),
             float(ordered[i + math.ceil(0.9 * k) - 1]),
         )
@@ -68,7 +73,7 @@ class Node:
         if n:
             self.mean = sum(w) / n
             self.ordered = ordered = sorted(w)
-            self.prefix = list(itertools.accumulate(ordered, initial=0))
+            self.prefix = None
             self.p50 = float(ordered[math.ceil(0.5 * n) - 1])
             self.p90 = float(ordered[math.ceil(0.9 * n) - 1])
 
@@ -90,7 +95,7 @@ def refresh_all(nodes: list[Node], limit: int) -> None:
             node.count = 1
             node.mean = float(x)  # as sum(w) / 1
             node.ordered = [x]
-            node.prefix = [0, x]  # as itertools.accumulate(ordered, initial=0)
+            node.prefix = None
             node.p50 = node.p90 = float(x)
             continue
         drop = n - limit if n > limit else 0
@@ -110,8 +115,8 @@ def refresh_all(nodes: list[Node], limit: int) -> None:
                 n -= drop
             ordered = node.ordered = sorted(w)
         node.count = n
-        node.prefix = prefix = list(itertools.accumulate(ordered, initial=0))
-        node.mean = prefix[n] / n  # (the sum of the window: integers, so the same value as sum(w) / n)
+        node.prefix = None
+        node.mean = sum(ordered) / n  # (integers: the same sum as sum(w))
         node.p50 = float(ordered[math.ceil(0.5 * n) - 1])
         node.p90 = float(ordered[math.ceil(0.9 * n) - 1])
 
