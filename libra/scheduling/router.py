@@ -129,6 +129,9 @@ class Router(ABC):
         req.context = context_tokens
         req.tool_tokens += tool_tokens
         target, reason = self._tool_return(req, tool, tool_tokens, status)
+        stay = req.stay
+        if target == req.bucket and stay is not None and stay.bucket == target:  # `_move`'s commonest case, inline
+            return stay
         return self._move(req, target, context_tokens - tool_tokens, reason)
 
     def on_progress(self, request_id: Any, *, context_tokens: int) -> RouteDecision:
