@@ -45,7 +45,7 @@ from libra.spec import InstanceGroup, LengthGroup, SpecError
 
 ROUTINGS = ("start-small", "final-length")
 _NONE = np.empty(0, dtype=np.int64)
-_CHUNK = 1 << 15  # table entries per vectorised cost evaluation
+_GRID = 1 << 15  # grid entries (ranges x counts) per vectorised cost evaluation
 
 
 @attrs.frozen(kw_only=True)
@@ -131,18 +131,18 @@ class RolloutTable:
             fits = max_total <= cost.kv_capacity_tokens(tp)
             caps = np.where(fits, caps, 0)
             offsets = np.concatenate([[0], np.cumsum(caps)])
-            k = (np.arange(offsets[-1]) - np.repeat(offsets[:-1], caps) + 1).astype(float)
-            tm = np.empty(int(offsets[-1]))
-            # rows in chunks of about _CHUNK entries: the temporaries stay in cache (elementwise, so exact)
-            bounds = np.searchsorted(offsets, np.arange(0, offsets[-1], _CHUNK), side="right") - 1
-            for a, b in zip(bounds, [*bounds[1:], len(caps)], strict=False):  # no chunk when no entries
-                if a == b:
-                    continue
-                rows = slice(int(a), int(b))
-                tm[offsets[a] : offsets[b]] = cost.instance_time_shared(
+            times = np.empty(int(offsets[-1]))
+            # the ranges as a grid (range, k) in blocks of about _GRID entries, k = 1..the block's widest range:
+            # row values broadcast rather than repeated, the running minimum over k along each row, and the
+            # ragged table is the block's entries with k <= the range's cap, row by row (exact: elementwise)
+            live = np.nonzero(caps)[0]
+            for block in _row_blocks(caps[live], _GRID):
+                rows = live[block]
+                cap = caps[rows]
+                width = int(cap.max())
+                tm = cost.instance_time_grid(
                     tp,
-                    caps[rows],
-                    k[offsets[a] : offsets[b]],
+                    np.arange(1, width + 1, dtype=float),
                     num_requests=n[rows],
                     decode_tokens=decode[rows],
                     prefill_tokens=prefill[rows],
@@ -153,7 +153,9 @@ class RolloutTable:
                     new_requests=fresh[rows],
                     queued_share=queued[rows],
                 )
-            times = _segmented_running_min(tm, caps, offsets)
+                np.minimum.accumulate(tm, axis=1, out=tm)
+                entries = tm.ravel() if cap.min() == width else tm[np.arange(width)[None, :] < cap[:, None]]
+                times[offsets[rows[0]] : offsets[rows[-1] + 1]] = entries
             self.times[tp], self.offsets[tp] = times, offsets
         # every TP degree's table end to end, so one search per limit answers all of them
         shift = np.cumsum([0] + [len(t) for t in self.times.values()])[:-1]
@@ -259,22 +261,19 @@ class RolloutTable:
         return tuple(out)
 
 
-def _segmented_running_min(values: np.ndarray, caps: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Running minimum inside each segment [offsets[r], offsets[r+1]) of a flat ragged array, in row chunks
-    padded to a rectangle (exact; memory bounded by the chunk)."""
-    out = values.copy()
-    rows = np.nonzero(caps > 1)[0]
-    for chunk in np.array_split(rows, max(1, int(caps.sum()) // 2_000_000 + 1)):
-        if chunk.size == 0:
-            continue
-        width = int(caps[chunk].max())
-        cols = np.arange(width)
-        mask = cols[None, :] < caps[chunk, None]
-        flat = (offsets[chunk, None] + cols[None, :])[mask]
-        block = np.full((chunk.size, width), np.inf)
-        block[mask] = values[flat]
-        out[flat] = np.minimum.accumulate(block, axis=1)[mask]
-    return out
+def _row_blocks(caps: np.ndarray, size: int) -> list[slice]:
+    """Consecutive rows in blocks of about `size` grid entries (rows x the block's widest row), at least one row
+    each."""
+    blocks, start, width = [], 0, 0
+    for r, cap in enumerate(caps.tolist()):
+        if r > start and (r - start + 1) * max(width, cap) > size:
+            blocks.append(slice(start, r))
+            start, width = r, cap
+        else:
+            width = max(width, cap)
+    if start < len(caps):
+        blocks.append(slice(start, len(caps)))
+    return blocks
 
 
 def bisect_min(

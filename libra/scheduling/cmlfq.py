@@ -220,6 +220,7 @@ class CMLFQRouter(Router):
         if beyond not in ("promote", "root"):
             raise SpecError(f"cmlfq: beyond must be 'promote' or 'root', got {beyond!r}")
         self._finite_limits = tuple(x for x in self.limits if x != float("inf"))
+        self._floor_limits = tuple(floor(x) for x in self._finite_limits)
         self.budget = None if budget is None else float(budget)
         self.beyond = beyond
         self._budget = None if budget is None else MigrationBudget(budget)
@@ -306,11 +307,21 @@ class CMLFQRouter(Router):
                 walk.a_node, walk.a_ctx = child, ctx
         if self.rule == "priced":
             return self._priced(req, ctx - tool_tokens, tool_tokens)
-        pred = self._predict(walk, ctx)
-        target, act = self._decide(walk, ctx, req.bucket, pred)
         carried = ctx - tool_tokens
-        if act and target != req.bucket and pred is not None and pred[0] - ctx >= self.cost_ratio * carried:
-            return target, "tool-return"
+        if self.rule == "probability":  # the rule reads no prediction: one is made only where the cost test needs it
+            target, act = self._likeliest(walk, ctx, req.bucket)
+            if act and target != req.bucket:
+                pred = self._predict(walk, ctx)
+                if pred is not None and pred[0] - ctx >= self.cost_ratio * carried:
+                    return target, "tool-return"
+            if not self.overflow or ctx <= self.limits[req.bucket]:  # (`_overflow`'s first test, inline)
+                return req.bucket, "stay"
+            pred = self._predict(walk, ctx)
+        else:
+            pred = self._predict(walk, ctx)
+            target, act = self._decide(walk, ctx, req.bucket, pred)
+            if act and target != req.bucket and pred is not None and pred[0] - ctx >= self.cost_ratio * carried:
+                return target, "tool-return"
         return self._overflow(req, None if pred is None else pred[0], carried)
 
     def _decide(self, walk: _Walk, ctx: int, current: int, pred: tuple[float, float, float] | None) -> tuple[int, bool]:
@@ -379,18 +390,36 @@ class CMLFQRouter(Router):
                 probs[-1] = 1.0
             return probs
         # the window holds integers: bisecting by the floor of a float key gives the same position, and an
-        # int-to-int comparison costs about half an int-to-float one (issue 16)
-        below = bisect_right(ordered, floor((ctx - anchor) / scale - 1)) / n  # ended before the current context
-        alive = 1.0 - below
-        if alive <= 0:
-            return None
-        self._survivors = alive * n
-        probs = []
-        for limit in self._finite_limits:
-            upto = bisect_right(ordered, floor((limit - anchor) / scale)) / n
-            probs.append((upto - below) / alive if upto > below else 0.0)
-            if upto > below:
-                below = upto
+        # int-to-int comparison costs about half an int-to-float one (issue 16). Unscaled (the common case), the
+        # keys are integers to begin with: `ctx - anchor - 1` and `floor(limit) - anchor` (contexts are integers).
+        if scale == 1.0:
+            i = bisect_right(ordered, ctx - anchor - 1)  # ended before the current context
+            if i >= n:
+                return None
+            below = i / n
+            alive = 1.0 - below
+            self._survivors = alive * n
+            probs = []
+            for limit in self._floor_limits:
+                j = bisect_right(ordered, limit - anchor)
+                if j > i:  # (as `upto > below` on the shares: j / n is increasing in j)
+                    upto = j / n
+                    probs.append((upto - below) / alive)
+                    below, i = upto, j
+                else:
+                    probs.append(0.0)
+        else:
+            below = bisect_right(ordered, floor((ctx - anchor) / scale - 1)) / n
+            alive = 1.0 - below
+            if alive <= 0:
+                return None
+            self._survivors = alive * n
+            probs = []
+            for limit in self._finite_limits:
+                upto = bisect_right(ordered, floor((limit - anchor) / scale)) / n
+                probs.append((upto - below) / alive if upto > below else 0.0)
+                if upto > below:
+                    below = upto
         if len(probs) < len(self.limits):  # the unbounded last bucket takes the rest
             probs.append((1.0 - below) / alive if below < 1.0 else 0.0)
         return probs
@@ -447,6 +476,8 @@ class CMLFQRouter(Router):
                 and top >= self.confidence - unit * tool_tokens
             ):
                 return best, "tool-return"
+        if req.migrations or req.context <= self.limits[req.bucket]:  # (`_priced_overflow`'s first test, inline)
+            return req.bucket, "stay"
         return self._priced_overflow(req, probs)
 
     def _record(self, req: Request, probs: list[float], best: int, mean: float, carried: int, tool_tokens: int) -> None:
@@ -511,7 +542,8 @@ class CMLFQRouter(Router):
         node, anchor, scale = self._select(walk)
         if node is None:
             return None
-        stats = node.beyond((ctx - anchor) / scale - 1)
+        # (unscaled, the integer `ctx - anchor - 1` is the same key: the window holds integers; see _bucket_probs)
+        stats = node.beyond(ctx - anchor - 1 if scale == 1.0 else (ctx - anchor) / scale - 1)
         if stats is None:
             return None
         _, mean, p50, p90 = stats

@@ -113,16 +113,25 @@ class Router(ABC):
         """A tool call of the request returned `tool_tokens` tokens with `status` (ok/error/timeout);
         `context_tokens` is the context including that return. A migration here carries the context already in KV
         cache, `context_tokens - tool_tokens`: the tool return is prefilled at the destination either way."""
-        req = self._get(request_id)
+        req = self._requests.get(request_id)
+        if req is None:
+            req = self._get(request_id)  # raises
         if status not in TOOL_STATUSES:
             raise SpecError(f"tool status must be one of {', '.join(TOOL_STATUSES)}, got {status!r}")
         if not isinstance(tool, str) or not tool:
             raise SpecError(f"tool must be a non-empty string, got {tool!r}")
-        _check_count("tool_tokens", tool_tokens)
-        _check_count("context_tokens", context_tokens)
+        # the hot path of every decision: a plain non-negative int passes without the call (`_check_count` takes
+        # the rest, bool excluded as `type(True) is bool`)
+        if type(tool_tokens) is not int or tool_tokens < 0:
+            _check_count("tool_tokens", tool_tokens)
+        if type(context_tokens) is not int or context_tokens < 0:
+            _check_count("context_tokens", context_tokens)
         req.context = context_tokens
         req.tool_tokens += tool_tokens
         target, reason = self._tool_return(req, tool, tool_tokens, status)
+        stay = req.stay
+        if target == req.bucket and stay is not None and stay.bucket == target:  # `_move`'s commonest case, inline
+            return stay
         return self._move(req, target, context_tokens - tool_tokens, reason)
 
     def on_progress(self, request_id: Any, *, context_tokens: int) -> RouteDecision:

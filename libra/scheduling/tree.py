@@ -206,7 +206,8 @@ class PrefixTree:
         self, batch: list[Trajectory], paths: list[list[int]], step: int, touched: list[Node], entries: list
     ) -> int:
         """Record the observations in both trees; returns the nodes created. This and the two `_learn_*`
-        are the hot loops of an update: the walks are inline, since a call costs as much as the work it would do."""
+        are the hot loops of an update: the walks are inline, since a call costs as much as the work it would do.
+        A node an update creates is built with its first observation (`Node(first, step)`)."""
         agnostic = self.agnostic
         prompts = self.prompts
         sizes = self.prompt_sizes
@@ -216,45 +217,56 @@ class PrefixTree:
         for traj, path in zip(batch, paths):
             pid = traj.prompt_id
             turns = traj.turns
-            context = traj.prompt_tokens
-            total = context + sum(t.gen_tokens + t.tool_tokens for t in turns)
-            remaining = total - context
+            remaining = sum([t.gen_tokens + t.tool_tokens for t in turns])
             p_node = prompts.get(pid)
             if p_node is None:
-                p_node = prompts[pid] = Node()
+                p_node = prompts[pid] = Node(remaining, step)
+                touch(p_node)
                 sizes[pid] = 1
                 created += 1
-            a_node = agnostic
-            grown = 0
-            for depth in range(len(path) + 1):
-                if depth:
-                    turn = turns[depth - 1]
-                    context += turn.gen_tokens + turn.tool_tokens
-                    remaining = total - context
-                    code = path[depth - 1]
-                    child = p_node.children.get(code)
-                    if child is None:
-                        child = p_node.children[code] = Node()
-                        grown += 1
-                    p_node = child
-                    owner = a_node.children
-                    child = owner.get(code)
-                    if child is None:
-                        child = owner[code] = Node()
-                        created += 1
-                    a_node = child
-                    if child.last_step != step:
-                        record((child, owner, depth, path))
+            else:
                 if p_node.last_step != step:
                     p_node.last_step = step
                     touch(p_node)
                 p_node.window.append(remaining)
                 p_node.total += 1
-                if a_node.last_step != step:
-                    a_node.last_step = step
+            a_node = agnostic
+            if a_node.last_step != step:
+                a_node.last_step = step
+                touch(a_node)
+            a_node.window.append(remaining)
+            a_node.total += 1
+            grown = 0
+            for depth, (turn, code) in enumerate(zip(turns, path), 1):
+                remaining -= turn.gen_tokens + turn.tool_tokens
+                owner = p_node.children
+                node = owner.get(code)
+                if node is None:
+                    p_node = owner[code] = Node(remaining, step)
+                    touch(p_node)
+                    grown += 1
+                else:
+                    p_node = node
+                    if node.last_step != step:
+                        node.last_step = step
+                        touch(node)
+                    node.window.append(remaining)
+                    node.total += 1
+                owner = a_node.children
+                node = owner.get(code)
+                if node is None:
+                    a_node = owner[code] = Node(remaining, step)
                     touch(a_node)
-                a_node.window.append(remaining)
-                a_node.total += 1
+                    record((a_node, owner, depth, path))
+                    created += 1
+                else:
+                    a_node = node
+                    if node.last_step != step:
+                        node.last_step = step
+                        touch(node)
+                        record((node, owner, depth, path))
+                    node.window.append(remaining)
+                    node.total += 1
             if grown:
                 sizes[pid] += grown
                 created += grown
@@ -272,9 +284,7 @@ class PrefixTree:
         remainings = []
         for traj, path in zip(batch, paths):
             turns = traj.turns
-            context = traj.prompt_tokens
-            total = context + sum(t.gen_tokens + t.tool_tokens for t in turns)
-            remaining = total - context
+            remaining = sum([t.gen_tokens + t.tool_tokens for t in turns])
             seen = [remaining]
             node = agnostic
             if node.last_step != step:
@@ -282,23 +292,24 @@ class PrefixTree:
                 touch(node)
             node.window.append(remaining)
             node.total += 1
-            for depth, code in enumerate(path, 1):
-                turn = turns[depth - 1]
-                context += turn.gen_tokens + turn.tool_tokens
-                remaining = total - context
+            for depth, (turn, code) in enumerate(zip(turns, path), 1):
+                remaining -= turn.gen_tokens + turn.tool_tokens
                 seen.append(remaining)
                 owner = node.children
                 child = owner.get(code)
                 if child is None:
-                    child = owner[code] = Node()
-                    created += 1
-                node = child
-                if node.last_step != step:
-                    node.last_step = step
+                    node = owner[code] = Node(remaining, step)
                     touch(node)
                     record((node, owner, depth, path))
-                node.window.append(remaining)
-                node.total += 1
+                    created += 1
+                else:
+                    node = child
+                    if node.last_step != step:
+                        node.last_step = step
+                        touch(node)
+                        record((node, owner, depth, path))
+                    node.window.append(remaining)
+                    node.total += 1
             remainings.append(seen)
         return created, remainings
 
@@ -319,26 +330,31 @@ class PrefixTree:
             pid = traj.prompt_id
             node = prompts.get(pid)
             if node is None:
-                node = prompts[pid] = Node()
+                node = prompts[pid] = Node(remaining[0], step)
+                touch(node)
                 sizes[pid] = 1
                 created += 1
-            if node.last_step != step:
-                node.last_step = step
-                touch(node)
-            node.window.append(remaining[0])
-            node.total += 1
-            grown = 0
-            for depth, code in enumerate(path, 1):
-                child = node.children.get(code)
-                if child is None:
-                    child = node.children[code] = Node()
-                    grown += 1
-                node = child
+            else:
                 if node.last_step != step:
                     node.last_step = step
                     touch(node)
-                node.window.append(remaining[depth])
+                node.window.append(remaining[0])
                 node.total += 1
+            grown = 0
+            for depth, code in enumerate(path, 1):
+                owner = node.children
+                child = owner.get(code)
+                if child is None:
+                    node = owner[code] = Node(remaining[depth], step)
+                    touch(node)
+                    grown += 1
+                else:
+                    node = child
+                    if node.last_step != step:
+                        node.last_step = step
+                        touch(node)
+                    node.window.append(remaining[depth])
+                    node.total += 1
             if grown:
                 sizes[pid] += grown
                 created += grown

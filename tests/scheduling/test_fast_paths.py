@@ -1,0 +1,115 @@
+"""The router's and the tree's fast paths (issue 16) against the plain computations they replace: a step-end refresh
+by bisection against a sort, a node built with its first observation against an empty node refreshed, prefix sums
+made on first need against eager ones, and unscaled bucket probabilities by integer keys against the float formula."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from bisect import bisect_right
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from libra.scheduling import CMLFQ_PRESETS, make_router
+from libra.scheduling.node import Node, refresh_all
+from libra.spec import parse_buckets
+
+values = st.lists(st.integers(0, 60_000), max_size=250)
+
+
+def _state(node: Node) -> tuple:
+    return (list(node.window), node.total, node.count, node.mean, node.p50, node.p90, list(node.ordered))
+
+
+def _plain(window: list[int], limit: int, total: int) -> Node:
+    """The same observations refreshed by a sort (the reference)."""
+    node = Node()
+    node.window.extend(window)
+    node.total = total
+    node.refresh(limit)
+    return node
+
+
+def _eager_beyond(node: Node, elapsed: float):
+    """`Node.beyond` with prefix sums made eagerly, as before they were made on first need."""
+    ordered = node.ordered
+    n = len(ordered)
+    i = bisect_right(ordered, math.floor(elapsed))
+    k = n - i
+    if k <= 0:
+        return None
+    prefix = list(itertools.accumulate(ordered, initial=0))
+    return (
+        k,
+        (prefix[n] - prefix[i]) / k,
+        float(ordered[i + math.ceil(0.5 * k) - 1]),
+        float(ordered[i + math.ceil(0.9 * k) - 1]),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(old=values, updates=st.lists(values, max_size=4), limit=st.integers(1, 210))
+def test_refresh_all_equals_a_sort_after_every_update(old, updates, limit) -> None:
+    node = Node()
+    node.window.extend(old)
+    node.total = len(old)
+    node.refresh(limit)
+    seen = list(old)
+    for added in updates:
+        if not added:
+            continue
+        node.window.extend(added)
+        node.total += len(added)
+        seen += added
+        refresh_all([node], limit)
+        assert _state(node) == _state(_plain(seen[-limit:], limit, len(seen)))
+        for elapsed in (-1, 0, 5_000, 30_000.5, 70_000):
+            assert node.beyond(elapsed) == _eager_beyond(node, elapsed)
+
+
+@given(first=st.integers(0, 60_000), step=st.integers(0, 50), more=values, limit=st.integers(1, 210))
+def test_a_node_built_with_its_first_observation_is_refreshed(first, step, more, limit) -> None:
+    node = Node(first, step)
+    assert node.last_step == step
+    assert _state(node) == _state(_plain([first], limit, 1))
+    refresh_all([node], limit)  # nothing more observed: unchanged
+    assert _state(node) == _state(_plain([first], limit, 1))
+    if more:
+        node.window.extend(more)
+        node.total += len(more)
+        refresh_all([node], limit)
+        assert _state(node) == _state(_plain([first, *more][-limit:], limit, 1 + len(more)))
+
+
+def _float_probs(router, node: Node, anchor: int, scale: float, ctx: int) -> list[float] | None:
+    """Bucket probabilities by the float formula (`floor((x - anchor) / scale)` keys) for every scale."""
+    ordered = node.ordered
+    n = len(ordered)
+    below = bisect_right(ordered, math.floor((ctx - anchor) / scale - 1)) / n
+    alive = 1.0 - below
+    if alive <= 0:
+        return None
+    probs = []
+    for limit in router._finite_limits:
+        upto = bisect_right(ordered, math.floor((limit - anchor) / scale)) / n
+        probs.append((upto - below) / alive if upto > below else 0.0)
+        if upto > below:
+            below = upto
+    if len(probs) < len(router.limits):
+        probs.append((1.0 - below) / alive if below < 1.0 else 0.0)
+    return probs
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    window=st.lists(st.integers(0, 40_000), min_size=1, max_size=200),
+    anchor=st.integers(0, 30_000),
+    grown=st.integers(0, 40_000),
+    buckets=st.sampled_from(["2:5000,4:15000,8:inf", "1:4000,2:12000,4:30000,8:inf", "1:3000,8:12000"]),
+)
+def test_unscaled_bucket_probabilities_equal_the_float_formula(window, anchor, grown, buckets) -> None:
+    router = make_router("cmlfq", parse_buckets(buckets), **CMLFQ_PRESETS["adaptive"])
+    node = _plain(window, 200, len(window))
+    ctx = anchor + grown
+    assert router._bucket_probs(node, anchor, 1.0, ctx) == _float_probs(router, node, anchor, 1.0, ctx)
