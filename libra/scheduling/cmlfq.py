@@ -415,11 +415,11 @@ class CMLFQRouter(Router):
                 return None
             self._survivors = alive * n
             probs = []
-            for limit in self._finite_limits:
-                upto = bisect_right(ordered, floor((limit - anchor) / scale)) / n
-                probs.append((upto - below) / alive if upto > below else 0.0)
-                if upto > below:
-                    below = upto
+            for edge in self._finite_limits:
+                share = bisect_right(ordered, floor((edge - anchor) / scale)) / n
+                probs.append((share - below) / alive if share > below else 0.0)
+                if share > below:
+                    below = share
         if len(probs) < len(self.limits):  # the unbounded last bucket takes the rest
             probs.append((1.0 - below) / alive if below < 1.0 else 0.0)
         return probs
