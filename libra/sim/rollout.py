@@ -99,7 +99,7 @@ def _grouped(items: np.ndarray, k: np.ndarray, order: np.ndarray) -> tuple[np.nd
     """`items` and their instances `k` in `order` (which must keep each instance's items together), and each
     item's rank inside its instance's group."""
     items, k = items[order], k[order]
-    first = np.r_[True, k[1:] != k[:-1]] if k.size else np.zeros(0, bool)
+    first = np.concatenate(([True], k[1:] != k[:-1])) if k.size else np.zeros(0, bool)
     starts = np.flatnonzero(first)
     rank = np.arange(k.size) - starts[np.cumsum(first) - 1] if k.size else np.zeros(0, np.int64)
     return items, k, rank
@@ -203,6 +203,8 @@ class RolloutRun(Admission):
         return got
 
     def _set_state(self, reqs: np.ndarray, state: int) -> None:
+        if reqs.size == 0:  # nothing changes: keep the cached sets
+            return
         self.state[reqs] = state
         self._by_state.clear()
 
