@@ -168,7 +168,7 @@ class RolloutRun(Admission):
         # sum (bincount) in the same order as a scan of all requests, so results are identical
         self._live = np.arange(n)
         self._now = start
-        self._by_state: dict[tuple[int, bool], np.ndarray] = {}  # _in_state results until the next state write
+        self._by_state: dict[tuple[int, bool] | None, np.ndarray] = {}  # _in_state results until the next state write
         self._assign(np.arange(n), routes.bucket[:, 0])
         self._deg_key = -1
         self._deg: tuple[int, ...] = ()
@@ -198,7 +198,10 @@ class RolloutRun(Admission):
         got = self._by_state.get((state, equal))
         if got is None:
             live = self._live
-            got = live[self.state[live] == state] if equal else live[self.state[live] != state]
+            sl = self._by_state.get(None)  # the states of `live`, gathered once per state write
+            if sl is None:
+                sl = self._by_state[None] = self.state[live]
+            got = live[sl == state] if equal else live[sl != state]
             self._by_state[(state, equal)] = got
         return got
 
@@ -233,6 +236,7 @@ class RolloutRun(Admission):
     def advance(self, t: float, dt: float) -> None:
         self._now = t
         self._live = self._in_state(DONE, equal=False)
+        self._by_state.pop(None, None)  # gathered over the previous `_live`
         self._returns(t, dt)
         self._admit(t)
         self._decode(t, dt)
@@ -298,15 +302,14 @@ class RolloutRun(Admission):
             b = np.where(b > 0, np.maximum(1.0, b * self._occupancy), b)
         return b
 
-    def step_times(self, running: np.ndarray, batch: np.ndarray | None = None) -> np.ndarray:
-        """Engine step seconds of every instance for its current batch (inf where nothing runs)."""
+    def step_times(
+        self, running: np.ndarray, batch: np.ndarray | None = None, inputs: tuple | None = None
+    ) -> np.ndarray:
+        """Engine step seconds of every instance for its current batch (inf where nothing runs). `inputs`: what
+        `_step_inputs(running)` returned, when the state it reads has not changed since."""
         inst, k_all = self.inst, len(self.inst)
         b = self.step_batch(running) if batch is None else batch
-        ctx = np.bincount(self.where[running], weights=self.ctx[running], minlength=k_all)
-
-        queued = self._in_state(WAIT)
-        queued = queued[self.ready[queued] <= self._now]  # queued now (not a tool returning later in the slice)
-        waiting = np.bincount(self.where[queued], minlength=k_all)
+        ctx, waiting = self._step_inputs(running) if inputs is None else inputs
         out = np.full(k_all, np.inf)
         for tp in self._degrees():
             sel = (inst.tp == tp) & (b > 0)
@@ -318,6 +321,15 @@ class RolloutRun(Admission):
             churn = 1.0 + np.minimum(self.c.preemption_factor / bb, self.c.max_churn)  # as effective_step_time
             out[sel] = step * np.where(kv_bound, churn, 1.0)
         return out
+
+    def _step_inputs(self, running: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per instance: the running contexts' sum, and the requests queued now (not a tool returning later in the
+        slice)."""
+        k_all = len(self.inst)
+        ctx = np.bincount(self.where[running], weights=self.ctx[running], minlength=k_all)
+        queued = self._in_state(WAIT)
+        queued = queued[self.ready[queued] <= self._now]
+        return ctx, np.bincount(self.where[queued], minlength=k_all)
 
     def _decode(self, t: float, dt: float) -> None:
         """Decode the slice [t, t + dt). A request may run several segments inside one slice: a segment that ends
@@ -339,14 +351,15 @@ class RolloutRun(Admission):
             k = self.where[running]
             saved = self._save()
             used = self.step_batch(running)
-            step, real = self._decode_pass(t, dt, running, used)
+            inputs = self._step_inputs(running)
+            step, real = self._decode_pass(t, dt, running, used, inputs)
             real = np.where(real > 0, real, used)
             step_real = self.step_times(running, real)
             fin = np.isfinite(step)
             off = np.abs(step_real[fin] - step[fin]) > REFINE_TOLERANCE * step[fin]
             if off.any():
-                self._restore(saved)
-                self._decode_pass(t, dt, running, real)
+                self._restore(saved)  # the state `inputs` read, as it was
+                self._decode_pass(t, dt, running, real, inputs)
             has_run = np.bincount(k, minlength=k_all) > 0
             busy_k = np.where(has_run, dt, busy_k)
         self.busy_gpu_s += float((busy_k * self.inst.tp).sum())
@@ -388,13 +401,13 @@ class RolloutRun(Admission):
         self._later_debt = np.zeros(len(self.inst))
 
     def _decode_pass(
-        self, t: float, dt: float, running: np.ndarray, batch: np.ndarray
+        self, t: float, dt: float, running: np.ndarray, batch: np.ndarray, inputs: tuple
     ) -> tuple[np.ndarray, np.ndarray]:
         """Decode the slice with every instance at `batch`; returns its step times and the batch each instance
         actually ran at: batch-seconds decoded over its busy span (from its first request's start to its last
         one's end, or the slice end)."""
         k_all = len(self.inst)
-        step = self.step_times(running, batch)
+        step = self.step_times(running, batch, inputs)
         avail = np.maximum(0.0, dt - self.debt)
         k = self.where[running]
         lag = self.lag[running]
