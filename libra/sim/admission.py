@@ -88,7 +88,7 @@ class Admission:
         order = np.lexsort((self.ready[cand], self.fresh[cand], k))
         cand, k = cand[order], k[order]
         need = self.ctx[cand]
-        first = np.r_[True, k[1:] != k[:-1]]
+        first = np.concatenate(([True], k[1:] != k[:-1]))
         starts = np.flatnonzero(first)
         group = np.cumsum(first) - 1
         cs = np.cumsum(need)

@@ -11,7 +11,8 @@ Model (per instance k of degree tp_k; the formulas are the planner's `RolloutCos
 - Decoding: every running sequence gains one token per engine step of `decode_step_time(tp, B, mean context)`,
   times the preemption churn `1 + min(preemption_factor / B, max_churn)` when the KV pool (not the engine cap or
   the supply of requests) bounds the batch, as in `RolloutCost.effective_step_time`.
-- Time advances in slices: the batch of each instance is fixed within a slice, a segment that ends inside a slice
+- Time advances in slices: the engine step time of each instance is fixed within a slice (at the batch it ran at
+  over the slice: predicted, then corrected once, `_decode`), a segment that ends inside a slice
   ends at its exact time, and a tool that returns inside a slice starts decoding at its return time. A slot that
   comes free inside a slice is refilled at the next boundary, but the request that takes it decodes as of when
   the slot came free (or it was ready, if later): the boundary only delays the decision, not the work. A slice
@@ -31,6 +32,9 @@ from libra.sim.admission import Admission
 from libra.sim.routing import Routes
 from libra.sim.states import DONE, RUN, STEAL_MODES, TOOL, WAIT, check_dispatch, check_steal
 from libra.sim.workload import StepWork
+
+# a slice is decoded again at the batch it ran at when that changes its engine step time by more than this
+REFINE_TOLERANCE = 0.01
 
 __all__ = ["DONE", "RUN", "STEAL_MODES", "TOOL", "WAIT", "Instances", "RolloutRun", "deal", "water_fill"]
 
@@ -95,7 +99,7 @@ def _grouped(items: np.ndarray, k: np.ndarray, order: np.ndarray) -> tuple[np.nd
     """`items` and their instances `k` in `order` (which must keep each instance's items together), and each
     item's rank inside its instance's group."""
     items, k = items[order], k[order]
-    first = np.r_[True, k[1:] != k[:-1]] if k.size else np.zeros(0, bool)
+    first = np.concatenate(([True], k[1:] != k[:-1])) if k.size else np.zeros(0, bool)
     starts = np.flatnonzero(first)
     rank = np.arange(k.size) - starts[np.cumsum(first) - 1] if k.size else np.zeros(0, np.int64)
     return items, k, rank
@@ -164,7 +168,7 @@ class RolloutRun(Admission):
         # sum (bincount) in the same order as a scan of all requests, so results are identical
         self._live = np.arange(n)
         self._now = start
-        self._by_state: dict[tuple[int, bool], np.ndarray] = {}  # _in_state results until the next state write
+        self._by_state: dict[tuple[int, bool] | None, np.ndarray] = {}  # _in_state results until the next state write
         self._assign(np.arange(n), routes.bucket[:, 0])
         self._deg_key = -1
         self._deg: tuple[int, ...] = ()
@@ -194,11 +198,16 @@ class RolloutRun(Admission):
         got = self._by_state.get((state, equal))
         if got is None:
             live = self._live
-            got = live[self.state[live] == state] if equal else live[self.state[live] != state]
+            sl = self._by_state.get(None)  # the states of `live`, gathered once per state write
+            if sl is None:
+                sl = self._by_state[None] = self.state[live]
+            got = live[sl == state] if equal else live[sl != state]
             self._by_state[(state, equal)] = got
         return got
 
     def _set_state(self, reqs: np.ndarray, state: int) -> None:
+        if reqs.size == 0:  # nothing changes: keep the cached sets
+            return
         self.state[reqs] = state
         self._by_state.clear()
 
@@ -227,6 +236,7 @@ class RolloutRun(Admission):
     def advance(self, t: float, dt: float) -> None:
         self._now = t
         self._live = self._in_state(DONE, equal=False)
+        self._by_state.pop(None, None)  # gathered over the previous `_live`
         self._returns(t, dt)
         self._admit(t)
         self._decode(t, dt)
@@ -283,16 +293,23 @@ class RolloutRun(Admission):
         self._degrees()
         return self._cap
 
-    def step_times(self, running: np.ndarray) -> np.ndarray:
-        """Engine step seconds of every instance for its current batch (inf where nothing runs)."""
-        inst, k_all = self.inst, len(self.inst)
+    def step_batch(self, running: np.ndarray) -> np.ndarray:
+        """The batch each instance is predicted to run at over the slice: its running requests, scaled by the last
+        slice's occupancy."""
+        k_all = len(self.inst)
         b = np.bincount(self.where[running], minlength=k_all).astype(float)
         if self._occupancy.size == k_all:  # the batch over the slice, as the last slice's share of it decoded
             b = np.where(b > 0, np.maximum(1.0, b * self._occupancy), b)
-        ctx = np.bincount(self.where[running], weights=self.ctx[running], minlength=k_all)
-        queued = self._in_state(WAIT)
-        queued = queued[self.ready[queued] <= self._now]  # queued now (not a tool returning later in the slice)
-        waiting = np.bincount(self.where[queued], minlength=k_all)
+        return b
+
+    def step_times(
+        self, running: np.ndarray, batch: np.ndarray | None = None, inputs: tuple | None = None
+    ) -> np.ndarray:
+        """Engine step seconds of every instance for its current batch (inf where nothing runs). `inputs`: what
+        `_step_inputs(running)` returned, when the state it reads has not changed since."""
+        inst, k_all = self.inst, len(self.inst)
+        b = self.step_batch(running) if batch is None else batch
+        ctx, waiting = self._step_inputs(running) if inputs is None else inputs
         out = np.full(k_all, np.inf)
         for tp in self._degrees():
             sel = (inst.tp == tp) & (b > 0)
@@ -305,55 +322,133 @@ class RolloutRun(Admission):
             out[sel] = step * np.where(kv_bound, churn, 1.0)
         return out
 
+    def _step_inputs(self, running: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per instance: the running contexts' sum, and the requests queued now (not a tool returning later in the
+        slice)."""
+        k_all = len(self.inst)
+        ctx = np.bincount(self.where[running], weights=self.ctx[running], minlength=k_all)
+        queued = self._in_state(WAIT)
+        queued = queued[self.ready[queued] <= self._now]
+        return ctx, np.bincount(self.where[queued], minlength=k_all)
+
     def _decode(self, t: float, dt: float) -> None:
         """Decode the slice [t, t + dt). A request may run several segments inside one slice: a segment that ends
         at a chunk boundary goes on at once, and one that ends in a tool call whose result comes back before the
         slice ends takes its slot again (when its instance has nobody queued and KV room for it) and decodes from
-        its return, so results do not depend on how many turns fit in a slice (`_continue_in_slice`)."""
+        its return, so results do not depend on how many turns fit in a slice (`_continue_in_slice`).
+
+        The engine step time of a slice depends on the batch over the slice, which requests leaving for tools and
+        coming back inside it change: the slice is decoded once at the batch predicted from its start (the running
+        requests, scaled by the last slice's occupancy), then, where the batch it actually ran at (batch-seconds
+        decoded over the instance's busy span) changes its step time by more than `REFINE_TOLERANCE`, decoded
+        again at that batch (`_decode_pass`)."""
         running = self._in_state(RUN)
         k_all = len(self.inst)
         busy_k = np.minimum(self.debt, dt)
         self._last = None
         self._later_debt = np.zeros(k_all)
         if running.size:
-            step = self.step_times(running)
-            avail = np.maximum(0.0, dt - self.debt)
             k = self.where[running]
-            lag = self.lag[running]
-            # the instance's owed prefill stalls it at the slice start: a request that becomes ready later is not
-            # held by it (one that decodes as of before the boundary, lag < 0, is, after its credit)
-            owed = np.minimum(self.debt[k], dt)
-            delay = np.where(lag < 0, owed + lag, np.maximum(owed, lag))
-            advance = np.maximum(0.0, dt - delay) / step[k]
-            rem0 = self.rem[running]
-            took = np.minimum(advance, rem0)
-            self._decoded_s = np.bincount(k, weights=took * step[k], minlength=k_all)
-            self.rem[running] = rem0 - took
-            self.ctx[running] += took
-            self.decoded += float(took.sum())
+            saved = self._save()
+            used = self.step_batch(running)
+            inputs = self._step_inputs(running)
+            step, real = self._decode_pass(t, dt, running, used, inputs)
+            real = np.where(real > 0, real, used)
+            step_real = self.step_times(running, real)
+            fin = np.isfinite(step)
+            off = np.abs(step_real[fin] - step[fin]) > REFINE_TOLERANCE * step[fin]
+            if off.any():
+                self._restore(saved)  # the state `inputs` read, as it was
+                self._decode_pass(t, dt, running, real, inputs)
             has_run = np.bincount(k, minlength=k_all) > 0
             busy_k = np.where(has_run, dt, busy_k)
-            end = rem0 <= advance
-            still = [running[~end]]
-            ended = running[end]
-            self.lag[running] = 0.0
-            if ended.size:
-                ke = k[end]
-                at = t + delay[end] + rem0[end] * step[ke]
-                still.append(self._continue_in_slice(ended, at, t + dt, step))
-            still_all = np.concatenate(still)
-            start_b = np.bincount(k, minlength=k_all)
-            occ = np.ones(k_all)
-            open_s = np.maximum(1e-9, (avail * start_b))
-            np.divide(self._decoded_s, open_s, out=occ, where=(start_b > 0) & (avail > 0))
-            self._occupancy = np.minimum(1.0, occ)
-            self._last = (still_all, step)
-            # a turn taken inside the slice already waited for its own prefill; its instance owes it to the others
-            self.lag[still_all] = -self._own_debt[still_all]
-            self._own_debt[:] = 0.0
         self.busy_gpu_s += float((busy_k * self.inst.tp).sum())
         self.capacity_tokens += self._capacity(t, dt, running)
         self.debt = np.maximum(0.0, self.debt - dt) + self._later_debt
+
+    def _save(self) -> tuple:
+        return (
+            self.state.copy(),
+            self.turn.copy(),
+            self.rem.copy(),
+            self.ctx.copy(),
+            self.pending.copy(),
+            self.ready.copy(),
+            self.finish.copy(),
+            self.lag.copy(),
+            self.moved.copy(),
+            self._own_debt.copy(),
+            self._freed,
+            self.decoded,
+        )
+
+    def _restore(self, saved: tuple) -> None:
+        (
+            self.state,
+            self.turn,
+            self.rem,
+            self.ctx,
+            self.pending,
+            self.ready,
+            self.finish,
+            self.lag,
+            self.moved,
+            self._own_debt,
+            self._freed,
+            self.decoded,
+        ) = saved
+        self._by_state.clear()
+        self._later_debt = np.zeros(len(self.inst))
+
+    def _decode_pass(
+        self, t: float, dt: float, running: np.ndarray, batch: np.ndarray, inputs: tuple
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Decode the slice with every instance at `batch`; returns its step times and the batch each instance
+        actually ran at: batch-seconds decoded over its busy span (from its first request's start to its last
+        one's end, or the slice end)."""
+        k_all = len(self.inst)
+        step = self.step_times(running, batch, inputs)
+        avail = np.maximum(0.0, dt - self.debt)
+        k = self.where[running]
+        lag = self.lag[running]
+        # the instance's owed prefill stalls it at the slice start: a request that becomes ready later is not
+        # held by it (one that decodes as of before the boundary, lag < 0, is, after its credit)
+        owed = np.minimum(self.debt[k], dt)
+        delay = np.where(lag < 0, owed + lag, np.maximum(owed, lag))
+        advance = np.maximum(0.0, dt - delay) / step[k]
+        rem0 = self.rem[running]
+        took = np.minimum(advance, rem0)
+        self._decoded_s = np.bincount(k, weights=took * step[k], minlength=k_all)
+        self.rem[running] = rem0 - took
+        self.ctx[running] += took
+        self.decoded += float(took.sum())
+        end = rem0 <= advance
+        still = [running[~end]]
+        ended = running[end]
+        self.lag[running] = 0.0
+        first = np.full(k_all, t + dt)
+        np.minimum.at(first, k, t + np.minimum(delay, dt))
+        self._span_end = np.full(k_all, t)
+        if ended.size:
+            ke = k[end]
+            at = t + delay[end] + rem0[end] * step[ke]
+            np.maximum.at(self._span_end, ke, at)
+            still.append(self._continue_in_slice(ended, at, t + dt, step))
+        still_all = np.concatenate(still)
+        self._span_end[self.where[still_all]] = t + dt
+        start_b = np.bincount(k, minlength=k_all)
+        occ = np.ones(k_all)
+        open_s = np.maximum(1e-9, (avail * start_b))
+        np.divide(self._decoded_s, open_s, out=occ, where=(start_b > 0) & (avail > 0))
+        self._occupancy = np.minimum(1.0, occ)
+        self._last = (still_all, step)
+        # a turn taken inside the slice already waited for its own prefill; its instance owes it to the others
+        self.lag[still_all] = -self._own_debt[still_all]
+        self._own_debt[:] = 0.0
+        span = self._span_end - first
+        real = np.zeros(k_all)
+        np.divide(self._decoded_s, span, out=real, where=span > 1e-9)
+        return step, np.maximum(real, np.where(start_b > 0, 1.0, 0.0))
 
     def _capacity(self, t: float, dt: float, running: np.ndarray) -> float:
         """Tokens the started, active instances could decode in [t, t + dt) at their largest batch: as many

@@ -42,7 +42,7 @@ def _rollout(work, n_inst: int, floor: float, cm: CostModel, steal: str) -> floa
     return run.end_time
 
 
-@pytest.mark.parametrize("steal,tolerance", [("off", 0.035), ("new", 0.035), ("all", 0.06)])
+@pytest.mark.parametrize("steal,tolerance", [("off", 0.02), ("new", 0.02), ("all", 0.05)])
 def test_a_many_turn_rollout_does_not_depend_on_the_slicing(steal, tolerance):
     """A step of 1,024 many-turn trajectories (the longest 145 turns) on 12 TP-2 instances: the default slice (a
     300th of the rollout's lower bound, 2.3 s here) against 10x finer slices. Measured: 1,316 / 1,329 s without
@@ -50,8 +50,11 @@ def test_a_many_turn_rollout_does_not_depend_on_the_slicing(steal, tolerance):
     because work-conserving admission decides at slice boundaries when a stuck turn has waited long enough to move
     (finer slices move more of them: 89 / 946 moves). Before turns could run several per slice, a request
     advanced at most one turn per slice and coarse slices stretched such a step 2-3x. Those figures are from the
-    cost model before its anchored defaults; with them `off` and `new` give 1,117 s against 1,084 s with 10x finer
-    slices (+3.0 %, over the 2 % issue 13 asks for: the in-slice refill still waits for a boundary in some cases)."""
+    cost model before its anchored defaults; with them `off` and `new` gave 1,117 s against 1,084 s with 10x finer
+    slices (+3.0 %): the step time of a slice came from the batch at its start, while with the anchored model it
+    grows by 1.6 ms per sequence at 30K context and many-turn requests leave and rejoin inside a slice. Decoding a
+    slice again at the batch it actually ran at (`RolloutRun._decode`) gives 1,106 / 1,110 s (-0.3 %) for `off`
+    and `new`, 983 / 1,023 s (-3.8 %) for `all`."""
     cm = CostModel(
         ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=24, gpus_per_node=8), get_model("Qwen3-14B")
     )

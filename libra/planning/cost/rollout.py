@@ -40,6 +40,20 @@ class RolloutCost:
 
     def __init__(self, gpu: GPUSpec, model: ModelSpec, coeffs: CostCoefficients) -> None:
         self.gpu, self.model, self.c = gpu, model, coeffs
+        # model-derived constants, computed once (the simulator prices tens of thousands of slices); each keeps the
+        # exact operand order of the formula it stands in, so results are bit-identical
+        m = model
+        self._work0 = 2.0 * m.active_params
+        self._attn = 4.0 * m.num_layers * m.num_heads * m.head_dim
+        self._weight_bytes = m.weight_bytes
+        self._kv_bytes: dict[int, float] = {}
+        self._comm: dict[int, tuple[float, float]] = {}  # tp -> (all-reduce latency, link bandwidth)
+
+    def _kv_per_token(self, tp: int) -> float:
+        got = self._kv_bytes.get(tp)
+        if got is None:
+            got = self._kv_bytes[tp] = self.model.kv_bytes_per_token(tp)
+        return got
 
     # --- memory -----------------------------------------------------------------------------------------------
     def kv_capacity_tokens(self, tp: int) -> float:
@@ -75,8 +89,7 @@ class RolloutCost:
     # --- one decode step --------------------------------------------------------------------------------------
     def decode_step_time(self, tp: int, batch, resident_context):
         """Seconds for one decode iteration of `batch` sequences with `resident_context` tokens each."""
-        m = self.model
-        work = 2.0 * m.active_params + 4.0 * m.num_layers * m.num_heads * m.head_dim * resident_context
+        work = self._work0 + self._attn * resident_context
         return self._decode_step(tp, batch, resident_context, work)
 
     def _decode_step(self, tp: int, batch, resident_context, work_per_seq):
@@ -85,10 +98,10 @@ class RolloutCost:
         c, m, g = self.c, self.model, self.gpu
         if m.is_moe:  # a decode step reads only the experts its tokens route to
             touched = np.minimum(m.num_experts, batch * m.experts_per_token)
-            weights = m.weight_bytes - m.num_layers * (m.num_experts - touched) * m.expert_params * m.dtype_bytes
+            weights = self._weight_bytes - m.num_layers * (m.num_experts - touched) * m.expert_params * m.dtype_bytes
         else:
-            weights = m.weight_bytes
-        kv_bytes = batch * resident_context * m.kv_bytes_per_token(tp)
+            weights = self._weight_bytes
+        kv_bytes = batch * resident_context * self._kv_per_token(tp)
         mem = (weights / tp + kv_bytes) / (g.hbm_bytes_per_s * c.hbm_efficiency)
         compute = batch * work_per_seq / (tp * g.flops * c.decode_mfu)
         overhead = c.step_overhead_s + c.per_seq_overhead_s * batch + (c.tp_step_overhead_s if tp > 1 else 0.0)
@@ -98,25 +111,29 @@ class RolloutCost:
         """Two all-reduces of the hidden state per layer for `tokens` tokens inside one NVLink domain."""
         if tp == 1:
             return 0.0 * tokens
-        c, m = self.c, self.model
+        m = self.model
+        comm = self._comm.get(tp)
+        if comm is None:
+            comm = self._comm[tp] = (
+                allreduce_latency(self.c, tp),
+                self.gpu.nvlink_bandwidth_gbs * 1e9 * self.c.link_efficiency,
+            )
         volume = 2.0 * (tp - 1) / tp * tokens * m.hidden_size * m.dtype_bytes
-        bandwidth = self.gpu.nvlink_bandwidth_gbs * 1e9 * c.link_efficiency
-        per_allreduce = allreduce_latency(c, tp) + volume / bandwidth
+        per_allreduce = comm[0] + volume / comm[1]
         return 2 * m.num_layers * per_allreduce
 
     # --- prefill ----------------------------------------------------------------------------------------------
     def prefill_time(self, tp: int, tokens, context=0.0):
         """Seconds to prefill `tokens` tokens that attend to `context` earlier tokens on average (compute-bound)."""
-        m = self.model
-        work = 2.0 * m.active_params + 4.0 * m.num_layers * m.num_heads * m.head_dim * context
+        work = self._work0 + self._attn * context
         return self._prefill(tp, tokens, work)
 
     def _prefill(self, tp: int, tokens, work_per_token):
         """`prefill_time` given `work_per_token` = 2 active_params + attention FLOPs at the attended context."""
-        c, m, g = self.c, self.model, self.gpu
+        c, g = self.c, self.gpu
         flops = tokens * work_per_token
         compute = flops / (tp * g.flops * c.prefill_mfu)
-        weights = m.weight_bytes / tp / (g.hbm_bytes_per_s * c.hbm_efficiency)  # read once per prefill, not hidden
+        weights = self._weight_bytes / tp / (g.hbm_bytes_per_s * c.hbm_efficiency)  # read once per prefill, not hidden
         return compute + weights + self.tp_comm_time(tp, tokens)
 
     # --- a whole instance -------------------------------------------------------------------------------------
