@@ -9,7 +9,7 @@ its own reduction, which averages identical tensors (a no-op up to rounding) and
 
 Snapshot/restore carry the module's `state_dict` and the optimizer's; with ZeRO >= 1 the optimizer state is
 partitioned across the core ranks, so a whole-replica snapshot is available only at stage 0 (use DeepSpeed's
-universal checkpoint for the others). Call `deepspeed.init_distributed(dist_backend="gloo")` first on CPU.
+universal checkpoint for the others). On CPU call `init_distributed()` (gloo) first.
 """
 
 from __future__ import annotations
@@ -44,14 +44,43 @@ def deepspeed_config(
     }
 
 
+def get_accelerator_name() -> str:
+    """DeepSpeed's accelerator name (`cpu`, `cuda`, ...)."""
+    from deepspeed.accelerator import get_accelerator
+
+    return str(get_accelerator().device_name())
+
+
+def init_distributed(backend: str = "gloo") -> None:
+    """`deepspeed.init_distributed(dist_backend=backend)` without DeepSpeed's shared-memory all-reduce op.
+
+    That op serves only `inference_all_reduce` (DeepSpeed's CPU inference path), never a training collective, yet
+    DeepSpeed JIT-compiles it in every process that initialises its communication on a CPU accelerator: minutes per
+    new environment, with every other rank waiting on the builder's lock (a killed build leaves the lock behind and
+    later runs wait forever). Training collectives go through torch.distributed either way."""
+    os.environ.setdefault("DS_BUILD_OPS", "0")
+    import deepspeed
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is not None:  # None on accelerators without the op (CUDA): nothing to skip
+        deepspeed.ops.__compatible_ops__[builder.NAME] = False
+    deepspeed.init_distributed(dist_backend=backend, verbose=False)
+
+
 class DeepSpeedTrainer:
     """One DeepSpeed engine over the default process group; `loss_fn(module, batch)` returns a scalar loss."""
 
     def __init__(self, *, model: Any, config: Mapping[str, Any], loss_fn: Callable | None = None) -> None:
         os.environ.setdefault("DS_BUILD_OPS", "0")
         import deepspeed
+        import deepspeed.comm
 
         from libra.adapters.grpo import policy_loss
+
+        if not deepspeed.comm.is_initialized():
+            init_distributed("gloo" if get_accelerator_name() == "cpu" else "nccl")
 
         self.zero_stage = int(config.get("zero_optimization", {}).get("stage", 0))
         self.engine, self.optimizer, _, _ = deepspeed.initialize(

@@ -113,13 +113,10 @@ def hybrid(side_port: int) -> dict:
 
 def ds_trainer(zero_stage: int):
     def make(rank: int, port: int):
-        import deepspeed
-
-        from libra.adapters.deepspeed_trainer import DeepSpeedTrainer, deepspeed_config
+        from libra.adapters.deepspeed_trainer import DeepSpeedTrainer, deepspeed_config, init_distributed
 
         P.init_env(rank, 2, port)
-        if not __import__("torch").distributed.is_initialized():
-            deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+        init_distributed("gloo")
         config = deepspeed_config(zero_stage=zero_stage, micro_batch=P.GLOBAL_BATCH // 2, lr=P.LR, dp=2)
         return DeepSpeedTrainer(model=P.make_mlp(seed=0), config=config, loss_fn=P.mse_loss)
 
