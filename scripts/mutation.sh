@@ -27,7 +27,7 @@ declare -A files=(
 declare -A tests=(
   [train_tree]=tests/planning/test_train_tree.py
   [rollout_dp]="tests/planning/test_rollout_and_planner.py tests/planning/test_rollout_bounds.py tests/planning/test_rollout_table.py"
-  [planner]=tests/planning/test_rollout_and_planner.py
+  [planner]="tests/planning/test_rollout_and_planner.py tests/planning/test_planner_details.py"
   [replan]="tests/planning/test_replan.py tests/planning/test_rollout_and_planner.py"
   [cmlfq]="tests/scheduling/test_router.py tests/scheduling/test_golden.py tests/scheduling/test_evaluate.py"
 )
