@@ -29,7 +29,7 @@ declare -A tests=(
   [rollout_dp]="tests/planning/test_rollout_and_planner.py tests/planning/test_rollout_bounds.py tests/planning/test_rollout_table.py"
   [planner]="tests/planning/test_rollout_and_planner.py tests/planning/test_planner_details.py"
   [replan]="tests/planning/test_replan.py tests/planning/test_rollout_and_planner.py"
-  [cmlfq]="tests/scheduling/test_router.py tests/scheduling/test_golden.py tests/scheduling/test_evaluate.py"
+  [cmlfq]="tests/scheduling/test_router.py tests/scheduling/test_cmlfq_decisions.py tests/scheduling/test_golden.py"  # test_evaluate.py: 200 s per mutant
 )
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(train_tree rollout_dp planner replan cmlfq)
