@@ -69,3 +69,33 @@ def test_a_prompt_seen_before_is_routed_by_its_own_runs() -> None:
     router.admit(102, prompt_id="unseen", prompt_tokens=300)  # the agnostic statistics: not sure, overflow only
     d = router.on_tool_return(102, tool="search", tool_tokens=8000, status="ok", context_tokens=8500)
     assert d.migrate and d.bucket == 1 and d.reason == "overflow"
+
+
+def _two_prompts(fallback: str):
+    """q ran short after a 100-token search return (4,000 tokens in all); p, after an 8,000-token return, ran to
+    20,500. The prompt-agnostic tree has q's path; p's own tree has not."""
+    router = make_router("cmlfq", BUCKETS, preset="published", fallback=fallback)
+    runs = [
+        Trajectory(
+            prompt_id="q",
+            prompt_tokens=300,
+            turns=(Turn(gen_tokens=200, tool="search", tool_status="ok", tool_tokens=100), Turn(gen_tokens=3400)),
+        )
+    ] * 8 + [_run(12_000, "p")] * 8
+    for rid, t in enumerate(runs):
+        router.admit(rid, prompt_id=t.prompt_id, prompt_tokens=300)
+        router.finish(rid, t)
+    router.end_step()
+    return router
+
+
+@pytest.mark.parametrize("fallback, bucket", [("parent", 2), ("agnostic", 0), ("scaled", 1)])
+def test_fallbacks_for_a_path_the_prompt_has_not_taken(fallback: str, bucket: int) -> None:
+    """A run of p takes q's path (a 100-token return, context 600). `parent`: p's own root predicts 20,500 (bucket 2).
+    `agnostic`: q's node predicts 600 + 3,400 = 4,000 (bucket 0, it stays). `scaled`: q's node with its remaining
+    tokens stretched by how much longer p runs than all prompts (20,200 / 11,950 remaining at admission):
+    600 + 3,400 x 1.69 = 6,347 (bucket 1)."""
+    router = _two_prompts(fallback)
+    router.admit(100, prompt_id="p", prompt_tokens=300)
+    d = router.on_tool_return(100, tool="search", tool_tokens=100, status="ok", context_tokens=600)
+    assert d.bucket == bucket and d.migrate == (bucket != 0)
