@@ -5,10 +5,12 @@
 #
 #   bash scripts/mutation.sh                 # all solver files
 #   bash scripts/mutation.sh replan          # one file (train_tree, rollout_dp, planner, replan, cmlfq)
+#   LIBRA_MUTATION_SAMPLE=60 bash scripts/mutation.sh planner   # a seeded random sample of 60 of its mutants
 #
 # Works in build/mutation (a copy of libra/ and tests/ with its own mutmut configuration); prints the kill rate
 # and every surviving mutant's diff. LIBRA_ORACLE_INSTANCES (default 60) sizes the oracle tests; MUTMUT_CHILDREN
-# (default 2) the parallel workers.
+# (default 2) the parallel workers; LIBRA_MUTATION_SAMPLE=N tests a random sample of N mutants per file (seed
+# LIBRA_MUTATION_SEED, default 0) instead of all of them, and the kill rate is then the sample's.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-$root/.venv/bin/python}
@@ -23,11 +25,11 @@ declare -A files=(
   [cmlfq]=libra/scheduling/cmlfq.py
 )
 declare -A tests=(
-  [train_tree]=tests/planning/test_train_tree.py
-  [rollout_dp]=tests/planning/test_rollout_and_planner.py
-  [planner]=tests/planning/test_rollout_and_planner.py
+  [train_tree]="tests/planning/test_train_tree.py tests/planning/test_train_tree_layouts.py"
+  [rollout_dp]="tests/planning/test_rollout_and_planner.py tests/planning/test_rollout_bounds.py tests/planning/test_rollout_table.py"
+  [planner]="tests/planning/test_rollout_and_planner.py tests/planning/test_planner_details.py"
   [replan]="tests/planning/test_replan.py tests/planning/test_rollout_and_planner.py"
-  [cmlfq]="tests/scheduling/test_router.py tests/scheduling/test_evaluate.py"
+  [cmlfq]="tests/scheduling/test_router.py tests/scheduling/test_cmlfq_decisions.py tests/scheduling/test_golden.py"  # test_evaluate.py: 200 s per mutant
 )
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(train_tree rollout_dp planner replan cmlfq)
@@ -58,7 +60,20 @@ TOML
   (
     cd "$work"
     export LIBRA_ORACLE_INSTANCES=${LIBRA_ORACLE_INSTANCES:-60} PYTHONPATH=$work
-    "$python" -m mutmut run --max-children "${MUTMUT_CHILDREN:-2}" >"$work/run.log" 2>&1 || true
+    names=()
+    if [ -n "${LIBRA_MUTATION_SAMPLE:-}" ]; then
+      # generate the mutants and collect the test statistics (the filter matches nothing, so nothing runs yet)
+      "$python" -m mutmut run --max-children 1 "no-such-mutant" >"$work/generate.log" 2>&1 || true
+      mapfile -t names < <("$python" - "${files[$target]}" "$LIBRA_MUTATION_SAMPLE" "${LIBRA_MUTATION_SEED:-0}" <<'PY'
+import json, random, sys
+keys = sorted(json.load(open(f"mutants/{sys.argv[1]}.meta"))["exit_code_by_key"])
+for name in sorted(random.Random(int(sys.argv[3])).sample(keys, min(int(sys.argv[2]), len(keys)))):
+    print(name)
+PY
+      )
+      echo "   sample: ${#names[@]} mutants (seed ${LIBRA_MUTATION_SEED:-0})" >&2
+    fi
+    "$python" -m mutmut run --max-children "${MUTMUT_CHILDREN:-2}" "${names[@]}" >"$work/run.log" 2>&1 || true
     "$python" -m mutmut results --all true >"$work/results.txt" 2>&1 || "$python" -m mutmut results >"$work/results.txt" 2>&1
     grep -E ': (survived|no tests|timeout|suspicious)' "$work/results.txt" | awk -F: '{print $1}' | while read -r name; do
       echo "--- $name"
@@ -67,7 +82,8 @@ TOML
   )
   killed=$(grep -c ': killed' "$work/results.txt" || true)
   all=$(grep -cE ': (killed|survived|no tests|timeout|suspicious|segfault|skipped|caught by type check)' "$work/results.txt" || true)
-  echo "$target: $killed of $all mutants killed; survivors in $work/survivors.txt"
+  generated=$(grep -c '__mutmut_' "$work/results.txt" || true)
+  echo "$target: $killed of $all mutants killed ($generated generated); survivors in $work/survivors.txt"
   total_killed=$((total_killed + killed))
   total_all=$((total_all + all))
 done
