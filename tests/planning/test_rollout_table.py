@@ -35,15 +35,15 @@ def test_bad_routing_and_admission_delay_are_one_clear_error() -> None:
 @pytest.mark.parametrize("routing", ROUTINGS)
 @pytest.mark.parametrize("chunk", [1, 7, 50])
 def test_table_does_not_depend_on_the_chunk_size(monkeypatch, routing: str, chunk: int) -> None:
-    """The table is evaluated in chunks of `_CHUNK` entries to bound memory; every chunking gives the same table
-    bit for bit (the default chunk holds these small tables in one piece, so it is the reference)."""
+    """The table is evaluated in blocks of about `_GRID` grid entries to bound memory; every blocking gives the same
+    table bit for bit (the default block holds these small tables in one piece, so it is the reference)."""
     for seed in (0, 1, 9):
         cm, groups = _instance(seed)
         tps = tuple(tp for tp in (1, 2, 4) if tp <= cm.cluster.gpus_per_node)
         kwargs = dict(tp_degrees=tps, max_gpus=cm.cluster.num_gpus, tool_latency_s=1.0, routing=routing)
         reference = RolloutTable(cm.rollout, groups, **kwargs)
         assert reference.num_entries > 2 * chunk  # several chunks below
-        monkeypatch.setattr(rollout_dp, "_CHUNK", chunk)
+        monkeypatch.setattr(rollout_dp, "_GRID", chunk)
         chunked = RolloutTable(cm.rollout, groups, **kwargs)
         monkeypatch.undo()
         assert reference.times.keys() == chunked.times.keys()
