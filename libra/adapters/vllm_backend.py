@@ -277,6 +277,11 @@ class VLLMRolloutBackend:
                 self._load(inst, update)
         return update.version
 
+    def forget_weights(self) -> None:
+        """Forget the newest pushed weights, so that the next `load_weights` sets them whatever its version (a new
+        run that adopts these live engines starts again from its own version 0)."""
+        self._latest = None
+
     def _load(self, inst: _Instance, update: WeightUpdate) -> None:
         for blob in update.buckets:
             inst.engine.collective_rpc("libra_stage_weights", args=(blob, update.version))

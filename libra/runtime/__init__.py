@@ -8,11 +8,19 @@ controller, pushes weights after each optimizer step, and records every decision
 
 from libra.runtime.config import RunConfig, RunConfigError, config_from_dict, load_config
 
-__all__ = ["Orchestrator", "RunConfig", "RunConfigError", "RunSummary", "config_from_dict", "load_config"]
+__all__ = [
+    "Orchestrator",
+    "RunConfig",
+    "RunConfigError",
+    "RunSummary",
+    "config_from_dict",
+    "load_config",
+    "make_backend",
+]
 
 
 def __getattr__(name: str):
-    if name in ("Orchestrator", "RunSummary"):
+    if name in ("Orchestrator", "RunSummary", "make_backend"):
         from libra.runtime import orchestrator
 
         return getattr(orchestrator, name)

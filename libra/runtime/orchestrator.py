@@ -17,14 +17,13 @@ Step k, as carried out here (all engine calls on the orchestrator's thread, trai
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import pickle
 import signal
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +38,13 @@ from libra.runtime import checkpoint, virtual
 from libra.runtime.agent import AgentFactory, default_agent_factory
 from libra.runtime.clock import Clock
 from libra.runtime.config import RunConfig, RunConfigError
-from libra.runtime.records import TIMELINE_FILE, RunRecords, staleness_histogram
-from libra.runtime.rollout import LiveRoutedRollout, TrajectoryRecord, run_rollout
+from libra.runtime.records import TIMELINE_FILE, RunRecords, step_record
+from libra.runtime.rollout import LiveRoutedRollout, TrajectoryRecord, routing_decision, run_rollout, worker_loads
+from libra.runtime.signals import deferred_sigint, reinstall
 from libra.runtime.trainer import TrainerThread, TrainResult
 from libra.scheduling import make_router
 
 log = logging.getLogger("libra.runtime")
-# wall time of the orchestrator's thread spent outside Libra: the rest is orchestration overhead
-OUTSIDE = ("engine", "tools", "train_wait", "weights", "switching")
 
 
 @attrs.frozen(kw_only=True)
@@ -61,7 +59,10 @@ class RunSummary:
 class Orchestrator:
     """`Orchestrator(config, out_dir).run()`; `resume=True` continues from the checkpoint in `out_dir`.
     `agent_factory(step, tokenizer)` builds the agent of each step (default: the toy tools). `on_step(record)`
-    is called after each completed step; `on_poll(orchestrator)` between engine polls (fault injection)."""
+    is called after each completed step; `on_poll(orchestrator)` between engine polls (fault injection).
+    `backend`: live engines to adopt (a `VLLMRolloutBackend` of `config.model`, e.g. from `make_backend`, left
+    idle by an earlier run): instances the placement names are kept, the others stopped, the missing ones started;
+    `close()` leaves an adopted backend running (its owner shuts it down)."""
 
     def __init__(
         self,
@@ -72,6 +73,7 @@ class Orchestrator:
         agent_factory: AgentFactory | None = None,
         on_step: Callable[[dict[str, Any]], Any] | None = None,
         on_poll: Callable[[Orchestrator], Any] | None = None,
+        backend: Any = None,
     ) -> None:
         self.config = config
         self.out = Path(out_dir)
@@ -80,6 +82,7 @@ class Orchestrator:
         self.on_step, self.on_poll = on_step, on_poll
         self.clock = Clock()
         self.backend: Any = None
+        self._adopt = backend
         self.step = 0  # next step to train
         self.losses: list[float] = []
         self.rolling_step: int | None = None
@@ -92,7 +95,6 @@ class Orchestrator:
 
         from libra.adapters.tiny_model import build_tiny_model
         from libra.adapters.torch_ddp import TorchDDPTrainer
-        from libra.adapters.vllm_backend import VLLMRolloutBackend
 
         cfg = self.config
         state = self._load_checkpoint() if self.resume and checkpoint.exists(self.out) else None
@@ -144,16 +146,33 @@ class Orchestrator:
             )
         self.records = RunRecords(self.out, resume=self.resume, keep_steps=self.step)
         self.controller = ElasticController(placement=self.placement)
-        self.backend = VLLMRolloutBackend(
-            model=model_dir, dtype=cfg.engine.dtype, seed=cfg.seed, engine_tp="one", sleep_mode="pause"
-        )
-        for _name, spec in sorted(virtual.instance_specs(self.placement, cfg).items()):
-            self._start_instance(spec, step=self.step, source="planner", why="initial placement")
+        self._open_backend(model_dir)
         self.routed = LiveRoutedRollout(
             backend=self.backend, router=router, bucket_instances=virtual.bucket_instances(self.plan, self.placement)
         )
         self._push(self.trainer.export_weights(bucket_bytes=1 << 20), step=self.step)
         self.train = TrainerThread(self.trainer, clock_t0=self.clock.t0)
+
+    def _open_backend(self, model_dir: str) -> None:
+        """Start the placement's instances on a new backend, or reconcile an adopted one with the placement."""
+        cfg = self.config
+        specs = virtual.instance_specs(self.placement, cfg)
+        if self._adopt is None:
+            self.backend, self._owns_backend = make_backend(cfg, model_dir), True
+        else:
+            backend, self._adopt = self._adopt, None
+            if str(getattr(backend, "model", model_dir)) != str(model_dir):
+                raise RunConfigError(f"the adopted engines serve {backend.model!r}, the run trains {model_dir!r}")
+            if backend.has_running():
+                raise RunConfigError("the adopted engines still generate requests of an earlier run")
+            self.backend, self._owns_backend = backend, False
+            backend.forget_weights()  # this run pushes its own version 0 next
+            for name in backend.instances():
+                if name not in specs or backend.spec(name) != specs[name]:
+                    self._stop_instance(name, step=self.step, source="planner", why="adopted, not in the placement")
+        self._deaths_seen = len(self.backend.deaths)
+        for name in sorted(set(specs) - set(self.backend.instances())):
+            self._start_instance(specs[name], step=self.step, source="planner", why="initial placement")
 
     def _new_router(self, old: Any) -> Any:
         cfg = self.config
@@ -189,7 +208,7 @@ class Orchestrator:
         handler = signal.getsignal(signal.SIGINT)
         with self.clock.span("switching"):
             self.backend.start_instance(spec)
-        _reinstall(handler)
+        reinstall(handler)
         self.clock.mark(spec.name, "switching", start, self.clock.now(), step)
         self._decide(
             source,
@@ -214,7 +233,7 @@ class Orchestrator:
     def _boundary(self, k: int) -> None:
         """Before rollout k: recover dead engines, then replan through the gate and carry the plan out."""
         cfg = self.config
-        for death in self.backend.deaths[getattr(self, "_deaths_seen", 0) :]:
+        for death in self.backend.deaths[self._deaths_seen :]:
             self._decide(
                 "elastic",
                 "EngineDied",
@@ -330,7 +349,7 @@ class Orchestrator:
         return RunSummary(out_dir=str(self.out), steps_completed=self.step, first_step=first, losses=tuple(self.losses))
 
     def _rollout(self, k: int) -> None:
-        _reinstall(signal.getsignal(signal.SIGINT))
+        reinstall(signal.getsignal(signal.SIGINT))
         cfg = self.config
         agent = self.agent_factory(k, self.tokenizer)
         prompts = {
@@ -362,28 +381,10 @@ class Orchestrator:
         self.history[k] = list(records.values())
         for old in [s for s in self.history if s < k - 8]:
             del self.history[old]
-        workers: dict[str, dict[str, float]] = {}
-        for r in records.values():
-            for name in dict.fromkeys(r.instances):
-                w = workers.setdefault(name, {"trajectories": 0, "tokens": 0})
-                w["trajectories"] += 1
-                w["tokens"] += len(r.context)
+        workers = worker_loads(records)
         for name in workers:
             self.clock.mark(name, "rollout", start, end, k)
-        moved = self.routed.migrations[first_migration:]
-        routing = {
-            "source": "router",
-            "kind": "routing",
-            "step": k,
-            "router": cfg.router,
-            "decisions": len(self.routed.decisions) - first_decision,
-            "migrations": len(moved),
-            "migrated_tokens": sum(m.migrated_tokens for m in moved),
-            "moves": [
-                {"request": m.request_id, "from": m.from_instance, "to": m.to_instance, "tokens": m.migrated_tokens}
-                for m in moved[:50]
-            ],
-        }
+        routing = routing_decision(self.routed, k, cfg.router, first_migration, first_decision)
         info = {
             "rollout_window_s": [round(start, 4), round(end, 4)],
             "decisions": [*self.pending, routing],
@@ -431,50 +432,15 @@ class Orchestrator:
         dup = sum(1 for r in records if (k, r) in self.trained)
         self.trained.update((k, r) for r in records)
         now = self.clock.now()
-        main = self.clock.take()
-        wall = now - self._last_record
-        self._last_record = now
-        accounted = sum(v for c, v in main.items() if c in OUTSIDE)
-        record = {
-            "step": k,
-            "policy_version": result.version - 1,
-            "weight_version": result.version,
-            "loss": result.loss,
-            "max_staleness": cfg.max_staleness,
-            "staleness": staleness_histogram(result.version - 1, trajectories),
-            "plan": info["plan"],
-            "decisions": info["decisions"],
-            "trajectories": {
-                "expected": info["expected"],
-                "finished": len(records),
-                "lost": info["expected"] - len(records),
-                "duplicated": dup,
-                "retried": info["retried"],
-                "requeued": info["requeued"],
-            },
-            "rollout_window_s": info["rollout_window_s"],
-            "train_window_s": [round(result.start, 4), round(result.end, 4)],
-            "phases_s": {
-                "rollout": info["rollout_window_s"][1] - info["rollout_window_s"][0],
-                "train": result.end - result.start,
-                **{k2: round(v, 4) for k2, v in main.items()},
-            },
-            "workers": {**info["workers"], "train-0": {"train_s": round(result.end - result.start, 4)}},
-            "orchestration": {
-                "wall_s": round(wall, 4),
-                "overhead_s": round(max(0.0, wall - accounted), 4),
-                **{f"{c}_s": round(main.get(c, 0.0), 4) for c in ("planning", "routing", "records", "checkpoint")},
-            },
-            "weights": push,
-            "mean_reward": sum(r.reward for r in records.values()) / max(1, len(records)),
-        }
+        wall, self._last_record = now - self._last_record, now
+        record = step_record(cfg, result, info, records, trajectories, dup, push, main=self.clock.take(), wall=wall)
         self.losses.append(result.loss)
-        with _deferred_sigint():  # the record and its checkpoint go together: Ctrl-C waits for both
+        with deferred_sigint():  # the record and its checkpoint go together: Ctrl-C waits for both
             with self.clock.span("records"):
                 self.records.add_step(record, trajectories)
             self.step = k + 1
             with self.clock.span("checkpoint"):
-                self._checkpoint(info)
+                self._checkpoint(info, result.state)
         log.info(
             "step %d done: loss %+.5f, %d trajectories, staleness %s, version %d",
             k,
@@ -488,11 +454,11 @@ class Orchestrator:
 
     # -- checkpoints ----------------------------------------------------------------------------------------------
 
-    def _checkpoint(self, info: dict[str, Any]) -> None:
+    def _checkpoint(self, info: dict[str, Any], trainer_state: Any) -> None:
         plan, placement = info["plan_state"]
         state = {
             "next_step": self.step,
-            "trainer": self.trainer.snapshot(),
+            "trainer": trainer_state,
             "router": info["router_state"],
             "plan": plan,
             "placement": placement,
@@ -527,33 +493,19 @@ class Orchestrator:
                 )
             except Exception as exc:  # noqa: BLE001 - a missing plot must not hide the run's result
                 log.warning("timeline not drawn: %s", exc)
-        if self.backend is not None:
+        if self.backend is not None and self._owns_backend:
             self.backend.shutdown()
-            self.backend = None
+        self.backend = None
 
 
-@contextlib.contextmanager
-def _deferred_sigint() -> Iterator[None]:
-    """Hold a Ctrl-C (SIGINT) until the block is done, then raise it."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if caught:
-        raise KeyboardInterrupt
+def make_backend(config: RunConfig, model_dir: str) -> Any:
+    """The rollout backend a run of `config` drives (no instance started): vLLM engines of `model_dir`, each with
+    TP 1, paused (not stopped) while lent to training."""
+    from libra.adapters.vllm_backend import VLLMRolloutBackend
+
+    return VLLMRolloutBackend(
+        model=model_dir, dtype=config.engine.dtype, seed=config.seed, engine_tp="one", sleep_mode="pause"
+    )
 
 
-def _reinstall(handler: Any) -> None:
-    """Set the SIGINT handler again at the C level: a native library loaded with an engine resets the process's
-    SIGINT action to the default (Python still reports its own handler), and Ctrl-C must stay a KeyboardInterrupt
-    so that the run stops cleanly."""
-    if threading.current_thread() is threading.main_thread() and callable(handler):
-        signal.signal(signal.SIGINT, handler)
-
-
-__all__ = ["Orchestrator", "RunSummary"]
+__all__ = ["Orchestrator", "RunSummary", "make_backend"]

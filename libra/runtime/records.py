@@ -17,6 +17,8 @@ from libra.spec.jsonable import jsonable
 from libra.workloads.trace import Trajectory
 
 RUN_FILE, TRACE_FILE, TIMELINE_FILE = "run.jsonl", "trace.jsonl", "timeline.png"
+# wall time of the orchestrator's thread spent outside Libra: the rest is orchestration overhead
+OUTSIDE = ("engine", "tools", "train_wait", "weights", "switching")
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -65,3 +67,54 @@ class RunRecords:
         self.trace.extend(t.to_json() for t in trajectories)
         write_jsonl(self.dir / TRACE_FILE, self.trace)
         write_jsonl(self.dir / RUN_FILE, self.steps)
+
+
+def step_record(
+    config: Any,
+    result: Any,
+    info: dict[str, Any],
+    records: dict[str, Any],
+    trajectories: Sequence[Trajectory],
+    duplicated: int,
+    push: dict[str, Any],
+    *,
+    main: dict[str, float],
+    wall: float,
+) -> dict[str, Any]:
+    """The `run.jsonl` record of one completed step: `result` is the trainer's (`TrainResult`), `info` what the
+    rollout collected, `records` its trajectory records by request id, `main` the orchestrator thread's time per
+    category since the last record and `wall` the wall time since then."""
+    accounted = sum(v for c, v in main.items() if c in OUTSIDE)
+    return {
+        "step": result.step,
+        "policy_version": result.version - 1,
+        "weight_version": result.version,
+        "loss": result.loss,
+        "max_staleness": config.max_staleness,
+        "staleness": staleness_histogram(result.version - 1, trajectories),
+        "plan": info["plan"],
+        "decisions": info["decisions"],
+        "trajectories": {
+            "expected": info["expected"],
+            "finished": len(records),
+            "lost": info["expected"] - len(records),
+            "duplicated": duplicated,
+            "retried": info["retried"],
+            "requeued": info["requeued"],
+        },
+        "rollout_window_s": info["rollout_window_s"],
+        "train_window_s": [round(result.start, 4), round(result.end, 4)],
+        "phases_s": {
+            "rollout": info["rollout_window_s"][1] - info["rollout_window_s"][0],
+            "train": result.end - result.start,
+            **{k: round(v, 4) for k, v in main.items()},
+        },
+        "workers": {**info["workers"], "train-0": {"train_s": round(result.end - result.start, 4)}},
+        "orchestration": {
+            "wall_s": round(wall, 4),
+            "overhead_s": round(max(0.0, wall - accounted), 4),
+            **{f"{c}_s": round(main.get(c, 0.0), 4) for c in ("planning", "routing", "records", "checkpoint")},
+        },
+        "weights": push,
+        "mean_reward": sum(r.reward for r in records.values()) / max(1, len(records)),
+    }

@@ -228,3 +228,34 @@ def _end_turn(routed, st: _Live, agent, sampling, max_turns, clock: Clock, close
 
 def routed_max_tokens(sampling, request_id: str, turn: int) -> int:
     return sampling(request_id, turn).max_tokens
+
+
+def worker_loads(records: Mapping[str, TrajectoryRecord]) -> dict[str, dict[str, float]]:
+    """Per instance: the trajectories that ran on it (any of their turns) and their tokens."""
+    workers: dict[str, dict[str, float]] = {}
+    for r in records.values():
+        for name in dict.fromkeys(r.instances):
+            w = workers.setdefault(name, {"trajectories": 0, "tokens": 0})
+            w["trajectories"] += 1
+            w["tokens"] += len(r.context)
+    return workers
+
+
+def routing_decision(
+    routed: RoutedRollout, step: int, router: str, first_migration: int, first_decision: int
+) -> dict[str, Any]:
+    """The router's decisions of one step (those after the given indices), as one record (source `router`)."""
+    moved = routed.migrations[first_migration:]
+    return {
+        "source": "router",
+        "kind": "routing",
+        "step": step,
+        "router": router,
+        "decisions": len(routed.decisions) - first_decision,
+        "migrations": len(moved),
+        "migrated_tokens": sum(m.migrated_tokens for m in moved),
+        "moves": [
+            {"request": m.request_id, "from": m.from_instance, "to": m.to_instance, "tokens": m.migrated_tokens}
+            for m in moved[:50]
+        ],
+    }

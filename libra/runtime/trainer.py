@@ -1,7 +1,8 @@
 """The core trainer, driven from a background thread so that training of step k overlaps rollout of step k+1.
 
 One job at a time: `start(step, batch)` trains one GRPO step (one optimizer step, the trainer's version becomes
-`step + 1`) and exports the new weights; `poll()` returns the finished job (or None) and re-raises its error. The
+`step + 1`), exports the new weights and copies its state for the checkpoint (trainer work, off the orchestrator's
+thread, overlapping the rollout); `poll()` returns the finished job (or None) and re-raises its error. The
 orchestrator's thread pushes the weights to the engines (every engine call stays on one thread)."""
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class TrainResult:
     update: WeightUpdate
     start: float
     end: float
+    state: Any = None  # the trainer's snapshot after the step (model, optimizer, version)
 
 
 class TrainerThread:
@@ -50,6 +52,7 @@ class TrainerThread:
                 start = time.perf_counter() - self.t0
                 loss = self.trainer.train_step(batch, step=step)
                 update = self.trainer.export_weights(bucket_bytes=1 << 20)
+                state = self.trainer.snapshot()
                 self._result = TrainResult(
                     step=step,
                     version=self.trainer.version,
@@ -57,6 +60,7 @@ class TrainerThread:
                     update=update,
                     start=start,
                     end=time.perf_counter() - self.t0,
+                    state=state,
                 )
             except BaseException as exc:  # noqa: BLE001 - handed to the orchestrator's thread
                 self._error = exc
