@@ -171,43 +171,6 @@ class RolloutCost:
             return total
         return np.where(share > 0, np.maximum(total, chain / (1.0 - share)), total)
 
-    def instance_time_shared(
-        self,
-        tp: int,
-        counts,
-        shares,
-        *,
-        num_requests,
-        decode_tokens,
-        prefill_tokens,
-        resident_context,
-        max_gen,
-        max_turns,
-        tool_latency_s: float,
-        new_requests,
-        queued_share,
-    ):
-        """`instance_time` for many (row, k) pairs at once: the work of row r (per-row totals, as for
-        `instance_time`) shared evenly by k instances, for the `counts[r]` consecutive entries of `shares` that
-        belong to row r (k = shares[i]). Bit for bit `instance_time(tp, num_requests=num_requests[row] / k, ...,
-        resident_context=resident_context[row], ...)`, with every term that depends on the row alone (KV limit,
-        attention work, the tail's batch-of-one step) computed once per row instead of once per entry."""
-        return self._shared_time(
-            tp,
-            len(counts),
-            lambda x: np.repeat(x, counts),
-            shares,
-            num_requests=num_requests,
-            decode_tokens=decode_tokens,
-            prefill_tokens=prefill_tokens,
-            resident_context=resident_context,
-            max_gen=max_gen,
-            max_turns=max_turns,
-            tool_latency_s=tool_latency_s,
-            new_requests=new_requests,
-            queued_share=queued_share,
-        )
-
     def instance_time_grid(
         self,
         tp: int,
@@ -223,9 +186,11 @@ class RolloutCost:
         new_requests,
         queued_share,
     ):
-        """`instance_time_shared` for every row and every k of `shares`: a (rows, len(shares)) array whose entry
-        [r, j] is row r's work shared by shares[j] instances. The same operations on the same operands (row
-        values broadcast instead of repeated), so bit for bit the same values."""
+        """`instance_time` for every row and every k of `shares` at once: a (rows, len(shares)) array whose entry
+        [r, j] is row r's work (per-row totals, as for `instance_time`) shared evenly by shares[j] instances; bit for
+        bit `instance_time(tp, num_requests=num_requests[r] / shares[j], ..., resident_context=resident_context[r],
+        ...)`, with every term that depends on the row alone (KV limit, attention work, the tail's batch-of-one step)
+        computed once per row and broadcast."""
         rows = len(np.asarray(num_requests))
         return self._shared_time(
             tp,
@@ -260,8 +225,8 @@ class RolloutCost:
         new_requests,
         queued_share,
     ):
-        """`instance_time_shared` and `instance_time_grid`: `expand` lays a per-row array out as the entries'
-        (repeated per entry, or as a column that broadcasts against the row of shares)."""
+        """`instance_time_grid`'s body: `expand` lays a per-row array out as a column that broadcasts against the
+        row of shares."""
         per_row = lambda x: np.broadcast_to(np.asarray(x, dtype=float), (rows,))  # noqa: E731
         ex = lambda x: expand(per_row(x))  # noqa: E731  (row value for every entry)
         c, m = self.c, self.model
