@@ -93,20 +93,16 @@ def _brute_share(points_per_request, totals, price) -> float:
     return carried / sum(totals)
 
 
+def _decision_points(*, max_points: int, max_requests: int):
+    """Requests as lists of decision points (price interval low, high, tokens a move would carry)."""
+    point = st.tuples(st.floats(0, 60), st.floats(0, 60), st.integers(1, 5000)).map(
+        lambda p: (min(p[0], p[1]), max(p[0], p[1]), p[2])
+    )
+    return st.lists(st.lists(point, max_size=max_points), min_size=1, max_size=max_requests)
+
+
 @settings(max_examples=60, deadline=None)
-@given(
-    st.lists(
-        st.lists(
-            st.tuples(st.floats(0, 60), st.floats(0, 60), st.integers(1, 5000)).map(
-                lambda p: (min(p[0], p[1]), max(p[0], p[1]), p[2])
-            ),
-            max_size=5,
-        ),
-        min_size=1,
-        max_size=12,
-    ),
-    st.floats(0.01, 0.5),
-)
+@given(_decision_points(max_points=5, max_requests=12), st.floats(0.01, 0.5))
 def test_budget_counterfactual_matches_brute_force(requests, share) -> None:
     """The migrated-token share the budget computes for a price is what moving each request at its first decision
     point whose interval holds the price would carry; the chosen price is the grid's best fit under the budget."""
@@ -242,19 +238,7 @@ def test_grid_is_increasing() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    st.lists(
-        st.lists(
-            st.tuples(st.floats(0, 60), st.floats(0, 60), st.integers(1, 5000)).map(
-                lambda p: (min(p[0], p[1]), max(p[0], p[1]), p[2])
-            ),
-            max_size=4,
-        ),
-        min_size=1,
-        max_size=10,
-    ),
-    st.floats(0.01, 0.5),
-)
+@given(_decision_points(max_points=4, max_requests=10), st.floats(0.01, 0.5))
 def test_price_mix_spends_the_budget_in_expectation(requests, share) -> None:
     """choose_mix: the chosen price is `choose`'s; with probability q the next lower grid price whose share is over
     the budget, so that q * share(lower) + (1 - q) * share(price) is the budget exactly (when such a price exists)."""
