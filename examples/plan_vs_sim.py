@@ -54,11 +54,7 @@ def simulated_rollout(
     run = RolloutRun(
         planner.cost_model, work, routes, Instances(tps, home, [0.0] * len(tps)), start=0.0, min_slice_s=slice_s
     )
-    t = 0.0
-    while not run.done:
-        dt = run.next_event(t) - t
-        run.advance(t, dt)
-        t += dt
+    run.run_to_end()
     return run.end_time
 
 

@@ -34,11 +34,7 @@ def rollout_s(cm: CostModel, work, slice_s: float, steal: str, instances: int = 
         min_slice_s=slice_s,
         steal=steal,
     )
-    t = 0.0
-    while not run.done:
-        dt = run.next_event(t) - t
-        run.advance(t, dt)
-        t += dt
+    run.run_to_end()
     return run.end_time
 
 

@@ -598,6 +598,15 @@ class RolloutRun(Admission):
         return cand, start
 
     # --- when to look again -------------------------------------------------------------------------------------
+    def run_to_end(self, t: float = 0.0) -> float:
+        """Advance this rollout alone (nothing else shares its instances) from `t` until every request has
+        finished, one event at a time; returns the clock at the last event."""
+        while not self.done:
+            dt = self.next_event(t) - t
+            self.advance(t, dt)
+            t += dt
+        return t
+
     def next_event(self, t: float) -> float:
         """The next time something changes (a segment end, a tool return, an instance start), at least
         `min_slice_s` and at most `max_slice_s` ahead. Segment ends use the step times of the last slice."""

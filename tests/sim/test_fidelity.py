@@ -63,11 +63,7 @@ def test_long_rollouts_do_not_lose_time_to_coarse_slices(buckets, instances, coe
             steal=steal,
             dispatch=dispatch,
         )
-        t = 0.0
-        while not run.done:
-            dt = run.next_event(t) - t
-            run.advance(t, dt)
-            t += dt
+        run.run_to_end()
         assert (run.state == DONE).all()
         ends[floor] = run.end_time
     assert ends[1.0] > 2000  # a long rollout (about 2,400-4,400 s with the anchored defaults), where slicing matters

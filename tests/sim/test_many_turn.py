@@ -33,11 +33,7 @@ def _rollout(work, n_inst: int, floor: float, cm: CostModel, steal: str) -> floa
     routes = routes_for("single", work, parse_buckets("2:inf"), None)
     inst = Instances([2] * n_inst, [0] * n_inst, [0.0] * n_inst)
     run = RolloutRun(cm, work, routes, inst, start=0.0, min_slice_s=floor, steal=steal)
-    t = 0.0
-    while not run.done:
-        dt = run.next_event(t) - t
-        run.advance(t, dt)
-        t += dt
+    run.run_to_end()
     assert (run.state == DONE).all()
     return run.end_time
 

@@ -43,12 +43,7 @@ def _run(trajs, tps, buckets="1:inf", mode="single", min_slice=0.01, steal="off"
         [0.0] * len(tps),
     )
     run = RolloutRun(CM, work, routes, inst, start=0.0, min_slice_s=min_slice, steal=steal)
-    t = 0.0
-    while not run.done:
-        dt = run.next_event(t) - t
-        run.advance(t, dt)
-        t += dt
-    return run, t
+    return run, run.run_to_end()
 
 
 def test_one_request_matches_the_closed_form():
@@ -105,11 +100,7 @@ def test_an_instance_still_starting_keeps_its_queue():
         steal="new",
     )
     late = np.flatnonzero(run.where == 2)
-    t = 0.0
-    while not run.done:
-        dt = run.next_event(t) - t
-        run.advance(t, dt)
-        t += dt
+    run.run_to_end()
     assert late.size == 10 and np.all(run.where[late] == 2) and np.all(run.finish[late] > 50.0)
 
 
