@@ -70,6 +70,7 @@ def _layout(text: str, num_gpus: int):
 def estimate(args: argparse.Namespace) -> dict[str, Any]:
     from libra.cli._common import setup_from_args
     from libra.planning.cost import BatchStats, CostModel
+    from libra.planning.cost.switch import colocated_switch
     from libra.planning.train_tree import TrainingSearch
 
     cluster, model, coeffs = setup_from_args(args)
@@ -131,6 +132,11 @@ def estimate(args: argparse.Namespace) -> dict[str, Any]:
         else:
             train = {**_train_dict(best), "time_s": best.time_s, "memory_gb_per_gpu": best.memory_gb, "fits": True}
     train.update(sequences=args.train_seqs, length=args.train_len)
+    train_gpus = int(train.get("gpus") or cluster.num_gpus)
+    switch = [
+        {"tp": tp, **colocated_switch(c, model, cluster.gpu, rollout_tp=tp, train_gpus=train_gpus).to_dict()}
+        for tp in tps
+    ]
     by_tp = {str(d["tp"]): d["step_ms"] for d in decode if d["batch"] == batches[0] and d["context"] == contexts[0]}
     return {
         "model": model.name,
@@ -141,6 +147,7 @@ def estimate(args: argparse.Namespace) -> dict[str, Any]:
         "prefill": prefill,
         "memory": memory,
         "training": train,
+        "colocated_switch": switch,
     }
 
 
@@ -173,6 +180,12 @@ def run(args: argparse.Namespace) -> int:
     print()
     rows = [[m["tp"], m["weights_gb_per_gpu"], m["kv_pool_gb_per_gpu"], m["kv_capacity_tokens"]] for m in out["memory"]]
     print(table(["TP", "weights GB/GPU", "KV pool GB/GPU", "KV tokens"], rows, title="Rollout memory"))
+    print()
+    rows = [
+        [w["tp"], w["sleep_wake_s"], w["offload_s"], w["reshard_s"], w["per_step_s"]] for w in out["colocated_switch"]
+    ]
+    title = "Colocated switches (verl's hybrid engine; s per switch, reshard once per step)"
+    print(table(["TP", "sleep/wake s", "offload/reload s", "reshard s", "per step s"], rows, title=title))
     print()
     t = out["training"]
     if t.get("time_s") is None:

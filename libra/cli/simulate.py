@@ -58,8 +58,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--colocated-switch-s",
         type=float,
         metavar="S",
-        help="seconds per switch of the colocated pipeline between rollout and training (sleep/wake, offload/reload, "
-        "weight reshard; paid twice per step; default: the coefficients' colocated_switch_s, 5.6)",
+        help="fixed seconds per switch of the colocated pipeline between rollout and training (the engine's sleep "
+        "or wake; paid twice per step, on top of the offload/reload and weight-reshard terms that follow from the "
+        "model and GPU, `libra estimate` shows them; default: the coefficients' colocated_switch_s, 5.6)",
+    )
+    p.add_argument(
+        "--colocated-offload-bytes-per-param",
+        type=float,
+        metavar="B",
+        help="bytes per parameter of the colocated trainer's state offloaded to host memory at each switch "
+        "(verl's FSDP param/optimizer offload: 0 off, the default; 16 both on)",
     )
     p.add_argument(
         "--colocated-kv-fraction",
@@ -120,6 +128,11 @@ def _colocated(args: argparse.Namespace, coeffs):
         if not math.isfinite(args.colocated_switch_s) or args.colocated_switch_s < 0:
             raise CLIError(f"--colocated-switch-s must be a finite number >= 0, got {args.colocated_switch_s}")
         changes["colocated_switch_s"] = args.colocated_switch_s
+    if args.colocated_offload_bytes_per_param is not None:
+        b = args.colocated_offload_bytes_per_param
+        if not math.isfinite(b) or not 0 <= b <= 1e3:
+            raise CLIError(f"--colocated-offload-bytes-per-param must be a number in [0, 1000], got {b}")
+        changes["colocated_offload_bytes_per_param"] = b
     if args.colocated_kv_fraction is not None:
         if not math.isfinite(args.colocated_kv_fraction) or not 0 < args.colocated_kv_fraction <= 1:
             raise CLIError(f"--colocated-kv-fraction must be in (0, 1], got {args.colocated_kv_fraction}")

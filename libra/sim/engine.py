@@ -30,6 +30,7 @@ import attrs
 import numpy as np
 
 from libra.planning.cost import BatchStats, CostModel
+from libra.planning.cost.switch import ColocatedSwitch, colocated_switch
 from libra.sim.policies import Allocation, Decision, Observation, Policy
 from libra.sim.records import StageRecord
 from libra.sim.rollout import DONE, WAIT, Instances, RolloutRun
@@ -44,8 +45,8 @@ from libra.spec import WorkloadProfile
 class ReconfigCosts:
     """Seconds a worker needs to switch (docs/paper.md: ~10.8 s into rollout, 3.6 s snapshot + 4.4 s restore into
     training, channel setup tens of ms). `colocated_switch_s` is the per-switch cost of the colocated pipeline
-    (sleep/wake, offload/reload, weight reshard), paid at each of its two switches per step as verl does; None
-    (the default) takes the cost model's `CostCoefficients.colocated_switch_s` (a sourced default)."""
+    as one flat figure paid at each of its two switches per step; None (the default) takes the cost model's three
+    sourced terms instead (sleep/wake, offload/reload, weight reshard: `libra.planning.cost.switch`)."""
 
     to_rollout_s: float = 10.8
     snapshot_s: float = 3.6
@@ -238,12 +239,24 @@ class PolicyRun:
             kv_memory=kv_memory,
         )
 
+    def colocated_switch(self) -> ColocatedSwitch:
+        """What the synchronous pipeline pays at its two switches per step: `ReconfigCosts.colocated_switch_s` flat
+        when set, else the cost model's three terms for the current allocation (libra/planning/cost/switch.py)."""
+        assert self.alloc is not None
+        if self.costs.colocated_switch_s is not None:
+            return ColocatedSwitch.fixed(self.costs.colocated_switch_s)
+        return colocated_switch(
+            self.cm.coeffs,
+            self.cm.model,
+            self.cm.cluster.gpu,
+            rollout_tp=max(g.tp for g in self.alloc.rollout),
+            train_gpus=self.alloc.train.num_gpus,
+        )
+
     def _sync_stage(self, work: StepWork, routes: Routes) -> StageRecord:
         assert self.alloc is not None
-        t0, sw = self.clock, self.costs.colocated_switch_s
-        if sw is None:
-            sw = self.cm.coeffs.colocated_switch_s
-        roll = self._rollout(work, routes, t0, sw, kv_memory=self.cm.coeffs.colocated_kv_fraction)
+        t0, sw = self.clock, self.colocated_switch()
+        roll = self._rollout(work, routes, t0, sw.to_rollout_s, kv_memory=self.cm.coeffs.colocated_kv_fraction)
         t = t0
         while not roll.done:
             dt = roll.next_event(t) - t
@@ -251,7 +264,7 @@ class PolicyRun:
             t += dt
         b = roll.end_time
         batch = batch_stats(work, self.global_batch, self.max_len)
-        job = TrainingJob(self.cm, self.alloc.train, batch, start=b + sw, replicas=self.alloc.train.dp)
+        job = TrainingJob(self.cm, self.alloc.train, batch, start=b + sw.to_training_s, replicas=self.alloc.train.dp)
         end = job.run_to_end()
         rec = self._record(work, roll, job, t0, end, b - t0, end - b, staleness=0, lent=0.0, borrowed=0.0)
         self.clock = end

@@ -1,7 +1,9 @@
 """GPU specifications and the built-in presets.
 
 Bandwidths are in GB/s and FLOP/s in TFLOP/s (dense bf16). `nvlink_bandwidth_gbs` is the per-GPU, one-direction
-bandwidth into the node's NVLink fabric; `network_bandwidth_gbs` is the per-GPU share of the inter-node network.
+bandwidth into the node's NVLink fabric; `network_bandwidth_gbs` is the per-GPU share of the inter-node network;
+`host_bandwidth_gbs` is one direction of the GPU's host link (PCIe x16: 32 GB/s for Gen4 on A100/A800, 64 GB/s for
+Gen5 on H100/H200, NVIDIA's datasheets), which the colocated pipeline's offload and reload use.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def _positive(high: float):
 
 @attrs.frozen(kw_only=True)
 class GPUSpec:
-    """One accelerator: memory, dense bf16 compute and the three bandwidths the cost model uses."""
+    """One accelerator: memory, dense bf16 compute and the four bandwidths the cost model uses."""
 
     name: str
     memory_gb: float = attrs.field(validator=_positive(1e5))
@@ -36,6 +38,7 @@ class GPUSpec:
     hbm_bandwidth_gbs: float = attrs.field(validator=_positive(1e6))
     nvlink_bandwidth_gbs: float = attrs.field(validator=_positive(1e6))
     network_bandwidth_gbs: float = attrs.field(validator=_positive(1e6))
+    host_bandwidth_gbs: float = attrs.field(default=32.0, validator=_positive(1e6))
 
     @property
     def memory_bytes(self) -> float:
@@ -78,6 +81,7 @@ GPU_PRESETS: dict[str, GPUSpec] = {
             hbm_bandwidth_gbs=3350,
             nvlink_bandwidth_gbs=450,
             network_bandwidth_gbs=50,
+            host_bandwidth_gbs=64,
         ),
         GPUSpec(
             name="H200",
@@ -86,6 +90,7 @@ GPU_PRESETS: dict[str, GPUSpec] = {
             hbm_bandwidth_gbs=4800,
             nvlink_bandwidth_gbs=450,
             network_bandwidth_gbs=50,
+            host_bandwidth_gbs=64,
         ),
     )
 }

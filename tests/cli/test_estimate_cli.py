@@ -12,7 +12,7 @@ from libra.cli import main
 def test_estimate_defaults_print_tables(capsys) -> None:
     assert main(["estimate"]) == 0
     out = capsys.readouterr().out
-    for word in ("Decode step", "Prefill", "Rollout memory", "Training step", "anchored"):
+    for word in ("Decode step", "Prefill", "Rollout memory", "Colocated switches", "Training step", "anchored"):
         assert word in out
 
 
@@ -26,6 +26,11 @@ def test_estimate_json_batch_one_latency_falls_with_tp(capsys) -> None:
     assert ms[2] <= 0.7 * ms[1] and ms[8] <= 0.55 * ms[1]
     assert {"decode", "prefill", "memory", "training"} <= set(data)
     assert data["training"]["time_s"] > 0 and data["training"]["fits"]
+    switch = {w["tp"]: w for w in data["colocated_switch"]}
+    assert sorted(switch) == [1, 2, 4, 8]
+    for w in switch.values():  # two sleeps/wakes and two offloads per step, one reshard
+        assert w["per_step_s"] == pytest.approx(2 * w["sleep_wake_s"] + 2 * w["offload_s"] + w["reshard_s"])
+    assert switch[8]["offload_s"] == pytest.approx(switch[1]["offload_s"] / 8)  # an engine's shard of the weights
 
 
 def test_estimate_coeffs_file_changes_the_prediction(tmp_path, capsys) -> None:

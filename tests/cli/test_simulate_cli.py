@@ -209,3 +209,5 @@ def test_colocated_switch_and_kv_fraction_change_colocated_only(tmp_path, capsys
     assert main([*SMALL, "--colocated-kv-fraction", "1.5", "--out", str(tmp_path)]) == 2
     assert "--colocated-kv-fraction must be in (0, 1]" in capsys.readouterr().err
     assert main([*SMALL, "--colocated-switch-s", "nan", "--out", str(tmp_path)]) == 2
+    assert main([*SMALL, "--colocated-offload-bytes-per-param", "-1", "--out", str(tmp_path)]) == 2
+    assert "--colocated-offload-bytes-per-param must be a number in [0, 1000]" in capsys.readouterr().err

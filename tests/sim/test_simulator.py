@@ -173,3 +173,41 @@ def test_a_replan_scores_both_plans_one_way(name):
     assert len(seen) == 1
     current, candidate = seen[0]
     assert candidate is not None and candidate == pytest.approx(current, rel=1e-12)
+
+
+def test_colocated_pays_the_trainer_offload_at_both_switches_of_every_step():
+    """Offloading the trainer's state (16 bytes per parameter) lengthens each colocated step by exactly its
+    transfer at the two switches; a flat `ReconfigCosts.colocated_switch_s` replaces the three terms."""
+    from libra.planning.cost import CostCoefficients
+    from libra.planning.cost.switch import colocated_switch
+
+    sc = small_scenario()
+    runs = {
+        b: simulate(
+            attrs.evolve(sc, coeffs=CostCoefficients(colocated_offload_bytes_per_param=b)),
+            num_steps=2,
+            policies=["colocated"],
+        ).results[0]
+        for b in (0.0, 16.0)
+    }
+    train_gpus = runs[0.0].decisions[0]["allocation"]["train"]["gpus"]
+    terms = {
+        b: colocated_switch(
+            CostCoefficients(colocated_offload_bytes_per_param=b),
+            sc.model,
+            sc.cluster.gpu,
+            rollout_tp=2,
+            train_gpus=train_gpus,
+        )
+        for b in runs
+    }
+    extra = 2 * 2 * (terms[16.0].offload_s - terms[0.0].offload_s)
+    assert extra > 1.0
+    assert runs[16.0].wall_s - runs[0.0].wall_s == pytest.approx(extra, rel=1e-6)
+    flat = {
+        sw: simulate(attrs.evolve(sc, costs=ReconfigCosts(colocated_switch_s=sw)), num_steps=2, policies=["colocated"])
+        .results[0]
+        .wall_s
+        for sw in (0.0, 100.0)
+    }
+    assert flat[100.0] - flat[0.0] == pytest.approx(2 * 2 * 100.0, rel=1e-9)

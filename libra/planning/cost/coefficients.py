@@ -58,10 +58,15 @@ class CostCoefficients:
     expert_efficiency: float = 1.0  # expert (grouped) GEMMs relative to dense ones  [anchors: fit, train_moe]
     expert_saturation_tokens: float = 1570.0  # tokens per expert GEMM at half that efficiency  [anchors: train_moe]
     # --- colocated (verl's hybrid engine: rollout and training take turns on the same GPUs) ---------------------
-    # seconds per switch between the two (sleep/wake of the engine, offload/reload of parameters and optimizer
-    # state, weight reshard): vllm-project/vime#442 measures Actor.sleep() + wake_up() at 11.27 s per step (two
-    # switches) for Qwen3-0.6B on one L20 in colocate mode; a lower bound for larger models
+    # fixed seconds per switch between the two (the engine's sleep or wake): vllm-project/vime#442 measures
+    # Actor.sleep() + wake_up() at 11.27 s per step (two switches) for Qwen3-0.6B on one L20 in colocate mode, where
+    # moving the weights is negligible; the offload/reload and reshard terms come from bytes and bandwidths
+    # (libra/planning/cost/switch.py)
     colocated_switch_s: float = 5.6
+    # bytes per parameter of the trainer's state offloaded to host memory and reloaded at every switch: 0 as in
+    # verl's default FSDP config (param_offload and optimizer_offload off); 16 with both on (bf16 params and grads,
+    # fp32 master and Adam moments, sharded over the training GPUs)
+    colocated_offload_bytes_per_param: float = 0.0
     # share of GPU memory the colocated engine may use (its KV pool follows): verl's
     # actor_rollout_ref.rollout.gpu_memory_utilization, 0.5 in its documented config (docs/examples/config.rst)
     colocated_kv_fraction: float = 0.5
