@@ -3,7 +3,10 @@
 A trajectory is a request with `turns` decode segments: segment t decodes `gen[i, t]` tokens, then (unless it is the
 last turn) a tool call takes `latency[i, t]` seconds off the GPU and returns `tool_tokens[i, t]` tokens that are
 prefilled before segment t + 1. Tool latency comes from the turn's `extra["tool_latency_s"]` when present, else
-from `ToolLatency` (a lognormal per tool, seeded by step and request so every policy sees the same draws).
+from `ToolLatency`: a lognormal per tool whose draw is a pure function of the trajectory's content (its token counts
+turn by turn), the turn and the seed, so every policy sees the same draws and the same trajectory gets the same tool
+times in any step and any order (three identical steps simulate alike; a resampled step differs only by what it
+drew).
 """
 
 from __future__ import annotations
@@ -27,9 +30,43 @@ class ToolLatency:
     sigma: float = 0.8
     per_tool_median_s: dict[str, float] = attrs.field(factory=dict, eq=False, hash=False)
 
-    def draw(self, rng: np.random.Generator, tools: Sequence[str | None]) -> np.ndarray:
+    def scale(self, tools: Sequence[str | None], normal: np.ndarray) -> np.ndarray:
+        """Latencies from standard normal deviates, one per tool call."""
         med = np.array([self.median_s if t is None else self.per_tool_median_s.get(t, self.median_s) for t in tools])
-        return med * np.exp(self.sigma * rng.standard_normal(len(tools)))
+        return med * np.exp(self.sigma * normal)
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, element-wise on uint64 (wrapping arithmetic)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def content_normals(
+    prompt_tokens: np.ndarray, gen: np.ndarray, tool: np.ndarray, traj_of: np.ndarray, turn_no: np.ndarray, seed: int
+) -> np.ndarray:
+    """One standard normal deviate per turn, a pure function of (the trajectory's token counts turn by turn, the
+    turn's index, the seed): a trajectory that appears again, in another step or order, draws the same numbers."""
+    with np.errstate(over="ignore"):
+        per_turn = _mix(
+            gen.astype(np.uint64) * _GOLDEN
+            + _mix(tool.astype(np.uint64) + np.uint64(0x632BE59BD9B4E019))
+            + turn_no.astype(np.uint64) * np.uint64(0xD6E8FEB86659FD93)
+        )
+        fp = np.zeros(len(prompt_tokens), np.uint64)
+        np.add.at(fp, traj_of, per_turn)
+        fp = _mix(fp + _mix(prompt_tokens.astype(np.uint64)) + np.uint64(seed % (1 << 64)) * _GOLDEN)
+        key = fp[traj_of] + turn_no.astype(np.uint64) * _GOLDEN
+        a, b = _mix(key ^ np.uint64(0xA5A5A5A5A5A5A5A5)), _mix(key + np.uint64(0x5851F42D4C957F2D))
+    u1 = ((a >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)  # in (0, 1)
+    u2 = (b >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+    return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -98,8 +135,9 @@ def step_work(
         else:
             lat_t[j] = float(value)
     if missing:
-        draws = latency.draw(np.random.default_rng([seed, 7, step]), [turns[j].tool for j in missing])
-        lat_t[missing] = draws
+        prompt = np.fromiter((tr.prompt_tokens for tr in trajectories), np.int64, n)
+        normal = content_normals(prompt, gen_t, tool_t, traj_of, turn_no, seed)
+        lat_t[missing] = latency.scale([turns[j].tool for j in missing], normal[missing])
     pieces = np.maximum(1, -(-gen_t // chunk_tokens))
     base, extra = np.divmod(gen_t, pieces)
     seg_turn = np.repeat(np.arange(m), pieces)
