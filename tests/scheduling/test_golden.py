@@ -3,8 +3,8 @@
 evictions), on seeded synthetic traces, against values computed with the code before the issue-16 speed changes
 (commit 544da9f); the adaptive preset's changed in issue 14 (fitted shrinkage, the budget's price mix; then the
 admission experts and the cold budget): its `-prev` cases check that without the latter two it decides exactly as
-before them, its `-fixed` cases that without all four it decides exactly as at 544da9f. tests/scheduling/golden_router.py computes
-them."""
+before them, its `-fixed` cases that without all four it decides exactly as at 544da9f.
+tests/scheduling/golden_router.py computes them."""
 
 from __future__ import annotations
 
