@@ -319,8 +319,10 @@ class CMLFQRouter(Router):
         pop = 0 if pop_probs is None else max(range(len(pop_probs)), key=pop_probs.__getitem__)
         node = walk.p_root
         own = self._bucket_probs(node, prompt_tokens, 1.0, prompt_tokens) if node is not None and node.count else None
-        prompt = pop if own is None else max(range(len(own)), key=own.__getitem__)
-        return prompt, pop
+        if own is not None:
+            return max(range(len(own)), key=own.__getitem__), pop
+        by_length = self._experts.lengths.guess(prompt_tokens)  # type: ignore[union-attr]
+        return (pop if by_length is None else by_length), pop
 
     def _tool_return(self, req: Request, tool: str, tool_tokens: int, status: str) -> tuple[int, str]:
         code = self.tree.codec.encode(tool, tool_tokens, status)
@@ -631,7 +633,7 @@ class CMLFQRouter(Router):
         if self._fit is not None and req is not None and req.state is not None and req.state.calib:
             self._fit.finish(req.state.calib, self.bucket_for(trajectory.total_tokens))
         if self._experts is not None and req is not None and req.state.guesses is not None:
-            self._experts.finish(req.state.guesses, self.bucket_for(trajectory.total_tokens))
+            self._experts.finish(req.state.guesses, self.bucket_for(trajectory.total_tokens), trajectory.prompt_tokens)
         super().finish(request_id, trajectory)
 
     def _adapt_price(self) -> None:

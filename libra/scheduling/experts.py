@@ -7,9 +7,11 @@ at the next step (the first among equals, so the tree's own guess wins ties). Th
 
 - `tree`: the priced rule's admission (the prompt's root shares, shrunk toward the population's; the population's
   for an unseen prompt);
-- `prompt`: the most common final bucket of the prompt's own earlier runs (unshrunk; the population's for an
-  unseen prompt): the `predictor` baseline's evidence. It wins where a prompt's runs agree and the fitted
-  shrinkage, fitted on tool-return records deep in the tree, distrusts a prompt root that is in fact reliable;
+- `prompt`: the `predictor` baseline's guess: the most common final bucket of the prompt's own earlier runs
+  (unshrunk), for an unseen prompt that of the finished requests whose prompt length fell in the same decile
+  (`PromptLengthBins`), else the population's. It wins where a prompt's runs agree and the shrinkage, fitted on
+  tool-return records deep in the tree, distrusts a prompt root that is in fact reliable, and where the prompt's
+  length tells the final length (short agents whose prompt is a large part of the context);
 - `population`: the most common final bucket of all trajectories (the `most_common` baseline's): it wins where
   lengths are concentrated and a prompt's few runs mislead.
 
@@ -26,6 +28,10 @@ what the router did afterwards. Nothing in it is fitted to one workload.
 
 from __future__ import annotations
 
+from collections import Counter, deque
+
+import numpy as np
+
 EXPERTS = ("tree", "prompt", "population")
 
 
@@ -37,9 +43,13 @@ class AdmitExperts:
         self.scores = [0.0] * len(EXPERTS)
         self._hits = [0] * len(EXPERTS)
         self.chosen = 0  # index into EXPERTS; the tree until something is scored
+        self.lengths = PromptLengthBins()
 
-    def finish(self, guesses: tuple[int, ...], truth: int) -> None:
-        """A finished request's admission guesses (one per expert) and the bucket its final length belongs to."""
+    def finish(self, guesses: tuple[int, ...], truth: int, prompt_tokens: int | None = None) -> None:
+        """A finished request's admission guesses (one per expert), the bucket its final length belongs to and (for
+        the prompt-length bins) its prompt length."""
+        if prompt_tokens is not None:
+            self.lengths.observe(prompt_tokens, truth)
         hits = self._hits
         for i, g in enumerate(guesses):
             if g == truth:
@@ -48,8 +58,42 @@ class AdmitExperts:
     def end_step(self) -> int:
         """Fold this step's hits into the scores and return the expert to admit on next (the best score, the
         first among equals)."""
+        self.lengths.end_step()
         d = self.decay
         self.scores = [d * s + h for s, h in zip(self.scores, self._hits)]
         self._hits = [0] * len(EXPERTS)
         self.chosen = self.scores.index(max(self.scores))
         return self.chosen
+
+
+class PromptLengthBins:
+    """The most common final bucket per decile of prompt length, over the last `window` finished requests (the
+    `predictor` baseline's evidence for a prompt never seen). Bins move at step ends only."""
+
+    def __init__(self, *, bins: int = 10, window: int = 20_000) -> None:
+        self.bins = bins
+        self._seen: deque[tuple[int, int]] = deque(maxlen=window)
+        self._edges = np.zeros(0)
+        self._majority: list[int] = []
+
+    def observe(self, prompt_tokens: int, bucket: int) -> None:
+        self._seen.append((prompt_tokens, bucket))
+
+    def end_step(self) -> None:
+        if not self._seen:
+            return
+        lengths = np.fromiter((p for p, _ in self._seen), float, len(self._seen))
+        self._edges = np.unique(np.quantile(lengths, np.linspace(0, 1, self.bins + 1)[1:-1]))
+        counts: list[Counter[int]] = [Counter() for _ in range(len(self._edges) + 1)]
+        for length, b in self._seen:
+            counts[int(np.searchsorted(self._edges, length, side="right"))][b] += 1
+        # the most common bucket of each bin, the smallest among equals; an empty bin takes that of all (as the
+        # predictor baseline)
+        every = sum(counts, Counter())
+        self._majority = [min((c or every).items(), key=lambda kv: (-kv[1], kv[0]))[0] for c in counts]
+
+    def guess(self, prompt_tokens: int) -> int | None:
+        """The most common final bucket of the prompt's length decile; None before any step ended."""
+        if not self._majority:
+            return None
+        return self._majority[int(np.searchsorted(self._edges, prompt_tokens, side="right"))]
