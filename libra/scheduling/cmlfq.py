@@ -3,7 +3,9 @@
 Admission: a request starts in the smallest bucket (`admit="smallest"`, the published rule) or, as an option, in
 the bucket the decision rule picks from the root statistics of its prompt (the prompt-agnostic root for an unseen
 prompt) when the rule is sure (`admit="predicted"`; with `rule="priced"`, the likeliest bucket when it is at least
-`admit_margin` likelier than the smallest).
+`admit_margin` likelier than the smallest). With `admit_select`, that guess is one of three (the tree's, the
+predictor baseline's, the population's most common bucket) and the router admits on the one that named the final
+bucket of the last steps' requests most often (experts.py).
 
 After each tool return the router steps down the prefix tree by the return's state. The node's window predicts
 the final length as `anchor + remaining`, where `anchor` is the context when the request reached the node, over
