@@ -203,11 +203,11 @@ class CMLFQRouter(Router):
         seed: int = 0,
     ) -> None:
         super().__init__(buckets)
-        if admit_select and (rule != "priced" or admit != "predicted"):
-            raise SpecError("cmlfq: admit_select needs rule='priced' and admit='predicted'")
         # `admit_select`: admit on the evidence (tree, prompt history, population) that would have named
-        # the final bucket of the last steps' requests most often (experts.py)
-        self._experts = AdmitExperts() if admit_select else None
+        # the final bucket of the last steps' requests most often (experts.py); it acts where the priced rule admits
+        # (rule="priced", admit="predicted") and is inert otherwise, as the budget options are for the other rules
+        use = admit_select and rule == "priced" and admit == "predicted"
+        self._experts = AdmitExperts() if use else None
         # `budget_mix`: requests draw the budget's lower price with probability q (budget.py, choose_mix), from a
         # generator seeded by `seed` (a replay is reproducible)
         self.budget_mix = bool(budget_mix)

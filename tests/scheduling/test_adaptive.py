@@ -385,8 +385,9 @@ def test_cold_budget_promotes_within_the_budget() -> None:
 
 
 def test_bad_expert_and_cold_options() -> None:
-    with pytest.raises(SpecError, match="admit_select"):
-        make_router("cmlfq", SEARCH_BUCKETS, preset="published", admit_select=True)
+    # the experts act where the priced rule admits; with another rule (an option laid over the default) inert
+    assert make_router("cmlfq", SEARCH_BUCKETS, preset="published", admit_select=True)._experts is None
+    assert make_router("cmlfq", SEARCH_BUCKETS, rule="median")._experts is None
     with pytest.raises(SpecError, match="cold='budget' needs a budget"):
         make_router("cmlfq", SEARCH_BUCKETS, budget=None)
     with pytest.raises(SpecError, match="cold must be"):
