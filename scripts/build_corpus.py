@@ -67,7 +67,48 @@ SOURCES = [
         "globs": ["swebench_results/20251118_gemini-3-pro-74pct/trajs/*/*.traj.json"],
         "format": "mini-swe-agent",
     },
+    *(
+        {
+            "name": f"{model}-gsm8k",
+            "kind": "math with a code tool (GSM8K test, 1,319 problems; Python interpreter, at most 4 calls)",
+            "agent": "ToRA tool-integrated reasoning (greedy decoding)",
+            "model": f"{model}-v1.0",
+            "repo": "microsoft/ToRA",
+            "commit": "213c1c995038c73fab10343814df7a42f990f026",
+            "licence": "MIT",
+            "globs": [f"src/outputs/llm-agents/{model}-v1.0/gsm8k/*.jsonl"],
+            "format": "openai",
+            "convert": "tora",
+        }
+        for model in ("tora-70b", "tora-code-34b")
+    ),
 ]
+
+
+def _tora_messages(data: bytes) -> bytes:
+    """ToRA's output files (one JSON object per problem: `question`, and in `code` the model's output with each
+    interpreter result inlined as a ```output block) as chat-completions message lists: the prompt the fine-tuned
+    models are given (`<|user|>` question `<|assistant|>`), then assistant turns split at the ```output blocks,
+    each block a `tool` message of the `python` tool."""
+    out = []
+    for line in data.decode("utf-8").splitlines():
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        text = rec["code"][0] if isinstance(rec.get("code"), list) and rec["code"] else ""
+        messages = [{"role": "user", "content": f"<|user|>\n{rec['question']}\n<|assistant|>\n"}]
+        rest = text
+        while "```output\n" in rest:
+            before, _, after = rest.partition("```output\n")
+            result, _, rest = after.partition("\n```")
+            messages.append({"role": "assistant", "content": before})
+            messages.append({"role": "tool", "name": "python", "content": result})
+        messages.append({"role": "assistant", "content": rest})
+        out.append(json.dumps({"id": f"gsm8k-{rec['idx']}", "messages": messages}))
+    return ("\n".join(out) + "\n").encode()
+
+
+CONVERTERS = {"tora": _tora_messages}
 
 
 def _git(repo: Path, *args: str) -> bytes:
@@ -111,7 +152,7 @@ def build(mirrors: Path, out: Path, only: list[str] | None = None) -> dict:
             for i, (commit, path, blob) in enumerate(files):
                 data = _git(repo, "cat-file", "-p", blob)
                 local = Path(tmp) / f"{i:04d}{Path(path).suffix}"
-                local.write_bytes(data)
+                local.write_bytes(CONVERTERS[src["convert"]](data) if "convert" in src else data)
                 try:
                     got = import_files(src["format"], [local], source=src["name"])
                 except Exception as exc:  # a file that is not a trajectory file (e.g. a summary): skip, say so

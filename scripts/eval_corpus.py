@@ -25,11 +25,14 @@ from libra.workloads.corpus import DEFAULT_CORPUS, load_corpus, load_manifest
 
 BASE = CMLFQ_PRESETS["adaptive"]
 MECHANISMS = {"fixed": {"shrink": 0.0, "budget_mix": False}, "fitted": {"shrink": "auto", "budget_mix": True}}
+ADMISSION = {"experts": {"admit_select": True}, "tree": {"admit_select": False}}
+# (size classes: `breaks:4` throughout; `quantile:3` was within a point of it on every source when it was a
+# dimension of this choice, docs/routing.md)
 CANDIDATES = {
-    f"{edges}/{cold}/{beyond}/{mech}": {**BASE, "size_edges": edges, "cold": cold, "beyond": beyond, **MECHANISMS[mech]}
+    f"{adm}/{cold}/{beyond}/{mech}": {**BASE, "cold": cold, "beyond": beyond, **MECHANISMS[mech], **ADMISSION[adm]}
     for mech in ("fitted", "fixed")
-    for edges in ("breaks:4", "quantile:3")
-    for cold in ("stay", "promote")
+    for adm in ("experts", "tree")
+    for cold in ("budget", "stay", "promote")
     for beyond in ("root", "promote")
 }
 PRESETS = {"cmlfq-published": CMLFQ_PRESETS["published"], "cmlfq-priced": CMLFQ_PRESETS["priced"], "default": BASE}

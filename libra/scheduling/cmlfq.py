@@ -3,7 +3,9 @@
 Admission: a request starts in the smallest bucket (`admit="smallest"`, the published rule) or, as an option, in
 the bucket the decision rule picks from the root statistics of its prompt (the prompt-agnostic root for an unseen
 prompt) when the rule is sure (`admit="predicted"`; with `rule="priced"`, the likeliest bucket when it is at least
-`admit_margin` likelier than the smallest).
+`admit_margin` likelier than the smallest). With `admit_select`, that guess is one of three (the tree's, the
+predictor baseline's, the population's most common bucket) and the router admits on the one that named the final
+bucket of the last steps' requests most often (experts.py).
 
 After each tool return the router steps down the prefix tree by the return's state. The node's window predicts
 the final length as `anchor + remaining`, where `anchor` is the context when the request reached the node, over
@@ -47,6 +49,7 @@ from math import floor
 from typing import Any
 
 from libra.scheduling.budget import MigrationBudget
+from libra.scheduling.experts import AdmitExperts
 from libra.scheduling.router import Request, Router, register_router
 from libra.scheduling.shrinkage import ShrinkFit
 from libra.scheduling.states import DEFAULT_SIZE_EDGES
@@ -73,6 +76,7 @@ _PUBLISHED: dict[str, Any] = {
     "admit_min_count": None,
     "shrink": 0.0,
     "budget_mix": False,
+    "admit_select": False,
 }
 _PRESETS: dict[str, dict[str, Any]] = {
     # the published rule: start small, move when the buckets of the predicted mean and P90 agree
@@ -102,8 +106,10 @@ _PRESETS: dict[str, dict[str, Any]] = {
     # workload. Size classes are learnt per tool from the returns seen (size_classes.py); the price of a carried
     # token is set at each step end from the observed costs of moving, to spend a budget of 8% migrated tokens
     # (budget.py; the published figure); a request that outlives every observation at its node falls back to the
-    # survival statistics of all trajectories; with nothing learnt yet it stays put. Its structure was chosen
-    # leave-one-source-out on real agent traces (docs/routing.md).
+    # survival statistics of all trajectories; with nothing learnt yet it promotes overflows within the budget
+    # (cold="budget"); it admits on the evidence (tree, prompt history, population) that was right most often on
+    # the last steps (admit_select, experts.py). Its structure was chosen leave-one-source-out on real agent
+    # traces (docs/routing.md).
     "adaptive": {
         "rule": "priced",
         "price": 1.0,
@@ -114,10 +120,11 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "admit_min_count": 1,
         "fallback": "agnostic",
         "beyond": "root",
-        "cold": "stay",
+        "cold": "budget",
         "size_edges": "breaks:4",
         "shrink": "auto",
         "budget_mix": True,
+        "admit_select": True,
     },
 }
 CMLFQ_PRESETS: dict[str, dict[str, Any]] = {name: {**_PUBLISHED, **opts} for name, opts in _PRESETS.items()}
@@ -143,6 +150,7 @@ class _Walk:
         "points",
         "price",
         "calib",
+        "guesses",
     )
 
     def __init__(self, p_node: Node | None, a_node: Node, ctx: int) -> None:
@@ -155,6 +163,7 @@ class _Walk:
         self.points: list[tuple[float, float, int] | None] | None = None  # decision points, for the budget (budget.py)
         self.price = 0.0  # the price of a carried token for this request (the router's, or the budget's mix)
         self.calib: list[tuple[list[float], list[float], float]] = []  # `shrink="auto"` records (shrinkage.py)
+        self.guesses: tuple[int, ...] | None = None  # `admit_select` guesses of the admission experts (experts.py)
 
 
 @register_router
@@ -190,9 +199,15 @@ class CMLFQRouter(Router):
         admit_min_count: int | None = None,
         shrink: float | str = 0.0,
         budget_mix: bool = False,
+        admit_select: bool = False,
         seed: int = 0,
     ) -> None:
         super().__init__(buckets)
+        # `admit_select`: admit on the evidence (tree, prompt history, population) that would have named
+        # the final bucket of the last steps' requests most often (experts.py); it acts where the priced rule admits
+        # (rule="priced", admit="predicted") and is inert otherwise, as the budget options are for the other rules
+        use = admit_select and rule == "priced" and admit == "predicted"
+        self._experts = AdmitExperts() if use else None
         # `budget_mix`: requests draw the budget's lower price with probability q (budget.py, choose_mix), from a
         # generator seeded by `seed` (a replay is reproducible)
         self.budget_mix = bool(budget_mix)
@@ -209,9 +224,15 @@ class CMLFQRouter(Router):
         self.shrink = float(shrink)
         self._blend: tuple[list[float], list[float], float] | None = None  # the last blend's parts, for the fit
         self._survivors = 0.0  # survivors in the window of the last `_bucket_probs` call
-        if cold not in ("promote", "stay"):
-            raise SpecError(f"cmlfq: cold must be 'promote' or 'stay', got {cold!r}")
+        if cold not in ("promote", "stay", "budget"):
+            raise SpecError(f"cmlfq: cold must be 'promote', 'stay' or 'budget', got {cold!r}")
+        if cold == "budget" and budget is None:
+            raise SpecError("cmlfq: cold='budget' needs a budget")
         self.cold = cold
+        # `cold="budget"`: with nothing learnt, overflows are promoted while the moves of this step carry at most
+        # `budget` of the tokens seen in it (those of the finished requests and the contexts of those in flight)
+        self._cold_carried = 0
+        self._cold_finished = 0
         if admit_min_count is not None and (not isinstance(admit_min_count, int) or admit_min_count < 1):
             raise SpecError(f"cmlfq: admit_min_count must be an integer >= 1 or None, got {admit_min_count!r}")
         self.admit_min_count = admit_min_count
@@ -282,11 +303,28 @@ class CMLFQRouter(Router):
         if self.rule == "priced":  # admission carries nothing: the likeliest bucket, if clearly likelier
             probs = self._probabilities(walk, req.prompt_tokens, self.admit_min_count)
             if probs is None:
-                return 0
-            best = max(range(len(probs)), key=probs.__getitem__)
-            return best if probs[best] - probs[0] >= self.admit_margin else 0
+                tree = 0
+            else:
+                best = max(range(len(probs)), key=probs.__getitem__)
+                tree = best if probs[best] - probs[0] >= self.admit_margin else 0
+            if self._experts is None:
+                return tree
+            walk.guesses = guesses = (tree, *self._admit_guesses(walk, req.prompt_tokens))
+            return guesses[self._experts.chosen]
         target, act = self._decide(walk, req.prompt_tokens, 0, self._predict(walk, req.prompt_tokens))
         return target if act else 0
+
+    def _admit_guesses(self, walk: _Walk, prompt_tokens: int) -> tuple[int, int]:
+        """The admission guesses of the `prompt` and `population` experts (experts.py)."""
+        root = self.tree.agnostic
+        pop_probs = self._bucket_probs(root, prompt_tokens, 1.0, prompt_tokens) if root.count else None
+        pop = 0 if pop_probs is None else max(range(len(pop_probs)), key=pop_probs.__getitem__)
+        node = walk.p_root
+        own = self._bucket_probs(node, prompt_tokens, 1.0, prompt_tokens) if node is not None and node.count else None
+        if own is not None:
+            return max(range(len(own)), key=own.__getitem__), pop
+        by_length = self._experts.lengths.guess(prompt_tokens)  # type: ignore[union-attr]
+        return (pop if by_length is None else by_length), pop
 
     def _tool_return(self, req: Request, tool: str, tool_tokens: int, status: str) -> tuple[int, str]:
         code = self.tree.codec.encode(tool, tool_tokens, status)
@@ -502,13 +540,23 @@ class CMLFQRouter(Router):
         if not self.overflow or req.migrations or req.context <= self.limits[req.bucket]:
             return req.bucket, "stay"
         if probs is None:
-            if self.cold == "stay" and not self.tree.agnostic.count:
+            cold = self.cold != "promote" and not self.tree.agnostic.count
+            if cold and (self.cold == "stay" or not self._cold_affords(req.context)):
                 return req.bucket, "stay"
             return self.bucket_for(req.context), "overflow"
         best = max(range(len(probs)), key=probs.__getitem__)
         if best > req.bucket and probs[best] >= req.state.price * req.context / self._mean_length(req):
             return best, "overflow"
         return req.bucket, "stay"
+
+    def _cold_affords(self, carried: int) -> bool:
+        """`cold="budget"`: whether a move carrying `carried` keeps this step's moves within the budget of the tokens
+        seen so far in it; if so, the move is booked."""
+        seen = self._cold_finished + sum(r.context for r in self._requests.values())
+        if self._cold_carried + carried > self.budget * seen:  # type: ignore[operator]
+            return False
+        self._cold_carried += carried
+        return True
 
     def _mean_length(self, req: Request) -> float:
         """Mean trajectory length, the unit migrated tokens are priced in: the prompt-agnostic root's mean
@@ -580,10 +628,14 @@ class CMLFQRouter(Router):
     # -- the budget: the price of a carried token is set from the observed costs of moving (budget.py) ----------
     def finish(self, request_id, trajectory: Trajectory) -> None:
         req = self._requests.get(request_id)
+        if self.cold == "budget" and req is not None and not req.state.warm:
+            self._cold_finished += trajectory.total_tokens
         if self._budget is not None and req is not None and req.state.warm:
             self._budget.finish(req.state.points, trajectory.total_tokens)
         if self._fit is not None and req is not None and req.state is not None and req.state.calib:
             self._fit.finish(req.state.calib, self.bucket_for(trajectory.total_tokens))
+        if self._experts is not None and req is not None and req.state.guesses is not None:
+            self._experts.finish(req.state.guesses, self.bucket_for(trajectory.total_tokens), trajectory.prompt_tokens)
         super().finish(request_id, trajectory)
 
     def _adapt_price(self) -> None:
@@ -595,9 +647,12 @@ class CMLFQRouter(Router):
                 self.price = self._budget.choose(self.price)
 
     def _learn(self, finished: list[Trajectory]) -> None:
+        self._cold_carried = self._cold_finished = 0
         self._adapt_price()
         if self._fit is not None:
             self._fit.end_step()
             self.shrink = self._fit.choose(self.shrink)
+        if self._experts is not None:
+            self._experts.end_step()
 
         self.tree.update(finished)

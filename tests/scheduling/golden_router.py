@@ -25,8 +25,11 @@ def _digest(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-# the adaptive preset without the fitted shrinkage and the price mix (issue 14): its digests are those of 544da9f
-FIXED = {"shrink": 0.0, "budget_mix": False}
+# the adaptive preset without the admission experts and the cold budget (issue 14, second round): its digests are
+# those of the adaptive preset before them
+PREV = {"admit_select": False, "cold": "stay"}
+# ... and also without the fitted shrinkage and the price mix (issue 14): its digests are those of 544da9f
+FIXED = {"shrink": 0.0, "budget_mix": False, **PREV}
 
 
 def router_digest(workload: str, preset: str, steps: int = 4, max_nodes: int = 200_000, **options) -> str:
@@ -75,7 +78,8 @@ def tree_digest(workload: str, size_edges, steps: int, max_nodes: int, window: i
 ROUTER_CASES = (
     [(w, p) for w in BUCKETS for p in PRESETS]
     + [(w, "adaptive-fixed") for w in BUCKETS]
-    + [("r2e-gym", "adaptive-small"), ("r2e-gym", "adaptive-small-fixed")]
+    + [(w, "adaptive-prev") for w in BUCKETS]
+    + [("r2e-gym", "adaptive-small"), ("r2e-gym", "adaptive-small-fixed"), ("r2e-gym", "adaptive-small-prev")]
 )
 TREE_CASES = {
     "search-r1-default": ("search-r1", (1000, 4000), 6, 200_000, 200),
@@ -86,8 +90,8 @@ TREE_CASES = {
 
 def compute_router(case: tuple[str, str]) -> str:
     workload, preset = case
-    options = FIXED if preset.endswith("-fixed") else {}
-    preset = preset.removesuffix("-fixed")
+    options = FIXED if preset.endswith("-fixed") else PREV if preset.endswith("-prev") else {}
+    preset = preset.removesuffix("-fixed").removesuffix("-prev")
     if preset == "adaptive-small":  # a small tree: evictions between the steps
         return router_digest(workload, "adaptive", steps=5, max_nodes=2_000, **options)
     return router_digest(workload, preset, **options)

@@ -13,14 +13,16 @@ from hypothesis import strategies as st
 
 from libra.scheduling import CMLFQ_PRESETS, DEFAULT_PRESET, PrefixTree, make_router, replay
 from libra.scheduling.budget import PRICE_GRID, MigrationBudget
+from libra.scheduling.experts import EXPERTS, AdmitExperts, PromptLengthBins
 from libra.scheduling.shrinkage import SHRINK_GRID, ShrinkFit
 from libra.scheduling.size_classes import QuantileStateCodec
 from libra.scheduling.sources import BASELINES, MAX_MIGRATED, quantile_buckets, score_source
-from libra.spec import parse_buckets
+from libra.spec import SpecError, parse_buckets
 from libra.workloads import Trajectory, Turn, generate
 from libra.workloads.corpus import load_corpus
 
 SEARCH_BUCKETS = parse_buckets("2:5000,4:15000,8:inf")
+CMLFQ_COLD = ("stay", "budget", "promote")
 
 
 def _traj(pid: str, sizes: list[tuple[str, int]], gen: int = 50) -> Trajectory:
@@ -41,6 +43,7 @@ def test_default_is_the_adaptive_preset() -> None:
     router = make_router("cmlfq", SEARCH_BUCKETS)
     assert DEFAULT_PRESET == "adaptive" and router.budget == 0.08 and router.rule == "priced"
     assert router.budget_mix and router._fit is not None
+    assert router._experts is not None and router.cold == "budget"
     assert make_router("cmlfq", SEARCH_BUCKETS, preset="published").rule == "mean-p90"
     # presets are complete option sets: laid over the default they give exactly themselves
     priced = make_router("cmlfq", SEARCH_BUCKETS, **CMLFQ_PRESETS["priced"])
@@ -155,9 +158,9 @@ def _gap(res) -> float:
 def test_default_on_every_real_source(corpus_scores) -> None:
     """On every real source of >= 100 trajectories (docs/routing.md), at its quartile buckets and, for the coding
     agent, at 1:8000,2:16000,4:32000,8:inf, the default beats the best baseline (fcfs, mlfq, predictor, most common
-    bucket) while carrying at most 12 % of the tokens. Measured: tau-bench/gpt-4o 44.5 % / 5.8 % vs 41.5 %;
-    tau2/gemma-3-27b 60.2 % / 6.5 % vs 27.0 %; mini-swe-agent/gemini-3-pro 34.6 % / 10.1 % vs 28.8 % and 56.6 % /
-    8.4 % vs 51.2 %."""
+    bucket) while carrying at most 12 % of the tokens. Measured: tau-bench/gpt-4o 49.5 % / 6.7 % vs 41.5 %;
+    tau2/gemma-3-27b 61.8 % / 8.0 % vs 27.0 %; mini-swe-agent/gemini-3-pro 36.0 % / 11.6 % vs 28.8 % and 59.6 % /
+    11.3 % vs 51.2 %; ToRA-70B / ToRA-Code-34B on GSM8K 69.0 % / 8.2 % vs 61.0 % and 69.9 % / 8.6 % vs 60.8 %."""
     seen = set()
     for (name, buckets), res in corpus_scores.items():
         if res["default"].trajectories < 100:
@@ -165,18 +168,36 @@ def test_default_on_every_real_source(corpus_scores) -> None:
         seen.add(name)
         assert res["default"].migrated_token_fraction <= MAX_MIGRATED, (name, buckets)
         assert _gap(res) > 0, (name, buckets)
-    assert {"tau-bench-gpt4o-airline", "tau2-gemma3-27b-custom", "mini-swe-agent-gemini3pro-verified"} <= seen
+    assert {
+        "tau-bench-gpt4o-airline",
+        "tau2-gemma3-27b-custom",
+        "mini-swe-agent-gemini3pro-verified",
+        "tora-70b-gsm8k",
+        "tora-code-34b-gsm8k",
+    } <= seen
 
 
-@pytest.mark.xfail(strict=True, reason="not met on tau-bench/gpt-4o (+3.0 points); see docs/routing.md")
 def test_default_beats_baselines_by_five_points_everywhere(corpus_scores) -> None:
-    for res in corpus_scores.values():
+    """The issue's target on every source of >= 100 trajectories and bucket set: +8.0 (tau-bench), +34.9 (tau2),
+    +7.2 and +8.4 points (the coding agent), +8.0 and +9.1 (the ToRA math agents), at <= 12 % migrated tokens
+    (docs/routing.md)."""
+    for key, res in corpus_scores.items():
         if res["default"].trajectories >= 100:
-            assert _gap(res) >= 0.05
+            assert _gap(res) >= 0.05 and res["default"].migrated_token_fraction <= MAX_MIGRATED, key
+
+
+def test_admission_experts_are_what_lifts_tau_bench(corpus_scores) -> None:
+    """Without the choice of admission evidence (admit_select=False) the default is within 5 points of the
+    predictor on tau-bench (45.0 % vs 41.5 %): a task's earlier runs name its bucket better than the shrunk tree."""
+    trajs = load_corpus()["tau-bench-gpt4o-airline"]
+    plain = replay(make_router("cmlfq", quantile_buckets(trajs), admit_select=False), trajs)
+    res = corpus_scores["tau-bench-gpt4o-airline", "quartiles"]
+    best = max(res[b].routing_accuracy for b in BASELINES)
+    assert plain.routing_accuracy - best < 0.05 <= res["default"].routing_accuracy - best
 
 
 def test_default_beats_baselines_by_five_points_on_the_coding_agent(corpus_scores) -> None:
-    """The issue's target met on the coding agent (both bucket sets): +5.8 and +5.4 points at 10.1 % and 8.4 %."""
+    """The issue's target met on the coding agent (both bucket sets): +7.2 and +8.4 points at 11.6 % and 11.3 %."""
     for buckets in ("quartiles", "coding"):
         res = corpus_scores["mini-swe-agent-gemini3pro-verified", buckets]
         assert _gap(res) >= 0.05 and res["default"].migrated_token_fraction <= MAX_MIGRATED, buckets
@@ -184,9 +205,13 @@ def test_default_beats_baselines_by_five_points_on_the_coding_agent(corpus_score
 
 def test_fitted_shrinkage_and_price_mix_are_what_wins_on_the_coding_agent(corpus_scores) -> None:
     """Without the fitted shrinkage and the budget's price mix (the adaptive preset of before) the default is below
-    the best baseline on the coding agent: 27.6 % vs 28.8 % at quartiles (docs/routing.md)."""
+    the best baseline on the coding agent: 27.6 % vs 28.8 % at quartiles (docs/routing.md; the admission experts
+    and the cold budget off too, as then)."""
     trajs = load_corpus()["mini-swe-agent-gemini3pro-verified"]
-    fixed = replay(make_router("cmlfq", quantile_buckets(trajs), shrink=0.0, budget_mix=False), trajs)
+    fixed = replay(
+        make_router("cmlfq", quantile_buckets(trajs), shrink=0.0, budget_mix=False, admit_select=False, cold="stay"),
+        trajs,
+    )
     res = corpus_scores["mini-swe-agent-gemini3pro-verified", "quartiles"]
     assert fixed.routing_accuracy < max(res[b].routing_accuracy for b in BASELINES) < res["default"].routing_accuracy
 
@@ -281,3 +306,89 @@ def test_shrink_fit_picks_the_least_brier_score(seed, m) -> None:
     scores = [brier(k) for k in SHRINK_GRID]
     assert fit.scores() == pytest.approx(scores)
     assert brier(fit.choose(0.0)) == pytest.approx(min(scores))
+
+
+# -- admission experts and the cold budget ---------------------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3)), max_size=12), max_size=6))
+def test_admission_experts_choose_the_best_decayed_score(steps) -> None:
+    """AdmitExperts admits on the expert with the most right guesses, step s weighted 1/2 per later step (brute
+    force), the first among equals; before any step it is the tree."""
+    experts = AdmitExperts()
+    assert experts.chosen == 0
+    for s, requests in enumerate(steps):
+        for tree, prompt, truth in requests:
+            experts.finish((tree, prompt, 0), truth)
+        chosen = experts.end_step()
+        scores = [
+            sum(0.5 ** (s - j) * sum(g[i] == g[2] for g in [(t, p, tr) for t, p, tr in steps[j]]) for j in range(s + 1))
+            for i in range(2)
+        ]
+        scores.append(sum(0.5 ** (s - j) * sum(tr == 0 for _, _, tr in steps[j]) for j in range(s + 1)))
+        assert experts.scores == pytest.approx(scores)
+        assert chosen == experts.chosen and scores[chosen] == pytest.approx(max(scores))
+        assert all(scores[i] < max(scores) - 1e-9 for i in range(chosen))
+
+
+def test_admission_experts_on_the_math_agent(corpus_scores) -> None:
+    """On ToRA-70B / GSM8K (unique problems, the prompt a large part of a short trajectory) the predictor's
+    prompt-length deciles are the best evidence (61.0 %); without the admission experts the default is below it."""
+    trajs = load_corpus()["tora-70b-gsm8k"]
+    plain = replay(make_router("cmlfq", quantile_buckets(trajs), admit_select=False), trajs)
+    res = corpus_scores["tora-70b-gsm8k", "quartiles"]
+    best = max(res[b].routing_accuracy for b in BASELINES)
+    assert plain.routing_accuracy < best < best + 0.05 <= res["default"].routing_accuracy
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(50, 400), st.integers(0, 3)), min_size=1, max_size=60), st.integers(0, 500))
+def test_prompt_length_bins_are_the_predictors(finished, prompt) -> None:
+    """PromptLengthBins guesses what the predictor baseline admits an unseen prompt into (brute force: the
+    baseline itself, fed the same finished requests)."""
+    buckets = parse_buckets("1:1000,2:2000,4:3000,8:inf")
+    lengths = (500, 1500, 2500, 3500)
+    bins = PromptLengthBins()
+    predictor = make_router("predictor", buckets)
+    for i, (p, b) in enumerate(finished):
+        bins.observe(p, b)
+        t = Trajectory(prompt_id=f"seen-{i}", prompt_tokens=p, turns=(Turn(gen_tokens=lengths[b] - p),))
+        predictor.admit(i, prompt_id=t.prompt_id, prompt_tokens=p)
+        predictor.finish(i, t)
+    bins.end_step()
+    predictor.end_step()
+    assert bins.guess(prompt) == predictor.admit("new", prompt_id="never-seen", prompt_tokens=prompt).bucket
+
+
+def test_admission_follows_the_prompt_history_when_it_is_right() -> None:
+    """Short prompts (three quarters of the runs) and long ones, behind the same tool-return path, with the tree's
+    shares shrunk to the population's: the tree guesses the short bucket for all, the prompt's own runs are right
+    every time, so after a step the router admits on them, each prompt into its own bucket."""
+    buckets = parse_buckets("1:1000,2:4000,4:inf")
+    short = [_traj(f"p{i % 6}", [("search", 100)], gen=200) for i in range(12)]
+    long_ = [_traj(f"q{i % 2}", [("search", 100)], gen=1500) for i in range(4)]
+    router = make_router("cmlfq", buckets, shrink=1e6)  # the tree's shares are the population's: no prompt signal
+    for _ in range(3):
+        replay(router, short + long_, num_chunks=1)
+    assert router._experts.chosen == EXPERTS.index("prompt")
+    assert router.admit("a", prompt_id="p1", prompt_tokens=100).bucket == 0
+    assert router.admit("b", prompt_id="q1", prompt_tokens=100).bucket == 1
+
+
+def test_cold_budget_promotes_within_the_budget() -> None:
+    """cold="budget": with nothing learnt (the first step) overflows are promoted while this step's moves carry
+    at most the budget's share of its tokens; cold="stay" moves nothing, cold="promote" carries more."""
+    step0 = generate("search-r1", num_steps=1, seed=3, num_prompts=64, samples_per_prompt=16)
+    res = {c: replay(make_router("cmlfq", SEARCH_BUCKETS, cold=c), step0, num_chunks=1) for c in CMLFQ_COLD}
+    assert res["stay"].migrated_tokens == 0
+    assert 0 < res["budget"].migrated_token_fraction <= 0.08 < res["promote"].migrated_token_fraction
+    assert res["stay"].routing_accuracy < res["budget"].routing_accuracy < res["promote"].routing_accuracy
+
+
+def test_bad_expert_and_cold_options() -> None:
+    # the experts act where the priced rule admits; with another rule (an option laid over the default) inert
+    assert make_router("cmlfq", SEARCH_BUCKETS, preset="published", admit_select=True)._experts is None
+    assert make_router("cmlfq", SEARCH_BUCKETS, rule="median")._experts is None
+    with pytest.raises(SpecError, match="cold='budget' needs a budget"):
+        make_router("cmlfq", SEARCH_BUCKETS, budget=None)
+    with pytest.raises(SpecError, match="cold must be"):
+        make_router("cmlfq", SEARCH_BUCKETS, cold="warm")
