@@ -50,86 +50,13 @@ from typing import Any
 
 from libra.scheduling.budget import MigrationBudget
 from libra.scheduling.experts import AdmitExperts
+from libra.scheduling.presets import CMLFQ_PRESETS, DEFAULT_PRESET, RULES
 from libra.scheduling.router import Request, Router, register_router
 from libra.scheduling.shrinkage import ShrinkFit
 from libra.scheduling.states import DEFAULT_SIZE_EDGES
 from libra.scheduling.tree import Node, PrefixTree
 from libra.spec import Bucket, SpecError
 from libra.workloads.trace import Trajectory
-
-# the constructor's defaults (the published rule), written out so that every preset below is a complete option set:
-# `make_router("cmlfq", buckets, **CMLFQ_PRESETS[name])` is that preset whatever the default preset is
-_PUBLISHED: dict[str, Any] = {
-    "rule": "mean-p90",
-    "admit": "smallest",
-    "confidence": 0.5,
-    "fallback": "parent",
-    "min_count": 2,
-    "cost_ratio": 0.5,
-    "price": 0.7,
-    "admit_margin": 0.0,
-    "overflow": True,
-    "size_edges": DEFAULT_SIZE_EDGES,
-    "budget": None,
-    "beyond": "promote",
-    "cold": "promote",
-    "admit_min_count": None,
-    "shrink": 0.0,
-    "budget_mix": False,
-    "admit_select": False,
-}
-_PRESETS: dict[str, dict[str, Any]] = {
-    # the published rule: start small, move when the buckets of the predicted mean and P90 agree
-    "published": {},
-    # tuned on search-r1 seed 0 for single-shot accuracy (docs/routing.md; held-out seeds 1-2 reported there)
-    "accuracy": {"rule": "probability", "confidence": 0.7, "admit": "predicted", "size_edges": (1000, 4000)},
-    # tuned on search-r1 seed 0 for few migrated tokens: decide by tool returns only, never chase an overflow
-    "budget": {
-        "rule": "probability",
-        "confidence": 0.6,
-        "admit": "predicted",
-        "size_edges": (1000, 4000),
-        "overflow": False,
-    },
-    # tuned on search-r1 seed 0 (validated on seeds 3-4) for the published pair, >= 91.1% single-shot accuracy with
-    # <= 8.2% migrated tokens; held-out seeds 1-2 in docs/routing.md
-    "priced": {
-        "rule": "priced",
-        "price": 0.7,
-        "confidence": 0.9,
-        "admit": "predicted",
-        "admit_margin": 0.15,
-        "fallback": "agnostic",
-        "size_edges": (1000, 4000),
-    },
-    # the default of `make_router("cmlfq")` and `libra route-eval`: the priced rule with nothing fixed to one
-    # workload. Size classes are learnt per tool from the returns seen (size_classes.py); the price of a carried
-    # token is set at each step end from the observed costs of moving, to spend a budget of 8% migrated tokens
-    # (budget.py; the published figure); a request that outlives every observation at its node falls back to the
-    # survival statistics of all trajectories; with nothing learnt yet it promotes overflows within the budget
-    # (cold="budget"); it admits on the evidence (tree, prompt history, population) that was right most often on
-    # the last steps (admit_select, experts.py). Its structure was chosen leave-one-source-out on real agent
-    # traces (docs/routing.md).
-    "adaptive": {
-        "rule": "priced",
-        "price": 1.0,
-        "budget": 0.08,
-        "confidence": 0.9,
-        "admit": "predicted",
-        "admit_margin": 0.0,
-        "admit_min_count": 1,
-        "fallback": "agnostic",
-        "beyond": "root",
-        "cold": "budget",
-        "size_edges": "breaks:4",
-        "shrink": "auto",
-        "budget_mix": True,
-        "admit_select": True,
-    },
-}
-CMLFQ_PRESETS: dict[str, dict[str, Any]] = {name: {**_PUBLISHED, **opts} for name, opts in _PRESETS.items()}
-DEFAULT_PRESET = "adaptive"
-_RULES = ("mean-p90", "median", "probability", "priced")
 
 
 class _Walk:
@@ -245,8 +172,8 @@ class CMLFQRouter(Router):
         self.budget = None if budget is None else float(budget)
         self.beyond = beyond
         self._budget = None if budget is None else MigrationBudget(budget)
-        if rule not in _RULES:
-            raise SpecError(f"cmlfq: rule must be one of {', '.join(map(repr, _RULES))}, got {rule!r}")
+        if rule not in RULES:
+            raise SpecError(f"cmlfq: rule must be one of {', '.join(map(repr, RULES))}, got {rule!r}")
         if not 0 < confidence <= 1:
             raise SpecError(f"cmlfq: confidence must be in (0, 1], got {confidence!r}")
         if not price >= 0:
