@@ -72,8 +72,15 @@ class EngineHost:
         self.version = -1
 
     def start(self, spec: InstanceSpec) -> dict[str, Any]:
+        import ray
+
         self.backend.start_instance(spec)
-        return {"pid": os.getpid(), "host": socket.gethostname(), "engine_pids": self.engine_pids()}
+        return {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "engine_pids": list(self.engine_pids()),
+        }
 
     def submit(self, engine_id: str, context: Sequence[int], sampling: Sampling) -> None:
         try:
@@ -134,14 +141,24 @@ class EngineHost:
 # -- the driver side --------------------------------------------------------------------------------------------
 
 
+def check_address(address: str) -> None:
+    """Fail fast (`RayUnavailable`, one line) when Ray is not installed or `address` is malformed or unreachable
+    (a TCP connect to host:port; "local" and "auto" are checked when joining)."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise RayUnavailable("--ray needs Ray, which is not installed here (pip install 'libra[ray]')") from None
+    if address not in ("local", "auto"):
+        _reachable(address)
+
+
 def connect(address: str, *, nodes: int, env: dict[str, str] | None = None) -> bool:
     """Join the Ray cluster at `address` ("auto": the one this machine belongs to; "host:port" or
     "ray://host:port"), or start a local one ("local") advertising `libra_node_0 .. nodes-1`. Returns whether it
     started Ray (its caller then shuts it down). Already connected: nothing to do (False)."""
-    try:
-        import ray
-    except ImportError:
-        raise RayUnavailable("--ray needs Ray, which is not installed here (pip install 'libra[ray]')") from None
+    check_address(address)
+    import ray
+
     if ray.is_initialized():
         return False
     options: dict[str, Any] = {
@@ -155,8 +172,6 @@ def connect(address: str, *, nodes: int, env: dict[str, str] | None = None) -> b
         resources = {NODE_RESOURCE.format(k): 1.0 for k in range(nodes)}
         ray.init(num_cpus=max(1, min(2, os.cpu_count() or 1)), resources=resources, **options)
         return True
-    if address != "auto":
-        _reachable(address)
     try:
         ray.init(address=address, **options)
     except Exception as exc:  # noqa: BLE001 - ConnectionError, RuntimeError, ...: one line for the user
@@ -629,4 +644,4 @@ class RayRolloutBackend:
         return req
 
 
-__all__ = ["EngineHost", "RayRolloutBackend", "RayUnavailable", "actor_env", "connect"]
+__all__ = ["EngineHost", "RayRolloutBackend", "RayUnavailable", "actor_env", "check_address", "connect"]

@@ -79,6 +79,14 @@ def run(args: argparse.Namespace) -> int:
             overrides["ray"] = RaySettings(address=address)
         except RunConfigError as exc:
             raise CLIError(str(exc)) from None
+    ray = overrides.get("ray", config.ray)
+    if ray is not None:  # before anything is built: Ray missing or its address unreachable is one line
+        from libra.adapters.ray_rollout import RayUnavailable, check_address
+
+        try:
+            check_address(ray.address)
+        except RayUnavailable as exc:
+            raise CLIError(str(exc)) from None
     try:
         config = attrs.evolve(config, **overrides)
     except (RunConfigError, TypeError, ValueError) as exc:

@@ -221,6 +221,7 @@ class Orchestrator:
             tp=spec.tp,
             max_num_seqs=spec.max_num_seqs,
             seconds=round(self.clock.now() - start, 3),
+            **({"where": self.backend.where(spec.name)} if hasattr(self.backend, "where") else {}),
         )
 
     def _stop_instance(self, name: str, *, step: int, source: str, why: str) -> None:
