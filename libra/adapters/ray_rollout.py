@@ -77,6 +77,7 @@ class RayRolloutBackend:
         poll_wait_s: float = 0.05,
         start_timeout_s: float = 1800.0,
         failover: Callable[[str, tuple[str, ...], str], str | None] | None = None,
+        host: Callable[..., Any] | None = None,
     ) -> None:
         from libra.adapters.ray_launcher import RayLauncher
 
@@ -84,9 +85,10 @@ class RayRolloutBackend:
         self.grace_s, self.poll_wait_s, self.start_timeout_s = grace_s, poll_wait_s, start_timeout_s
         self.failover = failover or self._least_loaded
         self._started_ray = connect(address, nodes=nodes)
-        host = functools.partial(
-            EngineHost, model=model, dtype=dtype, seed=seed, engine_options=dict(engine_options or {})
-        )
+        if host is None:  # the actor payload: `host(info)` (an `EngineHost` of the model)
+            host = functools.partial(
+                EngineHost, model=model, dtype=dtype, seed=seed, engine_options=dict(engine_options or {})
+            )
         self.launcher = RayLauncher(placement=Placement(workers=()), gpus_per_node=gpus_per_node, setup_rollout=host)
         self._placement: Callable[[], Placement | None] = lambda: None
         self._instances: dict[str, _Instance] = {}
