@@ -368,9 +368,12 @@ class RayRolloutBackend:
     def shutdown(self) -> None:
         import ray
 
-        calls = [inst.actor.call.remote("shutdown") for inst in self._instances.values()]
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # each engine shuts down cleanly if it can (after a Ctrl-C: maybe not)
+            calls = [inst.actor.call.remote("shutdown") for inst in self._instances.values()]
             ray.wait(calls, num_returns=len(calls), timeout=60)
+        for inst in self._instances.values():  # a killed actor leaves its engine processes behind
+            if inst.where.get("host") == socket.gethostname():
+                _kill(inst.where.get("engine_pids", ()))
         self._instances.clear()
         with contextlib.suppress(Exception):
             self.launcher.shutdown()
@@ -414,9 +417,7 @@ class RayRolloutBackend:
         dead = self._instances.pop(name)
         self._fence(name)
         if dead.where.get("host") == socket.gethostname():
-            for pid in dead.where.get("engine_pids", ()):
-                with contextlib.suppress(OSError):
-                    os.kill(pid, 9)
+            _kill(dead.where.get("engine_pids", ()))
         events, requeued, failed = [], {}, []
         for req in [r for r in self._requests.values() if r.instance == name and r.failed is None]:
             live = tuple(n for n, i in sorted(self._instances.items()) if not i.asleep)
@@ -477,6 +478,19 @@ class RayRolloutBackend:
         if req.failed is not None:
             raise RequestFailedError(request_id, req.failed)
         return req
+
+
+def _kill(pids: Sequence[int]) -> None:
+    """SIGKILL the engine processes an actor started (on this machine), if still there: only a process that is
+    still a vLLM engine (its title), never another that reused the pid."""
+    import signal
+
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if not f.read().startswith(b"VLLM"):
+                    continue
+            os.kill(pid, signal.SIGKILL)
 
 
 __all__ = ["EngineHost", "RayRolloutBackend", "RayUnavailable", "actor_env", "check_address", "connect"]
