@@ -102,6 +102,9 @@ def test_silent_past_the_grace_or_killed_is_dead_and_its_requests_finish_elsewhe
 
 
 def test_weight_versions_are_checked_on_both_sides(local_ray, tmp_path) -> None:
+    """The driver checks the version each actor reports, a new actor gets the newest weights, and an actor's
+    refusal of an older version reaches the caller (the refusal itself is the host's: `EngineHost.load` refuses the
+    same way; its real engine is exercised by the `ray_run` test)."""
     import ray
 
     backend, _ = _backend(tmp_path)
