@@ -33,6 +33,25 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 COLUMNS = ("seed", "kill_step", "kill_poll", "victim", "steps", "finished", "lost", "duplicated", "requeued", "wall_s")
 
 
+class _ActorView:
+    """The orchestrator as `EngineKiller` sees it with --kill-actor: an instance's "engine" is its Ray actor's
+    process, so the kill is an actor death (`RayRolloutBackend.actor_pid`)."""
+
+    def __init__(self, orch) -> None:
+        self.rolling_step, self.backend = orch.rolling_step, _ActorPids(orch.backend)
+
+
+class _ActorPids:
+    def __init__(self, backend) -> None:
+        self._backend = backend
+
+    def __getattr__(self, name: str):
+        return getattr(self._backend, name)
+
+    def engine_pids(self, name: str) -> tuple[int, ...]:
+        return (self._backend.actor_pid(name),)
+
+
 def one_run(seed: int, steps: int, out: Path, backend, model: str, kill_actor: bool = False) -> dict:
     import random
 
@@ -41,12 +60,13 @@ def one_run(seed: int, steps: int, out: Path, backend, model: str, kill_actor: b
     from libra.runtime.records import read_jsonl
 
     kill_step = random.Random(seed).randrange(steps)
-    killer = EngineKiller(seed=seed, steps=(kill_step,), actor=kill_actor)
+    killer = EngineKiller(seed=seed, steps=(kill_step,))
     config = RunConfig(steps=steps, max_staleness=1, model=model, shift=None)
     if out.exists():
         shutil.rmtree(out)
     t0 = time.perf_counter()
-    orch = Orchestrator(config, out, on_poll=killer, backend=backend)
+    hook = (lambda orch: killer(_ActorView(orch))) if kill_actor else killer
+    orch = Orchestrator(config, out, on_poll=hook, backend=backend)
     error = None
     try:
         orch.run()

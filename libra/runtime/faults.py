@@ -14,10 +14,7 @@ from typing import Any
 
 
 class EngineKiller:
-    def __init__(
-        self, seed: int, steps: tuple[int, ...], *, first_poll: int = 3, last_poll: int = 25, actor: bool = False
-    ) -> None:
-        self.actor = actor  # Ray backend: SIGKILL the instance's actor process instead of its engine core
+    def __init__(self, seed: int, steps: tuple[int, ...], *, first_poll: int = 3, last_poll: int = 25) -> None:
         self.rnd = random.Random(seed)
         self.at = {s: self.rnd.randint(first_poll, last_poll) for s in steps}
         self.polls: dict[int, int] = {}
@@ -37,7 +34,7 @@ class EngineKiller:
             self.at[k] += 5  # wait until a second instance can take the requests
             return
         victim = self.rnd.choice(busy)
-        for pid in (backend.actor_pid(victim),) if self.actor else backend.engine_pids(victim):
+        for pid in backend.engine_pids(victim):
             os.kill(pid, signal.SIGKILL)
         self.killed.append((k, victim))
         self.killed_at_poll[k] = self.polls[k]
