@@ -3,6 +3,10 @@ random moment (a random engine poll of a random step), and reports per run the s
 trajectories lost, duplicated and re-queued, checked from the run's own records (run.jsonl and trace.jsonl).
 
     python scripts/runtime_kills.py [--seeds 20] [--first-seed 0] [--steps 2] [--out out/runtime_kills] [--json]
+                                    [--ray [--kill-actor]]
+
+`--ray`: the engines run in Ray actors of a local Ray (`libra run --ray`); `--kill-actor` SIGKILLs the victim's
+actor process instead of its engine core.
 
 The runs share one set of live engines (each run adopts them, as `libra run` does its own), so a run costs its
 steps plus the restart of the killed engine. The config is the embedded default without the workload shift (the
@@ -29,7 +33,26 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 COLUMNS = ("seed", "kill_step", "kill_poll", "victim", "steps", "finished", "lost", "duplicated", "requeued", "wall_s")
 
 
-def one_run(seed: int, steps: int, out: Path, backend, model: str) -> dict:
+class _ActorView:
+    """The orchestrator as `EngineKiller` sees it with --kill-actor: an instance's "engine" is its Ray actor's
+    process, so the kill is an actor death (`RayRolloutBackend.actor_pid`)."""
+
+    def __init__(self, orch) -> None:
+        self.rolling_step, self.backend = orch.rolling_step, _ActorPids(orch.backend)
+
+
+class _ActorPids:
+    def __init__(self, backend) -> None:
+        self._backend = backend
+
+    def __getattr__(self, name: str):
+        return getattr(self._backend, name)
+
+    def engine_pids(self, name: str) -> tuple[int, ...]:
+        return (self._backend.actor_pid(name),)
+
+
+def one_run(seed: int, steps: int, out: Path, backend, model: str, kill_actor: bool = False) -> dict:
     import random
 
     from libra.runtime import Orchestrator, RunConfig
@@ -42,7 +65,8 @@ def one_run(seed: int, steps: int, out: Path, backend, model: str) -> dict:
     if out.exists():
         shutil.rmtree(out)
     t0 = time.perf_counter()
-    orch = Orchestrator(config, out, on_poll=killer, backend=backend)
+    hook = (lambda orch: killer(_ActorView(orch))) if kill_actor else killer
+    orch = Orchestrator(config, out, on_poll=hook, backend=backend)
     error = None
     try:
         orch.run()
@@ -78,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=2, help="steps per run (default 2; the kill is in one of them)")
     parser.add_argument("--out", default="out/runtime_kills", help="report directory (default out/runtime_kills)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--ray", action="store_true", help="engines in Ray actors of a local Ray")
+    parser.add_argument("--kill-actor", action="store_true", help="with --ray: kill the actor, not the engine")
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.steps < 1:
         print("runtime_kills: --seeds and --steps must be >= 1", file=sys.stderr)
@@ -87,7 +113,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from libra.adapters.tiny_model import build_tiny_model
     from libra.runtime import RunConfig, make_backend
+    from libra.runtime.config import RaySettings
     from libra.runtime.records import write_atomic
+
+    base = RunConfig(ray=RaySettings() if args.ray else None)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -96,14 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     saved_stdout = os.dup(1)  # engines log to stdout: keep it for the table
     os.dup2(2, 1)
     runs: list[dict] = []
-    backend = make_backend(RunConfig(), model)
+    backend = make_backend(base, model)
     try:
         for seed in tqdm(range(args.first_seed, args.first_seed + args.seeds), desc="kills", file=sys.stderr):
-            run = one_run(seed, args.steps, out / f"seed-{seed}", backend, model)
+            run = one_run(seed, args.steps, out / f"seed-{seed}", backend, model, kill_actor=args.kill_actor)
             runs.append(run)
             if run["error"] is not None:  # start again on fresh engines
                 backend.shutdown()
-                backend = make_backend(RunConfig(), model)
+                backend = make_backend(base, model)
             report = {"steps_per_run": args.steps, "runs": runs}
             write_atomic(out / "kills.json", json.dumps(report, indent=1).encode())
     finally:

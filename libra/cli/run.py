@@ -30,6 +30,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last completed step")
     p.add_argument("--max-staleness", type=int, help="override the config's max_staleness")
     p.add_argument("--seed", type=int, help="override the config's seed")
+    p.add_argument(
+        "--ray",
+        action="store_true",
+        help="run every rollout engine as a Ray actor (default: local processes); starts a local Ray unless "
+        "--ray-address or the config's ray.address names a cluster",
+    )
+    p.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="with --ray (implied): 'local' (start Ray here), 'auto' (the cluster of this machine), host:port",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON summary object on stdout")
     p.add_argument("--quiet", action="store_true", help="no decision log on stderr")
     p.set_defaults(run=run)
@@ -60,6 +71,22 @@ def run(args: argparse.Namespace) -> int:
         overrides["max_staleness"] = args.max_staleness
     if args.seed is not None and not args.resume:
         overrides["seed"] = args.seed
+    if args.ray or args.ray_address is not None:
+        from libra.runtime.config import RaySettings
+
+        address = args.ray_address if args.ray_address is not None else (config.ray.address if config.ray else "local")
+        try:
+            overrides["ray"] = RaySettings(address=address)
+        except RunConfigError as exc:
+            raise CLIError(str(exc)) from None
+    ray = overrides.get("ray", config.ray)
+    if ray is not None:  # before anything is built: Ray missing or its address unreachable is one line
+        from libra.adapters.ray_rollout import RayUnavailable, check_address
+
+        try:
+            check_address(ray.address)
+        except RayUnavailable as exc:
+            raise CLIError(str(exc)) from None
     try:
         config = attrs.evolve(config, **overrides)
     except (RunConfigError, TypeError, ValueError) as exc:
@@ -105,6 +132,12 @@ def _execute(config, out: Path, *, resume: bool, as_json: bool, quiet: bool) -> 
     except KeyboardInterrupt:
         interrupted = True
         summary = None
+    except Exception as exc:
+        from libra.adapters.ray_rollout import RayUnavailable
+
+        if isinstance(exc, RayUnavailable):  # Ray missing, its cluster unreachable or short of nodes: one line
+            raise CLIError(str(exc)) from None
+        raise
     finally:
         try:
             bar.close()

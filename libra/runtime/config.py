@@ -64,6 +64,20 @@ class EngineSettings:
     dtype: str = "float32"
 
 
+def _ray_address(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise RunConfigError(f"ray.address must be 'local', 'auto' or 'host:port', got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class RaySettings:
+    """Run every rollout instance as a Ray actor (`libra.adapters.ray_rollout`). `address`: "local" starts a Ray
+    on this machine for the run (and stops it after); "auto" joins the cluster this machine belongs to;
+    "host:port" (or "ray://host:port") joins that cluster. Absent (`ray: null`): engines are local processes."""
+
+    address: str = attrs.field(default="local", validator=_ray_address)
+
+
 @attrs.frozen(kw_only=True)
 class ReplanSettings:
     """After each step: profile the last `window_steps` steps, replan, apply through the gate (saving over
@@ -100,6 +114,7 @@ class RunConfig:
     lr: float = attrs.field(default=1e-3, validator=_positive)
     router: str = "cmlfq"
     router_size_edges: tuple[int, ...] = attrs.field(default=(8, 32), converter=tuple)
+    ray: RaySettings | None = None  # None: engines are local processes
     virtual: VirtualSettings = VirtualSettings()
     engine: EngineSettings = EngineSettings()
     replan: ReplanSettings = ReplanSettings()
@@ -121,7 +136,13 @@ class RunConfig:
         return attrs.asdict(self, recurse=True)
 
 
-_SECTIONS = {"virtual": VirtualSettings, "engine": EngineSettings, "replan": ReplanSettings, "shift": WorkloadShift}
+_SECTIONS = {
+    "virtual": VirtualSettings,
+    "engine": EngineSettings,
+    "replan": ReplanSettings,
+    "shift": WorkloadShift,
+    "ray": RaySettings,
+}
 
 
 def config_from_dict(raw: dict[str, Any], *, where: str = "config") -> RunConfig:

@@ -170,6 +170,8 @@ class Orchestrator:
             for name in backend.instances():
                 if name not in specs or backend.spec(name) != specs[name]:
                     self._stop_instance(name, step=self.step, source="planner", why="adopted, not in the placement")
+        if hasattr(self.backend, "follow_placement"):  # Ray: actors go where the current placement puts them
+            self.backend.follow_placement(lambda: self.placement)
         self._deaths_seen = len(self.backend.deaths)
         for name in sorted(set(specs) - set(self.backend.instances())):
             self._start_instance(specs[name], step=self.step, source="planner", why="initial placement")
@@ -219,6 +221,7 @@ class Orchestrator:
             tp=spec.tp,
             max_num_seqs=spec.max_num_seqs,
             seconds=round(self.clock.now() - start, 3),
+            **({"where": self.backend.where(spec.name)} if hasattr(self.backend, "where") else {}),
         )
 
     def _stop_instance(self, name: str, *, step: int, source: str, why: str) -> None:
@@ -500,7 +503,19 @@ class Orchestrator:
 
 def make_backend(config: RunConfig, model_dir: str) -> Any:
     """The rollout backend a run of `config` drives (no instance started): vLLM engines of `model_dir`, each with
-    TP 1, paused (not stopped) while lent to training."""
+    TP 1, paused (not stopped) while lent to training; local processes, or Ray actors with `config.ray`."""
+    if config.ray is not None:
+        from libra.adapters.ray_rollout import RayRolloutBackend
+
+        v = config.virtual
+        return RayRolloutBackend(
+            model=model_dir,
+            dtype=config.engine.dtype,
+            seed=config.seed,
+            address=config.ray.address,
+            nodes=-(-v.gpus // v.gpus_per_node),
+            gpus_per_node=v.gpus_per_node,
+        )
     from libra.adapters.vllm_backend import VLLMRolloutBackend
 
     return VLLMRolloutBackend(

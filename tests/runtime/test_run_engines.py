@@ -135,6 +135,59 @@ def test_synchronous_run_equals_a_plain_loop_and_staleness_two_is_bounded(tmp_pa
     _trace_staleness(tmp_path / "s2", 2)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")  # a zombie has exited
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def test_ray_run_matches_the_process_backend(tmp_path, engines, capsys) -> None:
+    """`libra run --ray`: the rollout engine runs in a Ray actor of a local Ray that the run starts and stops; two
+    synchronous steps with the records of a process-backend run, weights pushed through Ray and checked at each
+    version, and the same losses as the process backend (the module's engine) on the same seed."""
+    import ray
+
+    config = one_instance_config(steps=2, max_staleness=0, temperature=1.0, model=engines.model)
+    (tmp_path / "c.yaml").write_text(json.dumps(config.to_dict()))
+    out = tmp_path / "ray"
+    assert main(["run", "--ray", "--config", str(tmp_path / "c.yaml"), "--out", str(out), "--json", "--quiet"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert not ray.is_initialized()  # the run shut down the Ray it started
+    assert json.loads((out / "config.json").read_text())["ray"] == {"address": "local"}
+    records = read_jsonl(out / "run.jsonl")
+    assert [r["step"] for r in records] == [0, 1]
+    _staleness_ok(records, 0)
+    _trace_staleness(out, 0)
+    for r in records:  # each version loaded by the actor, reported by its engine, checksum equal to the trainer's
+        v = r["step"] + 1
+        assert r["weights"] == {"version": v, "instances": {"rollout-tp1-0": v}, "checksum_checked": True}
+    (start,) = [d for r in records for d in r["decisions"] if d["kind"] == "StartInstance"]
+    where = start["where"]  # the engine ran in another process (the actor), which spawned its engine core
+    assert where["pid"] != os.getpid() and where["engine_pids"] and where["node_id"]
+    deadline = time.monotonic() + scaled(60)
+    while any(_alive(p) for p in [where["pid"], *where["engine_pids"]]):  # and nothing of it outlives the run
+        assert time.monotonic() < deadline, f"Ray actor or engine left running: {where}"
+        time.sleep(0.5)
+    orch = Orchestrator(config, tmp_path / "proc", backend=engines)  # the same job on local processes
+    try:
+        local = orch.run()
+    finally:
+        orch.close()
+    assert summary["losses"] == pytest.approx(list(local.losses), abs=1e-6)
+    assert len(set(local.losses)) == 2 and all(x != 0 for x in local.losses)  # the weights moved between steps
+    # the same trajectories: every turn's tokens, tool and weight version, and the rewards (tool latency aside)
+    same = [
+        sorted(
+            (t["step"], t["prompt_id"], t["sample"], t["reward"], [{**u, "tool_latency_s": 0} for u in t["turns"]])
+            for t in read_jsonl(d / "trace.jsonl")
+        )
+        for d in (out, tmp_path / "proc")
+    ]
+    assert same[0] == same[1]
+
+
 def _run_until(cmd, out: Path, records: int, sig: int, env) -> int:
     """Start `libra run`, wait until run.jsonl holds `records` steps, send `sig` to it (its whole process group
     for SIGKILL: a crash takes the engines with it); returns the exit code."""
