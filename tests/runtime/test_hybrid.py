@@ -114,6 +114,9 @@ def test_a_hybrid_joins_leaves_rejoins_and_is_killed_and_every_loss_stays_the_co
     plain = [alone.train_step(b) for b in batches]
 
     losses, events, contributors = _run(model_dir, tmp_path, batches, lend_steps=3, kill_at=6)
+    # the fixed global batch: the mean over replicas is the whole batch's gradient, so every loss (and the weights
+    # that produce the next one) equals the trainer's alone; the dead hybrid's shard was trained by the core
+    assert losses == pytest.approx(plain, abs=1e-6)
     assert all(e["source"] == "elastic" and e["worker"] == "hybrid-0" for e in events)
     joins = [e["step"] for e in events if e["kind"] == "JoinTraining"]
     leaves = [e["step"] for e in events if e["kind"] == "LeaveTraining"]
@@ -125,9 +128,6 @@ def test_a_hybrid_joins_leaves_rejoins_and_is_killed_and_every_loss_stays_the_co
     assert len(lost) == 1 and lost[0]["step"] == 6 and lost[0]["from"] == "active"
     assert lost[0].get("process_exit") == -9  # SIGKILL
     assert [e["step"] for e in events if e["kind"] == "ShardRecovered"] == [6]
-    # the fixed global batch: the mean over replicas is the whole batch's gradient, so every loss (and the weights
-    # that produce the next one) equals the trainer's alone; the dead hybrid's shard was trained by the core
-    assert losses == pytest.approx(plain, abs=1e-6)
 
 
 def test_a_hung_training_step_is_reported_after_its_missed_checks(model_dir) -> None:
