@@ -94,7 +94,7 @@ def _serve_join(conn: Any, trainer: Any, host: str, port: int, settings: dict[st
     def fault(point: str) -> None:
         if point == "fetching":
             conn.send(("join_sent",))
-        elif point == "active" and kill_at is not None and current["step"] == kill_at:
+        elif point == "active" and kill_at is not None and current["step"] >= kill_at:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die mid-step, gradient computed, not sent
 
     hy = HybridReplica(
@@ -282,6 +282,22 @@ class HybridPool:
         if max_staleness == 0 or settings.min_idle_fraction <= 0:  # lent from step 0: start the processes now
             for name in self.names:
                 self._worker(name)
+
+    @classmethod
+    def for_run(
+        cls, config: Any, trainer: Any, model_dir: str, out: Path, clock: Any, kill_at: int | None
+    ) -> HybridPool:
+        return cls(
+            config.hybrid,
+            trainer=trainer,
+            model_dir=model_dir,
+            out_dir=out,
+            seed=config.seed,
+            lr=config.lr,
+            max_staleness=config.max_staleness,
+            clock=clock,
+            kill_at_step=kill_at,
+        )
 
     # -- orchestrator thread --------------------------------------------------------------------------------------
 

@@ -162,17 +162,8 @@ class Orchestrator:
         if cfg.hybrid.workers > 0:
             from libra.runtime.hybrid import HybridPool
 
-            self.hybrids = HybridPool(
-                cfg.hybrid,
-                trainer=self.trainer,
-                model_dir=model_dir,
-                out_dir=self.out,
-                seed=cfg.seed,
-                lr=cfg.lr,
-                max_staleness=cfg.max_staleness,
-                clock=self.clock,
-                kill_at_step=self._hybrid_kill_step,
-            )
+            kill = self._hybrid_kill_step
+            self.hybrids = HybridPool.for_run(cfg, self.trainer, model_dir, self.out, self.clock, kill)
         step_fn = self.hybrids.core_step if self.hybrids is not None else None
         self.train = TrainerThread(self.trainer, clock_t0=self.clock.t0, step_fn=step_fn)
 
