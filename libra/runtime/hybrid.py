@@ -63,6 +63,7 @@ def hybrid_main(conn: Any, settings: dict[str, Any]) -> None:
 
     from libra.adapters.torch_ddp import TorchDDPTrainer
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the orchestrator's: it tells this worker to exit
     torch.manual_seed(settings["seed"])
     torch.set_num_threads(1)
     trainer = TorchDDPTrainer(
@@ -70,15 +71,20 @@ def hybrid_main(conn: Any, settings: dict[str, Any]) -> None:
         distributed=False,
         optimizer_factory=lambda ps: torch.optim.Adam(ps, lr=settings["lr"]),
     )
-    conn.send(("ready", os.getpid()))
-    while True:
-        cmd = conn.recv()
-        if cmd[0] == "exit":
-            return
-        try:
-            conn.send(("left", _serve_join(conn, trainer, cmd[1], cmd[2], settings)))
-        except Exception as exc:  # noqa: BLE001 - reported to the orchestrator; the process waits for a new join
-            conn.send(("failed", f"{type(exc).__name__}: {exc}"[:300]))
+    try:
+        conn.send(("ready", os.getpid()))
+        while True:
+            cmd = conn.recv()
+            if cmd[0] == "exit":
+                return
+            try:
+                conn.send(("left", _serve_join(conn, trainer, cmd[1], cmd[2], settings)))
+            except (EOFError, BrokenPipeError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - reported to the orchestrator; the process waits for a new join
+                conn.send(("failed", f"{type(exc).__name__}: {exc}"[:300]))
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return  # the orchestrator is gone: so is this worker
 
 
 def _serve_join(conn: Any, trainer: Any, host: str, port: int, settings: dict[str, Any]) -> int:
@@ -169,6 +175,7 @@ class _Worker:
         self.cond = threading.Condition()
         self.eof = False
         self.ready = False
+        self.in_session = False  # joined and not yet reported "left" or "failed"
         threading.Thread(target=self._read, name=f"libra-{name}-reader", daemon=True).start()
 
     def _read(self) -> None:
@@ -185,13 +192,14 @@ class _Worker:
                 self.cond.notify_all()
 
     def wait_for(self, kind: str, timeout_s: float, match: Callable[[tuple], bool] = lambda m: True) -> tuple:
+        """The next report of ``kind`` (and ``match``); a "failed" report raises unless ``kind`` is "failed"."""
         deadline = time.monotonic() + timeout_s
         with self.cond:
             while True:
                 for i, msg in enumerate(self.inbox):
-                    if msg[0] == kind and match(msg):
+                    if (msg[0] == kind or (kind == "end" and msg[0] in ("left", "failed"))) and match(msg):
                         return self.inbox.pop(i)
-                    if msg[0] == "failed":
+                    if msg[0] == "failed" and kind != "end":
                         self.inbox.pop(i)
                         raise RuntimeError(f"hybrid {self.name}: {msg[1]}")
                 if self.eof:
@@ -266,6 +274,7 @@ class HybridPool:
         self._switch_start: dict[str, float] = {}
         self._active_failed: list[str] = []
         self._lost: dict[str, int] = {}  # worker -> training step at which it was lost
+        self._left: dict[str, int] = {}  # worker -> training step at which it was handed back
         self.server = SideChannelServer(host="127.0.0.1", port=0)
         self.exchange = CoreExchange(
             core_group=dist.ProcessGroupGloo(dist.HashStore(), 0, 1),
@@ -325,15 +334,20 @@ class HybridPool:
         s = self.settings
         idle = self.idle_fraction()
         idle_ok = (idle is None and s.min_idle_fraction <= 0) or (idle is not None and idle >= s.min_idle_fraction)
-        shown = "n/a" if idle is None else f"{idle:.0%}"
         for name in self.names:
             if name in self.lent:
                 if step - self.lent[name] >= s.lend_steps:
                     self._leave(name, step, f"lent for {s.lend_steps} training steps: back to rollout")
                 elif not idle_ok:
                     self._leave(name, step, f"the rollout ran during {1 - (idle or 0):.0%} of the last training step")
-            elif idle_ok and step - self._lost.get(name, -(10**9)) >= s.lend_steps:  # a lost one rests first
-                self._join(name, step, f"rollout idle during {shown} of the last training step")
+            elif idle_ok and step > self._left.get(name, -1) and step - self._lost.get(name, -(10**9)) >= s.lend_steps:
+                # a worker handed back serves rollout for at least one step; a lost one rests for lend_steps
+                why = (
+                    "lent from the first training step (min_idle_fraction 0)"
+                    if idle is None
+                    else f"rollout idle during {idle:.0%} of the last training step (>= {s.min_idle_fraction:.0%})"
+                )
+                self._join(name, step, why)
 
     def release_all(self, step: int, why: str) -> None:
         for name in list(self.lent):
@@ -379,6 +393,12 @@ class HybridPool:
                 if not worker.ready:
                     worker.wait_for("ready", self.settings.start_timeout_s)
                     worker.ready = True
+                if worker.in_session:  # detached at the core's last step: wait until the process is back
+                    worker.wait_for("end", self.settings.timeout_s)
+                    worker.in_session = False
+                with worker.cond:
+                    worker.inbox.clear()  # reports of an earlier stay (a late loss) are stale
+                worker.in_session = True
                 worker.conn.send(("join", self.server.host, self.server.port))
                 worker.wait_for("join_sent", self.settings.timeout_s)
         except (RuntimeError, TimeoutError, OSError) as exc:
@@ -391,6 +411,7 @@ class HybridPool:
 
     def _leave(self, name: str, step: int, why: str) -> None:
         self.lent.pop(name, None)
+        self._left[name] = step  # not lent again at this step
         with self._lock:
             self._leaves.append((name, why))
         self._event("LeaveTraining", step, name, why, paired_core=CORE)

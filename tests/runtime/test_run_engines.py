@@ -23,6 +23,7 @@ from libra.runtime import Orchestrator, RunConfig, config_from_dict, make_backen
 from libra.runtime.config import HybridSettings, WaitSettings, WorkloadShift
 from libra.runtime.faults import EngineKiller
 from libra.runtime.records import read_jsonl
+from libra.runtime.trainer import TrainerHung
 from tests.limits import scaled
 from tests.runtime.engines import one_instance_config, plain_synchronous_losses
 
@@ -120,6 +121,7 @@ def test_default_run_replans_on_the_engines_overlaps_and_survives_engine_kills(t
     leave = [d for d in elastic if d["kind"] == "LeaveTraining"]
     assert [d["step"] for d in leave] == [2] and "new placement" in leave[0]["why"]
     assert {d["to"] for d in elastic if d["kind"] == "HybridState"} >= {"placeholder", "rollout"}
+    assert not [d for d in elastic if d["kind"] == "HybridLost"]  # not lent again while it is still on its way back
     assert any(d["source"] == "router" and d["decisions"] > 0 for d in decisions)
     assert (out / "timeline.png").stat().st_size > 1000
     # the trace plans and simulates
@@ -172,6 +174,18 @@ def test_synchronous_run_equals_a_plain_loop_and_staleness_two_is_bounded(tmp_pa
     lost = [d for d in elastic if d["kind"] == "HybridLost"]
     assert len(lost) == 1 and lost[0]["step"] >= 2 and lost[0]["from"] == "active" and lost[0]["process_exit"] == -9
     assert [d["step"] for d in elastic if d["kind"] == "ShardRecovered"] == [lost[0]["step"]]
+    # a training step past its bounded wait (here a bound no step can meet: 1 check of 1 ms) stops the run with one
+    # line, and the files hold exactly the completed steps (none)
+    bound = WaitSettings(trainer_check_s=1e-3, trainer_missed_checks=1)
+    config3 = attrs.evolve(config, steps=2, hybrid=HybridSettings(workers=0), waits=bound)
+    orch = Orchestrator(config3, tmp_path / "hung", backend=engines)
+    try:
+        with pytest.raises(TrainerHung, match=r"^training step 0 made no progress for \d+ consecutive checks") as err:
+            orch.run()
+    finally:
+        orch.close()
+    assert "\n" not in str(err.value) and "run.jsonl holds the 0 completed step(s)" in str(err.value)
+    assert read_jsonl(tmp_path / "hung" / "run.jsonl") == []
 
 
 def _run_until(cmd, out: Path, records: int, sig: int, env) -> int:
