@@ -434,21 +434,21 @@ class HybridPool:
         from libra.elastic.states import JoinState
 
         fields = {"event": t.event.value, "from": t.src.value, "to": t.dst.value}
+        if t.dst in (JoinState.ACTIVE, JoinState.ROLLOUT, JoinState.FAILED) and t.worker in self._switch_start:
+            start = self._switch_start.pop(t.worker)  # the timeline: switching from the loan until it trains
+            self.clock.mark(t.worker, "switching", start, self.clock.now(), t.step)
         if t.dst == JoinState.FAILED:
             if t.src == JoinState.ACTIVE:
                 self._active_failed.append(t.worker)
             worker = self.workers.get(t.worker)
             if worker is not None:
-                worker.proc.join(2.0)
+                worker.proc.join(1.0)  # a killed process has closed its socket: it is (about to be) reaped
                 if worker.proc.exitcode is not None:
                     fields["process_exit"] = worker.proc.exitcode
             self.lent.pop(t.worker, None)
             self._lost[t.worker] = t.step
             self._event("HybridLost", t.step, t.worker, t.why, **fields)
             return
-        if t.dst == JoinState.ACTIVE and t.worker in self._switch_start:
-            start = self._switch_start.pop(t.worker)
-            self.clock.mark(t.worker, "switching", start, self.clock.now(), t.step)
         self._event("HybridState", t.step, t.worker, t.why, **fields)
 
     def core_step(self, batch: dict[str, Any], step: int) -> tuple[float, tuple[str, ...]]:

@@ -7,6 +7,7 @@ a hung training step is reported by the trainer thread's bounded wait."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -63,6 +64,14 @@ class _Clock:
         self.spans.append(span)
 
 
+def _pace(exchange) -> None:
+    """These steps take a fraction of a second (a run has a rollout between them): hold a step while a join is on
+    its way, so that each join takes the same steps every time (the exchange itself never waits)."""
+    deadline = time.monotonic() + scaled(60)
+    while exchange.joining and not exchange.join_message_waiting() and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
     from libra.adapters.tiny_model import build_tiny_model
@@ -92,6 +101,7 @@ def _run(model_dir: str, out, batches: list[dict], *, lend_steps: int, kill_at: 
     losses, events, contributors = [], [], []
     try:
         for step, batch in enumerate(batches):
+            _pace(pool.exchange)
             pool.decide(step)
             pool.before_train(step, batch)
             loss, hybrids = pool.core_step(batch, step)

@@ -157,17 +157,19 @@ def test_synchronous_run_equals_a_plain_loop_and_staleness_two_is_bounded(tmp_pa
     ]
     assert [d["step"] for d in elastic if d["kind"] == "HybridState" and d["to"] == "active"] == [2]
     assert [("hybrid-0" in r["workers"]) for r in records] == [False, False, True, False]
-    # max_staleness 2 on the same job and the same engine (4 steps: step 2 may roll out on the weights of step 0);
+    # max_staleness 2 on the same job and the same engine (5 steps: step 2 may roll out on the weights of step 0);
     # the hybrid, lent from step 0, SIGKILLs itself in its first active step, gradient computed and not sent: the
     # core trains its shard, the run goes on, no trajectory is lost
-    config2 = attrs.evolve(config, max_staleness=2, steps=4, hybrid=attrs.evolve(hybrid, min_idle_fraction=0.0))
+    # (training steps may follow each other closely here: the join may take a step longer, hence a fifth step)
+    lent = attrs.evolve(hybrid, min_idle_fraction=0.0, lend_steps=5)
+    config2 = attrs.evolve(config, max_staleness=2, steps=5, hybrid=lent)
     orch = Orchestrator(config2, tmp_path / "s2", backend=engines, hybrid_kill_step=2)
     try:
         orch.run()
     finally:
         orch.close()
     records = read_jsonl(tmp_path / "s2" / "run.jsonl")
-    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
     _staleness_ok(records, 2)  # 0 lost, 0 duplicated
     _trace_staleness(tmp_path / "s2", 2)
     elastic = [d for r in records for d in r["decisions"] if d["source"] == "elastic"]
