@@ -105,7 +105,7 @@ def _run(model_dir: str, out, batches: list[dict], *, lend_steps: int, kill_at: 
             pool.decide(step)
             pool.before_train(step, batch)
             loss, hybrids = pool.core_step(batch, step)
-            trainer._version += 1  # noqa: SLF001 - core_step trains one optimizer step, as TrainerThread counts it
+            assert trainer.version == step + 1  # one optimizer step per training step, hybrids or not
             losses.append(loss)
             contributors.append(hybrids)
             events += pool.take_events(step)
