@@ -87,6 +87,9 @@ class VLLMRolloutBackend:
         self._latest: WeightUpdate | None = None
         self._ids = itertools.count()
         self.deaths: list[EngineDiedError] = []
+        # the engine step in progress (instance, serial) or None: lets a watchdog tell a hung engine from a slow one
+        self.stepping: tuple[str, int] | None = None
+        self._step_ids = itertools.count()
 
     # -- instances ----------------------------------------------------------------------------------------------
 
@@ -226,7 +229,11 @@ class VLLMRolloutBackend:
             try:
                 if dead is not None:
                     raise RuntimeError(dead)
-                outputs = guarded_step(inst.engine)
+                self.stepping = (name, next(self._step_ids))
+                try:
+                    outputs = guarded_step(inst.engine)
+                finally:
+                    self.stepping = None
             except Exception as exc:  # EngineDeadError, or the process vanished under a pending call
                 events.extend(self._on_death(name, f"{type(exc).__name__}: {exc}"))
                 continue

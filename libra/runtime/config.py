@@ -101,6 +101,45 @@ class WorkloadShift:
 
 
 @attrs.frozen(kw_only=True)
+class HybridSettings:
+    """Hybrid replicas: up to `workers` rollout workers lent to training while the rollout side is idle (each a
+    separate process with the same model: a `HybridReplica` joined to the core trainer's `CoreExchange`).
+
+    Lent (`JoinTraining`) at the start of a training step when the rollout was idle during at least
+    `min_idle_fraction` of the previous training step (max_staleness 0: always, the rollout waits for every
+    training step; 0 lends from the first step on); handed back (`LeaveTraining`) when the rollout was busier than
+    that, after `lend_steps` training steps, or when an applied replan reshapes the rollout pool; a lost hybrid (its
+    process died, or it stopped answering) is not lent again for `lend_steps` steps. `timeout_s` and
+    `max_missed` bound every wait between the core and a hybrid (a contribution later than `timeout_s` is a miss;
+    `max_missed` consecutive misses detach the hybrid); `start_timeout_s` bounds a hybrid process's start."""
+
+    workers: int = attrs.field(default=1, validator=_non_negative_int)
+    min_idle_fraction: float = 0.25
+    lend_steps: int = attrs.field(default=4, validator=_positive)
+    timeout_s: float = attrs.field(default=120.0, validator=_positive)
+    max_missed: int = attrs.field(default=3, validator=_positive)
+    start_timeout_s: float = attrs.field(default=600.0, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        if not 0.0 <= self.min_idle_fraction <= 1.0:
+            raise RunConfigError(f"min_idle_fraction must be in [0, 1], got {self.min_idle_fraction!r}")
+
+
+@attrs.frozen(kw_only=True)
+class WaitSettings:
+    """Bounded waits. An engine whose step makes no progress for `engine_missed_checks` consecutive checks of
+    `engine_check_s` seconds is hung: it is killed and treated like a dead one (its requests re-queued, the cause
+    recorded). A training step still running after `trainer_missed_checks` checks of `trainer_check_s` seconds
+    stops the run with a one-line error (run.jsonl keeps the completed steps). Generous: a loaded machine is slow,
+    and one slow reply is not a hang."""
+
+    engine_check_s: float = attrs.field(default=30.0, validator=_positive)
+    engine_missed_checks: int = attrs.field(default=6, validator=_positive)
+    trainer_check_s: float = attrs.field(default=60.0, validator=_positive)
+    trainer_missed_checks: int = attrs.field(default=20, validator=_positive)
+
+
+@attrs.frozen(kw_only=True)
 class RunConfig:
     seed: int = attrs.field(default=0, validator=_non_negative_int)
     steps: int = attrs.field(default=4, validator=_positive)
@@ -119,6 +158,8 @@ class RunConfig:
     engine: EngineSettings = EngineSettings()
     replan: ReplanSettings = ReplanSettings()
     shift: WorkloadShift | None = WorkloadShift()
+    hybrid: HybridSettings = HybridSettings()
+    waits: WaitSettings = WaitSettings()
 
     def __attrs_post_init__(self) -> None:
         if not self.prompts:
@@ -141,6 +182,8 @@ _SECTIONS = {
     "engine": EngineSettings,
     "replan": ReplanSettings,
     "shift": WorkloadShift,
+    "hybrid": HybridSettings,
+    "waits": WaitSettings,
     "ray": RaySettings,
 }
 

@@ -1,4 +1,5 @@
-"""Fault injection for the runtime: an `on_poll` hook that SIGKILLs a rollout engine at a seeded random moment.
+"""Fault injection for the runtime: an `on_poll` hook that SIGKILLs (or SIGSTOPs: hangs) a rollout engine at a
+seeded random moment.
 
 `Orchestrator(config, out, on_poll=EngineKiller(seed, steps=(1,)))` kills, during rollout of each chosen step, the
 engine-core process of one busy instance at a seeded random engine poll. A kill waits (5 polls at a time) until a
@@ -14,7 +15,16 @@ from typing import Any
 
 
 class EngineKiller:
-    def __init__(self, seed: int, steps: tuple[int, ...], *, first_poll: int = 3, last_poll: int = 25) -> None:
+    def __init__(
+        self,
+        seed: int,
+        steps: tuple[int, ...],
+        *,
+        first_poll: int = 3,
+        last_poll: int = 25,
+        sig: int = signal.SIGKILL,
+    ) -> None:
+        self.sig = sig  # SIGKILL: a dead engine; SIGSTOP: a hung one (alive, no progress), for the bounded waits
         self.rnd = random.Random(seed)
         self.at = {s: self.rnd.randint(first_poll, last_poll) for s in steps}
         self.polls: dict[int, int] = {}
@@ -35,7 +45,7 @@ class EngineKiller:
             return
         victim = self.rnd.choice(busy)
         for pid in backend.engine_pids(victim):
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, self.sig)
         self.killed.append((k, victim))
         self.killed_at_poll[k] = self.polls[k]
 

@@ -41,7 +41,8 @@ from libra.runtime.config import RunConfig, RunConfigError
 from libra.runtime.records import TIMELINE_FILE, RunRecords, step_record
 from libra.runtime.rollout import LiveRoutedRollout, TrajectoryRecord, routing_decision, run_rollout, worker_loads
 from libra.runtime.signals import deferred_sigint, reinstall
-from libra.runtime.trainer import TrainerThread, TrainResult
+from libra.runtime.trainer import TrainerHung, TrainerThread, TrainResult
+from libra.runtime.watchdog import EngineWatch
 from libra.scheduling import make_router
 
 log = logging.getLogger("libra.runtime")
@@ -74,6 +75,7 @@ class Orchestrator:
         on_step: Callable[[dict[str, Any]], Any] | None = None,
         on_poll: Callable[[Orchestrator], Any] | None = None,
         backend: Any = None,
+        hybrid_kill_step: int | None = None,
     ) -> None:
         self.config = config
         self.out = Path(out_dir)
@@ -86,6 +88,9 @@ class Orchestrator:
         self.step = 0  # next step to train
         self.losses: list[float] = []
         self.rolling_step: int | None = None
+        self.hybrids: Any = None  # HybridPool, when config.hybrid.workers > 0
+        self.watch: Any = None  # EngineWatch
+        self._hybrid_kill_step = hybrid_kill_step  # fault injection: the hybrid SIGKILLs itself mid-step
 
     # -- setup ----------------------------------------------------------------------------------------------------
 
@@ -151,7 +156,16 @@ class Orchestrator:
             backend=self.backend, router=router, bucket_instances=virtual.bucket_instances(self.plan, self.placement)
         )
         self._push(self.trainer.export_weights(bucket_bytes=1 << 20), step=self.step)
-        self.train = TrainerThread(self.trainer, clock_t0=self.clock.t0)
+        self.watch = EngineWatch(
+            self.backend, check_s=cfg.waits.engine_check_s, missed_checks=cfg.waits.engine_missed_checks
+        )
+        if cfg.hybrid.workers > 0:
+            from libra.runtime.hybrid import HybridPool
+
+            kill = self._hybrid_kill_step
+            self.hybrids = HybridPool.for_run(cfg, self.trainer, model_dir, self.out, self.clock, kill)
+        step_fn = self.hybrids.core_step if self.hybrids is not None else None
+        self.train = TrainerThread(self.trainer, clock_t0=self.clock.t0, step_fn=step_fn)
 
     def _open_backend(self, model_dir: str) -> None:
         """Start the placement's instances on a new backend, or reconcile an adopted one with the placement."""
@@ -237,11 +251,12 @@ class Orchestrator:
         """Before rollout k: recover dead engines, then replan through the gate and carry the plan out."""
         cfg = self.config
         for death in self.backend.deaths[self._deaths_seen :]:
+            hung = self.watch.cause(death.instance) if self.watch is not None else None
             self._decide(
                 "elastic",
                 "EngineDied",
                 step=k,
-                why=death.cause[:200],
+                why=(f"{hung}; {death.cause}" if hung else death.cause)[:300],
                 worker=death.instance,
                 requeued=len(death.requeued),
                 failed=len(death.failed),
@@ -275,6 +290,8 @@ class Orchestrator:
         )
         if not decision.apply:
             return
+        if self.hybrids is not None:  # the new placement takes the rollout pool as a whole: lent workers return
+            self.hybrids.release_all(k, f"the planner's new placement reshapes the rollout pool: {decision.reason}")
         with self.clock.span("planning"):
             placement = place(candidate, self.cluster, current=self.placement)
             decisions = self.controller.apply_plan(placement, step=k, why=decision.reason)
@@ -380,6 +397,8 @@ class Orchestrator:
         )
         end = self.clock.now()
         self.rolling_step = None
+        if self.hybrids is not None:
+            self.hybrids.note_rollout(start, end)
         self.routed.router.end_step()
         self.history[k] = list(records.values())
         for old in [s for s in self.history if s < k - 8]:
@@ -418,19 +437,35 @@ class Orchestrator:
     def _service(self, *, block: bool = False) -> None:
         """Collect a finished training step (push its weights, record it), start the next one if its batch is
         ready. With `block`, wait for the running step."""
+        waits = self.config.waits
         with self.clock.span("train_wait"):
-            result = self.train.poll(timeout=None if block else 0.0)
+            result = self.train.poll(timeout=waits.trainer_check_s if block else 0.0)
         if result is not None:
             self._complete(result)
+        elif (hung := self.train.overdue(waits.trainer_check_s, waits.trainer_missed_checks)) is not None:
+            raise TrainerHung(
+                f"{hung}: the run stops; run.jsonl holds the {self.step} completed step(s); "
+                f"continue with libra run --resume {self.out}"
+            )
         if not self.train.busy and self.step in self.ready:
-            self.train.start(self.step, self.ready[self.step][0])
+            batch = self.ready[self.step][0]
+            if self.hybrids is not None:
+                self.hybrids.decide(self.step)
+                self.hybrids.before_train(self.step, batch)
+            self.train.start(self.step, batch)
 
     def _complete(self, result: TrainResult) -> None:
         cfg = self.config
         k = result.step
         self.clock.mark("train-0", "train", result.start, result.end, k)
+        for name in result.hybrids:
+            self.clock.mark(name, "train", result.start, result.end, k)
         push = self._push(result.update, step=k) if result.version == self.trainer.version else {}
         batch, records, info = self.ready.pop(k)
+        if self.hybrids is not None:
+            self.hybrids.note_train(result.start, result.end)
+            info["decisions"] = [*info["decisions"], *self.hybrids.take_events(k)]
+            info["hybrids"] = list(result.hybrids)
         trajectories = [records[r].trajectory() for r in sorted(records)]
         dup = sum(1 for r in records if (k, r) in self.trained)
         self.trained.update((k, r) for r in records)
@@ -485,6 +520,12 @@ class Orchestrator:
     def close(self) -> None:
         """Stop the engines and draw the timeline (safe to call twice, and after an interrupt)."""
         self._wait_checkpoint()
+        if self.watch is not None:
+            self.watch.close()
+            self.watch = None
+        if self.hybrids is not None:
+            self.hybrids.close()
+            self.hybrids = None
         if self.clock.spans:
             try:
                 from libra.runtime.timeline import draw_timeline

@@ -109,7 +109,11 @@ def step_record(
             "train": result.end - result.start,
             **{k: round(v, 4) for k, v in main.items()},
         },
-        "workers": {**info["workers"], "train-0": {"train_s": round(result.end - result.start, 4)}},
+        "workers": {
+            **info["workers"],
+            "train-0": {"train_s": round(result.end - result.start, 4)},
+            **{h: {"train_s": round(result.end - result.start, 4), "hybrid": True} for h in info.get("hybrids", ())},
+        },
         "orchestration": {
             "wall_s": round(wall, 4),
             "overhead_s": round(max(0.0, wall - accounted), 4),

@@ -25,11 +25,21 @@ class TrainResult:
     start: float
     end: float
     state: Any = None  # the trainer's snapshot after the step (model, optimizer, version)
+    hybrids: tuple[str, ...] = ()  # hybrid replicas whose gradients went into the step
+
+
+class TrainerHung(RuntimeError):
+    """A training step exceeded its bounded wait (`waits.trainer_check_s` x `waits.trainer_missed_checks`)."""
 
 
 class TrainerThread:
-    def __init__(self, trainer: Any, *, clock_t0: float) -> None:
+    """`step_fn(batch, step) -> (loss, hybrids)` replaces `trainer.train_step` (the core step of a
+    `HybridPool`); None trains the trainer alone."""
+
+    def __init__(self, trainer: Any, *, clock_t0: float, step_fn: Any = None) -> None:
         self.trainer = trainer
+        self.step_fn = step_fn
+        self.started: float | None = None  # time.monotonic() when the running step started
         self.t0 = clock_t0
         self._thread: threading.Thread | None = None
         self._result: TrainResult | None = None
@@ -46,11 +56,16 @@ class TrainerThread:
         if self.trainer.version != step:
             raise RuntimeError(f"trainer at version {self.trainer.version} cannot train step {step} (one step each)")
         self.step = step
+        self.started = time.monotonic()
 
         def work() -> None:
             try:
                 start = time.perf_counter() - self.t0
-                loss = self.trainer.train_step(batch, step=step)
+                hybrids: tuple[str, ...] = ()
+                if self.step_fn is None:
+                    loss = self.trainer.train_step(batch, step=step)
+                else:
+                    loss, hybrids = self.step_fn(batch, step)
                 update = self.trainer.export_weights(bucket_bytes=1 << 20)
                 state = self.trainer.snapshot()
                 self._result = TrainResult(
@@ -61,12 +76,27 @@ class TrainerThread:
                     start=start,
                     end=time.perf_counter() - self.t0,
                     state=state,
+                    hybrids=hybrids,
                 )
             except BaseException as exc:  # noqa: BLE001 - handed to the orchestrator's thread
                 self._error = exc
 
         self._thread = threading.Thread(target=work, name=f"libra-train-{step}", daemon=True)
         self._thread.start()
+
+    def overdue(self, check_s: float, missed_checks: int) -> str | None:
+        """Why the running step counts as hung: still running after `missed_checks` consecutive progress checks
+        of `check_s` seconds (a step either finishes or misses a check); None while within the bound."""
+        if self._thread is None or self.started is None:
+            return None
+        elapsed = time.monotonic() - self.started
+        missed = int(elapsed // check_s)
+        if missed < missed_checks:
+            return None
+        return (
+            f"training step {self.step} made no progress for {missed} consecutive checks of {check_s:g} s "
+            f"({elapsed:.0f} s)"
+        )
 
     def poll(self, timeout: float | None = 0.0) -> TrainResult | None:
         if self._thread is None:

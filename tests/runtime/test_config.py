@@ -30,6 +30,8 @@ def test_sections_and_overrides() -> None:
         ({"samples_per_prompt": 0}, "samples_per_prompt must be a positive number"),
         ({"prompts": []}, "at least one prompt"),
         ({"engine": 3}, "engine must be a mapping"),
+        ({"hybrid": {"min_idle_fraction": 2}}, "min_idle_fraction must be in [0, 1]"),
+        ({"waits": {"engine_missed_checks": 0}}, "engine_missed_checks must be a positive number"),
     ],
 )
 def test_bad_settings_name_the_setting(raw, needle) -> None:

@@ -20,9 +20,10 @@ import pytest
 
 from libra.cli import main
 from libra.runtime import Orchestrator, RunConfig, config_from_dict, make_backend
-from libra.runtime.config import WorkloadShift
+from libra.runtime.config import HybridSettings, WaitSettings, WorkloadShift
 from libra.runtime.faults import EngineKiller
 from libra.runtime.records import read_jsonl
+from libra.runtime.trainer import TrainerHung
 from tests.limits import scaled
 from tests.runtime.engines import one_instance_config, plain_synchronous_losses
 
@@ -66,10 +67,21 @@ def test_default_run_replans_on_the_engines_overlaps_and_survives_engine_kills(t
     # restart (a minute on a loaded 2-core machine)
     seed = int(os.environ.get("LIBRA_RUNTIME_KILL_SEED", "1"))
     kill_steps = tuple(int(x) for x in os.environ.get("LIBRA_RUNTIME_KILL_STEPS", "1").split(","))
+    # the engine is hung (SIGSTOP: alive, no progress) rather than killed: the bounded wait finds it after 3 missed
+    # progress checks, kills it and it is treated like a dead one (LIBRA_RUNTIME_KILL_SIGNAL=KILL: a plain kill)
+    sig = getattr(signal, "SIG" + os.environ.get("LIBRA_RUNTIME_KILL_SIGNAL", "STOP"))
     steps = 3
-    killer = EngineKiller(seed=seed, steps=kill_steps)
-    # the default run, with the workload shift one step earlier (tool outputs grow from step 1): 3 steps show it
-    config = RunConfig(steps=steps, max_staleness=1, model=engines.model, shift=WorkloadShift(from_step=1))
+    killer = EngineKiller(seed=seed, steps=kill_steps, sig=sig)
+    # the default run, with the workload shift one step earlier (tool outputs grow from step 1): 3 steps show it;
+    # the hybrid is lent from step 0 (min_idle_fraction 0) and handed back when the replan reshapes the rollout pool
+    config = RunConfig(
+        steps=steps,
+        max_staleness=1,
+        model=engines.model,
+        shift=WorkloadShift(from_step=1),
+        hybrid=HybridSettings(min_idle_fraction=0.0, timeout_s=scaled(120), start_timeout_s=scaled(600)),
+        waits=WaitSettings(engine_check_s=scaled(5), engine_missed_checks=3),
+    )
     orch = Orchestrator(config, out, on_poll=killer, backend=engines)
     try:
         summary = orch.run()
@@ -97,9 +109,19 @@ def test_default_run_replans_on_the_engines_overlaps_and_survives_engine_kills(t
     assert max(overlaps) > 0, overlaps
     # the killed engine: its requests were re-queued, the step completed, the instance was restarted
     assert [k for k, _ in killer.killed] == list(killer.at)
-    for k, _ in killer.killed:
+    for k, victim in killer.killed:
         assert records[k]["trajectories"]["requeued"] >= 1
+        died = [d for d in records[k + 1]["decisions"] if d["kind"] == "EngineDied"]
+        assert [d["worker"] for d in died] == [victim]
+        assert sig != signal.SIGSTOP or died[0]["why"].startswith("hung: one engine step made no progress for 3")
         assert any(d["source"] == "elastic" and d["kind"] == "StartInstance" for d in records[k + 1]["decisions"])
+    # the hybrid: lent at step 0 (JOIN, snapshot, ATTACH, placeholder), handed back at the replan
+    elastic = [d for d in decisions if d["source"] == "elastic" and d.get("worker") == "hybrid-0"]
+    assert [d["step"] for d in elastic if d["kind"] == "JoinTraining"] == [0]
+    leave = [d for d in elastic if d["kind"] == "LeaveTraining"]
+    assert [d["step"] for d in leave] == [2] and "new placement" in leave[0]["why"]
+    assert {d["to"] for d in elastic if d["kind"] == "HybridState"} >= {"placeholder", "rollout"}
+    assert not [d for d in elastic if d["kind"] == "HybridLost"]  # not lent again while it is still on its way back
     assert any(d["source"] == "router" and d["decisions"] > 0 for d in decisions)
     assert (out / "timeline.png").stat().st_size > 1000
     # the trace plans and simulates
@@ -111,7 +133,11 @@ def test_default_run_replans_on_the_engines_overlaps_and_survives_engine_kills(t
 def test_synchronous_run_equals_a_plain_loop_and_staleness_two_is_bounded(tmp_path, engines) -> None:
     # greedy decoding makes every sample of a prompt identical, so GRPO's advantages and the loss are exactly 0:
     # the comparison is made with seeded sampling (a fixed seed per request and turn, as deterministic as greedy)
-    config = one_instance_config(steps=3, max_staleness=0, temperature=1.0, model=engines.model)
+    # a hybrid is lent from step 0 (the rollout waits for every training step): placeholder in step 1, active
+    # (half of the fixed global batch) in step 2, handed back after 3 training steps; the losses stay the plain loop's
+    hybrid = HybridSettings(lend_steps=3, timeout_s=scaled(120), start_timeout_s=scaled(600))
+    steps = 4
+    config = one_instance_config(steps=steps, max_staleness=0, temperature=1.0, model=engines.model, hybrid=hybrid)
     orch = Orchestrator(config, tmp_path / "sync", backend=engines)
     try:
         orch.run()
@@ -119,20 +145,49 @@ def test_synchronous_run_equals_a_plain_loop_and_staleness_two_is_bounded(tmp_pa
         _staleness_ok(records, 0)
         assert all(r["staleness"] == {"0": config.batch_size} for r in records)
         assert len(orch.backend.instances()) == 1
-        plain = plain_synchronous_losses(orch.backend, engines.model, config, 3)
+        plain = plain_synchronous_losses(orch.backend, engines.model, config, steps)
     finally:
         orch.close()
     assert [r["loss"] for r in records] == pytest.approx(plain, abs=1e-6)
-    assert len({round(x, 9) for x in plain}) == 3 and all(x != 0 for x in plain)  # the weights moved
-    # max_staleness 2 on the same job and the same engine (3 steps: step 2 may roll out on the weights of step 0)
-    orch = Orchestrator(attrs.evolve(config, max_staleness=2, steps=3), tmp_path / "s2", backend=engines)
+    assert len({round(x, 9) for x in plain}) == steps and all(x != 0 for x in plain)  # the weights moved
+    elastic = [d for r in records for d in r["decisions"] if d["source"] == "elastic"]
+    assert [(d["kind"], d["step"]) for d in elastic if d["kind"] in ("JoinTraining", "LeaveTraining")] == [
+        ("JoinTraining", 0),
+        ("LeaveTraining", 3),
+    ]
+    assert [d["step"] for d in elastic if d["kind"] == "HybridState" and d["to"] == "active"] == [2]
+    assert [("hybrid-0" in r["workers"]) for r in records] == [False, False, True, False]
+    # max_staleness 2 on the same job and the same engine (5 steps: step 2 may roll out on the weights of step 0);
+    # the hybrid, lent from step 0, SIGKILLs itself in its first active step, gradient computed and not sent: the
+    # core trains its shard, the run goes on, no trajectory is lost
+    # (training steps may follow each other closely here: the join may take a step longer, hence a fifth step)
+    lent = attrs.evolve(hybrid, min_idle_fraction=0.0, lend_steps=5)
+    config2 = attrs.evolve(config, max_staleness=2, steps=5, hybrid=lent)
+    orch = Orchestrator(config2, tmp_path / "s2", backend=engines, hybrid_kill_step=2)
     try:
         orch.run()
     finally:
         orch.close()
     records = read_jsonl(tmp_path / "s2" / "run.jsonl")
-    _staleness_ok(records, 2)
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
+    _staleness_ok(records, 2)  # 0 lost, 0 duplicated
     _trace_staleness(tmp_path / "s2", 2)
+    elastic = [d for r in records for d in r["decisions"] if d["source"] == "elastic"]
+    lost = [d for d in elastic if d["kind"] == "HybridLost"]
+    assert len(lost) == 1 and lost[0]["step"] >= 2 and lost[0]["from"] == "active" and lost[0]["process_exit"] == -9
+    assert [d["step"] for d in elastic if d["kind"] == "ShardRecovered"] == [lost[0]["step"]]
+    # a training step past its bounded wait (here a bound no step can meet: 1 check of 1 ms) stops the run with one
+    # line, and the files hold exactly the completed steps (none)
+    bound = WaitSettings(trainer_check_s=1e-3, trainer_missed_checks=1)
+    config3 = attrs.evolve(config, steps=2, hybrid=HybridSettings(workers=0), waits=bound)
+    orch = Orchestrator(config3, tmp_path / "hung", backend=engines)
+    try:
+        with pytest.raises(TrainerHung, match=r"^training step 0 made no progress for \d+ consecutive checks") as err:
+            orch.run()
+    finally:
+        orch.close()
+    assert "\n" not in str(err.value) and "run.jsonl holds the 0 completed step(s)" in str(err.value)
+    assert read_jsonl(tmp_path / "hung" / "run.jsonl") == []
 
 
 def _alive(pid: int) -> bool:
