@@ -117,6 +117,19 @@ SOURCES = [
             ),
         )
     ),
+    {
+        "name": "webdancer-sft-sample",
+        "kind": "search (web information seeking: e2hqa and crawlqa questions; search and visit tools, live web)",
+        "agent": "WebDancer ReAct agent (trajectory sampling for SFT)",
+        "model": "not stated in the file (the WebDancer paper samples long-CoT trajectories with QwQ-Plus)",
+        "repo": "Alibaba-NLP/WebAgent",
+        "commit": "d169df3207354a6b6fb8020141ab5b321cc965a5",
+        "licence": "MIT",
+        "globs": ["WebDancer/datasets/sample_traj.jsonl"],
+        "format": "openai",
+        "convert": "qwen-tools",
+        "held_out": True,
+    },
 ]
 
 
@@ -204,7 +217,37 @@ def _react_messages(data: bytes) -> bytes:
     return ("\n".join(out) + "\n").encode()
 
 
-CONVERTERS = {"tora": _tora_messages, "react": _react_messages}
+_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+
+
+def _qwen_tools_messages(data: bytes) -> bytes:
+    """Chat records whose tool calls are written in the text (`<tool_call>{"name": ...}</tool_call>` in the
+    assistant's message) and whose tool results come back as user messages (`<tool_response>...`), as in
+    WebDancer's sampled trajectories: those user messages become `tool` messages named after the call(s) before
+    them (names joined by `+` when one message answers several calls); everything else is kept as it is."""
+    out = []
+    for n, line in enumerate(data.decode("utf-8").splitlines()):
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        messages, names = [], []
+        for m in rec["messages"]:
+            text = m.get("content") or ""
+            if m["role"] == "assistant":
+                names = []
+                for call in _TOOL_CALL.findall(text):
+                    try:
+                        names.append(str(json.loads(call)["name"]))
+                    except (ValueError, KeyError, TypeError):
+                        names.append("tool")
+            if m["role"] == "user" and text.lstrip().startswith("<tool_response>"):
+                m = {"role": "tool", "name": "+".join(names) or "tool", "content": text}
+            messages.append(m)
+        out.append(json.dumps({"id": f"{rec.get('tag', 'task')}-{n}", "messages": messages}))
+    return ("\n".join(out) + "\n").encode()
+
+
+CONVERTERS = {"tora": _tora_messages, "react": _react_messages, "qwen-tools": _qwen_tools_messages}
 
 
 def _git(repo: Path, *args: str) -> bytes:

@@ -87,6 +87,42 @@ def test_react_transcripts_become_generations_and_search_returns(build_corpus, r
     ]
 
 
+def test_tool_calls_in_text_become_named_tool_returns(build_corpus, tmp_path) -> None:
+    """WebDancer's records: a `<tool_response>` user message is the return of the call(s) written in the assistant
+    message before it (one name, or names joined by `+`); the question's user message stays the prompt."""
+    call = '<tool_call>\n{"name": "%s", "arguments": {"query": ["x"]}}\n</tool_call>'
+    rec = {
+        "tag": "e2hqa",
+        "messages": [
+            {"role": "system", "content": "You seek information."},
+            {"role": "user", "content": "A conversation ... User: who?"},
+            {"role": "assistant", "content": "<think>search first</think>\n" + call % "search"},
+            {"role": "user", "content": "<tool_response>\n10 results\n</tool_response>"},
+            {"role": "assistant", "content": "<think>both</think>" + call % "visit" + call % "search"},
+            {"role": "user", "content": "<tool_response>\npage and results\n</tool_response>"},
+            {"role": "assistant", "content": "<answer>Him</answer>"},
+        ],
+    }
+    data = build_corpus._qwen_tools_messages((json.dumps(rec) + "\n").encode())
+    out = json.loads(data)
+    assert out["id"] == "e2hqa-0"
+    assert [m["role"] for m in out["messages"]] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
+    assert [m["name"] for m in out["messages"] if m["role"] == "tool"] == ["search", "visit+search"]
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(data)
+    (traj,) = import_files("openai", [path], tokenizer="bytes4")
+    assert [t.tool for t in traj.turns] == ["search", "visit+search", None]
+    assert traj.prompt_tokens == _b4(rec["messages"][0]["content"]) + _b4(rec["messages"][1]["content"])
+
+
 def test_held_out_sources_are_apart_and_complete() -> None:
     """Every held-out source loads with the count and provenance its manifest states (repository, commit, licence,
     sha256 per file), and none of them is in the manifest that the router's tests read."""
@@ -102,3 +138,42 @@ def test_held_out_sources_are_apart_and_complete() -> None:
             assert re.fullmatch(r"[0-9a-f]{64}", f["sha256"]) and re.fullmatch(r"[0-9a-f]{40}", f["commit"])
         assert all(t.extra["source"] == src["name"] and t.turns for t in trajs)
         assert {t.extra["origin"]["path"] for t in trajs} <= {f["path"] for f in src["files"]}
+
+
+# -- the default router on the held-out search agents (docs/routing.md, "Held-out search agent") -------------------
+# Measured at the default of 616dbdd, never tuned on: margin over the best baseline at the source's quartile
+# buckets, and migrated tokens. The issue's bound (<= 12 % migrated) is missed on two of them: strict xfail, so
+# that a router change that meets it shows here (XPASS) and the marks are updated.
+MISSES_BOUND = {"fireact-gpt35-hotpotqa": "14.4 % migrated", "fireact-llama2-13b-hotpotqa": "14.0 % migrated"}
+
+
+@pytest.fixture(scope="module")
+def held_out_scores():
+    from libra.scheduling.sources import quantile_buckets, score_source
+
+    return {name: score_source(t, quantile_buckets(t), {"default": {}}) for name, t in load_corpus(HELD_OUT).items()}
+
+
+def _held_out_params():
+    for src in load_manifest(HELD_OUT)["sources"]:
+        reason = MISSES_BOUND.get(src["name"])
+        marks = [pytest.mark.xfail(strict=True, reason=f"misses the 12 % bound: {reason}")] if reason else []
+        yield pytest.param(src["name"], marks=marks, id=src["name"])
+
+
+def test_default_beats_baselines_on_held_out_search_agents(held_out_scores) -> None:
+    """The accuracy half of the issue's target holds on every held-out source: the default beats the best of fcfs,
+    mlfq, predictor and most-common by >= 5 points (measured +18.3, +21.2, +14.0, +16.5)."""
+    from libra.scheduling.sources import BASELINES
+
+    for name, res in held_out_scores.items():
+        best = max(res[b].routing_accuracy for b in BASELINES)
+        assert res["default"].routing_accuracy - best >= 0.05, name
+
+
+@pytest.mark.parametrize("name", list(_held_out_params()))
+def test_default_migration_bound_on_held_out_search_agents(held_out_scores, name) -> None:
+    """The migration half: <= 12 % of the tokens moved (measured 14.4 %, 14.0 %, 11.9 %, 9.2 %)."""
+    from libra.scheduling.sources import MAX_MIGRATED
+
+    assert held_out_scores[name]["default"].migrated_token_fraction <= MAX_MIGRATED
