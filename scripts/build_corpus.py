@@ -12,6 +12,7 @@ and the counts. Nothing of the original text is kept: only token counts, tool na
 from __future__ import annotations
 
 import argparse
+import ast
 import fnmatch
 import gzip
 import hashlib
@@ -117,6 +118,23 @@ SOURCES = [
             ),
         )
     ),
+    {
+        "name": "reflexion-react-davinci003-hotpotqa",
+        "kind": "search (HotpotQA distractor sample, 100 questions; ReAct with Wikipedia Search / Lookup tools)",
+        "agent": "ReAct (Reflexion's base ReAct agent, 6-shot prompt, at most 6 steps; no reflection)",
+        "model": "text-davinci-003 (temperature 0)",
+        "repo": "noahshinn/reflexion",
+        "commit": "e531a5c0d67bc8969683d0f6fd2ffc080a5c529d",
+        "licence": "MIT",
+        "globs": ["hotpotqa_runs/root/ReAct/base/100_questions_5_trials.txt"],
+        # the agent's prompt template and few-shot examples, read at the same commit (the log has the scratchpads)
+        "context": ["hotpotqa_runs/prompts.py", "hotpotqa_runs/fewshots.py"],
+        "format": "openai",
+        "convert": "reflexion-react",
+        # no such page (the tool lists similar titles instead), no further match of a Lookup
+        "error_patterns": [r"^Observation \d+: Could not find \[", r"^Observation \d+: No Results$"],
+        "held_out": True,
+    },
     {
         "name": "webdancer-sft-sample",
         "kind": "search (web information seeking: e2hqa and crawlqa questions; search and visit tools, live web)",
@@ -247,7 +265,61 @@ def _qwen_tools_messages(data: bytes) -> bytes:
     return ("\n".join(out) + "\n").encode()
 
 
-CONVERTERS = {"tora": _tora_messages, "react": _react_messages, "qwen-tools": _qwen_tools_messages}
+def _string_constants(source: str) -> dict[str, str]:
+    """Module-level string constants of a Python file, read with `ast` (the file is parsed, never run)."""
+    out = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            out.update((t.id, node.value.value) for t in node.targets if isinstance(t, ast.Name))
+    return out
+
+
+def _reflexion_react_messages(data: bytes, context: dict[str, bytes]) -> bytes:
+    """Reflexion's ReAct logs (`100_questions_5_trials.txt`: per trial, every agent's `Question:` and scratchpad of
+    `Thought n:` / `Action n:` lines written by the model and `Observation n:` lines by the Wikipedia tool, then
+    `Correct answer:`) as chat-completions message lists. The prompt is the agent's template (`REACT_INSTRUCTION`
+    with the six examples `WEBTHINK_SIMPLE6`, read from the repository at the same commit) filled with the
+    question; each Thought/Action pair is a generation (two completions of the same prompt), each observation a
+    `tool` message named after its action (`search`, `lookup`); the verdict after `Finish` and the observation
+    after the last step of a halted agent go to no model and are dropped. A later trial lists an agent again;
+    identical runs are removed by the script's deduplication."""
+    consts: dict[str, str] = {}
+    for text in context.values():
+        consts.update(_string_constants(text.decode("utf-8")))
+    template, examples = consts["REACT_INSTRUCTION"], consts["WEBTHINK_SIMPLE6"]
+    out = []
+    for block in re.split(r"\n(?=Question: )", data.decode("utf-8")):
+        if not block.startswith("Question: "):
+            continue
+        head, _, rest = block.partition("\n")
+        question = head[len("Question: ") :].strip()
+        body = re.split(r"\n(?:Correct answer:|-{5,}|#{5,})", rest)[0]
+        prompt = template.replace("{examples}", examples).replace("{question}", question).replace("{scratchpad}", "")
+        messages: list[dict] = [{"role": "user", "content": prompt}]
+        action = "tool"
+        for role, content in _react_turns(body):
+            if role == "assistant":
+                acts = _REACT_ACTION.findall(content)
+                action = acts[-1].lower() if acts else "tool"
+                messages.append({"role": "assistant", "content": content})
+            else:
+                messages.append({"role": "tool", "name": action, "content": content})
+        if len(messages) == 1:
+            continue
+        correct = any("Answer is CORRECT" in m["content"] for m in messages if m["role"] == "tool")
+        while messages[-1]["role"] == "tool":
+            messages.pop()
+        qid = hashlib.sha256(question.encode()).hexdigest()[:12]
+        out.append(json.dumps({"id": f"hotpotqa-{qid}", "reward": float(correct), "messages": messages}))
+    return ("\n".join(out) + "\n").encode()
+
+
+CONVERTERS = {
+    "tora": _tora_messages,
+    "react": _react_messages,
+    "qwen-tools": _qwen_tools_messages,
+    "reflexion-react": _reflexion_react_messages,
+}
 
 
 def _git(repo: Path, *args: str) -> bytes:
@@ -306,7 +378,11 @@ def build(mirrors: Path, out: Path, only: list[str] | None = None) -> dict:
             for i, (commit, path, blob) in enumerate(files):
                 data = _git(repo, "cat-file", "-p", blob)
                 local = Path(tmp) / f"{i:04d}{Path(path).suffix}"
-                local.write_bytes(CONVERTERS[src["convert"]](data) if "convert" in src else data)
+                if "context" in src:  # files the converter needs besides the data, read at the same commit
+                    context = {c: _git(repo, "show", f"{commit}:{c}") for c in src["context"]}
+                    local.write_bytes(CONVERTERS[src["convert"]](data, context))
+                else:
+                    local.write_bytes(CONVERTERS[src["convert"]](data) if "convert" in src else data)
                 try:
                     got = import_files(src["format"], [local], source=src["name"], rules=rules)
                 except Exception as exc:  # a file that is not a trajectory file (e.g. a summary): skip, say so

@@ -123,6 +123,43 @@ def test_tool_calls_in_text_become_named_tool_returns(build_corpus, tmp_path) ->
     assert traj.prompt_tokens == _b4(rec["messages"][0]["content"]) + _b4(rec["messages"][1]["content"])
 
 
+def test_reflexion_logs_become_runs_with_the_agents_prompt(build_corpus, tmp_path) -> None:
+    """Reflexion's trial logs: the prompt is the agent's template filled with its examples and the question (read
+    from the Python files by `ast`, never run), Thought/Action pairs are generations, observations `search` /
+    `lookup` returns, the verdict after Finish is dropped, and the reward is the verdict."""
+    context = {
+        "prompts.py": b'X = 1\nREACT_INSTRUCTION = """Solve.\n{examples}\n(END)\nQuestion: {question}{scratchpad}"""\n',
+        "fewshots.py": b'WEBTHINK_SIMPLE6 = """Question: q?\nThought 1: t"""\n',
+    }
+    log = (
+        "#####\nBEGIN TRIAL 1\nTrial summary: Correct: 1\n#####\n------ BEGIN CORRECT AGENTS ------\n\n"
+        "Question: Who is A?\nThought 1: Search A.\nAction 1: Search[A]\nObservation 1: Could not find [A]. "
+        "Similar: ['A b']\nThought 2: Try A b.\nAction 2: Search[A b]\nObservation 2: A b is a painter.\n"
+        "Thought 3: Look up born.\nAction 3: Lookup[born]\nObservation 3: (Result 1/1) born 1900.\n"
+        "Thought 4: Done.\nAction 4: Finish[a painter]\nObservation 4: Answer is CORRECT\n"
+        "Correct answer: a painter\n\n------ BEGIN INCORRECT AGENTS ------\n"
+    )
+    data = build_corpus._reflexion_react_messages(log.encode(), context)
+    rec = json.loads(data)
+    assert rec["messages"][0]["content"] == "Solve.\nQuestion: q?\nThought 1: t\n(END)\nQuestion: Who is A?"
+    assert [m.get("name", m["role"]) for m in rec["messages"]] == [
+        "user",
+        "assistant",
+        "search",
+        "assistant",
+        "search",
+        "assistant",
+        "lookup",
+        "assistant",
+    ]
+    assert rec["reward"] == 1.0 and "Answer is" not in data.decode()
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(data)
+    rules = StatusRules(error_patterns=(*DEFAULT_ERROR_PATTERNS, r"^Observation \d+: Could not find \["))
+    (traj,) = import_files("openai", [path], tokenizer="bytes4", rules=rules)
+    assert [t.tool_status for t in traj.turns] == ["error", "ok", "ok", None]
+
+
 def test_held_out_sources_are_apart_and_complete() -> None:
     """Every held-out source loads with the count and provenance its manifest states (repository, commit, licence,
     sha256 per file), and none of them is in the manifest that the router's tests read."""
@@ -163,7 +200,8 @@ def _held_out_params():
 
 def test_default_beats_baselines_on_held_out_search_agents(held_out_scores) -> None:
     """The accuracy half of the issue's target holds on every held-out source: the default beats the best of fcfs,
-    mlfq, predictor and most-common by >= 5 points (measured +18.3, +21.2, +14.0, +16.5)."""
+    mlfq, predictor and most-common by >= 5 points (measured +18.3, +21.2, +14.0 on FireAct, +5.1 on Reflexion's
+    ReAct, +16.5 on WebDancer)."""
     from libra.scheduling.sources import BASELINES
 
     for name, res in held_out_scores.items():
@@ -173,7 +211,7 @@ def test_default_beats_baselines_on_held_out_search_agents(held_out_scores) -> N
 
 @pytest.mark.parametrize("name", list(_held_out_params()))
 def test_default_migration_bound_on_held_out_search_agents(held_out_scores, name) -> None:
-    """The migration half: <= 12 % of the tokens moved (measured 14.4 %, 14.0 %, 11.9 %, 9.2 %)."""
+    """The migration half: <= 12 % of the tokens moved (measured 14.4 %, 14.0 %, 11.9 %, 7.5 %, 9.2 %)."""
     from libra.scheduling.sources import MAX_MIGRATED
 
     assert held_out_scores[name]["default"].migrated_token_fraction <= MAX_MIGRATED
