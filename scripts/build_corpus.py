@@ -6,7 +6,10 @@ DIR holds bare git snapshots of the repositories below as DIR/<owner>+<name>/rep
 brings; a `git clone --bare` works the same). For each source the files are read at the pinned commit, their
 sha256 recorded, imported with `libra.workloads.importers` (o200k_base token counts) and written, deduplicated, to
 OUT/<source>.jsonl.gz; OUT/MANIFEST.json keeps the provenance (repository, commit, path, licence, sha256 per file)
-and the counts. Nothing of the original text is kept: only token counts, tool names and statuses.
+and the counts. Nothing of the original text is kept: only token counts, tool names and statuses. Sources marked
+`held_out` (never used to choose or tune anything) go to OUT/held-out/ with a manifest of their own. A source may
+convert its files first (`convert`: ToRA outputs, ReAct transcripts, text tool calls), with other files of the
+repository read at the same commit (`context`), and add error patterns of its tools (`error_patterns`).
 """
 
 from __future__ import annotations
