@@ -6,16 +6,21 @@ DIR holds bare git snapshots of the repositories below as DIR/<owner>+<name>/rep
 brings; a `git clone --bare` works the same). For each source the files are read at the pinned commit, their
 sha256 recorded, imported with `libra.workloads.importers` (o200k_base token counts) and written, deduplicated, to
 OUT/<source>.jsonl.gz; OUT/MANIFEST.json keeps the provenance (repository, commit, path, licence, sha256 per file)
-and the counts. Nothing of the original text is kept: only token counts, tool names and statuses.
+and the counts. Nothing of the original text is kept: only token counts, tool names and statuses. Sources marked
+`held_out` (never used to choose or tune anything) go to OUT/held-out/ with a manifest of their own. A source may
+convert its files first (`convert`: ToRA outputs, ReAct transcripts, text tool calls), with other files of the
+repository read at the same commit (`context`), and add error patterns of its tools (`error_patterns`).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import fnmatch
 import gzip
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -82,6 +87,70 @@ SOURCES = [
         }
         for model in ("tora-70b", "tora-code-34b")
     ),
+    *(
+        {
+            "name": f"fireact-{name}-hotpotqa",
+            "kind": "search (HotpotQA dev, 500 questions; ReAct with a Google search tool, SerpAPI snippets)",
+            "agent": "FireAct ReAct agent (fine-tuned, no few-shot prompt)",
+            "model": model,
+            "repo": "anchen1011/FireAct",
+            "commit": "94c6189f04b10fccae6bcd97a4632d6119266899",
+            "licence": "MIT",
+            "globs": [f"trajs/hotpotqa_dev_0_500_{stem}*.json"],
+            "format": "openai",
+            "convert": "react",
+            # SerpAPI found nothing: the tool printed `None`
+            "error_patterns": [r"^Observation: None$"],
+            "held_out": True,
+        }
+        for name, model, stem in (
+            (
+                "gpt35",
+                "gpt-3.5-turbo-0613 fine-tuned on FireAct's trajectories (temperature 0)",
+                "ft_gpt-3.5-turbo-0613",
+            ),
+            (
+                "llama2-13b",
+                "Llama-2-13B LoRA-fine-tuned on FireAct's trajectories (temperature 0.7)",
+                "llama_models_lora_llama-2-13b",
+            ),
+            (
+                "llama2-7b",
+                "Llama-2-7B LoRA-fine-tuned on FireAct's trajectories (temperature 0.7)",
+                "llama_models_lora_llama-2-7b",
+            ),
+        )
+    ),
+    {
+        "name": "reflexion-react-davinci003-hotpotqa",
+        "kind": "search (HotpotQA distractor sample, 100 questions; ReAct with Wikipedia Search / Lookup tools)",
+        "agent": "ReAct (Reflexion's base ReAct agent, 6-shot prompt, at most 6 steps; no reflection)",
+        "model": "text-davinci-003 (temperature 0)",
+        "repo": "noahshinn/reflexion",
+        "commit": "e531a5c0d67bc8969683d0f6fd2ffc080a5c529d",
+        "licence": "MIT",
+        "globs": ["hotpotqa_runs/root/ReAct/base/100_questions_5_trials.txt"],
+        # the agent's prompt template and few-shot examples, read at the same commit (the log has the scratchpads)
+        "context": ["hotpotqa_runs/prompts.py", "hotpotqa_runs/fewshots.py"],
+        "format": "openai",
+        "convert": "reflexion-react",
+        # no such page (the tool lists similar titles instead), no further match of a Lookup
+        "error_patterns": [r"^Observation \d+: Could not find \[", r"^Observation \d+: No Results$"],
+        "held_out": True,
+    },
+    {
+        "name": "webdancer-sft-sample",
+        "kind": "search (web information seeking: e2hqa and crawlqa questions; search and visit tools, live web)",
+        "agent": "WebDancer ReAct agent (trajectory sampling for SFT)",
+        "model": "not stated in the file (the WebDancer paper samples long-CoT trajectories with QwQ-Plus)",
+        "repo": "Alibaba-NLP/WebAgent",
+        "commit": "d169df3207354a6b6fb8020141ab5b321cc965a5",
+        "licence": "MIT",
+        "globs": ["WebDancer/datasets/sample_traj.jsonl"],
+        "format": "openai",
+        "convert": "qwen-tools",
+        "held_out": True,
+    },
 ]
 
 
@@ -108,7 +177,152 @@ def _tora_messages(data: bytes) -> bytes:
     return ("\n".join(out) + "\n").encode()
 
 
-CONVERTERS = {"tora": _tora_messages}
+_REACT_LINE = re.compile(r"^(Thought|Action|Observation)\b[ \d]*:")
+_REACT_ACTION = re.compile(r"^Action\b[ \d]*:\s*(\w+)\s*\[", re.M)
+
+
+def _react_turns(text: str) -> list[tuple[str, str]]:
+    """A ReAct transcript (`Thought:` / `Action:` lines written by the model, `Observation:` lines by the
+    environment) as `(role, text)` chunks: assistant for the model's lines, tool for the observations."""
+    chunks: list[list] = []
+    for line in text.split("\n"):
+        m = _REACT_LINE.match(line)
+        role = ("tool" if m.group(1) == "Observation" else "assistant") if m else (chunks[-1][0] if chunks else "")
+        if not role:
+            continue
+        if chunks and chunks[-1][0] == role:
+            chunks[-1][1].append(line)
+        else:
+            chunks.append([role, [line]])
+    return [(role, "\n".join(lines)) for role, lines in chunks]
+
+
+def _react_messages(data: bytes) -> bytes:
+    """FireAct's trajectory files (one JSON object, question id -> record with `reward`, `em`, `f1` and `traj`) as
+    chat-completions message lists. `traj` is either a message list (the fine-tuned GPT-3.5: the question as the
+    user's message, then the model's Thought/Action messages and the environment's `Observation:` messages as
+    user messages) or one text (the Llama models: the Alpaca prompt with the question up to `### Response:`, then
+    the model's Thought/Action lines with the `Observation:` lines inlined). Observations become `tool` messages
+    named after the action before them (`search`); the last observation (after `finish`, or after the last step of
+    an agent that ran out of steps) goes to no model and is dropped."""
+    out = []
+    for qid, rec in json.loads(data.decode("utf-8")).items():
+        traj = rec["traj"]
+        if isinstance(traj, str):
+            head, sep, body = traj.partition("### Response:\n")
+            messages = [{"role": "user", "content": head + sep}]
+            turns = _react_turns(body)
+        else:
+            messages = [m for m in traj[:1]]
+            turns = [("tool" if m["role"] == "user" else m["role"], m["content"]) for m in traj[1:]]
+        action = "tool"
+        for role, content in turns:
+            if role == "assistant":
+                acts = _REACT_ACTION.findall(content)
+                action = acts[-1].lower() if acts else "tool"
+                messages.append({"role": "assistant", "content": content})
+            else:
+                messages.append({"role": "tool", "name": action, "content": content})
+        while messages and messages[-1]["role"] == "tool":
+            messages.pop()
+        out.append(
+            json.dumps(
+                {
+                    "id": f"hotpotqa-{qid}",
+                    "reward": float(bool(rec.get("reward"))),
+                    "f1": rec.get("f1"),
+                    "messages": messages,
+                }
+            )
+        )
+    return ("\n".join(out) + "\n").encode()
+
+
+_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+
+
+def _qwen_tools_messages(data: bytes) -> bytes:
+    """Chat records whose tool calls are written in the text (`<tool_call>{"name": ...}</tool_call>` in the
+    assistant's message) and whose tool results come back as user messages (`<tool_response>...`), as in
+    WebDancer's sampled trajectories: those user messages become `tool` messages named after the call(s) before
+    them (names joined by `+` when one message answers several calls); everything else is kept as it is."""
+    out = []
+    for n, line in enumerate(data.decode("utf-8").splitlines()):
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        messages, names = [], []
+        for m in rec["messages"]:
+            text = m.get("content") or ""
+            if m["role"] == "assistant":
+                names = []
+                for call in _TOOL_CALL.findall(text):
+                    try:
+                        names.append(str(json.loads(call)["name"]))
+                    except (ValueError, KeyError, TypeError):
+                        names.append("tool")
+            if m["role"] == "user" and text.lstrip().startswith("<tool_response>"):
+                m = {"role": "tool", "name": "+".join(names) or "tool", "content": text}
+            messages.append(m)
+        out.append(json.dumps({"id": f"{rec.get('tag', 'task')}-{n}", "messages": messages}))
+    return ("\n".join(out) + "\n").encode()
+
+
+def _string_constants(source: str) -> dict[str, str]:
+    """Module-level string constants of a Python file, read with `ast` (the file is parsed, never run)."""
+    out = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            out.update((t.id, node.value.value) for t in node.targets if isinstance(t, ast.Name))
+    return out
+
+
+def _reflexion_react_messages(data: bytes, context: dict[str, bytes]) -> bytes:
+    """Reflexion's ReAct logs (`100_questions_5_trials.txt`: per trial, every agent's `Question:` and scratchpad of
+    `Thought n:` / `Action n:` lines written by the model and `Observation n:` lines by the Wikipedia tool, then
+    `Correct answer:`) as chat-completions message lists. The prompt is the agent's template (`REACT_INSTRUCTION`
+    with the six examples `WEBTHINK_SIMPLE6`, read from the repository at the same commit) filled with the
+    question; each Thought/Action pair is a generation (two completions of the same prompt), each observation a
+    `tool` message named after its action (`search`, `lookup`); the verdict after `Finish` and the observation
+    after the last step of a halted agent go to no model and are dropped. A later trial lists an agent again;
+    identical runs are removed by the script's deduplication."""
+    consts: dict[str, str] = {}
+    for text in context.values():
+        consts.update(_string_constants(text.decode("utf-8")))
+    template, examples = consts["REACT_INSTRUCTION"], consts["WEBTHINK_SIMPLE6"]
+    out = []
+    for block in re.split(r"\n(?=Question: )", data.decode("utf-8")):
+        if not block.startswith("Question: "):
+            continue
+        head, _, rest = block.partition("\n")
+        question = head[len("Question: ") :].strip()
+        body = re.split(r"\n(?:Correct answer:|-{5,}|#{5,})", rest)[0]
+        prompt = template.replace("{examples}", examples).replace("{question}", question).replace("{scratchpad}", "")
+        messages: list[dict] = [{"role": "user", "content": prompt}]
+        action = "tool"
+        for role, content in _react_turns(body):
+            if role == "assistant":
+                acts = _REACT_ACTION.findall(content)
+                action = acts[-1].lower() if acts else "tool"
+                messages.append({"role": "assistant", "content": content})
+            else:
+                messages.append({"role": "tool", "name": action, "content": content})
+        if len(messages) == 1:
+            continue
+        correct = any("Answer is CORRECT" in m["content"] for m in messages if m["role"] == "tool")
+        while messages[-1]["role"] == "tool":
+            messages.pop()
+        qid = hashlib.sha256(question.encode()).hexdigest()[:12]
+        out.append(json.dumps({"id": f"hotpotqa-{qid}", "reward": float(correct), "messages": messages}))
+    return ("\n".join(out) + "\n").encode()
+
+
+CONVERTERS = {
+    "tora": _tora_messages,
+    "react": _react_messages,
+    "qwen-tools": _qwen_tools_messages,
+    "reflexion-react": _reflexion_react_messages,
+}
 
 
 def _git(repo: Path, *args: str) -> bytes:
@@ -128,33 +342,52 @@ def _files(repo: Path, commit: str | None, globs: list[str]) -> list[tuple[str, 
     return list(seen.values())
 
 
-def build(mirrors: Path, out: Path, only: list[str] | None = None) -> dict:
-    """Rebuild every source (or only the named ones, keeping the others' files and manifest entries)."""
-    from libra.workloads.importers import import_files
+HELD_OUT = "held-out"
+HELD_OUT_NOTE = (
+    "Held-out sources: never used to choose or tune anything; the tests that gate the default router read "
+    "OUT/MANIFEST.json only (docs/corpus.md)."
+)
 
-    out.mkdir(parents=True, exist_ok=True)
+
+def build(mirrors: Path, out: Path, only: list[str] | None = None) -> dict:
+    """Rebuild every source (or only the named ones, keeping the others' files and manifest entries). Sources
+    marked `held_out` go to OUT/held-out/ with a manifest of their own; the others to OUT/. Returns the manifest
+    of OUT/."""
+    from libra.workloads.importers import DEFAULT_ERROR_PATTERNS, StatusRules, import_files
+
+    dirs = {False: out, True: out / HELD_OUT}
     old = {}
-    if only and (out / "MANIFEST.json").exists():
-        old = {s["name"]: s for s in json.loads((out / "MANIFEST.json").read_text())["sources"]}
+    for d in dirs.values():
+        if only and (d / "MANIFEST.json").exists():
+            old.update({s["name"]: s for s in json.loads((d / "MANIFEST.json").read_text())["sources"]})
     unknown = set(only or ()) - {s["name"] for s in SOURCES}
     if unknown:
         raise SystemExit(f"unknown source(s): {', '.join(sorted(unknown))}")
-    manifest = {"tokenizer": "o200k_base", "sources": []}
+    manifests: dict[bool, dict] = {
+        False: {"tokenizer": "o200k_base", "sources": []},
+        True: {"tokenizer": "o200k_base", "note": HELD_OUT_NOTE, "sources": []},
+    }
     for src in SOURCES:
+        held = bool(src.get("held_out"))
         if only and src["name"] not in only:
             if src["name"] in old:
-                manifest["sources"].append(old[src["name"]])
+                manifests[held]["sources"].append(old[src["name"]])
             continue
         repo = mirrors / src["repo"].replace("/", "+") / "repo"
         files = _files(repo, src["commit"], src["globs"])
+        rules = StatusRules(error_patterns=(*DEFAULT_ERROR_PATTERNS, *src.get("error_patterns", ())))
         entries, trajectories, seen = [], [], set()
         with tempfile.TemporaryDirectory() as tmp:
             for i, (commit, path, blob) in enumerate(files):
                 data = _git(repo, "cat-file", "-p", blob)
                 local = Path(tmp) / f"{i:04d}{Path(path).suffix}"
-                local.write_bytes(CONVERTERS[src["convert"]](data) if "convert" in src else data)
+                if "context" in src:  # files the converter needs besides the data, read at the same commit
+                    context = {c: _git(repo, "show", f"{commit}:{c}") for c in src["context"]}
+                    local.write_bytes(CONVERTERS[src["convert"]](data, context))
+                else:
+                    local.write_bytes(CONVERTERS[src["convert"]](data) if "convert" in src else data)
                 try:
-                    got = import_files(src["format"], [local], source=src["name"])
+                    got = import_files(src["format"], [local], source=src["name"], rules=rules)
                 except Exception as exc:  # a file that is not a trajectory file (e.g. a summary): skip, say so
                     print(f"skip {src['repo']}:{path}: {exc}", file=sys.stderr)
                     continue
@@ -170,16 +403,20 @@ def build(mirrors: Path, out: Path, only: list[str] | None = None) -> dict:
                 entries.append(
                     {"path": path, "commit": commit, "sha256": hashlib.sha256(data).hexdigest(), "trajectories": kept}
                 )
-        target = out / f"{src['name']}.jsonl.gz"
+        dirs[held].mkdir(parents=True, exist_ok=True)
+        target = dirs[held] / f"{src['name']}.jsonl.gz"
         with gzip.open(target, "wt", compresslevel=9) as fh:
             for t in trajectories:
                 fh.write(json.dumps(t.to_json(), separators=(",", ":")) + "\n")
         info = {k: v for k, v in src.items() if k not in ("globs",)}
         info.update(file=target.name, trajectories=len(trajectories), files=entries)
-        manifest["sources"].append(info)
+        manifests[held]["sources"].append(info)
         print(f"{src['name']}: {len(trajectories)} trajectories from {len(entries)} files", file=sys.stderr)
-    (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    return manifest
+    for held, manifest in manifests.items():
+        if manifest["sources"] or (dirs[held] / "MANIFEST.json").exists():
+            dirs[held].mkdir(parents=True, exist_ok=True)
+            (dirs[held] / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifests[False]
 
 
 def main() -> int:
