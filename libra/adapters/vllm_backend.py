@@ -55,6 +55,7 @@ class _Instance:
     engine: Any
     asleep: bool = False
     version: int = -1
+    died: str | None = None  # set when a call other than a step found the engine dead; the next poll hands over
 
 
 class VLLMRolloutBackend:
@@ -84,6 +85,7 @@ class VLLMRolloutBackend:
         self.failover = failover or self._least_loaded
         self._instances: dict[str, _Instance] = {}
         self._requests: dict[str, _Request] = {}
+        self._pending: list[StreamEvent] = []
         self._latest: WeightUpdate | None = None
         self._ids = itertools.count()
         self.deaths: list[EngineDiedError] = []
@@ -216,7 +218,7 @@ class VLLMRolloutBackend:
         return tuple(req.context)
 
     def poll(self) -> list[StreamEvent]:
-        events: list[StreamEvent] = []
+        events, self._pending = self._pending, []  # hand-overs of engines found dead outside a poll
         for name in list(self._instances):
             inst = self._instances.get(name)
             if (
@@ -225,7 +227,7 @@ class VLLMRolloutBackend:
                 or not any(r.running and r.instance == name for r in self._requests.values())
             ):
                 continue  # vLLM's step() waits for output: never step an idle or paused engine
-            dead = dead_reason(inst.engine)
+            dead = inst.died or dead_reason(inst.engine)
             try:
                 if dead is not None:
                     raise RuntimeError(dead)
@@ -281,7 +283,12 @@ class VLLMRolloutBackend:
         for name in instances if instances is not None else self.instances():
             inst = self._get(name)
             if not (inst.asleep and self.sleep_mode == "restart"):  # a stopped engine loads on wake
-                self._load(inst, update)
+                try:
+                    self._load(inst, update)
+                except Exception as exc:
+                    if not _died(inst, exc):
+                        raise
+                    self._pending.extend(self._on_death(name, inst.died or ""))  # its requests go on elsewhere
         return update.version
 
     def forget_weights(self) -> None:
@@ -372,12 +379,22 @@ class VLLMRolloutBackend:
             output_kind=RequestOutputKind.DELTA,
         )
         req.engine_id = f"{req.request_id}#{next(self._ids)}"
-        inst.engine.add_request(req.engine_id, TokensPrompt(prompt_token_ids=list(req.context)), params)
+        try:
+            inst.engine.add_request(req.engine_id, TokensPrompt(prompt_token_ids=list(req.context)), params)
+        except Exception as exc:
+            if not _died(inst, exc):
+                raise
+            # killed between two polls: the turn counts as started there, and the next poll hands it to a
+            # live instance with the engine's other requests (as if the engine had died during the turn)
         req.running = True
 
     def _abort(self, inst: _Instance, req: _Request) -> None:
-        if req.running and inst.engine is not None:
-            inst.engine.abort_request([req.engine_id])
+        if req.running and inst.engine is not None and inst.died is None:
+            try:
+                inst.engine.abort_request([req.engine_id])
+            except Exception as exc:
+                if not _died(inst, exc):
+                    raise
         req.running = False
 
     def _on_death(self, name: str, cause: str) -> list[StreamEvent]:
@@ -443,3 +460,13 @@ class VLLMRolloutBackend:
         if req.failed is not None:
             raise RequestFailedError(request_id, req.failed)
         return req
+
+
+def _died(inst: _Instance, exc: BaseException) -> bool:
+    """Whether `exc`, raised by a call into `inst`'s engine, means the engine is dead (vLLM's `EngineDeadError`,
+    or its engine-core process gone); if so the instance is marked for the next poll's hand-over."""
+    cause = dead_reason(inst.engine) if inst.engine is not None else None
+    if cause is None and type(exc).__name__ != "EngineDeadError":
+        return False
+    inst.died = inst.died or cause or f"{type(exc).__name__}: {exc}"
+    return True

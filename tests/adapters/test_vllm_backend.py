@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
@@ -132,6 +133,57 @@ def test_engine_death_requeues_or_fails_every_request(backend):
     with pytest.raises(RequestFailedError):
         backend.release("d2")
     backend.failover = default_failover
+
+
+def _kill_and_wait(backend, name):
+    """SIGKILL an instance's engine core and wait until vLLM's client knows (its calls then raise)."""
+    from libra.adapters.vllm_engine import dead_reason
+
+    engine = backend._instances[name].engine
+    for pid in backend.engine_pids(name):
+        os.kill(pid, signal.SIGKILL)
+    for _ in range(int(scaled(60) / 0.05)):
+        if dead_reason(engine) is not None:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"engine of {name} still alive after SIGKILL")
+
+
+def test_an_engine_killed_between_polls_hands_its_requests_over(backend, tiny_model_dir):
+    """An engine that dies after a turn finished and before the next call into it: a resume on it, or a weight
+    push to it, does not raise; the next poll re-queues its request on a live instance, whose tokens are those
+    of a run that never saw the death (greedy). (`libra run` met this: a kill between a turn's end and the
+    resume after its tool call ended the run with vLLM's EngineDeadError.)"""
+    from safetensors.torch import load_file
+
+    tool = [50, 51, 52]
+    first = generate(backend, "kref", "small", PROMPT + [40])
+    backend.submit("kref2", "small", PROMPT + [40] + list(first) + tool, GREEDY)
+    drain(backend, "kref2")
+    reference = backend.release("kref2")
+    original = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
+    backend.failover = lambda dead, live, rid: "small"
+    try:
+        for victim, fault in (("killed-resume", "resume"), ("killed-push", "push")):
+            backend.start_instance(InstanceSpec(name=victim, tp=1, max_num_seqs=2, max_model_len=256))
+            rid = f"k-{fault}"
+            backend.submit(rid, victim, PROMPT + [40], GREEDY)
+            drain(backend, rid)  # one turn done; the request waits for its tool
+            _kill_and_wait(backend, victim)
+            if fault == "push":  # the same weights as a new version: the live instances are left as found
+                version = backend.weight_version("small") + 1
+                assert backend.load_weights(pack_weights(original.items(), version=version)) == version
+                assert victim not in backend.instances()
+                assert backend.weight_version("small") == version
+            backend.resume(rid, tool, GREEDY)
+            events = drain(backend, rid)
+            assert victim not in backend.instances()
+            assert backend.deaths[-1].instance == victim and backend.deaths[-1].requeued == {rid: "small"}
+            assert (rid, EventKind.REQUEUED) in {(e.request_id, e.kind) for e in events}
+            assert backend.instance_of(rid) == "small"
+            assert backend.release(rid) == reference
+    finally:
+        backend.failover = backend._least_loaded
 
 
 def test_chat_prompt_renders_with_the_template_and_generates(backend):
