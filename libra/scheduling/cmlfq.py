@@ -78,6 +78,9 @@ class _Walk:
         "price",
         "calib",
         "guesses",
+        "ups",
+        "ups_of",
+        "ups_total",
     )
 
     def __init__(self, p_node: Node | None, a_node: Node, ctx: int) -> None:
@@ -89,8 +92,15 @@ class _Walk:
         self.admitted = 0  # its bucket at admission
         self.points: list[tuple[float, float, int] | None] | None = None  # decision points, for the budget (budget.py)
         self.price = 0.0  # the price of a carried token for this request (the router's, or the budget's mix)
-        self.calib: list[tuple[list[float], list[float], float]] = []  # `shrink="auto"` records (shrinkage.py)
+        # `shrink="auto"` records (shrinkage.py): (node shares, population shares, survivors); `_priced` leaves the
+        # population shares for `_resolved_calib` (the context in their place)
+        self.calib: list[tuple[list[float], list[float] | int, float]] = []
         self.guesses: tuple[int, ...] | None = None  # `admit_select` guesses of the admission experts (experts.py)
+        # the agnostic root's window positions of the bucket limits for this request's anchor (`_priced`), and the
+        # root window (list, total) they were found in
+        self.ups: list[int] | None = None
+        self.ups_of: list[int] | None = None
+        self.ups_total = 0
 
 
 @register_router
@@ -414,24 +424,128 @@ class CMLFQRouter(Router):
 
     def _priced(self, req: Request, carried: int, tool_tokens: int) -> tuple[int, str]:
         """The `priced` rule after a tool return (module docstring): move once, when the gain pays for the carried
-        context and the router is sure enough or waiting would carry the large return just received."""
+        context and the router is sure enough or waiting would carry the large return just received.
+
+        The hot path of the default preset (issue 14: under 10 us a call): `_select`, `_bucket_probs` (unscaled),
+        the shrinkage blend of `_probabilities` and `_record` are written out here, each call costing about as much
+        as the work it does; the same arithmetic in the same order, so the same decisions (test_golden.py,
+        test_fast_paths.py). The `scaled` fallback and an empty window take the general path."""
         walk: _Walk = req.state
         fit = self._fit
         record = fit is not None and fit.taken < fit.per_step and len(walk.calib) < fit.per_request
-        probs = self._probabilities(walk, req.context, record=record)
-        if record and fit is not None and self._blend is not None:
-            walk.calib.append(self._blend)
-            fit.taken += 1
+        ctx = req.context
+        root = self.tree.agnostic
+        # the node that stands for the request (`_select`, inline; no `scaled` fallback here, so no scale)
+        m = self.min_count
+        p_node = walk.p_node
+        a_node = walk.a_node
+        p_ok = p_node is not None and p_node.count >= m
+        if p_ok and walk.p_exact:
+            node, anchor = p_node, walk.p_ctx
+        elif walk.a_exact and self.fallback == "agnostic" and a_node.count >= m:
+            node, anchor = a_node, walk.a_ctx
+        elif p_ok:
+            node, anchor = p_node, walk.p_ctx
+        elif a_node.count >= m:
+            node, anchor = a_node, walk.a_ctx
+        else:
+            node = None
+        ordered = node.ordered if node is not None else None
+        if not ordered or self.fallback == "scaled":  # (no node, an empty window, or scaled: the general path)
+            probs = self._probabilities(walk, ctx, record=record)
+            blend = self._blend
+        else:
+            # `_bucket_probs(node, anchor, 1.0, ctx)`, inline (integer keys, see there)
+            blend = probs = None
+            n = len(ordered)
+            i = bisect_right(ordered, ctx - anchor - 1)
+            if i < n:
+                below = i / n
+                alive = 1.0 - below
+                probs = []
+                for limit in self._floor_limits:
+                    j = bisect_right(ordered, limit - anchor)
+                    if j > i:
+                        upto = j / n
+                        probs.append((upto - below) / alive)
+                        below, i = upto, j
+                    else:
+                        probs.append(0.0)
+                if len(probs) < len(self.limits):
+                    probs.append((1.0 - below) / alive if below < 1.0 else 0.0)
+                shrink = self.shrink
+                if shrink and node is not root:  # the blend with the population (`_probabilities`)
+                    survivors = alive * n
+                    # `_root_probs(root, walk.root_ctx, ctx)`, inline; the bisections of the bucket limits depend
+                    # only on the root's window and the request's anchor: made once per request and root window
+                    r_ordered = root.ordered
+                    rn = len(r_ordered)
+                    prior = None
+                    if rn:
+                        r_anchor = walk.root_ctx
+                        r_below = bisect_right(r_ordered, ctx - r_anchor - 1)
+                        if r_below < rn:
+                            ups = walk.ups
+                            if ups is None or walk.ups_of is not r_ordered or walk.ups_total != root.total:
+                                # (a step end's refresh sorts the root's window in place, and then its total grew)
+                                ups = walk.ups = [
+                                    bisect_right(r_ordered, floor(x - r_anchor)) for x in self._finite_limits
+                                ]
+                                walk.ups_of, walk.ups_total = r_ordered, root.total
+                            r_alive = rn - r_below
+                            prior = []
+                            for upto in ups:
+                                if upto > r_below:
+                                    prior.append((upto - r_below) / r_alive)
+                                    r_below = upto
+                                else:
+                                    prior.append(0.0)
+                            if len(prior) < len(self.limits):
+                                prior.append((rn - r_below) / r_alive)
+                    if prior is not None:
+                        if record:
+                            blend = (probs, prior, survivors)
+                        w = survivors / (survivors + shrink)
+                        v = 1.0 - w
+                        probs = probs[:]
+                        for k, b in enumerate(prior):
+                            probs[k] = w * probs[k] + v * b
+                elif record and node is not root:
+                    # the fit's record without a blend: its population shares are found when the request finishes
+                    # (`_resolved_calib`), off this path. Whether there are any (a trajectory of the root's window
+                    # ran longer than the request has) is one comparison: `_root_probs` is None otherwise.
+                    r_ordered = root.ordered
+                    if r_ordered and ctx - walk.root_ctx - 1 < r_ordered[-1]:
+                        blend = (probs, ctx, alive * n)  # type: ignore[assignment]
+            elif self.beyond == "root" and root.count:
+                # the request outlived every observation at its node (`_probabilities`)
+                probs = self._bucket_probs(root, walk.root_ctx, 1.0, ctx)
+                if probs is None:
+                    probs = [0.0] * len(self.limits)
+                    probs[self.bucket_for(ctx)] = 1.0
+        if record and blend is not None:
+            walk.calib.append(blend)
+            fit.taken += 1  # type: ignore[union-attr]
         points = walk.points
-        if points is not None and points and points[-1] is None:
+        if points and points[-1] is None:
             points.pop()
         if probs is None:
             return self._priced_overflow(req, probs)
         top = max(probs)
         best = probs.index(top)
-        mean = max(1.0, self.tree.agnostic.mean + req.prompt_tokens)  # _mean_length, inline
+        mean = max(1.0, root.mean + req.prompt_tokens)  # _mean_length, inline
         if points is not None:
-            self._record(req, probs, best, mean, carried, tool_tokens)
+            # `_record`, inline: the price interval in which this return would move the request out of its
+            # admission bucket (budget.py)
+            a = walk.admitted
+            if best != a:
+                hi = (top - probs[a]) * mean / carried if carried > 0 else float("inf")
+                need = self.confidence - top
+                lo = 0.0 if need <= 0 else (need * mean / tool_tokens if tool_tokens > 0 else float("inf"))
+                if lo <= hi:
+                    points.append((lo, hi, carried))
+                if self.overflow and best > a and ctx > self.limits[a]:
+                    points.append((0.0, top * mean / ctx, carried))
         if req.migrations == 0:
             current = req.bucket
             unit = walk.price / mean
@@ -441,25 +555,9 @@ class CMLFQRouter(Router):
                 and top >= self.confidence - unit * tool_tokens
             ):
                 return best, "tool-return"
-        if req.migrations or req.context <= self.limits[req.bucket]:  # (`_priced_overflow`'s first test, inline)
+        if req.migrations or ctx <= self.limits[req.bucket]:  # (`_priced_overflow`'s first test, inline)
             return req.bucket, "stay"
         return self._priced_overflow(req, probs)
-
-    def _record(self, req: Request, probs: list[float], best: int, mean: float, carried: int, tool_tokens: int) -> None:
-        """The price interval in which this tool return would move the request out of its admission bucket, as a
-        tool-return move or as an overflow (budget.py)."""
-        walk: _Walk = req.state
-        a = walk.admitted
-        if best == a or walk.points is None:  # callers record only while the budget watches (points is a list)
-            return
-        top = probs[best]
-        hi = (top - probs[a]) * mean / carried if carried > 0 else float("inf")
-        need = self.confidence - top
-        lo = 0.0 if need <= 0 else (need * mean / tool_tokens if tool_tokens > 0 else float("inf"))
-        if lo <= hi:
-            walk.points.append((lo, hi, carried))
-        if self.overflow and best > a and req.context > self.limits[a]:
-            walk.points.append((0.0, top * mean / req.context, carried))
 
     def _priced_overflow(self, req: Request, probs: list[float] | None) -> tuple[int, str]:
         """Context beyond the bucket's limit: with no statistics, promote to the bucket of the context (a cold
@@ -560,7 +658,7 @@ class CMLFQRouter(Router):
         if self._budget is not None and req is not None and req.state.warm:
             self._budget.finish(req.state.points, trajectory.total_tokens)
         if self._fit is not None and req is not None and req.state is not None and req.state.calib:
-            self._fit.finish(req.state.calib, self.bucket_for(trajectory.total_tokens))
+            self._fit.finish(self._resolved_calib(req.state), self.bucket_for(trajectory.total_tokens))
         if self._experts is not None and req is not None and req.state.guesses is not None:
             self._experts.finish(req.state.guesses, self.bucket_for(trajectory.total_tokens), trajectory.prompt_tokens)
         super().finish(request_id, trajectory)
@@ -582,4 +680,22 @@ class CMLFQRouter(Router):
         if self._experts is not None:
             self._experts.end_step()
 
+        if self._fit is not None:  # records of requests in flight read the root's window before it changes
+            for req in self._requests.values():
+                if req.state is not None and req.state.calib:
+                    req.state.calib = self._resolved_calib(req.state)
         self.tree.update(finished)
+
+    def _resolved_calib(self, walk: _Walk) -> list[tuple[list[float], list[float], float]]:
+        """The request's `shrink="auto"` records with the population shares of those `_priced` left for later (the
+        context in their place): found in the agnostic root's window, unchanged since the record (the tree learns
+        only in `end_step`, which resolves the requests in flight first). A record whose request outlived the whole
+        window by now is dropped (only if the tree was updated under it from outside `end_step`)."""
+        out = []
+        for probs, prior, n in walk.calib:
+            if type(prior) is int:
+                prior = self._root_probs(self.tree.agnostic, walk.root_ctx, prior)
+                if prior is None:
+                    continue
+            out.append((probs, prior, n))
+        return out

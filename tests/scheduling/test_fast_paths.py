@@ -113,3 +113,54 @@ def test_unscaled_bucket_probabilities_equal_the_float_formula(window, anchor, g
     node = _plain(window, 200, len(window))
     ctx = anchor + grown
     assert router._bucket_probs(node, anchor, 1.0, ctx) == _float_probs(router, node, anchor, 1.0, ctx)
+
+
+def test_deferred_fit_records_equal_eager_ones_across_a_step_end() -> None:
+    """`_priced` leaves the population shares of a `shrink="auto"` record for when the request finishes (issue 14):
+    they must be the agnostic root's shares at the time of the record (`_root_probs` then), also for a request still
+    in flight when the tree learns (end_step resolves it before the update)."""
+    from libra.workloads.generators import WorkloadGenerator
+
+    gen = WorkloadGenerator("search-r1", seed=0, num_prompts=24)
+    first, second, third = (gen.step(s) for s in range(3))
+    router = make_router("cmlfq", parse_buckets("2:5000,4:15000,8:inf"), **CMLFQ_PRESETS["adaptive"])
+    got: list = []
+    fit_finish = router._fit.finish
+    router._fit.finish = lambda records, truth: (got.extend(records), fit_finish(records, truth))
+    expected: dict = {}
+    order: list = []  # finish order, the order of the fit's records
+    deferred_across = 0
+    rid = itertools.count()
+    for step_trajs, hold in ((first, 0), (second, len(second) // 2), (third, 0)):
+        held = []
+        for i, traj in enumerate(step_trajs):
+            r = next(rid)
+            router.admit(r, prompt_id=traj.prompt_id, prompt_tokens=traj.prompt_tokens)
+            walk = router._requests[r].state
+            mine = []
+            for k, turn in enumerate(traj.turns):
+                if turn.tool is None:
+                    continue
+                before = len(walk.calib)
+                ctx = traj.context_after(k + 1)
+                router.on_tool_return(
+                    r, tool=turn.tool, tool_tokens=turn.tool_tokens, status=turn.tool_status, context_tokens=ctx
+                )
+                if len(walk.calib) > before:  # a record: its shares at this moment, the eager way
+                    own, prior, n = walk.calib[-1]
+                    if type(prior) is int:
+                        prior = router._root_probs(router.tree.agnostic, walk.root_ctx, ctx)
+                    mine.append((own, prior, n))
+            expected[r] = mine
+            if i < hold:
+                held.append((r, traj))
+                deferred_across += any(type(p) is int for _, p, _ in walk.calib)
+            else:
+                router.finish(r, traj)
+                order.append(r)
+        router.end_step()  # the tree learns with `held` still in flight
+        for r, traj in held:
+            router.finish(r, traj)
+            order.append(r)
+    assert deferred_across > 0  # the case the test is about happened
+    assert got == [record for r in order for record in expected[r]]
