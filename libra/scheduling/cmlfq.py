@@ -193,6 +193,8 @@ class CMLFQRouter(Router):
         self.price = float(price)
         self.admit_margin = float(admit_margin)
         self.rule = rule
+        if rule == "priced":  # its own tool-return path, the walk inline (one call less on the hot path)
+            self._tool_return = self._priced  # type: ignore[method-assign]
         self.overflow = bool(overflow)
         self.confidence = float(confidence)
         if admit not in ("smallest", "predicted"):
@@ -280,8 +282,8 @@ class CMLFQRouter(Router):
                 walk.a_exact = False
             else:
                 walk.a_node, walk.a_ctx = child, ctx
-        if self.rule == "priced":
-            return self._priced(req, ctx - tool_tokens, tool_tokens)
+        if self.rule == "priced":  # (not reached: `__init__` makes `_priced` the tool-return path of this rule)
+            return self._priced(req, tool, tool_tokens, status)
         carried = ctx - tool_tokens
         if self.rule == "probability":  # the rule reads no prediction: one is made only where the cost test needs it
             target, act = self._likeliest(walk, ctx, req.bucket)
@@ -422,21 +424,36 @@ class CMLFQRouter(Router):
             probs.append((n - below) / alive)
         return probs
 
-    def _priced(self, req: Request, carried: int, tool_tokens: int) -> tuple[int, str]:
+    def _priced(self, req: Request, tool: str, tool_tokens: int, status: str) -> tuple[int, str]:
         """The `priced` rule after a tool return (module docstring): move once, when the gain pays for the carried
-        context and the router is sure enough or waiting would carry the large return just received.
+        context and the router is sure enough or waiting would carry the large return just received. It is the
+        router's `_tool_return` when the rule is `priced` (set in `__init__`).
 
-        The hot path of the default preset (issue 14: under 10 us a call): `_select`, `_bucket_probs` (unscaled),
-        the shrinkage blend of `_probabilities` and `_record` are written out here, each call costing about as much
-        as the work it does; the same arithmetic in the same order, so the same decisions (test_golden.py,
-        test_fast_paths.py). The `scaled` fallback and an empty window take the general path."""
+        The hot path of the default preset (issue 14: under 10 us a call): the walk of `_tool_return`, `_select`,
+        `_bucket_probs` (unscaled), the shrinkage blend of `_probabilities` and `_record` are written out here, each
+        call costing about as much as the work it does; the same arithmetic in the same order, so the same decisions
+        (test_golden.py, test_fast_paths.py). The `scaled` fallback and an empty window take the general path."""
+        code = self.tree.codec.encode(tool, tool_tokens, status)
         walk: _Walk = req.state
+        ctx = req.context
+        carried = ctx - tool_tokens
+        m = self.min_count
+        if walk.p_exact:  # (`_tool_return`'s walk)
+            child = walk.p_node.children.get(code)  # type: ignore[union-attr]
+            if child is None or child.count < m:
+                walk.p_exact = False
+            else:
+                walk.p_node, walk.p_ctx = child, ctx
+        if walk.a_exact:
+            child = walk.a_node.children.get(code)
+            if child is None or child.count < m:
+                walk.a_exact = False
+            else:
+                walk.a_node, walk.a_ctx = child, ctx
         fit = self._fit
         record = fit is not None and fit.taken < fit.per_step and len(walk.calib) < fit.per_request
-        ctx = req.context
         root = self.tree.agnostic
         # the node that stands for the request (`_select`, inline; no `scaled` fallback here, so no scale)
-        m = self.min_count
         p_node = walk.p_node
         a_node = walk.a_node
         p_ok = p_node is not None and p_node.count >= m
@@ -487,11 +504,7 @@ class CMLFQRouter(Router):
                         if r_below < rn:
                             ups = walk.ups
                             if ups is None or walk.ups_of is not r_ordered or walk.ups_total != root.total:
-                                # (a step end's refresh sorts the root's window in place, and then its total grew)
-                                ups = walk.ups = [
-                                    bisect_right(r_ordered, floor(x - r_anchor)) for x in self._finite_limits
-                                ]
-                                walk.ups_of, walk.ups_total = r_ordered, root.total
+                                ups = self._root_ups(walk, root)
                             r_alive = rn - r_below
                             prior = []
                             for upto in ups:
@@ -518,9 +531,28 @@ class CMLFQRouter(Router):
                     if r_ordered and ctx - walk.root_ctx - 1 < r_ordered[-1]:
                         blend = (probs, ctx, alive * n)  # type: ignore[assignment]
             elif self.beyond == "root" and root.count:
-                # the request outlived every observation at its node (`_probabilities`)
-                probs = self._bucket_probs(root, walk.root_ctx, 1.0, ctx)
-                if probs is None:
+                # the request outlived every observation at its node (`_probabilities`): `_bucket_probs(root,
+                # walk.root_ctx, 1.0, ctx)`, inline, with the request's positions of the limits in the root's window
+                r_ordered = root.ordered
+                rn = len(r_ordered)
+                i = bisect_right(r_ordered, ctx - walk.root_ctx - 1)
+                if i < rn:
+                    ups = walk.ups
+                    if ups is None or walk.ups_of is not r_ordered or walk.ups_total != root.total:
+                        ups = self._root_ups(walk, root)
+                    below = i / rn
+                    alive = 1.0 - below
+                    probs = []
+                    for j in ups:
+                        if j > i:
+                            upto = j / rn
+                            probs.append((upto - below) / alive)
+                            below, i = upto, j
+                        else:
+                            probs.append(0.0)
+                    if len(probs) < len(self.limits):
+                        probs.append((1.0 - below) / alive if below < 1.0 else 0.0)
+                else:  # it outlived them all too: the bucket of its context
                     probs = [0.0] * len(self.limits)
                     probs[self.bucket_for(ctx)] = 1.0
         if record and blend is not None:
@@ -558,6 +590,16 @@ class CMLFQRouter(Router):
         if req.migrations or ctx <= self.limits[req.bucket]:  # (`_priced_overflow`'s first test, inline)
             return req.bucket, "stay"
         return self._priced_overflow(req, probs)
+
+    def _root_ups(self, walk: _Walk, root: Node) -> list[int]:
+        """The positions of the bucket limits in the agnostic root's window for the request's anchor (the keys of
+        `_root_probs` and `_bucket_probs` at the root), kept on the walk with the window they were found in: a step
+        end's refresh sorts the root's window in place (and then its total grew) or replaces it."""
+        r_ordered = root.ordered
+        anchor = walk.root_ctx
+        ups = walk.ups = [bisect_right(r_ordered, floor(x - anchor)) for x in self._finite_limits]
+        walk.ups_of, walk.ups_total = r_ordered, root.total
+        return ups
 
     def _priced_overflow(self, req: Request, probs: list[float] | None) -> tuple[int, str]:
         """Context beyond the bucket's limit: with no statistics, promote to the bucket of the context (a cold
