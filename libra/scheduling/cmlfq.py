@@ -587,9 +587,13 @@ class CMLFQRouter(Router):
                 and top >= self.confidence - unit * tool_tokens
             ):
                 return best, "tool-return"
-        if req.migrations or ctx <= self.limits[req.bucket]:  # (`_priced_overflow`'s first test, inline)
+        if req.migrations or ctx <= self.limits[req.bucket] or not self.overflow:
             return req.bucket, "stay"
-        return self._priced_overflow(req, probs)
+        # `_priced_overflow`, inline: the context outgrew the bucket; move to the likeliest bucket if that pays for
+        # carrying the whole context (`best` is its first likeliest bucket, `mean` its `_mean_length`)
+        if best > req.bucket and top >= walk.price * ctx / mean:
+            return best, "overflow"
+        return req.bucket, "stay"
 
     def _root_ups(self, walk: _Walk, root: Node) -> list[int]:
         """The positions of the bucket limits in the agnostic root's window for the request's anchor (the keys of
