@@ -40,13 +40,18 @@ def _import_old(root: Path, into: Path):
     return libra_old
 
 
-def _side(pkg, workload: str, preset: str):
+def _side(pkg, workload: str, preset: str, learnt_by_router: bool = False):
     gen = pkg.workloads.generators.WorkloadGenerator(workload, seed=0, num_prompts=512)
     *learnt, current = [gen.step(s) for s in range(5)]
     sched = pkg.scheduling
     router = sched.make_router("cmlfq", pkg.spec.parse_buckets(SPEC[workload]), **sched.CMLFQ_PRESETS[preset])
-    for step in learnt:
-        router.tree.update(step)
+    if learnt_by_router:  # through the router contract: its step-end fits run (bench_router.py's `-learnt` case)
+        import importlib
+
+        importlib.import_module(f"{pkg.__name__}.scheduling.evaluate").replay(router, [t for s in learnt for t in s])
+    else:
+        for step in learnt:
+            router.tree.update(step)
     cases = itertools.cycle([(t, k) for t in current for k, turn in enumerate(t.turns) if turn.tool is not None])
     return router, cases, []
 
@@ -81,6 +86,7 @@ def main() -> int:
     ap.add_argument("--workloads", default="search-r1,r2e-gym")
     ap.add_argument("--rounds", type=int, default=3000)
     ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--learnt", action="store_true", help="the routers learn the four steps through replay()")
     args = ap.parse_args()
     import libra
     import libra.scheduling
@@ -93,7 +99,7 @@ def main() -> int:
         for rep in range(args.reps):
             for workload in args.workloads.split(","):
                 for preset in args.presets.split(","):
-                    sides = [_side(old, workload, preset), _side(libra, workload, preset)]
+                    sides = [_side(pkg, workload, preset, args.learnt) for pkg in (old, libra)]
                     for r in range(args.rounds + 100):  # 100 warm-up rounds
                         for side in sides if r % 2 == 0 else sides[::-1]:
                             _one(*side, rid=r, timed=r >= 100)

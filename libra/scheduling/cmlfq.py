@@ -195,6 +195,9 @@ class CMLFQRouter(Router):
         self.rule = rule
         if rule == "priced":  # its own tool-return path, the walk inline (one call less on the hot path)
             self._tool_return = self._priced  # type: ignore[method-assign]
+        # False: `_priced` finds the bucket shares by the general `_probabilities` (the reference its inline
+        # computation is tested against, tests/scheduling/test_fast_paths.py)
+        self._inline = True
         self.overflow = bool(overflow)
         self.confidence = float(confidence)
         if admit not in ("smallest", "predicted"):
@@ -468,7 +471,7 @@ class CMLFQRouter(Router):
         else:
             node = None
         ordered = node.ordered if node is not None else None
-        if not ordered or self.fallback == "scaled":  # (no node, an empty window, or scaled: the general path)
+        if not ordered or self.fallback == "scaled" or not self._inline:  # (no node, an empty window, or scaled)
             probs = self._probabilities(walk, ctx, record=record)
             blend = self._blend
         else:
@@ -506,18 +509,33 @@ class CMLFQRouter(Router):
                             if ups is None or walk.ups_of is not r_ordered or walk.ups_total != root.total:
                                 ups = self._root_ups(walk, root)
                             r_alive = rn - r_below
-                            prior = []
-                            for upto in ups:
-                                if upto > r_below:
-                                    prior.append((upto - r_below) / r_alive)
-                                    r_below = upto
-                                else:
-                                    prior.append(0.0)
-                            if len(prior) < len(self.limits):
-                                prior.append((rn - r_below) / r_alive)
-                    if prior is not None:
-                        if record:
-                            blend = (probs, prior, survivors)
+                            if not record:  # the blend alone: each bucket's mix as its prior share is found
+                                w = survivors / (survivors + shrink)
+                                v = 1.0 - w
+                                mixed = []
+                                k = 0
+                                for upto in ups:
+                                    if upto > r_below:
+                                        mixed.append(w * probs[k] + v * ((upto - r_below) / r_alive))
+                                        r_below = upto
+                                    else:
+                                        mixed.append(w * probs[k] + v * 0.0)
+                                    k += 1
+                                if k < len(probs):
+                                    mixed.append(w * probs[k] + v * ((rn - r_below) / r_alive))
+                                probs = mixed
+                            else:
+                                prior = []
+                                for upto in ups:
+                                    if upto > r_below:
+                                        prior.append((upto - r_below) / r_alive)
+                                        r_below = upto
+                                    else:
+                                        prior.append(0.0)
+                                if len(prior) < len(self.limits):
+                                    prior.append((rn - r_below) / r_alive)
+                    if prior is not None:  # (recorded, then blended)
+                        blend = (probs, prior, survivors)
                         w = survivors / (survivors + shrink)
                         v = 1.0 - w
                         probs = probs[:]

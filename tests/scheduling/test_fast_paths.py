@@ -164,3 +164,55 @@ def test_deferred_fit_records_equal_eager_ones_across_a_step_end() -> None:
             order.append(r)
     assert deferred_across > 0  # the case the test is about happened
     assert got == [record for r in order for record in expected[r]]
+
+
+def _priced_log(workload: str, inline: bool, shrink, per_step: int | None) -> tuple[list, list]:
+    """Every decision and every shrinkage record of an adaptive router over 3 seeded steps (24 prompts x 16)."""
+    from libra.workloads.generators import WorkloadGenerator
+
+    buckets = {"search-r1": "2:5000,4:15000,8:inf", "r2e-gym": "1:4000,2:12000,4:30000,8:inf"}[workload]
+    router = make_router("cmlfq", parse_buckets(buckets), **{**CMLFQ_PRESETS["adaptive"], "shrink": shrink})
+    router._inline = inline
+    records: list = []
+    if router._fit is not None:
+        router._fit.per_step = per_step
+        router._fit.choose = lambda current: 3.0  # a blend from the first warm step on, whatever the fit finds
+        fit_finish = router._fit.finish
+        router._fit.finish = lambda recs, truth: (records.extend(recs), fit_finish(recs, truth))
+    # the budget's decision points carry the shares as floats (`hi = (top - probs[a]) * mean / carried`): a change
+    # in the shares that flips no decision still shows there
+    budget_finish = router._budget.finish
+    router._budget.finish = lambda points, total: (records.append(list(points or ())), budget_finish(points, total))
+    log = []
+    gen = WorkloadGenerator(workload, seed=1, num_prompts=24)
+    rid = itertools.count()
+    for s in range(3):
+        for traj in gen.step(s):
+            r = next(rid)
+            d = router.admit(r, prompt_id=traj.prompt_id, prompt_tokens=traj.prompt_tokens)
+            log.append((d.bucket, d.reason))
+            for k, turn in enumerate(traj.turns):
+                if turn.tool is not None:
+                    d = router.on_tool_return(
+                        r,
+                        tool=turn.tool,
+                        tool_tokens=turn.tool_tokens,
+                        status=turn.tool_status,
+                        context_tokens=traj.context_after(k + 1),
+                    )
+                    log.append((d.bucket, d.migrated_tokens, d.reason))
+            router.finish(r, traj)
+        router.end_step()
+        log.append(router.price)
+    return log, records
+
+
+def test_inline_priced_path_equals_the_general_one() -> None:
+    """`_priced` computes the bucket shares inline (node choice, shares, the shrinkage blend with and without a
+    record, the beyond-root fallback): the same decisions and records as with `_probabilities` (issue 14), with a
+    fixed blend, and with a fitted one recording only part of the returns."""
+    for workload in ("search-r1", "r2e-gym"):
+        for shrink, per_step in ((3.0, None), ("auto", 300)):
+            inline = _priced_log(workload, True, shrink, per_step)
+            assert len(inline[0]) > 1000
+            assert inline == _priced_log(workload, False, shrink, per_step)
