@@ -198,6 +198,10 @@ class CMLFQRouter(Router):
         # False: `_priced` finds the bucket shares by the general `_probabilities` (the reference its inline
         # computation is tested against, tests/scheduling/test_fast_paths.py)
         self._inline = True
+        # `_root_ups`: the limits' positions in the agnostic root's window by prompt length, for that window
+        self._ups_table: dict[int, list[int]] = {}
+        self._ups_of: list[int] | None = None
+        self._ups_total = -1
         self.overflow = bool(overflow)
         self.confidence = float(confidence)
         if admit not in ("smallest", "predicted"):
@@ -616,11 +620,19 @@ class CMLFQRouter(Router):
     def _root_ups(self, walk: _Walk, root: Node) -> list[int]:
         """The positions of the bucket limits in the agnostic root's window for the request's anchor (the keys of
         `_root_probs` and `_bucket_probs` at the root), kept on the walk with the window they were found in: a step
-        end's refresh sorts the root's window in place (and then its total grew) or replaces it."""
+        end's refresh sorts the root's window in place (and then its total grew) or replaces it. Requests with the
+        same prompt length share them (a router-wide table for the current window; never modified)."""
         r_ordered = root.ordered
+        total = root.total
+        table = self._ups_table
+        if self._ups_of is not r_ordered or self._ups_total != total:
+            table = self._ups_table = {}
+            self._ups_of, self._ups_total = r_ordered, total
         anchor = walk.root_ctx
-        ups = walk.ups = [bisect_right(r_ordered, floor(x - anchor)) for x in self._finite_limits]
-        walk.ups_of, walk.ups_total = r_ordered, root.total
+        ups = table.get(anchor)
+        if ups is None:
+            ups = table[anchor] = [bisect_right(r_ordered, floor(x - anchor)) for x in self._finite_limits]
+        walk.ups, walk.ups_of, walk.ups_total = ups, r_ordered, total
         return ups
 
     def _priced_overflow(self, req: Request, probs: list[float] | None) -> tuple[int, str]:
