@@ -504,47 +504,31 @@ class CMLFQRouter(Router):
                     # only on the root's window and the request's anchor: made once per request and root window
                     r_ordered = root.ordered
                     rn = len(r_ordered)
-                    prior = None
                     if rn:
                         r_anchor = walk.root_ctx
                         r_below = bisect_right(r_ordered, ctx - r_anchor - 1)
-                        if r_below < rn:
+                        if r_below < rn:  # (else `_root_probs` is None: no blend, no record)
                             ups = walk.ups
                             if ups is None or walk.ups_of is not r_ordered or walk.ups_total != root.total:
                                 ups = self._root_ups(walk, root)
                             r_alive = rn - r_below
-                            if not record:  # the blend alone: each bucket's mix as its prior share is found
-                                w = survivors / (survivors + shrink)
-                                v = 1.0 - w
-                                mixed = []
-                                k = 0
-                                for upto in ups:
-                                    if upto > r_below:
-                                        mixed.append(w * probs[k] + v * ((upto - r_below) / r_alive))
-                                        r_below = upto
-                                    else:
-                                        mixed.append(w * probs[k] + v * 0.0)
-                                    k += 1
-                                if k < len(probs):
-                                    mixed.append(w * probs[k] + v * ((rn - r_below) / r_alive))
-                                probs = mixed
-                            else:
-                                prior = []
-                                for upto in ups:
-                                    if upto > r_below:
-                                        prior.append((upto - r_below) / r_alive)
-                                        r_below = upto
-                                    else:
-                                        prior.append(0.0)
-                                if len(prior) < len(self.limits):
-                                    prior.append((rn - r_below) / r_alive)
-                    if prior is not None:  # (recorded, then blended)
-                        blend = (probs, prior, survivors)
-                        w = survivors / (survivors + shrink)
-                        v = 1.0 - w
-                        probs = probs[:]
-                        for k, b in enumerate(prior):
-                            probs[k] = w * probs[k] + v * b
+                            if record:  # the fit's record: the root's shares are found at finish (`_resolved_calib`)
+                                blend = (probs, ctx, survivors)  # type: ignore[assignment]
+                            # each bucket's mix made as its population share is found (no prior list, no copy)
+                            w = survivors / (survivors + shrink)
+                            v = 1.0 - w
+                            mixed = []
+                            k = 0
+                            for upto in ups:
+                                if upto > r_below:
+                                    mixed.append(w * probs[k] + v * ((upto - r_below) / r_alive))
+                                    r_below = upto
+                                else:
+                                    mixed.append(w * probs[k] + v * 0.0)
+                                k += 1
+                            if k < len(probs):
+                                mixed.append(w * probs[k] + v * ((rn - r_below) / r_alive))
+                            probs = mixed
                 elif record and node is not root:
                     # the fit's record without a blend: its population shares are found when the request finishes
                     # (`_resolved_calib`), off this path. Whether there are any (a trajectory of the root's window
