@@ -14,6 +14,7 @@ import itertools
 import pytest
 
 from libra.scheduling import CMLFQ_PRESETS, PrefixTree, make_router
+from libra.scheduling.evaluate import replay
 from libra.spec import parse_buckets
 from libra.workloads.generators import WorkloadGenerator
 
@@ -32,15 +33,22 @@ def history(request):
 
 
 def _warm(history, preset: str = "published"):
-    """A C-MLFQ router whose tree learnt four steps of 512 x 16 trajectories, and the next step's trajectories."""
+    """A C-MLFQ router whose tree learnt four steps of 512 x 16 trajectories, and the next step's trajectories.
+    `PRESET-learnt`: the router itself learnt them, through the router contract (`replay`: admit, tool returns,
+    finish, end_step), so its step-end fits ran (the adaptive preset's price, shrinkage and size classes as in a
+    run); otherwise only its tree did (`tree.update`: the fits keep their initial values)."""
     workload, (*learnt, current) = history
-    router = make_router("cmlfq", BUCKETS[workload], **CMLFQ_PRESETS[preset])
-    for step in learnt:
-        router.tree.update(step)
+    name, _, how = preset.partition("-")
+    router = make_router("cmlfq", BUCKETS[workload], **CMLFQ_PRESETS[name])
+    if how == "learnt":
+        replay(router, [t for step in learnt for t in step])
+    else:
+        for step in learnt:
+            router.tree.update(step)
     return workload, router, current
 
 
-@pytest.mark.parametrize("preset", ["published", "accuracy", "priced", "adaptive"])
+@pytest.mark.parametrize("preset", ["published", "accuracy", "priced", "adaptive", "adaptive-learnt"])
 def test_on_tool_return(benchmark, history, preset) -> None:
     workload, router, current = _warm(history, preset)
     tool_turns = [(t, k) for t in current for k, turn in enumerate(t.turns) if turn.tool is not None]

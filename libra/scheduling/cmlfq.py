@@ -78,6 +78,9 @@ class _Walk:
         "price",
         "calib",
         "guesses",
+        "ups",
+        "ups_of",
+        "ups_total",
     )
 
     def __init__(self, p_node: Node | None, a_node: Node, ctx: int) -> None:
@@ -89,8 +92,15 @@ class _Walk:
         self.admitted = 0  # its bucket at admission
         self.points: list[tuple[float, float, int] | None] | None = None  # decision points, for the budget (budget.py)
         self.price = 0.0  # the price of a carried token for this request (the router's, or the budget's mix)
-        self.calib: list[tuple[list[float], list[float], float]] = []  # `shrink="auto"` records (shrinkage.py)
+        # `shrink="auto"` records (shrinkage.py): (node shares, population shares, survivors); `_priced` leaves the
+        # population shares for `_resolved_calib` (the context in their place)
+        self.calib: list[tuple[list[float], list[float] | int, float]] = []
         self.guesses: tuple[int, ...] | None = None  # `admit_select` guesses of the admission experts (experts.py)
+        # the agnostic root's window positions of the bucket limits for this request's anchor (`_priced`), and the
+        # root window (list, total) they were found in
+        self.ups: list[int] | None = None
+        self.ups_of: list[int] | None = None
+        self.ups_total = 0
 
 
 @register_router
@@ -183,6 +193,15 @@ class CMLFQRouter(Router):
         self.price = float(price)
         self.admit_margin = float(admit_margin)
         self.rule = rule
+        if rule == "priced":  # its own tool-return path, the walk inline (one call less on the hot path)
+            self._tool_return = self._priced  # type: ignore[method-assign]
+        # False: `_priced` finds the bucket shares by the general `_probabilities` (the reference its inline
+        # computation is tested against, tests/scheduling/test_fast_paths.py)
+        self._inline = True
+        # `_root_ups`: the limits' positions in the agnostic root's window by prompt length, for that window
+        self._ups_table: dict[int, list[int]] = {}
+        self._ups_of: list[int] | None = None
+        self._ups_total = -1
         self.overflow = bool(overflow)
         self.confidence = float(confidence)
         if admit not in ("smallest", "predicted"):
@@ -270,8 +289,8 @@ class CMLFQRouter(Router):
                 walk.a_exact = False
             else:
                 walk.a_node, walk.a_ctx = child, ctx
-        if self.rule == "priced":
-            return self._priced(req, ctx - tool_tokens, tool_tokens)
+        if self.rule == "priced":  # (not reached: `__init__` makes `_priced` the tool-return path of this rule)
+            return self._priced(req, tool, tool_tokens, status)
         carried = ctx - tool_tokens
         if self.rule == "probability":  # the rule reads no prediction: one is made only where the cost test needs it
             target, act = self._likeliest(walk, ctx, req.bucket)
@@ -412,26 +431,159 @@ class CMLFQRouter(Router):
             probs.append((n - below) / alive)
         return probs
 
-    def _priced(self, req: Request, carried: int, tool_tokens: int) -> tuple[int, str]:
+    def _priced(self, req: Request, tool: str, tool_tokens: int, status: str) -> tuple[int, str]:
         """The `priced` rule after a tool return (module docstring): move once, when the gain pays for the carried
-        context and the router is sure enough or waiting would carry the large return just received."""
+        context and the router is sure enough or waiting would carry the large return just received. It is the
+        router's `_tool_return` when the rule is `priced` (set in `__init__`).
+
+        The hot path of the default preset (issue 14: under 10 us a call): the walk of `_tool_return`, `_select`,
+        `_bucket_probs` (unscaled), the shrinkage blend of `_probabilities` and `_record` are written out here, each
+        call costing about as much as the work it does; the same arithmetic in the same order, so the same decisions
+        (test_golden.py, test_fast_paths.py). The `scaled` fallback and an empty window take the general path."""
+        code = self.tree.codec.encode(tool, tool_tokens, status)
         walk: _Walk = req.state
+        ctx = req.context
+        carried = ctx - tool_tokens
+        m = self.min_count
+        if walk.p_exact:  # (`_tool_return`'s walk)
+            child = walk.p_node.children.get(code)  # type: ignore[union-attr]
+            if child is None or child.count < m:
+                walk.p_exact = False
+            else:
+                walk.p_node, walk.p_ctx = child, ctx
+        if walk.a_exact:
+            child = walk.a_node.children.get(code)
+            if child is None or child.count < m:
+                walk.a_exact = False
+            else:
+                walk.a_node, walk.a_ctx = child, ctx
         fit = self._fit
         record = fit is not None and fit.taken < fit.per_step and len(walk.calib) < fit.per_request
-        probs = self._probabilities(walk, req.context, record=record)
-        if record and fit is not None and self._blend is not None:
-            walk.calib.append(self._blend)
-            fit.taken += 1
+        root = self.tree.agnostic
+        # the node that stands for the request (`_select`, inline; no `scaled` fallback here, so no scale)
+        p_node = walk.p_node
+        a_node = walk.a_node
+        p_ok = p_node is not None and p_node.count >= m
+        if p_ok and walk.p_exact:
+            node, anchor = p_node, walk.p_ctx
+        elif walk.a_exact and self.fallback == "agnostic" and a_node.count >= m:
+            node, anchor = a_node, walk.a_ctx
+        elif p_ok:
+            node, anchor = p_node, walk.p_ctx
+        elif a_node.count >= m:
+            node, anchor = a_node, walk.a_ctx
+        else:
+            node = None
+        ordered = node.ordered if node is not None else None
+        if not ordered or self.fallback == "scaled" or not self._inline:  # (no node, an empty window, or scaled)
+            probs = self._probabilities(walk, ctx, record=record)
+            blend = self._blend
+        else:
+            # `_bucket_probs(node, anchor, 1.0, ctx)`, inline (integer keys, see there)
+            blend = probs = None
+            n = len(ordered)
+            i = bisect_right(ordered, ctx - anchor - 1)
+            if i < n:
+                below = i / n
+                alive = 1.0 - below
+                probs = []
+                for limit in self._floor_limits:
+                    j = bisect_right(ordered, limit - anchor)
+                    if j > i:
+                        upto = j / n
+                        probs.append((upto - below) / alive)
+                        below, i = upto, j
+                    else:
+                        probs.append(0.0)
+                if len(probs) < len(self.limits):
+                    probs.append((1.0 - below) / alive if below < 1.0 else 0.0)
+                shrink = self.shrink
+                if shrink and node is not root:  # the blend with the population (`_probabilities`)
+                    survivors = alive * n
+                    # `_root_probs(root, walk.root_ctx, ctx)`, inline; the bisections of the bucket limits depend
+                    # only on the root's window and the request's anchor: made once per request and root window
+                    r_ordered = root.ordered
+                    rn = len(r_ordered)
+                    if rn:
+                        r_anchor = walk.root_ctx
+                        r_below = bisect_right(r_ordered, ctx - r_anchor - 1)
+                        if r_below < rn:  # (else `_root_probs` is None: no blend, no record)
+                            ups = walk.ups
+                            if ups is None or walk.ups_of is not r_ordered or walk.ups_total != root.total:
+                                ups = self._root_ups(walk, root)
+                            r_alive = rn - r_below
+                            if record:  # the fit's record: the root's shares are found at finish (`_resolved_calib`)
+                                blend = (probs, ctx, survivors)  # type: ignore[assignment]
+                            # each bucket's mix made as its population share is found (no prior list, no copy)
+                            w = survivors / (survivors + shrink)
+                            v = 1.0 - w
+                            mixed = []
+                            k = 0
+                            for upto in ups:
+                                if upto > r_below:
+                                    mixed.append(w * probs[k] + v * ((upto - r_below) / r_alive))
+                                    r_below = upto
+                                else:
+                                    mixed.append(w * probs[k] + v * 0.0)
+                                k += 1
+                            if k < len(probs):
+                                mixed.append(w * probs[k] + v * ((rn - r_below) / r_alive))
+                            probs = mixed
+                elif record and node is not root:
+                    # the fit's record without a blend: its population shares are found when the request finishes
+                    # (`_resolved_calib`), off this path. Whether there are any (a trajectory of the root's window
+                    # ran longer than the request has) is one comparison: `_root_probs` is None otherwise.
+                    r_ordered = root.ordered
+                    if r_ordered and ctx - walk.root_ctx - 1 < r_ordered[-1]:
+                        blend = (probs, ctx, alive * n)  # type: ignore[assignment]
+            elif self.beyond == "root" and root.count:
+                # the request outlived every observation at its node (`_probabilities`): `_bucket_probs(root,
+                # walk.root_ctx, 1.0, ctx)`, inline, with the request's positions of the limits in the root's window
+                r_ordered = root.ordered
+                rn = len(r_ordered)
+                i = bisect_right(r_ordered, ctx - walk.root_ctx - 1)
+                if i < rn:
+                    ups = walk.ups
+                    if ups is None or walk.ups_of is not r_ordered or walk.ups_total != root.total:
+                        ups = self._root_ups(walk, root)
+                    below = i / rn
+                    alive = 1.0 - below
+                    probs = []
+                    for j in ups:
+                        if j > i:
+                            upto = j / rn
+                            probs.append((upto - below) / alive)
+                            below, i = upto, j
+                        else:
+                            probs.append(0.0)
+                    if len(probs) < len(self.limits):
+                        probs.append((1.0 - below) / alive if below < 1.0 else 0.0)
+                else:  # it outlived them all too: the bucket of its context
+                    probs = [0.0] * len(self.limits)
+                    probs[self.bucket_for(ctx)] = 1.0
+        if record and blend is not None:
+            walk.calib.append(blend)
+            fit.taken += 1  # type: ignore[union-attr]
         points = walk.points
-        if points is not None and points and points[-1] is None:
+        if points and points[-1] is None:
             points.pop()
         if probs is None:
             return self._priced_overflow(req, probs)
         top = max(probs)
         best = probs.index(top)
-        mean = max(1.0, self.tree.agnostic.mean + req.prompt_tokens)  # _mean_length, inline
+        mean = max(1.0, root.mean + req.prompt_tokens)  # _mean_length, inline
         if points is not None:
-            self._record(req, probs, best, mean, carried, tool_tokens)
+            # `_record`, inline: the price interval in which this return would move the request out of its
+            # admission bucket (budget.py)
+            a = walk.admitted
+            if best != a:
+                hi = (top - probs[a]) * mean / carried if carried > 0 else float("inf")
+                need = self.confidence - top
+                lo = 0.0 if need <= 0 else (need * mean / tool_tokens if tool_tokens > 0 else float("inf"))
+                if lo <= hi:
+                    points.append((lo, hi, carried))
+                if self.overflow and best > a and ctx > self.limits[a]:
+                    points.append((0.0, top * mean / ctx, carried))
         if req.migrations == 0:
             current = req.bucket
             unit = walk.price / mean
@@ -441,25 +593,31 @@ class CMLFQRouter(Router):
                 and top >= self.confidence - unit * tool_tokens
             ):
                 return best, "tool-return"
-        if req.migrations or req.context <= self.limits[req.bucket]:  # (`_priced_overflow`'s first test, inline)
+        if req.migrations or ctx <= self.limits[req.bucket] or not self.overflow:
             return req.bucket, "stay"
-        return self._priced_overflow(req, probs)
+        # `_priced_overflow`, inline: the context outgrew the bucket; move to the likeliest bucket if that pays for
+        # carrying the whole context (`best` is its first likeliest bucket, `mean` its `_mean_length`)
+        if best > req.bucket and top >= walk.price * ctx / mean:
+            return best, "overflow"
+        return req.bucket, "stay"
 
-    def _record(self, req: Request, probs: list[float], best: int, mean: float, carried: int, tool_tokens: int) -> None:
-        """The price interval in which this tool return would move the request out of its admission bucket, as a
-        tool-return move or as an overflow (budget.py)."""
-        walk: _Walk = req.state
-        a = walk.admitted
-        if best == a or walk.points is None:  # callers record only while the budget watches (points is a list)
-            return
-        top = probs[best]
-        hi = (top - probs[a]) * mean / carried if carried > 0 else float("inf")
-        need = self.confidence - top
-        lo = 0.0 if need <= 0 else (need * mean / tool_tokens if tool_tokens > 0 else float("inf"))
-        if lo <= hi:
-            walk.points.append((lo, hi, carried))
-        if self.overflow and best > a and req.context > self.limits[a]:
-            walk.points.append((0.0, top * mean / req.context, carried))
+    def _root_ups(self, walk: _Walk, root: Node) -> list[int]:
+        """The positions of the bucket limits in the agnostic root's window for the request's anchor (the keys of
+        `_root_probs` and `_bucket_probs` at the root), kept on the walk with the window they were found in: a step
+        end's refresh sorts the root's window in place (and then its total grew) or replaces it. Requests with the
+        same prompt length share them (a router-wide table for the current window; never modified)."""
+        r_ordered = root.ordered
+        total = root.total
+        table = self._ups_table
+        if self._ups_of is not r_ordered or self._ups_total != total:
+            table = self._ups_table = {}
+            self._ups_of, self._ups_total = r_ordered, total
+        anchor = walk.root_ctx
+        ups = table.get(anchor)
+        if ups is None:
+            ups = table[anchor] = [bisect_right(r_ordered, floor(x - anchor)) for x in self._finite_limits]
+        walk.ups, walk.ups_of, walk.ups_total = ups, r_ordered, total
+        return ups
 
     def _priced_overflow(self, req: Request, probs: list[float] | None) -> tuple[int, str]:
         """Context beyond the bucket's limit: with no statistics, promote to the bucket of the context (a cold
@@ -560,7 +718,7 @@ class CMLFQRouter(Router):
         if self._budget is not None and req is not None and req.state.warm:
             self._budget.finish(req.state.points, trajectory.total_tokens)
         if self._fit is not None and req is not None and req.state is not None and req.state.calib:
-            self._fit.finish(req.state.calib, self.bucket_for(trajectory.total_tokens))
+            self._fit.finish(self._resolved_calib(req.state), self.bucket_for(trajectory.total_tokens))
         if self._experts is not None and req is not None and req.state.guesses is not None:
             self._experts.finish(req.state.guesses, self.bucket_for(trajectory.total_tokens), trajectory.prompt_tokens)
         super().finish(request_id, trajectory)
@@ -582,4 +740,22 @@ class CMLFQRouter(Router):
         if self._experts is not None:
             self._experts.end_step()
 
+        if self._fit is not None:  # records of requests in flight read the root's window before it changes
+            for req in self._requests.values():
+                if req.state is not None and req.state.calib:
+                    req.state.calib = self._resolved_calib(req.state)
         self.tree.update(finished)
+
+    def _resolved_calib(self, walk: _Walk) -> list[tuple[list[float], list[float], float]]:
+        """The request's `shrink="auto"` records with the population shares of those `_priced` left for later (the
+        context in their place): found in the agnostic root's window, unchanged since the record (the tree learns
+        only in `end_step`, which resolves the requests in flight first). A record whose request outlived the whole
+        window by now is dropped (only if the tree was updated under it from outside `end_step`)."""
+        out = []
+        for probs, prior, n in walk.calib:
+            if type(prior) is int:
+                prior = self._root_probs(self.tree.agnostic, walk.root_ctx, prior)
+                if prior is None:
+                    continue
+            out.append((probs, prior, n))
+        return out

@@ -113,3 +113,106 @@ def test_unscaled_bucket_probabilities_equal_the_float_formula(window, anchor, g
     node = _plain(window, 200, len(window))
     ctx = anchor + grown
     assert router._bucket_probs(node, anchor, 1.0, ctx) == _float_probs(router, node, anchor, 1.0, ctx)
+
+
+def test_deferred_fit_records_equal_eager_ones_across_a_step_end() -> None:
+    """`_priced` leaves the population shares of a `shrink="auto"` record for when the request finishes (issue 14):
+    they must be the agnostic root's shares at the time of the record (`_root_probs` then), also for a request still
+    in flight when the tree learns (end_step resolves it before the update)."""
+    from libra.workloads.generators import WorkloadGenerator
+
+    gen = WorkloadGenerator("search-r1", seed=0, num_prompts=24)
+    first, second, third = (gen.step(s) for s in range(3))
+    router = make_router("cmlfq", parse_buckets("2:5000,4:15000,8:inf"), **CMLFQ_PRESETS["adaptive"])
+    got: list = []
+    fit_finish = router._fit.finish
+    router._fit.finish = lambda records, truth: (got.extend(records), fit_finish(records, truth))
+    expected: dict = {}
+    order: list = []  # finish order, the order of the fit's records
+    deferred_across = 0
+    rid = itertools.count()
+    for step_trajs, hold in ((first, 0), (second, len(second) // 2), (third, 0)):
+        held = []
+        for i, traj in enumerate(step_trajs):
+            r = next(rid)
+            router.admit(r, prompt_id=traj.prompt_id, prompt_tokens=traj.prompt_tokens)
+            walk = router._requests[r].state
+            mine = []
+            for k, turn in enumerate(traj.turns):
+                if turn.tool is None:
+                    continue
+                before = len(walk.calib)
+                ctx = traj.context_after(k + 1)
+                router.on_tool_return(
+                    r, tool=turn.tool, tool_tokens=turn.tool_tokens, status=turn.tool_status, context_tokens=ctx
+                )
+                if len(walk.calib) > before:  # a record: its shares at this moment, the eager way
+                    own, prior, n = walk.calib[-1]
+                    if type(prior) is int:
+                        prior = router._root_probs(router.tree.agnostic, walk.root_ctx, ctx)
+                    mine.append((own, prior, n))
+            expected[r] = mine
+            if i < hold:
+                held.append((r, traj))
+                deferred_across += any(type(p) is int for _, p, _ in walk.calib)
+            else:
+                router.finish(r, traj)
+                order.append(r)
+        router.end_step()  # the tree learns with `held` still in flight
+        for r, traj in held:
+            router.finish(r, traj)
+            order.append(r)
+    assert deferred_across > 0  # the case the test is about happened
+    assert got == [record for r in order for record in expected[r]]
+
+
+def _priced_log(workload: str, inline: bool, shrink, per_step: int | None) -> tuple[list, list]:
+    """Every decision and every shrinkage record of an adaptive router over 3 seeded steps (24 prompts x 16)."""
+    from libra.workloads.generators import WorkloadGenerator
+
+    buckets = {"search-r1": "2:5000,4:15000,8:inf", "r2e-gym": "1:4000,2:12000,4:30000,8:inf"}[workload]
+    router = make_router("cmlfq", parse_buckets(buckets), **{**CMLFQ_PRESETS["adaptive"], "shrink": shrink})
+    router._inline = inline
+    records: list = []
+    if router._fit is not None:
+        router._fit.per_step = per_step
+        router._fit.choose = lambda current: 3.0  # a blend from the first warm step on, whatever the fit finds
+        fit_finish = router._fit.finish
+        router._fit.finish = lambda recs, truth: (records.extend(recs), fit_finish(recs, truth))
+    # the budget's decision points carry the shares as floats (`hi = (top - probs[a]) * mean / carried`): a change
+    # in the shares that flips no decision still shows there
+    budget_finish = router._budget.finish
+    router._budget.finish = lambda points, total: (records.append(list(points or ())), budget_finish(points, total))
+    log = []
+    gen = WorkloadGenerator(workload, seed=1, num_prompts=24)
+    rid = itertools.count()
+    for s in range(3):
+        for traj in gen.step(s):
+            r = next(rid)
+            d = router.admit(r, prompt_id=traj.prompt_id, prompt_tokens=traj.prompt_tokens)
+            log.append((d.bucket, d.reason))
+            for k, turn in enumerate(traj.turns):
+                if turn.tool is not None:
+                    d = router.on_tool_return(
+                        r,
+                        tool=turn.tool,
+                        tool_tokens=turn.tool_tokens,
+                        status=turn.tool_status,
+                        context_tokens=traj.context_after(k + 1),
+                    )
+                    log.append((d.bucket, d.migrated_tokens, d.reason))
+            router.finish(r, traj)
+        router.end_step()
+        log.append(router.price)
+    return log, records
+
+
+def test_inline_priced_path_equals_the_general_one() -> None:
+    """`_priced` computes the bucket shares inline (node choice, shares, the shrinkage blend with and without a
+    record, the beyond-root fallback): the same decisions and records as with `_probabilities` (issue 14), with a
+    fixed blend, and with a fitted one recording only part of the returns."""
+    for workload in ("search-r1", "r2e-gym"):
+        for shrink, per_step in ((3.0, None), ("auto", 300)):
+            inline = _priced_log(workload, True, shrink, per_step)
+            assert len(inline[0]) > 1000
+            assert inline == _priced_log(workload, False, shrink, per_step)

@@ -1,0 +1,118 @@
+"""Old against new `on_tool_return`, interleaved call by call in one process (a loaded machine slows both alike).
+
+    git archive main | tar -x -C /tmp/old            # the old code, unpacked
+    PYTHONPATH=$PWD nice -n 19 python benchmarks/router_compare.py /tmp/old --presets adaptive,published --reps 2
+
+The old package is copied to a temporary folder as `libra_old` (its imports rewritten) and imported next to this
+worktree's `libra`. For each workload and preset both routers' trees learn the same four synthetic steps of 512 x 16
+trajectories (`tree.update`, as benchmarks/bench_router.py does); then round by round each router gets the same next
+tool return (the request walked down to it untimed, as there), timed with `perf_counter_ns`, old and new taking
+turns to go first. Prints the median of each and the median of the per-call ratios new / old, with the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SPEC = {"search-r1": "2:5000,4:15000,8:inf", "r2e-gym": "1:4000,2:12000,4:30000,8:inf"}
+
+
+def _import_old(root: Path, into: Path):
+    dst = into / "libra_old"
+    shutil.copytree(root / "libra", dst)
+    pattern = re.compile(r"\b(from|import) libra\b")
+    for path in dst.rglob("*.py"):
+        text = path.read_text()
+        path.write_text(pattern.sub(r"\1 libra_old", text).replace('"libra.', '"libra_old.'))
+    sys.path.insert(0, str(into))
+    import libra_old.scheduling
+    import libra_old.spec
+    import libra_old.workloads.generators
+
+    return libra_old
+
+
+def _side(pkg, workload: str, preset: str, learnt_by_router: bool = False):
+    gen = pkg.workloads.generators.WorkloadGenerator(workload, seed=0, num_prompts=512)
+    *learnt, current = [gen.step(s) for s in range(5)]
+    sched = pkg.scheduling
+    router = sched.make_router("cmlfq", pkg.spec.parse_buckets(SPEC[workload]), **sched.CMLFQ_PRESETS[preset])
+    if learnt_by_router:  # through the router contract: its step-end fits run (bench_router.py's `-learnt` case)
+        import importlib
+
+        importlib.import_module(f"{pkg.__name__}.scheduling.evaluate").replay(router, [t for s in learnt for t in s])
+    else:
+        for step in learnt:
+            router.tree.update(step)
+    cases = itertools.cycle([(t, k) for t in current for k, turn in enumerate(t.turns) if turn.tool is not None])
+    return router, cases, []
+
+
+def _one(router, cases, times, rid: int, timed: bool) -> None:
+    traj, k = next(cases)
+    call = router.on_tool_return
+    router.admit(rid, prompt_id=traj.prompt_id, prompt_tokens=traj.prompt_tokens)
+    for j in range(k):
+        turn = traj.turns[j]
+        call(
+            rid,
+            tool=turn.tool,
+            tool_tokens=turn.tool_tokens,
+            status=turn.tool_status,
+            context_tokens=traj.context_after(j + 1),
+        )
+    turn = traj.turns[k]
+    kw = {"tool": turn.tool, "tool_tokens": turn.tool_tokens, "status": turn.tool_status}
+    ctx = traj.context_after(k + 1)
+    t0 = time.perf_counter_ns()
+    call(rid, context_tokens=ctx, **kw)
+    t1 = time.perf_counter_ns()
+    if timed:
+        times.append(t1 - t0)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("old", type=Path, help="an unpacked tree of the old code (holding libra/)")
+    ap.add_argument("--presets", default="adaptive,published,priced,accuracy")
+    ap.add_argument("--workloads", default="search-r1,r2e-gym")
+    ap.add_argument("--rounds", type=int, default=3000)
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--learnt", action="store_true", help="the routers learn the four steps through replay()")
+    args = ap.parse_args()
+    import libra
+    import libra.scheduling
+    import libra.spec
+    import libra.workloads.generators
+
+    with tempfile.TemporaryDirectory() as tmp:
+        old = _import_old(args.old, Path(tmp))
+        print(f"new {Path(libra.__file__).parent}, old {args.old / 'libra'}")
+        for rep in range(args.reps):
+            for workload in args.workloads.split(","):
+                for preset in args.presets.split(","):
+                    sides = [_side(pkg, workload, preset, args.learnt) for pkg in (old, libra)]
+                    for r in range(args.rounds + 100):  # 100 warm-up rounds
+                        for side in sides if r % 2 == 0 else sides[::-1]:
+                            _one(*side, rid=r, timed=r >= 100)
+                    (_, _, a), (_, _, b) = sides
+                    ratio = statistics.median(y / x for x, y in zip(a, b))
+                    load = Path("/proc/loadavg").read_text().split()[0]
+                    print(
+                        f"{rep} {workload:10s} {preset:10s} old {statistics.median(a) / 1e3:6.2f} us  "
+                        f"new {statistics.median(b) / 1e3:6.2f} us  per-call new/old {ratio:.3f}  load {load}",
+                        flush=True,
+                    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
