@@ -51,7 +51,7 @@ from typing import Any
 from libra.scheduling.budget import MigrationBudget
 from libra.scheduling.experts import AdmitExperts
 from libra.scheduling.presets import CMLFQ_PRESETS, DEFAULT_PRESET, RULES
-from libra.scheduling.router import Request, Router, register_router
+from libra.scheduling.router import Request, RouteDecision, Router, register_router
 from libra.scheduling.shrinkage import ShrinkFit
 from libra.scheduling.states import DEFAULT_SIZE_EDGES
 from libra.scheduling.tree import Node, PrefixTree
@@ -137,9 +137,18 @@ class CMLFQRouter(Router):
         shrink: float | str = 0.0,
         budget_mix: bool = False,
         admit_select: bool = False,
+        ceiling: float | None = None,
         seed: int = 0,
     ) -> None:
         super().__init__(buckets)
+        # `ceiling`: every move of the run together carries at most this share of the tokens seen so far (so never
+        # more than it of the run's tokens), whatever the budget's price does when the workload drifts; a move past
+        # it is declined (the request stays, as if the price had said no)
+        if ceiling is not None and not 0 < ceiling <= 1:
+            raise SpecError(f"cmlfq: ceiling must be in (0, 1] or None, got {ceiling!r}")
+        self.ceiling = None if ceiling is None else float(ceiling)
+        self._carried_total = 0
+        self._finished_total = 0
         # `admit_select`: admit on the evidence (tree, prompt history, population) that would have named
         # the final bucket of the last steps' requests most often (experts.py); it acts where the priced rule admits
         # (rule="priced", admit="predicted") and is inert otherwise, as the budget options are for the other rules
@@ -711,8 +720,20 @@ class CMLFQRouter(Router):
         return self._overflow(req, None if pred is None else pred[0])
 
     # -- the budget: the price of a carried token is set from the observed costs of moving (budget.py) ----------
+    def _move(self, req: Request, target: int, carried: int, reason: str) -> RouteDecision:
+        if target != req.bucket and self.ceiling is not None:
+            # the tokens seen: the finished requests' and the contexts of those in flight (each at most its
+            # final length, so the share of the whole run stays within the ceiling too)
+            seen = self._finished_total + sum(r.context for r in self._requests.values())
+            if self._carried_total + max(0, carried) > self.ceiling * seen:
+                target, reason = req.bucket, "stay"
+            else:
+                self._carried_total += max(0, carried)
+        return super()._move(req, target, carried, reason)
+
     def finish(self, request_id, trajectory: Trajectory) -> None:
         req = self._requests.get(request_id)
+        self._finished_total += trajectory.total_tokens
         if self.cold == "budget" and req is not None and not req.state.warm:
             self._cold_finished += trajectory.total_tokens
         if self._budget is not None and req is not None and req.state.warm:

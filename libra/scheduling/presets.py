@@ -30,6 +30,7 @@ PUBLISHED_OPTIONS: dict[str, Any] = {
     "shrink": 0.0,
     "budget_mix": False,
     "admit_select": False,
+    "ceiling": None,
 }
 _PRESETS: dict[str, dict[str, Any]] = {
     # the published rule: start small, move when the buckets of the predicted mean and P90 agree
@@ -61,8 +62,9 @@ _PRESETS: dict[str, dict[str, Any]] = {
     # (budget.py; the published figure); a request that outlives every observation at its node falls back to the
     # survival statistics of all trajectories; with nothing learnt yet it promotes overflows within the budget
     # (cold="budget"); it admits on the evidence (tree, prompt history, population) that was right most often on
-    # the last steps (admit_select, experts.py). Its structure was chosen leave-one-source-out on real agent
-    # traces (docs/routing.md).
+    # the last steps (admit_select, experts.py); whatever the price does when the workload drifts, the moves of the
+    # run never carry more than 12 % of its tokens (ceiling: 1.5x the budget, the bound of issue 14). Its
+    # structure was chosen leave-one-source-out on real agent traces (docs/routing.md).
     "adaptive": {
         "rule": "priced",
         "price": 1.0,
@@ -78,6 +80,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "shrink": "auto",
         "budget_mix": True,
         "admit_select": True,
+        "ceiling": 0.12,
     },
 }
 CMLFQ_PRESETS: dict[str, dict[str, Any]] = {name: {**PUBLISHED_OPTIONS, **opts} for name, opts in _PRESETS.items()}
