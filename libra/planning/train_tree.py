@@ -187,6 +187,16 @@ class TrainingSearch:
     def frontier(self, max_gpus: int) -> tuple[np.ndarray, list[TrainConfig | None]]:
         """`times[t]` = best step time on exactly t GPUs (inf where no layout exists), t = 0..max_gpus, and the
         layout achieving it. Same validity rules and tie order as `best`; exhaustive over DP, vectorised."""
+        times, owners = self.frontier_owners(max_gpus)
+        return times, [self.config_of(o) for o in owners]
+
+    def config_of(self, owner: tuple[Shape, int] | None) -> TrainConfig | None:
+        """The layout of one `frontier_owners` entry (None for None)."""
+        return None if owner is None else self._leaf(owner[0], owner[1])
+
+    def frontier_owners(self, max_gpus: int) -> tuple[np.ndarray, list[tuple[Shape, int] | None]]:
+        """`frontier` with each layout as its (shape, dp) owner, built into a `TrainConfig` only on demand
+        (`config_of`): the planner reads one of the up to `max_gpus` layouts."""
         times = np.full(max_gpus + 1, np.inf)
         owner: list[tuple[Shape, int] | None] = [None] * (max_gpus + 1)
         cm, b, n = self.cm, self.batch, self.batch.num_sequences
@@ -214,5 +224,4 @@ class TrainingSearch:
             for g, d, value in zip(gpus[better], dps[better], t[better]):
                 times[g] = value
                 owner[g] = (shape, int(d))
-        configs = [None if o is None else self._leaf(o[0], o[1]) for o in owner]
-        return times, configs
+        return times, owner
