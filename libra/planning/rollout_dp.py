@@ -315,11 +315,12 @@ def _row_blocks(caps: np.ndarray, size: int) -> list[slice]:
     each."""
     blocks, start, width = [], 0, 0
     for r, cap in enumerate(caps.tolist()):
-        if r > start and (r - start + 1) * max(width, cap) > size:
+        wider = cap if cap > width else width
+        if r > start and (r - start + 1) * wider > size:
             blocks.append(slice(start, r))
             start, width = r, cap
         else:
-            width = max(width, cap)
+            width = wider
     if start < len(caps):
         blocks.append(slice(start, len(caps)))
     return blocks
