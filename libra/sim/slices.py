@@ -62,6 +62,7 @@ class SliceDecode:
     _last: tuple[np.ndarray, np.ndarray] | None
     _later_debt: np.ndarray
     _own_debt: np.ndarray
+    _live: np.ndarray
     _occupancy: np.ndarray
     _freed: tuple[np.ndarray, np.ndarray]
     _by_state: dict
@@ -117,24 +118,9 @@ class SliceDecode:
         self.capacity_tokens += self._capacity(t, dt, running)
         self.debt = np.maximum(0.0, self.debt - dt) + self._later_debt
 
-    def _save(self) -> tuple:
+    def _pass_arrays(self) -> tuple[np.ndarray, ...]:
+        """The per-request arrays a decode pass writes (only at requests not DONE when the slice began, `_live`)."""
         return (
-            self.state.copy(),
-            self.turn.copy(),
-            self.rem.copy(),
-            self.ctx.copy(),
-            self.pending.copy(),
-            self.ready.copy(),
-            self.finish.copy(),
-            self.lag.copy(),
-            self.moved.copy(),
-            self._own_debt.copy(),
-            self._freed,
-            self.decoded,
-        )
-
-    def _restore(self, saved: tuple) -> None:
-        (
             self.state,
             self.turn,
             self.rem,
@@ -145,9 +131,19 @@ class SliceDecode:
             self.lag,
             self.moved,
             self._own_debt,
-            self._freed,
-            self.decoded,
-        ) = saved
+        )
+
+    def _save(self) -> tuple:
+        # only the requests a pass can touch: in a rollout's long tail a few percent of them
+        live = self._live
+        at = slice(None) if 2 * live.size > self.state.size else live
+        values = tuple(a.copy() if isinstance(at, slice) else a[at] for a in self._pass_arrays())
+        return at, values, self._freed, self.decoded
+
+    def _restore(self, saved: tuple) -> None:
+        at, values, self._freed, self.decoded = saved
+        for array, value in zip(self._pass_arrays(), values, strict=True):
+            array[at] = value
         self._by_state.clear()
         self._later_debt = np.zeros(len(self.inst))
 
