@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections import OrderedDict
 
 import attrs
 import numpy as np
 
 from libra.planning.cost import BatchStats, CostCoefficients, CostModel
 from libra.planning.replan import ReplanDecision, ReplanGate
-from libra.planning.rollout_dp import ROUTINGS, BucketChoice, RolloutTable, bisect_min
+from libra.planning.rollout_dp import ROUTINGS, BucketChoice, CountBracket, RolloutTable, bisect_min
 from libra.planning.train_tree import TrainingSearch, TreeOptions
 from libra.spec import (
     TP_DEGREES,
@@ -66,8 +65,8 @@ class _Tables:
         cm, g = planner.cost_model, planner.cluster.num_gpus
         self.batch = planner.batch_stats(profile)
         self.search = TrainingSearch(cm, self.batch, planner.options.tree)
-        times, configs = self.search.frontier(g)
-        self.train_times, self.train_configs = times, configs
+        times, owners = self.search.frontier_owners(g)  # layouts built on demand (`best_train_config`)
+        self.train_times, self._train_owners = times, owners
         self.train_runmin = np.minimum.accumulate(times)
         scaled = attrs.evolve(profile, requests_per_step=planner.rl.global_batch)
         self.groups = scaled.groups(planner.options.num_groups)
@@ -89,7 +88,7 @@ class _Tables:
     def best_train_config(self, gpus: int) -> TrainConfig:
         """The best layout on at most `gpus` GPUs (the running minimum's owner)."""
         t = int(np.argmin(self.train_times[: gpus + 1]))
-        config = self.train_configs[t]
+        config = self.search.config_of(self._train_owners[t])
         assert config is not None
         return config
 
@@ -110,7 +109,9 @@ class GlobalPlanner:
         self.rl = rl or RLSettings()
         self.options = options or PlannerOptions()
         self.cost_model = CostModel(cluster, model, coeffs)
-        self._cache: OrderedDict[tuple, _Tables] = OrderedDict()
+        # memoised tables, oldest first: a short list searched by identity, then equality, so a cold plan never
+        # hashes the profile (its per-trajectory tuples cost more to hash than the training frontier to build)
+        self._cache: list[tuple[WorkloadProfile, tuple[int, ...], _Tables]] = []
 
     def batch_stats(self, profile: WorkloadProfile) -> BatchStats:
         lengths = np.minimum(np.asarray(profile.total_lengths), self.rl.max_model_len)
@@ -132,13 +133,12 @@ class GlobalPlanner:
         tps = tuple(tp for tp in tps if tp not in split)  # defaults the model cannot use are left out
         if not tps:
             raise SpecError(f"no rollout TP degree divides the {m.num_heads} attention heads of {m.name}")
-        key = (profile, tps)
-        if key not in self._cache:
-            self._cache[key] = _Tables(self, profile, tps)
-            while len(self._cache) > self.options.cache_size:
-                self._cache.popitem(last=False)
-        self._cache.move_to_end(key)
-        return self._cache[key]
+        cache = self._cache
+        hit = next((k for k, (p, t, _) in enumerate(cache) if t == tps and (p is profile or p == profile)), None)
+        entry = cache.pop(hit) if hit is not None else (profile, tps, _Tables(self, profile, tps))
+        cache.append(entry)
+        del cache[: max(0, len(cache) - self.options.cache_size)]
+        return entry[2]
 
     # --- the search -------------------------------------------------------------------------------------------
     def plan(
@@ -150,10 +150,11 @@ class GlobalPlanner:
         if not 2 <= budget <= self.cluster.num_gpus:
             raise SpecError(f"num_gpus must be between 2 and {self.cluster.num_gpus}, got {budget}")
         tab = self.tables(profile, tp_degrees)
+        bracket = CountBracket()  # each probe's counts narrow the next probe's search (same answers)
 
         def feasible(limit: float) -> bool:
             t = tab.train_gpus_within(limit)
-            return t is not None and t < budget and t + tab.rollout.min_gpus(limit)[0] <= budget
+            return t is not None and t < budget and t + tab.rollout.min_gpus(limit, bracket)[0] <= budget
 
         hi = self._upper_bound(tab, budget, feasible)
         lo = float(tab.train_runmin[budget - 1]) * (1.0 - 1e-12)  # no plan trains faster than on G - 1 GPUs
@@ -162,13 +163,13 @@ class GlobalPlanner:
 
         def candidates(a: float, b: float) -> np.ndarray:
             train = tab.train_runmin[(tab.train_runmin > a) & (tab.train_runmin <= b)]
-            return np.unique(np.concatenate([train, tab.rollout.candidates(a, b)]))
+            return np.unique(np.concatenate([train, tab.rollout.candidates(a, b, bracket)]))
 
         best = bisect_min(feasible, lo, hi, candidates=candidates)
         train_gpus = tab.train_gpus_within(best)
         assert train_gpus is not None
         train = tab.best_train_config(train_gpus)
-        _, buckets = tab.rollout.min_gpus(best)
+        _, buckets = tab.rollout.min_gpus(best, bracket)
         rollout_gpus = budget - train.num_gpus
         if self.options.fill_spare_gpus:
             buckets = self._fill_spares(tab.rollout, buckets, rollout_gpus)

@@ -57,6 +57,30 @@ class BucketChoice:
     time_s: float
 
 
+class CountBracket:
+    """The per-range positions `RolloutTable` found for earlier limits of one search: the positions for a new
+    limit lie between those of the nearest larger and the nearest smaller limit seen (times never increase within a
+    range), so a bisection's later probes search a few entries per range instead of the whole range."""
+
+    def __init__(self) -> None:
+        self._limits: list[float] = []
+        self._positions: list[np.ndarray] = []
+
+    def window(self, table: RolloutTable, limit: float) -> tuple[np.ndarray, np.ndarray]:
+        floor, ceil = table._all_starts, table._all_ends
+        above = [k for k, x in enumerate(self._limits) if x >= limit]
+        below = [k for k, x in enumerate(self._limits) if x <= limit]
+        if above:
+            floor = self._positions[min(above, key=self._limits.__getitem__)]
+        if below:
+            ceil = self._positions[max(below, key=self._limits.__getitem__)]
+        return floor, ceil
+
+    def add(self, limit: float, positions: np.ndarray) -> None:
+        self._limits.append(limit)
+        self._positions.append(positions)
+
+
 class RolloutTable:
     """Bucket times for every contiguous range of groups, TP degree and instance count (flat ragged arrays)."""
 
@@ -179,24 +203,39 @@ class RolloutTable:
         q = self.num_groups
         return start * (2 * q + 1 - start) // 2 + (stop - start - 1)
 
-    def min_counts(self, limit: float) -> dict[int, np.ndarray]:
-        """tp -> per range, the fewest instances finishing within `limit` (0 = impossible)."""
+    def min_counts(self, limit: float, bracket: CountBracket | None = None) -> dict[int, np.ndarray]:
+        """tp -> per range, the fewest instances finishing within `limit` (0 = impossible). `bracket` (earlier
+        limits' answers) narrows the search; the answer is the same with or without it."""
+        pos = self._first_within(limit, bracket)
         starts, ends = self._all_starts, self._all_ends
-        pos = starts.copy()  # binary lifting inside every range at once: times never increase within a range
-        if len(self._all_times):
-            last = len(self._all_times) - 1
-            for step in self._levels:
-                cand = pos + step
-                move = (cand <= ends) & (self._all_times[np.minimum(cand - 1, last)] > limit)
-                pos = np.where(move, cand, pos)
         slower, caps = pos - starts, ends - starts  # per range, how many counts are slower than `limit`
         counts = np.where((caps > 0) & (slower < caps), slower + 1, 0)
         return dict(zip(self.times, np.split(counts, len(self.times)), strict=True)) if self.times else {}
 
-    def min_gpus(self, limit: float) -> tuple[float, list[BucketChoice]]:
-        """M(limit): fewest GPUs so that every bucket finishes within `limit`, and the buckets achieving it."""
+    def _first_within(self, limit: float, bracket: CountBracket | None) -> np.ndarray:
+        """Per range (all TP degrees end to end), the position in `_all_times` of its first count finishing within
+        `limit` (the range's end when none does): binary lifting inside every range at once, as times never
+        increase within a range. Between the answers for a larger limit (`floor`: every position before it is
+        slower than that limit, so slower than this one) and a smaller one (`ceil`)."""
+        floor, ceil = (self._all_starts, self._all_ends) if bracket is None else bracket.window(self, limit)
+        pos = floor.copy()
+        if len(self._all_times):
+            last = len(self._all_times) - 1
+            widest = int(max(ceil - floor, default=0))
+            levels = self._levels if bracket is None else self._levels[self._levels <= max(widest, 1)]
+            for step in levels:
+                cand = pos + step
+                move = (cand <= ceil) & (self._all_times[np.minimum(cand - 1, last)] > limit)
+                pos = np.where(move, cand, pos)
+        if bracket is not None:
+            bracket.add(limit, pos)
+        return pos
+
+    def min_gpus(self, limit: float, bracket: CountBracket | None = None) -> tuple[float, list[BucketChoice]]:
+        """M(limit): fewest GPUs so that every bucket finishes within `limit`, and the buckets achieving it
+        (`bracket`: as for `min_counts`)."""
         q = self.num_groups
-        counts = self.min_counts(limit)
+        counts = self.min_counts(limit, bracket)
         cost = np.full(len(self.starts), np.inf)
         choice_tp = np.zeros(len(self.starts), dtype=int)
         for tp in self.tp_degrees:  # ascending TP: ties keep the smaller degree
@@ -247,10 +286,20 @@ class RolloutTable:
             best = np.minimum(best, np.where(max_total <= self.cost.kv_capacity_tokens(tp), work, np.inf))
         return float(best.sum())
 
-    def candidates(self, lo: float, hi: float) -> np.ndarray:
-        """Every bucket time in (lo, hi]: the optimum lies among them or among the training times."""
-        found = [times[(times > lo) & (times <= hi)] for times in self.times.values()]
-        return np.unique(np.concatenate(found)) if found else np.empty(0)
+    def candidates(self, lo: float, hi: float, bracket: CountBracket | None = None) -> np.ndarray:
+        """Every bucket time in (lo, hi]: the optimum lies among them or among the training times. With a
+        `bracket`, read from the positions of both limits (within a range the times in (lo, hi] lie between the
+        first within hi and the first within lo) rather than by scanning the whole table; the same values."""
+        if bracket is None or not len(self._all_times):
+            found = [times[(times > lo) & (times <= hi)] for times in self.times.values()]
+            return np.unique(np.concatenate(found)) if found else np.empty(0)
+        first = self._first_within(hi, bracket)
+        width = self._first_within(lo, bracket) - first
+        keep = width > 0
+        first, width = first[keep], width[keep]
+        offsets = np.cumsum(width) - width  # each range's run laid end to end: index = first + (k - offset)
+        index = np.arange(int(width.sum())) + np.repeat(first - offsets, width)
+        return np.unique(self._all_times[index])
 
     def instance_groups(self, buckets: list[BucketChoice]) -> tuple[InstanceGroup, ...]:
         out = []
@@ -266,11 +315,12 @@ def _row_blocks(caps: np.ndarray, size: int) -> list[slice]:
     each."""
     blocks, start, width = [], 0, 0
     for r, cap in enumerate(caps.tolist()):
-        if r > start and (r - start + 1) * max(width, cap) > size:
+        wider = cap if cap > width else width
+        if r > start and (r - start + 1) * wider > size:
             blocks.append(slice(start, r))
             start, width = r, cap
         else:
-            width = max(width, cap)
+            width = wider
     if start < len(caps):
         blocks.append(slice(start, len(caps)))
     return blocks

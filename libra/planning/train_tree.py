@@ -187,17 +187,31 @@ class TrainingSearch:
     def frontier(self, max_gpus: int) -> tuple[np.ndarray, list[TrainConfig | None]]:
         """`times[t]` = best step time on exactly t GPUs (inf where no layout exists), t = 0..max_gpus, and the
         layout achieving it. Same validity rules and tie order as `best`; exhaustive over DP, vectorised."""
+        times, owners = self.frontier_owners(max_gpus)
+        return times, [self.config_of(o) for o in owners]
+
+    def config_of(self, owner: tuple[Shape, int] | None) -> TrainConfig | None:
+        """The layout of one `frontier_owners` entry (None for None)."""
+        return None if owner is None else self._leaf(owner[0], owner[1])
+
+    def frontier_owners(self, max_gpus: int) -> tuple[np.ndarray, list[tuple[Shape, int] | None]]:
+        """`frontier` with each layout as its (shape, dp) owner, built into a `TrainConfig` only on demand
+        (`config_of`): the planner reads one of the up to `max_gpus` layouts."""
         times = np.full(max_gpus + 1, np.inf)
-        owner: list[tuple[Shape, int] | None] = [None] * (max_gpus + 1)
+        owner_shape = np.full(max_gpus + 1, -1)  # per GPU count, the index in `shapes` of the owner, and its DP
+        owner_dp = np.zeros(max_gpus + 1, dtype=int)
+        shapes: list[Shape] = []
         cm, b, n = self.cm, self.batch, self.batch.num_sequences
+        valid: dict[tuple[int, int, int], np.ndarray] = {}  # DP degrees per (TP x PP block, EP, micro-batch)
         for shape in self.shapes():
             block = shape.tp * shape.pp
-            dps = np.arange(1, max_gpus // block + 1)
-            if dps.size == 0:
-                continue
-            ok = (n % dps == 0) & (dps % shape.ep == 0)
-            ok &= (n // np.maximum(dps, 1)) % shape.micro_batch == 0
-            dps = dps[ok]
+            key = (block, shape.ep, shape.micro_batch)
+            dps = valid.get(key)
+            if dps is None:
+                dps = np.arange(1, max_gpus // block + 1)
+                ok = (n % dps == 0) & (dps % shape.ep == 0)
+                ok &= (n // np.maximum(dps, 1)) % shape.micro_batch == 0
+                dps = valid[key] = dps[ok]
             if dps.size == 0:
                 continue
             mem = cm.training.memory_bytes(shape.tp, shape.pp, dps, shape.ep, shape.micro_batch, shape.recompute, b)
@@ -210,9 +224,11 @@ class TrainingSearch:
                 cm.training.step_time(shape.tp, shape.pp, dps, shape.ep, shape.micro_batch, shape.recompute, b)
             )
             gpus = dps * block
-            better = t < times[gpus]
-            for g, d, value in zip(gpus[better], dps[better], t[better]):
-                times[g] = value
-                owner[g] = (shape, int(d))
-        configs = [None if o is None else self._leaf(o[0], o[1]) for o in owner]
-        return times, configs
+            better = t < times[gpus]  # one shape's GPU counts are distinct: the same as entry by entry
+            if better.any():
+                won = gpus[better]
+                times[won], owner_shape[won], owner_dp[won] = t[better], len(shapes), dps[better]
+                shapes.append(shape)
+        owners = owner_shape.tolist()
+        dp_of = owner_dp.tolist()
+        return times, [None if k < 0 else (shapes[k], dp_of[g]) for g, k in enumerate(owners)]

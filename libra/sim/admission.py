@@ -161,27 +161,32 @@ class Admission:
             order = np.concatenate([order, under_way[np.argsort(self.ready[waiting[under_way]], kind="stable")]])
         pool_all = waiting[order]
         pool_all = pool_all[inst.ready_at[self.where[pool_all]] <= t]  # an instance still starting keeps its queue
-        home = inst.bucket[self.where[pool_all]]
+        # per candidate, read once: nothing the loop changes (it moves only requests it takes, which leave the pool)
+        where_pool, ctx_pool = self.where[pool_all], self.ctx[pool_all]
+        home = inst.bucket[where_pool]
+        stuck = np.flatnonzero(~self.fresh[pool_all])  # turns under way
+        stuck_wait = t - self.ready[pool_all[stuck]]
+        ripe_by_tp: dict[int, np.ndarray] = {}
         taken = np.zeros(pool_all.size, bool)
+        left = pool_all.size
         for k in thieves[np.argsort(inst.bucket[thieves], kind="stable")]:  # the smallest bucket first
-            pool = np.flatnonzero(~taken & (home <= inst.bucket[k]) & (self.where[pool_all] != k))
+            if left == 0:
+                break
+            tp = int(inst.tp[k])
+            ripe = ripe_by_tp.get(tp)
+            if ripe is None:  # rent or buy: move a stuck turn only once its wait has cost as much as the move
+                ripe = ripe_by_tp[tp] = np.ones(pool_all.size, bool)
+                ctx = ctx_pool[stuck]
+                ripe[stuck] = stuck_wait >= self.rc.prefill_time(tp, ctx, ctx / 2.0)
+            pool = np.flatnonzero(~taken & (home <= inst.bucket[k]) & (where_pool != k) & ripe)
             if pool.size == 0:
                 continue
-            reqs = pool_all[pool]
-            under_way = ~self.fresh[reqs]
-            if under_way.any():  # rent or buy: move a stuck turn only once its wait has cost as much as the move
-                ctx = self.ctx[reqs[under_way]]
-                move_s = self.rc.prefill_time(int(inst.tp[k]), ctx, ctx / 2.0)
-                ripe = np.ones(pool.size, bool)
-                ripe[under_way] = t - self.ready[reqs[under_way]] >= move_s
-                pool = pool[ripe]
-                if pool.size == 0:
-                    continue
-            ctx = self.ctx[pool_all[pool]]
+            ctx = ctx_pool[pool]
             free = room[k] - self.c.kv_headroom_seqs * float(ctx.mean())  # the headroom admission keeps
             n = min(int(np.searchsorted(np.cumsum(ctx), free, side="right")), int(seats[k]))
             chosen = pool[: max(n, 1)]
             taken[chosen] = True
+            left -= chosen.size
             reqs = pool_all[chosen]
             under_way = reqs[~self.fresh[reqs]]
             self.pending[under_way] = self.ctx[under_way]  # re-prefill the whole context on the new instance

@@ -226,31 +226,102 @@ class RolloutCost:
         queued_share,
     ):
         """`instance_time_grid`'s body: `expand` lays a per-row array out as a column that broadcasts against the
-        row of shares."""
-        per_row = lambda x: np.broadcast_to(np.asarray(x, dtype=float), (rows,))  # noqa: E731
+        row of shares. Each grid-sized term is computed into a buffer that later terms overwrite (`out=`), with
+        the operations and operand order of `instance_time`, so the same bits with far less memory traffic."""
+
+        def per_row(x):
+            x = np.asarray(x, dtype=float)
+            return x if x.shape == (rows,) else np.broadcast_to(x, (rows,))
+
         ex = lambda x: expand(per_row(x))  # noqa: E731  (row value for every entry)
-        c, m = self.c, self.model
+        c, m, g = self.c, self.model, self.gpu
         resident = per_row(resident_context)
         kv_limit = self.kv_limit(tp, resident)
         num = ex(num_requests) / shares
-        batch = np.maximum(1.0, np.minimum(ex(np.minimum(c.max_num_seqs, kv_limit)), num))
-        fresh = ex(new_requests) / shares
-        kv_bound = ex(kv_limit) < np.minimum(c.max_num_seqs, num)
-        churn = np.where(kv_bound, 1.0 + np.minimum(c.preemption_factor / batch, c.max_churn), 1.0)
+        batch = np.minimum(ex(np.minimum(c.max_num_seqs, kv_limit)), num)
+        np.maximum(1.0, batch, out=batch)
+        kv_bound = ex(kv_limit) < np.minimum(c.max_num_seqs, num, out=num)
+        churn = np.divide(c.preemption_factor, batch)
+        np.minimum(churn, c.max_churn, out=churn)
+        np.add(1.0, churn, out=churn)
+        np.copyto(churn, 1.0, where=~kv_bound)  # np.where(kv_bound, 1 + min(factor / B, max_churn), 1)
         work = 2.0 * m.active_params + 4.0 * m.num_layers * m.num_heads * m.head_dim * resident
-        step = self._decode_step(tp, batch, ex(resident), ex(work)) * churn
-        throughput = ex(decode_tokens) / shares / batch * step
+        step = self._decode_step_grid(tp, batch, ex(resident), ex(work))
+        step *= churn
+        throughput = np.divide(ex(decode_tokens), shares, out=churn)
+        throughput /= batch
+        throughput *= step
         tools = per_row(max_turns) * tool_latency_s
-        chain = ex(max_gen) * step + ex(tools)
-        left = np.where(chain > throughput, 1.0 - throughput / np.maximum(chain, 1e-12), 0.0)
-        tail = left * ex(per_row(max_gen) * self.decode_step_time(tp, 1.0, resident) + tools)
+        chain = np.multiply(ex(max_gen), step, out=step)
+        chain += ex(tools)
+        left = np.maximum(chain, 1e-12)
+        np.divide(throughput, left, out=left)
+        np.subtract(1.0, left, out=left)
+        np.copyto(left, 0.0, where=~(chain > throughput))  # np.where(chain > throughput, 1 - thr / chain, 0)
+        tail = np.multiply(left, ex(per_row(max_gen) * self.decode_step_time(tp, 1.0, resident) + tools), out=left)
         prefill_work = 2.0 * m.active_params + 4.0 * m.num_layers * m.num_heads * m.head_dim * (resident / 2.0)
-        prefill = self._prefill(tp, ex(prefill_tokens) / shares, ex(prefill_work))
-        total = prefill + fresh * c.per_request_overhead_s + throughput + tail
+        tokens = np.divide(ex(prefill_tokens), shares, out=batch)
+        total = self._tp_comm_grid(tp, tokens)  # _prefill: compute + weights + tp_comm_time
+        prefill = np.multiply(tokens, ex(prefill_work), out=tokens)
+        prefill /= tp * g.flops * c.prefill_mfu
+        prefill += self._weight_bytes / tp / (g.hbm_bytes_per_s * c.hbm_efficiency)
+        prefill += total
+        np.copyto(total, prefill)  # total = prefill + fresh * per_request_overhead + throughput + tail
+        fresh = np.divide(ex(new_requests), shares, out=prefill)
+        fresh *= c.per_request_overhead_s
+        total += fresh
+        total += throughput
+        total += tail
         share = per_row(queued_share)
         if not share.any():
             return total
-        return np.where(ex(share > 0), np.maximum(total, chain / ex(1.0 - share)), total)
+        queued = np.divide(chain, ex(1.0 - share), out=chain)
+        np.maximum(total, queued, out=queued)
+        np.copyto(total, queued, where=expand(share > 0))  # np.where(share > 0, max(total, chain / (1 - share)), total)
+        return total
+
+    def _decode_step_grid(self, tp: int, batch: np.ndarray, resident_context, work_per_seq) -> np.ndarray:
+        """`_decode_step` for a grid `batch`, in a new array built in place (same operations and order)."""
+        c, m, g = self.c, self.model, self.gpu
+        kv_bytes = np.multiply(batch, resident_context)
+        kv_bytes *= self._kv_per_token(tp)
+        if m.is_moe:  # a decode step reads only the experts its tokens route to
+            weights = np.multiply(batch, m.experts_per_token)
+            np.minimum(m.num_experts, weights, out=weights)
+            np.subtract(m.num_experts, weights, out=weights)
+            np.multiply(m.num_layers, weights, out=weights)
+            weights *= m.expert_params
+            weights *= m.dtype_bytes
+            np.subtract(self._weight_bytes, weights, out=weights)
+            weights /= tp
+            mem = np.add(weights, kv_bytes, out=weights)
+        else:
+            mem = np.add(self._weight_bytes / tp, kv_bytes, out=kv_bytes)
+        mem /= g.hbm_bytes_per_s * c.hbm_efficiency
+        compute = np.multiply(batch, work_per_seq)
+        compute /= tp * g.flops * c.decode_mfu
+        step = np.maximum(mem, compute, out=mem)
+        step += self._tp_comm_grid(tp, batch)
+        overhead = np.multiply(c.per_seq_overhead_s, batch, out=compute)
+        np.add(c.step_overhead_s, overhead, out=overhead)
+        overhead += c.tp_step_overhead_s if tp > 1 else 0.0
+        step += overhead
+        return step
+
+    def _tp_comm_grid(self, tp: int, tokens: np.ndarray) -> np.ndarray:
+        """`tp_comm_time` for a grid of `tokens`, in a new array built in place (same operations and order)."""
+        if tp == 1:
+            return np.multiply(0.0, tokens)
+        m = self.model
+        self.tp_comm_time(tp, 1.0)  # fills the per-TP constants
+        latency, bandwidth = self._comm[tp]
+        out = np.multiply(2.0 * (tp - 1) / tp, tokens)
+        out *= m.hidden_size
+        out *= m.dtype_bytes
+        out /= bandwidth
+        np.add(latency, out, out=out)
+        np.multiply(2 * m.num_layers, out, out=out)
+        return out
 
     def fluid_gpu_seconds(self, tp: int, *, num_requests, decode_tokens, prefill_tokens, resident_context):
         """GPU-seconds to serve the work at full concurrency with no tail: a lower bound on any real layout. The

@@ -1,0 +1,322 @@
+"""Decoding one slice of the timed rollout, turns inside the slice included (the many-turn slice refinement).
+
+A mixin of `libra.sim.rollout.RolloutRun`, whose state it reads and writes (see the module docstring there for the
+model). `_decode` decodes the slice [t, t + dt) once at the batch predicted from its start, then again where the
+batch it actually ran at moves an instance's step time by more than `REFINE_TOLERANCE` (`_decode_pass`, with the
+state restored in between: `_save`, `_restore`). Inside a pass a request may run several segments: a chunk
+boundary goes on at once, and a turn whose tool returns inside the slice takes a freed slot again and decodes from
+its return (`_continue_in_slice`, `_end_segments`, `_refill`), so results do not depend on how many turns fit in a
+slice.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from libra.sim.states import DONE, RUN, TOOL, WAIT
+
+if TYPE_CHECKING:
+    from libra.planning.cost import CostCoefficients, RolloutCost
+    from libra.sim.rollout import Instances
+    from libra.sim.routing import Routes
+    from libra.sim.workload import StepWork
+
+# a slice is decoded again at the batch it ran at when that changes its engine step time by more than this
+REFINE_TOLERANCE = 0.01
+
+
+def _grouped(items: np.ndarray, k: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`items` and their instances `k` in `order` (which must keep each instance's items together), and each
+    item's rank inside its instance's group."""
+    items, k = items[order], k[order]
+    first = np.concatenate(([True], k[1:] != k[:-1])) if k.size else np.zeros(0, bool)
+    starts = np.flatnonzero(first)
+    rank = np.arange(k.size) - starts[np.cumsum(first) - 1] if k.size else np.zeros(0, np.int64)
+    return items, k, rank
+
+
+class SliceDecode:
+    # The state of `RolloutRun` this mixin reads and writes (declared here for the type checker; set there).
+    inst: Instances
+    rc: RolloutCost
+    c: CostCoefficients
+    work: StepWork
+    routes: Routes
+    state: np.ndarray
+    turn: np.ndarray
+    rem: np.ndarray
+    ctx: np.ndarray
+    pending: np.ndarray
+    ready: np.ndarray
+    finish: np.ndarray
+    fresh: np.ndarray
+    where: np.ndarray
+    lag: np.ndarray
+    moved: np.ndarray
+    debt: np.ndarray
+    decoded: float
+    busy_gpu_s: float
+    capacity_tokens: float
+    _last: tuple[np.ndarray, np.ndarray] | None
+    _later_debt: np.ndarray
+    _own_debt: np.ndarray
+    _live: np.ndarray
+    _occupancy: np.ndarray
+    _freed: tuple[np.ndarray, np.ndarray]
+    _by_state: dict
+    _decoded_s: np.ndarray
+    _span_end: np.ndarray
+
+    if TYPE_CHECKING:
+
+        def _in_state(self, state: int, *, equal: bool = True) -> np.ndarray: ...
+        def _set_state(self, reqs: np.ndarray, state: int) -> None: ...
+        def _cap_k(self) -> np.ndarray: ...
+        def _covered(self, reqs: np.ndarray, seg: np.ndarray) -> np.ndarray: ...
+        def _note_freed(self, reqs: np.ndarray, at: np.ndarray) -> None: ...
+        def _capacity(self, t: float, dt: float, running: np.ndarray) -> float: ...
+        def step_batch(self, running: np.ndarray) -> np.ndarray: ...
+        def step_times(
+            self, running: np.ndarray, batch: np.ndarray | None = None, inputs: tuple | None = None
+        ) -> np.ndarray: ...
+        def _step_inputs(self, running: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def _decode(self, t: float, dt: float) -> None:
+        """Decode the slice [t, t + dt). A request may run several segments inside one slice: a segment that ends
+        at a chunk boundary goes on at once, and one that ends in a tool call whose result comes back before the
+        slice ends takes its slot again (when its instance has nobody queued and KV room for it) and decodes from
+        its return, so results do not depend on how many turns fit in a slice (`_continue_in_slice`).
+
+        The engine step time of a slice depends on the batch over the slice, which requests leaving for tools and
+        coming back inside it change: the slice is decoded once at the batch predicted from its start (the running
+        requests, scaled by the last slice's occupancy), then, where the batch it actually ran at (batch-seconds
+        decoded over the instance's busy span) changes its step time by more than `REFINE_TOLERANCE`, decoded
+        again at that batch (`_decode_pass`)."""
+        running = self._in_state(RUN)
+        k_all = len(self.inst)
+        busy_k = np.minimum(self.debt, dt)
+        self._last = None
+        self._later_debt = np.zeros(k_all)
+        if running.size:
+            k = self.where[running]
+            saved = self._save()
+            used = self.step_batch(running)
+            inputs = self._step_inputs(running)
+            step, real = self._decode_pass(t, dt, running, used, inputs)
+            real = np.where(real > 0, real, used)
+            step_real = self.step_times(running, real)
+            fin = np.isfinite(step)
+            off = np.abs(step_real[fin] - step[fin]) > REFINE_TOLERANCE * step[fin]
+            if off.any():
+                self._restore(saved)  # the state `inputs` read, as it was
+                self._decode_pass(t, dt, running, real, inputs)
+            has_run = np.bincount(k, minlength=k_all) > 0
+            busy_k = np.where(has_run, dt, busy_k)
+        self.busy_gpu_s += float((busy_k * self.inst.tp).sum())
+        self.capacity_tokens += self._capacity(t, dt, running)
+        self.debt = np.maximum(0.0, self.debt - dt) + self._later_debt
+
+    def _pass_arrays(self) -> tuple[np.ndarray, ...]:
+        """The per-request arrays a decode pass writes (only at requests not DONE when the slice began, `_live`)."""
+        return (
+            self.state,
+            self.turn,
+            self.rem,
+            self.ctx,
+            self.pending,
+            self.ready,
+            self.finish,
+            self.lag,
+            self.moved,
+            self._own_debt,
+        )
+
+    def _save(self) -> tuple:
+        # only the requests a pass can touch: in a rollout's long tail a few percent of them
+        live = self._live
+        at = slice(None) if 2 * live.size > self.state.size else live
+        values = tuple(a.copy() if isinstance(at, slice) else a[at] for a in self._pass_arrays())
+        return at, values, self._freed, self.decoded
+
+    def _restore(self, saved: tuple) -> None:
+        at, values, self._freed, self.decoded = saved
+        for array, value in zip(self._pass_arrays(), values, strict=True):
+            array[at] = value
+        self._by_state.clear()
+        self._later_debt = np.zeros(len(self.inst))
+
+    def _decode_pass(
+        self, t: float, dt: float, running: np.ndarray, batch: np.ndarray, inputs: tuple
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Decode the slice with every instance at `batch`; returns its step times and the batch each instance
+        actually ran at: batch-seconds decoded over its busy span (from its first request's start to its last
+        one's end, or the slice end)."""
+        k_all = len(self.inst)
+        step = self.step_times(running, batch, inputs)
+        avail = np.maximum(0.0, dt - self.debt)
+        k = self.where[running]
+        lag = self.lag[running]
+        # the instance's owed prefill stalls it at the slice start: a request that becomes ready later is not
+        # held by it (one that decodes as of before the boundary, lag < 0, is, after its credit)
+        owed = np.minimum(self.debt[k], dt)
+        delay = np.where(lag < 0, owed + lag, np.maximum(owed, lag))
+        advance = np.maximum(0.0, dt - delay) / step[k]
+        rem0 = self.rem[running]
+        took = np.minimum(advance, rem0)
+        self._decoded_s = np.bincount(k, weights=took * step[k], minlength=k_all)
+        self.rem[running] = rem0 - took
+        self.ctx[running] += took
+        self.decoded += float(took.sum())
+        end = rem0 <= advance
+        still = [running[~end]]
+        ended = running[end]
+        self.lag[running] = 0.0
+        first = np.full(k_all, t + dt)
+        np.minimum.at(first, k, t + np.minimum(delay, dt))
+        self._span_end = np.full(k_all, t)
+        if ended.size:
+            ke = k[end]
+            at = t + delay[end] + rem0[end] * step[ke]
+            np.maximum.at(self._span_end, ke, at)
+            still.append(self._continue_in_slice(ended, at, t + dt, step))
+        still_all = np.concatenate(still)
+        self._span_end[self.where[still_all]] = t + dt
+        start_b = np.bincount(k, minlength=k_all)
+        occ = np.ones(k_all)
+        open_s = np.maximum(1e-9, (avail * start_b))
+        np.divide(self._decoded_s, open_s, out=occ, where=(start_b > 0) & (avail > 0))
+        self._occupancy = np.minimum(1.0, occ)
+        self._last = (still_all, step)
+        # a turn taken inside the slice already waited for its own prefill; its instance owes it to the others
+        self.lag[still_all] = -self._own_debt[still_all]
+        self._own_debt[:] = 0.0
+        span = self._span_end - first
+        real = np.zeros(k_all)
+        np.divide(self._decoded_s, span, out=real, where=span > 1e-9)
+        return step, np.maximum(real, np.where(start_b > 0, 1.0, 0.0))
+
+    def _continue_in_slice(self, ended: np.ndarray, at: np.ndarray, slice_end: float, step: np.ndarray) -> np.ndarray:
+        """Segments `ended` at times `at`; the requests that go on decoding inside this slice (`_end_segments`)
+        run their next segment from when they can, at their instance's step time of the slice, until no segment
+        ends before `slice_end`. Returns the requests still decoding at the slice end."""
+        still = []
+        while ended.size:
+            cont, start = self._end_segments(ended, at, slice_end)
+            if cont.size == 0:
+                break
+            k = self.where[cont]
+            advance = np.maximum(0.0, slice_end - start) / step[k]
+            rem0 = self.rem[cont]
+            took = np.minimum(advance, rem0)
+            self._decoded_s += np.bincount(k, weights=took * step[k], minlength=len(self._decoded_s))
+            self.rem[cont] = rem0 - took
+            self.ctx[cont] += took
+            self.decoded += float(took.sum())
+            end = rem0 <= advance
+            still.append(cont[~end])
+            ended, at = cont[end], start[end] + rem0[end] * step[k[end]]
+        return np.concatenate(still) if still else ended[:0]
+
+    def _end_segments(self, ended: np.ndarray, at: np.ndarray, slice_end: float) -> tuple[np.ndarray, np.ndarray]:
+        """Segments that ended at times `at`: the request finishes, calls its tool, moves to another bucket
+        (through the same path, with no tool time), or goes on with its next chunk in place. Returns the requests
+        that go on decoding inside this slice and when each starts: a chunk boundary at once; and the requests
+        that take a slot freed inside this slice (`_refill`)."""
+        w = self.work
+        seg = self.turn[ended]
+        last = seg >= w.num_segments[ended] - 1
+        fin = ended[last]
+        self._set_state(fin, DONE)
+        self.finish[fin] = at[last]
+        self._note_freed(fin, at[last])
+        go, sg, ag = ended[~last], seg[~last], at[~last]
+        keep = ~w.tool_end[go, sg] & ((self.routes.carried[go, sg + 1] == 0) | self._covered(go, sg + 1))
+        stay = go[keep]  # a chunk boundary with no migration: nothing happens
+        self.turn[stay] += 1
+        self.rem[stay] = w.gen[stay, self.turn[stay]].astype(float)
+        self.lag[stay] = 0.0
+        go, sg, ag = go[~keep], sg[~keep], ag[~keep]
+        if go.size:
+            tool_tok = w.tool_tokens[go, sg].astype(float)
+            self.ctx[go] += tool_tok
+            self.pending[go] = tool_tok
+            self.ready[go] = ag + w.latency[go, sg]
+            self.turn[go] = sg + 1
+            self.moved[go] = False
+            self.rem[go] = w.gen[go, sg + 1].astype(float)
+            self._set_state(go, TOOL)
+            self._note_freed(go, ag)
+        back, start = self._refill(slice_end)
+        return np.concatenate([stay, back]), np.concatenate([at[~last][keep], start])
+
+    def _refill(self, slice_end: float) -> tuple[np.ndarray, np.ndarray]:
+        """Slots freed inside this slice go to turns under way inside it, not at the next boundary, so a request
+        can run several turns in one slice. Candidates on an instance with freed slots: turns queued there and
+        turns whose tool returns inside this slice and that stay on their instance (a routed move waits for the
+        boundary); as many as its KV room holds, by readiness. Turn i takes the first slot freed once it is back
+        and after turn i - 1's, s_i = max(s_(i-1) + 1, g_i), when new requests queue on the instance (they take
+        the slots no turn is back for, at the boundary, as of when each came free: `_credit`); with none queued
+        the i-th turn takes the i-th slot. A taker decodes from max(slot free, ready) plus the prefill of its tool
+        tokens, which its instance owes at the next slice. Returns the requests taken and when each starts."""
+        fk, ft = self._freed
+        none = (np.zeros(0, np.int64), np.zeros(0))
+        if fk.size == 0:
+            return none
+        k_all = len(self.inst)
+        slots_k = np.bincount(fk, minlength=k_all)
+        waiting = self._in_state(WAIT)
+        fresh = self.fresh[waiting]
+        new_k = np.bincount(self.where[waiting[fresh]], minlength=k_all)
+        tool = self._in_state(TOOL)
+        tool = tool[self.ready[tool] < slice_end]
+        if tool.size:
+            turn = self.turn[tool]
+            tool = tool[self.moved[tool] | self._covered(tool, turn) | (self.routes.carried[tool, turn] == 0)]
+        cand = np.concatenate([waiting[~fresh], tool])
+        cand = cand[slots_k[self.where[cand]] > 0]
+        if cand.size == 0:
+            return none
+        # the KV room the boundary's admission would see now (contexts as of the slice end: a little cautious)
+        running = self._in_state(RUN)
+        run_k = np.bincount(self.where[running], minlength=k_all)
+        used_k = np.bincount(self.where[running], weights=self.ctx[running], minlength=k_all)
+        room = self._cap_k() - used_k - self.c.kv_headroom_seqs * used_k / np.maximum(run_k, 1)
+        k = self.where[cand]
+        cand, k, rank = _grouped(cand, k, np.lexsort((self.ready[cand], k)))
+        need = self.ctx[cand]
+        cs = np.cumsum(need)
+        within = cs - (cs - need)[np.flatnonzero(rank == 0)][np.cumsum(rank == 0) - 1]
+        fits = (within <= room[k]) | ((rank == 0) & (run_k[k] == 0))
+        cand, k, rank = cand[fits], k[fits], rank[fits]
+        sorder = np.lexsort((ft, fk))
+        fk, ft = fk[sorder], ft[sorder]
+        first_slot = np.searchsorted(fk, np.arange(k_all), side="left")
+        span = float(ft.max() - ft.min()) + 1.0
+        key = fk * span + (ft - ft.min())
+        g = np.searchsorted(key, k * span + (self.ready[cand] - ft.min()), side="left") - first_slot[k]
+        big = float(cand.size + fk.size + 1)
+        chain = rank + np.maximum.accumulate(g - rank + k * big) - k * big
+        s = np.where(new_k[k] > 0, chain, rank).astype(np.int64)
+        ok = s < slots_k[k]
+        cand, k, slot = cand[ok], k[ok], first_slot[k[ok]] + s[ok]
+        secs = np.zeros(cand.size)
+        tps = self.inst.tp[k]
+        for tp in np.unique(tps):
+            sel = tps == tp
+            secs[sel] = self.rc.prefill_time(int(tp), self.pending[cand[sel]], self.ctx[cand[sel]] / 2.0)
+        start = np.maximum(ft[slot], self.ready[cand]) + secs
+        inside = start < slice_end
+        if not inside.any():
+            return none
+        cand, k, slot, secs, start = cand[inside], k[inside], slot[inside], secs[inside], start[inside]
+        self._later_debt += np.bincount(k, weights=secs, minlength=k_all)
+        self._own_debt[cand] += secs
+        self.pending[cand] = 0.0
+        self.lag[cand] = 0.0
+        self._set_state(cand, RUN)
+        left = np.ones(fk.size, bool)
+        left[slot] = False
+        self._freed = (fk[left], ft[left])
+        return cand, start
