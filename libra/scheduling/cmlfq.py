@@ -772,11 +772,9 @@ class CMLFQRouter(Router):
         context in their place): found in the agnostic root's window, unchanged since the record (the tree learns
         only in `end_step`, which resolves the requests in flight first). A record whose request outlived the whole
         window by now is dropped (only if the tree was updated under it from outside `end_step`)."""
-        out = []
+        out: list[tuple[list[float], list[float], float]] = []
         for probs, prior, n in walk.calib:
-            if type(prior) is int:
-                prior = self._root_probs(self.tree.agnostic, walk.root_ctx, prior)
-                if prior is None:
-                    continue
-            out.append((probs, prior, n))
+            shares = self._root_probs(self.tree.agnostic, walk.root_ctx, prior) if isinstance(prior, int) else prior
+            if shares is not None:
+                out.append((probs, shares, n))
         return out
