@@ -3,7 +3,10 @@ replans carried out on the engines, the staleness bound, overlap, equivalence wi
 resume after the orchestrator is killed. Everything real, nothing mocked. The tests of this module share one set
 of live engines (the `engines` fixture): each run adopts them (`Orchestrator(..., backend=engines)`), stopping the
 instances its placement does not name and starting the missing ones, so an engine starts only where a placement
-needs a new one (or a killed one restarts). The resume test's `libra run` processes start their own."""
+needs a new one (or a killed one restarts); `libra run` in this process (the resume test's `--resume`, the example)
+adopts them too, through `Orchestrator` with the engines bound in. The one `libra run` process of the resume test
+(SIGKILLed: a crash) starts its own. The synchronous run (`sync_run`) is run once: the equivalence test checks its
+records and the `--ray` test compares with them."""
 
 from __future__ import annotations
 
