@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import os
 import socket
 import time
@@ -29,22 +28,11 @@ from typing import Any
 
 import attrs
 
-from libra.adapters.errors import EngineDiedError, InstanceAsleep, InstanceNotFound, RequestFailedError
+from libra.adapters.errors import InstanceNotFound, RequestFailedError
 from libra.adapters.ray_host import EngineHost, RayUnavailable, actor_env, check_address, connect
-from libra.adapters.types import EventKind, InstanceSpec, Migration, Sampling, StreamEvent, WeightUpdate
+from libra.adapters.rollout_book import BookRequest, RequestBook
+from libra.adapters.types import EventKind, InstanceSpec, Migration, StreamEvent, WeightUpdate
 from libra.spec.placement import Placement, Pool, Role, WorkerPlacement
-
-
-@attrs.define(eq=False)
-class _Request:
-    request_id: str
-    instance: str
-    context: list[int]
-    sampling: Sampling
-    running: bool = False
-    engine_id: str = ""
-    turn_tokens: int = 0
-    failed: str | None = None
 
 
 @attrs.define(eq=False)
@@ -57,11 +45,12 @@ class _Instance:
     sent_s: float = 0.0
 
 
-class RayRolloutBackend:
+class RayRolloutBackend(RequestBook):
     """`RolloutBackend` whose instances are Ray actors (see the module doc). `address`: "local" starts a local
     Ray (shut down by `shutdown()`), "auto" or "host:port" joins a cluster. `nodes` (local only): how many
     `libra_node_<k>` resources the local Ray advertises. `gpus_per_node` maps a worker's virtual GPUs to its node.
-    `follow_placement(fn)`: `fn()` gives the current placement, where new instances' workers are looked up."""
+    `follow_placement(fn)`: `fn()` gives the current placement, where new instances' workers are looked up. The
+    request bookkeeping is the shared `RequestBook`'s."""
 
     def __init__(
         self,
@@ -83,7 +72,7 @@ class RayRolloutBackend:
 
         self.model, self.dtype, self.seed, self.address = model, dtype, seed, address
         self.grace_s, self.poll_wait_s, self.start_timeout_s = grace_s, poll_wait_s, start_timeout_s
-        self.failover = failover or self._least_loaded
+        super().__init__(failover)
         self._started_ray = connect(address, nodes=nodes)
         if host is None:  # the actor payload: `host(info)` (an `EngineHost` of the model)
             host = functools.partial(
@@ -91,12 +80,7 @@ class RayRolloutBackend:
             )
         self.launcher = RayLauncher(placement=Placement(workers=()), gpus_per_node=gpus_per_node, setup_rollout=host)
         self._placement: Callable[[], Placement | None] = lambda: None
-        self._instances: dict[str, _Instance] = {}
-        self._requests: dict[str, _Request] = {}
-        self._latest: WeightUpdate | None = None
         self._backlog: list[StreamEvent] = []  # events of deaths seen outside poll(), returned by the next poll
-        self._ids = itertools.count()
-        self.deaths: list[EngineDiedError] = []
 
     def follow_placement(self, current: Callable[[], Placement | None]) -> None:
         self._placement = current
@@ -148,31 +132,13 @@ class RayRolloutBackend:
     def stop_instance(self, name: str, *, migrate_to: str | None = None) -> tuple[Migration, ...]:
         import ray
 
-        inst = self._get(name)
-        moved = []
-        for req in [r for r in self._requests.values() if r.instance == name and r.failed is None]:
-            if migrate_to is None:
-                self._abort(inst, req)
-                req.failed = f"instance {name!r} was stopped"
-            else:
-                moved.append(self.migrate(req.request_id, migrate_to))
+        moved = self._move_off(name, migrate_to)
+        inst = self._instances[name]
         with contextlib.suppress(Exception):  # a clean engine shutdown first; the actor is killed anyway
             ray.get(inst.actor.call.remote("shutdown"), timeout=60)
         del self._instances[name]
         self._fence(name)
-        return tuple(moved)
-
-    def instances(self) -> tuple[str, ...]:
-        return tuple(sorted(self._instances))
-
-    def spec(self, name: str) -> InstanceSpec:
-        return self._get(name).spec
-
-    def is_asleep(self, name: str) -> bool:
-        return self._get(name).asleep
-
-    def num_requests(self, name: str) -> int:
-        return sum(1 for r in self._requests.values() if r.instance == name and r.failed is None)
+        return moved
 
     def where(self, name: str) -> dict[str, Any]:
         """Where the instance's actor runs: its pid, host name and engine-core pids."""
@@ -187,64 +153,8 @@ class RayRolloutBackend:
             raise InstanceNotFound("no instance is running; the tokenizer comes from a live engine")
         return ray.get(next(iter(self._instances.values())).actor.call.remote("prompt_ids", prompt))
 
-    def submit(self, request_id: str, instance: str, prompt_token_ids: Sequence[int], sampling: Sampling) -> None:
-        if request_id in self._requests:
-            raise ValueError(f"request {request_id!r} already exists; release it first")
-        self._awake(instance)
-        req = _Request(request_id=request_id, instance=instance, context=list(prompt_token_ids), sampling=sampling)
-        self._requests[request_id] = req
-        self._start_turn(req, sampling.max_tokens)
-
-    def resume(self, request_id: str, appended_token_ids: Sequence[int], sampling: Sampling) -> None:
-        req = self._live_request(request_id)
-        if req.running:
-            raise ValueError(f"request {request_id!r} is generating; resume it after its turn FINISHED")
-        self._awake(req.instance)
-        req.context.extend(appended_token_ids)
-        req.sampling, req.turn_tokens = sampling, 0
-        self._start_turn(req, sampling.max_tokens)
-
-    def migrate(self, request_id: str, to_instance: str) -> Migration:
-        req = self._live_request(request_id)
-        self._awake(to_instance)
-        source, running = req.instance, req.running
-        if source == to_instance:
-            return Migration(
-                request_id=request_id, from_instance=source, to_instance=source, migrated_tokens=0, running=running
-            )
-        if running:
-            self._abort(self._instances[source], req)
-        req.instance = to_instance
-        if running:
-            self._start_turn(req, req.sampling.max_tokens - req.turn_tokens)
-        return Migration(
-            request_id=request_id,
-            from_instance=source,
-            to_instance=to_instance,
-            migrated_tokens=len(req.context),
-            running=running,
-        )
-
-    def context(self, request_id: str) -> tuple[int, ...]:
-        return tuple(self._get_request(request_id).context)
-
-    def instance_of(self, request_id: str) -> str:
-        return self._get_request(request_id).instance
-
-    def is_running(self, request_id: str) -> bool:
-        return self._get_request(request_id).running
-
-    def release(self, request_id: str) -> tuple[int, ...]:
-        req = self._get_request(request_id)
-        if req.running and req.instance in self._instances:
-            self._abort(self._instances[req.instance], req)
-        del self._requests[request_id]
-        if req.failed is not None:
-            raise RequestFailedError(request_id, req.failed)
-        return tuple(req.context)
-
     def has_running(self) -> bool:
-        return any(r.running for r in self._requests.values()) or bool(self._backlog)
+        return super().has_running() or bool(self._backlog)
 
     def poll(self) -> list[StreamEvent]:
         import ray
@@ -383,10 +293,7 @@ class RayRolloutBackend:
 
     # -- internals ----------------------------------------------------------------------------------------------
 
-    def _running_on(self, name: str) -> bool:
-        return any(r.running and r.instance == name for r in self._requests.values())
-
-    def _start_turn(self, req: _Request, max_tokens: int) -> None:
+    def _start_turn(self, req: BookRequest, max_tokens: int) -> None:
         inst = self._instances[req.instance]
         room = inst.spec.max_model_len - len(req.context)
         if room < 1:
@@ -397,7 +304,7 @@ class RayRolloutBackend:
         inst.actor.call.remote("submit", req.engine_id, list(req.context), sampling)
         req.running = True
 
-    def _abort(self, inst: _Instance, req: _Request) -> None:
+    def _abort(self, inst: _Instance, req: BookRequest) -> None:
         if req.running:
             inst.actor.call.remote("abort", req.engine_id)
         req.running = False
@@ -413,71 +320,11 @@ class RayRolloutBackend:
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
 
-    def _on_death(self, name: str, cause: str) -> list[StreamEvent]:
+    def _remove_dead(self, name: str) -> None:
         dead = self._instances.pop(name)
         self._fence(name)
         if dead.where.get("host") == socket.gethostname():
             _kill(dead.where.get("engine_pids", ()))
-        events, requeued, failed = [], {}, []
-        for req in [r for r in self._requests.values() if r.instance == name and r.failed is None]:
-            live = tuple(n for n, i in sorted(self._instances.items()) if not i.asleep)
-            target = self.failover(name, live, req.request_id) if live else None
-            if target is None:
-                req.running, req.failed = False, f"instance {name!r} died ({cause}) and no instance is live"
-                failed.append(req.request_id)
-                events.append(
-                    StreamEvent(request_id=req.request_id, instance=name, kind=EventKind.FAILED, error=req.failed)
-                )
-                continue
-            was_running, req.instance = req.running, target
-            if was_running:
-                try:
-                    self._start_turn(req, req.sampling.max_tokens - req.turn_tokens)
-                except RequestFailedError as exc:
-                    req.running = False
-                    failed.append(req.request_id)
-                    events.append(
-                        StreamEvent(request_id=req.request_id, instance=name, kind=EventKind.FAILED, error=exc.reason)
-                    )
-                    continue
-            requeued[req.request_id] = target
-            events.append(
-                StreamEvent(
-                    request_id=req.request_id,
-                    instance=target,
-                    kind=EventKind.REQUEUED,
-                    error=f"instance {name!r} died: {cause}",
-                )
-            )
-        self.deaths.append(EngineDiedError(name, cause, requeued=requeued, failed=tuple(failed)))
-        return events
-
-    def _least_loaded(self, dead: str, live: tuple[str, ...], request_id: str) -> str | None:
-        return min(live, key=lambda n: (self.num_requests(n), n)) if live else None
-
-    def _get(self, name: str) -> _Instance:
-        inst = self._instances.get(name)
-        if inst is None:
-            raise InstanceNotFound(f"no live instance {name!r}; live: {sorted(self._instances)}")
-        return inst
-
-    def _awake(self, name: str) -> _Instance:
-        inst = self._get(name)
-        if inst.asleep:
-            raise InstanceAsleep(f"instance {name!r} sleeps (lent to training); wake it first")
-        return inst
-
-    def _get_request(self, request_id: str) -> _Request:
-        req = self._requests.get(request_id)
-        if req is None:
-            raise KeyError(f"unknown request {request_id!r}")
-        return req
-
-    def _live_request(self, request_id: str) -> _Request:
-        req = self._get_request(request_id)
-        if req.failed is not None:
-            raise RequestFailedError(request_id, req.failed)
-        return req
 
 
 def _kill(pids: Sequence[int]) -> None:

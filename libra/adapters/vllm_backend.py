@@ -22,31 +22,14 @@ from typing import Any, Literal
 
 import attrs
 
-from libra.adapters.errors import (
-    EngineDiedError,
-    InstanceAsleep,
-    InstanceNotFound,
-    RequestFailedError,
-    UnsupportedConfig,
-)
-from libra.adapters.types import EventKind, InstanceSpec, Migration, Sampling, StreamEvent, WeightUpdate
+from libra.adapters.errors import InstanceNotFound, RequestFailedError, UnsupportedConfig
+from libra.adapters.rollout_book import BookRequest, RequestBook
+from libra.adapters.types import EventKind, InstanceSpec, Migration, StreamEvent, WeightUpdate
 from libra.adapters.vllm_engine import dead_reason, guarded_step, sleep_supported
 from libra.adapters.vllm_engine import shutdown as shutdown_engine
 
 _EXTENSION = "libra.adapters.vllm_worker.LibraWorkerExtension"
 SleepMode = Literal["auto", "pause", "restart"]
-
-
-@attrs.define(eq=False)
-class _Request:
-    request_id: str
-    instance: str
-    context: list[int]
-    sampling: Sampling
-    running: bool = False
-    engine_id: str = ""
-    turn_tokens: int = 0  # generated in the current turn
-    failed: str | None = None
 
 
 @attrs.define(eq=False)
@@ -58,11 +41,15 @@ class _Instance:
     died: str | None = None  # set when a call other than a step found the engine dead; the next poll hands over
 
 
-class VLLMRolloutBackend:
+class VLLMRolloutBackend(RequestBook):
     """`RolloutBackend` over vLLM engines of one model. `engine_tp="plan"` gives each engine the instance's TP;
     `"one"` runs every instance with TP 1 (CPU machines), keeping the plan's TP as a label for routing.
     `failover(dead_instance, live_instances, request_id)` picks where a dead engine's request goes (None: fail it);
-    the default picks the live awake instance with the fewest requests."""
+    the default picks the live awake instance with the fewest requests. The request bookkeeping is the shared
+    `RequestBook`'s."""
+
+    died_note = "engine of instance {name!r} died ({cause}) and no instance is live"
+    requeued_note = "engine of {name!r} died: {cause}"
 
     def __init__(
         self,
@@ -82,16 +69,11 @@ class VLLMRolloutBackend:
         self.model, self.dtype, self.seed, self.engine_tp = model, dtype, seed, engine_tp
         self.sleep_mode = sleep_mode
         self.engine_options = dict(engine_options or {})
-        self.failover = failover or self._least_loaded
-        self._instances: dict[str, _Instance] = {}
-        self._requests: dict[str, _Request] = {}
-        self._pending: list[StreamEvent] = []
-        self._latest: WeightUpdate | None = None
-        self._ids = itertools.count()
-        self.deaths: list[EngineDiedError] = []
+        super().__init__(failover)
         # the engine step in progress (instance, serial) or None: lets a watchdog tell a hung engine from a slow one
         self.stepping: tuple[str, int] | None = None
         self._step_ids = itertools.count()
+        self._backlog: list[StreamEvent] = []  # events of deaths seen outside poll(), returned by the next poll
 
     # -- instances ----------------------------------------------------------------------------------------------
 
@@ -123,29 +105,9 @@ class VLLMRolloutBackend:
         return LLMEngine.from_engine_args(args)
 
     def stop_instance(self, name: str, *, migrate_to: str | None = None) -> tuple[Migration, ...]:
-        inst = self._get(name)
-        moved = []
-        for req in [r for r in self._requests.values() if r.instance == name and r.failed is None]:
-            if migrate_to is None:
-                self._abort(inst, req)
-                req.failed = f"instance {name!r} was stopped"
-            else:
-                moved.append(self.migrate(req.request_id, migrate_to))
-        shutdown_engine(inst.engine)
-        del self._instances[name]
-        return tuple(moved)
-
-    def instances(self) -> tuple[str, ...]:
-        return tuple(sorted(self._instances))
-
-    def spec(self, name: str) -> InstanceSpec:
-        return self._get(name).spec
-
-    def is_asleep(self, name: str) -> bool:
-        return self._get(name).asleep
-
-    def num_requests(self, name: str) -> int:
-        return sum(1 for r in self._requests.values() if r.instance == name and r.failed is None)
+        moved = self._move_off(name, migrate_to)
+        shutdown_engine(self._instances.pop(name).engine)
+        return moved
 
     # -- requests -----------------------------------------------------------------------------------------------
 
@@ -160,72 +122,14 @@ class VLLMRolloutBackend:
         text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
         return list(tokenizer.encode(text, add_special_tokens=False))  # the template already holds its specials
 
-    def submit(self, request_id: str, instance: str, prompt_token_ids: Sequence[int], sampling: Sampling) -> None:
-        if request_id in self._requests:
-            raise ValueError(f"request {request_id!r} already exists; release it first")
-        self._awake(instance)
-        req = _Request(request_id=request_id, instance=instance, context=list(prompt_token_ids), sampling=sampling)
-        self._requests[request_id] = req
-        self._start_turn(req, sampling.max_tokens)
-
-    def resume(self, request_id: str, appended_token_ids: Sequence[int], sampling: Sampling) -> None:
-        req = self._live_request(request_id)
-        if req.running:
-            raise ValueError(f"request {request_id!r} is generating; resume it after its turn FINISHED")
-        self._awake(req.instance)
-        req.context.extend(appended_token_ids)
-        req.sampling, req.turn_tokens = sampling, 0
-        self._start_turn(req, sampling.max_tokens)
-
-    def migrate(self, request_id: str, to_instance: str) -> Migration:
-        req = self._live_request(request_id)
-        self._awake(to_instance)
-        source = req.instance
-        if source == to_instance:
-            return Migration(
-                request_id=request_id, from_instance=source, to_instance=source, migrated_tokens=0, running=req.running
-            )
-        running = req.running
-        if running:
-            self._abort(self._instances[source], req)
-        req.instance = to_instance
-        if running:
-            self._start_turn(req, req.sampling.max_tokens - req.turn_tokens)
-        return Migration(
-            request_id=request_id,
-            from_instance=source,
-            to_instance=to_instance,
-            migrated_tokens=len(req.context),
-            running=running,
-        )
-
-    def context(self, request_id: str) -> tuple[int, ...]:
-        return tuple(self._get_request(request_id).context)
-
-    def instance_of(self, request_id: str) -> str:
-        return self._get_request(request_id).instance
-
-    def is_running(self, request_id: str) -> bool:
-        return self._get_request(request_id).running
-
-    def release(self, request_id: str) -> tuple[int, ...]:
-        req = self._get_request(request_id)
-        if req.running and req.instance in self._instances:
-            self._abort(self._instances[req.instance], req)
-        del self._requests[request_id]
-        if req.failed is not None:
-            raise RequestFailedError(request_id, req.failed)
-        return tuple(req.context)
+    def has_running(self) -> bool:
+        return super().has_running() or bool(self._backlog)
 
     def poll(self) -> list[StreamEvent]:
-        events, self._pending = self._pending, []  # hand-overs of engines found dead outside a poll
+        events, self._backlog = self._backlog, []
         for name in list(self._instances):
             inst = self._instances.get(name)
-            if (
-                inst is None
-                or inst.asleep
-                or not any(r.running and r.instance == name for r in self._requests.values())
-            ):
+            if inst is None or inst.asleep or not self._running_on(name):
                 continue  # vLLM's step() waits for output: never step an idle or paused engine
             dead = inst.died or dead_reason(inst.engine)
             try:
@@ -272,9 +176,6 @@ class VLLMRolloutBackend:
                     )
         return events
 
-    def has_running(self) -> bool:
-        return any(r.running for r in self._requests.values())
-
     # -- weights, sleep -----------------------------------------------------------------------------------------
 
     def load_weights(self, update: WeightUpdate, *, instances: Sequence[str] | None = None) -> int:
@@ -288,7 +189,7 @@ class VLLMRolloutBackend:
                 except Exception as exc:
                     if not _died(inst, exc):
                         raise
-                    self._pending.extend(self._on_death(name, inst.died or ""))  # its requests go on elsewhere
+                    self._backlog.extend(self._on_death(name, inst.died or ""))  # its requests go on elsewhere
         return update.version
 
     def forget_weights(self) -> None:
@@ -317,7 +218,7 @@ class VLLMRolloutBackend:
         inst = self._get(name)
         if inst.asleep:
             return
-        if any(r.running and r.instance == name for r in self._requests.values()):
+        if self._running_on(name):
             raise ValueError(f"instance {name!r} still generates requests; migrate them before it sleeps")
         mode = self._effective_sleep_mode()
         if mode == "restart":
@@ -357,7 +258,7 @@ class VLLMRolloutBackend:
 
     # -- internals ----------------------------------------------------------------------------------------------
 
-    def _start_turn(self, req: _Request, max_tokens: int) -> None:
+    def _start_turn(self, req: BookRequest, max_tokens: int) -> None:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
@@ -388,7 +289,7 @@ class VLLMRolloutBackend:
             # live instance with the engine's other requests (as if the engine had died during the turn)
         req.running = True
 
-    def _abort(self, inst: _Instance, req: _Request) -> None:
+    def _abort(self, inst: _Instance, req: BookRequest) -> None:
         if req.running and inst.engine is not None and inst.died is None:
             try:
                 inst.engine.abort_request([req.engine_id])
@@ -397,69 +298,8 @@ class VLLMRolloutBackend:
                     raise
         req.running = False
 
-    def _on_death(self, name: str, cause: str) -> list[StreamEvent]:
-        dead = self._instances.pop(name)
-        shutdown_engine(dead.engine)
-        events, requeued, failed = [], {}, []
-        for req in [r for r in self._requests.values() if r.instance == name and r.failed is None]:
-            live = tuple(n for n, i in sorted(self._instances.items()) if not i.asleep)
-            target = self.failover(name, live, req.request_id) if live else None
-            if target is None:
-                req.running, req.failed = False, f"engine of instance {name!r} died ({cause}) and no instance is live"
-                failed.append(req.request_id)
-                events.append(
-                    StreamEvent(request_id=req.request_id, instance=name, kind=EventKind.FAILED, error=req.failed)
-                )
-                continue
-            was_running, req.instance = req.running, target
-            if was_running:
-                try:
-                    self._start_turn(req, req.sampling.max_tokens - req.turn_tokens)
-                except RequestFailedError as exc:  # the target cannot hold the context: fail it, keep going
-                    req.running = False
-                    failed.append(req.request_id)
-                    events.append(
-                        StreamEvent(request_id=req.request_id, instance=name, kind=EventKind.FAILED, error=exc.reason)
-                    )
-                    continue
-            requeued[req.request_id] = target
-            events.append(
-                StreamEvent(
-                    request_id=req.request_id,
-                    instance=target,
-                    kind=EventKind.REQUEUED,
-                    error=f"engine of {name!r} died: {cause}",
-                )
-            )
-        self.deaths.append(EngineDiedError(name, cause, requeued=requeued, failed=tuple(failed)))
-        return events
-
-    def _least_loaded(self, dead: str, live: tuple[str, ...], request_id: str) -> str | None:
-        return min(live, key=lambda n: (self.num_requests(n), n)) if live else None
-
-    def _get(self, name: str) -> _Instance:
-        inst = self._instances.get(name)
-        if inst is None:
-            raise InstanceNotFound(f"no live instance {name!r}; live: {sorted(self._instances)}")
-        return inst
-
-    def _awake(self, name: str) -> _Instance:
-        inst = self._get(name)
-        if inst.asleep:
-            raise InstanceAsleep(f"instance {name!r} sleeps (lent to training); wake it first")
-        return inst
-
-    def _get_request(self, request_id: str) -> _Request:
-        req = self._requests.get(request_id)
-        if req is None:
-            raise KeyError(f"unknown request {request_id!r}")
-        return req
-
-    def _live_request(self, request_id: str) -> _Request:
-        req = self._get_request(request_id)
-        if req.failed is not None:
-            raise RequestFailedError(request_id, req.failed)
-        return req
+    def _remove_dead(self, name: str) -> None:
+        shutdown_engine(self._instances.pop(name).engine)
 
 
 def _died(inst: _Instance, exc: BaseException) -> bool:

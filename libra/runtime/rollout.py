@@ -9,6 +9,7 @@ trajectory that failed outright (a new request id, counted), and the time spent 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -136,45 +137,51 @@ def run_rollout(
         rec.reward = float(agent.reward(st.rid if st.rid == rec.request_id else rec.request_id))
         done[rec.request_id] = rec
 
-    for rid in prompts:
-        start(rid, 1)
-    idle = 0
-    while live:
-        if on_poll is not None:
-            on_poll()
-        with clock.span("engine"):
-            events = backend.poll()
-        if not events:
-            idle += 1
-            if idle > max_idle_polls or not getattr(backend, "has_running", lambda: True)():
-                if not getattr(backend, "has_running", lambda: True)() and live:
-                    for st in list(live.values()):
-                        close(st, "no running request and no event: the engine lost it")
-                    continue
-                raise RuntimeError(f"rollout of step {step} made no progress in {max_idle_polls} polls")
-            continue
+    try:
+        for rid in prompts:
+            start(rid, 1)
         idle = 0
-        for ev in events:
-            routed.events.append(ev)
-            found = live.get(ev.request_id)
-            if found is None:
+        while live:
+            if on_poll is not None:
+                on_poll()
+            with clock.span("engine"):
+                events = backend.poll()
+            if not events:
+                idle += 1
+                if idle > max_idle_polls or not getattr(backend, "has_running", lambda: True)():
+                    if not getattr(backend, "has_running", lambda: True)() and live:
+                        for st in list(live.values()):
+                            close(st, "no running request and no event: the engine lost it")
+                        continue
+                    raise RuntimeError(f"rollout of step {step} made no progress in {max_idle_polls} polls")
                 continue
-            st = found
-            if ev.kind in (EventKind.TOKENS, EventKind.FINISHED) and ev.weight_version is not None:
-                v = ev.weight_version
-                st.turn_version = v if st.turn_version is None else min(st.turn_version, v)
-            if ev.kind == EventKind.TOKENS:
-                with clock.span("routing"):  # the router's decision (a migration, rare, is engine time in it)
-                    moved = routed.progress(st.rid)
-                if moved is not None and moved.to_instance != moved.from_instance:
-                    st.rec.instances.append(moved.to_instance)
-            elif ev.kind == EventKind.REQUEUED:
-                st.rec.requeues += 1
-                st.rec.instances.append(ev.instance)
-            elif ev.kind == EventKind.FAILED:
-                close(st, ev.error or "failed")
-            elif ev.kind == EventKind.FINISHED:
-                _end_turn(routed, st, agent, sampling, max_turns, clock, close)
+            idle = 0
+            for ev in events:
+                routed.events.append(ev)
+                found = live.get(ev.request_id)
+                if found is None:
+                    continue
+                st = found
+                if ev.kind in (EventKind.TOKENS, EventKind.FINISHED) and ev.weight_version is not None:
+                    v = ev.weight_version
+                    st.turn_version = v if st.turn_version is None else min(st.turn_version, v)
+                if ev.kind == EventKind.TOKENS:
+                    with clock.span("routing"):  # the router's decision (a migration, rare, is engine time in it)
+                        moved = routed.progress(st.rid)
+                    if moved is not None and moved.to_instance != moved.from_instance:
+                        st.rec.instances.append(moved.to_instance)
+                elif ev.kind == EventKind.REQUEUED:
+                    st.rec.requeues += 1
+                    st.rec.instances.append(ev.instance)
+                elif ev.kind == EventKind.FAILED:
+                    close(st, ev.error or "failed")
+                elif ev.kind == EventKind.FINISHED:
+                    _end_turn(routed, st, agent, sampling, max_turns, clock, close)
+    except BaseException:  # Ctrl-C or a failure: leave no request of this rollout behind on the engines
+        for st in list(live.values()):
+            with contextlib.suppress(Exception):
+                backend.release(st.rid)
+        raise
     return done
 
 

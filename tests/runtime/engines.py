@@ -8,11 +8,16 @@ import attrs
 
 from libra.runtime import RunConfig
 
+# a virtual cluster of 3 GPUs (1 trains, 2 serve) with TP 2 only: the planner can only place one TP-2 instance,
+# `rollout-tp2-0`, the one the default run's replan leaves on the shared engines (adopted without an engine start)
+ONE_INSTANCE_VIRTUAL = {"gpus": 3, "gpus_per_node": 3, "model": "Qwen3-4B", "tp_degrees": (2,)}
+ONE_INSTANCE_YAML = "virtual: {gpus: 3, gpus_per_node: 3, model: Qwen3-4B, tp_degrees: [2]}\n"
+
 
 def one_instance_config(**changes) -> RunConfig:
-    """A virtual cluster of 2 GPUs (1 trains, 1 serves): the planner can only place one TP-1 instance."""
+    """A run on `ONE_INSTANCE_VIRTUAL` (one TP-2 instance), 2 prompts x 2 samples, no workload shift."""
     base = RunConfig()
-    virtual = attrs.evolve(base.virtual, gpus=2, gpus_per_node=2, model="Qwen3-4B")
+    virtual = attrs.evolve(base.virtual, **ONE_INSTANCE_VIRTUAL)
     return attrs.evolve(base, virtual=virtual, shift=None, prompts=base.prompts[:2], samples_per_prompt=2, **changes)
 
 

@@ -3,10 +3,14 @@ replans carried out on the engines, the staleness bound, overlap, equivalence wi
 resume after the orchestrator is killed. Everything real, nothing mocked. The tests of this module share one set
 of live engines (the `engines` fixture): each run adopts them (`Orchestrator(..., backend=engines)`), stopping the
 instances its placement does not name and starting the missing ones, so an engine starts only where a placement
-needs a new one (or a killed one restarts). The resume test's `libra run` processes start their own."""
+needs a new one (or a killed one restarts); `libra run` in this process (the resume test's `--resume`, the example)
+adopts them too, through `Orchestrator` with the engines bound in. The one `libra run` process of the resume test
+(SIGKILLed: a crash) starts its own. The synchronous run (`sync_run`) is run once: the equivalence test checks its
+records and the `--ray` test compares with them."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -14,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import attrs
 import pytest
@@ -25,7 +30,7 @@ from libra.runtime.faults import EngineKiller
 from libra.runtime.records import read_jsonl
 from libra.runtime.trainer import TrainerHung
 from tests.limits import scaled
-from tests.runtime.engines import one_instance_config, plain_synchronous_losses
+from tests.runtime.engines import ONE_INSTANCE_YAML, one_instance_config, plain_synchronous_losses
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,24 +135,36 @@ def test_default_run_replans_on_the_engines_overlaps_and_survives_engine_kills(t
     assert main([*sim, "--out", str(tmp_path / "sim"), "--json"]) == 0
 
 
-def test_synchronous_run_equals_a_plain_loop_and_staleness_two_is_bounded(tmp_path, engines) -> None:
-    # greedy decoding makes every sample of a prompt identical, so GRPO's advantages and the loss are exactly 0:
-    # the comparison is made with seeded sampling (a fixed seed per request and turn, as deterministic as greedy)
-    # a hybrid is lent from step 0 (the rollout waits for every training step): placeholder in step 1, active
-    # (half of the fixed global batch) in step 2, handed back after 3 training steps; the losses stay the plain loop's
+@pytest.fixture(scope="module")
+def sync_run(tmp_path_factory, engines) -> SimpleNamespace:
+    """The synchronous run (max_staleness 0, one instance, seeded sampling, a hybrid lent from step 0) and the plain
+    loop's losses on the same engine: the equivalence test checks its records, the `--ray` test compares with them.
+    Greedy decoding makes every sample of a prompt identical, so GRPO's advantages and the loss are exactly 0: the
+    comparison is made with seeded sampling (a fixed seed per request and turn, as deterministic as greedy). The
+    hybrid is lent from step 0 (the rollout waits for every training step): placeholder in step 1, active (half of
+    the fixed global batch) in step 2, handed back after 3 training steps; the losses stay the plain loop's."""
     hybrid = HybridSettings(lend_steps=3, timeout_s=scaled(120), start_timeout_s=scaled(600))
     steps = 4
     config = one_instance_config(steps=steps, max_staleness=0, temperature=1.0, model=engines.model, hybrid=hybrid)
-    orch = Orchestrator(config, tmp_path / "sync", backend=engines)
+    out = tmp_path_factory.mktemp("sync")
+    orch = Orchestrator(config, out, backend=engines)
     try:
         orch.run()
-        records = read_jsonl(tmp_path / "sync" / "run.jsonl")
-        _staleness_ok(records, 0)
-        assert all(r["staleness"] == {"0": config.batch_size} for r in records)
-        assert len(orch.backend.instances()) == 1
+        instances = orch.backend.instances()
         plain = plain_synchronous_losses(orch.backend, engines.model, config, steps)
     finally:
         orch.close()
+    return SimpleNamespace(
+        config=config, out=out, records=read_jsonl(out / "run.jsonl"), plain=plain, instances=instances
+    )
+
+
+def test_synchronous_run_equals_a_plain_loop_and_staleness_two_is_bounded(tmp_path, engines, sync_run) -> None:
+    config, records, plain, steps = sync_run.config, sync_run.records, sync_run.plain, sync_run.config.steps
+    hybrid = config.hybrid
+    _staleness_ok(records, 0)
+    assert all(r["staleness"] == {"0": config.batch_size} for r in records)
+    assert len(sync_run.instances) == 1
     assert [r["loss"] for r in records] == pytest.approx(plain, abs=1e-6)
     assert len({round(x, 9) for x in plain}) == steps and all(x != 0 for x in plain)  # the weights moved
     elastic = [d for r in records for d in r["decisions"] if d["source"] == "elastic"]
@@ -198,13 +215,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_ray_run_matches_the_process_backend(tmp_path, engines, capsys) -> None:
+def test_ray_run_matches_the_process_backend(tmp_path, sync_run, capsys) -> None:
     """`libra run --ray`: the rollout engine runs in a Ray actor of a local Ray that the run starts and stops; two
     synchronous steps with the records of a process-backend run, weights pushed through Ray and checked at each
-    version, and the same losses as the process backend (the module's engine) on the same seed."""
+    version, and the same losses and trajectories as the process backend on the same seed (the first two steps of
+    the module's synchronous run: its hybrid only joins in them, the core trains alone; no hybrid here)."""
     import ray
 
-    config = one_instance_config(steps=2, max_staleness=0, temperature=1.0, model=engines.model)
+    steps = 2
+    config = attrs.evolve(sync_run.config, steps=steps, hybrid=HybridSettings(workers=0))
     (tmp_path / "c.yaml").write_text(json.dumps(config.to_dict()))
     out = tmp_path / "ray"
     assert main(["run", "--ray", "--config", str(tmp_path / "c.yaml"), "--out", str(out), "--json", "--quiet"]) == 0
@@ -217,7 +236,7 @@ def test_ray_run_matches_the_process_backend(tmp_path, engines, capsys) -> None:
     _trace_staleness(out, 0)
     for r in records:  # each version loaded by the actor, reported by its engine, checksum equal to the trainer's
         v = r["step"] + 1
-        assert r["weights"] == {"version": v, "instances": {"rollout-tp1-0": v}, "checksum_checked": True}
+        assert r["weights"] == {"version": v, "instances": {"rollout-tp2-0": v}, "checksum_checked": True}
     (start,) = [d for r in records for d in r["decisions"] if d["kind"] == "StartInstance"]
     where = start["where"]  # the engine ran in another process (the actor), which spawned its engine core
     assert where["pid"] != os.getpid() and where["engine_pids"] and where["node_id"]
@@ -225,22 +244,19 @@ def test_ray_run_matches_the_process_backend(tmp_path, engines, capsys) -> None:
     while any(_alive(p) for p in [where["pid"], *where["engine_pids"]]):  # and nothing of it outlives the run
         assert time.monotonic() < deadline, f"Ray actor or engine left running: {where}"
         time.sleep(0.5)
-    orch = Orchestrator(config, tmp_path / "proc", backend=engines)  # the same job on local processes
-    try:
-        local = orch.run()
-    finally:
-        orch.close()
-    assert summary["losses"] == pytest.approx(list(local.losses), abs=1e-6)
-    assert len(set(local.losses)) == 2 and all(x != 0 for x in local.losses)  # the weights moved between steps
+    local = [r["loss"] for r in sync_run.records[:steps]]  # the same job on local processes
+    assert summary["losses"] == pytest.approx(local, abs=1e-6)
+    assert len(set(local)) == 2 and all(x != 0 for x in local)  # the weights moved between steps
     # the same trajectories: every turn's tokens, tool and weight version, and the rewards (tool latency aside)
     same = [
         sorted(
             (t["step"], t["prompt_id"], t["sample"], t["reward"], [{**u, "tool_latency_s": 0} for u in t["turns"]])
             for t in read_jsonl(d / "trace.jsonl")
+            if t["step"] < steps
         )
-        for d in (out, tmp_path / "proc")
+        for d in (out, sync_run.out)
     ]
-    assert same[0] == same[1]
+    assert same[0] and same[0] == same[1]
 
 
 def _run_until(cmd, out: Path, records: int, sig: int, env) -> int:
@@ -269,31 +285,58 @@ def _run_until(cmd, out: Path, records: int, sig: int, env) -> int:
     return proc.returncode
 
 
-def test_interrupted_and_killed_orchestrator_resume_from_the_last_completed_step(tmp_path, engines) -> None:
-    """Ctrl-C of `libra run`, then `libra run --resume` SIGKILLed with its engines (a crash), then the last resume
-    (in this process, on the shared engines) completes the run."""
+def _ctrl_c_at_step(step: int):
+    """An `on_poll` hook that presses Ctrl-C (SIGINT to this process, delivered as the CLI handles it) once, at the
+    first engine poll after `step` steps are recorded."""
+    sent: list[int] = []
+
+    def hook(orch) -> None:
+        if not sent and orch.step >= step and orch.rolling_step is not None:
+            sent.append(orch.rolling_step)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    return hook
+
+
+def test_killed_and_interrupted_orchestrator_resume_from_the_last_completed_step(
+    tmp_path, engines, monkeypatch, capsys
+) -> None:
+    """`libra run` SIGKILLed with its engines (a crash: its whole process group), then `libra run --resume` Ctrl-C'd
+    (in this process, on the module's engines), then the last resume completes the run."""
+    import libra.runtime
+
     config = tmp_path / "c.yaml"
     config.write_text(
         "steps: 4\nmax_staleness: 1\nshift: null\nprompts: [what is the answer, the fox]\n"
-        f"samples_per_prompt: 2\nvirtual: {{gpus: 2, gpus_per_node: 2, model: Qwen3-4B}}\nmodel: {engines.model}\n"
+        f"samples_per_prompt: 2\n{ONE_INSTANCE_YAML}model: {engines.model}\n"
     )
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    libra = [sys.executable, "-m", "libra", "run"]
-    _run_until([*libra, "--config", str(config), "--out", str(out)], out, 1, signal.SIGINT, env)  # Ctrl-C
-    after_interrupt = read_jsonl(out / "run.jsonl")
-    assert [r["step"] for r in after_interrupt] == list(range(len(after_interrupt)))  # consistent
-    _run_until([*libra, "--resume", str(out)], out, len(after_interrupt) + 1, signal.SIGKILL, env)  # crash
+    cmd = [sys.executable, "-m", "libra", "run", "--config", str(config), "--out", str(out)]
+    _run_until(cmd, out, 1, signal.SIGKILL, env)  # crash
+    crashed = read_jsonl(out / "run.jsonl")
+    assert [r["step"] for r in crashed] == list(range(len(crashed)))  # consistent
+    # Ctrl-C of `libra run --resume` once it has recorded one more step: exit 130, the resume hint, the records
+    # consistent (the CLI's run adopts the module's engines: the same run, one engine start fewer)
+    adopting = functools.partial(libra.runtime.Orchestrator, backend=engines, on_poll=_ctrl_c_at_step(len(crashed) + 1))
+    monkeypatch.setattr(libra.runtime, "Orchestrator", adopting)
+    assert main(["run", "--resume", str(out), "--quiet"]) == 130
+    assert "continue with: libra run --resume" in capsys.readouterr().err
+    monkeypatch.undo()
     before = read_jsonl(out / "run.jsonl")
-    assert before[: len(after_interrupt)] == after_interrupt and before[-1]["step"] == len(before) - 1
+    # the first step the resumed run recorded (0 when the kill came before the first checkpoint: no resume then)
+    first_crash = next((r["step"] for r in before if any(d["kind"] == "resume" for d in r["decisions"])), 0)
+    assert len(crashed) - 1 <= first_crash <= len(crashed)  # a kill between record and checkpoint: one less
+    assert before[:first_crash] == crashed[:first_crash] and len(before) > first_crash
+    assert [r["step"] for r in before] == list(range(len(before)))
     resumed_config = config_from_dict(json.loads((out / "config.json").read_text()))
     orch = Orchestrator(resumed_config, out, resume=True, backend=engines)
     try:
         summary = orch.run()
     finally:
         orch.close()
-    first = summary.first_step  # the last checkpointed step + 1 (a kill between record and checkpoint: one less)
-    assert len(before) - 1 <= first <= len(before) and summary.steps_completed == 4
+    first = summary.first_step  # the last checkpointed step + 1: Ctrl-C waits for a record's checkpoint
+    assert first == len(before) and summary.steps_completed == 4
     records = read_jsonl(out / "run.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2, 3]
     assert records[:first] == before[:first]  # the completed steps are kept as they were
@@ -302,3 +345,41 @@ def test_interrupted_and_killed_orchestrator_resume_from_the_last_completed_step
     assert resumed and resumed[0]["step"] == first
     trace = read_jsonl(out / "trace.jsonl")
     assert len(trace) == 4 * 4 and len({(t["step"], t["request_id"]) for t in trace}) == 16  # 0 lost, 0 twice
+
+
+def test_tiny_rl_loop_example_leaves_run_records(tmp_path, engines, monkeypatch, capsys) -> None:
+    """`examples/tiny_rl_loop.py` (a short use of the runtime API) runs on CPU and leaves consistent run records. Its
+    `main` runs in this process on a small configuration of the same runtime (one engine, 2 prompts x 2 samples,
+    2 steps, max_staleness 1); its `Orchestrator` adopts the module's engines (no engine start)."""
+    import importlib.util
+
+    import libra.runtime
+
+    spec = importlib.util.spec_from_file_location("tiny_rl_loop", ROOT / "examples" / "tiny_rl_loop.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    config = tmp_path / "small.yaml"
+    config.write_text(
+        "max_staleness: 1\nprompts: [what is the answer, the fox and the dog]\nsamples_per_prompt: 2\n"
+        f"{ONE_INSTANCE_YAML}model: {engines.model}\n"
+    )
+    out = tmp_path / "run"
+    monkeypatch.setattr(libra.runtime, "Orchestrator", functools.partial(libra.runtime.Orchestrator, backend=engines))
+    assert example.main([str(out), "--steps", "2", "--config", str(config)]) == 0
+    printed = capsys.readouterr().out
+    assert "step 0: loss" in printed and "step 1: loss" in printed and str(out) in printed
+    records = read_jsonl(out / "run.jsonl")
+    assert [r["step"] for r in records] == [0, 1]
+    for r in records:
+        assert r["weight_version"] == r["step"] + 1 and r["loss"] == r["loss"]  # not NaN
+        assert r["trajectories"]["finished"] == r["trajectories"]["expected"] == 4
+        assert r["trajectories"]["lost"] == 0 and r["trajectories"]["duplicated"] == 0
+        assert all(0 <= int(s) <= 1 for s in r["staleness"])
+        assert set(r["weights"]["instances"].values()) == {r["weight_version"]}  # the engines serve the new weights
+    first = records[0]["decisions"]
+    assert any(d["source"] == "planner" and d["kind"] == "plan" for d in first)
+    # the planner's placement runs: its one TP-2 instance serves step 0 (adopted here, or started: source planner)
+    assert [(g["tp"], g["count"]) for g in records[0]["plan"]["rollout"]["instances"]] == [(2, 1)]
+    assert set(records[0]["workers"]) - {"train-0"} == set(records[0]["weights"]["instances"]) == {"rollout-tp2-0"}
+    assert any(d["source"] == "router" for d in first)
+    assert len(read_jsonl(out / "trace.jsonl")) == 8 and (out / "timeline.png").is_file()
