@@ -197,6 +197,19 @@ def _react_turns(text: str) -> list[tuple[str, str]]:
     return [(role, "\n".join(lines)) for role, lines in chunks]
 
 
+def _append_react_turns(messages: list[dict], turns) -> None:
+    """ReAct (role, text) turns as chat messages: each observation becomes a `tool` message named after the
+    action of the model's message before it (`Search[...]` -> `search`; `tool` when none was named)."""
+    action = "tool"
+    for role, content in turns:
+        if role == "assistant":
+            acts = _REACT_ACTION.findall(content)
+            action = acts[-1].lower() if acts else "tool"
+            messages.append({"role": "assistant", "content": content})
+        else:
+            messages.append({"role": "tool", "name": action, "content": content})
+
+
 def _react_messages(data: bytes) -> bytes:
     """FireAct's trajectory files (one JSON object, question id -> record with `reward`, `em`, `f1` and `traj`) as
     chat-completions message lists. `traj` is either a message list (the fine-tuned GPT-3.5: the question as the
@@ -215,14 +228,7 @@ def _react_messages(data: bytes) -> bytes:
         else:
             messages = [m for m in traj[:1]]
             turns = [("tool" if m["role"] == "user" else m["role"], m["content"]) for m in traj[1:]]
-        action = "tool"
-        for role, content in turns:
-            if role == "assistant":
-                acts = _REACT_ACTION.findall(content)
-                action = acts[-1].lower() if acts else "tool"
-                messages.append({"role": "assistant", "content": content})
-            else:
-                messages.append({"role": "tool", "name": action, "content": content})
+        _append_react_turns(messages, turns)
         while messages and messages[-1]["role"] == "tool":
             messages.pop()
         out.append(
@@ -299,14 +305,7 @@ def _reflexion_react_messages(data: bytes, context: dict[str, bytes]) -> bytes:
         body = re.split(r"\n(?:Correct answer:|-{5,}|#{5,})", rest)[0]
         prompt = template.replace("{examples}", examples).replace("{question}", question).replace("{scratchpad}", "")
         messages: list[dict] = [{"role": "user", "content": prompt}]
-        action = "tool"
-        for role, content in _react_turns(body):
-            if role == "assistant":
-                acts = _REACT_ACTION.findall(content)
-                action = acts[-1].lower() if acts else "tool"
-                messages.append({"role": "assistant", "content": content})
-            else:
-                messages.append({"role": "tool", "name": action, "content": content})
+        _append_react_turns(messages, _react_turns(body))
         if len(messages) == 1:
             continue
         correct = any("Answer is CORRECT" in m["content"] for m in messages if m["role"] == "tool")
