@@ -646,7 +646,7 @@ class CMLFQRouter(Router):
     def _cold_affords(self, carried: int) -> bool:
         """`cold="budget"`: whether a move carrying `carried` keeps this step's moves within the budget of the tokens
         seen so far in it; if so, the move is booked."""
-        seen = self._cold_finished + sum(r.context for r in self._requests.values())
+        seen = self._cold_finished + self._context_in_flight
         if self._cold_carried + carried > self.budget * seen:  # type: ignore[operator]
             return False
         self._cold_carried += carried
@@ -724,7 +724,7 @@ class CMLFQRouter(Router):
         if target != req.bucket and self.ceiling is not None:
             # the tokens seen: the finished requests' and the contexts of those in flight (each at most its
             # final length, so the share of the whole run stays within the ceiling too)
-            seen = self._finished_total + sum(r.context for r in self._requests.values())
+            seen = self._finished_total + self._context_in_flight
             if self._carried_total + max(0, carried) > self.ceiling * seen:
                 target, reason = req.bucket, "stay"
             else:

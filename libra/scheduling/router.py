@@ -91,6 +91,9 @@ class Router(ABC):
         self.limits = tuple(b.max_tokens for b in buckets)
         self._requests: dict[Any, Request] = {}
         self._finished: list[Trajectory] = []
+        # the sum of the contexts of the requests in flight, kept as they change (a policy that bounds its moves by
+        # the tokens seen reads it at each move: a sum over thousands of requests in flight would cost O(n) a move)
+        self._context_in_flight = 0
 
     # -- the contract --------------------------------------------------------------------------------------------
     def admit(
@@ -103,6 +106,7 @@ class Router(ABC):
         req = Request(request_id, str(prompt_id), prompt_tokens, final_tokens, 0)
         req.bucket = self._admit(req)
         self._requests[request_id] = req
+        self._context_in_flight += prompt_tokens
         return RouteDecision(
             request_id=request_id, bucket=req.bucket, migrate=False, from_bucket=None, migrated_tokens=0, reason="admit"
         )
@@ -126,6 +130,7 @@ class Router(ABC):
             _check_count("tool_tokens", tool_tokens)
         if type(context_tokens) is not int or context_tokens < 0:
             _check_count("context_tokens", context_tokens)
+        self._context_in_flight += context_tokens - req.context
         req.context = context_tokens
         req.tool_tokens += tool_tokens
         target, reason = self._tool_return(req, tool, tool_tokens, status)
@@ -138,14 +143,16 @@ class Router(ABC):
         """The request's generation has grown its context to `context_tokens`."""
         req = self._get(request_id)
         _check_count("context_tokens", context_tokens)
+        self._context_in_flight += context_tokens - req.context
         req.context = context_tokens
         target, reason = self._progress(req)
         return self._move(req, target, context_tokens, reason)
 
     def finish(self, request_id: Any, trajectory: Trajectory) -> None:
         """The request is done; its trajectory is kept for `end_step`. Finishing twice is an error."""
-        self._get(request_id)
+        req = self._get(request_id)
         del self._requests[request_id]
+        self._context_in_flight -= req.context
         self._finished.append(trajectory)
 
     def end_step(self) -> None:
@@ -157,6 +164,11 @@ class Router(ABC):
     @property
     def num_active(self) -> int:
         return len(self._requests)
+
+    @property
+    def context_in_flight(self) -> int:
+        """The sum of the current contexts of the requests in flight (prompt, generated and tool tokens so far)."""
+        return self._context_in_flight
 
     def bucket_of(self, request_id: Any) -> int:
         return self._get(request_id).bucket

@@ -152,6 +152,39 @@ def test_moves_never_carry_more_than_the_ceiling(ceiling, seed, drift) -> None:
     assert result.migrated_tokens <= ceiling * result.total_tokens
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31), st.sampled_from(["adaptive", "published"]))
+def test_the_context_in_flight_is_the_sum_of_the_requests_contexts(seed, preset) -> None:
+    """The running sum the ceiling and the cold budget read at each move (instead of a sum over every request in
+    flight) equals that sum after any interleaving of admissions, tool returns, progress and finishes."""
+    trace = generate("search-r1", num_steps=1, seed=seed % 7, num_prompts=4, samples_per_prompt=2)
+    router = make_router("cmlfq", SEARCH_BUCKETS, **CMLFQ_PRESETS[preset])
+    rng = np.random.default_rng(seed)
+    pending = {i: 0 for i in range(len(trace))}  # request -> turns done
+    for i, t in enumerate(trace):
+        router.admit(i, prompt_id=t.prompt_id, prompt_tokens=t.prompt_tokens)
+    while pending:
+        i = int(rng.choice(list(pending)))
+        t, k = trace[i], pending[i]
+        if k == len(t.turns) or t.turns[k].tool is None:
+            router.finish(i, t)
+            del pending[i]
+        elif rng.random() < 0.3:
+            router.on_progress(i, context_tokens=t.context_after(k) + int(rng.integers(0, t.turns[k].gen_tokens + 1)))
+        else:
+            turn = t.turns[k]
+            router.on_tool_return(
+                i,
+                tool=turn.tool,
+                tool_tokens=turn.tool_tokens,
+                status=turn.tool_status,
+                context_tokens=t.context_after(k + 1),
+            )
+            pending[i] = k + 1
+        assert router.context_in_flight == sum(r.context for r in router._requests.values())
+    assert router.context_in_flight == 0
+
+
 def test_the_ceiling_binds_only_past_it() -> None:
     """On FireAct GPT-3.5's runs (in order of length) the default without its ceiling carries 14.4 % of the
     tokens; with it, 11.9 %, in fewer moves."""
