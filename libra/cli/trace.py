@@ -63,7 +63,12 @@ def _add_import_args(p: argparse.ArgumentParser) -> None:
     from libra.workloads.importers import DEFAULT_TOKENIZER, IMPORT_FORMATS
 
     p.add_argument("sources", nargs="*", metavar="SRC", help="agent log files (JSON or JSON Lines)")
-    p.add_argument("--format", default="openai", choices=IMPORT_FORMATS, help="log format (default openai)")
+    p.add_argument(
+        "--format",
+        default="openai",
+        choices=IMPORT_FORMATS,
+        help="log format (default openai, which also reads ShareGPT, Anthropic, Gemini and OpenAI Responses logs)",
+    )
     p.add_argument("--out", default="imported-trace.jsonl", help="output trace (default imported-trace.jsonl)")
     p.add_argument(
         "--tokenizer",

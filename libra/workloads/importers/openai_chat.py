@@ -10,8 +10,13 @@ Messages before the first assistant message (system, developer, user) are the pr
 one generation: its content, reasoning (`reasoning_content`, `reasoning`) and tool calls (name and arguments).
 Every later non-assistant message is a return that goes back into the context: `tool` / `function` messages are
 tool results (the tool's name from the matching call, `name`, or "tool"), `user` messages the user's (or a user
-simulator's) reply, tool "user". Message contents may be strings or lists of text parts. Counts are of the text
-only (a chat template adds a few tokens per message).
+simulator's) reply, tool "user". Message contents may be strings or lists of text parts. A `system` field beside
+the messages (when no message is a system message) is part of the prompt. Counts are of the text only (a chat
+template adds a few tokens per message).
+
+Other dialects are read too (dialects.py): ShareGPT `from` / `value` conversations, Anthropic content blocks
+(`tool_use`, `tool_result`, `thinking`), Gemini `parts` (`functionCall`, `functionResponse`, code execution) and
+OpenAI Responses items (`function_call`, `function_call_output`, `reasoning`).
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from libra.workloads.importers.common import (
     iter_records,
     text_of,
 )
-from libra.workloads.trace import TraceError, Trajectory
+from libra.workloads.importers.dialects import CALL_NAMES, STATUS, expand, is_message
+from libra.workloads.trace import TOOL_STATUSES, TraceError, Trajectory
 
 _MESSAGE_KEYS = ("messages", "traj", "conversation", "conversations")
 _CONTAINER_KEYS = ("simulations", "results", "data", "trajectories")
@@ -50,7 +56,7 @@ def exit_code_in(text: str) -> int | None:
 def _records(value: Any, path: Path, line: int) -> Iterator[tuple[str, dict | list]]:
     """`(where, record)` for each trajectory record in one JSON value."""
     if isinstance(value, list):
-        if value and all(isinstance(m, dict) and "role" in m for m in value):
+        if value and all(is_message(m) for m in value):
             yield "", value
             return
         for i, item in enumerate(value):
@@ -107,6 +113,7 @@ def _gen_text(msg: dict) -> tuple[str, list[tuple[str, str]]]:
         parts.append(name)
         parts.append(args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
         calls.append((str(call.get("id", "")), name))
+    calls += [("", name) for name in msg.get(CALL_NAMES) or ()]  # a ShareGPT call: its text is the content
     fc = msg.get("function_call")
     if isinstance(fc, dict):
         parts += [str(fc.get("name", "")), str(fc.get("arguments", ""))]
@@ -125,51 +132,66 @@ def convert_messages(
     user_tool: str = "user",
     user_exit_codes: bool = False,
 ) -> tuple[int, list[Segment]]:
-    """`(prompt_tokens, segments)` of one message list (module docstring). `user_tool` names the returns of
-    user messages; with `user_exit_codes`, an exit code in a user message's text sets its status (agents whose
-    environment answers as the user, e.g. mini-swe-agent)."""
+    """`(prompt_tokens, segments)` of one message list (module docstring; other dialects are read through
+    dialects.py). `user_tool` names the returns of user messages; with `user_exit_codes`, an exit code in a user
+    message's text sets its status (agents whose environment answers as the user, e.g. mini-swe-agent)."""
     prompt = 0
     segments: list[Segment] = []
     gen: int | None = None
     returns: list[Return] = []
     names: dict[str, str] = {}
     last_calls: list[str] = []
-    for i, msg in enumerate(messages):
-        if not isinstance(msg, dict):
-            raise TraceError(path, line, f"{where}messages[{i}]", f"must be an object, got {type(msg).__name__}")
-        role = msg.get("role")
-        if not isinstance(role, str):
-            raise TraceError(path, line, f"{where}messages[{i}].role", f"must be a string, got {role!r}")
-        if role == "assistant":
-            if gen is not None:
-                segments.append(Segment(gen, tuple(returns)))
-            text, calls = _gen_text(msg)
-            gen, returns = count(text), []
-            names.update((cid, name) for cid, name in calls if cid)
-            last_calls = [name for _, name in calls]
-            continue
-        text = text_of(msg.get("content"))
-        if gen is None:  # before the first generation: the prompt
-            prompt += count(text)
-            continue
-        if role in ("tool", "function", "ipython"):
-            tool = names.get(str(msg.get("tool_call_id", ""))) or msg.get("name")
-            if not isinstance(tool, str) or not tool:
-                tool = last_calls[len(returns)] if len(returns) < len(last_calls) else "tool"
-            err = msg.get("error", msg.get("is_error"))
-            code = msg.get("exit_code", msg.get("returncode"))
-            code = code if isinstance(code, int) and not isinstance(code, bool) else exit_code_in(text)
-            status = rules.classify(text, error=err if isinstance(err, bool) else None, exit_code=code)
-            returns.append(Return(tool, count(text), status))
-        elif role == "user" or role == "system" or role == "developer":
-            code = exit_code_in(text) if user_exit_codes else None
-            status = rules.classify(text, exit_code=code) if user_exit_codes else "ok"
-            returns.append(Return(user_tool if role == "user" else role, count(text), status))
-        else:  # another role (environment, observation, ...): a return named after it
-            returns.append(Return(role, count(text), rules.classify(text)))
+    for i, raw in enumerate(messages):
+        for msg in expand(raw):
+            if not isinstance(msg, dict):
+                raise TraceError(path, line, f"{where}messages[{i}]", f"must be an object, got {type(msg).__name__}")
+            role = msg.get("role")
+            if not isinstance(role, str):
+                raise TraceError(path, line, f"{where}messages[{i}].role", f"must be a string, got {role!r}")
+            if role == "assistant":
+                if gen is not None:
+                    segments.append(Segment(gen, tuple(returns)))
+                text, calls = _gen_text(msg)
+                gen, returns = count(text), []
+                names.update((cid, name) for cid, name in calls if cid)
+                last_calls = [name for _, name in calls]
+                continue
+            text = text_of(msg.get("content"))
+            if gen is None:  # before the first generation: the prompt
+                prompt += count(text)
+                continue
+            if role in ("tool", "function", "ipython"):
+                returns.append(
+                    Return(_tool_name(msg, names, last_calls, len(returns)), count(text), _status(msg, text, rules))
+                )
+            elif role == "user" or role == "system" or role == "developer":
+                code = exit_code_in(text) if user_exit_codes else None
+                status = rules.classify(text, exit_code=code) if user_exit_codes else "ok"
+                returns.append(Return(user_tool if role == "user" else role, count(text), status))
+            else:  # another role (environment, observation, ...): a return named after it
+                returns.append(Return(role, count(text), rules.classify(text)))
     if gen is not None:
         segments.append(Segment(gen, tuple(returns)))
     return prompt, segments
+
+
+def _tool_name(msg: dict, names: dict[str, str], last_calls: list[str], position: int) -> str:
+    """A tool result's tool: the call it answers (by id), its own `name`, else the open generation's calls in
+    order, else "tool"."""
+    tool = names.get(str(msg.get("tool_call_id", ""))) or msg.get("name")
+    if not isinstance(tool, str) or not tool:
+        tool = last_calls[position] if position < len(last_calls) else "tool"
+    return tool
+
+
+def _status(msg: dict, text: str, rules: StatusRules) -> str:
+    stated = msg.get(STATUS)
+    if stated in TOOL_STATUSES:
+        return stated
+    err = msg.get("error", msg.get("is_error"))
+    code = msg.get("exit_code", msg.get("returncode"))
+    code = code if isinstance(code, int) and not isinstance(code, bool) else exit_code_in(text)
+    return rules.classify(text, error=err if isinstance(err, bool) else None, exit_code=code)
 
 
 def _reward(record: dict) -> float | None:
@@ -202,10 +224,15 @@ def import_openai(
             shared = rec.get("__shared_prompt__") if isinstance(rec, dict) else None
             if shared:
                 prompt += count(shared)
+            system = rec.get("system") if isinstance(rec, dict) else None
+            if isinstance(system, str | list) and not any(
+                isinstance(m, dict) and m.get("role") == "system" for m in messages
+            ):  # a system prompt stated beside the messages (Anthropic's `system`, ShareGPT's)
+                prompt += count(text_of(system))
             key = next((k for k in _ID_KEYS if isinstance(rec.get(k), str | int) and rec.get(k) != ""), None)
             pid = rec[key] if key else None
             sample = next((rec[k] for k in _SAMPLE_KEYS if isinstance(rec.get(k), int)), None)
-            meta = _meta(rec, (key,) if key else ())
+            meta = _meta(rec, (key, "system") if key else ("system",))
             yield build_trajectory(
                 prompt_id=str(pid) if pid is not None else f"{path.stem}-{n}",
                 prompt_tokens=prompt,

@@ -1,0 +1,227 @@
+"""Chat-log dialects other than OpenAI chat completions, rewritten into that form for `convert_messages`.
+
+Agent logs come in a few shapes besides OpenAI's `role` / `content` / `tool_calls` / `tool` messages:
+
+- **ShareGPT** (`{"from": ..., "value": ...}`, common in published agent datasets): `human` / `user` is the user,
+  `gpt` / `assistant` / `model` the model, `function_call` / `tool_call` a generated tool call (its text is the
+  generation; the tool's name is read from its JSON when it has one), `observation` / `function` / `tool` /
+  `function_response` / `tool_response` a tool's result.
+- **Anthropic messages**: content blocks `text`, `thinking`, `tool_use` (name and input: generated),
+  `server_tool_use`; `tool_result` blocks (in user messages; `is_error` sets the status) and server tools'
+  `*_tool_result` blocks are tool results, named after the call they answer.
+- **Gemini** (`role: "model"`, `parts`): `text` (thoughts included), `functionCall` and `executableCode` are
+  generated; `functionResponse` (its `output`, or the whole response; an `error` in it is an error) and
+  `codeExecutionResult` (an outcome other than OK is an error, a deadline a timeout) are tool results. camelCase and
+  snake_case keys both.
+- **OpenAI Responses items** (`{"type": ...}` without a role): `message`, `reasoning`, `function_call` and other
+  `*_call` items are generated; `function_call_output` and other `*_call_output` items are tool results.
+
+Role aliases (`human`, `gpt`, `bot`, `model`) are read in plain `role` / `content` messages too. A message
+already in OpenAI form passes as it is. Anything unrecognised is left for `convert_messages`, which reports it in
+one line.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from libra.workloads.importers.common import text_of
+
+_ROLE_ALIASES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "model": "assistant",
+    "bot": "assistant",
+    "chatgpt": "assistant",
+    "system": "system",
+    "developer": "developer",
+}
+_SHAREGPT_CALLS = {"function_call", "tool_call", "tool_calls"}
+_SHAREGPT_RESULTS = {"observation", "function", "tool", "function_response", "tool_response", "ipython"}
+_RESPONSE_ITEMS = {"message", "reasoning"}
+_GEMINI_KEYS = (
+    ("functionCall", "function_call"),
+    ("functionResponse", "function_response"),
+    ("executableCode", "executable_code"),
+    ("codeExecutionResult", "code_execution_result"),
+)
+_ANTHROPIC_BLOCKS = {"tool_use", "server_tool_use", "tool_result", "thinking", "redacted_thinking"}
+# the key under which a rewritten assistant message lists the tools it called without a text of their own to count
+# (`openai_chat._gen_text` reads it): a ShareGPT function call's whole text is its generation
+CALL_NAMES = "_libra_call_names"
+# the key under which a rewritten tool result states a status its text does not (a Gemini code deadline: timeout)
+STATUS = "_libra_status"
+
+
+def is_message(m: Any) -> bool:
+    """Whether `m` looks like one chat message or log item of any dialect above."""
+    if not isinstance(m, dict):
+        return False
+    if "role" in m or ("from" in m and "value" in m):
+        return True
+    kind = m.get("type")
+    return isinstance(kind, str) and (kind in _RESPONSE_ITEMS or kind.endswith(("_call", "_call_output")))
+
+
+def expand(m: Any) -> tuple[Any, ...] | list[dict]:
+    """One message or log item in OpenAI chat form: the message itself when it is in that form (or is not a
+    message: `convert_messages` reports it), else the messages it stands for (module docstring)."""
+    return _rewrite(m) if _foreign(m) else (m,)
+
+
+def _foreign(m: Any) -> bool:
+    if not isinstance(m, dict):
+        return False
+    role = m.get("role")
+    if role is None:
+        return ("from" in m and "value" in m) or "type" in m
+    if role in ("human", "gpt", "model", "bot", "chatgpt") or "parts" in m:
+        return True
+    content = m.get("content")
+    return isinstance(content, list) and any(
+        isinstance(b, dict) and (b.get("type") in _ANTHROPIC_BLOCKS or str(b.get("type", "")).endswith("_tool_result"))
+        for b in content
+    )
+
+
+def _rewrite(m: dict) -> list[dict]:
+    if "role" not in m and "from" in m:
+        return _sharegpt(m)
+    if "role" not in m:
+        return _responses_item(m)
+    role = _ROLE_ALIASES.get(m["role"], m["role"])
+    blocks = m.get("parts") if "parts" in m else m.get("content")
+    if not isinstance(blocks, list):
+        return [{**m, "role": role}]
+    return _blocks(role, blocks, m)
+
+
+def _sharegpt(m: dict) -> list[dict]:
+    who, value = m.get("from"), m.get("value")
+    text = value if isinstance(value, str) else text_of(value)
+    if who in _SHAREGPT_CALLS:
+        return [{"role": "assistant", "content": text, CALL_NAMES: _call_names(value)}]
+    if who in _SHAREGPT_RESULTS:
+        return [{"role": "tool", "content": text}]
+    role = _ROLE_ALIASES.get(who, who) if isinstance(who, str) else who
+    return [{"role": role, "content": text}]
+
+
+def _call_names(value: Any) -> list[str]:
+    """The tool names in a ShareGPT function call's value (`{"name": ...}` or a list of them, as JSON text or
+    data); "tool" when it names none."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return ["tool"]
+    calls = value if isinstance(value, list) else [value]
+    names = [c["name"] for c in calls if isinstance(c, dict) and isinstance(c.get("name"), str) and c["name"]]
+    return names or ["tool"]
+
+
+def _dump(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _responses_item(m: dict) -> list[dict]:
+    kind = m.get("type")
+    if kind == "message":
+        role = m.get("role")
+        return [
+            {
+                "role": _ROLE_ALIASES.get(role, role) if isinstance(role, str) else role,
+                "content": text_of(m.get("content")),
+            }
+        ]
+    if kind == "reasoning":
+        return [{"role": "assistant", "content": "\n".join(text_of(m.get(k)) for k in ("summary", "content"))}]
+    if isinstance(kind, str) and kind.endswith("_call_output"):
+        return [{"role": "tool", "tool_call_id": str(m.get("call_id", "")), "content": _dump(m.get("output", ""))}]
+    if isinstance(kind, str) and kind.endswith("_call"):
+        name = m.get("name") if isinstance(m.get("name"), str) else kind[: -len("_call")]
+        args = next((m[k] for k in ("arguments", "input", "action") if k in m), "")
+        call = {"id": str(m.get("call_id", m.get("id", ""))), "function": {"name": name, "arguments": _dump(args)}}
+        return [{"role": "assistant", "content": "", "tool_calls": [call]}]
+    return [m]  # not an item of any dialect: `convert_messages` names it
+
+
+def _blocks(role: str, blocks: list, m: dict) -> list[dict]:
+    """One message of Anthropic content blocks or Gemini parts, split where a tool result sits among them:
+    generated blocks gather into assistant messages (or the message's own role), results become tool messages."""
+    out: list[dict] = []
+    texts: list[str] = []
+    calls: list[dict] = []
+
+    def flush() -> None:
+        if texts or calls:
+            msg: dict[str, Any] = {"role": role, "content": "\n".join(texts)}
+            if calls:
+                msg["tool_calls"] = list(calls)
+            out.append(msg)
+            texts.clear()
+            calls.clear()
+
+    for b in blocks:
+        if isinstance(b, str):
+            texts.append(b)
+            continue
+        if not isinstance(b, dict):
+            continue
+        kind = b.get("type")
+        gemini = next(((k, b.get(k) if k in b else b.get(s)) for k, s in _GEMINI_KEYS if k in b or s in b), None)
+        if kind in ("tool_use", "server_tool_use"):
+            fn = {"name": str(b.get("name") or "tool"), "arguments": _dump(b.get("input", ""))}
+            calls.append({"id": str(b.get("id", "")), "function": fn})
+        elif kind == "tool_result" or (isinstance(kind, str) and kind.endswith("_tool_result")):
+            flush()
+            result: dict[str, Any] = {"role": "tool", "tool_call_id": str(b.get("tool_use_id", ""))}
+            result["content"] = (
+                text_of(b.get("content")) if not isinstance(b.get("content"), dict) else _dump(b["content"])
+            )
+            if isinstance(b.get("is_error"), bool):
+                result["is_error"] = b["is_error"]
+            out.append(result)
+        elif kind == "thinking":
+            texts.append(str(b.get("thinking", "")))
+        elif kind == "redacted_thinking":
+            continue  # encrypted: no text to count
+        elif gemini is not None:
+            key, value = gemini
+            value = value if isinstance(value, dict) else {}
+            if key == "functionCall":
+                fn = {"name": str(value.get("name") or "tool"), "arguments": _dump(value.get("args", ""))}
+                calls.append({"id": str(value.get("id", "")), "function": fn})
+            elif key == "executableCode":
+                texts.append(str(value.get("code", "")))
+                calls.append({"id": "", "function": {"name": "code_execution", "arguments": ""}})
+            elif key == "functionResponse":
+                # Gemini's convention: the result under "output", a failure under "error"
+                flush()
+                response = value.get("response", "")
+                result = {"role": "tool", "name": str(value.get("name") or "tool")}
+                output = response.get("output") if isinstance(response, dict) else None
+                result["content"] = output if isinstance(output, str) else _dump(response)
+                if isinstance(response, dict) and response.get("error"):
+                    result["is_error"] = True
+                out.append(result)
+            else:  # codeExecutionResult
+                flush()
+                outcome = str(value.get("outcome", ""))
+                result = {"role": "tool", "name": "code_execution", "content": str(value.get("output", ""))}
+                if "DEADLINE" in outcome:
+                    result[STATUS] = "timeout"
+                elif outcome and outcome != "OUTCOME_OK":
+                    result["is_error"] = True
+                out.append(result)
+        else:
+            value = b.get("text", b.get("content"))
+            if value is not None:
+                texts.append(text_of(value))
+    flush()
+    if not out:  # a message with no content at all keeps its place (an empty generation or return)
+        out.append({"role": role, "content": ""})
+    return out
