@@ -15,7 +15,7 @@ the bucket of the predicted P50; `probability` moves to the likeliest bucket whe
 likely. Any move must pay: the predicted remaining tokens must be at least `cost_ratio` times the tokens the move
 carries (the context already in KV cache, which the destination re-prefills or receives).
 
-`priced` weighs single-shot accuracy against migrated tokens directly. With bucket probabilities `P` (as for
+`priced` (its tool-return path in priced.py) weighs single-shot accuracy against migrated tokens directly. With bucket probabilities `P` (as for
 `probability`), `T` the mean trajectory length (the prompt-agnostic root) and `price` the accuracy one may give up
 per `T` tokens carried, a request moves to its likeliest bucket `b` at a tool return only when
 - the gain pays for the move: `P(b) - P(current) >= price * carried / T`, and
@@ -51,60 +51,18 @@ from typing import Any
 from libra.scheduling.budget import MigrationBudget
 from libra.scheduling.experts import AdmitExperts
 from libra.scheduling.presets import CMLFQ_PRESETS, DEFAULT_PRESET, RULES
+from libra.scheduling.priced import PricedRule
 from libra.scheduling.router import Request, RouteDecision, Router, register_router
 from libra.scheduling.shrinkage import ShrinkFit
 from libra.scheduling.states import DEFAULT_SIZE_EDGES
 from libra.scheduling.tree import Node, PrefixTree
+from libra.scheduling.walk import Walk
 from libra.spec import Bucket, SpecError
 from libra.workloads.trace import Trajectory
 
 
-class _Walk:
-    """Where a request stands in the prompt tree and the agnostic tree: the deepest node reached on its path and
-    the context when it got there; `exact` turns False once its path leaves the tree."""
-
-    __slots__ = (
-        "p_root",
-        "p_node",
-        "p_ctx",
-        "p_exact",
-        "a_node",
-        "a_ctx",
-        "a_exact",
-        "root_ctx",
-        "warm",
-        "admitted",
-        "points",
-        "price",
-        "calib",
-        "guesses",
-        "ups",
-        "ups_of",
-        "ups_total",
-    )
-
-    def __init__(self, p_node: Node | None, a_node: Node, ctx: int) -> None:
-        self.p_root = p_node
-        self.p_node, self.p_ctx, self.p_exact = p_node, ctx, p_node is not None
-        self.a_node, self.a_ctx, self.a_exact = a_node, ctx, True
-        self.root_ctx = ctx  # the context at admission, the anchor of the agnostic root's statistics
-        self.warm = a_node.count > 0  # the tree had learnt something when the request arrived
-        self.admitted = 0  # its bucket at admission
-        self.points: list[tuple[float, float, int] | None] | None = None  # decision points, for the budget (budget.py)
-        self.price = 0.0  # the price of a carried token for this request (the router's, or the budget's mix)
-        # `shrink="auto"` records (shrinkage.py): (node shares, population shares, survivors); `_priced` leaves the
-        # population shares for `_resolved_calib` (the context in their place)
-        self.calib: list[tuple[list[float], list[float] | int, float]] = []
-        self.guesses: tuple[int, ...] | None = None  # `admit_select` guesses of the admission experts (experts.py)
-        # the agnostic root's window positions of the bucket limits for this request's anchor (`_priced`), and the
-        # root window (list, total) they were found in
-        self.ups: list[int] | None = None
-        self.ups_of: list[int] | None = None
-        self.ups_total = 0
-
-
 @register_router
-class CMLFQRouter(Router):
+class CMLFQRouter(PricedRule, Router):
     """The C-MLFQ router; see the module docstring. `tree` may be given (e.g. loaded or merged from other ranks),
     and then its own window, size-class edges and tool set apply; otherwise one is built from `window`,
     `max_nodes`, `max_depth`, `size_edges`, `tools`."""
@@ -241,7 +199,7 @@ class CMLFQRouter(Router):
 
     def _admit(self, req: Request) -> int:
         bucket = self._admit_bucket(req)
-        walk: _Walk = req.state
+        walk: Walk = req.state
         walk.admitted = bucket
         walk.price = self.price
         if self._mix_q > 0.0 and self._rng.random() < self._mix_q:
@@ -252,7 +210,7 @@ class CMLFQRouter(Router):
 
     def _admit_bucket(self, req: Request) -> int:
         root = self.tree.prompts.get(req.prompt_id)
-        walk = req.state = _Walk(root, self.tree.agnostic, req.prompt_tokens)
+        walk = req.state = Walk(root, self.tree.agnostic, req.prompt_tokens)
         if self.admit_mode == "smallest":
             return 0
         if self.rule == "priced":  # admission carries nothing: the likeliest bucket, if clearly likelier
@@ -269,7 +227,7 @@ class CMLFQRouter(Router):
         target, act = self._decide(walk, req.prompt_tokens, 0, self._predict(walk, req.prompt_tokens))
         return target if act else 0
 
-    def _admit_guesses(self, walk: _Walk, prompt_tokens: int) -> tuple[int, int]:
+    def _admit_guesses(self, walk: Walk, prompt_tokens: int) -> tuple[int, int]:
         """The admission guesses of the `prompt` and `population` experts (experts.py)."""
         root = self.tree.agnostic
         pop_probs = self._bucket_probs(root, prompt_tokens, 1.0, prompt_tokens) if root.count else None
@@ -283,7 +241,7 @@ class CMLFQRouter(Router):
 
     def _tool_return(self, req: Request, tool: str, tool_tokens: int, status: str) -> tuple[int, str]:
         code = self.tree.codec.encode(tool, tool_tokens, status)
-        walk: _Walk = req.state
+        walk: Walk = req.state
         ctx = req.context
         m = self.min_count
         if walk.p_exact:
@@ -317,7 +275,7 @@ class CMLFQRouter(Router):
                 return target, "tool-return"
         return self._overflow(req, None if pred is None else pred[0], carried)
 
-    def _decide(self, walk: _Walk, ctx: int, current: int, pred: tuple[float, float, float] | None) -> tuple[int, bool]:
+    def _decide(self, walk: Walk, ctx: int, current: int, pred: tuple[float, float, float] | None) -> tuple[int, bool]:
         """The bucket the rule points at for a request with context `ctx`, and whether the rule is sure enough
         to act: mean-p90 (the buckets of the predicted mean and P90 agree), median (the bucket of the predicted
         P50), probability (the likeliest bucket, if at least `confidence` likely)."""
@@ -331,7 +289,7 @@ class CMLFQRouter(Router):
         target = self.bucket_for(mean)
         return target, target == self.bucket_for(p90)
 
-    def _likeliest(self, walk: _Walk, ctx: int, current: int) -> tuple[int, bool]:
+    def _likeliest(self, walk: Walk, ctx: int, current: int) -> tuple[int, bool]:
         """The bucket the final length most likely falls in, among the window's trajectories that ran at least
         as long as the request has, and whether that is likely enough (>= `confidence`) to act on."""
         probs = self._probabilities(walk, ctx)
@@ -341,7 +299,7 @@ class CMLFQRouter(Router):
         return best, probs[best] >= self.confidence
 
     def _probabilities(
-        self, walk: _Walk, ctx: int, min_count: int | None = None, record: bool = False
+        self, walk: Walk, ctx: int, min_count: int | None = None, record: bool = False
     ) -> list[float] | None:
         """Per bucket, the share of the selected node's window whose final length falls in it, among the
         trajectories that ran at least as long as the request has; None without a node or a survivor."""
@@ -440,224 +398,7 @@ class CMLFQRouter(Router):
             probs.append((n - below) / alive)
         return probs
 
-    def _priced(self, req: Request, tool: str, tool_tokens: int, status: str) -> tuple[int, str]:
-        """The `priced` rule after a tool return (module docstring): move once, when the gain pays for the carried
-        context and the router is sure enough or waiting would carry the large return just received. It is the
-        router's `_tool_return` when the rule is `priced` (set in `__init__`).
-
-        The hot path of the default preset (issue 14: under 10 us a call): the walk of `_tool_return`, `_select`,
-        `_bucket_probs` (unscaled), the shrinkage blend of `_probabilities` and `_record` are written out here, each
-        call costing about as much as the work it does; the same arithmetic in the same order, so the same decisions
-        (test_golden.py, test_fast_paths.py). The `scaled` fallback and an empty window take the general path."""
-        code = self.tree.codec.encode(tool, tool_tokens, status)
-        walk: _Walk = req.state
-        ctx = req.context
-        carried = ctx - tool_tokens
-        m = self.min_count
-        if walk.p_exact:  # (`_tool_return`'s walk)
-            child = walk.p_node.children.get(code)  # type: ignore[union-attr]
-            if child is None or child.count < m:
-                walk.p_exact = False
-            else:
-                walk.p_node, walk.p_ctx = child, ctx
-        if walk.a_exact:
-            child = walk.a_node.children.get(code)
-            if child is None or child.count < m:
-                walk.a_exact = False
-            else:
-                walk.a_node, walk.a_ctx = child, ctx
-        fit = self._fit
-        record = fit is not None and fit.taken < fit.per_step and len(walk.calib) < fit.per_request
-        root = self.tree.agnostic
-        # the node that stands for the request (`_select`, inline; no `scaled` fallback here, so no scale)
-        p_node = walk.p_node
-        a_node = walk.a_node
-        p_ok = p_node is not None and p_node.count >= m
-        if p_ok and walk.p_exact:
-            node, anchor = p_node, walk.p_ctx
-        elif walk.a_exact and self.fallback == "agnostic" and a_node.count >= m:
-            node, anchor = a_node, walk.a_ctx
-        elif p_ok:
-            node, anchor = p_node, walk.p_ctx
-        elif a_node.count >= m:
-            node, anchor = a_node, walk.a_ctx
-        else:
-            node = None
-        ordered = node.ordered if node is not None else None
-        if not ordered or self.fallback == "scaled" or not self._inline:  # (no node, an empty window, or scaled)
-            probs = self._probabilities(walk, ctx, record=record)
-            blend = self._blend
-        else:
-            # `_bucket_probs(node, anchor, 1.0, ctx)`, inline (integer keys, see there)
-            blend = probs = None
-            n = len(ordered)
-            i = bisect_right(ordered, ctx - anchor - 1)
-            if i < n:
-                below = i / n
-                alive = 1.0 - below
-                probs = []
-                for limit in self._floor_limits:
-                    j = bisect_right(ordered, limit - anchor)
-                    if j > i:
-                        upto = j / n
-                        probs.append((upto - below) / alive)
-                        below, i = upto, j
-                    else:
-                        probs.append(0.0)
-                if len(probs) < len(self.limits):
-                    probs.append((1.0 - below) / alive if below < 1.0 else 0.0)
-                shrink = self.shrink
-                if shrink and node is not root:  # the blend with the population (`_probabilities`)
-                    survivors = alive * n
-                    # `_root_probs(root, walk.root_ctx, ctx)`, inline; the bisections of the bucket limits depend
-                    # only on the root's window and the request's anchor: made once per request and root window
-                    r_ordered = root.ordered
-                    rn = len(r_ordered)
-                    if rn:
-                        r_anchor = walk.root_ctx
-                        r_below = bisect_right(r_ordered, ctx - r_anchor - 1)
-                        if r_below < rn:  # (else `_root_probs` is None: no blend, no record)
-                            ups = walk.ups
-                            if ups is None or walk.ups_of is not r_ordered or walk.ups_total != root.total:
-                                ups = self._root_ups(walk, root)
-                            r_alive = rn - r_below
-                            if record:  # the fit's record: the root's shares are found at finish (`_resolved_calib`)
-                                blend = (probs, ctx, survivors)  # type: ignore[assignment]
-                            # each bucket's mix made as its population share is found (no prior list, no copy)
-                            w = survivors / (survivors + shrink)
-                            v = 1.0 - w
-                            mixed = []
-                            k = 0
-                            for upto in ups:
-                                if upto > r_below:
-                                    mixed.append(w * probs[k] + v * ((upto - r_below) / r_alive))
-                                    r_below = upto
-                                else:
-                                    mixed.append(w * probs[k] + v * 0.0)
-                                k += 1
-                            if k < len(probs):
-                                mixed.append(w * probs[k] + v * ((rn - r_below) / r_alive))
-                            probs = mixed
-                elif record and node is not root:
-                    # the fit's record without a blend: its population shares are found when the request finishes
-                    # (`_resolved_calib`), off this path. Whether there are any (a trajectory of the root's window
-                    # ran longer than the request has) is one comparison: `_root_probs` is None otherwise.
-                    r_ordered = root.ordered
-                    if r_ordered and ctx - walk.root_ctx - 1 < r_ordered[-1]:
-                        blend = (probs, ctx, alive * n)  # type: ignore[assignment]
-            elif self.beyond == "root" and root.count:
-                # the request outlived every observation at its node (`_probabilities`): `_bucket_probs(root,
-                # walk.root_ctx, 1.0, ctx)`, inline, with the request's positions of the limits in the root's window
-                r_ordered = root.ordered
-                rn = len(r_ordered)
-                i = bisect_right(r_ordered, ctx - walk.root_ctx - 1)
-                if i < rn:
-                    ups = walk.ups
-                    if ups is None or walk.ups_of is not r_ordered or walk.ups_total != root.total:
-                        ups = self._root_ups(walk, root)
-                    below = i / rn
-                    alive = 1.0 - below
-                    probs = []
-                    for j in ups:
-                        if j > i:
-                            upto = j / rn
-                            probs.append((upto - below) / alive)
-                            below, i = upto, j
-                        else:
-                            probs.append(0.0)
-                    if len(probs) < len(self.limits):
-                        probs.append((1.0 - below) / alive if below < 1.0 else 0.0)
-                else:  # it outlived them all too: the bucket of its context
-                    probs = [0.0] * len(self.limits)
-                    probs[self.bucket_for(ctx)] = 1.0
-        if record and blend is not None:
-            walk.calib.append(blend)
-            fit.taken += 1  # type: ignore[union-attr]
-        points = walk.points
-        if points and points[-1] is None:
-            points.pop()
-        if probs is None:
-            return self._priced_overflow(req, probs)
-        top = max(probs)
-        best = probs.index(top)
-        mean = max(1.0, root.mean + req.prompt_tokens)  # _mean_length, inline
-        if points is not None:
-            # `_record`, inline: the price interval in which this return would move the request out of its
-            # admission bucket (budget.py)
-            a = walk.admitted
-            if best != a:
-                hi = (top - probs[a]) * mean / carried if carried > 0 else float("inf")
-                need = self.confidence - top
-                lo = 0.0 if need <= 0 else (need * mean / tool_tokens if tool_tokens > 0 else float("inf"))
-                if lo <= hi:
-                    points.append((lo, hi, carried))
-                if self.overflow and best > a and ctx > self.limits[a]:
-                    points.append((0.0, top * mean / ctx, carried))
-        if req.migrations == 0:
-            current = req.bucket
-            unit = walk.price / mean
-            if (
-                best != current
-                and top - probs[current] >= unit * carried
-                and top >= self.confidence - unit * tool_tokens
-            ):
-                return best, "tool-return"
-        if req.migrations or ctx <= self.limits[req.bucket] or not self.overflow:
-            return req.bucket, "stay"
-        # `_priced_overflow`, inline: the context outgrew the bucket; move to the likeliest bucket if that pays for
-        # carrying the whole context (`best` is its first likeliest bucket, `mean` its `_mean_length`)
-        if best > req.bucket and top >= walk.price * ctx / mean:
-            return best, "overflow"
-        return req.bucket, "stay"
-
-    def _root_ups(self, walk: _Walk, root: Node) -> list[int]:
-        """The positions of the bucket limits in the agnostic root's window for the request's anchor (the keys of
-        `_root_probs` and `_bucket_probs` at the root), kept on the walk with the window they were found in: a step
-        end's refresh sorts the root's window in place (and then its total grew) or replaces it. Requests with the
-        same prompt length share them (a router-wide table for the current window; never modified)."""
-        r_ordered = root.ordered
-        total = root.total
-        table = self._ups_table
-        if self._ups_of is not r_ordered or self._ups_total != total:
-            table = self._ups_table = {}
-            self._ups_of, self._ups_total = r_ordered, total
-        anchor = walk.root_ctx
-        ups = table.get(anchor)
-        if ups is None:
-            ups = table[anchor] = [bisect_right(r_ordered, floor(x - anchor)) for x in self._finite_limits]
-        walk.ups, walk.ups_of, walk.ups_total = ups, r_ordered, total
-        return ups
-
-    def _priced_overflow(self, req: Request, probs: list[float] | None) -> tuple[int, str]:
-        """Context beyond the bucket's limit: with no statistics, promote to the bucket of the context (a cold
-        tree); else move to the likeliest bucket if that pays for carrying the whole context. Never a second move."""
-        if not self.overflow or req.migrations or req.context <= self.limits[req.bucket]:
-            return req.bucket, "stay"
-        if probs is None:
-            cold = self.cold != "promote" and not self.tree.agnostic.count
-            if cold and (self.cold == "stay" or not self._cold_affords(req.context)):
-                return req.bucket, "stay"
-            return self.bucket_for(req.context), "overflow"
-        best = max(range(len(probs)), key=probs.__getitem__)
-        if best > req.bucket and probs[best] >= req.state.price * req.context / self._mean_length(req):
-            return best, "overflow"
-        return req.bucket, "stay"
-
-    def _cold_affords(self, carried: int) -> bool:
-        """`cold="budget"`: whether a move carrying `carried` keeps this step's moves within the budget of the tokens
-        seen so far in it; if so, the move is booked."""
-        seen = self._cold_finished + self._context_in_flight
-        if self._cold_carried + carried > self.budget * seen:  # type: ignore[operator]
-            return False
-        self._cold_carried += carried
-        return True
-
-    def _mean_length(self, req: Request) -> float:
-        """Mean trajectory length, the unit migrated tokens are priced in: the prompt-agnostic root's mean
-        remaining tokens at admission plus this request's prompt."""
-        return max(1.0, self.tree.agnostic.mean + req.prompt_tokens)
-
-    def _select(self, walk: _Walk, min_count: int | None = None) -> tuple[Node | None, int, float]:
+    def _select(self, walk: Walk, min_count: int | None = None) -> tuple[Node | None, int, float]:
         """The node whose statistics stand for the request now, the context when the request reached it, and
         the factor its remaining tokens are scaled by (1 except for the `scaled` fallback)."""
         m = self.min_count if min_count is None else min_count
@@ -678,7 +419,7 @@ class CMLFQRouter(Router):
             return walk.a_node, walk.a_ctx, 1.0
         return None, 0, 1.0
 
-    def _predict(self, walk: _Walk, ctx: int) -> tuple[float, float, float] | None:
+    def _predict(self, walk: Walk, ctx: int) -> tuple[float, float, float] | None:
         """Predicted final length (mean, P50, P90) from the selected node, conditioned on the request having grown
         from the node's context to `ctx`; None when no node has `min_count` observations or none ran that long."""
         node, anchor, scale = self._select(walk)
@@ -707,7 +448,7 @@ class CMLFQRouter(Router):
             return req.bucket, "stay"
         if self.rule == "priced":
             probs = self._probabilities(req.state, req.context)
-            walk: _Walk = req.state
+            walk: Walk = req.state
             if probs is not None and walk.points is not None and walk.points[-1:] != [None]:
                 # one overflow point per stretch between tool returns: later ones only carry more
                 a = walk.admitted
@@ -767,7 +508,7 @@ class CMLFQRouter(Router):
                     req.state.calib = self._resolved_calib(req.state)
         self.tree.update(finished)
 
-    def _resolved_calib(self, walk: _Walk) -> list[tuple[list[float], list[float], float]]:
+    def _resolved_calib(self, walk: Walk) -> list[tuple[list[float], list[float], float]]:
         """The request's `shrink="auto"` records with the population shares of those `_priced` left for later (the
         context in their place): found in the agnostic root's window, unchanged since the record (the tree learns
         only in `end_step`, which resolves the requests in flight first). A record whose request outlived the whole

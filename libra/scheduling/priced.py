@@ -1,0 +1,274 @@
+"""The `priced` rule of C-MLFQ after a tool return (the default preset's hot path), as a mixin of `CMLFQRouter`.
+
+With bucket probabilities `P`, `T` the mean trajectory length (the prompt-agnostic root) and `price` the accuracy one
+may give up per `T` tokens carried, a request moves to its likeliest bucket `b` at a tool return only when the gain
+pays for the move (`P(b) - P(current) >= price * carried / T`) and it is sure enough or waiting is dear
+(`P(b) >= confidence - price * tool_tokens / T`); at most once; an overflow is priced the same way, and with no
+statistics at all (a cold tree) promoted (cmlfq.py's module docstring has the whole rule). The attributes read here
+are set by `CMLFQRouter.__init__`.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from math import floor
+from typing import TYPE_CHECKING
+
+from libra.scheduling.router import Request
+from libra.scheduling.tree import Node, PrefixTree
+from libra.scheduling.walk import Walk
+
+if TYPE_CHECKING:
+    from libra.scheduling.shrinkage import ShrinkFit
+
+
+class PricedRule:
+    """`CMLFQRouter`'s tool-return path when the rule is `priced` (module docstring)."""
+
+    # set by CMLFQRouter.__init__ (cmlfq.py) and Router.__init__ (router.py)
+    tree: PrefixTree
+    limits: tuple[float, ...]
+    min_count: int
+    fallback: str
+    beyond: str
+    cold: str
+    overflow: bool
+    confidence: float
+    shrink: float
+    budget: float | None
+    _fit: ShrinkFit | None
+    _inline: bool
+    _blend: tuple[list[float], list[float], float] | None
+    _floor_limits: tuple[int, ...]
+    _finite_limits: tuple[float, ...]
+    _ups_table: dict[int, list[int]]
+    _ups_of: list[int] | None
+    _ups_total: int
+    _cold_carried: int
+    _cold_finished: int
+    _context_in_flight: int
+
+    if TYPE_CHECKING:
+
+        def _probabilities(
+            self, walk: Walk, ctx: int, min_count: int | None = None, record: bool = False
+        ) -> list[float] | None: ...
+
+        def bucket_for(self, length: float) -> int: ...
+
+    def _priced(self, req: Request, tool: str, tool_tokens: int, status: str) -> tuple[int, str]:
+        """The `priced` rule after a tool return (module docstring): move once, when the gain pays for the carried
+        context and the router is sure enough or waiting would carry the large return just received. It is the
+        router's `_tool_return` when the rule is `priced` (set in `__init__`).
+
+        The hot path of the default preset (issue 14: under 10 us a call): the walk of `_tool_return`, `_select`,
+        `_bucket_probs` (unscaled), the shrinkage blend of `_probabilities` and `_record` are written out here, each
+        call costing about as much as the work it does; the same arithmetic in the same order, so the same decisions
+        (test_golden.py, test_fast_paths.py). The `scaled` fallback and an empty window take the general path."""
+        code = self.tree.codec.encode(tool, tool_tokens, status)
+        walk: Walk = req.state
+        ctx = req.context
+        carried = ctx - tool_tokens
+        m = self.min_count
+        if walk.p_exact:  # (`_tool_return`'s walk)
+            child = walk.p_node.children.get(code)  # type: ignore[union-attr]
+            if child is None or child.count < m:
+                walk.p_exact = False
+            else:
+                walk.p_node, walk.p_ctx = child, ctx
+        if walk.a_exact:
+            child = walk.a_node.children.get(code)
+            if child is None or child.count < m:
+                walk.a_exact = False
+            else:
+                walk.a_node, walk.a_ctx = child, ctx
+        fit = self._fit
+        record = fit is not None and fit.taken < fit.per_step and len(walk.calib) < fit.per_request
+        root = self.tree.agnostic
+        # the node that stands for the request (`_select`, inline; no `scaled` fallback here, so no scale)
+        p_node = walk.p_node
+        a_node = walk.a_node
+        p_ok = p_node is not None and p_node.count >= m
+        if p_ok and walk.p_exact:
+            node, anchor = p_node, walk.p_ctx
+        elif walk.a_exact and self.fallback == "agnostic" and a_node.count >= m:
+            node, anchor = a_node, walk.a_ctx
+        elif p_ok:
+            node, anchor = p_node, walk.p_ctx
+        elif a_node.count >= m:
+            node, anchor = a_node, walk.a_ctx
+        else:
+            node = None
+        ordered = node.ordered if node is not None else None
+        if not ordered or self.fallback == "scaled" or not self._inline:  # (no node, an empty window, or scaled)
+            probs = self._probabilities(walk, ctx, record=record)
+            blend = self._blend
+        else:
+            # `_bucket_probs(node, anchor, 1.0, ctx)`, inline (integer keys, see there)
+            blend = probs = None
+            n = len(ordered)
+            i = bisect_right(ordered, ctx - anchor - 1)
+            if i < n:
+                below = i / n
+                alive = 1.0 - below
+                probs = []
+                for limit in self._floor_limits:
+                    j = bisect_right(ordered, limit - anchor)
+                    if j > i:
+                        upto = j / n
+                        probs.append((upto - below) / alive)
+                        below, i = upto, j
+                    else:
+                        probs.append(0.0)
+                if len(probs) < len(self.limits):
+                    probs.append((1.0 - below) / alive if below < 1.0 else 0.0)
+                shrink = self.shrink
+                if shrink and node is not root:  # the blend with the population (`_probabilities`)
+                    survivors = alive * n
+                    # `_root_probs(root, walk.root_ctx, ctx)`, inline; the bisections of the bucket limits depend
+                    # only on the root's window and the request's anchor: made once per request and root window
+                    r_ordered = root.ordered
+                    rn = len(r_ordered)
+                    if rn:
+                        r_anchor = walk.root_ctx
+                        r_below = bisect_right(r_ordered, ctx - r_anchor - 1)
+                        if r_below < rn:  # (else `_root_probs` is None: no blend, no record)
+                            ups = walk.ups
+                            if ups is None or walk.ups_of is not r_ordered or walk.ups_total != root.total:
+                                ups = self._root_ups(walk, root)
+                            r_alive = rn - r_below
+                            if record:  # the fit's record: the root's shares are found at finish (`_resolved_calib`)
+                                blend = (probs, ctx, survivors)  # type: ignore[assignment]
+                            # each bucket's mix made as its population share is found (no prior list, no copy)
+                            w = survivors / (survivors + shrink)
+                            v = 1.0 - w
+                            mixed = []
+                            k = 0
+                            for upto in ups:
+                                if upto > r_below:
+                                    mixed.append(w * probs[k] + v * ((upto - r_below) / r_alive))
+                                    r_below = upto
+                                else:
+                                    mixed.append(w * probs[k] + v * 0.0)
+                                k += 1
+                            if k < len(probs):
+                                mixed.append(w * probs[k] + v * ((rn - r_below) / r_alive))
+                            probs = mixed
+                elif record and node is not root:
+                    # the fit's record without a blend: its population shares are found when the request finishes
+                    # (`_resolved_calib`), off this path. Whether there are any (a trajectory of the root's window
+                    # ran longer than the request has) is one comparison: `_root_probs` is None otherwise.
+                    r_ordered = root.ordered
+                    if r_ordered and ctx - walk.root_ctx - 1 < r_ordered[-1]:
+                        blend = (probs, ctx, alive * n)  # type: ignore[assignment]
+            elif self.beyond == "root" and root.count:
+                # the request outlived every observation at its node (`_probabilities`): `_bucket_probs(root,
+                # walk.root_ctx, 1.0, ctx)`, inline, with the request's positions of the limits in the root's window
+                r_ordered = root.ordered
+                rn = len(r_ordered)
+                i = bisect_right(r_ordered, ctx - walk.root_ctx - 1)
+                if i < rn:
+                    ups = walk.ups
+                    if ups is None or walk.ups_of is not r_ordered or walk.ups_total != root.total:
+                        ups = self._root_ups(walk, root)
+                    below = i / rn
+                    alive = 1.0 - below
+                    probs = []
+                    for j in ups:
+                        if j > i:
+                            upto = j / rn
+                            probs.append((upto - below) / alive)
+                            below, i = upto, j
+                        else:
+                            probs.append(0.0)
+                    if len(probs) < len(self.limits):
+                        probs.append((1.0 - below) / alive if below < 1.0 else 0.0)
+                else:  # it outlived them all too: the bucket of its context
+                    probs = [0.0] * len(self.limits)
+                    probs[self.bucket_for(ctx)] = 1.0
+        if record and blend is not None:
+            walk.calib.append(blend)
+            fit.taken += 1  # type: ignore[union-attr]
+        points = walk.points
+        if points and points[-1] is None:
+            points.pop()
+        if probs is None:
+            return self._priced_overflow(req, probs)
+        top = max(probs)
+        best = probs.index(top)
+        mean = max(1.0, root.mean + req.prompt_tokens)  # _mean_length, inline
+        if points is not None:
+            # `_record`, inline: the price interval in which this return would move the request out of its
+            # admission bucket (budget.py)
+            a = walk.admitted
+            if best != a:
+                hi = (top - probs[a]) * mean / carried if carried > 0 else float("inf")
+                need = self.confidence - top
+                lo = 0.0 if need <= 0 else (need * mean / tool_tokens if tool_tokens > 0 else float("inf"))
+                if lo <= hi:
+                    points.append((lo, hi, carried))
+                if self.overflow and best > a and ctx > self.limits[a]:
+                    points.append((0.0, top * mean / ctx, carried))
+        if req.migrations == 0:
+            current = req.bucket
+            unit = walk.price / mean
+            if (
+                best != current
+                and top - probs[current] >= unit * carried
+                and top >= self.confidence - unit * tool_tokens
+            ):
+                return best, "tool-return"
+        if req.migrations or ctx <= self.limits[req.bucket] or not self.overflow:
+            return req.bucket, "stay"
+        # `_priced_overflow`, inline: the context outgrew the bucket; move to the likeliest bucket if that pays for
+        # carrying the whole context (`best` is its first likeliest bucket, `mean` its `_mean_length`)
+        if best > req.bucket and top >= walk.price * ctx / mean:
+            return best, "overflow"
+        return req.bucket, "stay"
+
+    def _root_ups(self, walk: Walk, root: Node) -> list[int]:
+        """The positions of the bucket limits in the agnostic root's window for the request's anchor (the keys of
+        `_root_probs` and `_bucket_probs` at the root), kept on the walk with the window they were found in: a step
+        end's refresh sorts the root's window in place (and then its total grew) or replaces it. Requests with the
+        same prompt length share them (a router-wide table for the current window; never modified)."""
+        r_ordered = root.ordered
+        total = root.total
+        table = self._ups_table
+        if self._ups_of is not r_ordered or self._ups_total != total:
+            table = self._ups_table = {}
+            self._ups_of, self._ups_total = r_ordered, total
+        anchor = walk.root_ctx
+        ups = table.get(anchor)
+        if ups is None:
+            ups = table[anchor] = [bisect_right(r_ordered, floor(x - anchor)) for x in self._finite_limits]
+        walk.ups, walk.ups_of, walk.ups_total = ups, r_ordered, total
+        return ups
+
+    def _priced_overflow(self, req: Request, probs: list[float] | None) -> tuple[int, str]:
+        """Context beyond the bucket's limit: with no statistics, promote to the bucket of the context (a cold
+        tree); else move to the likeliest bucket if that pays for carrying the whole context. Never a second move."""
+        if not self.overflow or req.migrations or req.context <= self.limits[req.bucket]:
+            return req.bucket, "stay"
+        if probs is None:
+            cold = self.cold != "promote" and not self.tree.agnostic.count
+            if cold and (self.cold == "stay" or not self._cold_affords(req.context)):
+                return req.bucket, "stay"
+            return self.bucket_for(req.context), "overflow"
+        best = max(range(len(probs)), key=probs.__getitem__)
+        if best > req.bucket and probs[best] >= req.state.price * req.context / self._mean_length(req):
+            return best, "overflow"
+        return req.bucket, "stay"
+
+    def _cold_affords(self, carried: int) -> bool:
+        """`cold="budget"`: whether a move carrying `carried` keeps this step's moves within the budget of the tokens
+        seen so far in it; if so, the move is booked."""
+        seen = self._cold_finished + self._context_in_flight
+        if self._cold_carried + carried > self.budget * seen:  # type: ignore[operator]
+            return False
+        self._cold_carried += carried
+        return True
+
+    def _mean_length(self, req: Request) -> float:
+        """Mean trajectory length, the unit migrated tokens are priced in: the prompt-agnostic root's mean
+        remaining tokens at admission plus this request's prompt."""
+        return max(1.0, self.tree.agnostic.mean + req.prompt_tokens)
