@@ -15,9 +15,10 @@ the bucket of the predicted P50; `probability` moves to the likeliest bucket whe
 likely. Any move must pay: the predicted remaining tokens must be at least `cost_ratio` times the tokens the move
 carries (the context already in KV cache, which the destination re-prefills or receives).
 
-`priced` (its tool-return path in priced.py) weighs single-shot accuracy against migrated tokens directly. With bucket probabilities `P` (as for
-`probability`), `T` the mean trajectory length (the prompt-agnostic root) and `price` the accuracy one may give up
-per `T` tokens carried, a request moves to its likeliest bucket `b` at a tool return only when
+`priced` (its tool-return path in priced.py) weighs single-shot accuracy against migrated tokens directly. With
+bucket probabilities `P` (as for `probability`), `T` the mean trajectory length (the prompt-agnostic root) and
+`price` the accuracy one may give up per `T` tokens carried, a request moves to its likeliest bucket `b` at a tool
+return only when
 - the gain pays for the move: `P(b) - P(current) >= price * carried / T`, and
 - it is sure enough, or waiting is dear: `P(b) >= confidence - price * tool_tokens / T`. A later move would carry
   the return just received, so after a large return the router acts on less certainty; after a small one it waits
