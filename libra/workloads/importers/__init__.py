@@ -1,7 +1,8 @@
 """`libra trace import`: real agent logs to Libra traces (the trace schema of docs/trace-schema.md).
 
 Formats: `openai` (chat-completions message lists with tool calls; tau-bench-style result files), `swe-agent`
-(`.traj`), `mini-swe-agent` (`.traj.json`), `verl` (rollout exports: token ids and response masks). Text is
+(`.traj`), `mini-swe-agent` (`.traj.json`), `verl` (rollout exports: token ids and response masks), `atif` (the
+Agent Trajectory Interchange Format of the Harbor framework: `steps` of system, user and agent). Text is
 counted with a real tokenizer (`importers.tokenizer`, default o200k_base); verl records are already tokens.
 
 `import_files(format, paths, tokenizer=..., rules=...)` returns the trajectories of all files in order; any problem
@@ -16,6 +17,7 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from libra.workloads.importers.atif import import_atif
 from libra.workloads.importers.common import DEFAULT_ERROR_PATTERNS, DEFAULT_TIMEOUT_PATTERNS, StatusRules
 from libra.workloads.importers.openai_chat import import_openai
 from libra.workloads.importers.swe_agents import import_mini_swe_agent, import_swe_agent
@@ -23,12 +25,13 @@ from libra.workloads.importers.tokenizer import DEFAULT_TOKENIZER, TokenizerErro
 from libra.workloads.importers.verl_rollouts import import_verl
 from libra.workloads.trace import TraceError, Trajectory, write_trace
 
-IMPORT_FORMATS = ("openai", "swe-agent", "mini-swe-agent", "verl")
+IMPORT_FORMATS = ("openai", "swe-agent", "mini-swe-agent", "verl", "atif")
 _IMPORTERS = {
     "openai": import_openai,
     "swe-agent": import_swe_agent,
     "mini-swe-agent": import_mini_swe_agent,
     "verl": import_verl,
+    "atif": import_atif,
 }
 
 
