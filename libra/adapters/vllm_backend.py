@@ -25,7 +25,7 @@ import attrs
 from libra.adapters.errors import InstanceNotFound, RequestFailedError, UnsupportedConfig
 from libra.adapters.rollout_book import BookRequest, RequestBook
 from libra.adapters.types import EventKind, InstanceSpec, Migration, StreamEvent, WeightUpdate
-from libra.adapters.vllm_engine import dead_reason, guarded_step, sleep_supported
+from libra.adapters.vllm_engine import dead_reason, guarded_call, guarded_step, sleep_supported
 from libra.adapters.vllm_engine import shutdown as shutdown_engine
 
 _EXTENSION = "libra.adapters.vllm_worker.LibraWorkerExtension"
@@ -198,11 +198,18 @@ class VLLMRolloutBackend(RequestBook):
         self._latest = None
 
     def _load(self, inst: _Instance, update: WeightUpdate) -> None:
-        for blob in update.buckets:
-            inst.engine.collective_rpc("libra_stage_weights", args=(blob, update.version))
-        inst.engine.collective_rpc("libra_commit_weights", args=(update.version,))
-        inst.engine.reset_prefix_cache()  # cached KV was computed with the old weights
-        inst.engine.set_weight_version(str(update.version))
+        # a push is watched like an engine step (`stepping`): an engine that stops answering in it is killed by the
+        # runtime's EngineWatch, and the guarded calls then raise EngineDeadError (a death `load_weights` hands over)
+        engine = inst.engine
+        self.stepping = (inst.spec.name, next(self._step_ids))
+        try:
+            for blob in update.buckets:
+                guarded_call(engine, "collective_rpc", "libra_stage_weights", args=(blob, update.version))
+            guarded_call(engine, "collective_rpc", "libra_commit_weights", args=(update.version,))
+            guarded_call(engine, "reset_prefix_cache")  # cached KV was computed with the old weights
+            guarded_call(engine, "set_weight_version", str(update.version))
+        finally:
+            self.stepping = None
         inst.version = update.version
 
     def weight_version(self, name: str) -> int:

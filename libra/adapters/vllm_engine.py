@@ -1,10 +1,12 @@
-"""Engine-level helpers of the vLLM backend: platform sleep support, liveness, a step that cannot hang on a dead
-engine, shutdown. They touch vLLM client internals (`engine_core.resources`, `outputs_queue`) behind `getattr`
-guards, because vLLM 0.32 has no public liveness API for a synchronous `LLMEngine`."""
+"""Engine-level helpers of the vLLM backend: platform sleep support, liveness, a step and calls into the engine core
+that cannot hang on a dead engine, shutdown. They touch vLLM client internals (`engine_core.resources`,
+`outputs_queue`, `utility_results`) behind `getattr` guards, because vLLM 0.32 has no public liveness API for a
+synchronous `LLMEngine`."""
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -25,35 +27,69 @@ def dead_reason(engine: Any) -> str | None:
     return None
 
 
-def guarded_step(engine: Any, check_s: float = 0.5) -> list[Any]:
-    """`engine.step()`, which must not block forever on a dead engine.
-
-    vLLM 0.32's synchronous client waits on its output queue; when the engine-core process dies, its monitor shuts
-    the client down without waking that wait. A watchdog thread checks the process while the step runs and, if it
-    died, puts vLLM's own `EngineDeadError` into the queue so that the step raises it."""
+@contextlib.contextmanager
+def _death_watch(engine: Any, on_death: Any, check_s: float) -> Iterator[None]:
+    """While the block runs, a thread checks the engine's processes every `check_s` and calls `on_death(reason)`
+    once if they died."""
     import threading
 
-    queue = getattr(engine.engine_core, "outputs_queue", None)
-    if queue is None:  # in-process engine core: a death raises directly
-        return engine.step()
     done = threading.Event()
 
     def watch() -> None:
         while not done.wait(check_s):
             reason = dead_reason(engine)
             if reason is not None:
-                from vllm.v1.engine.exceptions import EngineDeadError
-
-                queue.put_nowait(EngineDeadError(reason))
+                on_death(reason)
                 return
 
     watchdog = threading.Thread(target=watch, name="libra-vllm-watchdog", daemon=True)
     watchdog.start()
     try:
-        return engine.step()
+        yield
     finally:
         done.set()
         watchdog.join()
+
+
+def guarded_step(engine: Any, check_s: float = 0.5) -> list[Any]:
+    """`engine.step()`, which must not block forever on a dead engine.
+
+    vLLM 0.32's synchronous client waits on its output queue; when the engine-core process dies, its monitor shuts
+    the client down without waking that wait. A watchdog thread checks the process while the step runs and, if it
+    died, puts vLLM's own `EngineDeadError` into the queue so that the step raises it."""
+    queue = getattr(engine.engine_core, "outputs_queue", None)
+    if queue is None:  # in-process engine core: a death raises directly
+        return engine.step()
+
+    def wake(reason: str) -> None:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        queue.put_nowait(EngineDeadError(reason))
+
+    with _death_watch(engine, wake, check_s):
+        return engine.step()
+
+
+def guarded_call(engine: Any, method: str, *args: Any, check_s: float = 0.5, **kwargs: Any) -> Any:
+    """`engine.<method>(*args, **kwargs)` for a call into the engine core (`collective_rpc`, `reset_prefix_cache`,
+    `set_weight_version`, ...), which must not block forever on a dead engine either: vLLM 0.32's synchronous
+    client waits on a future per call that nothing fails when the engine-core process dies. A watchdog thread
+    checks the process while the call runs and, if it died, fails the pending calls with vLLM's `EngineDeadError`.
+    (An engine that is alive but stopped is the runtime's `EngineWatch`'s to find and kill; then this one wakes.)"""
+    pending = getattr(engine.engine_core, "utility_results", None)
+    call = getattr(engine, method)
+    if pending is None:  # in-process engine core: a death raises directly
+        return call(*args, **kwargs)
+
+    def fail(reason: str) -> None:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        for future in list(pending.values()):
+            if not future.done():
+                future.set_exception(EngineDeadError(reason))
+
+    with _death_watch(engine, fail, check_s):
+        return call(*args, **kwargs)
 
 
 def shutdown(engine: Any) -> None:

@@ -186,6 +186,51 @@ def test_an_engine_killed_between_polls_hands_its_requests_over(backend, tiny_mo
         backend.failover = backend._least_loaded
 
 
+def test_an_engine_hung_in_a_weight_push_is_killed_and_its_requests_handed_over(backend, tiny_model_dir):
+    """An engine that stops answering (SIGSTOP) while weights are pushed to it: the runtime's EngineWatch sees the
+    push make no progress for its consecutive checks and kills the engine; the push then returns instead of waiting
+    forever (vLLM's client waits on a call nothing fails), and the next poll re-queues the engine's request on a
+    live instance, with the tokens of a run that never saw the hang (greedy). Without the push being watched, or
+    with unguarded calls, `load_weights` never returns (the test's limit ends it)."""
+    from safetensors.torch import load_file
+
+    from libra.runtime.watchdog import EngineWatch
+
+    tool = [50, 51, 52]
+    first = generate(backend, "href", "small", PROMPT + [41])
+    backend.submit("href2", "small", PROMPT + [41] + list(first) + tool, GREEDY)
+    drain(backend, "href2")
+    reference = backend.release("href2")
+    original = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
+    backend.failover = lambda dead, live, rid: "small"
+    victim, rid = "hung-push", "h-push"
+    backend.start_instance(InstanceSpec(name=victim, tp=1, max_num_seqs=2, max_model_len=256))
+    watch = None
+    try:
+        backend.submit(rid, victim, PROMPT + [41], GREEDY)
+        drain(backend, rid)  # one turn done; the request waits for its tool
+        for pid in backend.engine_pids(victim):
+            os.kill(pid, signal.SIGSTOP)
+        watch = EngineWatch(backend, check_s=scaled(1.0), missed_checks=3)
+        version = backend.weight_version("small") + 1
+        assert backend.load_weights(pack_weights(original.items(), version=version)) == version
+        assert watch.cause(victim).startswith("hung: one engine step made no progress for 3 consecutive checks")
+        assert backend.weight_version("small") == version
+        backend.resume(rid, tool, GREEDY)
+        events = drain(backend, rid)
+        assert victim not in backend.instances()
+        assert backend.deaths[-1].instance == victim and backend.deaths[-1].requeued == {rid: "small"}
+        assert (rid, EventKind.REQUEUED) in {(e.request_id, e.kind) for e in events}
+        assert backend.release(rid) == reference
+    finally:
+        if watch is not None:
+            watch.close()
+        backend.failover = backend._least_loaded
+        if victim in backend.instances():  # a failure above: do not leave a stopped engine behind
+            for pid in backend.engine_pids(victim):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_chat_prompt_renders_with_the_template_and_generates(backend):
     from transformers import AutoTokenizer
 
