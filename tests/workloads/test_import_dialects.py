@@ -261,3 +261,75 @@ def test_error_flags_where_the_text_says_nothing(tmp_path) -> None:
     anthropic[2]["content"][0]["is_error"] = False
     (t,) = _import(tmp_path, anthropic)
     assert t.turns[0].tool_status == "ok"
+
+
+def _lines(tmp_path, events, name="session.jsonl") -> list:
+    path = tmp_path / name
+    path.write_text("\n".join(json.dumps(e) for e in events) + "\n")
+    return list(import_openai(path, count=words, rules=StatusRules()))
+
+
+def test_claude_code_transcripts(tmp_path) -> None:
+    """One event per line: the message under `message`, one assistant reply split over lines (one per content
+    block), tool results in user lines, summaries and a subagent's (sidechain) lines skipped; one trajectory per
+    session."""
+
+    def ev(kind, message, sid="s-1", **more):
+        return {"type": kind, "sessionId": sid, "uuid": "u", "message": message, **more}
+
+    events = [
+        {"type": "summary", "summary": "Fixing a test", "leafUuid": "x"},
+        ev("user", {"role": "user", "content": U}),
+        ev("assistant", {"id": "m1", "role": "assistant", "content": [{"type": "thinking", "thinking": "look"}]}),
+        ev(
+            "assistant",
+            {
+                "id": "m1",
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": "ls"}}],
+            },
+        ),
+        ev("user", {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": R1}]}),
+        ev("assistant", {"role": "assistant", "content": [{"type": "text", "text": "sub"}]}, isSidechain=True),
+        ev("assistant", {"id": "m2", "role": "assistant", "content": [{"type": "text", "text": A3}]}),
+        ev("user", {"role": "user", "content": "another session"}, sid="s-2"),
+        ev("assistant", {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}, sid="s-2"),
+    ]
+    first, second = _lines(tmp_path, events)
+    assert first.prompt_id == "s-1" and first.prompt_tokens == words(U)
+    call, last = first.turns
+    assert call.gen_tokens == words("look") + words("Bash") + words(json.dumps({"command": "ls"}))
+    assert (call.tool, call.tool_tokens, call.tool_status) == ("Bash", words(R1), "ok")
+    assert last.tool is None and last.gen_tokens == words(A3)
+    assert second.prompt_id == "s-2" and [t.gen_tokens for t in second.turns] == [1]
+
+
+def test_codex_rollouts(tmp_path) -> None:
+    """Codex CLI rollouts: `response_item` payloads are the conversation (other lines skipped); a shell output's
+    JSON gives its text and exit code."""
+    failing = json.dumps({"output": "No such thing", "metadata": {"exit_code": 2, "duration_seconds": 0.1}})
+    events = [
+        {"type": "session_meta", "payload": {"id": "rollout-1", "cwd": "/w", "instructions": "be brief"}},
+        {
+            "type": "response_item",
+            "payload": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": U}]},
+        },
+        {"type": "turn_context", "payload": {"model": "gpt-5-codex"}},
+        {"type": "response_item", "payload": {"type": "reasoning", "summary": [{"type": "summary_text", "text": A1}]}},
+        {
+            "type": "response_item",
+            "payload": {"type": "function_call", "name": "shell", "arguments": json.dumps(ARGS2), "call_id": "c1"},
+        },
+        {"type": "event_msg", "payload": {"type": "token_count", "info": None}},
+        {"type": "response_item", "payload": {"type": "function_call_output", "call_id": "c1", "output": failing}},
+        {
+            "type": "response_item",
+            "payload": {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": A3}]},
+        },
+    ]
+    (t,) = _lines(tmp_path, events, "rollout-2026-01-01.jsonl")
+    assert t.prompt_id == "rollout-2026-01-01" and t.prompt_tokens == words(U)
+    call, last = t.turns
+    assert call.gen_tokens == words(A1) + words("shell") + words(json.dumps(ARGS2))
+    assert (call.tool, call.tool_tokens, call.tool_status) == ("shell", words("No such thing"), "error")
+    assert last.gen_tokens == words(A3)

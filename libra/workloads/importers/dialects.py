@@ -16,6 +16,11 @@ Agent logs come in a few shapes besides OpenAI's `role` / `content` / `tool_call
 - **OpenAI Responses items** (`{"type": ...}` without a role): `message`, `reasoning`, `function_call` and other
   `*_call` items are generated; `function_call_output` and other `*_call_output` items are tool results.
 
+Session logs, JSON Lines with one event per line (Claude Code transcripts, Codex CLI rollouts, any log that writes
+a message per line), are read by `message_of`: a line's message is the line itself or what it carries under
+`message` / `payload` / `item`; other lines (summaries, token counts, metadata) carry none. Codex's tool outputs
+`{"output": ..., "metadata": {"exit_code": N}}` give their text and exit code.
+
 Role aliases (`human`, `gpt`, `bot`, `model`) are read in plain `role` / `content` messages too. A message
 already in OpenAI form passes as it is. Anything unrecognised is left for `convert_messages`, which reports it in
 one line.
@@ -140,13 +145,53 @@ def _responses_item(m: dict) -> list[dict]:
     if kind == "reasoning":
         return [{"role": "assistant", "content": "\n".join(text_of(m.get(k)) for k in ("summary", "content"))}]
     if isinstance(kind, str) and kind.endswith("_call_output"):
-        return [{"role": "tool", "tool_call_id": str(m.get("call_id", "")), "content": _dump(m.get("output", ""))}]
+        result: dict[str, Any] = {"role": "tool", "tool_call_id": str(m.get("call_id", ""))}
+        result["content"] = _dump(m.get("output", ""))
+        inner = _json_output(m.get("output"))
+        if inner is not None:  # Codex CLI: {"output": text, "metadata": {"exit_code": N, ...}}
+            result["content"], code = inner
+            if code is not None:
+                result["exit_code"] = code
+        return [result]
     if isinstance(kind, str) and kind.endswith("_call"):
         name = m.get("name") if isinstance(m.get("name"), str) else kind[: -len("_call")]
         args = next((m[k] for k in ("arguments", "input", "action") if k in m), "")
         call = {"id": str(m.get("call_id", m.get("id", ""))), "function": {"name": name, "arguments": _dump(args)}}
         return [{"role": "assistant", "content": "", "tool_calls": [call]}]
     return [m]  # not an item of any dialect: `convert_messages` names it
+
+
+def _json_output(output: Any) -> tuple[str, int | None] | None:
+    """`(text, exit code)` of a tool output written as JSON `{"output": text, "metadata": {"exit_code": N}}`."""
+    if not isinstance(output, str) or not output.startswith("{"):
+        return None
+    try:
+        value = json.loads(output)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("output"), str):
+        return None
+    meta = value.get("metadata")
+    code = meta.get("exit_code") if isinstance(meta, dict) else None
+    return value["output"], code if isinstance(code, int) and not isinstance(code, bool) else None
+
+
+# the keys under which a session log's event line carries its message (Claude Code: `message`; Codex CLI:
+# `payload` of a `response_item`)
+_ENVELOPES = ("message", "payload", "item")
+
+
+def message_of(event: Any) -> dict | None:
+    """The chat message (any dialect above) one line of a session log holds, or None: a line that is itself a
+    message, or carries one under `message`, `payload` or `item`. A subagent's line (Claude Code's
+    `isSidechain`) is not the session's own conversation: None."""
+    if not isinstance(event, dict) or event.get("isSidechain") is True:
+        return None
+    for key in _ENVELOPES:
+        inner = event.get(key)
+        if is_message(inner):
+            return inner
+    return event if is_message(event) else None
 
 
 def _blocks(role: str, blocks: list, m: dict) -> list[dict]:

@@ -14,7 +14,9 @@ simulator's) reply, tool "user". Message contents may be strings or lists of tex
 the messages (when no message is a system message) is part of the prompt. Counts are of the text only (a chat
 template adds a few tokens per message).
 
-Other dialects are read too (dialects.py): ShareGPT `from` / `value` conversations, Anthropic content blocks
+A JSON Lines file of one event per line (a session log: Claude Code transcripts, Codex CLI rollouts) is one
+conversation per session, its messages in file order (dialects.py, `message_of`). Other dialects are read too
+(dialects.py): ShareGPT `from` / `value` conversations, Anthropic content blocks
 (`tool_use`, `tool_result`, `thinking`), Gemini `parts` (`functionCall`, `functionResponse`, code execution) and
 OpenAI Responses items (`function_call`, `function_call_output`, `reasoning`).
 """
@@ -35,7 +37,7 @@ from libra.workloads.importers.common import (
     iter_records,
     text_of,
 )
-from libra.workloads.importers.dialects import CALL_NAMES, STATUS, expand, is_message
+from libra.workloads.importers.dialects import CALL_NAMES, STATUS, expand, is_message, message_of
 from libra.workloads.trace import TOOL_STATUSES, TraceError, Trajectory
 
 _MESSAGE_KEYS = ("messages", "traj", "conversation", "conversations")
@@ -211,9 +213,13 @@ def _meta(record: dict, used: tuple[str, ...] = ()) -> dict[str, Any]:
 def import_openai(
     path: Path, *, count: Callable[[str], int], rules: StatusRules, user_tool: str = "user"
 ) -> Iterator[Trajectory]:
-    """Trajectories of one file of OpenAI chat message lists (module docstring)."""
+    """Trajectories of one file of OpenAI chat message lists, or of a session log (module docstring)."""
+    records = list(iter_records(path))
+    if _is_session_log(records):
+        yield from _sessions(records, path, count=count, rules=rules, user_tool=user_tool)
+        return
     n = 0
-    for line, value in iter_records(path):
+    for line, value in records:
         for where, record in _records(value, path, line):
             messages, rec = _messages(record)
             if not messages:
@@ -244,3 +250,35 @@ def import_openai(
                 extra={"meta": meta} if meta else None,
             )
             n += 1
+
+
+def _is_session_log(records: list[tuple[int, Any]]) -> bool:
+    """A JSON Lines file of events, not of trajectories: no line holds a message list, and some line is (or
+    carries) one message."""
+    if len(records) < 2 or any(not isinstance(v, dict) for _, v in records):
+        return False
+    if any(any(isinstance(v.get(k), list) for k in _MESSAGE_KEYS + _CONTAINER_KEYS) for _, v in records):
+        return False
+    return any(message_of(v) is not None for _, v in records)
+
+
+def _sessions(
+    records: list[tuple[int, Any]], path: Path, *, count: Callable[[str], int], rules: StatusRules, user_tool: str
+) -> Iterator[Trajectory]:
+    """One trajectory per session of a session log (`sessionId` / `session_id`, else the whole file), its messages
+    in file order; lines without a message are skipped."""
+    sessions: dict[str, list[tuple[int, dict]]] = {}
+    for line, event in records:
+        msg = message_of(event)
+        if msg is None:
+            continue
+        key = next((str(event[k]) for k in ("sessionId", "session_id") if isinstance(event.get(k), str | int)), "")
+        sessions.setdefault(key, []).append((line, msg))
+    for key, lines in sessions.items():
+        first = lines[0][0]
+        prompt, segments = convert_messages(
+            [m for _, m in lines], count=count, rules=rules, path=path, line=first, user_tool=user_tool
+        )
+        yield build_trajectory(
+            prompt_id=key or path.stem, prompt_tokens=prompt, segments=segments, path=path, line=first
+        )
