@@ -27,14 +27,17 @@ if TYPE_CHECKING:
 REFINE_TOLERANCE = 0.01
 
 
-def _grouped(items: np.ndarray, k: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`items` and their instances `k` in `order` (which must keep each instance's items together), and each
-    item's rank inside its instance's group."""
+def _grouped(items: np.ndarray, k: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, ...]:
+    """`items` and their instances `k` in `order` (which must keep each instance's items together) and non-empty;
+    each item's rank inside its instance's group, the position where each group starts, and each item's group."""
     items, k = items[order], k[order]
-    first = np.concatenate(([True], k[1:] != k[:-1])) if k.size else np.zeros(0, bool)
-    starts = np.flatnonzero(first)
-    rank = np.arange(k.size) - starts[np.cumsum(first) - 1] if k.size else np.zeros(0, np.int64)
-    return items, k, rank
+    first = np.empty(k.size, bool)
+    first[0] = True
+    np.not_equal(k[1:], k[:-1], out=first[1:])
+    starts = first.nonzero()[0]
+    group = first.cumsum() - 1
+    rank = np.arange(k.size) - starts[group]
+    return items, k, rank, starts, group
 
 
 class SliceDecode:
@@ -325,33 +328,48 @@ class SliceDecode:
             return none
         # the KV room the boundary's admission would see now (contexts as of the slice end: a little cautious)
         running = self._in_state(RUN)
-        run_k = np.bincount(self.where[running], minlength=k_all)
-        used_k = np.bincount(self.where[running], weights=self.ctx[running], minlength=k_all)
+        where_run = self.where[running]
+        run_k = np.bincount(where_run, minlength=k_all)
+        used_k = np.bincount(where_run, weights=self.ctx[running], minlength=k_all)
         room = self._cap_k() - used_k - self.c.kv_headroom_seqs * used_k / np.maximum(run_k, 1)
         k = self.where[cand]
-        cand, k, rank = _grouped(cand, k, np.lexsort((self.ready[cand], k)))
+        cand, k, rank, starts, group = _grouped(cand, k, np.lexsort((self.ready[cand], k)))
         need = self.ctx[cand]
-        cs = np.cumsum(need)
-        within = cs - (cs - need)[np.flatnonzero(rank == 0)][np.cumsum(rank == 0) - 1]
+        cs = need.cumsum()
+        within = cs - (cs - need)[starts][group]
         fits = (within <= room[k]) | ((rank == 0) & (run_k[k] == 0))
-        cand, k, rank = cand[fits], k[fits], rank[fits]
+        if not fits.all():
+            if not fits.any():
+                return none
+            cand, k, rank = cand[fits], k[fits], rank[fits]
         sorder = np.lexsort((ft, fk))
         fk, ft = fk[sorder], ft[sorder]
-        first_slot = np.searchsorted(fk, np.arange(k_all), side="left")
-        span = float(ft.max() - ft.min()) + 1.0
-        key = fk * span + (ft - ft.min())
-        g = np.searchsorted(key, k * span + (self.ready[cand] - ft.min()), side="left") - first_slot[k]
-        big = float(cand.size + fk.size + 1)
-        chain = rank + np.maximum.accumulate(g - rank + k * big) - k * big
-        s = np.where(new_k[k] > 0, chain, rank).astype(np.int64)
+        first_slot = fk.searchsorted(np.arange(k_all), side="left")
+        queue_k = new_k[k] > 0
+        if queue_k.any():
+            ft_min = ft.min()
+            span = float(ft.max() - ft_min) + 1.0
+            key = fk * span + (ft - ft_min)
+            g = key.searchsorted(k * span + (self.ready[cand] - ft_min), side="left") - first_slot[k]
+            big = float(cand.size + fk.size + 1)
+            chain = rank + np.maximum.accumulate(g - rank + k * big) - k * big
+            s = np.where(queue_k, chain, rank).astype(np.int64)
+        else:
+            s = rank
         ok = s < slots_k[k]
-        cand, k, slot = cand[ok], k[ok], first_slot[k[ok]] + s[ok]
+        if ok.all():
+            slot = first_slot[k] + s
+        else:
+            if not ok.any():
+                return none
+            cand, k, slot = cand[ok], k[ok], first_slot[k[ok]] + s[ok]
         secs = self._prefill_s(cand, k)
         start = np.maximum(ft[slot], self.ready[cand]) + secs
         inside = start < slice_end
-        if not inside.any():
-            return none
-        cand, k, slot, secs, start = cand[inside], k[inside], slot[inside], secs[inside], start[inside]
+        if not inside.all():
+            if not inside.any():
+                return none
+            cand, k, slot, secs, start = cand[inside], k[inside], slot[inside], secs[inside], start[inside]
         self._later_debt += np.bincount(k, weights=secs, minlength=k_all)
         self._own_debt[cand] += secs
         self.pending[cand] = 0.0
