@@ -135,14 +135,19 @@ class RolloutRun(SliceDecode, Admission):
         n = work.num_requests
         self.state = np.full(n, WAIT, np.int8)
         self.turn = np.zeros(n, np.int64)
-        self.rem = work.gen[:, 0].astype(float)
-        self.ctx = work.prompt_tokens.astype(float)  # tokens in the context (what the KV holds while running)
-        self.pending = work.prompt_tokens.astype(float)  # tokens to prefill at the next admission
-        self.ready = np.full(n, start)
-        self.finish = np.full(n, np.nan)
+        # the per-request floats a decode pass writes are the rows of one block, which a slice saves and restores
+        # in one copy (`SliceDecode._save`): lag is the seconds into the current slice before a request can decode,
+        # _own_debt the prefill owed for turns taken back inside a slice (`_later_debt`) that each request already
+        # waited for itself
+        self._floats = np.zeros((7, n))
+        self.rem, self.ctx, self.pending, self.ready, self.finish, self.lag, self._own_debt = self._floats
+        self.rem[:] = work.gen[:, 0]
+        self.ctx[:] = work.prompt_tokens  # tokens in the context (what the KV holds while running)
+        self.pending[:] = work.prompt_tokens  # tokens to prefill at the next admission
+        self.ready[:] = start
+        self.finish[:] = np.nan
         self.fresh = np.ones(n, bool)  # never admitted: pays the per-request overhead
         self.where = np.full(n, -1, np.int64)
-        self.lag = np.zeros(n)  # seconds into the current slice before a request can decode
         self.moved = np.zeros(n, bool)  # the migration before the current segment is done
         self.stolen = np.zeros(n, bool)  # started on a larger bucket's idle instance (work-conserving admission)
         self.debt = np.zeros(len(instances))  # seconds of prefill/admission work owed by each instance
@@ -155,7 +160,6 @@ class RolloutRun(SliceDecode, Admission):
         self.capacity_tokens = 0.0  # tokens the instances could have decoded (`_capacity`)
         self._last: tuple[np.ndarray, np.ndarray] | None = None  # (still running, step times) after a slice
         self._later_debt = np.zeros(len(instances))  # prefill of turns taken back inside a slice, owed next slice
-        self._own_debt = np.zeros(n)  # ... of which each request already waited for its own
         # per instance: seconds decoded in the last slice over (its batch at the slice start x the slice): requests
         # leave for tools and others come back inside a slice, so the batch a slice decodes at is not its start's
         self._occupancy = np.zeros(0)

@@ -65,6 +65,7 @@ class SliceDecode:
     _last: tuple[np.ndarray, np.ndarray] | None
     _later_debt: np.ndarray
     _own_debt: np.ndarray
+    _floats: np.ndarray
     _live: np.ndarray
     _occupancy: np.ndarray
     _freed: tuple[np.ndarray, np.ndarray]
@@ -147,25 +148,15 @@ class SliceDecode:
         return k, t + delay, np.maximum(0.0, dt - delay), self.rem[running], first, has, open_s, occupied
 
     def _pass_arrays(self) -> tuple[np.ndarray, ...]:
-        """The per-request arrays a decode pass writes (only at requests not DONE when the slice began, `_live`)."""
-        return (
-            self.state,
-            self.turn,
-            self.rem,
-            self.ctx,
-            self.pending,
-            self.ready,
-            self.finish,
-            self.lag,
-            self.moved,
-            self._own_debt,
-        )
+        """The per-request arrays a decode pass writes (only at requests not DONE when the slice began, `_live`):
+        the float block (rem, ctx, pending, ready, finish, lag, _own_debt), state, turn, moved."""
+        return (self._floats, self.state, self.turn, self.moved)
 
     def _save(self) -> tuple:
         # only the requests a pass can touch: in a rollout's long tail a few percent of them
         live = self._live
-        at = slice(None) if 2 * live.size > self.state.size else live
-        values = tuple(a.copy() if isinstance(at, slice) else a[at] for a in self._pass_arrays())
+        at = (Ellipsis,) if 2 * live.size > self.state.size else (Ellipsis, live)
+        values = tuple(a[at].copy() if len(at) == 1 else a[at] for a in self._pass_arrays())
         return at, values, self._freed, self.decoded
 
     def _restore(self, saved: tuple) -> None:
