@@ -200,7 +200,8 @@ class RolloutRun(SliceDecode, Admission):
         return np.bincount(self.where[live[self.where[live] >= 0]], minlength=len(self.inst))
 
     def _in_state(self, state: int, *, equal: bool = True) -> np.ndarray:
-        """Requests in `state` (or not in it), ascending. Read-only: cached until `_set_state`."""
+        """Requests in `state` (or not in it), ascending. Read-only: cached until `_set_state` changes that set
+        (a set of requests not DONE stays right from slice to slice: DONE is final)."""
         got = self._by_state.get((state, equal))
         if got is None:
             live = self._live
@@ -214,8 +215,16 @@ class RolloutRun(SliceDecode, Admission):
     def _set_state(self, reqs: np.ndarray, state: int) -> None:
         if reqs.size == 0:  # nothing changes: keep the cached sets
             return
+        cache = self._by_state
+        if not cache:
+            self.state[reqs] = state
+            return
+        was = np.bincount(self.state[reqs], minlength=4)  # how many of `reqs` were in each state
         self.state[reqs] = state
-        self._by_state.clear()
+        cache.pop(None, None)  # the states of `live`, gathered
+        for key in list(cache):
+            if (was[key[0]] < reqs.size) if key[0] == state else (was[key[0]] > 0):  # some joined, or some left
+                del cache[key]
 
     def _assign(self, reqs: np.ndarray, buckets: np.ndarray) -> None:
         """Send requests to the active instances of their bucket, least-loaded first (water-filling, ties by

@@ -157,13 +157,13 @@ class SliceDecode:
         live = self._live
         at = (Ellipsis,) if 2 * live.size > self.state.size else (Ellipsis, live)
         values = tuple(a[at].copy() if len(at) == 1 else a[at] for a in self._pass_arrays())
-        return at, values, self._freed, self.decoded
+        return at, values, self._freed, self.decoded, dict(self._by_state)
 
     def _restore(self, saved: tuple) -> None:
-        at, values, self._freed, self.decoded = saved
+        at, values, self._freed, self.decoded, by_state = saved
         for array, value in zip(self._pass_arrays(), values, strict=True):
             array[at] = value
-        self._by_state.clear()
+        self._by_state = by_state  # the per-state sets of the state restored
         self._later_debt = np.zeros(len(self.inst))
 
     def _decode_pass(
