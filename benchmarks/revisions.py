@@ -82,3 +82,20 @@ def compare(
         best = min(cpu[i])
         print(f"{rev}: best {best * scale:.2f} {unit} CPU, baseline / this {base / best:.3f}, {result} {same}")
     return 0
+
+
+def import_renamed(tree: Path, into: Path, name: str = "libra_old"):
+    """Import the `libra` package of `tree` as `name` next to this process's `libra` (a copy under `into` with its
+    imports rewritten), for old-against-new measurements interleaved call by call in one process."""
+    import importlib
+    import re
+    import shutil
+
+    dst = into / name
+    shutil.copytree(tree / "libra", dst)
+    pattern = re.compile(r"\b(from|import) libra\b")
+    for path in dst.rglob("*.py"):
+        text = path.read_text()
+        path.write_text(pattern.sub(rf"\1 {name}", text).replace('"libra.', f'"{name}.'))
+    sys.path.insert(0, str(into))
+    return importlib.import_module(name)
