@@ -4,21 +4,17 @@ revisions or source trees, run in turn round by round in fresh processes, and wh
 
     python benchmarks/planner_compare.py 616dbdd . --gpus 1024 --rounds 5 --plans 5
 
-A revision is exported with `git archive` into a temporary directory; a path is used as it is. Each process runs
-from inside its own tree with only that tree on PYTHONPATH (pytest's `pythonpath = ["."]`, or `python -c` started in
-a worktree, would import the worktree's code whatever PYTHONPATH says). Reports the best CPU time over rounds x plans
-for each and the ratio to the first. Nothing here asserts a time.
+A revision is exported with `git archive` into a temporary directory; a path is used as it is; each runs in its own
+process from inside its own tree with only that tree importable (`benchmarks/revisions.py`). Reports the best CPU
+time over rounds x plans for each and the ratio to the first. Nothing here asserts a time.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
+
+from revisions import compare  # benchmarks/revisions.py, next to this script
 
 _RUN = r"""
 import json, sys, time
@@ -44,16 +40,6 @@ with open(out, "w") as f:
 """
 
 
-def _tree(rev: str, tmp: Path) -> Path:
-    if Path(rev).is_dir():
-        return Path(rev).resolve()
-    dest = tmp / rev.replace("/", "_").replace("~", "-")
-    dest.mkdir()
-    archive = subprocess.run(["git", "archive", rev], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-    return dest
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("revs", nargs="+", help="git revisions or source-tree paths; the first is the baseline")
@@ -64,34 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(args.revs) < 2 or args.gpus < 16 or args.rounds < 1 or args.plans < 1:
         print("error: give at least two revisions, --gpus >= 16, --rounds >= 1 and --plans >= 1", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory() as tmp_name:
-        tmp = Path(tmp_name)
-        try:
-            trees = [_tree(r, tmp) for r in args.revs]
-        except subprocess.CalledProcessError as e:
-            print(f"error: git archive failed: {e.stderr.decode().strip()}", file=sys.stderr)
-            return 2
-        cpu: dict[int, list[float]] = {i: [] for i in range(len(trees))}
-        plans: dict[int, str] = {}
-        for r in range(args.rounds):
-            for i, tree in enumerate(trees):
-                out = tmp / f"out{i}.json"
-                cmd = [sys.executable, "-c", _RUN, str(args.gpus), str(args.plans), str(out)]
-                env = {"PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1"}
-                subprocess.run(cmd, cwd=tree, env=env, check=True)
-                got = json.loads(out.read_text())
-                if not got["file"].startswith(str(tree)):
-                    print(f"error: {args.revs[i]} imported {got['file']}", file=sys.stderr)
-                    return 2
-                cpu[i].append(got["cpu"])
-                plans[i] = got["plan"]
-                load = os.getloadavg()[0]
-                print(f"round {r}: {args.revs[i]} {got['cpu'] * 1e3:.1f} ms CPU (load {load:.1f})", flush=True)
-        base = min(cpu[0])
-        for i, rev in enumerate(args.revs):
-            same = "baseline" if i == 0 else ("identical" if plans[i] == plans[0] else "DIFFERENT")
-            print(f"{rev}: best {min(cpu[i]) * 1e3:.1f} ms CPU, baseline / this {base / min(cpu[i]):.3f}, plan {same}")
-    return 0
+    run = [str(args.gpus), str(args.plans)]
+    return compare(args.revs, _RUN, run, rounds=args.rounds, result="plan", scale=1e3, unit="ms")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from libra.sim.slices import _grouped
 from libra.sim.states import RUN, WAIT
 
 if TYPE_CHECKING:
@@ -45,11 +46,16 @@ class Admission:
         def _set_state(self, reqs: np.ndarray, state: int) -> None: ...
         def _degrees(self) -> tuple[int, ...]: ...
         def _cap_k(self) -> np.ndarray: ...
+        def _prefill_s(self, reqs: np.ndarray, k: np.ndarray) -> np.ndarray: ...
 
     def _admit(self, t: float) -> None:
         """Admit what fits; then, with work-conserving admission, idle instances take requests that still queue
         elsewhere (`_steal`) and admit them in the same slice."""
         inst = self.inst
+        if self._in_state(WAIT).size == 0:  # nothing to admit
+            self._refilled = np.zeros(len(inst), np.int64)
+            self._freed = (np.zeros(0, np.int64), np.zeros(0))
+            return
         running = self._in_state(RUN)
         run_k = np.bincount(self.where[running], minlength=len(inst))
         used_k = np.bincount(self.where[running], weights=self.ctx[running], minlength=len(inst)).astype(float)
@@ -86,28 +92,20 @@ class Admission:
         # per instance: trajectories already under way first (a turn back from its tool, or migrated in), then new
         # ones; first come, first served inside each class
         order = np.lexsort((self.ready[cand], self.fresh[cand], k))
-        cand, k = cand[order], k[order]
+        cand, k, rank, starts, group = _grouped(cand, k, order)
         need = self.ctx[cand]
-        first = np.concatenate(([True], k[1:] != k[:-1]))
-        starts = np.flatnonzero(first)
-        group = np.cumsum(first) - 1
-        cs = np.cumsum(need)
+        cs = need.cumsum()
         within = cs - (cs - need)[starts][group]
-        rank = np.arange(cand.size) - starts[group]
         # an idle instance keeps headroom in units of its first request's context
-        idle_first = run_k[k[starts]] == 0
-        room[k[starts][idle_first]] -= self.c.kv_headroom_seqs * need[starts][idle_first]
+        k_first = k[starts]
+        idle_first = run_k[k_first] == 0
+        room[k_first[idle_first]] -= self.c.kv_headroom_seqs * need[starts][idle_first]
         ok = ((within <= room[k]) & (rank < seats[k])) | ((rank == 0) & (run_k[k] == 0))
         go = cand[ok]
         if go.size == 0:
             return go
-        gk = self.where[go]
-        secs = np.where(self.fresh[go], self.c.per_request_overhead_s, 0.0)
-        tps = inst.tp[gk]
-        for tp in self._degrees():
-            sel = tps == tp
-            if sel.any():
-                secs[sel] += self.rc.prefill_time(int(tp), self.pending[go[sel]], self.ctx[go[sel]] / 2.0)
+        gk = k[ok]
+        secs = np.where(self.fresh[go], self.c.per_request_overhead_s, 0.0) + self._prefill_s(go, gk)
         self.debt += np.bincount(gk, weights=secs, minlength=k_all)
         self.lag[go] = np.maximum(0.0, self.ready[go] - t) - self._credit(t, go, gk, rank[ok])
         self.pending[go] = 0.0
@@ -169,22 +167,31 @@ class Admission:
         ripe_by_tp: dict[int, np.ndarray] = {}
         taken = np.zeros(pool_all.size, bool)
         left = pool_all.size
+        # Thieves of one bucket and degree see the same candidates, less those taken before them, which are the
+        # first of them: their candidates are listed once and each takes from the front (`eligible[at:]`). No
+        # candidate sits on a thief (a thief has nothing queued), so none needs excluding by instance.
+        key, eligible, at = None, pool_all[:0], 0
         for k in thieves[np.argsort(inst.bucket[thieves], kind="stable")]:  # the smallest bucket first
             if left == 0:
                 break
-            tp = int(inst.tp[k])
-            ripe = ripe_by_tp.get(tp)
-            if ripe is None:  # rent or buy: move a stuck turn only once its wait has cost as much as the move
-                ripe = ripe_by_tp[tp] = np.ones(pool_all.size, bool)
-                ctx = ctx_pool[stuck]
-                ripe[stuck] = stuck_wait >= self.rc.prefill_time(tp, ctx, ctx / 2.0)
-            pool = np.flatnonzero(~taken & (home <= inst.bucket[k]) & (where_pool != k) & ripe)
+            tp, bucket = int(inst.tp[k]), int(inst.bucket[k])
+            if (bucket, tp) != key:
+                key = (bucket, tp)
+                ripe = ripe_by_tp.get(tp)
+                if ripe is None:  # rent or buy: move a stuck turn only once its wait has cost as much as the move
+                    ripe = ripe_by_tp[tp] = np.ones(pool_all.size, bool)
+                    ctx = ctx_pool[stuck]
+                    ripe[stuck] = stuck_wait >= self.rc.prefill_time(tp, ctx, ctx / 2.0)
+                eligible, at = (~taken & (home <= bucket) & ripe).nonzero()[0], 0
+            pool = eligible[at:]
             if pool.size == 0:
                 continue
             ctx = ctx_pool[pool]
             free = room[k] - self.c.kv_headroom_seqs * float(ctx.mean())  # the headroom admission keeps
-            n = min(int(np.searchsorted(np.cumsum(ctx), free, side="right")), int(seats[k]))
+            most = int(seats[k])  # no more than its free seats: the running sum beyond them is not needed
+            n = min(int(ctx[:most].cumsum().searchsorted(free, side="right")), most)
             chosen = pool[: max(n, 1)]
+            at += chosen.size
             taken[chosen] = True
             left -= chosen.size
             reqs = pool_all[chosen]

@@ -22,30 +22,39 @@ from typing import Any
 from libra.sim.policies import uses_shared_tree
 from libra.spec import SpecError
 
-# Relative CPU cost per step of the work a group carries, for balancing groups: one unit per policy, plus the
-# prefix-tree update and C-MLFQ replays of the group that holds the tree (r2e-gym, 48 GPUs, 100 steps, one process
-# per group: libra-cmlfq and libra 80 s of CPU, the six other policies 83 s).
-TREE_COST = 4.0
+# Relative CPU cost per step of the work a group carries, for balancing groups: one unit per policy (static-uniform
+# less: one bucket, no replanning), plus the prefix-tree update of the group that holds the tree. r2e-gym, 48 GPUs,
+# 12 steps, one process (`docs/sim.md`, "Speed"): static-uniform 15.5 s of CPU, the seven other policies 21.5-26.7 s
+# each, the tree's updates 2.6 s.
+POLICY_COST = {"static-uniform": 0.7}
+TREE_COST = 0.1
 POLL_S = 1.0  # how often the parent checks, while no worker reports, that they are all still alive
+
+
+def _cost(policy: str) -> float:
+    return POLICY_COST.get(policy, 1.0)
 
 
 def policy_groups(policies: Sequence[str], workers: int) -> list[list[str]]:
     """Split `policies` into at most `workers` non-empty groups of balanced cost; the policies that use the shared
-    prefix tree go together. Deterministic: the order of `policies` decides ties."""
+    prefix tree go together. The costliest first, each to the cheapest group (a new one while there are fewer than
+    `workers`); each group keeps the order of `policies`. Deterministic: that order decides ties."""
     if workers < 1:
         raise SpecError(f"workers must be >= 1, got {workers}")
     tree = [p for p in policies if uses_shared_tree(p)]
     rest = [p for p in policies if not uses_shared_tree(p)]
     groups: list[list[str]] = [tree] if tree else []
-    cost: list[float] = [len(tree) + TREE_COST] if tree else []
-    while len(groups) < workers and rest:
-        groups.append([rest.pop(0)])
-        cost.append(1.0)
-    for p in rest:
+    cost: list[float] = [sum(_cost(p) for p in tree) + TREE_COST] if tree else []
+    for p in sorted(rest, key=lambda q: -_cost(q)):  # stable: equal costs keep their order
+        if len(groups) < workers:
+            groups.append([p])
+            cost.append(_cost(p))
+            continue
         i = min(range(len(groups)), key=lambda j: (cost[j], j))
         groups[i].append(p)
-        cost[i] += 1.0
-    return [g for g in groups if g]
+        cost[i] += _cost(p)
+    rank = {p: i for i, p in enumerate(policies)}
+    return [sorted(g, key=rank.__getitem__) for g in groups if g]
 
 
 def _child(run_group: Callable[..., Any], group: list[str], index: int, queue: Any) -> None:

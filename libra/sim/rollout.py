@@ -135,14 +135,19 @@ class RolloutRun(SliceDecode, Admission):
         n = work.num_requests
         self.state = np.full(n, WAIT, np.int8)
         self.turn = np.zeros(n, np.int64)
-        self.rem = work.gen[:, 0].astype(float)
-        self.ctx = work.prompt_tokens.astype(float)  # tokens in the context (what the KV holds while running)
-        self.pending = work.prompt_tokens.astype(float)  # tokens to prefill at the next admission
-        self.ready = np.full(n, start)
-        self.finish = np.full(n, np.nan)
+        # the per-request floats a decode pass writes are the rows of one block, which a slice saves and restores
+        # in one copy (`SliceDecode._save`): lag is the seconds into the current slice before a request can decode,
+        # _own_debt the prefill owed for turns taken back inside a slice (`_later_debt`) that each request already
+        # waited for itself
+        self._floats = np.zeros((7, n))
+        self.rem, self.ctx, self.pending, self.ready, self.finish, self.lag, self._own_debt = self._floats
+        self.rem[:] = work.gen[:, 0]
+        self.ctx[:] = work.prompt_tokens  # tokens in the context (what the KV holds while running)
+        self.pending[:] = work.prompt_tokens  # tokens to prefill at the next admission
+        self.ready[:] = start
+        self.finish[:] = np.nan
         self.fresh = np.ones(n, bool)  # never admitted: pays the per-request overhead
         self.where = np.full(n, -1, np.int64)
-        self.lag = np.zeros(n)  # seconds into the current slice before a request can decode
         self.moved = np.zeros(n, bool)  # the migration before the current segment is done
         self.stolen = np.zeros(n, bool)  # started on a larger bucket's idle instance (work-conserving admission)
         self.debt = np.zeros(len(instances))  # seconds of prefill/admission work owed by each instance
@@ -155,7 +160,6 @@ class RolloutRun(SliceDecode, Admission):
         self.capacity_tokens = 0.0  # tokens the instances could have decoded (`_capacity`)
         self._last: tuple[np.ndarray, np.ndarray] | None = None  # (still running, step times) after a slice
         self._later_debt = np.zeros(len(instances))  # prefill of turns taken back inside a slice, owed next slice
-        self._own_debt = np.zeros(n)  # ... of which each request already waited for its own
         # per instance: seconds decoded in the last slice over (its batch at the slice start x the slice): requests
         # leave for tools and others come back inside a slice, so the batch a slice decodes at is not its start's
         self._occupancy = np.zeros(0)
@@ -163,6 +167,7 @@ class RolloutRun(SliceDecode, Admission):
         # the slots the next boundary's admission refills, as if it had happened when each slot came free
         self._freed = (np.zeros(0, np.int64), np.zeros(0))
         self._refilled = np.zeros(len(instances), np.int64)  # freed slots of an instance refilled at this boundary
+        self._queues: tuple[np.ndarray, np.ndarray] | None = None  # `_slice_queues` of the slice being decoded
         # requests not DONE, ascending (DONE is final): per-slice scans read only these, which matters in the long
         # tail of a rollout where most slices have a few percent of the requests left; ascending order keeps every
         # sum (bincount) in the same order as a scan of all requests, so results are identical
@@ -172,6 +177,7 @@ class RolloutRun(SliceDecode, Admission):
         self._assign(np.arange(n), routes.bucket[:, 0])
         self._deg_key = -1
         self._deg: tuple[int, ...] = ()
+        self._deg_masks: tuple[tuple[int, np.ndarray | None], ...] = ()
         self._cap = np.zeros(0)
 
     # --- bookkeeping --------------------------------------------------------------------------------------------
@@ -194,7 +200,8 @@ class RolloutRun(SliceDecode, Admission):
         return np.bincount(self.where[live[self.where[live] >= 0]], minlength=len(self.inst))
 
     def _in_state(self, state: int, *, equal: bool = True) -> np.ndarray:
-        """Requests in `state` (or not in it), ascending. Read-only: cached until `_set_state`."""
+        """Requests in `state` (or not in it), ascending. Read-only: cached until `_set_state` changes that set
+        (a set of requests not DONE stays right from slice to slice: DONE is final)."""
         got = self._by_state.get((state, equal))
         if got is None:
             live = self._live
@@ -208,8 +215,16 @@ class RolloutRun(SliceDecode, Admission):
     def _set_state(self, reqs: np.ndarray, state: int) -> None:
         if reqs.size == 0:  # nothing changes: keep the cached sets
             return
+        cache = self._by_state
+        if not cache:
+            self.state[reqs] = state
+            return
+        was = np.bincount(self.state[reqs], minlength=4)  # how many of `reqs` were in each state
         self.state[reqs] = state
-        self._by_state.clear()
+        cache.pop(None, None)  # the states of `live`, gathered
+        for key in list(cache):
+            if (was[key[0]] < reqs.size) if key[0] == state else (was[key[0]] > 0):  # some joined, or some left
+                del cache[key]
 
     def _assign(self, reqs: np.ndarray, buckets: np.ndarray) -> None:
         """Send requests to the active instances of their bucket, least-loaded first (water-filling, ties by
@@ -272,14 +287,40 @@ class RolloutRun(SliceDecode, Admission):
 
     def _covered(self, reqs: np.ndarray, seg: np.ndarray) -> np.ndarray:
         """A stolen request's routed move is void when its instance's bucket already holds the target."""
-        return self.stolen[reqs] & (self.routes.bucket[reqs, seg] <= self.inst.bucket[self.where[reqs]])
+        out = self.stolen[reqs]
+        some = np.flatnonzero(out)
+        if some.size:  # only stolen requests can be covered: look up their buckets alone
+            r = reqs[some]
+            out[some] = self.routes.bucket[r, seg[some]] <= self.inst.bucket[self.where[r]]
+        return out
 
     def _degrees(self) -> tuple[int, ...]:
         if self._deg_key != len(self.inst):
             self._deg = tuple(int(x) for x in np.unique(self.inst.tp))
             self._cap = np.array([self.c.kv_fill * self._kv_tokens(int(tp)) for tp in self.inst.tp])
+            # (degree, its instances; None when every instance has it)
+            self._deg_masks = tuple((tp, None if len(self._deg) == 1 else self.inst.tp == tp) for tp in self._deg)
             self._deg_key = len(self.inst)
         return self._deg
+
+    def _degree_masks(self) -> tuple[tuple[int, np.ndarray | None], ...]:
+        """Each degree in ascending order with a mask of its instances (None: all of them)."""
+        self._degrees()
+        return self._deg_masks
+
+    def _prefill_s(self, reqs: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """Seconds to prefill each request's pending tokens (attending to half its context) on its instance `k`."""
+        masks = self._degree_masks()
+        if len(masks) == 1:
+            return self.rc.prefill_time(masks[0][0], self.pending[reqs], self.ctx[reqs] / 2.0)
+        secs = np.zeros(reqs.size)
+        tps = self.inst.tp[k]
+        for tp, _ in masks:
+            sel = tps == tp
+            if sel.any():
+                r = reqs[sel]
+                secs[sel] = self.rc.prefill_time(tp, self.pending[r], self.ctx[r] / 2.0)
+        return secs
 
     def _kv_tokens(self, tp: int) -> float:
         if self.kv_memory is None:
@@ -293,11 +334,12 @@ class RolloutRun(SliceDecode, Admission):
         self._degrees()
         return self._cap
 
-    def step_batch(self, running: np.ndarray) -> np.ndarray:
+    def step_batch(self, running: np.ndarray, count_k: np.ndarray | None = None) -> np.ndarray:
         """The batch each instance is predicted to run at over the slice: its running requests, scaled by the last
-        slice's occupancy."""
+        slice's occupancy. `count_k`: the running requests per instance, when the caller has counted them."""
         k_all = len(self.inst)
-        b = np.bincount(self.where[running], minlength=k_all).astype(float)
+        b = np.bincount(self.where[running], minlength=k_all) if count_k is None else count_k
+        b = b.astype(float)
         if self._occupancy.size == k_all:  # the batch over the slice, as the last slice's share of it decoded
             b = np.where(b > 0, np.maximum(1.0, b * self._occupancy), b)
         return b
@@ -307,18 +349,19 @@ class RolloutRun(SliceDecode, Admission):
     ) -> np.ndarray:
         """Engine step seconds of every instance for its current batch (inf where nothing runs). `inputs`: what
         `_step_inputs(running)` returned, when the state it reads has not changed since."""
-        inst, k_all = self.inst, len(self.inst)
         b = self.step_batch(running) if batch is None else batch
         ctx, waiting = self._step_inputs(running) if inputs is None else inputs
-        out = np.full(k_all, np.inf)
-        for tp in self._degrees():
-            sel = (inst.tp == tp) & (b > 0)
-            if not sel.any():
+        out = np.full(len(self.inst), np.inf)
+        c = self.c
+        for tp, of_tp in self._degree_masks():
+            sel = b > 0 if of_tp is None else of_tp & (b > 0)
+            bb = b[sel]
+            if bb.size == 0:
                 continue
-            bb, rr = b[sel], ctx[sel] / b[sel]
-            step = self.rc.decode_step_time(int(tp), bb, rr)
-            kv_bound = (waiting[sel] > 0) & (bb < self.c.max_num_seqs)
-            churn = 1.0 + np.minimum(self.c.preemption_factor / bb, self.c.max_churn)  # as effective_step_time
+            rr = ctx[sel] / bb
+            step = self.rc.decode_step_time(tp, bb, rr)
+            kv_bound = (waiting[sel] > 0) & (bb < c.max_num_seqs)
+            churn = 1.0 + np.minimum(c.preemption_factor / bb, c.max_churn)  # as effective_step_time
             out[sel] = step * np.where(kv_bound, churn, 1.0)
         return out
 
@@ -328,29 +371,34 @@ class RolloutRun(SliceDecode, Admission):
         k_all = len(self.inst)
         ctx = np.bincount(self.where[running], weights=self.ctx[running], minlength=k_all)
         queued = self._in_state(WAIT)
-        queued = queued[self.ready[queued] <= self._now]
-        return ctx, np.bincount(self.where[queued], minlength=k_all)
+        if queued.size:
+            queued = queued[self.ready[queued] <= self._now]
+            return ctx, np.bincount(self.where[queued], minlength=k_all)
+        return ctx, np.zeros(k_all, np.int64)
 
-    def _capacity(self, t: float, dt: float, running: np.ndarray) -> float:
+    def _capacity(self, t: float, dt: float, running: np.ndarray, count_k: np.ndarray | None = None) -> float:
         """Tokens the started, active instances could decode in [t, t + dt) at their largest batch: as many
         sequences as `max_num_seqs` and their KV pool allow at the running contexts (each instance's mean, or the
-        mean over all running requests where one has none). `decoded / capacity` is the rollout's utilisation."""
+        mean over all running requests where one has none). `decoded / capacity` is the rollout's utilisation.
+        `count_k`: the running requests per instance (None: none run)."""
         inst = self.inst
         up = np.maximum(0.0, t + dt - np.maximum(t, inst.ready_at)) * inst.active
         if not up.any():
             return 0.0
-        k_all = len(inst)
-        b = np.bincount(self.where[running], minlength=k_all)
-        ctx_k = np.bincount(self.where[running], weights=self.ctx[running], minlength=k_all)
         live = self._live
         mean_all = float(self.ctx[live].mean()) if live.size else 1.0
-        ctx = np.where(b > 0, ctx_k / np.maximum(b, 1), mean_all)
+        if count_k is None:
+            ctx = np.full(len(inst), mean_all)
+        else:
+            ctx_k = np.bincount(self.where[running], weights=self.ctx[running], minlength=len(inst))
+            ctx = np.where(count_k > 0, ctx_k / np.maximum(count_k, 1), mean_all)
         batch = np.clip(np.floor(self._cap_k() / np.maximum(ctx, 1.0)), 1, self.c.max_num_seqs)
         total = 0.0
-        for tp in self._degrees():
-            sel = (inst.tp == tp) & (up > 0)
+        on = up > 0
+        for tp, of_tp in self._degree_masks():
+            sel = on if of_tp is None else of_tp & on
             if sel.any():
-                step = self.rc.decode_step_time(int(tp), batch[sel], ctx[sel])
+                step = self.rc.decode_step_time(tp, batch[sel], ctx[sel])
                 total += float((up[sel] * batch[sel] / step).sum())
         return total
 

@@ -27,14 +27,17 @@ if TYPE_CHECKING:
 REFINE_TOLERANCE = 0.01
 
 
-def _grouped(items: np.ndarray, k: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`items` and their instances `k` in `order` (which must keep each instance's items together), and each
-    item's rank inside its instance's group."""
+def _grouped(items: np.ndarray, k: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, ...]:
+    """`items` and their instances `k` in `order` (which must keep each instance's items together) and non-empty;
+    each item's rank inside its instance's group, the position where each group starts, and each item's group."""
     items, k = items[order], k[order]
-    first = np.concatenate(([True], k[1:] != k[:-1])) if k.size else np.zeros(0, bool)
-    starts = np.flatnonzero(first)
-    rank = np.arange(k.size) - starts[np.cumsum(first) - 1] if k.size else np.zeros(0, np.int64)
-    return items, k, rank
+    first = np.empty(k.size, bool)
+    first[0] = True
+    np.not_equal(k[1:], k[:-1], out=first[1:])
+    starts = first.nonzero()[0]
+    group = first.cumsum() - 1
+    rank = np.arange(k.size) - starts[group]
+    return items, k, rank, starts, group
 
 
 class SliceDecode:
@@ -62,22 +65,25 @@ class SliceDecode:
     _last: tuple[np.ndarray, np.ndarray] | None
     _later_debt: np.ndarray
     _own_debt: np.ndarray
+    _floats: np.ndarray
     _live: np.ndarray
     _occupancy: np.ndarray
     _freed: tuple[np.ndarray, np.ndarray]
     _by_state: dict
     _decoded_s: np.ndarray
     _span_end: np.ndarray
+    _queues: tuple[np.ndarray, np.ndarray] | None
 
     if TYPE_CHECKING:
 
         def _in_state(self, state: int, *, equal: bool = True) -> np.ndarray: ...
         def _set_state(self, reqs: np.ndarray, state: int) -> None: ...
         def _cap_k(self) -> np.ndarray: ...
+        def _prefill_s(self, reqs: np.ndarray, k: np.ndarray) -> np.ndarray: ...
         def _covered(self, reqs: np.ndarray, seg: np.ndarray) -> np.ndarray: ...
         def _note_freed(self, reqs: np.ndarray, at: np.ndarray) -> None: ...
-        def _capacity(self, t: float, dt: float, running: np.ndarray) -> float: ...
-        def step_batch(self, running: np.ndarray) -> np.ndarray: ...
+        def _capacity(self, t: float, dt: float, running: np.ndarray, count_k: np.ndarray | None) -> float: ...
+        def step_batch(self, running: np.ndarray, count_k: np.ndarray | None = None) -> np.ndarray: ...
         def step_times(
             self, running: np.ndarray, batch: np.ndarray | None = None, inputs: tuple | None = None
         ) -> np.ndarray: ...
@@ -96,106 +102,111 @@ class SliceDecode:
         again at that batch (`_decode_pass`)."""
         running = self._in_state(RUN)
         k_all = len(self.inst)
-        busy_k = np.minimum(self.debt, dt)
         self._last = None
         self._later_debt = np.zeros(k_all)
+        self._queues = None
         if running.size:
-            k = self.where[running]
             saved = self._save()
-            used = self.step_batch(running)
+            k = self.where[running]
+            count_k = np.bincount(k, minlength=k_all)
+            used = self.step_batch(running, count_k)
             inputs = self._step_inputs(running)
-            step, real = self._decode_pass(t, dt, running, used, inputs)
+            fixed = self._pass_inputs(t, dt, running, k, count_k)
+            step, real = self._decode_pass(t, dt, running, used, inputs, fixed)
             real = np.where(real > 0, real, used)
             step_real = self.step_times(running, real)
             fin = np.isfinite(step)
             off = np.abs(step_real[fin] - step[fin]) > REFINE_TOLERANCE * step[fin]
             if off.any():
                 self._restore(saved)  # the state `inputs` read, as it was
-                self._decode_pass(t, dt, running, real, inputs)
-            has_run = np.bincount(k, minlength=k_all) > 0
-            busy_k = np.where(has_run, dt, busy_k)
+                self._decode_pass(t, dt, running, real, inputs, fixed)
+            busy_k = np.where(count_k > 0, dt, np.minimum(self.debt, dt))
+        else:
+            busy_k = np.minimum(self.debt, dt)
+            count_k = None
         self.busy_gpu_s += float((busy_k * self.inst.tp).sum())
-        self.capacity_tokens += self._capacity(t, dt, running)
+        self.capacity_tokens += self._capacity(t, dt, running, count_k)
         self.debt = np.maximum(0.0, self.debt - dt) + self._later_debt
 
-    def _pass_arrays(self) -> tuple[np.ndarray, ...]:
-        """The per-request arrays a decode pass writes (only at requests not DONE when the slice began, `_live`)."""
-        return (
-            self.state,
-            self.turn,
-            self.rem,
-            self.ctx,
-            self.pending,
-            self.ready,
-            self.finish,
-            self.lag,
-            self.moved,
-            self._own_debt,
-        )
-
-    def _save(self) -> tuple:
-        # only the requests a pass can touch: in a rollout's long tail a few percent of them
-        live = self._live
-        at = slice(None) if 2 * live.size > self.state.size else live
-        values = tuple(a.copy() if isinstance(at, slice) else a[at] for a in self._pass_arrays())
-        return at, values, self._freed, self.decoded
-
-    def _restore(self, saved: tuple) -> None:
-        at, values, self._freed, self.decoded = saved
-        for array, value in zip(self._pass_arrays(), values, strict=True):
-            array[at] = value
-        self._by_state.clear()
-        self._later_debt = np.zeros(len(self.inst))
-
-    def _decode_pass(
-        self, t: float, dt: float, running: np.ndarray, batch: np.ndarray, inputs: tuple
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Decode the slice with every instance at `batch`; returns its step times and the batch each instance
-        actually ran at: batch-seconds decoded over its busy span (from its first request's start to its last
-        one's end, or the slice end)."""
+    def _pass_inputs(self, t: float, dt: float, running: np.ndarray, k: np.ndarray, count_k: np.ndarray) -> tuple:
+        """What both decode passes of a slice read and neither writes (the passes restore `lag` and `rem` in
+        between, and write neither `debt` nor `where`): per running request its instance, the delay before it
+        decodes and what it has left of its segment; per instance its first start and the share of the slice it
+        is free to decode."""
         k_all = len(self.inst)
-        step = self.step_times(running, batch, inputs)
         avail = np.maximum(0.0, dt - self.debt)
-        k = self.where[running]
         lag = self.lag[running]
         # the instance's owed prefill stalls it at the slice start: a request that becomes ready later is not
         # held by it (one that decodes as of before the boundary, lag < 0, is, after its credit)
         owed = np.minimum(self.debt[k], dt)
         delay = np.where(lag < 0, owed + lag, np.maximum(owed, lag))
-        advance = np.maximum(0.0, dt - delay) / step[k]
-        rem0 = self.rem[running]
+        first = np.full(k_all, t + dt)
+        np.minimum.at(first, k, t + np.minimum(delay, dt))
+        has = count_k > 0
+        open_s = np.maximum(1e-9, (avail * count_k))
+        occupied = has & (avail > 0)
+        return k, t + delay, np.maximum(0.0, dt - delay), self.rem[running], first, has, open_s, occupied
+
+    def _pass_arrays(self) -> tuple[np.ndarray, ...]:
+        """The per-request arrays a decode pass writes (only at requests not DONE when the slice began, `_live`):
+        the float block (rem, ctx, pending, ready, finish, lag, _own_debt), state, turn, moved."""
+        return (self._floats, self.state, self.turn, self.moved)
+
+    def _save(self) -> tuple:
+        # only the requests a pass can touch: in a rollout's long tail a few percent of them
+        live = self._live
+        at = (Ellipsis,) if 2 * live.size > self.state.size else (Ellipsis, live)
+        values = tuple(a[at].copy() if len(at) == 1 else a[at] for a in self._pass_arrays())
+        return at, values, self._freed, self.decoded, dict(self._by_state)
+
+    def _restore(self, saved: tuple) -> None:
+        at, values, self._freed, self.decoded, by_state = saved
+        for array, value in zip(self._pass_arrays(), values, strict=True):
+            array[at] = value
+        self._by_state = by_state  # the per-state sets of the state restored
+        self._later_debt = np.zeros(len(self.inst))
+
+    def _decode_pass(
+        self, t: float, dt: float, running: np.ndarray, batch: np.ndarray, inputs: tuple, fixed: tuple
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Decode the slice with every instance at `batch`; returns its step times and the batch each instance
+        actually ran at: batch-seconds decoded over its busy span (from its first request's start to its last
+        one's end, or the slice end). `fixed`: `_pass_inputs` of the slice."""
+        k_all = len(self.inst)
+        k, t_delay, go_s, rem0, first, has, open_s, occupied = fixed
+        step = self.step_times(running, batch, inputs)
+        step_k = step[k]
+        advance = go_s / step_k
         took = np.minimum(advance, rem0)
-        self._decoded_s = np.bincount(k, weights=took * step[k], minlength=k_all)
+        self._decoded_s = np.bincount(k, weights=took * step_k, minlength=k_all)
         self.rem[running] = rem0 - took
         self.ctx[running] += took
         self.decoded += float(took.sum())
         end = rem0 <= advance
-        still = [running[~end]]
-        ended = running[end]
         self.lag[running] = 0.0
-        first = np.full(k_all, t + dt)
-        np.minimum.at(first, k, t + np.minimum(delay, dt))
         self._span_end = np.full(k_all, t)
-        if ended.size:
-            ke = k[end]
-            at = t + delay[end] + rem0[end] * step[ke]
-            np.maximum.at(self._span_end, ke, at)
-            still.append(self._continue_in_slice(ended, at, t + dt, step))
-        still_all = np.concatenate(still)
-        self._span_end[self.where[still_all]] = t + dt
-        start_b = np.bincount(k, minlength=k_all)
+        if end.any():
+            still = running[~end]
+            ended = running[end]
+            at = t_delay[end] + rem0[end] * step_k[end]
+            np.maximum.at(self._span_end, k[end], at)
+            more = self._continue_in_slice(ended, at, t + dt, step)
+            if more.size:
+                still = np.concatenate([still, more])
+        else:
+            still = running
+        self._span_end[self.where[still]] = t + dt
         occ = np.ones(k_all)
-        open_s = np.maximum(1e-9, (avail * start_b))
-        np.divide(self._decoded_s, open_s, out=occ, where=(start_b > 0) & (avail > 0))
+        np.divide(self._decoded_s, open_s, out=occ, where=occupied)
         self._occupancy = np.minimum(1.0, occ)
-        self._last = (still_all, step)
+        self._last = (still, step)
         # a turn taken inside the slice already waited for its own prefill; its instance owes it to the others
-        self.lag[still_all] = -self._own_debt[still_all]
+        self.lag[still] = -self._own_debt[still]
         self._own_debt[:] = 0.0
         span = self._span_end - first
         real = np.zeros(k_all)
         np.divide(self._decoded_s, span, out=real, where=span > 1e-9)
-        return step, np.maximum(real, np.where(start_b > 0, 1.0, 0.0))
+        return step, np.maximum(real, np.where(has, 1.0, 0.0))
 
     def _continue_in_slice(self, ended: np.ndarray, at: np.ndarray, slice_end: float, step: np.ndarray) -> np.ndarray:
         """Segments `ended` at times `at`; the requests that go on decoding inside this slice (`_end_segments`)
@@ -207,16 +218,17 @@ class SliceDecode:
             if cont.size == 0:
                 break
             k = self.where[cont]
-            advance = np.maximum(0.0, slice_end - start) / step[k]
+            step_k = step[k]
+            advance = np.maximum(0.0, slice_end - start) / step_k
             rem0 = self.rem[cont]
             took = np.minimum(advance, rem0)
-            self._decoded_s += np.bincount(k, weights=took * step[k], minlength=len(self._decoded_s))
+            self._decoded_s += np.bincount(k, weights=took * step_k, minlength=len(self._decoded_s))
             self.rem[cont] = rem0 - took
             self.ctx[cont] += took
             self.decoded += float(took.sum())
             end = rem0 <= advance
             still.append(cont[~end])
-            ended, at = cont[end], start[end] + rem0[end] * step[k[end]]
+            ended, at = cont[end], start[end] + rem0[end] * step_k[end]
         return np.concatenate(still) if still else ended[:0]
 
     def _end_segments(self, ended: np.ndarray, at: np.ndarray, slice_end: float) -> tuple[np.ndarray, np.ndarray]:
@@ -227,29 +239,56 @@ class SliceDecode:
         w = self.work
         seg = self.turn[ended]
         last = seg >= w.num_segments[ended] - 1
-        fin = ended[last]
-        self._set_state(fin, DONE)
-        self.finish[fin] = at[last]
-        self._note_freed(fin, at[last])
-        go, sg, ag = ended[~last], seg[~last], at[~last]
-        keep = ~w.tool_end[go, sg] & ((self.routes.carried[go, sg + 1] == 0) | self._covered(go, sg + 1))
+        if last.any():
+            on = ~last
+            fin = ended[last]
+            self._set_state(fin, DONE)
+            self.finish[fin] = at_fin = at[last]
+            go, sg, ag = ended[on], seg[on], at[on]
+        else:
+            fin, at_fin = ended[:0], at[:0]
+            go, sg, ag = ended, seg, at
+        nxt = sg + 1
+        keep = ~w.tool_end[go, sg] & ((self.routes.carried[go, nxt] == 0) | self._covered(go, nxt))
         stay = go[keep]  # a chunk boundary with no migration: nothing happens
-        self.turn[stay] += 1
-        self.rem[stay] = w.gen[stay, self.turn[stay]].astype(float)
-        self.lag[stay] = 0.0
-        go, sg, ag = go[~keep], sg[~keep], ag[~keep]
-        if go.size:
+        stay_at = ag[keep]
+        if stay.size:
+            nxt_stay = nxt[keep]
+            self.turn[stay] = nxt_stay
+            self.rem[stay] = w.gen[stay, nxt_stay].astype(float)
+            self.lag[stay] = 0.0
+        tool = ~keep
+        if tool.any():
+            go, sg, ag, nxt = go[tool], sg[tool], ag[tool], nxt[tool]
             tool_tok = w.tool_tokens[go, sg].astype(float)
             self.ctx[go] += tool_tok
             self.pending[go] = tool_tok
             self.ready[go] = ag + w.latency[go, sg]
-            self.turn[go] = sg + 1
+            self.turn[go] = nxt
             self.moved[go] = False
-            self.rem[go] = w.gen[go, sg + 1].astype(float)
+            self.rem[go] = w.gen[go, nxt].astype(float)
             self._set_state(go, TOOL)
-            self._note_freed(go, ag)
+            self._note_freed(np.concatenate([fin, go]), np.concatenate([at_fin, ag]))
+        elif fin.size:
+            self._note_freed(fin, at_fin)
         back, start = self._refill(slice_end)
-        return np.concatenate([stay, back]), np.concatenate([at[~last][keep], start])
+        if back.size == 0:
+            return stay, stay_at
+        return np.concatenate([stay, back]), np.concatenate([stay_at, start])
+
+    def _slice_queues(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per instance, the new requests queued, and the turns under way queued (ascending), as of the slice
+        start. Nothing inside a slice queues a request or moves one between instances, and a pass takes only turns
+        under way, so the first holds for the whole slice and the second, filtered by state, for each pass."""
+        got = self._queues
+        if got is None:
+            waiting = self._in_state(WAIT)
+            fresh = self.fresh[waiting]
+            got = self._queues = (
+                np.bincount(self.where[waiting[fresh]], minlength=len(self.inst)),
+                waiting[~fresh],
+            )
+        return got
 
     def _refill(self, slice_end: float) -> tuple[np.ndarray, np.ndarray]:
         """Slots freed inside this slice go to turns under way inside it, not at the next boundary, so a request
@@ -266,51 +305,62 @@ class SliceDecode:
             return none
         k_all = len(self.inst)
         slots_k = np.bincount(fk, minlength=k_all)
-        waiting = self._in_state(WAIT)
-        fresh = self.fresh[waiting]
-        new_k = np.bincount(self.where[waiting[fresh]], minlength=k_all)
+        new_k, queued = self._slice_queues()
+        if queued.size:
+            queued = queued[self.state[queued] == WAIT]  # minus those taken back earlier in this pass
         tool = self._in_state(TOOL)
         tool = tool[self.ready[tool] < slice_end]
         if tool.size:
             turn = self.turn[tool]
             tool = tool[self.moved[tool] | self._covered(tool, turn) | (self.routes.carried[tool, turn] == 0)]
-        cand = np.concatenate([waiting[~fresh], tool])
+        cand = np.concatenate([queued, tool]) if queued.size else tool
         cand = cand[slots_k[self.where[cand]] > 0]
         if cand.size == 0:
             return none
         # the KV room the boundary's admission would see now (contexts as of the slice end: a little cautious)
         running = self._in_state(RUN)
-        run_k = np.bincount(self.where[running], minlength=k_all)
-        used_k = np.bincount(self.where[running], weights=self.ctx[running], minlength=k_all)
+        where_run = self.where[running]
+        run_k = np.bincount(where_run, minlength=k_all)
+        used_k = np.bincount(where_run, weights=self.ctx[running], minlength=k_all)
         room = self._cap_k() - used_k - self.c.kv_headroom_seqs * used_k / np.maximum(run_k, 1)
         k = self.where[cand]
-        cand, k, rank = _grouped(cand, k, np.lexsort((self.ready[cand], k)))
+        cand, k, rank, starts, group = _grouped(cand, k, np.lexsort((self.ready[cand], k)))
         need = self.ctx[cand]
-        cs = np.cumsum(need)
-        within = cs - (cs - need)[np.flatnonzero(rank == 0)][np.cumsum(rank == 0) - 1]
+        cs = need.cumsum()
+        within = cs - (cs - need)[starts][group]
         fits = (within <= room[k]) | ((rank == 0) & (run_k[k] == 0))
-        cand, k, rank = cand[fits], k[fits], rank[fits]
+        if not fits.all():
+            if not fits.any():
+                return none
+            cand, k, rank = cand[fits], k[fits], rank[fits]
         sorder = np.lexsort((ft, fk))
         fk, ft = fk[sorder], ft[sorder]
-        first_slot = np.searchsorted(fk, np.arange(k_all), side="left")
-        span = float(ft.max() - ft.min()) + 1.0
-        key = fk * span + (ft - ft.min())
-        g = np.searchsorted(key, k * span + (self.ready[cand] - ft.min()), side="left") - first_slot[k]
-        big = float(cand.size + fk.size + 1)
-        chain = rank + np.maximum.accumulate(g - rank + k * big) - k * big
-        s = np.where(new_k[k] > 0, chain, rank).astype(np.int64)
+        first_slot = fk.searchsorted(np.arange(k_all), side="left")
+        queue_k = new_k[k] > 0
+        if queue_k.any():
+            ft_min = ft.min()
+            span = float(ft.max() - ft_min) + 1.0
+            key = fk * span + (ft - ft_min)
+            g = key.searchsorted(k * span + (self.ready[cand] - ft_min), side="left") - first_slot[k]
+            big = float(cand.size + fk.size + 1)
+            chain = rank + np.maximum.accumulate(g - rank + k * big) - k * big
+            s = np.where(queue_k, chain, rank).astype(np.int64)
+        else:
+            s = rank
         ok = s < slots_k[k]
-        cand, k, slot = cand[ok], k[ok], first_slot[k[ok]] + s[ok]
-        secs = np.zeros(cand.size)
-        tps = self.inst.tp[k]
-        for tp in np.unique(tps):
-            sel = tps == tp
-            secs[sel] = self.rc.prefill_time(int(tp), self.pending[cand[sel]], self.ctx[cand[sel]] / 2.0)
+        if ok.all():
+            slot = first_slot[k] + s
+        else:
+            if not ok.any():
+                return none
+            cand, k, slot = cand[ok], k[ok], first_slot[k[ok]] + s[ok]
+        secs = self._prefill_s(cand, k)
         start = np.maximum(ft[slot], self.ready[cand]) + secs
         inside = start < slice_end
-        if not inside.any():
-            return none
-        cand, k, slot, secs, start = cand[inside], k[inside], slot[inside], secs[inside], start[inside]
+        if not inside.all():
+            if not inside.any():
+                return none
+            cand, k, slot, secs, start = cand[inside], k[inside], slot[inside], secs[inside], start[inside]
         self._later_debt += np.bincount(k, weights=secs, minlength=k_all)
         self._own_debt[cand] += secs
         self.pending[cand] = 0.0

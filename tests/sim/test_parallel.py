@@ -41,6 +41,13 @@ def test_groups_cover_every_policy_once_and_keep_tree_users_together():
         policy_groups(POLICY_NAMES, 0)
 
 
+def test_two_workers_split_the_eight_policies_four_and_four():
+    # each policy costs about the same per step, the tree's update a fraction of one (libra/sim/parallel.py)
+    groups = policy_groups(POLICY_NAMES, 2)
+    assert [len(g) for g in groups] == [4, 4]
+    assert all(g == [p for p in POLICY_NAMES if p in g] for g in groups)  # each in the order asked
+
+
 def test_tree_users_are_the_cmlfq_policies_over_buckets():
     assert {p for p in POLICY_NAMES if uses_shared_tree(p)} == {"libra-cmlfq", "libra"}
 

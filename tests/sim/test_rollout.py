@@ -215,3 +215,33 @@ def test_interleaved_dispatch_spreads_the_samples_of_a_prompt():
     assert dealt.where.tolist() == [0, 1, 0, 1, 0, 1, 0, 1]
     with pytest.raises(SpecError, match="dispatch must be one of"):
         RolloutRun(CM, work, routes, Instances([1], [0], [0.0]), start=0.0, dispatch="random")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    writes=st.lists(
+        st.tuples(
+            st.lists(st.integers(0, 11), max_size=6), st.sampled_from([0, 1, 2, 3]), st.booleans(), st.booleans()
+        ),
+        max_size=25,
+    )
+)
+def test_cached_state_sets_match_a_fresh_scan_after_any_writes(writes):
+    """The per-state sets kept across state writes and across slices equal a scan of the state array, whichever
+    sets were read between the writes (requests DONE at a slice start are final, as in a rollout)."""
+    work = step_work(0, [_traj(i, 100, [(50, 0, 0.0)]) for i in range(12)])
+    run = RolloutRun(
+        CM, work, routes_for("single", work, parse_buckets("1:inf"), None), Instances([1], [0], [0.0]), start=0.0
+    )
+    for reqs, state, read, new_slice in writes:
+        if new_slice:  # as `advance` does
+            run._live = run._in_state(DONE, equal=False)
+            run._by_state.pop(None, None)
+        if read:  # fill the cache before the write, so the write must keep or drop each set correctly
+            for s in range(3):
+                run._in_state(s)
+            run._in_state(DONE, equal=False)
+        run._set_state(np.array([r for r in reqs if r in set(run._live.tolist())], np.int64), state)
+        for s in range(3):  # (DONE itself is read only as its complement)
+            assert run._in_state(s).tolist() == np.flatnonzero(run.state == s).tolist()
+        assert run._in_state(DONE, equal=False).tolist() == np.flatnonzero(run.state != DONE).tolist()
