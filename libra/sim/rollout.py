@@ -222,7 +222,7 @@ class RolloutRun(SliceDecode, Admission):
         was = np.bincount(self.state[reqs], minlength=4)  # how many of `reqs` were in each state
         self.state[reqs] = state
         cache.pop(None, None)  # the states of `live`, gathered
-        for key in list(cache):
+        for key in [k for k in cache if k is not None]:
             if (was[key[0]] < reqs.size) if key[0] == state else (was[key[0]] > 0):  # some joined, or some left
                 del cache[key]
 
