@@ -27,7 +27,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import cast
 
-from libra.scheduling import tree_batch
 from libra.scheduling.node import Node, NodeStats, refresh_all
 from libra.scheduling.size_classes import QuantileStateCodec
 from libra.scheduling.states import DEFAULT_SIZE_EDGES, StateCodec, ToolReturnState
@@ -86,10 +85,6 @@ class PrefixTree:
     returns beyond this depth extend no path (the deepest node answers). `codec` classifies tool returns
     (size-class edges, optional closed tool set).
     """
-
-    # batches of at least this many trajectories learn by groups of shared prefixes (tree_batch.py); smaller ones
-    # walk trajectory by trajectory (`_learn`), which numpy's per-call overhead would not beat
-    _batched_from = 64
 
     def __init__(
         self,
@@ -177,15 +172,11 @@ class PrefixTree:
         if observe is not None:  # size classes learnt from the data (size_classes.py): edges move at step ends only
             observe(batch)
         # classify every tool return first, so that a bad one (unknown tool) leaves the tree untouched
-        grouped = tree_batch.encode_batch(codec, batch, limit) if len(batch) >= self._batched_from else None
+        paths = [codec.encode_turns(traj.turns, limit) for traj in batch]
         touched: list[Node] = []
         entries: list[tuple[Node, dict, int, Sequence[int]]] = []
         held = sum(self.prompt_sizes.values())
         target = math.ceil(0.8 * self.max_nodes)
-        if grouped is not None:
-            self._update_grouped(grouped, step, held, target, touched, entries)
-            return
-        paths = [codec.encode_turns(traj.turns, limit) for traj in batch]
         if self.num_nodes - held < target:
             created = self._learn(batch, paths, step, touched, entries)
             self.num_nodes += created
@@ -208,33 +199,6 @@ class PrefixTree:
                 self._evict_agnostic(num_agnostic - target)
                 return
         self.num_nodes += created + self._learn_prompts(batch, paths, remainings, step, touched)
-        self._finish_update(step, touched, entries)
-        self._evict_if_full()
-
-    def _update_grouped(
-        self, grouped: tree_batch.Batch, step: int, held: int, target: int, touched: list[Node], entries: list
-    ) -> None:
-        """`_update`'s learning by groups of trajectories that share a prefix (tree_batch.py): the same trees."""
-        if self.num_nodes - held < target:
-            created = tree_batch.learn_agnostic(self.agnostic, grouped, step, touched, entries)
-            created += tree_batch.learn_prompts(self.prompts, self.prompt_sizes, grouped, step, touched)
-            self.num_nodes += created
-            self._finish_update(step, touched, entries)
-            self._evict_if_full()
-            return
-        created = tree_batch.learn_agnostic(self.agnostic, grouped, step, touched, entries)
-        num_agnostic = self.num_nodes - held + created
-        if num_agnostic > target:
-            new = tree_batch.count_new_prompt_nodes(self.prompts, grouped)
-            if num_agnostic + held + new > self.max_nodes:
-                self.num_nodes = num_agnostic
-                self.evicted += held + new
-                self.prompts.clear()
-                self.prompt_sizes.clear()
-                self._finish_update(step, touched, entries)
-                self._evict_agnostic(num_agnostic - target)
-                return
-        self.num_nodes += created + tree_batch.learn_prompts(self.prompts, self.prompt_sizes, grouped, step, touched)
         self._finish_update(step, touched, entries)
         self._evict_if_full()
 
