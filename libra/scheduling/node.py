@@ -80,39 +80,35 @@ class Node:
 
 def refresh_all(nodes: list[Node], limit: int) -> None:
     """`Node.refresh(limit)` of every node, after a step's observations were appended to their windows (`count` is
-    still the window's length as of the last refresh). Same values as `refresh`, found with less work: most nodes an
-    update touches are new and were built refreshed with their one observation (`Node(first, step)`): they are
-    skipped; a node that gained a few observations keeps its sorted window by bisection (drop the observations that
-    left the window, insert the new ones) instead of sorting it."""
+    still the window's length as of the last refresh, and `ordered` that window sorted). Same values as `refresh`,
+    found with less work: a node built refreshed with its one observation (`Node(first, step)`) and not observed
+    again is skipped; otherwise the new observations are appended to the sorted window and it is sorted again,
+    which Python's sort does as one merge of the sorted run with the sorted new ones, after the few observations
+    that left the window were taken out of it by bisection (a sort of the window when many left it)."""
     for node in nodes:
         w = node.window
         n = len(w)
         old = node.count
         if n == old:  # built refreshed (`Node(first, step)`) and not observed again
             continue
-        if n == 1:
-            x = w[0]
-            node.count = 1
-            node.mean = float(x)  # as sum(w) / 1
-            node.ordered = [x]
-            node.prefix = None
-            node.p50 = node.p90 = float(x)
-            continue
-        drop = n - limit if n > limit else 0
-        added = n - old
-        if old and drop <= old and added + drop <= _INCREMENTAL:
-            ordered = node.ordered  # (sorted as of the last refresh: count == len(ordered))
-            for x in w[:drop]:
-                del ordered[bisect.bisect_left(ordered, x)]
-            for x in w[old:]:
-                bisect.insort_right(ordered, x)
-            if drop:
+        if n > limit:
+            drop = n - limit
+            if drop < old and drop <= _INCREMENTAL:
+                ordered = node.ordered
+                for x in w[:drop]:
+                    del ordered[bisect.bisect_left(ordered, x)]
+                ordered += w[old:]
+                ordered.sort()
                 del w[:drop]
-            n -= drop
+            else:  # (most or all of the old window left)
+                del w[:drop]
+                ordered = node.ordered = sorted(w)
+            n = limit
+        elif old:
+            ordered = node.ordered
+            ordered += w[old:]
+            ordered.sort()
         else:
-            if drop:
-                del w[:drop]
-                n -= drop
             ordered = node.ordered = sorted(w)
         node.count = n
         node.prefix = None
@@ -121,7 +117,7 @@ def refresh_all(nodes: list[Node], limit: int) -> None:
         node.p90 = float(ordered[math.ceil(0.9 * n) - 1])
 
 
-# below this many observations in and out of a window, bisection keeps it sorted faster than a sort
+# at most this many observations leaving a window are taken out of its sorted copy one by one (more: a sort)
 _INCREMENTAL = 24
 
 
