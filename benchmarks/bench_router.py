@@ -80,6 +80,47 @@ def test_on_tool_return(benchmark, history, preset) -> None:
     benchmark.pedantic(router.on_tool_return, setup=setup, rounds=3000, iterations=1, warmup_rounds=100)
 
 
+def test_step_with_all_in_flight(benchmark, history) -> None:
+    """One step of 512 x 16 trajectories routed by the default with all of them in flight, as in a rollout: every
+    request admitted, then the tool returns round by round, then the finishes and the step end. The cost of a move
+    must not grow with the number of requests in flight (the ceiling reads a running sum of their contexts)."""
+    workload, _, _ = _warm(history)
+    _, (*learnt, current) = history
+
+    def setup():
+        router = make_router("cmlfq", BUCKETS[workload])
+        replay(router, [t for step in learnt for t in step])
+        return (router,), {}
+
+    def route(router) -> int:
+        for i, t in enumerate(current):
+            router.admit(i, prompt_id=t.prompt_id, prompt_tokens=t.prompt_tokens)
+        moves, k, live = 0, 0, list(range(len(current)))
+        while live:
+            left = []
+            for i in live:
+                t = current[i]
+                if k < len(t.turns) and t.turns[k].tool is not None:
+                    turn = t.turns[k]
+                    moves += router.on_tool_return(
+                        i,
+                        tool=turn.tool,
+                        tool_tokens=turn.tool_tokens,
+                        status=turn.tool_status,
+                        context_tokens=t.context_after(k + 1),
+                    ).migrate
+                    left.append(i)
+                else:
+                    router.finish(i, t)
+            live, k = left, k + 1
+        router.end_step()
+        return moves
+
+    benchmark.extra_info.update(workload=workload, trajectories=len(current))
+    moves = benchmark.pedantic(route, setup=setup, rounds=3, iterations=1)
+    benchmark.extra_info["moves"] = moves
+
+
 def test_step_end_update(benchmark, history) -> None:
     workload, router, current = _warm(history)
     tree = router.tree
