@@ -39,6 +39,10 @@ total_all=0
 for target in "${targets[@]}"; do
   [ -n "${files[$target]:-}" ] || { echo "mutation.sh: unknown target $target" >&2; exit 2; }
   work=$root/build/mutation/$target
+  if [ -n "${LIBRA_MUTATION_RESUME:-}" ] && [ -d "$work/mutants" ]; then
+    # resume: keep the copy and mutmut's results (mutants/*.meta); only mutants without a verdict are run
+    echo "== $target: resuming in $work" >&2
+  else
   rm -rf "$work"
   mkdir -p "$work"
   cp -r "$root/libra" "$root/tests" "$work/"
@@ -56,6 +60,7 @@ pythonpath = ["."]
 filterwarnings = ["ignore::DeprecationWarning"]
 markers = ["slow: slow", "multiproc: multiproc"]
 TOML
+  fi
   echo "== $target: mutating ${files[$target]} against ${tests[$target]}" >&2
   (
     cd "$work"
@@ -73,7 +78,7 @@ PY
       )
       echo "   sample: ${#names[@]} mutants (seed ${LIBRA_MUTATION_SEED:-0})" >&2
     fi
-    "$python" -m mutmut run --max-children "${MUTMUT_CHILDREN:-2}" "${names[@]}" >"$work/run.log" 2>&1 || true
+    "$python" -m mutmut run --max-children "${MUTMUT_CHILDREN:-2}" "${names[@]}" >>"$work/run.log" 2>&1 || true
     "$python" -m mutmut results --all true >"$work/results.txt" 2>&1 || "$python" -m mutmut results >"$work/results.txt" 2>&1
     grep -E ': (survived|no tests|timeout|suspicious)' "$work/results.txt" | awk -F: '{print $1}' | while read -r name; do
       echo "--- $name"

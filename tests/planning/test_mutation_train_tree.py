@@ -1,0 +1,134 @@
+"""Training-tree properties found by the whole-file mutation run of `libra/planning/train_tree.py`
+(docs/testing.md, "Mutation testing"): exact ties are broken as the frontier breaks them, a pruned branch skips only
+itself, a branch without an allowed micro-batch is cut, and the frontier's layouts have integer degrees."""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from libra.planning.cost import CostModel
+from libra.planning.oracle import brute_force_training, training_layouts
+from libra.planning.train_tree import Shape, TrainingSearch, TreeOptions, ep_degrees, pp_degrees, tp_degrees
+from tests.planning.instances import sized_batch, sized_cost_model
+
+
+def _without_overheads(cm: CostModel) -> CostModel:
+    """No per-message latencies and no per-micro-batch overheads: micro-batches of powers of two then often cost
+    exactly the same, so many GPU counts have several optimal layouts."""
+    return CostModel(cm.cluster, cm.model, cm.coeffs.replace(microbatch_overhead_s=0.0, allreduce_latency_s=0.0))
+
+
+def test_the_tree_keeps_the_first_of_exactly_tied_layouts_as_the_frontier_does() -> None:
+    """`best` and `frontier` enumerate in the same order and keep the first layout of an exact tie, so both return
+    the same layout, not only the same time."""
+    tied = 0
+    for seed in range(20):
+        cm, rng = sized_cost_model(seed)
+        cm = _without_overheads(cm)
+        batch = sized_batch(rng)
+        search = TrainingSearch(cm, batch)
+        times, configs = search.frontier(cm.cluster.num_gpus)
+        for gpus in range(1, cm.cluster.num_gpus + 1):
+            assert search.best(gpus) == configs[gpus], (seed, gpus)
+            optimal = 0
+            for lay in training_layouts(cm, batch.num_sequences, gpus):
+                args = (lay.tp, lay.pp, lay.dp, lay.ep, lay.micro_batch, lay.recompute, batch)
+                if cm.training.fits(cm.training.memory_bytes(*args)):
+                    optimal += float(cm.training.step_time(*args)) == times[gpus]
+            tied += optimal > 1
+    assert tied >= 20, tied  # exact ties are common here (52 GPU counts)
+
+
+def test_a_branch_bound_equal_to_the_incumbent_cuts_the_branch_and_only_it() -> None:
+    """A branch whose bound is not below the incumbent is cut (`>=`, not `>`), and the search goes on with the next
+    branch (`continue`, not `break`). Real costs never tie a bound with the incumbent exactly, so every leaf here
+    costs 1 s and every bound is 1 s: once a leaf is found, every later branch is cut, and the visits are every
+    (TP, EP, PP) node plus the leaves of the branches up to the first one with a fitting leaf."""
+    first_found_before_the_end = 0
+    for seed in range(20):
+        cm, rng = sized_cost_model(seed)
+        search = TrainingSearch(cm, sized_batch(rng))
+        real_leaf = search._leaf
+        search._leaf = _one_second(real_leaf)
+        search._branch_bound = lambda tp, pp, ep, dp: 1.0
+        for gpus in range(1, cm.cluster.num_gpus + 1):
+            best = search.best(gpus)
+            visits, found, cut = 0, False, 0
+            for tp, ep, pp, dp in _nodes(search, gpus):
+                visits += 1
+                if dp is None or not search._states_fit(tp, pp, ep, dp):
+                    continue
+                if found:
+                    cut += 1
+                    continue
+                for mb in search.micro_batches(dp):
+                    for recompute in search.recompute_options():
+                        visits += 1
+                        found |= real_leaf(_shape(tp, pp, ep, mb, recompute), dp) is not None
+            assert search.nodes_visited == visits, (seed, gpus)
+            assert (best is not None) == found
+            first_found_before_the_end += cut > 0
+    assert first_found_before_the_end >= 20, first_found_before_the_end
+
+
+def test_a_pruned_branch_does_not_end_the_search_over_larger_pp_degrees() -> None:
+    """Seed 249 on 12 GPUs: a branch is cut and a larger PP degree under the same TP and EP holds the optimum
+    (a search that leaves the PP loop at the first cut returns 7.967 s instead of 7.838 s)."""
+    cm, rng = sized_cost_model(249)
+    batch = sized_batch(rng)
+    search = TrainingSearch(cm, batch)
+    best = search.best(12)
+    assert best is not None and math.isclose(best.time_s, brute_force_training(cm, batch, 12), rel_tol=1e-12)
+    smaller = [pp for pp in pp_degrees(cm) if pp < best.pp and search.valid_dp(12, best.tp, pp, best.ep) is not None]
+    assert smaller  # the optimum is not the first PP degree of its (TP, EP) branch
+    for gpus in range(1, cm.cluster.num_gpus + 1):
+        got = search.best(gpus)
+        assert math.isclose(got.time_s if got else math.inf, brute_force_training(cm, batch, gpus), rel_tol=1e-12)
+
+
+def test_a_branch_without_an_allowed_micro_batch_is_cut() -> None:
+    """With micro-batches of 2 only, a branch whose replicas hold an odd number of sequences has no leaf: its bound
+    is infinite (the branch is cut), and the tree still equals the frontier."""
+    empty = 0
+    opts = TreeOptions(micro_batches=(2,))
+    for seed in range(30):
+        cm, rng = sized_cost_model(seed)
+        search = TrainingSearch(cm, sized_batch(rng), opts)
+        times, _ = search.frontier(cm.cluster.num_gpus)
+        for gpus in range(1, cm.cluster.num_gpus + 1):
+            for tp, ep, pp, dp in _nodes(search, gpus):
+                if dp is not None and not list(search.micro_batches(dp)):
+                    assert search._branch_bound(tp, pp, ep, dp) == math.inf
+                    empty += 1
+            got = search.best(gpus)
+            assert (got.time_s if got else math.inf) == times[gpus] or math.isclose(got.time_s, times[gpus])
+    assert empty >= 10, empty
+
+
+def test_frontier_layouts_have_integer_degrees() -> None:
+    for seed in range(10):
+        cm, rng = sized_cost_model(seed)
+        _, configs = TrainingSearch(cm, sized_batch(rng)).frontier(cm.cluster.num_gpus)
+        layouts = [c for c in configs if c is not None]
+        assert layouts
+        for c in layouts:
+            assert all(type(x) is int for x in (c.num_gpus, c.tp, c.pp, c.dp, c.ep, c.micro_batch)), c
+
+
+def _one_second(leaf_of):
+    """`_leaf` with every fitting leaf's time set to 1 s."""
+    return lambda shape, dp: (leaf := leaf_of(shape, dp)) and attrs.evolve(leaf, time_s=1.0)
+
+
+def _nodes(search: TrainingSearch, gpus: int):
+    """The (TP, EP, PP) nodes of `best` in its order, with their DP degree (None where invalid)."""
+    for tp in tp_degrees(search.cm):
+        for ep in ep_degrees(search.cm, tp):
+            for pp in pp_degrees(search.cm):
+                yield tp, ep, pp, search.valid_dp(gpus, tp, pp, ep)
+
+
+def _shape(tp: int, pp: int, ep: int, mb: int, recompute: bool) -> Shape:
+    return Shape(tp=tp, pp=pp, ep=ep, micro_batch=mb, recompute=recompute)
