@@ -5,6 +5,7 @@ itself, a branch without an allowed micro-batch is cut, and the frontier's layou
 from __future__ import annotations
 
 import math
+import warnings
 
 import attrs
 
@@ -132,3 +133,14 @@ def _nodes(search: TrainingSearch, gpus: int):
 
 def _shape(tp: int, pp: int, ep: int, mb: int, recompute: bool) -> Shape:
     return Shape(tp=tp, pp=pp, ep=ep, micro_batch=mb, recompute=recompute)
+
+
+def test_frontier_never_evaluates_a_dp_degree_of_zero() -> None:
+    """DP runs from 1: a DP of 0 would divide by zero (numpy warns and carries on; here the warning is an error)."""
+    for seed in range(10):
+        cm, rng = sized_cost_model(seed)
+        search = TrainingSearch(cm, sized_batch(rng))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            times, _ = search.frontier(cm.cluster.num_gpus)
+        assert times[0] == math.inf
