@@ -9,9 +9,17 @@ import warnings
 
 import attrs
 
-from libra.planning.cost import CostModel
+from libra.planning.cost import BatchStats, CostModel
 from libra.planning.oracle import brute_force_training, training_layouts
-from libra.planning.train_tree import Shape, TrainingSearch, TreeOptions, ep_degrees, pp_degrees, tp_degrees
+from libra.planning.train_tree import (
+    Shape,
+    TrainingSearch,
+    TreeOptions,
+    _heuristics_pass,
+    ep_degrees,
+    pp_degrees,
+    tp_degrees,
+)
 from tests.planning.instances import sized_batch, sized_cost_model
 
 
@@ -144,3 +152,22 @@ def test_frontier_never_evaluates_a_dp_degree_of_zero() -> None:
             warnings.simplefilter("error")
             times, _ = search.frontier(cm.cluster.num_gpus)
         assert times[0] == math.inf
+
+
+def test_the_bubble_threshold_is_the_published_pipeline_bubble() -> None:
+    """`max_bubble` drops a layout exactly when its pipeline bubble (pp - 1) / (pp - 1 + m), with m = sequences per
+    replica / micro-batch micro-batches, exceeds the threshold: kept at the bubble itself, dropped just below it."""
+    cm, _ = sized_cost_model(0)
+    checked = 0
+    for n in (8, 24, 64):
+        batch = BatchStats(num_sequences=n, mean_len=100.0, mean_sq_len=1e4, max_len=100.0)
+        for pp in (1, 2, 3, 4, 8):
+            for dp in (d for d in (1, 2, 4, 8) if n % d == 0):
+                for mb in (x for x in (1, 2, 4, 8) if (n // dp) % x == 0):
+                    shape = Shape(tp=1, pp=pp, ep=1, micro_batch=mb, recompute=False)
+                    bubble = (pp - 1) / (pp - 1 + n // dp // mb)
+                    assert _heuristics_pass(cm, TreeOptions(max_bubble=bubble), shape, dp, batch), (n, pp, dp, mb)
+                    below = TreeOptions(max_bubble=bubble * (1 - 1e-9) - 1e-12)
+                    assert not _heuristics_pass(cm, below, shape, dp, batch), (n, pp, dp, mb)
+                    checked += 1
+    assert checked >= 100, checked
