@@ -25,7 +25,7 @@ declare -A files=(
   [cmlfq]=libra/scheduling/cmlfq.py
 )
 declare -A tests=(
-  [train_tree]="tests/planning/test_train_tree.py tests/planning/test_train_tree_layouts.py"
+  [train_tree]="tests/planning/test_train_tree.py tests/planning/test_train_tree_layouts.py tests/planning/test_mutation_train_tree.py"
   [rollout_dp]="tests/planning/test_rollout_and_planner.py tests/planning/test_rollout_bounds.py tests/planning/test_rollout_table.py"
   [planner]="tests/planning/test_rollout_and_planner.py tests/planning/test_planner_details.py"
   [replan]="tests/planning/test_replan.py tests/planning/test_rollout_and_planner.py"

@@ -171,3 +171,41 @@ def test_the_bubble_threshold_is_the_published_pipeline_bubble() -> None:
                     assert not _heuristics_pass(cm, below, shape, dp, batch), (n, pp, dp, mb)
                     checked += 1
     assert checked >= 100, checked
+
+
+def _compute_only(cm: CostModel, tp: int, pp: int, mb: int, recompute: bool, batch: BatchStats) -> float:
+    """A stage's compute time on `tp` GPUs: its time on one GPU (no TP communication, EP 1), without latencies and
+    per-micro-batch overheads, split evenly over the TP group."""
+    bare = CostModel(cm.cluster, cm.model, cm.coeffs.replace(microbatch_overhead_s=0.0, allreduce_latency_s=0.0))
+    return float(bare.training.stage_time(1, pp, 1, mb, recompute, batch)) / tp
+
+
+def test_the_communication_threshold_is_communication_over_compute() -> None:
+    """`max_comm_ratio` drops a layout exactly when (stage time - compute time) / compute time exceeds it, the
+    compute time being the stage's on one GPU without latencies and overheads, split over its TP group; with
+    neither latency nor overhead, a TP-1 dense stage has a ratio of exactly 0 and is kept at threshold 0."""
+    checked = with_comm = 0
+    for seed in range(12):
+        cm, rng = sized_cost_model(seed)
+        batch = sized_batch(rng)
+        search = TrainingSearch(cm, batch)
+        for shape in search.shapes():
+            dp = shape.ep * 2
+            if batch.num_sequences % (dp * shape.micro_batch):
+                continue
+            args = (shape.tp, shape.pp, shape.ep, shape.micro_batch, shape.recompute, batch)
+            full = float(cm.training.stage_time(*args))
+            compute = _compute_only(cm, shape.tp, shape.pp, shape.micro_batch, shape.recompute, batch)
+            ratio = (full - compute) / compute
+            keep = TreeOptions(max_comm_ratio=ratio * (1 + 1e-6) + 1e-9)
+            assert _heuristics_pass(cm, keep, shape, dp, batch), (seed, shape)
+            if ratio > 1e-6:
+                drop = TreeOptions(max_comm_ratio=ratio * (1 - 1e-6))
+                assert not _heuristics_pass(cm, drop, shape, dp, batch), (seed, shape)
+                with_comm += shape.tp > 1
+            checked += 1
+        bare = CostModel(cm.cluster, cm.model, cm.coeffs.replace(microbatch_overhead_s=0.0, allreduce_latency_s=0.0))
+        if not cm.model.is_moe:
+            shape = Shape(tp=1, pp=1, ep=1, micro_batch=1, recompute=False)
+            assert _heuristics_pass(bare, TreeOptions(max_comm_ratio=0.0), shape, 1, batch)
+    assert checked >= 200 and with_comm >= 50, (checked, with_comm)
