@@ -209,3 +209,24 @@ def test_the_communication_threshold_is_communication_over_compute() -> None:
             shape = Shape(tp=1, pp=1, ep=1, micro_batch=1, recompute=False)
             assert _heuristics_pass(bare, TreeOptions(max_comm_ratio=0.0), shape, 1, batch)
     assert checked >= 200 and with_comm >= 50, (checked, with_comm)
+
+
+def test_a_layout_reports_its_own_degrees_time_and_memory() -> None:
+    """Every layout of the tree and the frontier costs, recomputed from its own fields, exactly its time and memory;
+    the recompute flag is a bool (some optima use EP > 1 and some recompute, so neither field can be dropped)."""
+    expert_parallel = recomputed = 0
+    for seed in range(20):
+        cm, rng = sized_cost_model(seed)
+        batch = sized_batch(rng)
+        search = TrainingSearch(cm, batch)
+        _, configs = search.frontier(cm.cluster.num_gpus)
+        layouts = [c for c in configs if c is not None]
+        layouts += [c for c in (search.best(g) for g in range(1, cm.cluster.num_gpus + 1)) if c is not None]
+        for c in layouts:
+            args = (c.tp, c.pp, c.dp, c.ep, c.micro_batch, c.recompute, batch)
+            assert c.time_s == float(cm.training.step_time(*args)), (seed, c)
+            assert c.memory_gb == float(cm.training.memory_bytes(*args)) / 1e9, (seed, c)
+            assert type(c.recompute) is bool
+            expert_parallel += c.ep > 1
+            recomputed += c.recompute
+    assert expert_parallel >= 5 and recomputed >= 5, (expert_parallel, recomputed)
