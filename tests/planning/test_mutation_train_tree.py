@@ -230,3 +230,24 @@ def test_a_layout_reports_its_own_degrees_time_and_memory() -> None:
             expert_parallel += c.ep > 1
             recomputed += c.recompute
     assert expert_parallel >= 5 and recomputed >= 5, (expert_parallel, recomputed)
+
+
+def test_without_recompute_the_search_equals_the_oracle_without_recompute() -> None:
+    """`allow_recompute=False` searches only layouts that keep their activations: the tree and the frontier equal
+    the oracle restricted the same way, no layout recomputes, and some GPU counts lose their only layout."""
+    lost = 0
+    opts = TreeOptions(allow_recompute=False)
+    for seed in range(15):
+        cm, rng = sized_cost_model(seed)
+        batch = sized_batch(rng)
+        search = TrainingSearch(cm, batch, opts)
+        times, configs = search.frontier(cm.cluster.num_gpus)
+        with_recompute = TrainingSearch(cm, batch).frontier(cm.cluster.num_gpus)[0]
+        for gpus in range(1, cm.cluster.num_gpus + 1):
+            expected = brute_force_training(cm, batch, gpus, allow_recompute=False)
+            best = search.best(gpus)
+            for got in (times[gpus], math.inf if best is None else best.time_s):
+                assert got == expected or math.isclose(got, expected, rel_tol=1e-12), (seed, gpus)
+            assert all(c is None or not c.recompute for c in (best, configs[gpus]))
+            lost += math.isinf(expected) and math.isfinite(with_recompute[gpus])
+    assert lost >= 3, lost
