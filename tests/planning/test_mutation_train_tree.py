@@ -251,3 +251,12 @@ def test_without_recompute_the_search_equals_the_oracle_without_recompute() -> N
             assert all(c is None or not c.recompute for c in (best, configs[gpus]))
             lost += math.isinf(expected) and math.isfinite(with_recompute[gpus])
     assert lost >= 3, lost
+
+
+def test_a_search_that_has_not_run_the_tree_has_visited_no_node() -> None:
+    """`nodes_visited` counts the nodes of the last `best` call: 0 before any (the frontier does not walk the tree)."""
+    cm, rng = sized_cost_model(0)
+    search = TrainingSearch(cm, sized_batch(rng))
+    assert search.nodes_visited == 0
+    search.frontier(cm.cluster.num_gpus)
+    assert search.nodes_visited == 0
