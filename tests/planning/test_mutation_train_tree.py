@@ -260,3 +260,20 @@ def test_a_search_that_has_not_run_the_tree_has_visited_no_node() -> None:
     assert search.nodes_visited == 0
     search.frontier(cm.cluster.num_gpus)
     assert search.nodes_visited == 0
+
+
+def test_tp_candidates_are_the_powers_of_two_inside_a_node_that_fit_the_heads() -> None:
+    """TP degree t is a candidate exactly when it is a power of two within a node, divides the attention heads, and
+    the KV heads divide it or it divides them (written out with plain loops here)."""
+    degrees = set()
+    for seed in range(200):
+        cm, _ = sized_cost_model(60_000 + seed)
+        m, node = cm.model, cm.cluster.gpus_per_node
+        expected = [
+            t
+            for t in range(1, node + 1)
+            if not t & (t - 1) and m.num_heads % t == 0 and (m.num_kv_heads % t == 0 or t % m.num_kv_heads == 0)
+        ]
+        assert tp_degrees(cm) == expected, (seed, node, m.num_heads, m.num_kv_heads)
+        degrees.update(expected)
+    assert degrees == {1, 2, 4, 8}, degrees
