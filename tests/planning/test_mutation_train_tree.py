@@ -277,3 +277,9 @@ def test_tp_candidates_are_the_powers_of_two_inside_a_node_that_fit_the_heads() 
         assert tp_degrees(cm) == expected, (seed, node, m.num_heads, m.num_kv_heads)
         degrees.update(expected)
     assert degrees == {1, 2, 4, 8}, degrees
+    cm, _ = sized_cost_model(0)
+    big = CostModel(
+        attrs.evolve(cm.cluster, gpus_per_node=16, num_nodes=1),
+        attrs.evolve(cm.model, num_heads=32, num_kv_heads=8, hidden_size=32 * cm.model.head_dim),
+    )
+    assert tp_degrees(big) == [1, 2, 4, 8, 16]  # 16 GPUs to a node: TP 16
