@@ -6,6 +6,7 @@
 #   bash scripts/mutation.sh                 # all solver files
 #   bash scripts/mutation.sh replan          # one file (train_tree, rollout_dp, planner, replan, cmlfq)
 #   LIBRA_MUTATION_SAMPLE=60 bash scripts/mutation.sh planner   # a seeded random sample of 60 of its mutants
+#   LIBRA_MUTATION_RESUME=1 bash scripts/mutation.sh train_tree  # go on with a stopped run (SIGINT to mutmut run)
 #
 # Works in build/mutation (a copy of libra/ and tests/ with its own mutmut configuration); prints the kill rate
 # and every surviving mutant's diff. LIBRA_ORACLE_INSTANCES (default 60) sizes the oracle tests; MUTMUT_CHILDREN
@@ -43,12 +44,12 @@ for target in "${targets[@]}"; do
     # resume: keep the copy and mutmut's results (mutants/*.meta); only mutants without a verdict are run
     echo "== $target: resuming in $work" >&2
   else
-  rm -rf "$work"
-  mkdir -p "$work"
-  cp -r "$root/libra" "$root/tests" "$work/"
-  find "$work" -name __pycache__ -prune -exec rm -rf {} +
-  test_list=$(printf '"%s", ' ${tests[$target]})
-  cat >"$work/pyproject.toml" <<TOML
+    rm -rf "$work"
+    mkdir -p "$work"
+    cp -r "$root/libra" "$root/tests" "$work/"
+    find "$work" -name __pycache__ -prune -exec rm -rf {} +
+    test_list=$(printf '"%s", ' ${tests[$target]})
+    cat >"$work/pyproject.toml" <<TOML
 [tool.mutmut]
 source_paths = ["${files[$target]}"]
 pytest_add_cli_args_test_selection = [${test_list%, }]
