@@ -47,7 +47,7 @@ def test_the_tree_keeps_the_first_of_exactly_tied_layouts_as_the_frontier_does()
                 if cm.training.fits(cm.training.memory_bytes(*args)):
                     optimal += float(cm.training.step_time(*args)) == times[gpus]
             tied += optimal > 1
-    assert tied >= 20, tied  # exact ties are common here (52 GPU counts)
+    assert tied >= 20, tied  # exact ties are common here (65 GPU counts)
 
 
 def test_a_branch_bound_equal_to_the_incumbent_cuts_the_branch_and_only_it() -> None:
