@@ -6,6 +6,7 @@
 #   bash scripts/mutation.sh                 # all solver files
 #   bash scripts/mutation.sh replan          # one file (train_tree, rollout_dp, planner, replan, cmlfq)
 #   LIBRA_MUTATION_SAMPLE=60 bash scripts/mutation.sh planner   # a seeded random sample of 60 of its mutants
+#   LIBRA_MUTATION_RESUME=1 bash scripts/mutation.sh train_tree  # go on with a stopped run (SIGINT to mutmut run)
 #
 # Works in build/mutation (a copy of libra/ and tests/ with its own mutmut configuration); prints the kill rate
 # and every surviving mutant's diff. LIBRA_ORACLE_INSTANCES (default 60) sizes the oracle tests; MUTMUT_CHILDREN
@@ -25,7 +26,7 @@ declare -A files=(
   [cmlfq]=libra/scheduling/cmlfq.py
 )
 declare -A tests=(
-  [train_tree]="tests/planning/test_train_tree.py tests/planning/test_train_tree_layouts.py"
+  [train_tree]="tests/planning/test_train_tree.py tests/planning/test_train_tree_layouts.py tests/planning/test_mutation_train_tree.py"
   [rollout_dp]="tests/planning/test_rollout_and_planner.py tests/planning/test_rollout_bounds.py tests/planning/test_rollout_table.py"
   [planner]="tests/planning/test_rollout_and_planner.py tests/planning/test_planner_details.py"
   [replan]="tests/planning/test_replan.py tests/planning/test_rollout_and_planner.py"
@@ -39,12 +40,16 @@ total_all=0
 for target in "${targets[@]}"; do
   [ -n "${files[$target]:-}" ] || { echo "mutation.sh: unknown target $target" >&2; exit 2; }
   work=$root/build/mutation/$target
-  rm -rf "$work"
-  mkdir -p "$work"
-  cp -r "$root/libra" "$root/tests" "$work/"
-  find "$work" -name __pycache__ -prune -exec rm -rf {} +
-  test_list=$(printf '"%s", ' ${tests[$target]})
-  cat >"$work/pyproject.toml" <<TOML
+  if [ -n "${LIBRA_MUTATION_RESUME:-}" ] && [ -d "$work/mutants" ]; then
+    # resume: keep the copy and mutmut's results (mutants/*.meta); only mutants without a verdict are run
+    echo "== $target: resuming in $work" >&2
+  else
+    rm -rf "$work"
+    mkdir -p "$work"
+    cp -r "$root/libra" "$root/tests" "$work/"
+    find "$work" -name __pycache__ -prune -exec rm -rf {} +
+    test_list=$(printf '"%s", ' ${tests[$target]})
+    cat >"$work/pyproject.toml" <<TOML
 [tool.mutmut]
 source_paths = ["${files[$target]}"]
 pytest_add_cli_args_test_selection = [${test_list%, }]
@@ -56,6 +61,7 @@ pythonpath = ["."]
 filterwarnings = ["ignore::DeprecationWarning"]
 markers = ["slow: slow", "multiproc: multiproc"]
 TOML
+  fi
   echo "== $target: mutating ${files[$target]} against ${tests[$target]}" >&2
   (
     cd "$work"
@@ -73,7 +79,7 @@ PY
       )
       echo "   sample: ${#names[@]} mutants (seed ${LIBRA_MUTATION_SEED:-0})" >&2
     fi
-    "$python" -m mutmut run --max-children "${MUTMUT_CHILDREN:-2}" "${names[@]}" >"$work/run.log" 2>&1 || true
+    "$python" -m mutmut run --max-children "${MUTMUT_CHILDREN:-2}" "${names[@]}" >>"$work/run.log" 2>&1 || true
     "$python" -m mutmut results --all true >"$work/results.txt" 2>&1 || "$python" -m mutmut results >"$work/results.txt" 2>&1
     grep -E ': (survived|no tests|timeout|suspicious)' "$work/results.txt" | awk -F: '{print $1}' | while read -r name; do
       echo "--- $name"
