@@ -4,7 +4,7 @@
 # count). Not part of scripts/test.sh: it takes tens of minutes (docs/testing.md has the numbers).
 #
 #   bash scripts/mutation.sh                 # all solver files
-#   bash scripts/mutation.sh replan          # one file (train_tree, rollout_dp, planner, replan, cmlfq)
+#   bash scripts/mutation.sh replan          # one file (train_tree, rollout_dp, planner, replan, cmlfq, priced)
 #   LIBRA_MUTATION_SAMPLE=60 bash scripts/mutation.sh planner   # a seeded random sample of 60 of its mutants
 #   LIBRA_MUTATION_RESUME=1 bash scripts/mutation.sh train_tree  # go on with a stopped run (SIGINT to mutmut run)
 #
@@ -24,6 +24,7 @@ declare -A files=(
   [planner]=libra/planning/planner.py
   [replan]=libra/planning/replan.py
   [cmlfq]=libra/scheduling/cmlfq.py
+  [priced]=libra/scheduling/priced.py
 )
 declare -A tests=(
   [train_tree]="tests/planning/test_train_tree.py tests/planning/test_train_tree_layouts.py tests/planning/test_mutation_train_tree.py"
@@ -31,9 +32,10 @@ declare -A tests=(
   [planner]="tests/planning/test_rollout_and_planner.py tests/planning/test_planner_details.py"
   [replan]="tests/planning/test_replan.py tests/planning/test_rollout_and_planner.py"
   [cmlfq]="tests/scheduling/test_router.py tests/scheduling/test_cmlfq_decisions.py tests/scheduling/test_golden.py"  # test_evaluate.py: 200 s per mutant
+  [priced]="tests/scheduling/test_router.py tests/scheduling/test_cmlfq_decisions.py tests/scheduling/test_golden.py tests/scheduling/test_fast_paths.py"
 )
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(train_tree rollout_dp planner replan cmlfq)
+[ ${#targets[@]} -gt 0 ] || targets=(train_tree rollout_dp planner replan cmlfq priced)
 
 total_killed=0
 total_all=0
