@@ -123,5 +123,5 @@ def test_atif_round_trips_through_the_cli(tmp_path, capsys) -> None:
     (t,) = load_trace(out)
     assert t.turns[1].gen_tokens == 57 and t.turns[1].tool_status == "error"
     capsys.readouterr()
-    for cmd in (["route-eval"], ["simulate", "--steps", "1"]):
+    for cmd in (["route-eval"], ["simulate", "--steps", "1", "--out", str(tmp_path / "sim"), "--no-plots"]):
         assert main([*cmd, "--trace", str(out), "--json"]) == 0, cmd
