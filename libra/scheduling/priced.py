@@ -54,6 +54,8 @@ class PricedRule:
             self, walk: Walk, ctx: int, min_count: int | None = None, record: bool = False
         ) -> list[float] | None: ...
 
+        def _bucket_probs(self, node: Node, anchor: int, scale: float, ctx: int) -> list[float] | None: ...
+
         def bucket_for(self, length: float) -> int: ...
 
     def _priced(self, req: Request, tool: str, tool_tokens: int, status: str) -> tuple[int, str]:
@@ -162,28 +164,10 @@ class PricedRule:
                     if r_ordered and ctx - walk.root_ctx - 1 < r_ordered[-1]:
                         blend = (probs, ctx, alive * n)  # type: ignore[assignment]
             elif self.beyond == "root" and root.count:
-                # the request outlived every observation at its node (`_probabilities`): `_bucket_probs(root,
-                # walk.root_ctx, 1.0, ctx)`, inline, with the request's positions of the limits in the root's window
-                r_ordered = root.ordered
-                rn = len(r_ordered)
-                i = bisect_right(r_ordered, ctx - walk.root_ctx - 1)
-                if i < rn:
-                    ups = walk.ups
-                    if ups is None or walk.ups_of is not r_ordered or walk.ups_total != root.total:
-                        ups = self._root_ups(walk, root)
-                    below = i / rn
-                    alive = 1.0 - below
-                    probs = []
-                    for j in ups:
-                        if j > i:
-                            upto = j / rn
-                            probs.append((upto - below) / alive)
-                            below, i = upto, j
-                        else:
-                            probs.append(0.0)
-                    if len(probs) < len(self.limits):
-                        probs.append((1.0 - below) / alive if below < 1.0 else 0.0)
-                else:  # it outlived them all too: the bucket of its context
+                # the request outlived every observation at its node (`_probabilities`): the root's shares from the
+                # context it had at admission, or, if it outlived them all too, the bucket of its context
+                probs = self._bucket_probs(root, walk.root_ctx, 1.0, ctx)
+                if probs is None:
                     probs = [0.0] * len(self.limits)
                     probs[self.bucket_for(ctx)] = 1.0
         if record and blend is not None:
