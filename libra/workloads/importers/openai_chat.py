@@ -23,9 +23,10 @@ OpenAI Responses items (`function_call`, `function_call_output`, `reasoning`).
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -214,8 +215,10 @@ def import_openai(
     path: Path, *, count: Callable[[str], int], rules: StatusRules, user_tool: str = "user"
 ) -> Iterator[Trajectory]:
     """Trajectories of one file of OpenAI chat message lists, or of a session log (module docstring)."""
-    records = list(iter_records(path))
-    if _is_session_log(records):
+    stream = iter_records(path)
+    head = list(itertools.islice(stream, 2))  # the first two records tell a session log (read lazily after them)
+    records = itertools.chain(head, stream)
+    if len(head) == 2 and _is_event(head[0][1]):
         yield from _sessions(records, path, count=count, rules=rules, user_tool=user_tool)
         return
     n = 0
@@ -252,28 +255,27 @@ def import_openai(
             n += 1
 
 
-def _is_session_log(records: list[tuple[int, Any]]) -> bool:
-    """A JSON Lines file of events, not of trajectories: no line holds a message list, and some line is (or
-    carries) one message."""
-    if len(records) < 2 or any(not isinstance(v, dict) for _, v in records):
-        return False
-    if any(any(isinstance(v.get(k), list) for k in _MESSAGE_KEYS + _CONTAINER_KEYS) for _, v in records):
-        return False
-    return any(message_of(v) is not None for _, v in records)
+def _is_event(value: Any) -> bool:
+    """Whether a record is a line of a session log (an event), not a trajectory: an object holding no message list."""
+    return isinstance(value, dict) and not any(isinstance(value.get(k), list) for k in _MESSAGE_KEYS + _CONTAINER_KEYS)
 
 
 def _sessions(
-    records: list[tuple[int, Any]], path: Path, *, count: Callable[[str], int], rules: StatusRules, user_tool: str
+    records: Iterable[tuple[int, Any]], path: Path, *, count: Callable[[str], int], rules: StatusRules, user_tool: str
 ) -> Iterator[Trajectory]:
     """One trajectory per session of a session log (`sessionId` / `session_id`, else the whole file), its messages
     in file order; lines without a message are skipped."""
     sessions: dict[str, list[tuple[int, dict]]] = {}
     for line, event in records:
+        if not _is_event(event):
+            raise TraceError(path, line, None, "a session log's lines are objects without a message list")
         msg = message_of(event)
         if msg is None:
             continue
         key = next((str(event[k]) for k in ("sessionId", "session_id") if isinstance(event.get(k), str | int)), "")
         sessions.setdefault(key, []).append((line, msg))
+    if not sessions:
+        raise TraceError(path, 1, None, "expected a message list or an object with 'messages'")
     for key, lines in sessions.items():
         first = lines[0][0]
         prompt, segments = convert_messages(
