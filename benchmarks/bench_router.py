@@ -84,8 +84,7 @@ def test_step_with_all_in_flight(benchmark, history) -> None:
     """One step of 512 x 16 trajectories routed by the default with all of them in flight, as in a rollout: every
     request admitted, then the tool returns round by round, then the finishes and the step end. The cost of a move
     must not grow with the number of requests in flight (the ceiling reads a running sum of their contexts)."""
-    workload, _, _ = _warm(history)
-    _, (*learnt, current) = history
+    workload, (*learnt, current) = history
 
     def setup():
         router = make_router("cmlfq", BUCKETS[workload])

@@ -108,7 +108,7 @@ def import_atif(path: Path, *, count: Callable[[str], int], rules: StatusRules) 
     for line, value in iter_records(path):
         for where, traj in _trajectories(value, path, line):
             prompt, segments = _segments(traj, where, count=count, rules=rules, path=path, line=line)
-            pid = next((_field(traj, k) for k in _ID_KEYS if isinstance(_field(traj, k), str | int)), None)
+            pid = next((v for v in (_field(traj, k) for k in _ID_KEYS) if isinstance(v, str | int)), None)
             reward = _field(traj, "reward")
             meta = {
                 k: v

@@ -101,7 +101,7 @@ def _rewrite(m: dict) -> list[dict]:
     blocks = m.get("parts") if "parts" in m else m.get("content")
     if not isinstance(blocks, list):
         return [{**m, "role": role}]
-    return _blocks(role, blocks, m)
+    return _blocks(role, blocks)
 
 
 def _sharegpt(m: dict) -> list[dict]:
@@ -194,7 +194,7 @@ def message_of(event: Any) -> dict | None:
     return event if is_message(event) else None
 
 
-def _blocks(role: str, blocks: list, m: dict) -> list[dict]:
+def _blocks(role: str, blocks: list) -> list[dict]:
     """One message of Anthropic content blocks or Gemini parts, split where a tool result sits among them:
     generated blocks gather into assistant messages (or the message's own role), results become tool messages."""
     out: list[dict] = []
