@@ -149,6 +149,30 @@ def _kill_and_wait(backend, name):
     raise AssertionError(f"engine of {name} still alive after SIGKILL")
 
 
+TOOL = [50, 51, 52]
+
+
+def _reference(backend, name, prompt):
+    """The tokens of a request with `prompt` over a turn, the tool's return TOOL and a second turn on the live
+    instance "small" (greedy): what a request moved there off a dead or hung engine must still produce."""
+    first = generate(backend, f"{name}-1", "small", prompt)
+    backend.submit(f"{name}-2", "small", prompt + list(first) + TOOL, GREEDY)
+    drain(backend, f"{name}-2")
+    return backend.release(f"{name}-2")
+
+
+def _resume_and_check_handed_over(backend, victim, rid, reference):
+    """Resume the request after its tool: the next poll hands it from `victim` (gone) to "small", with the
+    reference's tokens."""
+    backend.resume(rid, TOOL, GREEDY)
+    events = drain(backend, rid)
+    assert victim not in backend.instances()
+    assert backend.deaths[-1].instance == victim and backend.deaths[-1].requeued == {rid: "small"}
+    assert (rid, EventKind.REQUEUED) in {(e.request_id, e.kind) for e in events}
+    assert backend.instance_of(rid) == "small"
+    assert backend.release(rid) == reference
+
+
 def test_an_engine_killed_between_polls_hands_its_requests_over(backend, tiny_model_dir):
     """An engine that dies after a turn finished and before the next call into it: a resume on it, or a weight
     push to it, does not raise; the next poll re-queues its request on a live instance, whose tokens are those
@@ -156,11 +180,7 @@ def test_an_engine_killed_between_polls_hands_its_requests_over(backend, tiny_mo
     resume after its tool call ended the run with vLLM's EngineDeadError.)"""
     from safetensors.torch import load_file
 
-    tool = [50, 51, 52]
-    first = generate(backend, "kref", "small", PROMPT + [40])
-    backend.submit("kref2", "small", PROMPT + [40] + list(first) + tool, GREEDY)
-    drain(backend, "kref2")
-    reference = backend.release("kref2")
+    reference = _reference(backend, "kref", PROMPT + [40])
     original = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
     backend.failover = lambda dead, live, rid: "small"
     try:
@@ -175,13 +195,7 @@ def test_an_engine_killed_between_polls_hands_its_requests_over(backend, tiny_mo
                 assert backend.load_weights(pack_weights(original.items(), version=version)) == version
                 assert victim not in backend.instances()
                 assert backend.weight_version("small") == version
-            backend.resume(rid, tool, GREEDY)
-            events = drain(backend, rid)
-            assert victim not in backend.instances()
-            assert backend.deaths[-1].instance == victim and backend.deaths[-1].requeued == {rid: "small"}
-            assert (rid, EventKind.REQUEUED) in {(e.request_id, e.kind) for e in events}
-            assert backend.instance_of(rid) == "small"
-            assert backend.release(rid) == reference
+            _resume_and_check_handed_over(backend, victim, rid, reference)
     finally:
         backend.failover = backend._least_loaded
 
@@ -196,11 +210,7 @@ def test_an_engine_hung_in_a_weight_push_is_killed_and_its_requests_handed_over(
 
     from libra.runtime.watchdog import EngineWatch
 
-    tool = [50, 51, 52]
-    first = generate(backend, "href", "small", PROMPT + [41])
-    backend.submit("href2", "small", PROMPT + [41] + list(first) + tool, GREEDY)
-    drain(backend, "href2")
-    reference = backend.release("href2")
+    reference = _reference(backend, "href", PROMPT + [41])
     original = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
     backend.failover = lambda dead, live, rid: "small"
     victim, rid = "hung-push", "h-push"
@@ -216,12 +226,7 @@ def test_an_engine_hung_in_a_weight_push_is_killed_and_its_requests_handed_over(
         assert backend.load_weights(pack_weights(original.items(), version=version)) == version
         assert watch.cause(victim).startswith("hung: one engine step made no progress for 3 consecutive checks")
         assert backend.weight_version("small") == version
-        backend.resume(rid, tool, GREEDY)
-        events = drain(backend, rid)
-        assert victim not in backend.instances()
-        assert backend.deaths[-1].instance == victim and backend.deaths[-1].requeued == {rid: "small"}
-        assert (rid, EventKind.REQUEUED) in {(e.request_id, e.kind) for e in events}
-        assert backend.release(rid) == reference
+        _resume_and_check_handed_over(backend, victim, rid, reference)
     finally:
         if watch is not None:
             watch.close()
