@@ -1,0 +1,168 @@
+"""Eviction of the causal prefix tree, a mixin of `PrefixTree` (tree.py): when an update or a merge goes above
+`max_nodes`, the trees of the least recently seen prompts go first, then, if the prompt-agnostic tree alone is too
+big, its least useful subtrees (oldest update, fewest observations, deepest first), down to 80 % of the cap. The
+prompt-agnostic root stays. The attributes read here are set by `PrefixTree.__init__`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from libra.scheduling.node import Node
+
+Entry = tuple[Node, dict, int, Sequence[int]]
+"""An eviction index entry: (node, the dict holding it, its depth, the path of codes from the root: its first
+`depth` items)."""
+
+
+def _first_in_eviction_order(entries: list, count: int, root: Node) -> list:
+    """The first `count` of one update's index entries in eviction order: fewest observations, then deepest, then
+    first met by the walk of `_evict_agnostic`, which among nodes of one depth is the reverse of the order of
+    their paths written as positions among siblings (children in insertion order)."""
+    span = max(e[2] for e in entries) + 1
+    rank = [e[0].total * span - e[2] for e in entries]  # (observations, -depth) as one integer
+    order = sorted(range(len(entries)), key=rank.__getitem__)
+    cut = rank[order[count - 1]]
+    chosen = [entries[i] for i in order[:count] if rank[i] < cut]
+    tied = [e for e, r in zip(entries, rank) if r == cut]  # one observation count, one depth
+    # a path as positions among siblings; the part above a node is kept by the id of the dict that holds it, as
+    # nodes that tie are often siblings
+    above: dict[int, tuple[int, ...]] = {}
+    sibling_ranks: dict[int, dict[int, int]] = {}
+
+    def ranks_in(children: dict) -> dict[int, int]:
+        ranks = sibling_ranks.get(id(children))
+        if ranks is None:
+            ranks = sibling_ranks[id(children)] = {c: i for i, c in enumerate(children)}
+        return ranks
+
+    def path_positions(entry: tuple) -> tuple[int, ...]:
+        _, owner, depth, path = entry
+        prefix = above.get(id(owner))
+        if prefix is None:
+            children, positions = root.children, []
+            for code in path[: depth - 1]:
+                positions.append(ranks_in(children)[code])
+                children = children[code].children
+            prefix = above[id(owner)] = tuple(positions)
+        return (*prefix, ranks_in(owner)[path[depth - 1]])
+
+    tied.sort(key=path_positions, reverse=True)
+    return chosen + tied[: count - len(chosen)]
+
+
+class Eviction:
+    """`PrefixTree`'s eviction (module docstring)."""
+
+    # set by PrefixTree.__init__ (tree.py)
+    max_nodes: int
+    num_nodes: int
+    evicted: int
+    agnostic: Node
+    prompts: dict[str, Node]
+    prompt_sizes: dict[str, int]
+    _touched_at: dict[int, list[Entry]] | None
+    _num_entries: int
+    _scan_only: bool
+
+    def _evict_if_full(self) -> None:
+        """Above `max_nodes`, evict down to 80% of it, so that the scan runs every few steps rather than every
+        step once the tree is full."""
+        if self.num_nodes > self.max_nodes:
+            self._evict(self.num_nodes - math.ceil(0.8 * self.max_nodes))
+
+    def _evict(self, excess: int) -> None:
+        """Drop at least `excess` nodes, least useful first. First whole prompt trees, least recently seen prompt
+        first (then fewest observations): their statistics are the stalest, and the prompt-agnostic tree keeps
+        what they taught in pooled form; this looks at prompt roots only. If the agnostic tree alone is still too
+        big, its least useful nodes go (oldest update, fewest observations, deepest first)."""
+        order = sorted(self.prompts.items(), key=lambda kv: (kv[1].last_step, kv[1].total, kv[0]))
+        for pid, _ in order:
+            if excess <= 0:
+                return
+            del self.prompts[pid]
+            size = self.prompt_sizes.pop(pid)
+            self.num_nodes -= size
+            self.evicted += size
+            excess -= size
+        if excess > 0:
+            self._evict_agnostic(excess)
+
+    def _evict_agnostic(self, excess: int) -> None:
+        """A node is never updated later or more often than its parent (every update of a node updates its
+        ancestors too), so in (last update, observations, -depth) order each node sorts after its descendants
+        and the first `excess` nodes are whole subtrees. Ties go to the node met first by a depth-first walk that
+        takes children last-inserted first. The agnostic root stays.
+
+        Rather than walking the whole tree for this order, the index lists the nodes by last update: older
+        updates are evicted whole, and only the nodes of the update where the cut falls are sorted."""
+        if self._scan_only:
+            self._evict_agnostic_by_scan(excess)
+            return
+        index = self._touched_at if self._touched_at is not None else self._rebuild_index()
+        victims: list[Entry] = []
+        for step in sorted(index):
+            live = [e for e in index[step] if e[0].last_step == step]
+            need = excess - len(victims)
+            if len(live) <= need:
+                victims += live
+                del index[step]
+                if len(live) == need:
+                    break
+                continue
+            chosen = _first_in_eviction_order(live, need, self.agnostic)
+            victims += chosen
+            taken = set(map(id, chosen))
+            index[step] = [e for e in live if id(e) not in taken]
+            break
+        for _, owner, depth, path in victims:
+            owner.pop(path[depth - 1], None)
+        self._num_entries = sum(map(len, index.values()))
+        self._touched_at = index
+        self.num_nodes -= len(victims)
+        self.evicted += len(victims)
+
+    def _evict_agnostic_by_scan(self, excess: int) -> None:
+        """`_evict_agnostic` by one walk and one sort, for a tree whose nodes may have been updated later than
+        their parents (so a victim's subtree may hold nodes that are not victims)."""
+        entries: list[tuple[int, int, int, int, dict, int]] = []
+        stack: list[tuple[dict, int, Node, int]] = [
+            (self.agnostic.children, c, n, 1) for c, n in self.agnostic.children.items()
+        ]
+        seq = 0
+        while stack:
+            owner, key, node, depth = stack.pop()
+            seq += 1
+            entries.append((node.last_step, node.total, -depth, seq, owner, key))
+            stack.extend((node.children, c, ch, depth + 1) for c, ch in node.children.items())
+        entries.sort()  # `seq` is unique, so tuples never compare their dicts
+        victims = entries[:excess]
+        for *_, owner, key in victims:
+            owner.pop(key, None)
+        self.num_nodes -= len(victims)
+        self.evicted += len(victims)
+
+    def _rebuild_index(self) -> dict[int, list[Entry]]:
+        """The eviction index from a walk of the agnostic tree (after a merge or a load)."""
+        index: dict[int, list[Entry]] = {}
+        stack: list[tuple[Node, tuple[int, ...]]] = [(self.agnostic, ())]
+        while stack:
+            node, path = stack.pop()
+            for code, child in node.children.items():
+                child_path = (*path, code)
+                index.setdefault(child.last_step, []).append((child, node.children, len(child_path), child_path))
+                stack.append((child, child_path))
+        return index
+
+    def _compact_index(self) -> None:
+        """Drop stale entries (amortised: runs when the entries outnumber twice the nodes)."""
+        index = self._touched_at
+        assert index is not None
+        for step in list(index):
+            live = [e for e in index[step] if e[0].last_step == step]
+            if live:
+                index[step] = live
+            else:
+                del index[step]
+        self._num_entries = sum(map(len, index.values()))
