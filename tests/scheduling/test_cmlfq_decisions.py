@@ -99,3 +99,66 @@ def test_fallbacks_for_a_path_the_prompt_has_not_taken(fallback: str, bucket: in
     router.admit(100, prompt_id="p", prompt_tokens=300)
     d = router.on_tool_return(100, tool="search", tool_tokens=100, status="ok", context_tokens=600)
     assert d.bucket == bucket and d.migrate == (bucket != 0)
+
+
+def _scaled_priced_router():
+    """Under the priced rule with the `scaled` fallback: q ran 14 times through a 100-token search return at context
+    600, seven ending 1,000 tokens after it and seven 3,400 after it; p ran twice through an 8,000-token return to
+    20,500 tokens. The prompt-agnostic root's mean remaining at admission is (7 x 1,300 + 7 x 3,700 + 2 x 20,200)
+    / 16 = 4,712.5, p's 20,200: a run of p through q's path is q's node stretched by 20,200 / 4,712.5 = 4.2865."""
+    router = make_router("cmlfq", BUCKETS, preset="published", rule="priced", fallback="scaled")
+
+    def q(after: int) -> Trajectory:
+        turns = (Turn(gen_tokens=200, tool="search", tool_status="ok", tool_tokens=100), Turn(gen_tokens=after))
+        return Trajectory(prompt_id="q", prompt_tokens=300, turns=turns)
+
+    runs = [q(1000)] * 7 + [q(3400)] * 7 + [_run(12_000, "p")] * 2
+    for rid, t in enumerate(runs):
+        router.admit(rid, prompt_id=t.prompt_id, prompt_tokens=300)
+        router.finish(rid, t)
+    router.end_step()
+    return router
+
+
+def test_a_scaled_node_conditions_on_the_context_in_its_own_units() -> None:
+    """At p's tool return (context 600) q's node, stretched by 4.2865, says half of the runs end in bucket 0 (600 +
+    1,000 x 4.2865 = 4,887) and half in bucket 2 (600 + 3,400 x 4.2865 = 15,174): it stays, bucket 0 being as likely.
+    Once its context outgrows bucket 0 (5,001 tokens) it has run 4,401 / 4.2865 = 1,027 of q's tokens: the short
+    runs are over, bucket 2 is certain, and the overflow moves it there (1.0 >= 0.7 x 5,001 / 5,012.5). Reading the
+    context in q's units the wrong way round (4,401 x 4.2865) outlives every run of the node: no statistics, and the
+    overflow would only promote it to the bucket of its context (1)."""
+    router = _scaled_priced_router()
+    router.admit(100, prompt_id="p", prompt_tokens=300)
+    d = router.on_tool_return(100, tool="search", tool_tokens=100, status="ok", context_tokens=600)
+    assert not d.migrate and d.bucket == 0
+    d = router.on_progress(100, context_tokens=5001)
+    assert d.migrate and d.bucket == 2 and d.reason == "overflow"
+
+
+def test_a_single_price_move_interval_is_kept_in_the_budget_records() -> None:
+    """A tool return whose move interval is one price (the gain 0.5 pays for carrying 500 tokens at the same price at
+    which 0.5 short of the confidence is waived for a 500-token return) is a move at that price, as the rule's `>=`
+    says: the migration budget's counterfactual at that price counts its carried tokens."""
+    router = make_router("cmlfq", BUCKETS, preset="published", rule="priced", budget=0.08, confidence=1.0)
+    runs = [
+        Trajectory(
+            prompt_id="p",
+            prompt_tokens=300,
+            turns=(Turn(gen_tokens=200, tool="search", tool_status="ok", tool_tokens=500), Turn(gen_tokens=answer)),
+        )
+        for answer in (9000, 19_000)  # end at 10,000 (bucket 1) and 20,000 tokens (bucket 2)
+    ] * 4
+    for rid, t in enumerate(runs):
+        router.admit(rid, prompt_id="p", prompt_tokens=300)
+        router.finish(rid, t)
+    router.end_step()
+    router.admit(100, prompt_id="p", prompt_tokens=300)
+    # P = (0, 0.5, 0.5): the move to bucket 1 pays when 0.5 >= price x 500 / T and is sure enough when
+    # 0.5 >= 1.0 - price x 500 / T, both from price = 0.5 x T / 500 on and only there
+    price = 0.5 * (router.tree.agnostic.mean + 300) / 500
+    d = router.on_tool_return(100, tool="search", tool_tokens=500, status="ok", context_tokens=1000)
+    assert not d.migrate  # (at the initial price 0.7 it is not sure enough)
+    router.finish(100, runs[0])
+    router.end_step()
+    assert router._budget.shares(prices=[price])[0] > 0
+    assert router._budget.shares(prices=[price * 0.999])[0] == 0
