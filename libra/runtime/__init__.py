@@ -20,8 +20,12 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    if name in ("Orchestrator", "RunSummary", "make_backend"):
+    if name in ("Orchestrator", "RunSummary"):
         from libra.runtime import orchestrator
 
         return getattr(orchestrator, name)
+    if name == "make_backend":
+        from libra.runtime.backend import make_backend
+
+        return make_backend
     raise AttributeError(name)

@@ -32,6 +32,24 @@ def save_in_background(out: Path, state: dict[str, Any]) -> threading.Thread:
     return thread
 
 
+class BackgroundWriter:
+    """One checkpoint write at a time: `save` waits for the previous write to end, then starts the next; `wait`
+    before exiting."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self._thread: threading.Thread | None = None
+
+    def save(self, state: dict[str, Any]) -> None:
+        self.wait()
+        self._thread = save_in_background(self.out, state)
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
 def exists(out: Path) -> bool:
     return (out / DIR / FILE).is_file()
 

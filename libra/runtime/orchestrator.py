@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import pickle
 import signal
-import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from libra.planning import ReplanGate
 from libra.planning.placement import place
 from libra.runtime import checkpoint, virtual
 from libra.runtime.agent import AgentFactory, default_agent_factory
+from libra.runtime.backend import make_backend, push_weights
 from libra.runtime.clock import Clock
 from libra.runtime.config import RunConfig, RunConfigError
 from libra.runtime.records import TIMELINE_FILE, RunRecords, step_record
@@ -91,6 +91,7 @@ class Orchestrator:
         self.hybrids: Any = None  # HybridPool, when config.hybrid.workers > 0
         self.watch: Any = None  # EngineWatch
         self._hybrid_kill_step = hybrid_kill_step  # fault injection: the hybrid SIGKILLs itself mid-step
+        self._writer = checkpoint.BackgroundWriter(self.out)
 
     # -- setup ----------------------------------------------------------------------------------------------------
 
@@ -102,7 +103,7 @@ class Orchestrator:
         from libra.adapters.torch_ddp import TorchDDPTrainer
 
         cfg = self.config
-        state = self._load_checkpoint() if self.resume and checkpoint.exists(self.out) else None
+        state = checkpoint.load(self.out) if self.resume and checkpoint.exists(self.out) else None
         if self.resume and state is None:  # killed before the first checkpoint: start again from step 0
             log.info("no checkpoint in %s: the run starts again from step 0", self.out)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -323,25 +324,10 @@ class Orchestrator:
     # -- weights --------------------------------------------------------------------------------------------------
 
     def _push(self, update: Any, *, step: int) -> dict[str, Any]:
-        start = self.clock.now()
         with self.clock.span("weights"):
-            served = self.backend.load_weights(update)
-            want = (
-                float(self.trainer.module.lm_head.weight.detach().double().sum())
-                if self.trainer.version == update.version
-                else None
-            )
-            versions = {n: self.backend.weight_version(n) for n in self.backend.instances()}
-            checks = {n: self.backend.param_checksum(n, "lm_head.weight") for n in self.backend.instances()}
-        bad = {n: v for n, v in versions.items() if v != update.version}
-        if served != update.version or bad:
-            raise RuntimeError(f"weight push of version {update.version}: instances serve {bad or served}")
-        if want is not None and any(abs(c - want) > 1e-6 * max(1.0, abs(want)) for c in checks.values()):
-            raise RuntimeError(f"weight push of version {update.version}: checksums {checks} != trainer {want}")
-        for n in versions:
-            self.clock.mark(n, "weights", start, self.clock.now(), step)
+            pushed = push_weights(self.backend, self.trainer, update, self.clock, step)
         self.served_version = update.version
-        return {"version": update.version, "instances": versions, "checksum_checked": want is not None}
+        return pushed
 
     # -- the loop -------------------------------------------------------------------------------------------------
 
@@ -505,21 +491,11 @@ class Orchestrator:
             "losses": list(self.losses),
             "config": self.config.to_dict(),
         }
-        self._wait_checkpoint()
-        self._ckpt_writer: threading.Thread | None = checkpoint.save_in_background(self.out, state)
-
-    def _wait_checkpoint(self) -> None:
-        writer = getattr(self, "_ckpt_writer", None)
-        if writer is not None:
-            writer.join()
-            self._ckpt_writer = None
-
-    def _load_checkpoint(self) -> dict[str, Any]:
-        return checkpoint.load(self.out)
+        self._writer.save(state)
 
     def close(self) -> None:
         """Stop the engines and draw the timeline (safe to call twice, and after an interrupt)."""
-        self._wait_checkpoint()
+        self._writer.wait()
         if self.watch is not None:
             self.watch.close()
             self.watch = None
@@ -542,26 +518,4 @@ class Orchestrator:
         self.backend = None
 
 
-def make_backend(config: RunConfig, model_dir: str) -> Any:
-    """The rollout backend a run of `config` drives (no instance started): vLLM engines of `model_dir`, each with
-    TP 1, paused (not stopped) while lent to training; local processes, or Ray actors with `config.ray`."""
-    if config.ray is not None:
-        from libra.adapters.ray_rollout import RayRolloutBackend
-
-        v = config.virtual
-        return RayRolloutBackend(
-            model=model_dir,
-            dtype=config.engine.dtype,
-            seed=config.seed,
-            address=config.ray.address,
-            nodes=-(-v.gpus // v.gpus_per_node),
-            gpus_per_node=v.gpus_per_node,
-        )
-    from libra.adapters.vllm_backend import VLLMRolloutBackend
-
-    return VLLMRolloutBackend(
-        model=model_dir, dtype=config.engine.dtype, seed=config.seed, engine_tp="one", sleep_mode="pause"
-    )
-
-
-__all__ = ["Orchestrator", "RunSummary", "make_backend"]
+__all__ = ["Orchestrator", "RunSummary"]
