@@ -24,8 +24,7 @@ from libra.cli._common import (
 from libra.scheduling import CMLFQ_PRESETS, DEFAULT_PRESET, POLICIES, as_agent_log, make_router, replay
 from libra.scheduling.sources import quantile_buckets
 from libra.spec import format_buckets, parse_buckets
-from libra.workloads import WORKLOAD_NAMES, generate
-from libra.workloads.corpus import load_trace_any
+from libra.workloads import WORKLOAD_NAMES, generate, load_trace
 
 DEFAULT_BUCKETS = "2:5000,4:15000,8:inf"  # the published Search-R1 buckets (docs/design.md)
 
@@ -123,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     if args.policy != "all" and args.policy not in POLICIES:
         raise CLIError(f"unknown policy {args.policy!r}; expected one of {', '.join(POLICIES)}, all")
     if args.trace:
-        trajectories = load_trace_any(args.trace)
+        trajectories = load_trace(args.trace)
         source = args.trace
     else:
         if args.workload not in WORKLOAD_NAMES:

@@ -2,15 +2,17 @@
 
 A turn is one generation plus the tool return that goes back into the context. Unknown keys are kept in `extra`.
 A bad line raises `TraceError` naming the file, the line number and the field. Input is bounded before work:
-a regular file, UTF-8 lines of at most `MAX_LINE_BYTES`, token counts of at most `MAX_TOKENS` per trajectory,
-at most `MAX_TURNS` turns, finite rewards, and a turn's optional `tool_latency_s` a finite number of seconds in
-[0, `MAX_TOOL_LATENCY_S`] (docs/trace-schema.md).
+a regular file (gzipped or not), UTF-8 lines of at most `MAX_LINE_BYTES`, token counts of at most `MAX_TOKENS` per
+trajectory, at most `MAX_TURNS` turns, finite rewards, and a turn's optional `tool_latency_s` a finite number of
+seconds in [0, `MAX_TOOL_LATENCY_S`] (docs/trace-schema.md).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -227,23 +229,33 @@ def parse_line(text: str, path: Path, line: int) -> Trajectory:
 
 
 def iter_trace(path: str | Path) -> Iterator[Trajectory]:
-    """Yield trajectories in file order; blank lines are skipped."""
+    """Yield trajectories in file order; blank lines are skipped. A gzipped file (told by its first two bytes, not
+    its name) is read through gzip, with the same line limit."""
     path = Path(path)
     try:
         if not path.is_file():
             what = "does not exist" if not path.exists() else "is not a regular file"
             raise TraceError(path, None, None, f"cannot open trace: it {what}")
-        handle = path.open("rb")
+        handle: Any = path.open("rb")
     except OSError as exc:
         raise TraceError(path, None, None, f"cannot open trace: {exc.strerror or exc}") from None
+    try:
+        gzipped = handle.read(2) == b"\x1f\x8b"
+        handle.seek(0)
+    except OSError as exc:
+        handle.close()
+        raise TraceError(path, 1, None, f"cannot read trace: {exc.strerror or exc}") from None
+    if gzipped:
+        handle = gzip.GzipFile(fileobj=handle, mode="rb")
     with handle:
         number = 0
         while True:
             number += 1
             try:
                 raw = handle.readline(MAX_LINE_BYTES + 1)
-            except OSError as exc:
-                raise TraceError(path, number, None, f"cannot read trace: {exc.strerror or exc}") from None
+            except (OSError, EOFError, zlib.error) as exc:  # (gzip.BadGzipFile is an OSError)
+                why = "the compressed stream ends early" if isinstance(exc, EOFError) else exc.strerror or exc
+                raise TraceError(path, number, None, f"cannot read trace: {why}") from None
             if not raw:
                 return
             if len(raw) > MAX_LINE_BYTES:
@@ -257,7 +269,7 @@ def iter_trace(path: str | Path) -> Iterator[Trajectory]:
 
 
 def load_trace(path: str | Path) -> list[Trajectory]:
-    """All trajectories of a trace file; an empty file is an error."""
+    """All trajectories of a trace file, plain or gzipped; an empty file is an error."""
     trajectories = list(iter_trace(path))
     if not trajectories:
         raise TraceError(path, None, None, "trace holds no trajectories")

@@ -129,7 +129,7 @@ def test_bad_trace_files(tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert "bad.jsonl:1" in err and "tool_status" in err
     assert main(["route-eval", "--trace", str(tmp_path / "missing.jsonl")]) == 2
-    assert "cannot read trace" in capsys.readouterr().err
+    assert "cannot open trace: it does not exist" in capsys.readouterr().err  # as plan and simulate say
 
 
 def test_unknown_tool_for_a_closed_tool_set(trace_file, capsys) -> None:

@@ -211,3 +211,31 @@ def test_colocated_switch_and_kv_fraction_change_colocated_only(tmp_path, capsys
     assert main([*SMALL, "--colocated-switch-s", "nan", "--out", str(tmp_path)]) == 2
     assert main([*SMALL, "--colocated-offload-bytes-per-param", "-1", "--out", str(tmp_path)]) == 2
     assert "--colocated-offload-bytes-per-param must be a number in [0, 1000]" in capsys.readouterr().err
+
+
+def test_every_trace_option_reads_a_gzipped_trace(tmp_path, capsys):
+    """`--trace` of plan, route-eval and simulate all take the corpus's `.jsonl.gz` form."""
+    import gzip
+
+    from libra.workloads import generate, write_trace
+
+    plain = tmp_path / "t.jsonl"
+    write_trace(plain, generate("search-r1", num_steps=2, seed=1, num_prompts=8, samples_per_prompt=4))
+    packed = tmp_path / "t.jsonl.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    outputs = []
+    for trace in (plain, packed):
+        for args in (
+            ["plan", "--trace", str(trace), "--gpus", "16", "--json"],
+            ["route-eval", "--trace", str(trace), "--json"],
+            ["simulate", "--trace", str(trace), "--gpus", "16", "--steps", "2", "--samples", "4"]
+            + ["--policy", "static-uniform", "--out", str(tmp_path / "o"), "--json", "--no-plots"],
+        ):
+            assert main(args) == 0, args
+            out = json.loads(capsys.readouterr().out)
+            for key in ("elapsed_s", "solve_time_s", "workload"):  # times, and the file's name
+                out.pop(key, None)
+            outputs.append(out)
+    assert outputs[0]["makespan_s"] == outputs[3]["makespan_s"] and outputs[0]["train"] == outputs[3]["train"]
+    assert outputs[1] == outputs[4]
+    assert outputs[2]["policies"] == outputs[5]["policies"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +88,22 @@ def test_profile_window_shows_drift(tmp_path) -> None:
     whole = profile_from_trajectories(trajs)
     recent = profile_from_trajectories(trajs, window_steps=1)
     assert recent.mean_length > whole.mean_length and recent.num_samples == 4
+
+
+def test_a_gzipped_trace_loads_as_the_plain_one_whatever_its_name(tmp_path) -> None:
+    """Told by its first two bytes, not its name: the corpus ships `.jsonl.gz` files; a renamed one loads too."""
+    plain = _write(tmp_path, [GOOD, {**GOOD, "step": 13, "sample": 4}])
+    data = gzip.compress(Path(plain).read_bytes())
+    for name in ("t.jsonl.gz", "renamed.jsonl"):
+        (tmp_path / name).write_bytes(data)
+        assert load_trace(tmp_path / name) == load_trace(plain)
+
+
+@pytest.mark.parametrize("cut", [12, 60, -9])  # inside the header, inside the stream, inside the checksum trailer
+def test_a_broken_gzipped_trace_is_one_clear_error(tmp_path, cut: int) -> None:
+    data = gzip.compress(Path(_write(tmp_path, [GOOD] * 20)).read_bytes())
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(data[:cut])
+    with pytest.raises(TraceError, match="cannot read trace") as info:
+        load_trace(path)
+    assert "\n" not in str(info.value) and str(path) in str(info.value)
