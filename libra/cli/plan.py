@@ -34,7 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_setup_args(p)
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--trace", metavar="FILE", help="plan from a trace file (JSON Lines, docs/trace-schema.md)")
+    src.add_argument(
+        "--trace", metavar="FILE", help="plan from a trace file (JSON Lines, or gzipped; docs/trace-schema.md)"
+    )
     src.add_argument(
         "--workload", default=DEFAULT_WORKLOAD, help="synthetic workload: search-r1, dapo-math, r2e-gym, swe-agent"
     )

@@ -46,7 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     src.add_argument(
         "--workload", default="r2e-gym", help="synthetic workload: search-r1, dapo-math, r2e-gym, swe-agent"
     )
-    src.add_argument("--trace", metavar="FILE", help="replay a trace file (JSON Lines) instead, one step per label")
+    src.add_argument(
+        "--trace", metavar="FILE", help="replay a trace file (JSON Lines, or gzipped) instead, one step per label"
+    )
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"RL steps to simulate (default {DEFAULT_STEPS})")
     p.add_argument("--policy", default="all", help="all, or a comma-separated list of policy names")
     p.add_argument("--prompts", type=int, default=512, help="prompts per step (default 512)")
