@@ -38,8 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Discrete-event simulation of rollout (instances, KV-limited continuous batching, tool calls, "
         "migrations) and training, with the planner's cost model, for each policy. Defaults: 48 x "
         f"A800-80GB, Qwen3-14B, r2e-gym, 512 prompts x 16 samples, {DEFAULT_STEPS} steps (a quick "
-        "look; use --steps 100 for the drift over a run: about 3.5 CPU-minutes for r2e-gym, split over "
-        "--workers).",
+        "look; --steps 100 shows the drift over a run, about an hour of CPU for r2e-gym, split over --workers; "
+        "docs/sim.md, Speed). With --trace: every step of the trace.",
     )
     add_setup_args(p)
     src = p.add_mutually_exclusive_group()
@@ -49,7 +49,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     src.add_argument(
         "--trace", metavar="FILE", help="replay a trace file (JSON Lines, or gzipped) instead, one step per label"
     )
-    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"RL steps to simulate (default {DEFAULT_STEPS})")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"RL steps to simulate (default {DEFAULT_STEPS}; with --trace, every step of the trace)",
+    )
     p.add_argument("--policy", default="all", help="all, or a comma-separated list of policy names")
     p.add_argument("--prompts", type=int, default=512, help="prompts per step (default 512)")
     p.add_argument("--samples", type=int, default=16, help="samples per prompt (default 16)")
@@ -150,6 +155,9 @@ def run(args: argparse.Namespace) -> int:
     from libra.spec import RLSettings
     from libra.spec.cluster import MAX_GPUS, MAX_GPUS_PER_NODE
 
+    steps_given = args.steps is not None
+    if not steps_given:
+        args.steps = DEFAULT_STEPS  # (with --trace: the trace's step count, once it is read)
     for name in ("steps", "prompts", "samples", "max_len", "slices", "drift_steps", "workers"):
         if getattr(args, name) < 1:
             raise CLIError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -175,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
     coeffs = _colocated(args, coeffs)
     if args.trace:
         source = WorkSource.from_trace(args.trace, seed=args.seed)
+        if not steps_given:
+            args.steps = source.num_steps
         if args.steps > source.num_steps:
             raise CLIError(f"--steps {args.steps} but the trace has {source.num_steps} steps")
         first = len(source.step(0).trajectories)

@@ -210,7 +210,8 @@ class WorkSource:
     @classmethod
     def from_trace(cls, path: str | Path, *, seed: int = 0, latency: ToolLatency | None = None) -> WorkSource:
         steps = group_by_step(load_trace(path))
-        return cls(Path(path).stem, lambda s: steps[s], len(steps), latency or ToolLatency(), seed)
+        name = Path(Path(path).name.removesuffix(".gz")).stem  # (t.jsonl.gz and t.jsonl are both "t")
+        return cls(name, lambda s: steps[s], len(steps), latency or ToolLatency(), seed)
 
     def step(self, step: int) -> StepWork:
         if self.num_steps is not None and step >= self.num_steps:

@@ -239,3 +239,17 @@ def test_every_trace_option_reads_a_gzipped_trace(tmp_path, capsys):
     assert outputs[0]["makespan_s"] == outputs[3]["makespan_s"] and outputs[0]["train"] == outputs[3]["train"]
     assert outputs[1] == outputs[4]
     assert outputs[2]["policies"] == outputs[5]["policies"]
+
+
+def test_a_trace_is_simulated_over_all_its_steps_by_default(tmp_path, capsys):
+    """`--steps` left out with `--trace`: every step of the trace (the synthetic default of 3 steps would refuse a
+    one-step trace, as every imported agent log without step labels is)."""
+    from libra.workloads import generate, write_trace
+
+    for steps in (1, 4):
+        trace = tmp_path / f"t{steps}.jsonl"
+        write_trace(trace, generate("search-r1", num_steps=steps, seed=1, num_prompts=8, samples_per_prompt=4))
+        out_dir = tmp_path / f"o{steps}"
+        args = ["simulate", "--trace", str(trace), "--gpus", "16", "--samples", "4", "--policy", "static-uniform"]
+        assert main([*args, "--out", str(out_dir), "--json", "--no-plots"]) == 0
+        assert json.loads(capsys.readouterr().out)["policies"]["static-uniform"]["steps"] == steps
