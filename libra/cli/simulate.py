@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
         if not steps_given:
             args.steps = source.num_steps
         if args.steps > source.num_steps:
-            raise CLIError(f"--steps {args.steps} but the trace has {source.num_steps} steps")
+            raise CLIError(f"--steps {args.steps} but the trace has {_steps(source.num_steps)}")
         first = len(source.step(0).trajectories)
         prompts, samples = max(1, first // args.samples), args.samples
         if prompts * samples != first:
@@ -212,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
     )
     log(
         f"simulating {source.name}: {cluster.num_gpus} x {cluster.gpu.name}, {model.name}, {prompts} x {samples} "
-        f"trajectories per step, {args.steps} steps, policies {', '.join(policies)}"
+        f"trajectories per step, {_steps(args.steps)}, policies {', '.join(policies)}"
     )
     bar = tqdm(total=args.steps * len(policies), desc="simulate", unit="stage", leave=False)
 
@@ -251,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
         table(
             ["policy"] + [h for _, h in _COLUMNS],
             rows,
-            title=f"{report.workload} on {report.num_gpus} GPUs, {report.num_steps} steps "
+            title=f"{report.workload} on {report.num_gpus} GPUs, {_steps(report.num_steps)} "
             f"(simulated in {report.elapsed_s:.1f} s)",
         )
     )
@@ -263,3 +263,7 @@ def run(args: argparse.Namespace) -> int:
         )
     print("\nwrote " + ", ".join(str(f) for f in files))
     return 0
+
+
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
