@@ -183,10 +183,12 @@ def run(args: argparse.Namespace) -> int:
     coeffs = _colocated(args, coeffs)
     if args.trace:
         source = WorkSource.from_trace(args.trace, seed=args.seed)
+        trace_steps = source.num_steps
+        assert trace_steps is not None  # (a trace knows how many steps it holds)
         if not steps_given:
-            args.steps = source.num_steps
-        if args.steps > source.num_steps:
-            raise CLIError(f"--steps {args.steps} but the trace has {_steps(source.num_steps)}")
+            args.steps = trace_steps
+        if args.steps > trace_steps:
+            raise CLIError(f"--steps {args.steps} but the trace has {_steps(trace_steps)}")
         first = len(source.step(0).trajectories)
         prompts, samples = max(1, first // args.samples), args.samples
         if prompts * samples != first:

@@ -254,7 +254,9 @@ def iter_trace(path: str | Path) -> Iterator[Trajectory]:
             try:
                 raw = handle.readline(MAX_LINE_BYTES + 1)
             except (OSError, EOFError, zlib.error) as exc:  # (gzip.BadGzipFile is an OSError)
-                why = "the compressed stream ends early" if isinstance(exc, EOFError) else exc.strerror or exc
+                why = getattr(exc, "strerror", None) or exc
+                if isinstance(exc, EOFError):
+                    why = "the compressed stream ends early"
                 raise TraceError(path, number, None, f"cannot read trace: {why}") from None
             if not raw:
                 return
