@@ -31,6 +31,8 @@ PUBLISHED_OPTIONS: dict[str, Any] = {
     "budget_mix": False,
     "admit_select": False,
     "ceiling": None,
+    "repay": None,
+    "hold_first": False,
 }
 _PRESETS: dict[str, dict[str, Any]] = {
     # the published rule: start small, move when the buckets of the predicted mean and P90 agree
@@ -81,6 +83,8 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "budget_mix": True,
         "admit_select": True,
         "ceiling": 0.12,
+        "repay": 6,
+        "hold_first": True,
     },
 }
 CMLFQ_PRESETS: dict[str, dict[str, Any]] = {name: {**PUBLISHED_OPTIONS, **opts} for name, opts in _PRESETS.items()}
