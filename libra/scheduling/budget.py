@@ -12,7 +12,9 @@ moved and what that would have carried.
 `MigrationBudget` keeps those records for the requests finished in the last `steps` steps (the older, the
 lighter: weight 1/2 per step) and, at each step end, picks the price on a log grid whose counterfactual
 migrated-token share comes closest to the budget from below (the lowest price among equals, the highest price if
-none fits). The price therefore follows what moving costs on this workload, not a constant tuned to one.
+none fits). The price therefore follows what moving costs on this workload, not a constant tuned to one. The
+router may ask for another share than the budget for the next step (`choose(current, share)`: its run-level target,
+cmlfq.py `repay`, which spends a shortfall of earlier steps or pays back an excess).
 """
 
 from __future__ import annotations
