@@ -12,7 +12,9 @@ moved and what that would have carried.
 `MigrationBudget` keeps those records for the requests finished in the last `steps` steps (the older, the
 lighter: weight 1/2 per step) and, at each step end, picks the price on a log grid whose counterfactual
 migrated-token share comes closest to the budget from below (the lowest price among equals, the highest price if
-none fits). The price therefore follows what moving costs on this workload, not a constant tuned to one.
+none fits). The price therefore follows what moving costs on this workload, not a constant tuned to one. The
+router may ask for another share than the budget for the next step (`choose(current, share)`: its run-level target,
+cmlfq.py `repay`, which spends a shortfall of earlier steps or pays back an excess).
 """
 
 from __future__ import annotations
@@ -64,6 +66,15 @@ class MigrationBudget:
         self._req, self._lo, self._hi, self._carried = [], [], [], []
         self._total = self._n = 0
 
+    @property
+    def recorded(self) -> bool:
+        """Whether any step's records are kept."""
+        return bool(self._steps)
+
+    def forget(self) -> None:
+        """Drop the records of the steps ended so far."""
+        self._steps.clear()
+
     def shares(self, prices=PRICE_GRID) -> list[float]:
         """The counterfactual migrated-token share of the recorded requests at each price."""
         out = []
@@ -82,11 +93,12 @@ class MigrationBudget:
             out.append(carried / total)
         return out
 
-    def choose(self, current: float) -> float:
-        """The price for the next step (module docstring); `current` when nothing is recorded yet."""
-        return self.choose_mix(current)[0]
+    def choose(self, current: float, share: float | None = None) -> float:
+        """The price for the next step (module docstring); `current` when nothing is recorded yet. `share`: the
+        target for the next step instead of the budget (the router's run-level target, cmlfq.py `repay`)."""
+        return self.choose_mix(current, share)[0]
 
-    def choose_mix(self, current: float) -> tuple[float, float, float]:
+    def choose_mix(self, current: float, share: float | None = None) -> tuple[float, float, float]:
         """`(price, lower, q)`: the price `choose` picks and, for requests drawn with probability `q`, the next lower
         grid price, so that the expected share meets the budget. Moves come in lumps (many requests reach the same
         decision at about the same context), so the share can jump from well under the budget at one grid price to
@@ -94,16 +106,17 @@ class MigrationBudget:
         relaxation of the knapsack the price solves). `q` = 0 when nothing lower fits or nothing is recorded."""
         if not self._steps:
             return current, current, 0.0
+        target = self.share if share is None else share
         shares = self.shares()
-        fitting = [(s, -i) for i, s in enumerate(shares) if s <= self.share]
+        fitting = [(s, -i) for i, s in enumerate(shares) if s <= target]
         if not fitting:
             return PRICE_GRID[-1], PRICE_GRID[-1], 0.0
         s_hi, neg_i = max(fitting)
         i = -neg_i
         # the highest grid price below `i` whose share exceeds the budget (shares need not be monotone in price)
-        below = [j for j in range(i - 1, -1, -1) if shares[j] > self.share]
+        below = [j for j in range(i - 1, -1, -1) if shares[j] > target]
         if not below:
             return PRICE_GRID[i], PRICE_GRID[i], 0.0
         j = below[0]
-        q = (self.share - s_hi) / (shares[j] - s_hi)
+        q = (target - s_hi) / (shares[j] - s_hi)
         return PRICE_GRID[i], PRICE_GRID[j], q

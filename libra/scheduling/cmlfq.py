@@ -97,6 +97,8 @@ class CMLFQRouter(PricedRule, Router):
         budget_mix: bool = False,
         admit_select: bool = False,
         ceiling: float | None = None,
+        repay: int | None = None,
+        hold_first: bool = False,
         seed: int = 0,
     ) -> None:
         super().__init__(buckets)
@@ -108,6 +110,18 @@ class CMLFQRouter(PricedRule, Router):
         self.ceiling = None if ceiling is None else float(ceiling)
         self._carried_total = 0
         self._finished_total = 0
+        # `repay`: the budget targets the run's migrated-token share, not each step's: at a step end the next step's
+        # target is the budget plus the run's shortfall (budget x tokens finished so far - tokens carried so far)
+        # spread over `repay` steps of the last step's size, within [0, ceiling]; early under-spending is spent
+        # later, over-spending (the cold step may then carry up to the ceiling) is paid back
+        if repay is not None and (not isinstance(repay, int) or repay < 1):
+            raise SpecError(f"cmlfq: repay must be an integer >= 1 or None, got {repay!r}")
+        self.repay = repay
+        self._step_start_total = 0
+        # `hold_first`: the first warm step's records (every request routed on a tree learnt from the cold step
+        # alone) neither set the price nor stay in the budget's window: the next step keeps the initial price
+        self.hold_first = bool(hold_first)
+        self._held = False
         # `admit_select`: admit on the evidence (tree, prompt history, population) that would have named
         # the final bucket of the last steps' requests most often (experts.py); it acts where the priced rule admits
         # (rule="priced", admit="predicted") and is inert otherwise, as the budget options are for the other rules
@@ -471,6 +485,8 @@ class CMLFQRouter(PricedRule, Router):
                 target, reason = req.bucket, "stay"
             else:
                 self._carried_total += max(0, carried)
+        elif target != req.bucket and self.repay is not None:
+            self._carried_total += max(0, carried)
         return super()._move(req, target, carried, reason)
 
     def finish(self, request_id, trajectory: Trajectory) -> None:
@@ -487,12 +503,26 @@ class CMLFQRouter(PricedRule, Router):
         super().finish(request_id, trajectory)
 
     def _adapt_price(self) -> None:
-        if self._budget is not None:
-            self._budget.end_step()
-            if self.budget_mix:
-                self.price, self._mix_price, self._mix_q = self._budget.choose_mix(self.price)
-            else:
-                self.price = self._budget.choose(self.price)
+        budget = self._budget
+        step_tokens = self._finished_total - self._step_start_total
+        self._step_start_total = self._finished_total
+        if budget is None:
+            return
+        first = not budget.recorded
+        budget.end_step()
+        if self.hold_first and first and budget.recorded and not self._held:
+            self._held = True  # the first warm step ended (`hold_first`)
+            budget.forget()
+            return
+        share = None
+        if self.repay is not None and step_tokens > 0:
+            shortfall = self.budget * self._finished_total - self._carried_total  # type: ignore[operator]
+            top = 1.0 if self.ceiling is None else self.ceiling
+            share = min(top, max(0.0, self.budget + shortfall / (self.repay * step_tokens)))  # type: ignore[operator]
+        if self.budget_mix:
+            self.price, self._mix_price, self._mix_q = budget.choose_mix(self.price, share)
+        else:
+            self.price = budget.choose(self.price, share)
 
     def _learn(self, finished: list[Trajectory]) -> None:
         self._cold_carried = self._cold_finished = 0

@@ -31,6 +31,8 @@ PUBLISHED_OPTIONS: dict[str, Any] = {
     "budget_mix": False,
     "admit_select": False,
     "ceiling": None,
+    "repay": None,
+    "hold_first": False,
 }
 _PRESETS: dict[str, dict[str, Any]] = {
     # the published rule: start small, move when the buckets of the predicted mean and P90 agree
@@ -63,8 +65,11 @@ _PRESETS: dict[str, dict[str, Any]] = {
     # survival statistics of all trajectories; with nothing learnt yet it promotes overflows within the budget
     # (cold="budget"); it admits on the evidence (tree, prompt history, population) that was right most often on
     # the last steps (admit_select, experts.py); whatever the price does when the workload drifts, the moves of the
-    # run never carry more than 12 % of its tokens (ceiling: 1.5x the budget, the bound of issue 14). Its
-    # structure was chosen leave-one-source-out on real agent traces (docs/routing.md).
+    # run never carry more than 12 % of its tokens (ceiling: 1.5x the budget, the bound of issue 14); the budget
+    # aims at the run's migrated share, a shortfall or an excess repaid over 6 steps (repay; the cold step may then
+    # spend up to the ceiling), and the first warm step, routed on a tree learnt from the cold step alone, does not
+    # set the price (hold_first). Its structure was chosen leave-one-source-out on real agent traces
+    # (docs/routing.md); repay's horizon on synthetic search-r1 seeds 0-2 (docs/routing.md says so).
     "adaptive": {
         "rule": "priced",
         "price": 1.0,
@@ -81,6 +86,8 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "budget_mix": True,
         "admit_select": True,
         "ceiling": 0.12,
+        "repay": 6,
+        "hold_first": True,
     },
 }
 CMLFQ_PRESETS: dict[str, dict[str, Any]] = {name: {**PUBLISHED_OPTIONS, **opts} for name, opts in _PRESETS.items()}

@@ -36,6 +36,8 @@ class PricedRule:
     confidence: float
     shrink: float
     budget: float | None
+    ceiling: float | None
+    repay: int | None
     _fit: ShrinkFit | None
     _inline: bool
     _blend: tuple[list[float], list[float], float] | None
@@ -177,7 +179,7 @@ class PricedRule:
         if points and points[-1] is None:
             points.pop()
         if probs is None:
-            return self._priced_overflow(req, probs)
+            return self._priced_overflow(req, probs, carried)
         top = max(probs)
         best = probs.index(top)
         mean = max(1.0, root.mean + req.prompt_tokens)  # _mean_length, inline
@@ -228,14 +230,16 @@ class PricedRule:
         walk.ups, walk.ups_of, walk.ups_total = ups, r_ordered, total
         return ups
 
-    def _priced_overflow(self, req: Request, probs: list[float] | None) -> tuple[int, str]:
+    def _priced_overflow(self, req: Request, probs: list[float] | None, carried: int | None = None) -> tuple[int, str]:
         """Context beyond the bucket's limit: with no statistics, promote to the bucket of the context (a cold
-        tree); else move to the likeliest bucket if that pays for carrying the whole context. Never a second move."""
+        tree); else move to the likeliest bucket if that pays for carrying the whole context. Never a second move.
+        `carried`: what a move here carries (at a tool return the context before the return, which is prefilled at
+        the destination either way; default the whole context), booked against the cold budget."""
         if not self.overflow or req.migrations or req.context <= self.limits[req.bucket]:
             return req.bucket, "stay"
         if probs is None:
             cold = self.cold != "promote" and not self.tree.agnostic.count
-            if cold and (self.cold == "stay" or not self._cold_affords(req.context)):
+            if cold and (self.cold == "stay" or not self._cold_affords(req.context if carried is None else carried)):
                 return req.bucket, "stay"
             return self.bucket_for(req.context), "overflow"
         best = max(range(len(probs)), key=probs.__getitem__)
@@ -245,9 +249,11 @@ class PricedRule:
 
     def _cold_affords(self, carried: int) -> bool:
         """`cold="budget"`: whether a move carrying `carried` keeps this step's moves within the budget of the tokens
-        seen so far in it; if so, the move is booked."""
+        seen so far in it (with `repay`, within the ceiling: the run's target pays the excess back in later steps);
+        if so, the move is booked."""
         seen = self._cold_finished + self._context_in_flight
-        if self._cold_carried + carried > self.budget * seen:  # type: ignore[operator]
+        share = self.ceiling if self.repay is not None and self.ceiling is not None else self.budget
+        if self._cold_carried + carried > share * seen:  # type: ignore[operator]
             return False
         self._cold_carried += carried
         return True

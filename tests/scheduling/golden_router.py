@@ -25,9 +25,10 @@ def _digest(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-# the adaptive preset without the admission experts and the cold budget (issue 14, second round): its digests are
-# those of the adaptive preset before them
-PREV = {"admit_select": False, "cold": "stay"}
+# the adaptive preset without the admission experts and the cold budget (issue 14, second round), and without the
+# run-level budget target and the held first warm step (issue 14, third round): its digests are those of the
+# adaptive preset before them
+PREV = {"admit_select": False, "cold": "stay", "repay": None, "hold_first": False}
 # ... and also without the fitted shrinkage and the price mix (issue 14): its digests are those of 544da9f
 FIXED = {"shrink": 0.0, "budget_mix": False, **PREV}
 

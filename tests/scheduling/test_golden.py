@@ -2,8 +2,10 @@
 (all C-MLFQ presets, two workloads, one with evictions) and of `PrefixTree.to_dict` after each update (with
 evictions), on seeded synthetic traces, against values computed with the code before the issue-16 speed changes
 (commit 544da9f); the adaptive preset's changed in issue 14 (fitted shrinkage, the budget's price mix; then the
-admission experts and the cold budget): its `-prev` cases check that without the latter two it decides exactly as
-before them, its `-fixed` cases that without all four it decides exactly as at 544da9f.
+admission experts and the cold budget; then the run-level budget target `repay`, `hold_first` and the cold budget
+booking what a move carries): its `-prev` cases check that without the experts, the cold budget, `repay` and
+`hold_first` it decides exactly as before the experts, its `-fixed` cases that without the fitted mechanisms too it
+decides exactly as at 544da9f.
 tests/scheduling/golden_router.py computes them."""
 
 from __future__ import annotations
@@ -17,17 +19,17 @@ GOLDEN_ROUTER = {
     "search-r1/accuracy": "c9d8c6c631a22e9f",
     "search-r1/budget": "7dbdf4ff4e021707",
     "search-r1/priced": "966ca8a99ca08d51",
-    "search-r1/adaptive": "19c90072d7993703",  # issue 14: + admission experts and the cold budget (deliberate)
+    "search-r1/adaptive": "28ff6559fa99eb42",  # issue 14: + the run-level budget target, held first step (deliberate)
     "search-r1/adaptive-prev": "d8e7844e91a793b1",  # fitted shrinkage and the budget's price mix
     "search-r1/adaptive-fixed": "3b4ec524d530733c",  # the adaptive preset without them: unchanged since 544da9f
     "r2e-gym/published": "7a392c0539dcce7c",
     "r2e-gym/accuracy": "af279c2cc53d724d",
     "r2e-gym/budget": "10bac482ee6b7047",
     "r2e-gym/priced": "41621f1864e6923a",
-    "r2e-gym/adaptive": "962e2a92055e8686",
+    "r2e-gym/adaptive": "8f2b14c6d120a499",
     "r2e-gym/adaptive-prev": "82b0fc882cebf0c5",
     "r2e-gym/adaptive-fixed": "985e542f7a24920b",
-    "r2e-gym/adaptive-small": "792285f3503c2bb3",
+    "r2e-gym/adaptive-small": "1b341965d3e9808c",
     "r2e-gym/adaptive-small-prev": "88f61b40d5604310",
     "r2e-gym/adaptive-small-fixed": "d715804ef3b1a288",
 }
