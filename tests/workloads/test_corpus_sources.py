@@ -182,9 +182,10 @@ def test_held_out_sources_are_apart_and_complete() -> None:
 # 14.0 % of the tokens on FireAct GPT-3.5 and Llama-2-13B (their files come in order of length: each chunk longer
 # than the last, so the price learnt on the last steps is always too low). The migration ceiling (12 % of the
 # tokens seen, every move of the run) was added after that and meets the bound everywhere; it costs Reflexion's
-# ReAct one run of 138 (72 -> 71 single-shot right against the predictor's 65), below the 5 points: strict xfail, so
-# that a router change that wins it back shows here (XPASS) and the mark is updated.
-MISSES_MARGIN = {"reflexion-react-davinci003-hotpotqa": "+4.3 points (one run of 138 short of +5.1)"}
+# ReAct one run of 138 (72 -> 71 single-shot right against the predictor's 65), below the 5 points, and the budget
+# that targets the run's share (repay, hold_first) one more (+3.6): strict xfail, so that a router change that
+# wins it back shows here (XPASS) and the mark is updated.
+MISSES_MARGIN = {"reflexion-react-davinci003-hotpotqa": "+3.6 points (two runs of 138 short of +5.1)"}
 
 
 @pytest.fixture(scope="module")
