@@ -146,7 +146,6 @@ class RolloutTable:
         # the part decoded in smaller buckets included (taken at this bucket's step time)
         max_gen = np.array([g.tail_gen for g in groups])[stops - 1]
         max_turns = np.array([g.tail_turns for g in groups])[stops - 1]
-        self.stats = dict(n=n, decode=decode, prefill=prefill, resident=resident, max_total=max_total, fresh=fresh)
         self.tp_degrees = tuple(tp for tp in tp_degrees if tp <= max_gpus)
         self.times: dict[int, np.ndarray] = {}  # tp -> flat running-min times
         self.offsets: dict[int, np.ndarray] = {}  # tp -> start offset of each range in the flat array
