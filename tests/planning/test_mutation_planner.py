@@ -1,0 +1,93 @@
+"""Global-planner properties found by the whole-file mutation run of `libra/planning/planner.py` (docs/testing.md,
+"Mutation testing"): a bucket whose ending requests have no tail is charged none."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from libra.planning import GlobalPlanner, PlannerOptions
+from libra.spec import RLSettings, SpecError, WorkloadProfile
+from tests.planning.instances import sized_cost_model, skewed_groups
+
+TPS = (1, 2, 4, 8)
+PER_GROUP = 4
+
+
+def _prompt_only_first_groups(seed: int, routing: str, tool_s: float):
+    """A planner and a profile whose length groups each hold `PER_GROUP` identical requests, the shorter groups
+    prompt-only (no decoded token, no turn: a request that ends with its prompt), the longer ones decoding with
+    turns that grow with length (so the DP's group means are the requests themselves and a bucket's longest
+    chain is its last group's)."""
+    cm, rng = sized_cost_model(31_000 + seed, max_gpus=12)
+    groups = skewed_groups(rng, max_groups=4, longest=cm.rollout.kv_capacity_tokens(1) * float(rng.uniform(0.5, 2.0)))
+    silent = int(rng.integers(1, len(groups))) if len(groups) > 1 else 0
+    turns = np.maximum.accumulate([g.mean_turns for g in groups])
+    gens = np.maximum.accumulate([g.max_total * g.mean_gen / g.mean_total for g in groups])
+    shapes = [
+        (g.max_total, 0.0 if k < silent else float(gen), 0.0 if k < silent else float(t))
+        for k, (g, gen, t) in enumerate(zip(groups, gens, turns, strict=True))
+    ]
+    profile = WorkloadProfile.build(name="prompt-only", shapes=shapes * PER_GROUP, mean_tool_time_s=tool_s)
+    tps = tuple(tp for tp in TPS if tp <= cm.cluster.gpus_per_node)
+    planner = GlobalPlanner(
+        cluster=cm.cluster,
+        model=cm.model,
+        rl=RLSettings(num_prompts=len(shapes), samples_per_prompt=PER_GROUP),
+        coeffs=cm.coeffs,
+        options=PlannerOptions(tp_degrees=tps, num_groups=len(shapes), routing=routing),
+    )
+    return planner, profile, silent
+
+
+def _requests_of(profile: WorkloadProfile, lo: int, hi: int) -> WorkloadProfile:
+    """The requests lo..hi-1 of a profile (sorted by length), with its tool latency."""
+    return WorkloadProfile(
+        name=f"{profile.name}[{lo}:{hi}]",
+        total_lengths=profile.total_lengths[lo:hi],
+        gen_tokens=profile.gen_tokens[lo:hi],
+        turns=profile.turns[lo:hi],
+        mean_tool_time_s=profile.mean_tool_time_s,
+    )
+
+
+def _with_batch(planner: GlobalPlanner, requests: int) -> GlobalPlanner:
+    """The same planner with a global batch of `requests` (one prompt per request)."""
+    return GlobalPlanner(
+        cluster=planner.cluster,
+        model=planner.model,
+        rl=RLSettings(num_prompts=requests, samples_per_prompt=1),
+        coeffs=planner.cost_model.coeffs,
+        options=planner.options,
+    )
+
+
+def test_a_bucket_whose_requests_decode_nothing_has_no_tail() -> None:
+    """A bucket in which only prompt-only requests end (no decoded token, no tool turn) has no tail chain: its
+    longest chain is 0 tokens and 0 turns, not one of each. Under final-length routing each bucket serves only the
+    requests that end in it, so scoring a bucket plan of the DP's table on the requests of one bucket alone (a
+    planner whose global batch is their number) gives that bucket's own time; with identical requests per length
+    group, `rollout_time` on raw requests is the DP's model, so it must be the table's time, for the prompt-only
+    first bucket as for every other."""
+    checked = 0
+    for seed in range(20):
+        planner, profile, silent = _prompt_only_first_groups(seed, "final-length", (0.0, 2.0, 40.0)[seed % 3])
+        if silent == 0:
+            continue
+        try:
+            table = planner.tables(profile).rollout
+        except SpecError:
+            continue
+        for limit in table.candidates(0.0, math.inf)[::3]:
+            gpus, buckets = table.min_gpus(float(limit))
+            if not math.isfinite(gpus) or buckets[0].stop > silent:
+                continue
+            instances = table.instance_groups(buckets)
+            for b in buckets:
+                part = _requests_of(profile, b.start * PER_GROUP, b.stop * PER_GROUP)
+                alone = _with_batch(planner, part.num_samples)
+                assert alone.rollout_time(instances, part) == pytest.approx(b.time_s, rel=1e-9), (seed, limit, b)
+            checked += 1
+    assert checked >= 15, checked
