@@ -1,5 +1,7 @@
 """Global-planner properties found by the whole-file mutation run of `libra/planning/planner.py` (docs/testing.md,
-"Mutation testing"): a bucket whose ending requests have no tail is charged none."""
+"Mutation testing"): a bucket whose ending requests have no tail is charged none, the profile is a sample of the
+batch (only its shape counts), a bucket no request reaches changes nothing under final-length routing, training that
+no longer fits memory scores infinite, and `replan` keeps the current plan's GPU count."""
 
 from __future__ import annotations
 
@@ -16,14 +18,14 @@ TPS = (1, 2, 4, 8)
 PER_GROUP = 4
 
 
-def _prompt_only_first_groups(seed: int, routing: str, tool_s: float):
+def _prompt_only_first_groups(seed: int, routing: str, tool_s: float, prompt_only: bool = True):
     """A planner and a profile whose length groups each hold `PER_GROUP` identical requests, the shorter groups
     prompt-only (no decoded token, no turn: a request that ends with its prompt), the longer ones decoding with
     turns that grow with length (so the DP's group means are the requests themselves and a bucket's longest
     chain is its last group's)."""
     cm, rng = sized_cost_model(31_000 + seed, max_gpus=12)
     groups = skewed_groups(rng, max_groups=4, longest=cm.rollout.kv_capacity_tokens(1) * float(rng.uniform(0.5, 2.0)))
-    silent = int(rng.integers(1, len(groups))) if len(groups) > 1 else 0
+    silent = int(rng.integers(1, len(groups))) if len(groups) > 1 and prompt_only else 0
     turns = np.maximum.accumulate([g.mean_turns for g in groups])
     gens = np.maximum.accumulate([g.max_total * g.mean_gen / g.mean_total for g in groups])
     shapes = [
@@ -91,3 +93,94 @@ def test_a_bucket_whose_requests_decode_nothing_has_no_tail() -> None:
                 assert alone.rollout_time(instances, part) == pytest.approx(b.time_s, rel=1e-9), (seed, limit, b)
             checked += 1
     assert checked >= 15, checked
+
+
+def _plans(routing: str, seeds: range = range(20)):
+    """(planner, profile, plan) of the instances that have a plan, requests decoding as usual."""
+    for seed in seeds:
+        planner, profile, _ = _prompt_only_first_groups(seed, routing, (0.0, 2.0, 40.0)[seed % 3], prompt_only=False)
+        try:
+            yield planner, profile, planner.plan(profile)
+        except SpecError:
+            continue
+
+
+def test_the_profile_is_a_sample_of_the_batch() -> None:
+    """The profile's requests stand for the global batch: every request repeated twice is the same workload, so
+    every plan of the table scores the same (the per-instance requests, decoded and prefilled tokens are scaled
+    by batch / samples, not divided by it)."""
+    checked = 0
+    for routing in ("start-small", "final-length"):
+        for planner, profile, plan in _plans(routing, range(8)):
+            twice = WorkloadProfile.build(
+                name="twice",
+                shapes=list(zip(profile.total_lengths, profile.gen_tokens, profile.turns, strict=True)) * 2,
+                mean_tool_time_s=profile.mean_tool_time_s,
+            )
+            got = planner.rollout_time(plan.rollout.instances, twice)
+            assert got == pytest.approx(planner.rollout_time(plan.rollout.instances, profile), rel=1e-12)
+            assert got == pytest.approx(plan.rollout.time_s, rel=1e-9)
+            checked += 1
+    assert checked >= 8, checked
+
+
+def test_under_final_length_a_bucket_no_request_ends_in_changes_nothing() -> None:
+    """Under final-length routing a bucket serves only the requests that end in it, so a plan scored on requests
+    that all outgrew its first bucket takes as long as its other buckets alone (the empty bucket is skipped and
+    the ones after it are still scored)."""
+    checked = 0
+    for planner, profile, plan in _plans("final-length"):
+        instances = plan.rollout.instances
+        if len(instances) < 2:
+            continue
+        first = instances[0].max_tokens
+        longer = [k for k, t in enumerate(profile.total_lengths) if t > first]
+        part = _requests_of(profile, longer[0], len(profile.total_lengths))
+        alone = _with_batch(planner, part.num_samples)
+        got = alone.rollout_time(instances, part)
+        assert 0.0 < got < math.inf
+        assert got == alone.rollout_time(instances[1:], part)
+        checked += 1
+    assert checked >= 5, checked
+
+
+def test_training_that_no_longer_fits_memory_scores_infinite() -> None:
+    """`evaluate` of a plan on a workload whose sequences no longer fit its training layout's memory: the
+    training time is infinite (a float), not a missing value."""
+    found = 0
+    for planner, profile, plan in _plans("start-small"):
+        longer = WorkloadProfile.build(
+            name="longer",
+            shapes=[(t * 64, g * 64, 1.0) for t, g in zip(profile.total_lengths, profile.gen_tokens, strict=True)],
+        )
+        batch = planner.batch_stats(longer)
+        tr, training = plan.train, planner.cost_model.training
+        if training.fits(training.memory_bytes(tr.tp, tr.pp, tr.dp, tr.ep, tr.micro_batch, tr.recompute, batch)):
+            continue
+        train_s, _ = planner.evaluate(plan, longer)
+        assert train_s == math.inf
+        found += 1
+    assert found >= 3, found
+
+
+def test_replan_keeps_the_gpu_count_and_looks_ten_steps_ahead() -> None:
+    """`replan` plans the candidate on the current plan's GPUs (not the whole cluster), and by default weighs the
+    per-step gain over 10 steps (the runtime's default horizon)."""
+    checked = 0
+    for planner, profile, _ in _plans("start-small"):
+        total = planner.cluster.num_gpus
+        if total < 4:
+            continue
+        try:
+            current = planner.plan(profile, num_gpus=total - 1)
+        except SpecError:
+            continue
+        drifted = WorkloadProfile.build(
+            name="drifted",
+            shapes=[(t * 1.5, g * 1.5, 1.0) for t, g in zip(profile.total_lengths, profile.gen_tokens, strict=True)],
+        )
+        candidate, decision = planner.replan(current, drifted)
+        assert candidate.num_gpus == current.num_gpus == total - 1
+        assert decision.saving_s == (decision.current_s - decision.candidate_s) * 10
+        checked += 1
+    assert checked >= 3, checked
