@@ -18,11 +18,11 @@ TPS = (1, 2, 4, 8)
 PER_GROUP = 4
 
 
-def _prompt_only_first_groups(seed: int, routing: str, tool_s: float, prompt_only: bool = True):
+def _prompt_only_first_groups(seed: int, routing: str, tool_s: float, prompt_only: bool = True, **coeffs):
     """A planner and a profile whose length groups each hold `PER_GROUP` identical requests, the shorter groups
     prompt-only (no decoded token, no turn: a request that ends with its prompt), the longer ones decoding with
     turns that grow with length (so the DP's group means are the requests themselves and a bucket's longest
-    chain is its last group's)."""
+    chain is its last group's). `coeffs`: cost coefficients to change."""
     cm, rng = sized_cost_model(31_000 + seed, max_gpus=12)
     groups = skewed_groups(rng, max_groups=4, longest=cm.rollout.kv_capacity_tokens(1) * float(rng.uniform(0.5, 2.0)))
     silent = int(rng.integers(1, len(groups))) if len(groups) > 1 and prompt_only else 0
@@ -38,7 +38,7 @@ def _prompt_only_first_groups(seed: int, routing: str, tool_s: float, prompt_onl
         cluster=cm.cluster,
         model=cm.model,
         rl=RLSettings(num_prompts=len(shapes), samples_per_prompt=PER_GROUP),
-        coeffs=cm.coeffs,
+        coeffs=cm.coeffs.replace(**coeffs),
         options=PlannerOptions(tp_degrees=tps, num_groups=len(shapes), routing=routing),
     )
     return planner, profile, silent
@@ -184,3 +184,34 @@ def test_replan_keeps_the_gpu_count_and_looks_ten_steps_ahead() -> None:
         assert decision.saving_s == (decision.current_s - decision.candidate_s) * 10
         checked += 1
     assert checked >= 3, checked
+
+
+def test_requests_shorter_than_one_token_are_scored_as_the_dp_scores_them() -> None:
+    """Token counts are floats (a profile may hold averages): a first length group of half-token requests that
+    decode a tenth of a token each is scored by `rollout_time` as the DP scores it, bucket by bucket (under
+    final-length routing, as above): its decoded share is 0.2 of its length, not of one token, and its resident
+    context is weighted by its 0.4 decoded tokens, not by one (no per-request engine cost here: it would hide the
+    decode time of so few tokens)."""
+    checked = 0
+    for seed in range(20):
+        planner, profile, _ = _prompt_only_first_groups(
+            seed, "final-length", 0.0, prompt_only=False, per_request_overhead_s=0.0
+        )
+        shapes = list(zip(profile.total_lengths, profile.gen_tokens, profile.turns, strict=True))
+        shapes[:PER_GROUP] = [(0.5, 0.1, 1.0)] * PER_GROUP
+        tiny = WorkloadProfile.build(name="tiny", shapes=shapes)
+        try:
+            table = planner.tables(tiny).rollout
+        except SpecError:
+            continue
+        for limit in table.candidates(0.0, math.inf)[::2]:
+            gpus, buckets = table.min_gpus(float(limit))
+            if not math.isfinite(gpus) or buckets[0].stop > 1:
+                continue
+            instances = table.instance_groups(buckets)
+            b = buckets[0]
+            part = _requests_of(tiny, 0, PER_GROUP)
+            alone = _with_batch(planner, part.num_samples)
+            assert alone.rollout_time(instances, part) == pytest.approx(b.time_s, rel=1e-9), (seed, limit, b)
+            checked += 1
+    assert checked >= 12, checked
