@@ -215,3 +215,20 @@ def test_requests_shorter_than_one_token_are_scored_as_the_dp_scores_them() -> N
             assert alone.rollout_time(instances, part) == pytest.approx(b.time_s, rel=1e-9), (seed, limit, b)
             checked += 1
     assert checked >= 12, checked
+
+
+def test_the_lower_bound_is_both_sides_least_gpu_seconds_over_the_budget() -> None:
+    """`lower_bound_s` is (W_train + W_rollout) / G (the module's definition): W_train the least GPU-seconds of any
+    training layout on fewer than G GPUs (each GPU count's best layout from the tree search, not the frontier the
+    planner reads), W_rollout the rollout's fluid bound; and no plan beats it."""
+    checked = 0
+    for planner, profile, plan in _plans("start-small", range(10)):
+        budget = plan.num_gpus
+        tab = planner.tables(profile)
+        layouts = [tab.search.best(g) for g in range(1, budget)]
+        train = min(c.num_gpus * c.time_s for c in layouts if c is not None)
+        expected = (train + tab.rollout.fluid_gpu_seconds()) / budget
+        assert plan.lower_bound_s == pytest.approx(expected, rel=1e-12)
+        assert plan.lower_bound_s <= plan.makespan_s
+        checked += 1
+    assert checked >= 5, checked
