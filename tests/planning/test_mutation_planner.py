@@ -5,12 +5,14 @@ no longer fits memory scores infinite, and `replan` keeps the current plan's GPU
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
 import pytest
 
 from libra.planning import GlobalPlanner, PlannerOptions
+from libra.planning.rollout_dp import BucketChoice
 from libra.spec import RLSettings, SpecError, WorkloadProfile
 from tests.planning.instances import sized_cost_model, skewed_groups
 
@@ -232,3 +234,36 @@ def test_the_lower_bound_is_both_sides_least_gpu_seconds_over_the_budget() -> No
         assert plan.lower_bound_s <= plan.makespan_s
         checked += 1
     assert checked >= 5, checked
+
+
+def test_spare_gpus_only_go_where_they_make_a_bucket_faster() -> None:
+    """Spare GPUs are handed out one instance at a time, and only to a bucket that the instance makes strictly
+    faster. With 40-s tool calls a later bucket's time is often its queued tail, which one more instance does not
+    shorten (the same time to the bit): such a bucket gets none. Every two-bucket split of the table, one instance
+    per bucket, 8 spare GPUs."""
+    flat = 0
+    for seed in range(8):
+        planner, profile, _ = _prompt_only_first_groups(seed, "start-small", 40.0, prompt_only=False)
+        try:
+            table = planner.tables(profile).rollout
+        except SpecError:
+            continue
+        q = len(table.groups)
+        for split in range(1, q):
+            for tps in itertools.product(table.tp_degrees, repeat=2):
+                ranges = ((0, split), (split, q))
+                times = [table.time(a, b, tp, 1) for (a, b), tp in zip(ranges, tps, strict=True)]
+                if not all(math.isfinite(t) for t in times):
+                    continue
+                buckets = [
+                    BucketChoice(start=a, stop=b, tp=tp, count=1, time_s=t)
+                    for (a, b), tp, t in zip(ranges, tps, times, strict=True)
+                ]
+                used = sum(tps)
+                flat += any(table.time(b.start, b.stop, b.tp, 2) == b.time_s for b in buckets)
+                filled = GlobalPlanner._fill_spares(table, buckets, used + 8)
+                assert sum(x.tp * x.count for x in filled) <= used + 8
+                for b, x in zip(buckets, filled, strict=True):
+                    for count in range(b.count + 1, x.count + 1):
+                        assert table.time(x.start, x.stop, x.tp, count) < table.time(x.start, x.stop, x.tp, count - 1)
+    assert flat >= 10, flat
