@@ -7,24 +7,29 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 
+import attrs
 import numpy as np
 import pytest
 
 from libra.planning import GlobalPlanner, PlannerOptions
+from libra.planning.planner import PlanningError
 from libra.planning.rollout_dp import BucketChoice
-from libra.spec import RLSettings, SpecError, WorkloadProfile
+from libra.spec import ModelSpec, RLSettings, SpecError, WorkloadProfile
 from tests.planning.instances import sized_cost_model, skewed_groups
 
 TPS = (1, 2, 4, 8)
 PER_GROUP = 4
 
 
-def _prompt_only_first_groups(seed: int, routing: str, tool_s: float, prompt_only: bool = True, **coeffs):
+def _prompt_only_first_groups(
+    seed: int, routing: str, tool_s: float, prompt_only: bool = True, delay: float = 0.5, **coeffs
+):
     """A planner and a profile whose length groups each hold `PER_GROUP` identical requests, the shorter groups
     prompt-only (no decoded token, no turn: a request that ends with its prompt), the longer ones decoding with
     turns that grow with length (so the DP's group means are the requests themselves and a bucket's longest
-    chain is its last group's). `coeffs`: cost coefficients to change."""
+    chain is its last group's). `delay`: the admission delay; `coeffs`: cost coefficients to change."""
     cm, rng = sized_cost_model(31_000 + seed, max_gpus=12)
     groups = skewed_groups(rng, max_groups=4, longest=cm.rollout.kv_capacity_tokens(1) * float(rng.uniform(0.5, 2.0)))
     silent = int(rng.integers(1, len(groups))) if len(groups) > 1 and prompt_only else 0
@@ -41,7 +46,7 @@ def _prompt_only_first_groups(seed: int, routing: str, tool_s: float, prompt_onl
         model=cm.model,
         rl=RLSettings(num_prompts=len(shapes), samples_per_prompt=PER_GROUP),
         coeffs=cm.coeffs.replace(**coeffs),
-        options=PlannerOptions(tp_degrees=tps, num_groups=len(shapes), routing=routing),
+        options=PlannerOptions(tp_degrees=tps, num_groups=len(shapes), routing=routing, admission_delay=delay),
     )
     return planner, profile, silent
 
@@ -248,22 +253,135 @@ def test_spare_gpus_only_go_where_they_make_a_bucket_faster() -> None:
             table = planner.tables(profile).rollout
         except SpecError:
             continue
-        q = len(table.groups)
-        for split in range(1, q):
-            for tps in itertools.product(table.tp_degrees, repeat=2):
-                ranges = ((0, split), (split, q))
-                times = [table.time(a, b, tp, 1) for (a, b), tp in zip(ranges, tps, strict=True)]
-                if not all(math.isfinite(t) for t in times):
-                    continue
-                buckets = [
+        for buckets in _two_bucket_splits(table):
+            used = sum(b.tp for b in buckets)
+            flat += any(table.time(b.start, b.stop, b.tp, 2) == b.time_s for b in buckets)
+            filled = GlobalPlanner._fill_spares(table, buckets, used + 8)
+            assert sum(x.tp * x.count for x in filled) <= used + 8
+            for b, x in zip(buckets, filled, strict=True):
+                for count in range(b.count + 1, x.count + 1):
+                    assert table.time(x.start, x.stop, x.tp, count) < table.time(x.start, x.stop, x.tp, count - 1)
+    assert flat >= 10, flat
+
+
+def _two_bucket_splits(table):
+    """Every split of the table's groups into two buckets, each one instance of each usable TP degree."""
+    q = len(table.groups)
+    for split in range(1, q):
+        for tps in itertools.product(table.tp_degrees, repeat=2):
+            ranges = ((0, split), (split, q))
+            times = [table.time(a, b, tp, 1) for (a, b), tp in zip(ranges, tps, strict=True)]
+            if all(math.isfinite(t) for t in times):
+                yield [
                     BucketChoice(start=a, stop=b, tp=tp, count=1, time_s=t)
                     for (a, b), tp, t in zip(ranges, tps, times, strict=True)
                 ]
-                used = sum(tps)
-                flat += any(table.time(b.start, b.stop, b.tp, 2) == b.time_s for b in buckets)
-                filled = GlobalPlanner._fill_spares(table, buckets, used + 8)
-                assert sum(x.tp * x.count for x in filled) <= used + 8
-                for b, x in zip(buckets, filled, strict=True):
-                    for count in range(b.count + 1, x.count + 1):
-                        assert table.time(x.start, x.stop, x.tp, count) < table.time(x.start, x.stop, x.tp, count - 1)
-    assert flat >= 10, flat
+
+
+def test_the_admission_delay_reaches_the_rollout_table() -> None:
+    """With a non-default admission delay (0.8), every two-bucket plan of the DP's table scored on its own
+    workload gets its own times: the table and `rollout_time` both price the queued tail with the planner's delay
+    (40-s tool calls, so the tail is what sets the later bucket's time)."""
+    checked = 0
+    for seed in range(6):
+        planner, profile, _ = _prompt_only_first_groups(seed, "start-small", 40.0, prompt_only=False, delay=0.8)
+        try:
+            table = planner.tables(profile).rollout
+        except SpecError:
+            continue
+        for buckets in _two_bucket_splits(table):
+            got = planner.rollout_time(table.instance_groups(buckets), profile)
+            assert got == pytest.approx(max(b.time_s for b in buckets), rel=1e-9), (seed, buckets)
+            checked += 1
+    assert checked >= 10, checked
+
+
+def test_the_given_cost_coefficients_are_the_ones_used() -> None:
+    """The same plan scored by a planner whose per-request engine cost is 10x larger takes longer (the planner
+    prices with the coefficients it is given, not the defaults)."""
+    planner, profile, plan = next(_plans("start-small"))
+    coeffs = planner.cost_model.coeffs
+    costly = GlobalPlanner(
+        cluster=planner.cluster,
+        model=planner.model,
+        rl=planner.rl,
+        coeffs=coeffs.replace(per_request_overhead_s=10 * coeffs.per_request_overhead_s),
+        options=planner.options,
+    )
+    assert costly.cost_model.coeffs.per_request_overhead_s == 10 * coeffs.per_request_overhead_s > 0
+    assert costly.rollout_time(plan.rollout.instances, profile) > planner.rollout_time(plan.rollout.instances, profile)
+
+
+def test_the_memo_returns_each_profiles_own_tables() -> None:
+    """Tables are memoised per (profile, TP degrees): an equal profile (another object) gets the memoised tables,
+    a different profile gets its own (the same as a fresh planner's), never another profile's."""
+    planner, profile, _ = _prompt_only_first_groups(2, "start-small", 0.0, prompt_only=False)
+    other = WorkloadProfile.build(
+        name="other",
+        shapes=[(t * 1.5, g, 1.0) for t, g in zip(profile.total_lengths, profile.gen_tokens, strict=True)],
+    )
+    first = planner.tables(profile)
+    assert planner.tables(attrs.evolve(profile)) is first  # equal, not identical
+    second = planner.tables(other)
+    assert second is not first
+    assert second.groups == _with_batch(planner, planner.rl.global_batch).tables(other).groups != first.groups
+    assert planner.tables(profile) is first
+
+
+def test_tp_degrees_outside_a_node_or_none_at_all_are_clear_errors() -> None:
+    planner, profile, _ = _prompt_only_first_groups(3, "start-small", 0.0, prompt_only=False)
+    node = planner.cluster.gpus_per_node
+    with pytest.raises(
+        SpecError, match=rf"TP degree\(s\) \[{2 * node}\] must be between 1 and the GPUs per node \({node}\)"
+    ):
+        planner.tables(profile, tp_degrees=(1, 2 * node))
+    with pytest.raises(SpecError, match=r"TP degree\(s\) \[0\] must be between 1"):
+        planner.tables(profile, tp_degrees=(0, 1))
+    empty = GlobalPlanner(
+        cluster=planner.cluster, model=planner.model, rl=planner.rl, options=PlannerOptions(tp_degrees=())
+    )
+    with pytest.raises(SpecError, match=f"no rollout TP degree divides the {planner.model.num_heads} attention heads"):
+        empty.tables(profile)
+
+
+def test_the_solve_time_is_the_time_the_call_took() -> None:
+    planner, profile, _ = next(_plans("start-small"))
+    before = time.perf_counter()
+    plan = planner.plan(profile)
+    assert 0.0 < plan.solve_time_s <= time.perf_counter() - before
+
+
+def test_no_plan_errors_when_training_fits_nowhere_or_both_sides_only_apart() -> None:
+    """No layout trains the model at all: the error says so. Training and rollout each fit on the budget but not
+    together: the error gives both sides' least GPU counts."""
+    apart = 0
+    for seed in range(20):
+        planner, profile, _ = _prompt_only_first_groups(seed, "start-small", 0.0, prompt_only=False)
+        tab = planner.tables(profile)
+        finite = np.isfinite(tab.train_runmin)
+        if not finite.any():
+            continue
+        train_min = int(np.argmax(finite))
+        rollout_min = tab.rollout.min_gpus(math.inf)[0]
+        budget = int(train_min + rollout_min - 1) if math.isfinite(rollout_min) else 0
+        if budget <= train_min or budget < 2 or budget > planner.cluster.num_gpus:
+            continue
+        with pytest.raises(
+            PlanningError, match=f"training needs at least {train_min} and rollout at least {rollout_min:.0f} "
+        ):
+            planner.plan(profile, num_gpus=budget)
+        apart += 1
+    assert apart >= 3, apart
+    huge = ModelSpec(
+        name="huge",
+        num_layers=4,
+        hidden_size=8192,
+        num_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        ffn_hidden_size=65536,
+        vocab_size=256_000,
+    )
+    planner = GlobalPlanner(cluster=planner.cluster, model=huge, rl=planner.rl, coeffs=planner.cost_model.coeffs)
+    with pytest.raises(PlanningError, match=r"huge cannot be trained on \d+ .* no layout fits memory"):
+        planner.plan(profile)
