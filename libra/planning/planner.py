@@ -120,6 +120,11 @@ class GlobalPlanner:
     def tables(self, profile: WorkloadProfile, tp_degrees: tuple[int, ...] | None = None) -> _Tables:
         node = self.cluster.gpus_per_node
         tps = tuple(sorted(tp_degrees or (tp for tp in self.options.tp_degrees if tp <= node)))
+        if not tps:
+            raise SpecError(
+                f"no rollout TP degree to plan with: the planner's options give {list(self.options.tp_degrees)} "
+                f"and a node holds {node} GPUs"
+            )
         bad = [tp for tp in tps if tp < 1 or tp > self.cluster.gpus_per_node]
         if bad:
             raise SpecError(f"TP degree(s) {bad} must be between 1 and the GPUs per node ({node})")

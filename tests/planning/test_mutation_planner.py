@@ -337,11 +337,12 @@ def test_tp_degrees_outside_a_node_or_none_at_all_are_clear_errors() -> None:
         planner.tables(profile, tp_degrees=(1, 2 * node))
     with pytest.raises(SpecError, match=r"TP degree\(s\) \[0\] must be between 1"):
         planner.tables(profile, tp_degrees=(0, 1))
-    empty = GlobalPlanner(
-        cluster=planner.cluster, model=planner.model, rl=planner.rl, options=PlannerOptions(tp_degrees=())
-    )
-    with pytest.raises(SpecError, match=f"no rollout TP degree divides the {planner.model.num_heads} attention heads"):
-        empty.tables(profile)
+    for given in ((), (2 * node,)):  # none at all, or none that fits in a node: the error names that cause
+        empty = GlobalPlanner(
+            cluster=planner.cluster, model=planner.model, rl=planner.rl, options=PlannerOptions(tp_degrees=given)
+        )
+        with pytest.raises(SpecError, match=rf"no rollout TP degree to plan with: .* a node holds {node} GPUs"):
+            empty.tables(profile)
 
 
 def test_the_solve_time_is_the_time_the_call_took() -> None:
