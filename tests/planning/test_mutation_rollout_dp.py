@@ -108,7 +108,7 @@ def test_every_table_entry_is_the_direct_bucket_time(routing: str) -> None:
         )
         checked += _check_every_entry(cm, table, groups, tps, latency, routing)
         middle += len(groups) >= 3
-    assert checked > 500 and middle >= 4, (checked, middle)
+    assert checked > 1000 and middle >= 8, (checked, middle)  # about 1,700 and 11
 
 
 class _IdleCharged:
@@ -146,7 +146,7 @@ def test_the_table_is_a_running_minimum_over_the_count(routing: str) -> None:
             for a, b in zip(offsets[:-1], offsets[1:], strict=True):
                 assert np.all(np.diff(times[a:b]) <= 0)
                 rising += bool(np.any(np.diff(times[a:b]) == 0))  # held: the raw times rose
-    assert rising >= 10, rising
+    assert rising >= 50, rising  # 169 and 100 on these instances
 
 
 def test_the_default_tool_latency_is_zero() -> None:
@@ -162,7 +162,7 @@ def test_ties_between_degrees_keep_the_smaller_degree() -> None:
     """`min_gpus` picks per range the TP degree needing the fewest GPUs; on a tie (e.g. two TP-1 instances or one
     TP-2 instance) the smaller degree, which the bucket then reports."""
     ties = 0
-    for seed in range(30):
+    for seed in range(80):
         cm, groups, tps = _instance(seed, max_groups=4)
         table = RolloutTable(cm.rollout, groups, tp_degrees=tps, max_gpus=cm.cluster.num_gpus)
         values = np.unique(np.concatenate([t[np.isfinite(t)] for t in table.times.values()]))
@@ -177,7 +177,7 @@ def test_ties_between_degrees_keep_the_smaller_degree() -> None:
                 assert b.tp * b.count == min(gpus.values())
                 assert b.tp == min(tp for tp, g in gpus.items() if g == b.tp * b.count), (seed, limit, gpus)
                 ties += sum(g == b.tp * b.count for g in gpus.values()) > 1
-    assert ties >= 20, ties
+    assert ties >= 30, ties  # 60 on these instances
 
 
 def test_instance_groups_cover_the_lengths_bucket_by_bucket() -> None:
