@@ -28,7 +28,7 @@ declare -A files=(
 )
 declare -A tests=(
   [train_tree]="tests/planning/test_train_tree.py tests/planning/test_train_tree_layouts.py tests/planning/test_mutation_train_tree.py"
-  [rollout_dp]="tests/planning/test_rollout_and_planner.py tests/planning/test_rollout_bounds.py tests/planning/test_rollout_table.py"
+  [rollout_dp]="tests/planning/test_rollout_and_planner.py tests/planning/test_rollout_bounds.py tests/planning/test_rollout_table.py tests/planning/test_mutation_rollout_dp.py"
   [planner]="tests/planning/test_rollout_and_planner.py tests/planning/test_planner_details.py tests/planning/test_mutation_planner.py"
   [replan]="tests/planning/test_replan.py tests/planning/test_rollout_and_planner.py"
   [cmlfq]="tests/scheduling/test_router.py tests/scheduling/test_cmlfq_decisions.py tests/scheduling/test_golden.py"  # test_evaluate.py: 200 s per mutant

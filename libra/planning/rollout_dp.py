@@ -207,8 +207,8 @@ class RolloutTable:
         limits' answers) narrows the search; the answer is the same with or without it."""
         pos = self._first_within(limit, bracket)
         starts, ends = self._all_starts, self._all_ends
-        slower, caps = pos - starts, ends - starts  # per range, how many counts are slower than `limit`
-        counts = np.where((caps > 0) & (slower < caps), slower + 1, 0)
+        slower, caps = pos - starts, ends - starts  # per range, how many counts are slower than `limit` (>= 0)
+        counts = np.where(slower < caps, slower + 1, 0)
         return dict(zip(self.times, np.split(counts, len(self.times)), strict=True)) if self.times else {}
 
     def _first_within(self, limit: float, bracket: CountBracket | None) -> np.ndarray:
@@ -220,7 +220,7 @@ class RolloutTable:
         pos = floor.copy()
         if len(self._all_times):
             last = len(self._all_times) - 1
-            widest = int(max(ceil - floor, default=0))
+            widest = int((ceil - floor).max())  # a table with entries has at least one range
             levels = self._levels if bracket is None else self._levels[self._levels <= max(widest, 1)]
             for step in levels:
                 cand = pos + step
