@@ -221,6 +221,10 @@ class CMLFQRouter(PricedRule, Router):
             walk.price = self._mix_price
         if self._budget is not None and walk.warm:
             walk.points = []
+        if walk.warm and self.rule == "priced":
+            # the limits' positions in the root's window for this prompt length and the request's mean length, read
+            # by `_priced` at every tool return (found again there if the root's window changes first)
+            self._root_ups(walk, self.tree.agnostic)
         return bucket
 
     def _admit_bucket(self, req: Request) -> int:

@@ -22,6 +22,11 @@ if TYPE_CHECKING:
     from libra.scheduling.shrinkage import ShrinkFit
 
 
+# more than half of the (blended) shares: the likeliest bucket, whatever the others hold (they sum to at most 1; the
+# margin covers the rounding of the shares, ~1e-15)
+_MAJORITY = 0.5 + 1e-9
+
+
 class PricedRule:
     """`CMLFQRouter`'s tool-return path when the rule is `priced` (module docstring)."""
 
@@ -68,11 +73,16 @@ class PricedRule:
         The hot path of the default preset (issue 14: under 10 us a call): the walk of `_tool_return`, `_select`,
         `_bucket_probs` (unscaled), the shrinkage blend of `_probabilities` and `_record` are written out here, each
         call costing about as much as the work it does; the same arithmetic in the same order, so the same decisions
-        (test_golden.py, test_fast_paths.py). The `scaled` fallback and an empty window take the general path."""
+        (test_golden.py, test_fast_paths.py). The `scaled` fallback and an empty window take the general path.
+
+        Two exits decide "stay" before all the shares are found (issue 14, decisions identical): a request that
+        already moved and keeps no decision points (no budget) stays whatever the shares; and when the bucket the
+        request was admitted to (where it still is, or it moved and its decision points are kept relative to that
+        bucket) holds more than half of the blended share, it is the likeliest bucket, so no move, no overflow move
+        and no decision point follows. Neither exit is taken on a return the shrinkage fit records."""
         code = self.tree.codec.encode(tool, tool_tokens, status)
         walk: Walk = req.state
         ctx = req.context
-        carried = ctx - tool_tokens
         m = self.min_count
         if walk.p_exact:  # (`_tool_return`'s walk)
             child = walk.p_node.children.get(code)  # type: ignore[union-attr]
@@ -88,6 +98,9 @@ class PricedRule:
                 walk.a_node, walk.a_ctx = child, ctx
         fit = self._fit
         record = fit is not None and fit.taken < fit.per_step and len(walk.calib) < fit.per_request
+        fast = self._inline and not record
+        if fast and req.migrations and walk.points is None:
+            return req.bucket, "stay"  # moved already (never twice) and no decision points to keep
         root = self.tree.agnostic
         # the node that stands for the request (`_select`, inline; no `scaled` fallback here, so no scale)
         p_node = walk.p_node
@@ -104,6 +117,7 @@ class PricedRule:
         else:
             node = None
         ordered = node.ordered if node is not None else None
+        mean = None
         if not ordered or self.fallback == "scaled" or not self._inline:  # (no node, an empty window, or scaled)
             probs = self._probabilities(walk, ctx, record=record)
             blend = self._blend
@@ -112,9 +126,57 @@ class PricedRule:
             blend = probs = None
             n = len(ordered)
             i = bisect_right(ordered, ctx - anchor - 1)
+            r_ordered = root.ordered
+            if walk.ups_of is not r_ordered or walk.ups_total != root.total:
+                self._root_ups(walk, root)  # (the root's window changed since they were found)
+            mean = walk.mean
             if i < n:
                 below = i / n
                 alive = 1.0 - below
+                shrink = self.shrink
+                r_below = rn = -1  # no blend (`r_below < rn`: a blend)
+                if shrink and node is not root:
+                    rn = len(r_ordered)
+                    r_below = bisect_right(r_ordered, ctx - walk.root_ctx - 1)  # (rn when none ran that long)
+                if fast:
+                    # the early exit (docstring): the blended share of the admission bucket `t`, by the same
+                    # arithmetic as the full pass below (there `below` is the share under the last limit whose
+                    # position passed the survivors', here that position `lo` directly: the positions grow with the
+                    # limits)
+                    t = walk.admitted
+                    if req.migrations or t == req.bucket:
+                        limits = self._floor_limits
+                        lo = i
+                        if t:
+                            j = bisect_right(ordered, limits[t - 1] - anchor)
+                            if j > lo:
+                                lo = j
+                        if t < len(limits):
+                            j = bisect_right(ordered, limits[t] - anchor)
+                            x = (j / n - lo / n) / alive if j > lo else 0.0
+                        else:  # the unbounded last bucket
+                            x = (1.0 - lo / n) / alive if lo < n else 0.0
+                        if r_below < rn:  # the blend with the population
+                            survivors = alive * n
+                            w = survivors / (survivors + shrink)
+                            v = 1.0 - w
+                            ups = walk.ups
+                            r_lo = r_below
+                            if t and ups[t - 1] > r_lo:  # type: ignore[index]
+                                r_lo = ups[t - 1]  # type: ignore[index]
+                            if t < len(ups):  # type: ignore[arg-type]
+                                up = ups[t]  # type: ignore[index]
+                                if up > r_lo:
+                                    x = w * x + v * ((up - r_lo) / (rn - r_below))
+                                else:
+                                    x = w * x + v * 0.0
+                            else:
+                                x = w * x + v * ((rn - r_lo) / (rn - r_below))
+                        if x > _MAJORITY:  # bucket t is the likeliest (the shares sum to at most 1)
+                            points = walk.points
+                            if points and points[-1] is None:
+                                points.pop()
+                            return req.bucket, "stay"
                 probs = []
                 for limit in self._floor_limits:
                     j = bisect_right(ordered, limit - anchor)
@@ -126,50 +188,72 @@ class PricedRule:
                         probs.append(0.0)
                 if len(probs) < len(self.limits):
                     probs.append((1.0 - below) / alive if below < 1.0 else 0.0)
-                shrink = self.shrink
-                if shrink and node is not root:  # the blend with the population (`_probabilities`)
+                if r_below < rn:  # the blend with the population (`_probabilities`)
                     survivors = alive * n
                     # `_root_probs(root, walk.root_ctx, ctx)`, inline; the bisections of the bucket limits depend
                     # only on the root's window and the request's anchor: made once per request and root window
-                    r_ordered = root.ordered
-                    rn = len(r_ordered)
-                    if rn:
-                        r_anchor = walk.root_ctx
-                        r_below = bisect_right(r_ordered, ctx - r_anchor - 1)
-                        if r_below < rn:  # (else `_root_probs` is None: no blend, no record)
-                            ups = walk.ups
-                            if ups is None or walk.ups_of is not r_ordered or walk.ups_total != root.total:
-                                ups = self._root_ups(walk, root)
-                            r_alive = rn - r_below
-                            if record:  # the fit's record: the root's shares are found at finish (`_resolved_calib`)
-                                blend = (probs, ctx, survivors)  # type: ignore[assignment]
-                            # each bucket's mix made as its population share is found (no prior list, no copy)
-                            w = survivors / (survivors + shrink)
-                            v = 1.0 - w
-                            mixed = []
-                            k = 0
-                            for upto in ups:
-                                if upto > r_below:
-                                    mixed.append(w * probs[k] + v * ((upto - r_below) / r_alive))
-                                    r_below = upto
-                                else:
-                                    mixed.append(w * probs[k] + v * 0.0)
-                                k += 1
-                            if k < len(probs):
-                                mixed.append(w * probs[k] + v * ((rn - r_below) / r_alive))
-                            probs = mixed
-                elif record and node is not root:
+                    r_alive = rn - r_below
+                    if record:  # the fit's record: the root's shares are found at finish (`_resolved_calib`)
+                        blend = (probs, ctx, survivors)  # type: ignore[assignment]
+                    # each bucket's mix made as its population share is found (no prior list, no copy)
+                    w = survivors / (survivors + shrink)
+                    v = 1.0 - w
+                    mixed = []
+                    k = 0
+                    for upto in walk.ups:  # type: ignore[union-attr]
+                        if upto > r_below:
+                            mixed.append(w * probs[k] + v * ((upto - r_below) / r_alive))
+                            r_below = upto
+                        else:
+                            mixed.append(w * probs[k] + v * 0.0)
+                        k += 1
+                    if k < len(probs):
+                        mixed.append(w * probs[k] + v * ((rn - r_below) / r_alive))
+                    probs = mixed
+                elif (
+                    record and node is not root and not shrink and r_ordered and ctx - walk.root_ctx - 1 < r_ordered[-1]
+                ):
                     # the fit's record without a blend: its population shares are found when the request finishes
                     # (`_resolved_calib`), off this path. Whether there are any (a trajectory of the root's window
                     # ran longer than the request has) is one comparison: `_root_probs` is None otherwise.
-                    r_ordered = root.ordered
-                    if r_ordered and ctx - walk.root_ctx - 1 < r_ordered[-1]:
-                        blend = (probs, ctx, alive * n)  # type: ignore[assignment]
+                    blend = (probs, ctx, alive * n)  # type: ignore[assignment]
             elif self.beyond == "root" and root.count:
                 # the request outlived every observation at its node (`_probabilities`): the root's shares from the
-                # context it had at admission, or, if it outlived them all too, the bucket of its context
-                probs = self._bucket_probs(root, walk.root_ctx, 1.0, ctx)
-                if probs is None:
+                # context it had at admission (`_bucket_probs(root, walk.root_ctx, 1.0, ctx)`, inline: the limits'
+                # positions are the walk's `ups`), or, if it outlived them all too, the bucket of its context
+                rn = len(r_ordered)
+                r_i = bisect_right(r_ordered, ctx - walk.root_ctx - 1)
+                if r_i < rn:
+                    below = r_i / rn
+                    alive = 1.0 - below
+                    ups = walk.ups
+                    if fast:  # the early exit (docstring), as on the node's window above
+                        t = walk.admitted
+                        if req.migrations or t == req.bucket:
+                            lo = r_i
+                            if t and ups[t - 1] > lo:  # type: ignore[index]
+                                lo = ups[t - 1]  # type: ignore[index]
+                            if t < len(ups):  # type: ignore[arg-type]
+                                j = ups[t]  # type: ignore[index]
+                                x = (j / rn - lo / rn) / alive if j > lo else 0.0
+                            else:  # the unbounded last bucket
+                                x = (1.0 - lo / rn) / alive if lo < rn else 0.0
+                            if x > _MAJORITY:
+                                points = walk.points
+                                if points and points[-1] is None:
+                                    points.pop()
+                                return req.bucket, "stay"
+                    probs = []
+                    for j in ups:  # type: ignore[union-attr]
+                        if j > r_i:
+                            upto = j / rn
+                            probs.append((upto - below) / alive)
+                            below, r_i = upto, j
+                        else:
+                            probs.append(0.0)
+                    if len(probs) < len(self.limits):
+                        probs.append((1.0 - below) / alive if below < 1.0 else 0.0)
+                else:
                     probs = [0.0] * len(self.limits)
                     probs[self.bucket_for(ctx)] = 1.0
         if record and blend is not None:
@@ -179,10 +263,12 @@ class PricedRule:
         if points and points[-1] is None:
             points.pop()
         if probs is None:
-            return self._priced_overflow(req, probs, carried)
+            return self._priced_overflow(req, probs, carried=ctx - tool_tokens)
         top = max(probs)
         best = probs.index(top)
-        mean = max(1.0, root.mean + req.prompt_tokens)  # _mean_length, inline
+        if mean is None:
+            mean = max(1.0, root.mean + req.prompt_tokens)  # _mean_length, inline
+        carried = ctx - tool_tokens
         if points is not None:
             # `_record`, inline: the price interval in which this return would move the request out of its
             # admission bucket (budget.py)
@@ -212,11 +298,12 @@ class PricedRule:
             return best, "overflow"
         return req.bucket, "stay"
 
-    def _root_ups(self, walk: Walk, root: Node) -> list[int]:
+    def _root_ups(self, walk: Walk, root: Node) -> None:
         """The positions of the bucket limits in the agnostic root's window for the request's anchor (the keys of
-        `_root_probs` and `_bucket_probs` at the root), kept on the walk with the window they were found in: a step
-        end's refresh sorts the root's window in place (and then its total grew) or replaces it. Requests with the
-        same prompt length share them (a router-wide table for the current window; never modified)."""
+        `_root_probs` and `_bucket_probs` at the root) and the request's mean trajectory length (`_mean_length`),
+        kept on the walk with the window they were found in: a step end's refresh sorts the root's window in place
+        (and then its total grew) or replaces it (and with it the root's mean). Requests with the same prompt length
+        share them (a router-wide table for the current window; never modified)."""
         r_ordered = root.ordered
         total = root.total
         table = self._ups_table
@@ -224,11 +311,12 @@ class PricedRule:
             table = self._ups_table = {}
             self._ups_of, self._ups_total = r_ordered, total
         anchor = walk.root_ctx
-        ups = table.get(anchor)
-        if ups is None:
-            ups = table[anchor] = [bisect_right(r_ordered, floor(x - anchor)) for x in self._finite_limits]
-        walk.ups, walk.ups_of, walk.ups_total = ups, r_ordered, total
-        return ups
+        found = table.get(anchor)
+        if found is None:
+            ups = [bisect_right(r_ordered, floor(x - anchor)) for x in self._finite_limits]
+            found = table[anchor] = (ups, max(1.0, root.mean + anchor))
+        walk.ups, walk.mean = found
+        walk.ups_of, walk.ups_total = r_ordered, total
 
     def _priced_overflow(self, req: Request, probs: list[float] | None, carried: int | None = None) -> tuple[int, str]:
         """Context beyond the bucket's limit: with no statistics, promote to the bucket of the context (a cold

@@ -28,6 +28,7 @@ class Walk:
         "ups",
         "ups_of",
         "ups_total",
+        "mean",
     )
 
     def __init__(self, p_node: Node | None, a_node: Node, ctx: int) -> None:
@@ -43,8 +44,9 @@ class Walk:
         # population shares for `_resolved_calib` (the context in their place)
         self.calib: list[tuple[list[float], list[float] | int, float]] = []
         self.guesses: tuple[int, ...] | None = None  # `admit_select` guesses of the admission experts (experts.py)
-        # the agnostic root's window positions of the bucket limits for this request's anchor (`_priced`), and the
-        # root window (list, total) they were found in
+        # the agnostic root's window positions of the bucket limits for this request's anchor (`_priced`), the
+        # request's mean trajectory length, and the root window (list, total) they were found in
         self.ups: list[int] | None = None
         self.ups_of: list[int] | None = None
         self.ups_total = 0
+        self.mean = 1.0  # the request's mean trajectory length (`_mean_length`) as of that root window
