@@ -76,20 +76,24 @@ class PricedRule:
         (test_golden.py, test_fast_paths.py). The `scaled` fallback and an empty window take the general path.
 
         Two exits decide "stay" before all the shares are found (issue 14, decisions identical): a request that
-        already moved and keeps no decision points (no budget) stays whatever the shares; and when the bucket the
-        request was admitted to (where it still is, or it moved and its decision points are kept relative to that
-        bucket) holds more than half of the blended share, it is the likeliest bucket, so no move, no overflow move
-        and no decision point follows. Neither exit is taken on a return the shrinkage fit records."""
+        already moved and keeps no decision points (no budget) stays whatever the shares, unless the shrinkage fit
+        records this return; and when the bucket the request was admitted to (where it still is, or it moved and
+        its decision points are kept relative to that bucket) holds more than half of the blended share, it is the
+        likeliest bucket, so no move, no overflow move and no decision point follows: only that bucket's share is
+        found (the fit's record, when it takes one, is made first, from the node's shares). Without an exit the
+        shares are found and blended in one pass (two when the fit records: it keeps the node's shares)."""
         code = self.tree.codec.encode(tool, tool_tokens, status)
         walk: Walk = req.state
         ctx = req.context
         m = self.min_count
+        node = None
         if walk.p_exact:  # (`_tool_return`'s walk)
             child = walk.p_node.children.get(code)  # type: ignore[union-attr]
             if child is None or child.count < m:
                 walk.p_exact = False
             else:
                 walk.p_node, walk.p_ctx = child, ctx
+                node = child  # on the prompt's path and seen: `_select`'s first choice
         if walk.a_exact:
             child = walk.a_node.children.get(code)
             if child is None or child.count < m:
@@ -98,24 +102,21 @@ class PricedRule:
                 walk.a_node, walk.a_ctx = child, ctx
         fit = self._fit
         record = fit is not None and fit.taken < fit.per_step and len(walk.calib) < fit.per_request
-        fast = self._inline and not record
-        if fast and req.migrations and walk.points is None:
+        if not record and req.migrations and walk.points is None and self._inline:
             return req.bucket, "stay"  # moved already (never twice) and no decision points to keep
         root = self.tree.agnostic
         # the node that stands for the request (`_select`, inline; no `scaled` fallback here, so no scale)
-        p_node = walk.p_node
-        a_node = walk.a_node
-        p_ok = p_node is not None and p_node.count >= m
-        if p_ok and walk.p_exact:
-            node, anchor = p_node, walk.p_ctx
-        elif walk.a_exact and self.fallback == "agnostic" and a_node.count >= m:
-            node, anchor = a_node, walk.a_ctx
-        elif p_ok:
-            node, anchor = p_node, walk.p_ctx
-        elif a_node.count >= m:
-            node, anchor = a_node, walk.a_ctx
-        else:
-            node = None
+        if node is not None:
+            anchor = ctx
+        else:  # (the prompt's path left the tree: `_select`'s first choice is out)
+            p_node = walk.p_node
+            a_node = walk.a_node
+            if walk.a_exact and self.fallback == "agnostic" and a_node.count >= m:
+                node, anchor = a_node, walk.a_ctx
+            elif p_node is not None and p_node.count >= m:
+                node, anchor = p_node, walk.p_ctx
+            elif a_node.count >= m:
+                node, anchor = a_node, walk.a_ctx
         ordered = node.ordered if node is not None else None
         mean = None
         if not ordered or self.fallback == "scaled" or not self._inline:  # (no node, an empty window, or scaled)
@@ -138,85 +139,124 @@ class PricedRule:
                 if shrink and node is not root:
                     rn = len(r_ordered)
                     r_below = bisect_right(r_ordered, ctx - walk.root_ctx - 1)  # (rn when none ran that long)
-                if fast:
-                    # the early exit (docstring): the blended share of the admission bucket `t`, by the same
-                    # arithmetic as the full pass below (there `below` is the share under the last limit whose
-                    # position passed the survivors', here that position `lo` directly: the positions grow with the
-                    # limits)
-                    t = walk.admitted
-                    if req.migrations or t == req.bucket:
-                        limits = self._floor_limits
-                        lo = i
-                        if t:
-                            j = bisect_right(ordered, limits[t - 1] - anchor)
-                            if j > lo:
-                                lo = j
-                        if t < len(limits):
-                            j = bisect_right(ordered, limits[t] - anchor)
-                            x = (j / n - lo / n) / alive if j > lo else 0.0
-                        else:  # the unbounded last bucket
-                            x = (1.0 - lo / n) / alive if lo < n else 0.0
-                        if r_below < rn:  # the blend with the population
-                            survivors = alive * n
-                            w = survivors / (survivors + shrink)
-                            v = 1.0 - w
-                            ups = walk.ups
-                            r_lo = r_below
-                            if t and ups[t - 1] > r_lo:  # type: ignore[index]
-                                r_lo = ups[t - 1]  # type: ignore[index]
-                            if t < len(ups):  # type: ignore[arg-type]
-                                up = ups[t]  # type: ignore[index]
-                                if up > r_lo:
-                                    x = w * x + v * ((up - r_lo) / (rn - r_below))
-                                else:
-                                    x = w * x + v * 0.0
-                            else:
-                                x = w * x + v * ((rn - r_lo) / (rn - r_below))
-                        if x > _MAJORITY:  # bucket t is the likeliest (the shares sum to at most 1)
-                            points = walk.points
-                            if points and points[-1] is None:
-                                points.pop()
-                            return req.bucket, "stay"
-                probs = []
-                for limit in self._floor_limits:
-                    j = bisect_right(ordered, limit - anchor)
-                    if j > i:
-                        upto = j / n
-                        probs.append((upto - below) / alive)
-                        below, i = upto, j
-                    else:
-                        probs.append(0.0)
-                if len(probs) < len(self.limits):
-                    probs.append((1.0 - below) / alive if below < 1.0 else 0.0)
-                if r_below < rn:  # the blend with the population (`_probabilities`)
-                    survivors = alive * n
-                    # `_root_probs(root, walk.root_ctx, ctx)`, inline; the bisections of the bucket limits depend
-                    # only on the root's window and the request's anchor: made once per request and root window
-                    r_alive = rn - r_below
-                    if record:  # the fit's record: the root's shares are found at finish (`_resolved_calib`)
-                        blend = (probs, ctx, survivors)  # type: ignore[assignment]
-                    # each bucket's mix made as its population share is found (no prior list, no copy)
-                    w = survivors / (survivors + shrink)
-                    v = 1.0 - w
-                    mixed = []
-                    k = 0
-                    for upto in walk.ups:  # type: ignore[union-attr]
-                        if upto > r_below:
-                            mixed.append(w * probs[k] + v * ((upto - r_below) / r_alive))
-                            r_below = upto
+                    if r_below < rn:  # the blend's weights
+                        survivors = alive * n
+                        w = survivors / (survivors + shrink)
+                        v = 1.0 - w
+                t = walk.admitted
+                early = req.migrations or t == req.bucket  # (the early exit may apply)
+                if record:
+                    # the node's shares, kept whole for the fit's record (blended below)
+                    probs = []
+                    for limit in self._floor_limits:
+                        j = bisect_right(ordered, limit - anchor)
+                        if j > i:
+                            upto = j / n
+                            probs.append((upto - below) / alive)
+                            below, i = upto, j
                         else:
-                            mixed.append(w * probs[k] + v * 0.0)
-                        k += 1
-                    if k < len(probs):
-                        mixed.append(w * probs[k] + v * ((rn - r_below) / r_alive))
-                    probs = mixed
-                elif (
-                    record and node is not root and not shrink and r_ordered and ctx - walk.root_ctx - 1 < r_ordered[-1]
-                ):
-                    # the fit's record without a blend: its population shares are found when the request finishes
-                    # (`_resolved_calib`), off this path. Whether there are any (a trajectory of the root's window
-                    # ran longer than the request has) is one comparison: `_root_probs` is None otherwise.
-                    blend = (probs, ctx, alive * n)  # type: ignore[assignment]
+                            probs.append(0.0)
+                    if len(probs) < len(self.limits):
+                        probs.append((1.0 - below) / alive if below < 1.0 else 0.0)
+                    if r_below < rn:  # the fit's record: the root's shares are found at finish (`_resolved_calib`)
+                        blend = (probs, ctx, survivors)  # type: ignore[assignment]
+                    elif node is not root and not shrink and r_ordered and ctx - walk.root_ctx - 1 < r_ordered[-1]:
+                        # the fit's record without a blend: its population shares are found when the request
+                        # finishes (`_resolved_calib`), off this path. Whether there are any (a trajectory of the
+                        # root's window ran longer than the request has) is one comparison: `_root_probs` is None
+                        # otherwise.
+                        blend = (probs, ctx, alive * n)  # type: ignore[assignment]
+                    if blend is not None:
+                        walk.calib.append(blend)
+                        fit.taken += 1  # type: ignore[union-attr]
+                        blend = None  # (recorded)
+                    x = probs[t]
+                elif early:
+                    # the node's share of the admission bucket `t` alone, by the arithmetic of the full pass (there
+                    # `below` is the share under the last limit whose position passed the survivors', here that
+                    # position `lo` directly: the positions grow with the limits)
+                    limits = self._floor_limits
+                    lo = i
+                    if t:
+                        j = bisect_right(ordered, limits[t - 1] - anchor)
+                        if j > lo:
+                            lo = j
+                    if t < len(limits):
+                        j = bisect_right(ordered, limits[t] - anchor)
+                        x = (j / n - lo / n) / alive if j > lo else 0.0
+                    else:  # the unbounded last bucket
+                        x = (1.0 - lo / n) / alive if lo < n else 0.0
+                if early:
+                    # the early exit (docstring): bucket `t`'s blended share, as the blend below makes it
+                    if r_below < rn:
+                        ups = walk.ups
+                        r_lo = r_below
+                        if t and ups[t - 1] > r_lo:  # type: ignore[index]
+                            r_lo = ups[t - 1]  # type: ignore[index]
+                        if t < len(ups):  # type: ignore[arg-type]
+                            up = ups[t]  # type: ignore[index]
+                            if up > r_lo:
+                                x = w * x + v * ((up - r_lo) / (rn - r_below))
+                            else:
+                                x = w * x + v * 0.0
+                        else:
+                            x = w * x + v * ((rn - r_lo) / (rn - r_below))
+                    if x > _MAJORITY:  # bucket t is the likeliest (the shares sum to at most 1)
+                        points = walk.points
+                        if points and points[-1] is None:
+                            points.pop()
+                        return req.bucket, "stay"
+                if record:
+                    if r_below < rn:  # the blend with the population (`_probabilities`)
+                        # `_root_probs(root, walk.root_ctx, ctx)`, inline; the bisections of the bucket limits
+                        # depend only on the root's window and the request's anchor: made once per request and root
+                        # window. Each bucket's mix made as its population share is found (no prior list, no copy)
+                        r_alive = rn - r_below
+                        mixed = []
+                        k = 0
+                        for upto in walk.ups:  # type: ignore[union-attr]
+                            if upto > r_below:
+                                mixed.append(w * probs[k] + v * ((upto - r_below) / r_alive))
+                                r_below = upto
+                            else:
+                                mixed.append(w * probs[k] + v * 0.0)
+                            k += 1
+                        if k < len(probs):  # type: ignore[arg-type]
+                            mixed.append(w * probs[k] + v * ((rn - r_below) / r_alive))  # type: ignore[index]
+                        probs = mixed
+                elif r_below < rn:
+                    # no record to keep: the node's shares and their blend with the population's in one pass (the
+                    # arithmetic of the two passes above)
+                    r_alive = rn - r_below
+                    probs = []
+                    for limit, up in zip(self._floor_limits, walk.ups):  # type: ignore[arg-type]
+                        j = bisect_right(ordered, limit - anchor)
+                        if j > i:
+                            upto = j / n
+                            x = (upto - below) / alive
+                            below, i = upto, j
+                        else:
+                            x = 0.0
+                        if up > r_below:
+                            probs.append(w * x + v * ((up - r_below) / r_alive))
+                            r_below = up
+                        else:
+                            probs.append(w * x + v * 0.0)
+                    if len(probs) < len(self.limits):
+                        x = (1.0 - below) / alive if below < 1.0 else 0.0
+                        probs.append(w * x + v * ((rn - r_below) / r_alive))
+                else:  # no blend
+                    probs = []
+                    for limit in self._floor_limits:
+                        j = bisect_right(ordered, limit - anchor)
+                        if j > i:
+                            upto = j / n
+                            probs.append((upto - below) / alive)
+                            below, i = upto, j
+                        else:
+                            probs.append(0.0)
+                    if len(probs) < len(self.limits):
+                        probs.append((1.0 - below) / alive if below < 1.0 else 0.0)
             elif self.beyond == "root" and root.count:
                 # the request outlived every observation at its node (`_probabilities`): the root's shares from the
                 # context it had at admission (`_bucket_probs(root, walk.root_ctx, 1.0, ctx)`, inline: the limits'
@@ -227,22 +267,21 @@ class PricedRule:
                     below = r_i / rn
                     alive = 1.0 - below
                     ups = walk.ups
-                    if fast:  # the early exit (docstring), as on the node's window above
-                        t = walk.admitted
-                        if req.migrations or t == req.bucket:
-                            lo = r_i
-                            if t and ups[t - 1] > lo:  # type: ignore[index]
-                                lo = ups[t - 1]  # type: ignore[index]
-                            if t < len(ups):  # type: ignore[arg-type]
-                                j = ups[t]  # type: ignore[index]
-                                x = (j / rn - lo / rn) / alive if j > lo else 0.0
-                            else:  # the unbounded last bucket
-                                x = (1.0 - lo / rn) / alive if lo < rn else 0.0
-                            if x > _MAJORITY:
-                                points = walk.points
-                                if points and points[-1] is None:
-                                    points.pop()
-                                return req.bucket, "stay"
+                    t = walk.admitted
+                    if req.migrations or t == req.bucket:  # the early exit (docstring), as on the node's window
+                        lo = r_i
+                        if t and ups[t - 1] > lo:  # type: ignore[index]
+                            lo = ups[t - 1]  # type: ignore[index]
+                        if t < len(ups):  # type: ignore[arg-type]
+                            j = ups[t]  # type: ignore[index]
+                            x = (j / rn - lo / rn) / alive if j > lo else 0.0
+                        else:  # the unbounded last bucket
+                            x = (1.0 - lo / rn) / alive if lo < rn else 0.0
+                        if x > _MAJORITY:
+                            points = walk.points
+                            if points and points[-1] is None:
+                                points.pop()
+                            return req.bucket, "stay"
                     probs = []
                     for j in ups:  # type: ignore[union-attr]
                         if j > r_i:
