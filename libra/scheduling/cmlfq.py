@@ -175,9 +175,9 @@ class CMLFQRouter(PricedRule, Router):
         self.price = float(price)
         self.admit_margin = float(admit_margin)
         self.rule = rule
-        if rule == "priced":  # its own tool-return path, the walk inline (one call less on the hot path)
-            self._tool_return = self._priced  # type: ignore[method-assign]
-        # False: `_priced` finds the bucket shares by the general `_probabilities` (the reference its inline
+        if rule == "priced":  # its own `on_tool_return`: the books, the walk and the rule inline (priced.py)
+            self.on_tool_return = self._priced_call  # type: ignore[method-assign]
+        # False: `_priced_call` finds the bucket shares by the general `_probabilities` (the reference its inline
         # computation is tested against, tests/scheduling/test_fast_paths.py)
         self._inline = True
         # `_root_ups`: the limits' positions in the agnostic root's window by prompt length, for that window
@@ -223,7 +223,7 @@ class CMLFQRouter(PricedRule, Router):
             walk.points = []
         if walk.warm and self.rule == "priced":
             # the limits' positions in the root's window for this prompt length and the request's mean length, read
-            # by `_priced` at every tool return (found again there if the root's window changes first)
+            # by `_priced_call` at every tool return (found again there if the root's window changes first)
             self._root_ups(walk, self.tree.agnostic)
         return bucket
 
@@ -275,8 +275,8 @@ class CMLFQRouter(PricedRule, Router):
                 walk.a_exact = False
             else:
                 walk.a_node, walk.a_ctx = child, ctx
-        if self.rule == "priced":  # (not reached: `__init__` makes `_priced` the tool-return path of this rule)
-            return self._priced(req, tool, tool_tokens, status)
+        if self.rule == "priced":  # (not reached: `__init__` makes `_priced_call` this rule's `on_tool_return`)
+            raise RuntimeError("a priced C-MLFQ router routes tool returns in its own on_tool_return (_priced_call)")
         carried = ctx - tool_tokens
         if self.rule == "probability":  # the rule reads no prediction: one is made only where the cost test needs it
             target, act = self._likeliest(walk, ctx, req.bucket)
@@ -544,7 +544,7 @@ class CMLFQRouter(PricedRule, Router):
         self.tree.update(finished)
 
     def _resolved_calib(self, walk: Walk) -> list[tuple[list[float], list[float], float]]:
-        """The request's `shrink="auto"` records with the population shares of those `_priced` left for later (the
+        """The request's `shrink="auto"` records with the population shares of those `_priced_call` left for later (the
         context in their place): found in the agnostic root's window, unchanged since the record (the tree learns
         only in `end_step`, which resolves the requests in flight first). A record whose request outlived the whole
         window by now is dropped (only if the tree was updated under it from outside `end_step`)."""

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from math import floor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from libra.scheduling.router import Request
+from libra.scheduling.router import Request, RouteDecision
 from libra.scheduling.tree import Node, PrefixTree
 from libra.scheduling.walk import Walk
+from libra.workloads.trace import TOOL_STATUSES
 
 if TYPE_CHECKING:
     from libra.scheduling.shrinkage import ShrinkFit
@@ -54,8 +55,15 @@ class PricedRule:
     _cold_carried: int
     _cold_finished: int
     _context_in_flight: int
+    _requests: dict[Any, Request]
 
     if TYPE_CHECKING:
+
+        def _checked_tool_return(
+            self, request_id: Any, tool: object, tool_tokens: object, status: object, context_tokens: object
+        ) -> Request: ...
+
+        def _move(self, req: Request, target: int, carried: int, reason: str) -> RouteDecision: ...
 
         def _probabilities(
             self, walk: Walk, ctx: int, min_count: int | None = None, record: bool = False
@@ -65,10 +73,13 @@ class PricedRule:
 
         def bucket_for(self, length: float) -> int: ...
 
-    def _priced(self, req: Request, tool: str, tool_tokens: int, status: str) -> tuple[int, str]:
-        """The `priced` rule after a tool return (module docstring): move once, when the gain pays for the carried
+    def _priced_call(
+        self, request_id: Any, *, tool: str, tool_tokens: int, status: str, context_tokens: int
+    ) -> RouteDecision:
+        """`on_tool_return` with the `priced` rule (module docstring): move once, when the gain pays for the carried
         context and the router is sure enough or waiting would carry the large return just received. It is the
-        router's `_tool_return` when the rule is `priced` (set in `__init__`).
+        router's `on_tool_return` when the rule is `priced` (set in `__init__`): `Router.on_tool_return`'s checks
+        and books, then the rule, written out (no `_tool_return` call, no (bucket, reason) pair).
 
         The hot path of the default preset (issue 14: under 10 us a call): the walk of `_tool_return`, `_select`,
         `_bucket_probs` (unscaled), the shrinkage blend of `_probabilities` and `_record` are written out here, each
@@ -82,9 +93,23 @@ class PricedRule:
         likeliest bucket, so no move, no overflow move and no decision point follows: only that bucket's share is
         found (the fit's record, when it takes one, is made first, from the node's shares). Without an exit the
         shares are found and blended in one pass (two when the fit records: it keeps the node's shares)."""
+        req = self._requests.get(request_id)
+        if (  # (`Router.on_tool_return`'s checks)
+            req is None
+            or status not in TOOL_STATUSES
+            or type(tool) is not str
+            or not tool
+            or type(tool_tokens) is not int
+            or tool_tokens < 0
+            or type(context_tokens) is not int
+            or context_tokens < 0
+        ):
+            req = self._checked_tool_return(request_id, tool, tool_tokens, status, context_tokens)
+        self._context_in_flight += context_tokens - req.context
+        req.context = ctx = context_tokens
+        req.tool_tokens += tool_tokens
         code = self.tree.codec.encode(tool, tool_tokens, status)
         walk: Walk = req.state
-        ctx = req.context
         m = self.min_count
         node = None
         if walk.p_exact:  # (`_tool_return`'s walk)
@@ -103,7 +128,11 @@ class PricedRule:
         fit = self._fit
         record = fit is not None and fit.taken < fit.per_step and len(walk.calib) < fit.per_request
         if not record and req.migrations and walk.points is None and self._inline:
-            return req.bucket, "stay"  # moved already (never twice) and no decision points to keep
+            # moved already (never twice) and no decision points to keep
+            stay = req.stay  # (`Router._move`'s commonest case, inline)
+            if stay is not None and stay.bucket == req.bucket:
+                return stay
+            return self._move(req, req.bucket, ctx - tool_tokens, "stay")
         root = self.tree.agnostic
         # the node that stands for the request (`_select`, inline; no `scaled` fallback here, so no scale)
         if node is not None:
@@ -205,7 +234,10 @@ class PricedRule:
                         points = walk.points
                         if points and points[-1] is None:
                             points.pop()
-                        return req.bucket, "stay"
+                        stay = req.stay  # (`Router._move`'s commonest case, inline)
+                        if stay is not None and stay.bucket == req.bucket:
+                            return stay
+                        return self._move(req, req.bucket, ctx - tool_tokens, "stay")
                 if record:
                     if r_below < rn:  # the blend with the population (`_probabilities`)
                         # `_root_probs(root, walk.root_ctx, ctx)`, inline; the bisections of the bucket limits
@@ -281,7 +313,10 @@ class PricedRule:
                             points = walk.points
                             if points and points[-1] is None:
                                 points.pop()
-                            return req.bucket, "stay"
+                            stay = req.stay  # (`Router._move`'s commonest case, inline)
+                            if stay is not None and stay.bucket == req.bucket:
+                                return stay
+                            return self._move(req, req.bucket, ctx - tool_tokens, "stay")
                     probs = []
                     for j in ups:  # type: ignore[union-attr]
                         if j > r_i:
@@ -302,7 +337,8 @@ class PricedRule:
         if points and points[-1] is None:
             points.pop()
         if probs is None:
-            return self._priced_overflow(req, probs, carried=ctx - tool_tokens)
+            target, reason = self._priced_overflow(req, probs, carried=ctx - tool_tokens)
+            return self._move(req, target, ctx - tool_tokens, reason)
         top = max(probs)
         best = probs.index(top)
         if mean is None:
@@ -328,14 +364,20 @@ class PricedRule:
                 and top - probs[current] >= unit * carried
                 and top >= self.confidence - unit * tool_tokens
             ):
-                return best, "tool-return"
+                return self._move(req, best, carried, "tool-return")
         if req.migrations or ctx <= self.limits[req.bucket] or not self.overflow:
-            return req.bucket, "stay"
+            stay = req.stay  # (`Router._move`'s commonest case, inline)
+            if stay is not None and stay.bucket == req.bucket:
+                return stay
+            return self._move(req, req.bucket, ctx - tool_tokens, "stay")
         # `_priced_overflow`, inline: the context outgrew the bucket; move to the likeliest bucket if that pays for
         # carrying the whole context (`best` is its first likeliest bucket, `mean` its `_mean_length`)
         if best > req.bucket and top >= walk.price * ctx / mean:
-            return best, "overflow"
-        return req.bucket, "stay"
+            return self._move(req, best, carried, "overflow")
+        stay = req.stay  # (`Router._move`'s commonest case, inline)
+        if stay is not None and stay.bucket == req.bucket:
+            return stay
+        return self._move(req, req.bucket, ctx - tool_tokens, "stay")
 
     def _root_ups(self, walk: Walk, root: Node) -> None:
         """The positions of the bucket limits in the agnostic root's window for the request's anchor (the keys of

@@ -40,11 +40,11 @@ class Walk:
         self.admitted = 0  # its bucket at admission
         self.points: list[tuple[float, float, int] | None] | None = None  # decision points, for the budget (budget.py)
         self.price = 0.0  # the price of a carried token for this request (the router's, or the budget's mix)
-        # `shrink="auto"` records (shrinkage.py): (node shares, population shares, survivors); `_priced` leaves the
+        # `shrink="auto"` records (shrinkage.py): (node shares, population shares, survivors); `_priced_call` leaves the
         # population shares for `_resolved_calib` (the context in their place)
         self.calib: list[tuple[list[float], list[float] | int, float]] = []
         self.guesses: tuple[int, ...] | None = None  # `admit_select` guesses of the admission experts (experts.py)
-        # the agnostic root's window positions of the bucket limits for this request's anchor (`_priced`), the
+        # the agnostic root's window positions of the bucket limits for this request's anchor (`_priced_call`), the
         # request's mean trajectory length, and the root window (list, total) they were found in
         self.ups: list[int] | None = None
         self.ups_of: list[int] | None = None
