@@ -14,7 +14,7 @@ from bisect import bisect_right
 from math import floor
 from typing import TYPE_CHECKING, Any
 
-from libra.scheduling.router import Request, RouteDecision
+from libra.scheduling.router import Request, RouteDecision, Router
 from libra.scheduling.tree import Node, PrefixTree
 from libra.scheduling.walk import Walk
 from libra.workloads.trace import TOOL_STATUSES
@@ -129,10 +129,12 @@ class PricedRule:
         record = fit is not None and fit.taken < fit.per_step and len(walk.calib) < fit.per_request
         if not record and req.migrations and walk.points is None and self._inline:
             # moved already (never twice) and no decision points to keep
-            stay = req.stay  # (`Router._move`'s commonest case, inline)
+            # (`Router._move`'s commonest case inline; a stay's first decision is made by `Router._move`, past
+            # `CMLFQRouter._move`, which adds only the ceiling's books of a move)
+            stay = req.stay
             if stay is not None and stay.bucket == req.bucket:
                 return stay
-            return self._move(req, req.bucket, ctx - tool_tokens, "stay")
+            return Router._move(self, req, req.bucket, 0, "stay")  # type: ignore[arg-type]
         root = self.tree.agnostic
         # the node that stands for the request (`_select`, inline; no `scaled` fallback here, so no scale)
         if node is not None:
@@ -234,10 +236,10 @@ class PricedRule:
                         points = walk.points
                         if points and points[-1] is None:
                             points.pop()
-                        stay = req.stay  # (`Router._move`'s commonest case, inline)
+                        stay = req.stay
                         if stay is not None and stay.bucket == req.bucket:
                             return stay
-                        return self._move(req, req.bucket, ctx - tool_tokens, "stay")
+                        return Router._move(self, req, req.bucket, 0, "stay")  # type: ignore[arg-type]
                 if record:
                     if r_below < rn:  # the blend with the population (`_probabilities`)
                         # `_root_probs(root, walk.root_ctx, ctx)`, inline; the bisections of the bucket limits
@@ -313,10 +315,10 @@ class PricedRule:
                             points = walk.points
                             if points and points[-1] is None:
                                 points.pop()
-                            stay = req.stay  # (`Router._move`'s commonest case, inline)
+                            stay = req.stay
                             if stay is not None and stay.bucket == req.bucket:
                                 return stay
-                            return self._move(req, req.bucket, ctx - tool_tokens, "stay")
+                            return Router._move(self, req, req.bucket, 0, "stay")  # type: ignore[arg-type]
                     probs = []
                     for j in ups:  # type: ignore[union-attr]
                         if j > r_i:
@@ -366,18 +368,18 @@ class PricedRule:
             ):
                 return self._move(req, best, carried, "tool-return")
         if req.migrations or ctx <= self.limits[req.bucket] or not self.overflow:
-            stay = req.stay  # (`Router._move`'s commonest case, inline)
+            stay = req.stay
             if stay is not None and stay.bucket == req.bucket:
                 return stay
-            return self._move(req, req.bucket, ctx - tool_tokens, "stay")
+            return Router._move(self, req, req.bucket, 0, "stay")  # type: ignore[arg-type]
         # `_priced_overflow`, inline: the context outgrew the bucket; move to the likeliest bucket if that pays for
         # carrying the whole context (`best` is its first likeliest bucket, `mean` its `_mean_length`)
         if best > req.bucket and top >= walk.price * ctx / mean:
             return self._move(req, best, carried, "overflow")
-        stay = req.stay  # (`Router._move`'s commonest case, inline)
+        stay = req.stay
         if stay is not None and stay.bucket == req.bucket:
             return stay
-        return self._move(req, req.bucket, ctx - tool_tokens, "stay")
+        return Router._move(self, req, req.bucket, 0, "stay")  # type: ignore[arg-type]
 
     def _root_ups(self, walk: Walk, root: Node) -> None:
         """The positions of the bucket limits in the agnostic root's window for the request's anchor (the keys of
