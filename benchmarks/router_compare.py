@@ -10,6 +10,9 @@ tool return (the request walked down to it untimed, as there), timed with `perf_
 turns to go first. Prints the median of each and the median of the per-call ratios new / old, with the load average.
 Every decision of both routers (the untimed walks' included) and what they keep per request (the budget's decision
 points, the shrinkage fit's records) are compared: any difference is printed and the exit status is 1.
+
+`--opcodes` counts instead the Python bytecode instructions each timed call executes (`sys.settrace` opcode events,
+the router's own frames and what they call): a measure the machine's load does not move.
 """
 
 from __future__ import annotations
@@ -69,7 +72,26 @@ def _books(router) -> tuple:
     return router.price, router.shrink, reqs
 
 
-def _one(router, cases, times, decisions, rid: int, timed: bool) -> None:
+def _count_opcodes(call, *args, **kwargs):
+    """`call(*args, **kwargs)` and the number of bytecode instructions it executed."""
+    count = 0
+
+    def tracer(frame, event, arg):
+        nonlocal count
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            count += 1
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        out = call(*args, **kwargs)
+    finally:
+        sys.settrace(None)
+    return out, count
+
+
+def _one(router, cases, times, decisions, rid: int, timed: bool, opcodes: bool = False) -> None:
     traj, k = next(cases)
     call = router.on_tool_return
     decisions.append(_key(router.admit(rid, prompt_id=traj.prompt_id, prompt_tokens=traj.prompt_tokens)))
@@ -86,11 +108,16 @@ def _one(router, cases, times, decisions, rid: int, timed: bool) -> None:
     turn = traj.turns[k]
     kw = {"tool": turn.tool, "tool_tokens": turn.tool_tokens, "status": turn.tool_status}
     ctx = traj.context_after(k + 1)
-    t0 = time.perf_counter_ns()
-    d = call(rid, context_tokens=ctx, **kw)
-    t1 = time.perf_counter_ns()
-    if timed:
-        times.append(t1 - t0)
+    if opcodes:
+        d, n = _count_opcodes(call, rid, context_tokens=ctx, **kw)
+        if timed:
+            times.append(n)
+    else:
+        t0 = time.perf_counter_ns()
+        d = call(rid, context_tokens=ctx, **kw)
+        t1 = time.perf_counter_ns()
+        if timed:
+            times.append(t1 - t0)
     decisions.append(_key(d))
 
 
@@ -102,6 +129,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3000)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--learnt", action="store_true", help="the routers learn the four steps through replay()")
+    ap.add_argument("--opcodes", action="store_true", help="count bytecode instructions per call instead of time")
     args = ap.parse_args()
     import libra
     import libra.scheduling
@@ -118,7 +146,7 @@ def main() -> int:
                     sides = [_side(pkg, workload, preset, args.learnt) for pkg in (old, libra)]
                     for r in range(args.rounds + 100):  # 100 warm-up rounds
                         for side in sides if r % 2 == 0 else sides[::-1]:
-                            _one(*side, rid=r, timed=r >= 100)
+                            _one(*side, rid=r, timed=r >= 100, opcodes=args.opcodes)
                     (r_old, _, a, d_old), (r_new, _, b, d_new) = sides
                     same = d_old == d_new and _books(r_old) == _books(r_new)
                     if not same:
@@ -127,6 +155,15 @@ def main() -> int:
                         print(f"DECISIONS DIFFER: {workload} {preset}, first at call {first}", flush=True)
                     ratio = statistics.median(y / x for x, y in zip(a, b))
                     load = Path("/proc/loadavg").read_text().split()[0]
+                    if args.opcodes:
+                        print(
+                            f"{rep} {workload:10s} {preset:10s} opcodes a call: old median {statistics.median(a):.0f} "
+                            f"mean {statistics.mean(a):.1f}  new median {statistics.median(b):.0f} mean "
+                            f"{statistics.mean(b):.1f}  per-call new/old {ratio:.3f}  "
+                            f"{len(d_new)} decisions {'identical' if same else 'DIFFER'}",
+                            flush=True,
+                        )
+                        continue
                     print(
                         f"{rep} {workload:10s} {preset:10s} old {statistics.median(a) / 1e3:6.2f} us  "
                         f"new {statistics.median(b) / 1e3:6.2f} us  per-call new/old {ratio:.3f}  load {load}  "
