@@ -53,6 +53,7 @@ from libra.scheduling.budget import MigrationBudget
 from libra.scheduling.experts import AdmitExperts
 from libra.scheduling.presets import CMLFQ_PRESETS, DEFAULT_PRESET, RULES
 from libra.scheduling.priced import PricedRule
+from libra.scheduling.published import MeanP90Rule
 from libra.scheduling.router import Request, RouteDecision, Router, register_router
 from libra.scheduling.shrinkage import ShrinkFit
 from libra.scheduling.states import DEFAULT_SIZE_EDGES
@@ -63,7 +64,7 @@ from libra.workloads.trace import Trajectory
 
 
 @register_router
-class CMLFQRouter(PricedRule, Router):
+class CMLFQRouter(PricedRule, MeanP90Rule, Router):
     """The C-MLFQ router; see the module docstring. `tree` may be given (e.g. loaded or merged from other ranks),
     and then its own window, size-class edges and tool set apply; otherwise one is built from `window`,
     `max_nodes`, `max_depth`, `size_edges`, `tools`."""
@@ -177,8 +178,11 @@ class CMLFQRouter(PricedRule, Router):
         self.rule = rule
         if rule == "priced":  # its own `on_tool_return`: the books, the walk and the rule inline (priced.py)
             self.on_tool_return = self._priced_call  # type: ignore[method-assign]
-        # False: `_priced_call` finds the bucket shares by the general `_probabilities` (the reference its inline
-        # computation is tested against, tests/scheduling/test_fast_paths.py)
+        elif rule == "mean-p90":  # the same for the published rule (published.py)
+            self.on_tool_return = self._published_call  # type: ignore[method-assign]
+        # False: `_priced_call` finds the bucket shares by the general `_probabilities` and `_published_call` takes
+        # `_tool_return` (the references their inline computations are tested against, test_fast_paths.py,
+        # test_priced_exits.py)
         self._inline = True
         # `_root_ups`: the limits' positions in the agnostic root's window by prompt length, for that window
         self._ups_table: dict[int, list[int]] = {}
