@@ -53,6 +53,7 @@ from libra.scheduling.budget import MigrationBudget
 from libra.scheduling.experts import AdmitExperts
 from libra.scheduling.presets import CMLFQ_PRESETS, DEFAULT_PRESET, RULES
 from libra.scheduling.priced import PricedRule
+from libra.scheduling.probability import ProbabilityRule
 from libra.scheduling.published import MeanP90Rule
 from libra.scheduling.router import Request, RouteDecision, Router, register_router
 from libra.scheduling.shrinkage import ShrinkFit
@@ -64,7 +65,7 @@ from libra.workloads.trace import Trajectory
 
 
 @register_router
-class CMLFQRouter(PricedRule, MeanP90Rule, Router):
+class CMLFQRouter(PricedRule, MeanP90Rule, ProbabilityRule, Router):
     """The C-MLFQ router; see the module docstring. `tree` may be given (e.g. loaded or merged from other ranks),
     and then its own window, size-class edges and tool set apply; otherwise one is built from `window`,
     `max_nodes`, `max_depth`, `size_edges`, `tools`."""
@@ -180,6 +181,9 @@ class CMLFQRouter(PricedRule, MeanP90Rule, Router):
             self.on_tool_return = self._priced_call  # type: ignore[method-assign]
         elif rule == "mean-p90":  # the same for the published rule (published.py)
             self.on_tool_return = self._published_call  # type: ignore[method-assign]
+        elif rule == "probability" and self._fit is None and not self.shrink and beyond == "promote":
+            # ... and for the `probability` rule on the node's shares alone (probability.py)
+            self.on_tool_return = self._probability_call  # type: ignore[method-assign]
         # False: `_priced_call` finds the bucket shares by the general `_probabilities` and `_published_call` takes
         # `_tool_return` (the references their inline computations are tested against, test_fast_paths.py,
         # test_priced_exits.py)

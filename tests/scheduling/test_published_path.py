@@ -1,6 +1,7 @@
-"""The published rule's own `on_tool_return` (`_published_call`, issue 16): every decision as the general path gives
-it (`_inline=False`: `CMLFQRouter._tool_return`), over seeded workloads with many buckets and requests held in flight
-across step ends, and under Hypothesis on small windows with any limits, fallbacks, cost ratios and overflow."""
+"""The published rule's and the `probability` rule's own `on_tool_return` (`_published_call`, `_probability_call`,
+issue 16): every decision as the general path gives it (`_inline=False`: `CMLFQRouter._tool_return`), over seeded
+workloads with many buckets and requests held in flight across step ends, and under Hypothesis on small windows with
+any limits, fallbacks, cost ratios, confidences and overflow."""
 
 from __future__ import annotations
 
@@ -16,11 +17,15 @@ from libra.workloads import Trajectory, Turn
 from libra.workloads.generators import WorkloadGenerator
 
 
-def _log(buckets, options: dict, inline: bool, steps) -> list:
-    """Every decision of a published-rule router, turn by turn (progress and tool returns), a third of each step's
-    requests finishing only after the step end with their last turns routed after it."""
+def _log(buckets, options: dict, inline: bool, steps, preset: str = "published") -> list:
+    """Every decision of a router of `preset` (published: the mean-p90 rule; accuracy: the probability rule), turn
+    by turn (progress and tool returns), a third of each step's requests finishing only after the step end with their
+    last turns routed after it."""
     limits = parse_buckets(buckets) if isinstance(buckets, str) else buckets
-    router = make_router("cmlfq", limits, **{**CMLFQ_PRESETS["published"], **options})
+    router = make_router("cmlfq", limits, **{**CMLFQ_PRESETS[preset], **options})
+    assert router.on_tool_return.__func__.__name__ == (
+        "_published_call" if preset == "published" else "_probability_call"
+    )
     router._inline = inline
     log: list = []
     rid = itertools.count()
@@ -65,17 +70,19 @@ CASES = [
     ("search-r1", "1:1500,2:3000,4:6000,8:12000,16:inf", {"fallback": "agnostic", "cost_ratio": 0.1}),
     ("r2e-gym", "1:4000,2:12000,4:30000,8:inf", {}),
     ("r2e-gym", "1:2500,2:5000,4:9000,8:16000,16:40000", {"overflow": False, "min_count": 1}),
+    ("search-r1", "1:1500,2:3000,4:6000,8:12000,16:inf", {"confidence": 0.3}),
 ]
 
 
+@pytest.mark.parametrize("preset", ["published", "accuracy"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{len(c[2])}")
-def test_published_path_decides_as_the_general_one(case) -> None:
+def test_own_path_decides_as_the_general_one(case, preset) -> None:
     workload, buckets, options = case
     gen = WorkloadGenerator(workload, seed=5, num_prompts=24)
     steps = [gen.step(s) for s in range(4)]
-    fast = _log(buckets, options, True, steps)
+    fast = _log(buckets, options, True, steps, preset)
     assert sum(1 for x in fast if x[-1] == "tool-return") > 20  # the rule moved requests
-    assert fast == _log(buckets, options, False, steps)
+    assert fast == _log(buckets, options, False, steps, preset)
 
 
 _turn = st.builds(
@@ -108,7 +115,13 @@ def _limits(draw) -> list[Bucket]:
     cost_ratio=st.sampled_from([0.0, 0.5, 2.0]),
     overflow=st.booleans(),
     min_count=st.integers(1, 2),
+    preset=st.sampled_from(["published", "accuracy"]),
+    confidence=st.sampled_from([0.2, 0.5, 0.7, 1.0]),
 )
-def test_published_path_on_small_windows(steps, limits, fallback, cost_ratio, overflow, min_count) -> None:
+def test_own_path_on_small_windows(
+    steps, limits, fallback, cost_ratio, overflow, min_count, preset, confidence
+) -> None:
     options = {"fallback": fallback, "cost_ratio": cost_ratio, "overflow": overflow, "min_count": min_count}
-    assert _log(limits, options, True, steps) == _log(limits, options, False, steps)
+    if preset == "accuracy":
+        options["confidence"] = confidence
+    assert _log(limits, options, True, steps, preset) == _log(limits, options, False, steps, preset)
