@@ -8,6 +8,11 @@ worktree's `libra`. For each workload and preset both routers' trees learn the s
 trajectories (`tree.update`, as benchmarks/bench_router.py does); then round by round each router gets the same next
 tool return (the request walked down to it untimed, as there), timed with `perf_counter_ns`, old and new taking
 turns to go first. Prints the median of each and the median of the per-call ratios new / old, with the load average.
+Every decision of both routers (the untimed walks' included) and what they keep per request (the budget's decision
+points, the shrinkage fit's records) are compared: any difference is printed and the exit status is 1.
+
+`--opcodes` counts instead the Python bytecode instructions each timed call executes (`sys.settrace` opcode events,
+the router's own frames and what they call): a measure the machine's load does not move.
 """
 
 from __future__ import annotations
@@ -53,30 +58,67 @@ def _side(pkg, workload: str, preset: str, learnt_by_router: bool = False):
         for step in learnt:
             router.tree.update(step)
     cases = itertools.cycle([(t, k) for t in current for k, turn in enumerate(t.turns) if turn.tool is not None])
-    return router, cases, []
+    return router, cases, [], []
 
 
-def _one(router, cases, times, rid: int, timed: bool) -> None:
+def _key(d) -> tuple:
+    return (d.request_id, d.bucket, d.migrate, d.from_bucket, d.migrated_tokens, d.reason)
+
+
+def _books(router) -> tuple:
+    """What a router keeps besides its decisions: its price and prior strength, and per request in flight its
+    budget decision points (floats: a change of the shares that flips no decision still shows) and fit records."""
+    reqs = [(r.bucket, r.migrations, r.state.points, r.state.calib) for r in router._requests.values()]
+    return router.price, router.shrink, reqs
+
+
+def _count_opcodes(call, *args, **kwargs):
+    """`call(*args, **kwargs)` and the number of bytecode instructions it executed."""
+    count = 0
+
+    def tracer(frame, event, arg):
+        nonlocal count
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            count += 1
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        out = call(*args, **kwargs)
+    finally:
+        sys.settrace(None)
+    return out, count
+
+
+def _one(router, cases, times, decisions, rid: int, timed: bool, opcodes: bool = False) -> None:
     traj, k = next(cases)
     call = router.on_tool_return
-    router.admit(rid, prompt_id=traj.prompt_id, prompt_tokens=traj.prompt_tokens)
+    decisions.append(_key(router.admit(rid, prompt_id=traj.prompt_id, prompt_tokens=traj.prompt_tokens)))
     for j in range(k):
         turn = traj.turns[j]
-        call(
+        d = call(
             rid,
             tool=turn.tool,
             tool_tokens=turn.tool_tokens,
             status=turn.tool_status,
             context_tokens=traj.context_after(j + 1),
         )
+        decisions.append(_key(d))
     turn = traj.turns[k]
     kw = {"tool": turn.tool, "tool_tokens": turn.tool_tokens, "status": turn.tool_status}
     ctx = traj.context_after(k + 1)
-    t0 = time.perf_counter_ns()
-    call(rid, context_tokens=ctx, **kw)
-    t1 = time.perf_counter_ns()
-    if timed:
-        times.append(t1 - t0)
+    if opcodes:
+        d, n = _count_opcodes(call, rid, context_tokens=ctx, **kw)
+        if timed:
+            times.append(n)
+    else:
+        t0 = time.perf_counter_ns()
+        d = call(rid, context_tokens=ctx, **kw)
+        t1 = time.perf_counter_ns()
+        if timed:
+            times.append(t1 - t0)
+    decisions.append(_key(d))
 
 
 def main() -> int:
@@ -87,12 +129,14 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3000)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--learnt", action="store_true", help="the routers learn the four steps through replay()")
+    ap.add_argument("--opcodes", action="store_true", help="count bytecode instructions per call instead of time")
     args = ap.parse_args()
     import libra
     import libra.scheduling
     import libra.spec
     import libra.workloads.generators
 
+    differ = 0
     with tempfile.TemporaryDirectory() as tmp:
         old = _import_old(args.old, Path(tmp))
         print(f"new {Path(libra.__file__).parent}, old {args.old / 'libra'}")
@@ -102,16 +146,31 @@ def main() -> int:
                     sides = [_side(pkg, workload, preset, args.learnt) for pkg in (old, libra)]
                     for r in range(args.rounds + 100):  # 100 warm-up rounds
                         for side in sides if r % 2 == 0 else sides[::-1]:
-                            _one(*side, rid=r, timed=r >= 100)
-                    (_, _, a), (_, _, b) = sides
+                            _one(*side, rid=r, timed=r >= 100, opcodes=args.opcodes)
+                    (r_old, _, a, d_old), (r_new, _, b, d_new) = sides
+                    same = d_old == d_new and _books(r_old) == _books(r_new)
+                    if not same:
+                        differ += 1
+                        first = next((i for i, (x, y) in enumerate(zip(d_old, d_new)) if x != y), None)
+                        print(f"DECISIONS DIFFER: {workload} {preset}, first at call {first}", flush=True)
                     ratio = statistics.median(y / x for x, y in zip(a, b))
                     load = Path("/proc/loadavg").read_text().split()[0]
+                    if args.opcodes:
+                        print(
+                            f"{rep} {workload:10s} {preset:10s} opcodes a call: old median {statistics.median(a):.0f} "
+                            f"mean {statistics.mean(a):.1f}  new median {statistics.median(b):.0f} mean "
+                            f"{statistics.mean(b):.1f}  per-call new/old {ratio:.3f}  "
+                            f"{len(d_new)} decisions {'identical' if same else 'DIFFER'}",
+                            flush=True,
+                        )
+                        continue
                     print(
                         f"{rep} {workload:10s} {preset:10s} old {statistics.median(a) / 1e3:6.2f} us  "
-                        f"new {statistics.median(b) / 1e3:6.2f} us  per-call new/old {ratio:.3f}  load {load}",
+                        f"new {statistics.median(b) / 1e3:6.2f} us  per-call new/old {ratio:.3f}  load {load}  "
+                        f"{len(d_new)} decisions {'identical' if same else 'DIFFER'}",
                         flush=True,
                     )
-    return 0
+    return 1 if differ else 0
 
 
 if __name__ == "__main__":

@@ -53,6 +53,8 @@ from libra.scheduling.budget import MigrationBudget
 from libra.scheduling.experts import AdmitExperts
 from libra.scheduling.presets import CMLFQ_PRESETS, DEFAULT_PRESET, RULES
 from libra.scheduling.priced import PricedRule
+from libra.scheduling.probability import ProbabilityRule
+from libra.scheduling.published import MeanP90Rule
 from libra.scheduling.router import Request, RouteDecision, Router, register_router
 from libra.scheduling.shrinkage import ShrinkFit
 from libra.scheduling.states import DEFAULT_SIZE_EDGES
@@ -63,7 +65,7 @@ from libra.workloads.trace import Trajectory
 
 
 @register_router
-class CMLFQRouter(PricedRule, Router):
+class CMLFQRouter(PricedRule, MeanP90Rule, ProbabilityRule, Router):
     """The C-MLFQ router; see the module docstring. `tree` may be given (e.g. loaded or merged from other ranks),
     and then its own window, size-class edges and tool set apply; otherwise one is built from `window`,
     `max_nodes`, `max_depth`, `size_edges`, `tools`."""
@@ -175,10 +177,16 @@ class CMLFQRouter(PricedRule, Router):
         self.price = float(price)
         self.admit_margin = float(admit_margin)
         self.rule = rule
-        if rule == "priced":  # its own tool-return path, the walk inline (one call less on the hot path)
-            self._tool_return = self._priced  # type: ignore[method-assign]
-        # False: `_priced` finds the bucket shares by the general `_probabilities` (the reference its inline
-        # computation is tested against, tests/scheduling/test_fast_paths.py)
+        if rule == "priced":  # its own `on_tool_return`: the books, the walk and the rule inline (priced.py)
+            self.on_tool_return = self._priced_call  # type: ignore[method-assign]
+        elif rule == "mean-p90":  # the same for the published rule (published.py)
+            self.on_tool_return = self._published_call  # type: ignore[method-assign]
+        elif rule == "probability" and self._fit is None and not self.shrink and beyond == "promote":
+            # ... and for the `probability` rule on the node's shares alone (probability.py)
+            self.on_tool_return = self._probability_call  # type: ignore[method-assign]
+        # False: `_priced_call` finds the bucket shares by the general `_probabilities` and `_published_call` takes
+        # `_tool_return` (the references their inline computations are tested against, test_fast_paths.py,
+        # test_priced_exits.py)
         self._inline = True
         # `_root_ups`: the limits' positions in the agnostic root's window by prompt length, for that window
         self._ups_table: dict[int, list[int]] = {}
@@ -221,6 +229,10 @@ class CMLFQRouter(PricedRule, Router):
             walk.price = self._mix_price
         if self._budget is not None and walk.warm:
             walk.points = []
+        if walk.warm and self.rule == "priced":
+            # the limits' positions in the root's window for this prompt length and the request's mean length, read
+            # by `_priced_call` at every tool return (found again there if the root's window changes first)
+            self._root_ups(walk, self.tree.agnostic)
         return bucket
 
     def _admit_bucket(self, req: Request) -> int:
@@ -271,8 +283,8 @@ class CMLFQRouter(PricedRule, Router):
                 walk.a_exact = False
             else:
                 walk.a_node, walk.a_ctx = child, ctx
-        if self.rule == "priced":  # (not reached: `__init__` makes `_priced` the tool-return path of this rule)
-            return self._priced(req, tool, tool_tokens, status)
+        if self.rule == "priced":  # (not reached: `__init__` makes `_priced_call` this rule's `on_tool_return`)
+            raise RuntimeError("a priced C-MLFQ router routes tool returns in its own on_tool_return (_priced_call)")
         carried = ctx - tool_tokens
         if self.rule == "probability":  # the rule reads no prediction: one is made only where the cost test needs it
             target, act = self._likeliest(walk, ctx, req.bucket)
@@ -540,7 +552,7 @@ class CMLFQRouter(PricedRule, Router):
         self.tree.update(finished)
 
     def _resolved_calib(self, walk: Walk) -> list[tuple[list[float], list[float], float]]:
-        """The request's `shrink="auto"` records with the population shares of those `_priced` left for later (the
+        """The request's `shrink="auto"` records with the population shares of those `_priced_call` left for later (the
         context in their place): found in the agnostic root's window, unchanged since the record (the tree learns
         only in `end_step`, which resolves the requests in flight first). A record whose request outlived the whole
         window by now is dropped (only if the tree was updated under it from outside `end_step`)."""

@@ -118,18 +118,18 @@ class Router(ABC):
         `context_tokens` is the context including that return. A migration here carries the context already in KV
         cache, `context_tokens - tool_tokens`: the tool return is prefilled at the destination either way."""
         req = self._requests.get(request_id)
-        if req is None:
-            req = self._get(request_id)  # raises
-        if status not in TOOL_STATUSES:
-            raise SpecError(f"tool status must be one of {', '.join(TOOL_STATUSES)}, got {status!r}")
-        if not isinstance(tool, str) or not tool:
-            raise SpecError(f"tool must be a non-empty string, got {tool!r}")
-        # the hot path of every decision: a plain non-negative int passes without the call (`_check_count` takes
-        # the rest, bool excluded as `type(True) is bool`)
-        if type(tool_tokens) is not int or tool_tokens < 0:
-            _check_count("tool_tokens", tool_tokens)
-        if type(context_tokens) is not int or context_tokens < 0:
-            _check_count("context_tokens", context_tokens)
+        # the hot path of every decision: plain arguments pass one test, `_checked_tool_return` takes the rest
+        if (
+            req is None
+            or status not in TOOL_STATUSES
+            or type(tool) is not str
+            or not tool
+            or type(tool_tokens) is not int
+            or tool_tokens < 0
+            or type(context_tokens) is not int
+            or context_tokens < 0
+        ):
+            req = self._checked_tool_return(request_id, tool, tool_tokens, status, context_tokens)
         self._context_in_flight += context_tokens - req.context
         req.context = context_tokens
         req.tool_tokens += tool_tokens
@@ -138,6 +138,20 @@ class Router(ABC):
         if target == req.bucket and stay is not None and stay.bucket == target:  # `_move`'s commonest case, inline
             return stay
         return self._move(req, target, context_tokens - tool_tokens, reason)
+
+    def _checked_tool_return(
+        self, request_id: Any, tool: object, tool_tokens: object, status: object, context_tokens: object
+    ) -> Request:
+        """`on_tool_return`'s checks in full and in order (the request in flight, the status, the tool, the
+        counts): raises SpecError, or returns the request (arguments of a subclass of `str` or `int` pass)."""
+        req = self._get(request_id)
+        if status not in TOOL_STATUSES:
+            raise SpecError(f"tool status must be one of {', '.join(TOOL_STATUSES)}, got {status!r}")
+        if not isinstance(tool, str) or not tool:
+            raise SpecError(f"tool must be a non-empty string, got {tool!r}")
+        _check_count("tool_tokens", tool_tokens)
+        _check_count("context_tokens", context_tokens)
+        return req
 
     def on_progress(self, request_id: Any, *, context_tokens: int) -> RouteDecision:
         """The request's generation has grown its context to `context_tokens`."""

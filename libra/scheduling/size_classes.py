@@ -138,6 +138,16 @@ class QuantileStateCodec(StateCodec):
         """The learnt edges (saved with a tree; the samples behind them are not)."""
         return {"edges": {k: list(v) for k, v in self._edges.items()}, "pooled": list(self._pooled_edges)}
 
+    # -- copying: `StateCodec` is a slotted attrs class whose own `__getstate__` knows only its fields, so a pickled
+    # or deep-copied codec (and router) lost the learnt edges and samples; they travel with the fields now
+    def __getstate__(self) -> tuple[dict, dict]:
+        return super().__getstate__(), dict(self.__dict__)
+
+    def __setstate__(self, state: tuple[dict, dict]) -> None:
+        fields, own = state
+        super().__setstate__(fields)
+        self.__dict__.update(own)
+
     def load_state(self, state: dict) -> None:
         self._edges = {str(k): tuple(float(e) for e in v) for k, v in state.get("edges", {}).items()}
         self._pooled_edges = tuple(float(e) for e in state.get("pooled", ()))

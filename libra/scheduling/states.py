@@ -83,7 +83,13 @@ class StateCodec:
 
     def encode(self, tool: str, tool_tokens: int, status: str) -> int:
         """The code of the state of one tool return; validates the tool and the status on first sight."""
-        key = (tool, self.size_class(tool_tokens), status)
+        # (a plain non-negative int, as the router passes it, is classified without `size_class`'s checks)
+        size = (
+            bisect.bisect_right(self.size_edges, tool_tokens)
+            if type(tool_tokens) is int and tool_tokens >= 0
+            else self.size_class(tool_tokens)
+        )
+        key = (tool, size, status)
         code = self._codes.get(key)
         if code is None:
             code = self._intern(key)

@@ -28,6 +28,7 @@ class Walk:
         "ups",
         "ups_of",
         "ups_total",
+        "mean",
     )
 
     def __init__(self, p_node: Node | None, a_node: Node, ctx: int) -> None:
@@ -39,12 +40,13 @@ class Walk:
         self.admitted = 0  # its bucket at admission
         self.points: list[tuple[float, float, int] | None] | None = None  # decision points, for the budget (budget.py)
         self.price = 0.0  # the price of a carried token for this request (the router's, or the budget's mix)
-        # `shrink="auto"` records (shrinkage.py): (node shares, population shares, survivors); `_priced` leaves the
+        # `shrink="auto"` records (shrinkage.py): (node shares, population shares, survivors); `_priced_call` leaves the
         # population shares for `_resolved_calib` (the context in their place)
         self.calib: list[tuple[list[float], list[float] | int, float]] = []
         self.guesses: tuple[int, ...] | None = None  # `admit_select` guesses of the admission experts (experts.py)
-        # the agnostic root's window positions of the bucket limits for this request's anchor (`_priced`), and the
-        # root window (list, total) they were found in
+        # the agnostic root's window positions of the bucket limits for this request's anchor (`_priced_call`), the
+        # request's mean trajectory length, and the root window (list, total) they were found in
         self.ups: list[int] | None = None
         self.ups_of: list[int] | None = None
         self.ups_total = 0
+        self.mean = 1.0  # the request's mean trajectory length (`_mean_length`) as of that root window
