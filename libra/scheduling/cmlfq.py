@@ -188,8 +188,8 @@ class CMLFQRouter(PricedRule, MeanP90Rule, ProbabilityRule, Router):
         # `_tool_return` (the references their inline computations are tested against, test_fast_paths.py,
         # test_priced_exits.py)
         self._inline = True
-        # `_root_ups`: the limits' positions in the agnostic root's window by prompt length, for that window
-        self._ups_table: dict[int, list[int]] = {}
+        # `_root_ups`: per prompt length, the limits' positions in the agnostic root's window and the mean length
+        self._ups_table: dict[int, tuple[list[int], float]] = {}
         self._ups_of: list[int] | None = None
         self._ups_total = -1
         self.overflow = bool(overflow)

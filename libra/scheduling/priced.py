@@ -49,7 +49,7 @@ class PricedRule:
     _blend: tuple[list[float], list[float], float] | None
     _floor_limits: tuple[int, ...]
     _finite_limits: tuple[float, ...]
-    _ups_table: dict[int, list[int]]
+    _ups_table: dict[int, tuple[list[int], float]]
     _ups_of: list[int] | None
     _ups_total: int
     _cold_carried: int
@@ -199,7 +199,7 @@ class PricedRule:
                         blend = (probs, ctx, alive * n)  # type: ignore[assignment]
                     if blend is not None:
                         walk.calib.append(blend)
-                        fit.taken += 1  # type: ignore[union-attr]
+                        fit.taken += 1
                         blend = None  # (recorded)
                     x = probs[t]
                 elif early:
@@ -250,10 +250,10 @@ class PricedRule:
                         k = 0
                         for upto in walk.ups:  # type: ignore[union-attr]
                             if upto > r_below:
-                                mixed.append(w * probs[k] + v * ((upto - r_below) / r_alive))
+                                mixed.append(w * probs[k] + v * ((upto - r_below) / r_alive))  # type: ignore[index]
                                 r_below = upto
                             else:
-                                mixed.append(w * probs[k] + v * 0.0)
+                                mixed.append(w * probs[k] + v * 0.0)  # type: ignore[index]
                             k += 1
                         if k < len(probs):  # type: ignore[arg-type]
                             mixed.append(w * probs[k] + v * ((rn - r_below) / r_alive))  # type: ignore[index]
@@ -353,9 +353,9 @@ class PricedRule:
             if best != a:
                 hi = (top - probs[a]) * mean / carried if carried > 0 else float("inf")
                 need = self.confidence - top
-                lo = 0.0 if need <= 0 else (need * mean / tool_tokens if tool_tokens > 0 else float("inf"))
-                if lo <= hi:
-                    points.append((lo, hi, carried))
+                low = 0.0 if need <= 0 else (need * mean / tool_tokens if tool_tokens > 0 else float("inf"))
+                if low <= hi:
+                    points.append((low, hi, carried))
                 if self.overflow and best > a and ctx > self.limits[a]:
                     points.append((0.0, top * mean / ctx, carried))
         if req.migrations == 0:

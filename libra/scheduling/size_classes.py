@@ -140,12 +140,12 @@ class QuantileStateCodec(StateCodec):
 
     # -- copying: `StateCodec` is a slotted attrs class whose own `__getstate__` knows only its fields, so a pickled
     # or deep-copied codec (and router) lost the learnt edges and samples; they travel with the fields now
-    def __getstate__(self) -> tuple[dict, dict]:
+    def __getstate__(self) -> tuple[object, dict]:
         return super().__getstate__(), dict(self.__dict__)
 
-    def __setstate__(self, state: tuple[dict, dict]) -> None:
+    def __setstate__(self, state: tuple[object, dict]) -> None:
         fields, own = state
-        super().__setstate__(fields)
+        super().__setstate__(fields)  # type: ignore[misc]  # (attrs writes it on the slotted base; typeshed's object has none)
         self.__dict__.update(own)
 
     def load_state(self, state: dict) -> None:
