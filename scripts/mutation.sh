@@ -38,7 +38,7 @@ declare -A tests=(
   [placement]="tests/planning/test_placement_errors.py tests/planning/test_placement_moves.py tests/planning/test_placement_oracle.py tests/planning/test_placement_properties.py tests/planning/test_mutation_placement.py"
 )
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(train_tree rollout_dp planner replan cmlfq priced)
+[ ${#targets[@]} -gt 0 ] || targets=(train_tree rollout_dp planner replan cmlfq priced placement)
 
 total_killed=0
 total_all=0
