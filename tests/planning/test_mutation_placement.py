@@ -5,18 +5,29 @@ from __future__ import annotations
 
 import time
 
+import attrs
 import pytest
 
-from libra.planning.placement import InfeasiblePlacementError, build_problem, describe, place, solve_placement
+from libra.planning.placement import (
+    InfeasiblePlacementError,
+    build_problem,
+    describe,
+    place,
+    rollout_gb_per_gpu,
+    solve_placement,
+)
+from libra.planning.placement.brute import brute_force_nodes
 from libra.spec import (
     ClusterSpec,
     GPUSpec,
     InstanceGroup,
+    Placement,
     Plan,
     Pool,
     Role,
     RolloutConfig,
     TrainConfig,
+    WorkerPlacement,
     get_gpu,
     get_model,
 )
@@ -86,3 +97,90 @@ def test_total_time_is_the_time_the_call_took() -> None:
     around = time.perf_counter() - start
     assert isinstance(result.total_time_s, float)
     assert 0.0 <= result.solve_time_s <= result.total_time_s <= around
+
+
+def rollout_at(name: str, *ids: int) -> WorkerPlacement:
+    return WorkerPlacement(name=name, role=Role.ROLLOUT_INSTANCE, tp=len(ids), gpu_ids=ids, pool=Pool.CORE_ROLLOUT)
+
+
+def replica_at(name: str, tp: int, *ids: int) -> WorkerPlacement:
+    return WorkerPlacement(name=name, role=Role.TRAIN_REPLICA, tp=tp, gpu_ids=ids, pool=Pool.CORE_TRAIN)
+
+
+def test_a_fresh_placement_fills_the_lowest_nodes_and_leaves_the_highest_free() -> None:
+    """Nodes of one class: the training node first, then the used ones, then the free ones (mutant: the free nodes
+    sorted before the used ones)."""
+    cl = cluster(3, 4)
+    plan = make_plan(4, 1, 1, 1, [(4, 1)])
+    placement = place(plan, cl)
+    assert describe(placement, build_problem(plan, cl)).splitlines() == [
+        "node 0: train-0 train-0 train-0 train-0",
+        "node 1: rollout-tp4-0 rollout-tp4-0 rollout-tp4-0 rollout-tp4-0",
+        "node 2: - - - -",
+    ]
+
+
+def test_an_entity_that_cannot_be_kept_does_not_hide_the_ones_that_can() -> None:
+    """Node 0 holds replica train-0 (3 stages, all on node 0) and rollout-tp1-0. The EP block of train-0 (ep = 2)
+    would pin 3 stages x 2 GPUs = 6 GPUs on the 4-GPU node, so it cannot be kept there; the rollout instance can.
+    The pattern enumeration must skip the impossible combination and go on (mutant: `break`, which also drops
+    "keep the rollout instance alone"): one move, the optimum of the exhaustive search."""
+    cl = cluster(3, 4)
+    plan = make_plan(1, 3, 2, 2, [(1, 2)])
+    current = Placement(workers=(replica_at("train-0", 1, 0, 1, 2), rollout_at("rollout-tp1-0", 3)))
+    result = solve_placement(plan, cl, current=current)
+    oracle = brute_force_nodes(build_problem(plan, cl, current=current))
+    assert oracle is not None and oracle.moves == 1
+    assert result.cost == oracle
+    assert result.placement.by_name()["rollout-tp1-0"].gpu_ids == (3,)
+
+
+def test_the_other_replicas_of_a_kept_block_get_every_stage() -> None:
+    """EP block of train-0 and train-1 (ep = 2, 2 stages): train-0 keeps its GPUs, train-1 is new and must get one
+    TP group per stage, each on the node of train-0's same stage (mutant: only its last stage's GPUs)."""
+    cl = cluster(2, 4)
+    plan = make_plan(1, 2, 2, 2, [])
+    current = Placement(workers=(replica_at("train-0", 1, 0, 4),))
+    placement = solve_placement(plan, cl, current=current).placement
+    workers = placement.by_name()
+    assert workers["train-0"].gpu_ids == (0, 4)
+    new = workers["train-1"].gpu_ids
+    assert len(new) == 2 and [cl.node_of(g) for g in new] == [0, 1]
+    assert len(placement.gpus_used()) == 4
+
+
+def test_wide_instance_conflicts_are_listed_widest_first() -> None:
+    with pytest.raises(InfeasiblePlacementError) as info:
+        place(make_plan(1, 1, 0, 1, [(8, 1), (16, 1)]), cluster(8, 4))
+    assert info.value.conflicts == (
+        "instance rollout-tp16-0 needs 16 GPUs in one node but nodes have 4",
+        "instance rollout-tp8-0 needs 8 GPUs in one node but nodes have 4",
+    )
+
+
+def test_a_model_that_exactly_fills_the_gpu_fits() -> None:
+    """The rollout memory check is `need <= capacity`: a GPU whose memory is exactly the weight shard plus the KV
+    reserve holds the instance."""
+    model = get_model("Qwen3-14B")
+    exact = attrs.evolve(A800, name="exact", memory_gb=rollout_gb_per_gpu(model, 2, 4096))
+    placement = place(make_plan(1, 1, 0, 1, [(2, 1)]), cluster(1, 2, exact), model=model)
+    assert placement.by_name()["rollout-tp2-0"].gpu_ids == (0, 1)
+
+
+def test_the_smallest_fitting_degree_is_looked_for_inside_a_node_only() -> None:
+    """One-GPU nodes: Llama-3-70B does not fit TP-1; TP-2 would fit but no node has 2 GPUs, so the hint is that
+    the model fits nowhere (mutant: the search runs to `gpus_per_node + 1` and suggests TP-2)."""
+    with pytest.raises(InfeasiblePlacementError) as info:
+        place(make_plan(1, 1, 0, 1, [(1, 1)]), cluster(2, 1), model=get_model("Llama-3-70B"))
+    (conflict,) = info.value.conflicts
+    assert "Llama-3-70B fits nowhere: even TP-1 (a whole node)" in conflict
+
+
+def test_the_kv_reserve_reaches_the_memory_check() -> None:
+    """Qwen3-14B on one A800 GPU: fits with the default 4,096-token reserve, not with a 10^6-token one."""
+    model = get_model("Qwen3-14B")
+    plan = make_plan(1, 1, 0, 1, [(1, 1)])
+    assert rollout_gb_per_gpu(model, 1, 4096) <= A800.memory_gb < rollout_gb_per_gpu(model, 1, 1_000_000)
+    place(plan, cluster(1, 1), model=model)
+    with pytest.raises(InfeasiblePlacementError, match="KV reserve of 1000000 tokens"):
+        place(plan, cluster(1, 1), model=model, kv_reserve_tokens=1_000_000)
