@@ -12,6 +12,7 @@ from libra.planning.placement import (
     InfeasiblePlacementError,
     build_problem,
     describe,
+    patterns,
     place,
     rollout_gb_per_gpu,
     solve_placement,
@@ -184,3 +185,25 @@ def test_the_kv_reserve_reaches_the_memory_check() -> None:
     place(plan, cluster(1, 1), model=model)
     with pytest.raises(InfeasiblePlacementError, match="KV reserve of 1000000 tokens"):
         place(plan, cluster(1, 1), model=model, kv_reserve_tokens=1_000_000)
+
+
+@pytest.mark.parametrize(
+    ("num_nodes", "tp", "dp", "instances"),
+    [(2, 2, 1, []), (3, 2, 1, []), (3, 1, 2, [(1, 1)]), (4, 2, 2, [(2, 1)]), (3, 4, 1, [(2, 1)])],
+)
+def test_nodes_modelled_one_by_one_are_used_in_node_order(
+    monkeypatch: pytest.MonkeyPatch, num_nodes: int, tp: int, dp: int, instances: list[tuple[int, int]]
+) -> None:
+    """The per-node fallback's symmetry breaking (`model.py`): interchangeable single nodes are used in node order,
+    training first, so a fresh placement uses a prefix of the nodes with training counts non-increasing (mutant:
+    each node ordered only against the node two further on)."""
+    monkeypatch.setattr(patterns, "MAX_PATTERNS", -1)
+    cl = cluster(num_nodes, 4)
+    placement = place(make_plan(tp, 1, dp, 1, instances), cl)
+    used = [any(cl.node_of(g) == n for g in placement.gpus_used()) for n in range(num_nodes)]
+    train = [
+        sum(cl.node_of(g) == n for w in placement.workers if w.role is Role.TRAIN_REPLICA for g in w.gpu_ids)
+        for n in range(num_nodes)
+    ]
+    assert used == sorted(used, reverse=True)
+    assert train == sorted(train, reverse=True)
