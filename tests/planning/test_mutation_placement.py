@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 import time
 
 import attrs
@@ -10,14 +11,18 @@ import pytest
 
 from libra.planning.placement import (
     InfeasiblePlacementError,
+    PlacementModelError,
     build_problem,
     describe,
+    moved,
     patterns,
     place,
     rollout_gb_per_gpu,
     solve_placement,
 )
+from libra.planning.placement.assign import assign_gpus
 from libra.planning.placement.brute import brute_force_nodes
+from libra.planning.placement.model import NodeSolution
 from libra.spec import (
     ClusterSpec,
     GPUSpec,
@@ -34,6 +39,8 @@ from libra.spec import (
 )
 
 A800 = get_gpu("A800-80GB")
+# The package exports the function `place`, which hides the module of the same name.
+place_module = importlib.import_module("libra.planning.placement.place")
 
 
 def make_plan(tp: int, pp: int, dp: int, ep: int, instances: list[tuple[int, int]]) -> Plan:
@@ -207,3 +214,89 @@ def test_nodes_modelled_one_by_one_are_used_in_node_order(
     ]
     assert used == sorted(used, reverse=True)
     assert train == sorted(train, reverse=True)
+
+
+# Found by the whole-run of `bash scripts/mutation.sh placement` (docs/testing.md).
+
+
+def _node_solution(counts: dict[str, tuple[int, ...]]) -> NodeSolution:
+    return NodeSolution(counts=counts, kept=frozenset(), objective=0, optimal=True, solve_time_s=0.0)
+
+
+def test_a_node_solution_over_a_nodes_capacity_is_a_model_error() -> None:
+    """`assign_gpus` checks what it is given: two TP-4 instances counted on one 4-GPU node."""
+    cl = cluster(2, 4)
+    problem = build_problem(make_plan(1, 1, 0, 1, [(4, 2)]), cl)
+    with pytest.raises(PlacementModelError) as info:
+        assign_gpus(problem, _node_solution({"rollout-tp4": (2, 0)}))
+    assert str(info.value) == (
+        "node 0 has 0 free GPUs left but the solution puts 4 more there (the node-level solution violates capacity)"
+    )
+
+
+@pytest.mark.parametrize("counts", [(1, 0), (2, 1)])
+def test_a_node_solution_with_the_wrong_training_stage_count_is_a_model_error(counts: tuple[int, int]) -> None:
+    """Two replicas of 2 stages need 4 training units: 1 (too few slots) and 3 (a block short of a stage) are bugs
+    of the node-level model, reported as such."""
+    problem = build_problem(make_plan(1, 2, 2, 1, []), cluster(2, 4))
+    with pytest.raises(PlacementModelError, match=f"the solution has {sum(counts)} free training stages for 2 blocks"):
+        assign_gpus(problem, _node_solution({"train": counts}))
+
+
+def test_a_current_gpu_id_just_past_the_cluster_is_not_keepable() -> None:
+    """A current worker on GPU id `num_gpus` (one past the last) cannot be kept; the placement still works."""
+    cl = cluster(1, 4)
+    current = Placement(workers=(rollout_at("rollout-tp1-0", 4),))
+    result = solve_placement(make_plan(1, 1, 0, 1, [(1, 1)]), cl, current=current)
+    assert result.cost.moves == 1
+    assert result.placement.by_name()["rollout-tp1-0"].gpu_ids == (0,)
+
+
+def test_a_role_or_tp_change_alone_is_a_move() -> None:
+    same_gpus_other_role = replica_at("w", 2, 0, 1)
+    assert moved(rollout_at("w", 0, 1), same_gpus_other_role)
+    assert moved(rollout_at("w", 0, 1), attrs.evolve(rollout_at("w", 0, 1), tp=1))
+    assert not moved(rollout_at("w", 0, 1), rollout_at("w", 1, 0))
+
+
+def test_rollout_memory_is_in_gigabytes_of_1e9_bytes() -> None:
+    model = get_model("Qwen3-14B")
+    assert rollout_gb_per_gpu(model, 2, 4096) == (model.weight_bytes / 2 + 4096 * model.kv_bytes_per_token(2)) / 1e9
+
+
+def test_the_hint_names_a_degree_that_exactly_fills_the_gpu() -> None:
+    model = get_model("Qwen3-14B")
+    exact = attrs.evolve(A800, name="exact", memory_gb=rollout_gb_per_gpu(model, 2, 4096))
+    with pytest.raises(InfeasiblePlacementError) as info:
+        place(make_plan(1, 1, 0, 1, [(1, 1)]), cluster(1, 4, exact), model=model)
+    (conflict,) = info.value.conflicts
+    assert conflict.endswith("the smallest TP degree that fits is TP-2")
+
+
+def test_place_passes_its_time_limit_and_defaults_to_ten_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = []
+    real = place_module.solve_nodes
+
+    def spy(problem, *, time_limit_s, num_workers):
+        seen.append((time_limit_s, num_workers))
+        return real(problem, time_limit_s=time_limit_s, num_workers=num_workers)
+
+    monkeypatch.setattr(place_module, "solve_nodes", spy)
+    plan = make_plan(1, 1, 0, 1, [(1, 1)])
+    place(plan, cluster(1, 4))
+    place(plan, cluster(1, 4), time_limit_s=3.0)
+    assert seen == [(10.0, 1), (3.0, 1)]
+
+
+def test_a_node_solution_with_the_wrong_rollout_slot_count_is_a_model_error() -> None:
+    problem = build_problem(make_plan(1, 1, 0, 1, [(1, 2)]), cluster(2, 4))
+    with pytest.raises(PlacementModelError) as info:
+        assign_gpus(problem, _node_solution({"rollout-tp1": (1, 0)}))
+    assert str(info.value) == "the solution has 1 free rollout-tp1 slots for 2 instances"
+
+
+def test_place_keeps_the_current_placement() -> None:
+    """`place` (not only `solve_placement`) passes `current`: an instance on the last GPU stays there."""
+    current = Placement(workers=(rollout_at("rollout-tp1-0", 7),))
+    placement = place(make_plan(1, 1, 0, 1, [(1, 1)]), cluster(2, 4), current=current)
+    assert placement.by_name()["rollout-tp1-0"].gpu_ids == (7,)
