@@ -300,3 +300,61 @@ def test_place_keeps_the_current_placement() -> None:
     current = Placement(workers=(rollout_at("rollout-tp1-0", 7),))
     placement = place(make_plan(1, 1, 0, 1, [(1, 1)]), cluster(2, 4), current=current)
     assert placement.by_name()["rollout-tp1-0"].gpu_ids == (7,)
+
+
+def test_rollout_instances_take_gpu_ids_widest_first() -> None:
+    cl = cluster(1, 4)
+    plan = make_plan(1, 1, 0, 1, [(1, 1), (2, 1)])
+    assert describe(place(plan, cl), build_problem(plan, cl)) == "node 0: rollout-tp2-0 rollout-tp2-0 rollout-tp1-0 -"
+
+
+def test_a_plan_without_training_ignores_the_training_fields() -> None:
+    """With dp = 0 the training TP degree and memory are not checked (no replica exists)."""
+    wide = make_plan(8, 1, 0, 1, [(1, 2)])
+    heavy = attrs.evolve(wide, train=attrs.evolve(wide.train, memory_gb=95.0))
+    for plan in (wide, heavy):
+        assert len(place(plan, cluster(1, 4)).workers) == 2
+
+
+@pytest.mark.parametrize(("memory_gb", "fits"), [(80.0, True), (80.5, False)])
+def test_training_memory_up_to_the_gpu_fits(memory_gb: float, fits: bool) -> None:
+    plan = make_plan(2, 1, 1, 1, [])
+    plan = attrs.evolve(plan, train=attrs.evolve(plan.train, memory_gb=memory_gb))
+    if fits:
+        place(plan, cluster(1, 4))
+    else:
+        with pytest.raises(InfeasiblePlacementError, match="train-0 needs 80.5 GB per GPU"):
+            place(plan, cluster(1, 4))
+
+
+def test_the_ep_block_conflict_names_the_replicas_of_the_block() -> None:
+    with pytest.raises(InfeasiblePlacementError) as info:
+        place(make_plan(2, 1, 4, 4, []), cluster(2, 4))
+    assert info.value.conflicts[0].startswith("replicas train-0..train-3 form an EP block (ep=4 replicas x TP-2 = ")
+
+
+def test_the_hint_can_name_a_whole_node() -> None:
+    """Two-GPU nodes: Llama-3-70B needs TP-2, the whole node (mutant: the search stops before the last degrees)."""
+    with pytest.raises(InfeasiblePlacementError) as info:
+        place(make_plan(1, 1, 0, 1, [(1, 1)]), cluster(2, 2), model=get_model("Llama-3-70B"))
+    (conflict,) = info.value.conflicts
+    assert conflict.endswith("the smallest TP degree that fits is TP-2")
+
+
+def test_an_infeasible_placement_says_so_before_the_conflicts() -> None:
+    with pytest.raises(InfeasiblePlacementError) as info:
+        place(make_plan(1, 1, 0, 1, [(4, 3)]), cluster(2, 6))
+    assert str(info.value).startswith("infeasible placement, these constraints conflict")
+
+
+def test_solve_placement_defaults_to_ten_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = []
+    real = place_module.solve_nodes
+
+    def spy(problem, *, time_limit_s, num_workers):
+        seen.append(time_limit_s)
+        return real(problem, time_limit_s=time_limit_s, num_workers=num_workers)
+
+    monkeypatch.setattr(place_module, "solve_nodes", spy)
+    solve_placement(make_plan(1, 1, 0, 1, [(1, 1)]), cluster(1, 4))
+    assert seen == [10.0]
