@@ -5,6 +5,7 @@
 #
 #   bash scripts/mutation.sh                 # all solver files
 #   bash scripts/mutation.sh replan          # one file (train_tree, rollout_dp, planner, replan, cmlfq, priced)
+#   bash scripts/mutation.sh placement       # the placement solver's five files together
 #   LIBRA_MUTATION_SAMPLE=60 bash scripts/mutation.sh planner   # a seeded random sample of 60 of its mutants
 #   LIBRA_MUTATION_RESUME=1 bash scripts/mutation.sh train_tree  # go on with a stopped run (SIGINT to mutmut run)
 #
@@ -25,6 +26,7 @@ declare -A files=(
   [replan]=libra/planning/replan.py
   [cmlfq]=libra/scheduling/cmlfq.py
   [priced]=libra/scheduling/priced.py
+  [placement]="libra/planning/placement/model.py libra/planning/placement/patterns.py libra/planning/placement/assign.py libra/planning/placement/problem.py libra/planning/placement/place.py"
 )
 declare -A tests=(
   [train_tree]="tests/planning/test_train_tree.py tests/planning/test_train_tree_layouts.py tests/planning/test_mutation_train_tree.py"
@@ -33,9 +35,10 @@ declare -A tests=(
   [replan]="tests/planning/test_replan.py tests/planning/test_rollout_and_planner.py"
   [cmlfq]="tests/scheduling/test_router.py tests/scheduling/test_cmlfq_decisions.py tests/scheduling/test_golden.py"  # test_evaluate.py: 200 s per mutant
   [priced]="tests/scheduling/test_router.py tests/scheduling/test_cmlfq_decisions.py tests/scheduling/test_golden.py tests/scheduling/test_fast_paths.py"
+  [placement]="tests/planning/test_placement_errors.py tests/planning/test_placement_moves.py tests/planning/test_placement_oracle.py tests/planning/test_placement_properties.py tests/planning/test_mutation_placement.py"
 )
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(train_tree rollout_dp planner replan cmlfq priced)
+[ ${#targets[@]} -gt 0 ] || targets=(train_tree rollout_dp planner replan cmlfq priced placement)
 
 total_killed=0
 total_all=0
@@ -51,9 +54,10 @@ for target in "${targets[@]}"; do
     cp -r "$root/libra" "$root/tests" "$work/"
     find "$work" -name __pycache__ -prune -exec rm -rf {} +
     test_list=$(printf '"%s", ' ${tests[$target]})
+    source_list=$(printf '"%s", ' ${files[$target]})
     cat >"$work/pyproject.toml" <<TOML
 [tool.mutmut]
-source_paths = ["${files[$target]}"]
+source_paths = [${source_list%, }]
 pytest_add_cli_args_test_selection = [${test_list%, }]
 also_copy = ["libra", "tests"]
 pytest_add_cli_args = ["-x", "-q", "-p", "no:cacheprovider", "-p", "no:benchmark"]
@@ -72,10 +76,11 @@ TOML
     if [ -n "${LIBRA_MUTATION_SAMPLE:-}" ]; then
       # generate the mutants and collect the test statistics (the filter matches nothing, so nothing runs yet)
       "$python" -m mutmut run --max-children 1 "no-such-mutant" >"$work/generate.log" 2>&1 || true
-      mapfile -t names < <("$python" - "${files[$target]}" "$LIBRA_MUTATION_SAMPLE" "${LIBRA_MUTATION_SEED:-0}" <<'PY'
+      # one sample over the mutants of every file of the target (a one-file target samples as before)
+      mapfile -t names < <("$python" - "$LIBRA_MUTATION_SAMPLE" "${LIBRA_MUTATION_SEED:-0}" ${files[$target]} <<'PY'
 import json, random, sys
-keys = sorted(json.load(open(f"mutants/{sys.argv[1]}.meta"))["exit_code_by_key"])
-for name in sorted(random.Random(int(sys.argv[3])).sample(keys, min(int(sys.argv[2]), len(keys)))):
+keys = sorted(k for path in sys.argv[3:] for k in json.load(open(f"mutants/{path}.meta"))["exit_code_by_key"])
+for name in sorted(random.Random(int(sys.argv[2])).sample(keys, min(int(sys.argv[1]), len(keys)))):
     print(name)
 PY
       )
