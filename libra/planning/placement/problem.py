@@ -90,9 +90,6 @@ class PlacementProblem:
     matched: int
     unkeepable: int
 
-    def kind(self, key: str) -> UnitKind:
-        return next(k for k in self.kinds if k.key == key)
-
     def worker(self, name: str) -> WorkerShape:
         return next(w for w in self.workers if w.name == name)
 
