@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from libra.scheduling.router import Request, RouteDecision, Router
 from libra.scheduling.tree import Node, PrefixTree
 from libra.scheduling.walk import Walk
-from libra.workloads.trace import TOOL_STATUSES
 
 if TYPE_CHECKING:
     from libra.scheduling.shrinkage import ShrinkFit
@@ -59,8 +58,8 @@ class PricedRule:
 
     if TYPE_CHECKING:
 
-        def _checked_tool_return(
-            self, request_id: Any, tool: object, tool_tokens: object, status: object, context_tokens: object
+        def _book_tool_return(
+            self, request_id: Any, tool: str, tool_tokens: int, status: str, context_tokens: int
         ) -> Request: ...
 
         def _move(self, req: Request, target: int, carried: int, reason: str) -> RouteDecision: ...
@@ -93,21 +92,8 @@ class PricedRule:
         likeliest bucket, so no move, no overflow move and no decision point follows: only that bucket's share is
         found (the fit's record, when it takes one, is made first, from the node's shares). Without an exit the
         shares are found and blended in one pass (two when the fit records: it keeps the node's shares)."""
-        req = self._requests.get(request_id)
-        if (  # (`Router.on_tool_return`'s checks)
-            req is None
-            or status not in TOOL_STATUSES
-            or type(tool) is not str
-            or not tool
-            or type(tool_tokens) is not int
-            or tool_tokens < 0
-            or type(context_tokens) is not int
-            or context_tokens < 0
-        ):
-            req = self._checked_tool_return(request_id, tool, tool_tokens, status, context_tokens)
-        self._context_in_flight += context_tokens - req.context
-        req.context = ctx = context_tokens
-        req.tool_tokens += tool_tokens
+        req = self._book_tool_return(request_id, tool, tool_tokens, status, context_tokens)
+        ctx = context_tokens
         code = self.tree.codec.encode(tool, tool_tokens, status)
         walk: Walk = req.state
         m = self.min_count

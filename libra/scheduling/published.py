@@ -16,7 +16,6 @@ from math import ceil
 from typing import TYPE_CHECKING, Any
 
 from libra.scheduling.router import Request, RouteDecision, Router
-from libra.workloads.trace import TOOL_STATUSES
 
 if TYPE_CHECKING:
     from libra.scheduling.tree import PrefixTree
@@ -39,8 +38,8 @@ class MeanP90Rule:
 
     if TYPE_CHECKING:
 
-        def _checked_tool_return(
-            self, request_id: Any, tool: object, tool_tokens: object, status: object, context_tokens: object
+        def _book_tool_return(
+            self, request_id: Any, tool: str, tool_tokens: int, status: str, context_tokens: int
         ) -> Request: ...
 
         def _move(self, req: Request, target: int, carried: int, reason: str) -> RouteDecision: ...
@@ -53,21 +52,8 @@ class MeanP90Rule:
         self, request_id: Any, *, tool: str, tool_tokens: int, status: str, context_tokens: int
     ) -> RouteDecision:
         """`on_tool_return` with the published rule (module docstring; cmlfq.py has the rule)."""
-        req = self._requests.get(request_id)
-        if (  # (`Router.on_tool_return`'s checks)
-            req is None
-            or status not in TOOL_STATUSES
-            or type(tool) is not str
-            or not tool
-            or type(tool_tokens) is not int
-            or tool_tokens < 0
-            or type(context_tokens) is not int
-            or context_tokens < 0
-        ):
-            req = self._checked_tool_return(request_id, tool, tool_tokens, status, context_tokens)
-        self._context_in_flight += context_tokens - req.context
-        req.context = ctx = context_tokens
-        req.tool_tokens += tool_tokens
+        req = self._book_tool_return(request_id, tool, tool_tokens, status, context_tokens)
+        ctx = context_tokens
         carried = ctx - tool_tokens
         if not self._inline or self.fallback == "scaled":  # the general path (the reference)
             target, reason = self._tool_return(req, tool, tool_tokens, status)

@@ -117,8 +117,19 @@ class Router(ABC):
         """A tool call of the request returned `tool_tokens` tokens with `status` (ok/error/timeout);
         `context_tokens` is the context including that return. A migration here carries the context already in KV
         cache, `context_tokens - tool_tokens`: the tool return is prefilled at the destination either way."""
+        req = self._book_tool_return(request_id, tool, tool_tokens, status, context_tokens)
+        target, reason = self._tool_return(req, tool, tool_tokens, status)
+        stay = req.stay
+        if target == req.bucket and stay is not None and stay.bucket == target:  # `_move`'s commonest case, inline
+            return stay
+        return self._move(req, target, context_tokens - tool_tokens, reason)
+
+    def _book_tool_return(
+        self, request_id: Any, tool: str, tool_tokens: int, status: str, context_tokens: int
+    ) -> Request:
+        """Every rule's `on_tool_return` starts here: the request in flight, its arguments checked (plain ones pass
+        one test, `_checked_tool_return` takes the rest) and its context and tool tokens booked."""
         req = self._requests.get(request_id)
-        # the hot path of every decision: plain arguments pass one test, `_checked_tool_return` takes the rest
         if (
             req is None
             or status not in TOOL_STATUSES
@@ -133,11 +144,7 @@ class Router(ABC):
         self._context_in_flight += context_tokens - req.context
         req.context = context_tokens
         req.tool_tokens += tool_tokens
-        target, reason = self._tool_return(req, tool, tool_tokens, status)
-        stay = req.stay
-        if target == req.bucket and stay is not None and stay.bucket == target:  # `_move`'s commonest case, inline
-            return stay
-        return self._move(req, target, context_tokens - tool_tokens, reason)
+        return req
 
     def _checked_tool_return(
         self, request_id: Any, tool: object, tool_tokens: object, status: object, context_tokens: object
