@@ -12,6 +12,7 @@ reads the future. Before any observation every return is class 0.
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 
@@ -95,7 +96,7 @@ class QuantileStateCodec(StateCodec):
         x = np.fromiter(values, float, len(values))
         qs = np.quantile(x, np.arange(1, self.classes) / self.classes)
         if self.method == "breaks":
-            qs = _natural_breaks(np.log1p(x), qs)
+            qs = _natural_breaks(_log1p(x), qs)
         return tuple(float(e) for e in np.unique(qs))
 
     # -- classifying ---------------------------------------------------------------------------------------------
@@ -158,7 +159,7 @@ def _natural_breaks(logs: np.ndarray, start: np.ndarray, iterations: int = 30) -
     `start` (tokens): where a workload's returns form clusters (short, medium, long answers), the edges fall in the
     gaps between them rather than inside a cluster. Returned in token units; `start` itself when a group is empty
     (too few distinct sizes to cluster)."""
-    edges = np.log1p(np.sort(start))
+    edges = _log1p(np.sort(start))
     for _ in range(iterations):
         groups = np.searchsorted(edges, logs, side="right")
         counts = np.bincount(groups, minlength=len(edges) + 1)
@@ -169,4 +170,13 @@ def _natural_breaks(logs: np.ndarray, start: np.ndarray, iterations: int = 30) -
         if np.allclose(new, edges):
             break
         edges = new
-    return np.expm1(edges)
+    return np.array([math.expm1(e) for e in edges.tolist()])
+
+
+def _log1p(x: np.ndarray) -> np.ndarray:
+    """`log1p` of each element by the C library's scalar function, not numpy's: numpy computes it with SIMD code
+    chosen by the CPU (AVX-512 machines take another implementation), whose last bits differ from machine to machine,
+    and the edges decide how returns are classed, so learnt trees and decisions would depend on the CPU. Computed
+    once per distinct size (sizes are token counts: few distinct values)."""
+    values, inverse = np.unique(x, return_inverse=True)
+    return np.array([math.log1p(v) for v in values.tolist()])[inverse]

@@ -77,6 +77,21 @@ def test_size_classes_do_not_depend_on_the_scale(sizes, factor) -> None:
         assert same >= (1 - tolerance) * len(sizes), spec
 
 
+def test_natural_breaks_do_not_depend_on_numpys_simd_functions(monkeypatch) -> None:
+    """The edges come from the C library's scalar log1p/expm1, not numpy's: numpy picks a SIMD implementation by
+    CPU (AVX-512 machines get another one, a few ulp apart), and the golden decisions of the adaptive preset
+    changed on such a machine. numpy's two functions pushed one ulp off must leave the edges bit for bit."""
+    sizes = [int(x) for x in np.random.default_rng(5).lognormal(6.5, 1.2, 600)]
+    trajs = [_traj("p", [("search", n)]) for n in sizes]
+    clean = QuantileStateCodec.from_spec("breaks:4")
+    clean.observe(trajs)
+    monkeypatch.setattr(np, "log1p", lambda x: np.nextafter(np.log(np.asarray(x, float) + 1.0), np.inf))
+    monkeypatch.setattr(np, "expm1", lambda x: np.nextafter(np.exp(np.asarray(x, float)) - 1.0, np.inf))
+    skewed = QuantileStateCodec.from_spec("breaks:4")
+    skewed.observe(trajs)
+    assert skewed.state() == clean.state() and len(clean.edges_for("search")) == 3
+
+
 def test_quantile_tree_round_trips_through_json(tmp_path) -> None:
     tree = PrefixTree(size_edges="breaks:4")
     trace = generate("search-r1", num_steps=2, seed=3, num_prompts=16, samples_per_prompt=4)
