@@ -146,11 +146,13 @@ def zygote(requests, replies, timeout_s: float) -> dict:
     restore(capture(model, opt, version=1), *H.make_model(seed=1))
     outcomes = []
     child = None
+    run_spec: dict = {}
     while True:
         msg = requests.get(timeout=scaled(120))  # core rank 0 gone: end instead of waiting forever
         if msg[0] == "stop":
             return {"outcomes": outcomes}
         if msg[0] == "run":
+            run_spec = msg[1]
             child = os.fork()
             if child == 0:
                 code = 3
@@ -161,6 +163,11 @@ def zygote(requests, replies, timeout_s: float) -> dict:
             replies.put(child)
         elif msg[0] == "end":
             pid, status = os.waitpid(child, os.WNOHANG | os.WUNTRACED)
+            if pid == 0 and any(r["event"] == "fault" for r in read_witness(run_spec["witness"])):
+                # The child wrote its fault line and its next instruction signals itself; on a loaded machine the
+                # end of the run can come in between. Wait for that signal to land (SIGKILL: it dies; SIGSTOP: it
+                # stops), so the outcome says what the fault did rather than "killed at end of run".
+                pid, status = os.waitpid(child, os.WUNTRACED)
             if pid == 0 or os.WIFSTOPPED(status):  # still running or frozen: the core has moved on; reap it
                 frozen = pid != 0
                 os.kill(child, signal.SIGKILL)
