@@ -34,7 +34,7 @@ declare -A tests=(
   [planner]="tests/planning/test_rollout_and_planner.py tests/planning/test_planner_details.py tests/planning/test_mutation_planner.py"
   [replan]="tests/planning/test_replan.py tests/planning/test_rollout_and_planner.py"
   [cmlfq]="tests/scheduling/test_router.py tests/scheduling/test_cmlfq_decisions.py tests/scheduling/test_golden.py"  # test_evaluate.py: 200 s per mutant
-  [priced]="tests/scheduling/test_router.py tests/scheduling/test_cmlfq_decisions.py tests/scheduling/test_golden.py tests/scheduling/test_fast_paths.py"
+  [priced]="tests/scheduling/test_router.py tests/scheduling/test_cmlfq_decisions.py tests/scheduling/test_golden.py tests/scheduling/test_fast_paths.py tests/scheduling/test_priced_exits.py"
   [placement]="tests/planning/test_placement_errors.py tests/planning/test_placement_moves.py tests/planning/test_placement_oracle.py tests/planning/test_placement_properties.py tests/planning/test_mutation_placement.py"
 )
 targets=("$@")
