@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from libra.scheduling import CMLFQ_PRESETS, make_router
+from libra.scheduling.router import Router
 from libra.spec import Bucket, parse_buckets
 from libra.workloads import Trajectory, Turn
 from libra.workloads.generators import WorkloadGenerator
@@ -190,3 +191,66 @@ def test_no_exit_where_the_node_points_below_the_last_bucket(inline) -> None:
     assert router.admit(0, prompt_id="p", prompt_tokens=100).bucket == 2
     d = router.on_tool_return(0, tool="t", tool_tokens=100, status="ok", context_tokens=300)
     assert (d.bucket, d.migrate, d.reason) == (1, True, "tool-return")
+
+
+@pytest.mark.parametrize("record", [True, False])
+def test_a_moved_request_that_exits_stays_where_it_was_moved(record) -> None:
+    """Found by mutation (docs/testing.md, `priced.py`): a request moved up while its context was still inside its
+    admission bucket, whose next return finds that bucket the likeliest again, stays where it was moved (a fresh
+    stay), not in the bucket of the stay it had before the move. The workloads above never produce that sequence:
+    the move is made here by hand, and the fit's record (or the budget's decision points) keeps the return off the
+    moved-request shortcut and on the majority exit."""
+    router = make_router("cmlfq", parse_buckets("1:3000,2:6000,4:12000,8:inf"), **CMLFQ_PRESETS["adaptive"])
+    router._fit.per_step = router._fit.per_request = 10**6 if record else 0
+    gen = WorkloadGenerator("search-r1", seed=3, num_prompts=24)
+    rid = itertools.count()
+    for s in range(3):  # learn: every prompt's tree and the population's
+        for traj in gen.step(s):
+            r = next(rid)
+            router.admit(r, prompt_id=traj.prompt_id, prompt_tokens=traj.prompt_tokens)
+            for k, turn in enumerate(traj.turns):
+                if turn.tool is not None:
+                    router.on_tool_return(
+                        r,
+                        tool=turn.tool,
+                        tool_tokens=turn.tool_tokens,
+                        status=turn.tool_status,
+                        context_tokens=traj.context_after(k + 1),
+                    )
+            router.finish(r, traj)
+        router.end_step()
+    tried = 0
+    for traj in gen.step(3):
+        tools = [k for k, turn in enumerate(traj.turns) if turn.tool is not None]
+        if len(tools) < 2:
+            continue
+        r = next(rid)
+        first = router.admit(r, prompt_id=traj.prompt_id, prompt_tokens=traj.prompt_tokens)
+        req = router._requests[r]
+        if first.bucket + 1 >= len(router.limits):
+            continue
+        k0, k1 = tools[0], tools[1]
+        a = traj.turns[k0]
+        d0 = router.on_tool_return(
+            r,
+            tool=a.tool,
+            tool_tokens=a.tool_tokens,
+            status=a.tool_status,
+            context_tokens=min(traj.context_after(k0 + 1), 500),
+        )
+        if d0.migrate:
+            continue
+        if not record:
+            req.state.points = [None]  # decision points to keep: off the moved-request shortcut
+        Router._move(router, req, req.bucket + 1, 0, "by hand")
+        b = traj.turns[k1]
+        d1 = router.on_tool_return(
+            r,
+            tool=b.tool,
+            tool_tokens=b.tool_tokens,
+            status=b.tool_status,
+            context_tokens=min(traj.context_after(k1 + 1), 600),
+        )
+        assert not d1.migrate and d1.bucket == req.bucket == first.bucket + 1, (d0, d1)
+        tried += 1
+    assert tried >= 20
