@@ -193,6 +193,18 @@ def test_no_exit_where_the_node_points_below_the_last_bucket(inline) -> None:
     assert (d.bucket, d.migrate, d.reason) == (1, True, "tool-return")
 
 
+def _tool_return(router, r, traj, k: int, max_context: float = float("inf")):
+    """Route turn `k`'s tool return of request `r`, its context capped at `max_context`."""
+    turn = traj.turns[k]
+    return router.on_tool_return(
+        r,
+        tool=turn.tool,
+        tool_tokens=turn.tool_tokens,
+        status=turn.tool_status,
+        context_tokens=min(traj.context_after(k + 1), max_context),
+    )
+
+
 @pytest.mark.parametrize("record", [True, False])
 def test_a_moved_request_that_exits_stays_where_it_was_moved(record) -> None:
     """Found by mutation (docs/testing.md, `priced.py`): a request moved up while its context was still inside its
@@ -210,13 +222,7 @@ def test_a_moved_request_that_exits_stays_where_it_was_moved(record) -> None:
             router.admit(r, prompt_id=traj.prompt_id, prompt_tokens=traj.prompt_tokens)
             for k, turn in enumerate(traj.turns):
                 if turn.tool is not None:
-                    router.on_tool_return(
-                        r,
-                        tool=turn.tool,
-                        tool_tokens=turn.tool_tokens,
-                        status=turn.tool_status,
-                        context_tokens=traj.context_after(k + 1),
-                    )
+                    _tool_return(router, r, traj, k)
             router.finish(r, traj)
         router.end_step()
     tried = 0
@@ -230,27 +236,13 @@ def test_a_moved_request_that_exits_stays_where_it_was_moved(record) -> None:
         if first.bucket + 1 >= len(router.limits):
             continue
         k0, k1 = tools[0], tools[1]
-        a = traj.turns[k0]
-        d0 = router.on_tool_return(
-            r,
-            tool=a.tool,
-            tool_tokens=a.tool_tokens,
-            status=a.tool_status,
-            context_tokens=min(traj.context_after(k0 + 1), 500),
-        )
+        d0 = _tool_return(router, r, traj, k0, max_context=500)
         if d0.migrate:
             continue
         if not record:
             req.state.points = [None]  # decision points to keep: off the moved-request shortcut
         Router._move(router, req, req.bucket + 1, 0, "by hand")
-        b = traj.turns[k1]
-        d1 = router.on_tool_return(
-            r,
-            tool=b.tool,
-            tool_tokens=b.tool_tokens,
-            status=b.tool_status,
-            context_tokens=min(traj.context_after(k1 + 1), 600),
-        )
+        d1 = _tool_return(router, r, traj, k1, max_context=600)
         assert not d1.migrate and d1.bucket == req.bucket == first.bucket + 1, (d0, d1)
         tried += 1
     assert tried >= 20
