@@ -11,6 +11,8 @@ unsigned 64-bit int.
   each chunk right after copying it, while it is still in the core's L2 cache (so the checksum costs no extra pass
   over memory); buckets are spread over a small thread pool (numpy's memmove and xxhash both release the GIL).
   :func:`unpack` copies slot by slot over the same pool.
+  :func:`adopt` unpacks without copying: each tensor is rebound to its slot of the buckets (for buckets that
+  nothing else reuses, such as those a received snapshot arrived in).
 - ``"native"``: the C++ extension (``ext/libra_ext``, loaded by :mod:`libra.elastic.native`; raise if not built):
   parallel memcpy, checksum in a separate pass.
 - ``"python"``: the reference: one ``torch`` copy per tensor, checksum in a separate pass.
@@ -142,6 +144,43 @@ def unpack(
     for t, b, off, n in zip(tensors, layout.slot_bucket, layout.slot_offset, layout.slot_nbytes, strict=True):
         if n:
             t.reshape(-1).view(torch.uint8).copy_(buckets[b][off : off + n])
+
+
+def slot_view(
+    buckets: Sequence[torch.Tensor], layout: Layout, i: int, shape: Sequence[int], dtype: torch.dtype
+) -> torch.Tensor:
+    """Slot ``i`` as a tensor of ``shape``/``dtype`` that shares the bucket's memory (slots are 64-byte aligned,
+    so a view of any dtype is aligned)."""
+    n = layout.slot_nbytes[i]
+    if n == 0:
+        return torch.empty(list(shape), dtype=dtype)
+    b, off = layout.slot_bucket[i], layout.slot_offset[i]
+    if b >= len(buckets) or off + n > buckets[b].numel():
+        raise ValueError(f"slot {i} at bucket {b} offset {off} ({n} bytes) is outside the buckets")
+    return buckets[b][off : off + n].view(dtype).view(list(shape))
+
+
+def adopt(buckets: Sequence[torch.Tensor], tensors: Sequence[torch.Tensor], layout: Layout) -> None:
+    """Unpack without copying: each tensor is rebound, in place (``tensor.data = slot``), to its slot of the
+    buckets, so it keeps its identity (a ``Parameter`` stays the optimizer's and its module's) and its value is the
+    packed bytes. The buckets then belong to the tensors: writing to either changes the other, so adopt only
+    buckets nothing else will reuse (the ones a received snapshot arrived in; of two sets of buckets packed in
+    turn, the one the tensors do not hold). Each tensor's old memory is released when nothing else holds it.
+
+    Buckets are contiguous uint8 CPU tensors, tensors CPU tensors of the packed sizes (any strides: the adopted
+    tensor is contiguous)."""
+    for i, (t, n) in enumerate(zip(tensors, layout.slot_nbytes, strict=True)):
+        if t.device.type != "cpu" or t.numel() * t.element_size() != n:
+            raise ValueError(f"tensor {i}: {t.numel() * t.element_size()} bytes on {t.device}; layout says {n} on cpu")
+    for b, bucket in enumerate(buckets):
+        if bucket.device.type != "cpu" or bucket.dtype != torch.uint8 or not bucket.is_contiguous():
+            raise ValueError(f"bucket {b}: {bucket.dtype} on {bucket.device}; adopt needs contiguous uint8 on cpu")
+    views = [
+        slot_view(buckets, layout, i, t.shape, t.dtype) for i, t in enumerate(tensors)
+    ]  # every slot checked before any move
+    for t, view in zip(tensors, views, strict=True):
+        if t.numel():
+            t.data = view
 
 
 def checksum(bucket: torch.Tensor, *, backend: str = "auto") -> int:

@@ -22,7 +22,16 @@ from typing import Any
 import attrs
 import torch
 
-from libra.elastic.pack import DEFAULT_BUCKET_BYTES, Layout, checksums, pack_checksummed, plan_layout, unpack
+from libra.elastic.pack import (
+    DEFAULT_BUCKET_BYTES,
+    Layout,
+    adopt,
+    checksums,
+    pack_checksummed,
+    plan_layout,
+    slot_view,
+    unpack,
+)
 from libra.elastic.wire import Kind, Message
 
 _DTYPES = {
@@ -219,9 +228,10 @@ def restore(
     """Overwrite model (in place) and optimizer state with the snapshot, after verifying every bucket checksum
     (unless the snapshot is ``verified``).
 
-    ``share_buckets=True``: the optimizer's new state tensors are views into the snapshot's buckets instead of
-    copies (for Adam, two thirds of the bytes are then never copied); only for buckets nobody else reuses, such as
-    the fresh ones a received snapshot arrives in."""
+    ``share_buckets=True``: nothing is copied. The model's parameters and buffers are rebound to their slots of
+    the snapshot's buckets (:func:`~libra.elastic.pack.adopt`: the same ``Parameter`` objects, so the optimizer and
+    the modules keep them), and the optimizer's new state tensors are views into the buckets. Only for buckets
+    nobody else reuses, such as the fresh ones a received snapshot arrives in; the model's old memory is released."""
     if len(snapshot.buckets) != len(snapshot.checksums):
         raise SnapshotError(f"{len(snapshot.buckets)} buckets but {len(snapshot.checksums)} checksums")
     if not snapshot.verified:
@@ -229,7 +239,7 @@ def restore(
             if got != want:
                 raise SnapshotError(f"snapshot v{snapshot.version}: bucket {i} fails its checksum")
     desc = snapshot.description
-    state = model.state_dict()
+    state = model.state_dict(keep_vars=True)
     targets: list[torch.Tensor] = []
     for name, shape, dtype in desc["model"]:
         t = state.get(name)
@@ -249,28 +259,33 @@ def restore(
         raise SnapshotError(f"bucket sizes {[int(b.numel()) for b in snapshot.buckets]} != {layout.bucket_sizes}")
     first = len(targets)
     if share_buckets:
+        # The module's own parameters and buffers are rebound to their slots; a state_dict entry that is not one
+        # of them (made by a hook, say) is copied into, since rebinding it would not reach the model.
+        own = {id(t) for t in (*model.parameters(), *model.buffers())}
+        adopted = [i for i, t in enumerate(targets) if id(t) in own and t.device.type == "cpu"]
         opt_tensors = [
-            _slot_view(snapshot.buckets, layout, first + i, shape, dtype) for i, (shape, dtype) in enumerate(opt_specs)
+            slot_view(snapshot.buckets, layout, first + i, shape, dtype) for i, (shape, dtype) in enumerate(opt_specs)
         ]
-        unpack_layout = Layout(
-            bucket_sizes=layout.bucket_sizes,
-            slot_bucket=layout.slot_bucket[:first],
-            slot_offset=layout.slot_offset[:first],
-            slot_nbytes=layout.slot_nbytes[:first],
-        )
+        copied = sorted(set(range(first)) - set(adopted))
     else:
+        adopted = []
         opt_tensors = _reusable_state(optimizer, desc["optimizer"]["state"], opt_specs)
-        unpack_layout = layout
+        copied = list(range(first + len(opt_specs)))
     opt_state: dict[int, dict[str, Any]] = {}
     made = iter(opt_tensors)
     for pid, slot in desc["optimizer"]["state"]:
         opt_state[int(pid)] = {key: next(made) if kind == "tensor" else rest[0] for key, kind, *rest in slot}
-    staging = [t if t.is_contiguous() else torch.empty_like(t, memory_format=torch.contiguous_format) for t in targets]
+    dests = [*targets, *opt_tensors]
+    staging = [
+        dests[i] if dests[i].is_contiguous() else torch.empty_like(dests[i], memory_format=torch.contiguous_format)
+        for i in copied
+    ]
     with torch.no_grad():
-        unpack(snapshot.buckets, [*staging, *([] if share_buckets else opt_tensors)], unpack_layout, backend=backend)
-        for t, s in zip(targets, staging, strict=True):
-            if s is not t:
-                t.copy_(s)
+        unpack(snapshot.buckets, staging, _sub_layout(layout, copied), backend=backend)
+        for i, s in zip(copied, staging, strict=True):
+            if s is not dests[i]:
+                dests[i].copy_(s)
+        adopt(snapshot.buckets, [targets[i] for i in adopted], _sub_layout(layout, adopted))
     if optimizer is not None and desc["optimizer"]["param_groups"] is not None:
         optimizer.load_state_dict({"state": opt_state, "param_groups": desc["optimizer"]["param_groups"]})
 
@@ -305,15 +320,14 @@ def _aliases(t: torch.Tensor, others: list[torch.Tensor]) -> bool:
     return t.numel() > 0 and any(o.numel() > 0 and o.untyped_storage().data_ptr() == ptr for o in others)
 
 
-def _slot_view(
-    buckets: tuple[torch.Tensor, ...], layout: Layout, i: int, shape: list[int], dtype: torch.dtype
-) -> torch.Tensor:
-    """Slot ``i`` as a tensor of ``shape``/``dtype`` sharing the bucket's memory (slots are 64-byte aligned)."""
-    n = layout.slot_nbytes[i]
-    if n == 0:
-        return torch.empty(shape, dtype=dtype)
-    off = layout.slot_offset[i]
-    return buckets[layout.slot_bucket[i]][off : off + n].view(dtype).view(shape)
+def _sub_layout(layout: Layout, slots: Sequence[int]) -> Layout:
+    """The layout of some of the slots (in the given order) over the same buckets."""
+    return Layout(
+        bucket_sizes=layout.bucket_sizes,
+        slot_bucket=tuple(layout.slot_bucket[i] for i in slots),
+        slot_offset=tuple(layout.slot_offset[i] for i in slots),
+        slot_nbytes=tuple(layout.slot_nbytes[i] for i in slots),
+    )
 
 
 def state_digest(

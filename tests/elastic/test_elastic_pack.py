@@ -18,6 +18,7 @@ import xxhash  # noqa: E402
 from libra.elastic import native  # noqa: E402
 from libra.elastic import pack as pack_mod  # noqa: E402
 from libra.elastic.pack import (  # noqa: E402
+    adopt,
     checksum,
     checksums,
     layout_of,
@@ -122,6 +123,54 @@ def test_fast_path_on_the_thread_pool_with_multi_chunk_tensors(monkeypatch):
     outs = [torch.empty_like(t) for t in tensors]
     unpack(fast, outs, lay)
     assert all(torch.equal(a, b) for a, b in zip(tensors, outs))
+
+
+def _inside(t, buckets) -> bool:
+    return any(b.data_ptr() <= t.data_ptr() < b.data_ptr() + b.numel() for b in buckets)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_adopt_rebinds_each_tensor_to_its_slot_without_a_copy(seed):
+    tensors = random_tensors(seed)
+    lay = layout_of(tensors, bucket_bytes=random.Random(seed).choice([64, 256, 4096]))
+    buckets, _ = pack_checksummed(tensors, lay)
+    outs = [torch.full(t.shape, 3, dtype=t.dtype) for t in tensors]
+    outs = [o.t() if o.dim() == 2 else o for o in outs]  # a target's strides do not matter
+    outs = [o.t() if o.dim() == 2 else o for o in outs]
+    ids = [id(o) for o in outs]
+    adopt(buckets, outs, lay)
+    assert [id(o) for o in outs] == ids
+    assert all(torch.equal(a, b) for a, b in zip(tensors, outs))
+    for o, b, off in zip(outs, lay.slot_bucket, lay.slot_offset):  # at its very slot: the bucket's memory
+        assert o.numel() == 0 or (o.data_ptr() == buckets[b].data_ptr() + off and o.is_contiguous())
+
+
+def test_adopt_keeps_a_parameter_that_its_optimizer_then_updates_in_the_bucket():
+    p = torch.nn.Parameter(torch.zeros(4, 3))
+    opt = torch.optim.SGD([p], lr=1.0)
+    src = [torch.arange(12, dtype=torch.float32).reshape(4, 3)]
+    lay = layout_of(src)
+    buckets, _ = pack_checksummed(src, lay)
+    adopt(buckets, [p], lay)
+    assert isinstance(p, torch.nn.Parameter) and torch.equal(p, src[0]) and _inside(p, buckets)
+    p.sum().backward()
+    opt.step()
+    assert torch.equal(buckets[0][:48].view(torch.float32).view(4, 3), src[0] - 1)
+
+
+def test_adopt_checks_every_tensor_before_it_moves_any():
+    tensors = [torch.ones(5), torch.ones(7), torch.ones(2)]
+    lay = layout_of(tensors)
+    buckets, _ = pack_checksummed(tensors, lay)
+    outs = [torch.zeros(5), torch.zeros(6), torch.zeros(2)]
+    ptrs = [o.data_ptr() for o in outs]
+    with pytest.raises(ValueError, match="tensor 1: 24 bytes"):
+        adopt(buckets, outs, lay)
+    assert [o.data_ptr() for o in outs] == ptrs
+    with pytest.raises(ValueError, match="outside the buckets"):
+        adopt([buckets[0][:30]], [torch.zeros(5), torch.zeros(7), torch.zeros(2)], lay)
+    with pytest.raises(ValueError, match="contiguous uint8"):
+        adopt([buckets[0].view(torch.int8)], [torch.zeros(5), torch.zeros(7), torch.zeros(2)], lay)
 
 
 @settings(max_examples=60, deadline=None)

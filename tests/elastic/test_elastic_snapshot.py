@@ -81,13 +81,33 @@ def test_restore_into_shared_buckets_is_bitwise_and_the_optimizer_state_lives_in
     if not verified:  # as if it came from elsewhere: verify on restore
         snap = Snapshot(version=3, description=snap.description, buckets=snap.buckets, checksums=snap.checksums)
     m2, o2 = make(1)
+    params = list(m2.parameters())
     restore(snap, m2, o2, share_buckets=True)
     assert state_digest(m, o) == state_digest(m2, o2)
     bucket_ptrs = [(b.data_ptr(), b.data_ptr() + b.numel()) for b in snap.buckets]
-    exp_avg = next(iter(o2.state.values()))["exp_avg"]
-    assert any(lo <= exp_avg.data_ptr() < hi for lo, hi in bucket_ptrs)
+    # nothing was copied: the optimizer's state and the model's parameters and buffers all live in the buckets
+    held = [*(s[k] for s in o2.state.values() for k in ("exp_avg", "exp_avg_sq")), *m2.state_dict().values()]
+    assert all(any(lo <= t.data_ptr() < hi for lo, hi in bucket_ptrs) for t in held)
+    assert list(m2.parameters()) == params and o2.param_groups[0]["params"] == params  # the same objects
     train(m, o, 2, seed=5)
     train(m2, o2, 2, seed=5)
+    assert state_digest(m, o) == state_digest(m2, o2)
+
+
+def test_restore_into_shared_buckets_copies_into_a_state_dict_entry_that_is_not_the_modules_own():
+    """A state_dict hook may hand out another tensor over a parameter's memory: rebinding that object would not
+    reach the model, so its bytes are copied into it."""
+    m, o = make(0)
+    train(m, o, 3)
+    snap = capture(m, o, version=3, bucket_bytes=512)
+    m2, o2 = make(1)
+
+    def detached(module, state, prefix, _meta):
+        state[prefix + "0.weight"] = module[0].weight.detach()
+
+    m2._register_state_dict_hook(detached)
+    restore(snap, m2, o2, share_buckets=True)
+    assert torch.equal(m2[0].weight, m[0].weight)
     assert state_digest(m, o) == state_digest(m2, o2)
 
 
