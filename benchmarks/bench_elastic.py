@@ -135,6 +135,20 @@ def _memcpy_baseline(tensors, outs, cpu: list[float]) -> float:
     return min(_timed(single, cpu), _timed(pooled))
 
 
+def _rounds_against_memcpy(benchmark, one_round, tensors, outs) -> tuple[list[float], tuple[list[float], list[float]]]:
+    """Time ``one_round`` for ``MEMORY_ROUNDS`` rounds, each after a memcpy baseline of the same bytes (untimed
+    setup). Returns the baseline's wall seconds and (baseline's, measured's) CPU seconds."""
+    baseline: list[float] = []
+    cpu: tuple[list[float], list[float]] = ([], [])
+    benchmark.pedantic(
+        _cpu_timed(one_round, cpu[1]),
+        setup=lambda: baseline.append(_memcpy_baseline(tensors, outs, cpu[0])),
+        rounds=MEMORY_ROUNDS,
+        iterations=1,
+    )
+    return baseline, cpu
+
+
 @pytest.mark.parametrize("variant", ["fresh", "reused", "verify", "native", "python"])
 def test_pack_checksum_unpack(benchmark, state, variant):
     if variant == "native" and native.load() is None:
@@ -143,7 +157,6 @@ def test_pack_checksum_unpack(benchmark, state, variant):
     nbytes = layout.total_bytes
     backend = variant if variant in ("native", "python") else "auto"
     kept: list = []
-    baseline: list[float] = []
 
     def one_round():
         buckets, sums = pack_checksummed(tensors, layout, backend=backend, out=kept[0] if kept else None)
@@ -155,13 +168,7 @@ def test_pack_checksum_unpack(benchmark, state, variant):
 
     if variant in ("reused", "verify"):
         one_round()  # the buckets every timed round reuses
-    cpu: tuple[list[float], list[float]] = ([], [])
-    benchmark.pedantic(
-        _cpu_timed(one_round, cpu[1]),
-        setup=lambda: baseline.append(_memcpy_baseline(tensors, outs, cpu[0])),
-        rounds=MEMORY_ROUNDS,
-        iterations=1,
-    )
+    baseline, cpu = _rounds_against_memcpy(benchmark, one_round, tensors, outs)
     one_round()
     assert all(torch.equal(a, b) for a, b in zip(tensors, outs, strict=True))
     _report(
@@ -192,14 +199,7 @@ def test_pack_checksum_adopt(benchmark, state):
 
     one_round()
     one_round()  # both sets exist and have been written: every timed round packs into mapped memory
-    baseline: list[float] = []
-    cpu: tuple[list[float], list[float]] = ([], [])
-    benchmark.pedantic(
-        _cpu_timed(one_round, cpu[1]),
-        setup=lambda: baseline.append(_memcpy_baseline(tensors, outs, cpu[0])),
-        rounds=MEMORY_ROUNDS,
-        iterations=1,
-    )
+    baseline, cpu = _rounds_against_memcpy(benchmark, one_round, tensors, outs)
     assert all(torch.equal(a, b) for a, b in zip(tensors, held, strict=True))
     lo_hi = [(b.data_ptr(), b.data_ptr() + b.numel()) for b in sets[1]]
     assert all(any(lo <= t.data_ptr() < hi for lo, hi in lo_hi) for t in held)  # zero-copy: in the held buckets
