@@ -26,13 +26,16 @@ The machine is shared: run these one at a time (``-k``), and read ratios, not ab
   ``LIBRA_BENCH_PARAMS`` parameters with Adam while a hybrid replica in another process joins over TCP: JOIN ->
   snapshot (packed on a background thread during the core's forward/backward) -> restore -> ATTACH -> placeholder
   step -> ACTIVE. ``join_s`` is the hybrid's ``join()`` call to its first ACTIVE step; the core's step times
-  without a join and during each phase of the join are in ``extra_info``.
+  without a join and during each phase of the join are in ``extra_info``. ``[shared]``: both processes may use
+  both CPUs (the core with torch's default threads); ``[separate]``: one CPU each, as replicas on their own
+  devices have (the core's background pack and sends stay on the core's CPU).
 
 Nothing here asserts a time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import socket
@@ -307,14 +310,17 @@ def _mlp(width: int):
     return model, torch.optim.Adam(model.parameters(), lr=1e-3)
 
 
-def _hybrid(port: int, width: int, control) -> None:
-    """The hybrid process: build the model, wait for "go", join, step until ACTIVE, report, leave."""
+def _hybrid(port: int, width: int, control, cpus: set[int] | None) -> None:
+    """The hybrid process: build the model, wait for "go", join, step until ACTIVE, report, leave. ``cpus``: the
+    CPUs it may run on (None: any)."""
     import torch  # noqa: F811
 
     from libra.elastic.grads import Mode, trainable
     from libra.elastic.hybrid import HybridReplica
     from libra.elastic.wire import TcpLink  # noqa: F811
 
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)
     torch.set_num_threads(1)
     model, opt = _mlp(width)
     for p in trainable(model):  # Adam state exists, as on the core (restore replaces it)
@@ -371,7 +377,7 @@ def _core_step(core, model, opt, x, y, step: int) -> float:
 _CPU: list[float] = []
 
 
-def _join_once(group, width: int, out: dict) -> None:
+def _join_once(group, width: int, out: dict, hybrid_cpus: set[int] | None) -> None:
     from libra.elastic.core import CoreExchange
     from libra.elastic.states import JoinState
     from libra.elastic.wire import SideChannelServer
@@ -391,7 +397,7 @@ def _join_once(group, width: int, out: dict) -> None:
     x, y = torch.randn(8, width), torch.randn(8, 4)
     ctx = mp.get_context("spawn")
     control, child_end = ctx.Pipe()
-    proc = ctx.Process(target=_hybrid, args=(server.port, width, child_end), daemon=True)
+    proc = ctx.Process(target=_hybrid, args=(server.port, width, child_end, hybrid_cpus), daemon=True)
     proc.start()
     step = 0
     quiet, quiet_cpu, during_cpu = [], [], []
@@ -433,13 +439,42 @@ def _join_once(group, width: int, out: dict) -> None:
     )
 
 
-def test_join(benchmark, world):
+@contextlib.contextmanager
+def _cpus(layout: str):
+    """``shared``: both replicas may run anywhere, the core with torch's default threads (on two cores, the hybrid's
+    work during a join takes one of the core's). ``separate``: one CPU each, as replicas on their own devices
+    would have: this process (the core's training, and its background pack and sends) on the first CPU with one
+    torch thread and one pack thread, the hybrid process on the second. Yields the hybrid's CPUs."""
+    if layout == "shared":
+        yield None
+        return
+    first, second, *_ = sorted(os.sched_getaffinity(0))
+    before = (os.sched_getaffinity(0), torch.get_num_threads(), os.environ.get("LIBRA_PACK_THREADS"))
+    os.sched_setaffinity(0, {first})
+    torch.set_num_threads(1)
+    os.environ["LIBRA_PACK_THREADS"] = "1"
+    try:
+        yield {second}
+    finally:
+        os.sched_setaffinity(0, before[0])
+        torch.set_num_threads(before[1])
+        if before[2] is None:
+            os.environ.pop("LIBRA_PACK_THREADS")
+        else:
+            os.environ["LIBRA_PACK_THREADS"] = before[2]
+
+
+@pytest.mark.parametrize("cpus", ["shared", "separate"])
+def test_join(benchmark, world, cpus):
+    if cpus == "separate" and len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("the separate layout needs two CPUs")
     width = _width(NUM_PARAMS)
     runs: list[dict] = []
 
     def one():
         out: dict = {}
-        _join_once(world, width, out)
+        with _cpus(cpus) as hybrid_cpus:
+            _join_once(world, width, out, hybrid_cpus)
         runs.append(out)
 
     benchmark.pedantic(one, rounds=ROUNDS, iterations=1)
@@ -464,7 +499,8 @@ def test_join(benchmark, world):
     benchmark.extra_info.update(info)
     cpu_quiet, cpu_during = info["core_step_cpu_s_without_join_median"], info["core_step_cpu_s_during_join_median"]
     print(
-        f"\n[join] {info['num_params']:,} params: join_s median {statistics.median(joins):.2f} (min {min(joins):.2f}); "
+        f"\n[join, {cpus} CPUs] {info['num_params']:,} params: "
+        f"join_s median {statistics.median(joins):.2f} (min {min(joins):.2f}); "
         f"restored_s {[round(v, 2) for v in info['restored_s']]}; "
         f"core step median {info['core_step_s_without_join_median']:.3f} s "
         f"without a join, {info['core_step_s_during_join_median']:.3f} s during one "
