@@ -38,11 +38,14 @@ class RouteDecision:
 
 
 # `_decision`: each slot of a RouteDecision set by its descriptor (attrs sets a frozen class's fields through
-# `object.__setattr__`, which looks each name up first)
+# `object.__setattr__`, which looks each name up first); a renamed field fails here, at import
 _new = object.__new__
-_set_request_id, _set_bucket, _set_migrate, _set_from_bucket, _set_migrated_tokens, _set_reason = (
-    RouteDecision.__dict__[field.name].__set__ for field in attrs.fields(RouteDecision)
-)
+_set_request_id = RouteDecision.__dict__["request_id"].__set__
+_set_bucket = RouteDecision.__dict__["bucket"].__set__
+_set_migrate = RouteDecision.__dict__["migrate"].__set__
+_set_from_bucket = RouteDecision.__dict__["from_bucket"].__set__
+_set_migrated_tokens = RouteDecision.__dict__["migrated_tokens"].__set__
+_set_reason = RouteDecision.__dict__["reason"].__set__
 
 
 def _decision(
@@ -50,8 +53,8 @@ def _decision(
 ) -> RouteDecision:
     """`RouteDecision(request_id=..., ..., reason=...)`, built in about half the time (0.28 against 0.55 us here):
     no keyword arguments to parse, no name look-up per field. The same value (RouteDecision has no defaults,
-    converters or validators; test_router.py compares the two): the router makes one at every admission, every move
-    and a request's first return in a bucket."""
+    converters or validators; test_route_decision.py compares the two and checks that every field is set): the
+    router makes one at every admission, every move and a request's first return in a bucket."""
     d = _new(RouteDecision)
     _set_request_id(d, request_id)
     _set_bucket(d, bucket)
