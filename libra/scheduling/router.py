@@ -37,6 +37,34 @@ class RouteDecision:
     reason: str
 
 
+# `_decision`: each slot of a RouteDecision set by its descriptor (attrs sets a frozen class's fields through
+# `object.__setattr__`, which looks each name up first); a renamed field fails here, at import
+_new = object.__new__
+_set_request_id = RouteDecision.__dict__["request_id"].__set__
+_set_bucket = RouteDecision.__dict__["bucket"].__set__
+_set_migrate = RouteDecision.__dict__["migrate"].__set__
+_set_from_bucket = RouteDecision.__dict__["from_bucket"].__set__
+_set_migrated_tokens = RouteDecision.__dict__["migrated_tokens"].__set__
+_set_reason = RouteDecision.__dict__["reason"].__set__
+
+
+def _decision(
+    request_id: Any, bucket: int, migrate: bool, from_bucket: int | None, migrated_tokens: int, reason: str
+) -> RouteDecision:
+    """`RouteDecision(request_id=..., ..., reason=...)`, built in about half the time (0.28 against 0.55 us here):
+    no keyword arguments to parse, no name look-up per field. The same value (RouteDecision has no defaults,
+    converters or validators; test_route_decision.py compares the two and checks that every field is set): the
+    router makes one at every admission, every move and a request's first return in a bucket."""
+    d = _new(RouteDecision)
+    _set_request_id(d, request_id)
+    _set_bucket(d, bucket)
+    _set_migrate(d, migrate)
+    _set_from_bucket(d, from_bucket)
+    _set_migrated_tokens(d, migrated_tokens)
+    _set_reason(d, reason)
+    return d
+
+
 class Request:
     """What a router remembers about one request in flight (mutable, private to the router)."""
 
@@ -107,9 +135,7 @@ class Router(ABC):
         req.bucket = self._admit(req)
         self._requests[request_id] = req
         self._context_in_flight += prompt_tokens
-        return RouteDecision(
-            request_id=request_id, bucket=req.bucket, migrate=False, from_bucket=None, migrated_tokens=0, reason="admit"
-        )
+        return _decision(request_id, req.bucket, False, None, 0, "admit")
 
     def on_tool_return(
         self, request_id: Any, *, tool: str, tool_tokens: int, status: str, context_tokens: int
@@ -235,26 +261,12 @@ class Router(ABC):
             # most calls keep the request where it is: one frozen decision per request and bucket serves them all
             stay = req.stay
             if stay is None or stay.bucket != target:
-                stay = req.stay = RouteDecision(
-                    request_id=req.request_id,
-                    bucket=target,
-                    migrate=False,
-                    from_bucket=target,
-                    migrated_tokens=0,
-                    reason="stay",
-                )
+                stay = req.stay = _decision(req.request_id, target, False, target, 0, "stay")
             return stay
         source = req.bucket
         req.bucket = target
         req.migrations += 1
-        return RouteDecision(
-            request_id=req.request_id,
-            bucket=target,
-            migrate=True,
-            from_bucket=source,
-            migrated_tokens=max(0, carried),
-            reason=reason,
-        )
+        return _decision(req.request_id, target, True, source, max(0, carried), reason)
 
 
 _REGISTRY: dict[str, type[Router]] = {}
