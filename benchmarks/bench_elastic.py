@@ -57,6 +57,8 @@ NUM_TENSORS = 50
 ROUNDS = int(os.environ.get("LIBRA_BENCH_ROUNDS", 3))
 #: Target 1's rounds take a tenth of a second each: ten of them find the machine's good moments as well.
 MEMORY_ROUNDS = int(os.environ.get("LIBRA_BENCH_ROUNDS", 10))
+#: Core steps measured without a join before each join (the hybrid process started and waiting).
+QUIET_STEPS = 5
 
 
 def _timed(fn, cpu: list[float] | None = None) -> float:
@@ -310,7 +312,7 @@ def _mlp(width: int):
     return model, torch.optim.Adam(model.parameters(), lr=1e-3)
 
 
-def _hybrid(port: int, width: int, control, cpus: set[int] | None) -> None:
+def _hybrid(port: int, width: int, worker: str, control, cpus: set[int] | None) -> None:
     """The hybrid process: build the model, wait for "go", join, step until ACTIVE, report, leave. ``cpus``: the
     CPUs it may run on (None: any)."""
     import torch  # noqa: F811
@@ -326,7 +328,7 @@ def _hybrid(port: int, width: int, control, cpus: set[int] | None) -> None:
     for p in trainable(model):  # Adam state exists, as on the core (restore replaces it)
         p.grad = torch.zeros_like(p)
     opt.step()
-    hybrid = HybridReplica(worker="h", model=model, optimizer=opt, timeout_s=600)
+    hybrid = HybridReplica(worker=worker, model=model, optimizer=opt, timeout_s=600)
     control.send("ready")
     assert control.recv() == "go"
     start = time.perf_counter()
@@ -361,59 +363,67 @@ def world():
     dist.destroy_process_group()
 
 
-def _core_step(core, model, opt, x, y, step: int) -> float:
-    from libra.elastic.grads import trainable
+class _Core:
+    """The core replica of ``test_join``: one model, optimizer and ``CoreExchange`` for every join of a run, as a
+    long-running core serves join after join (its first join packs into new buckets; later ones reuse them)."""
 
-    start, start_cpu = time.perf_counter(), time.process_time()
-    core.begin_step(step)
-    opt.zero_grad()
-    torch.nn.functional.mse_loss(model(x), y).backward()
-    core.reduce(step, [p.grad for p in trainable(model)])
-    opt.step()
-    _CPU.append(time.process_time() - start_cpu)  # this process, every thread (background pack and send included)
-    return time.perf_counter() - start
+    def __init__(self, group, width: int) -> None:
+        from libra.elastic.core import CoreExchange
+        from libra.elastic.wire import SideChannelServer
+
+        self.server = SideChannelServer(host="127.0.0.1", port=0)
+        self.model, self.opt = _mlp(width)
+        self.exchange = CoreExchange(
+            core_group=group,
+            core_rank=0,
+            num_core_replicas=1,
+            model=self.model,
+            optimizer=self.opt,
+            timeout_s=600,
+            snapshot_timeout_s=600,
+            server=self.server,
+        )
+        self.x, self.y = torch.randn(8, width), torch.randn(8, 4)
+        self.next_step = 0
+
+    def step(self) -> tuple[float, float]:
+        """One training step: (wall seconds, CPU seconds of this process, every thread: the background pack and
+        sends included)."""
+        from libra.elastic.grads import trainable
+
+        step, self.next_step = self.next_step, self.next_step + 1
+        start, start_cpu = time.perf_counter(), time.process_time()
+        self.exchange.begin_step(step)
+        self.opt.zero_grad()
+        torch.nn.functional.mse_loss(self.model(self.x), self.y).backward()
+        self.exchange.reduce(step, [p.grad for p in trainable(self.model)])
+        self.opt.step()
+        return time.perf_counter() - start, time.process_time() - start_cpu
+
+    def close(self) -> None:
+        self.exchange.close()
+        self.server.close()
 
 
-_CPU: list[float] = []
-
-
-def _join_once(group, width: int, out: dict, hybrid_cpus: set[int] | None) -> None:
-    from libra.elastic.core import CoreExchange
+def _join_once(core: _Core, width: int, worker: str, out: dict, hybrid_cpus: set[int] | None) -> None:
     from libra.elastic.states import JoinState
-    from libra.elastic.wire import SideChannelServer
 
-    server = SideChannelServer(host="127.0.0.1", port=0)
-    model, opt = _mlp(width)
-    core = CoreExchange(
-        core_group=group,
-        core_rank=0,
-        num_core_replicas=1,
-        model=model,
-        optimizer=opt,
-        timeout_s=600,
-        snapshot_timeout_s=600,
-        server=server,
-    )
-    x, y = torch.randn(8, width), torch.randn(8, 4)
     ctx = mp.get_context("spawn")
     control, child_end = ctx.Pipe()
-    proc = ctx.Process(target=_hybrid, args=(server.port, width, child_end, hybrid_cpus), daemon=True)
+    proc = ctx.Process(target=_hybrid, args=(core.server.port, width, worker, child_end, hybrid_cpus), daemon=True)
     proc.start()
-    step = 0
-    quiet, quiet_cpu, during_cpu = [], [], []
-    while not control.poll():  # steps without a join (also while the hybrid process starts)
-        quiet.append(_core_step(core, model, opt, x, y, step))
-        quiet_cpu.append(_CPU[-1])
-        step += 1
+    while not control.poll():  # the hybrid process starts (imports, builds its model): steps not counted
+        core.step()
     assert control.recv() == "ready"
-    for _ in range(2):
-        quiet.append(_core_step(core, model, opt, x, y, step))
-        quiet_cpu.append(_CPU[-1])
-        step += 1
+    quiet, quiet_cpu, during_cpu = [], [], []
+    for _ in range(QUIET_STEPS):  # steps without a join, the hybrid waiting
+        wall, cpu = core.step()
+        quiet.append(wall)
+        quiet_cpu.append(cpu)
     control.send("go")
     phases: dict[str, list[float]] = {"requested": [], "fetching": [], "placeholder": []}
     while not control.poll():
-        workers = {s: core.workers(s) for s in (JoinState.FETCHING_STATE, JoinState.PLACEHOLDER)}
+        workers = {s: core.exchange.workers(s) for s in (JoinState.FETCHING_STATE, JoinState.PLACEHOLDER)}
         phase = (
             "fetching"
             if workers[JoinState.FETCHING_STATE]
@@ -421,17 +431,15 @@ def _join_once(group, width: int, out: dict, hybrid_cpus: set[int] | None) -> No
             if workers[JoinState.PLACEHOLDER]
             else "requested"
         )
-        phases[phase].append(_core_step(core, model, opt, x, y, step))
-        during_cpu.append(_CPU[-1])
-        step += 1
+        wall, cpu = core.step()
+        phases[phase].append(wall)
+        during_cpu.append(cpu)
     status, join_s, restored_s = control.recv()
     assert status == "active", status
-    core.close()
     proc.join(60)
-    server.close()
     out.update(
-        quiet=quiet[2:] or quiet,
-        quiet_cpu=quiet_cpu[2:] or quiet_cpu,
+        quiet=quiet,
+        quiet_cpu=quiet_cpu,
         during_cpu=during_cpu,
         phases=phases,
         join_s=join_s,
@@ -471,13 +479,18 @@ def test_join(benchmark, world, cpus):
     width = _width(NUM_PARAMS)
     runs: list[dict] = []
 
+    core = _Core(world, width)
+
     def one():
         out: dict = {}
         with _cpus(cpus) as hybrid_cpus:
-            _join_once(world, width, out, hybrid_cpus)
+            _join_once(core, width, f"h{len(runs)}", out, hybrid_cpus)
         runs.append(out)
 
-    benchmark.pedantic(one, rounds=ROUNDS, iterations=1)
+    try:
+        benchmark.pedantic(one, rounds=ROUNDS, iterations=1)
+    finally:
+        core.close()
     quiet = [t for r in runs for t in r["quiet"]]
     during = [t for r in runs for ts in r["phases"].values() for t in ts]
     fetching = [t for r in runs for t in r["phases"]["fetching"]]
@@ -496,6 +509,9 @@ def test_join(benchmark, world, cpus):
         "phases": [{k: v for k, v in r["phases"].items()} for r in runs],
         "quiet": [r["quiet"] for r in runs],
     }
+    later = [t for r in runs[1:] for ts in r["phases"].values() for t in ts]  # joins that reuse the buckets
+    if later:
+        info["step_ratio_during_later_joins"] = statistics.median(later) / statistics.median(quiet)
     benchmark.extra_info.update(info)
     cpu_quiet, cpu_during = info["core_step_cpu_s_without_join_median"], info["core_step_cpu_s_during_join_median"]
     print(
@@ -504,7 +520,9 @@ def test_join(benchmark, world, cpus):
         f"restored_s {[round(v, 2) for v in info['restored_s']]}; "
         f"core step median {info['core_step_s_without_join_median']:.3f} s "
         f"without a join, {info['core_step_s_during_join_median']:.3f} s during one "
-        f"(ratio {info['step_ratio_during_join']:.2f}); CPU per core step median {cpu_quiet:.3f} s without, "
+        f"(ratio {info['step_ratio_during_join']:.2f}; joins after the first "
+        f"{info.get('step_ratio_during_later_joins', float('nan')):.2f}); "
+        f"CPU per core step median {cpu_quiet:.3f} s without, "
         f"{cpu_during:.3f} s during (ratio {cpu_during / cpu_quiet:.2f}); "
         f"join in core steps {[round(v, 1) for v in info['join_in_core_steps']]}; phases {info['phases']}"
     )
