@@ -6,6 +6,7 @@ prompt-agnostic root stays. The attributes read here are set by `PrefixTree.__in
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 
@@ -16,40 +17,46 @@ Entry = tuple[Node, dict, int, Sequence[int]]
 `depth` items)."""
 
 
-def _first_in_eviction_order(entries: list, count: int, root: Node) -> list:
-    """The first `count` of one update's index entries in eviction order: fewest observations, then deepest, then
-    first met by the walk of `_evict_agnostic`, which among nodes of one depth is the reverse of the order of
-    their paths written as positions among siblings (children in insertion order)."""
+def _split_in_eviction_order(entries: list, count: int, root: Node) -> tuple[list, list]:
+    """One update's index entries split into the first `count` in eviction order and the rest. Eviction order:
+    fewest observations, then deepest, then first met by the walk of `_evict_agnostic` (`_in_walk_order`). The
+    rest comes in rank order, not in the order of the update's walk, which does not matter: a later eviction sorts
+    it again, and among equal ranks its order only decides in which order victims are popped (a dict keeps its
+    insertion order whatever the order of deletions). Only the entries that tie with the `count`-th are put in
+    walk order, and only where their paths branch is a dict's order read."""
     span = max(e[2] for e in entries) + 1
     rank = [e[0].total * span - e[2] for e in entries]  # (observations, -depth) as one integer
     order = sorted(range(len(entries)), key=rank.__getitem__)
     cut = rank[order[count - 1]]
-    chosen = [entries[i] for i in order[:count] if rank[i] < cut]
-    tied = [e for e, r in zip(entries, rank) if r == cut]  # one observation count, one depth
-    # a path as positions among siblings; the part above a node is kept by the id of the dict that holds it, as
-    # nodes that tie are often siblings
-    above: dict[int, tuple[int, ...]] = {}
-    sibling_ranks: dict[int, dict[int, int]] = {}
+    lo = bisect.bisect_left(order, cut, hi=count, key=rank.__getitem__)  # order[lo:hi]: the ranks equal to the cut
+    hi = bisect.bisect_right(order, cut, lo=count, key=rank.__getitem__)
+    tied = _in_walk_order([entries[i] for i in order[lo:hi]], root.children)
+    first = [entries[i] for i in order[:lo]]
+    first += tied[: count - lo]
+    rest = tied[count - lo :]
+    rest += [entries[i] for i in order[hi:]]
+    return first, rest
 
-    def ranks_in(children: dict) -> dict[int, int]:
-        ranks = sibling_ranks.get(id(children))
-        if ranks is None:
-            ranks = sibling_ranks[id(children)] = {c: i for i, c in enumerate(children)}
-        return ranks
 
-    def path_positions(entry: tuple) -> tuple[int, ...]:
-        _, owner, depth, path = entry
-        prefix = above.get(id(owner))
-        if prefix is None:
-            children, positions = root.children, []
-            for code in path[: depth - 1]:
-                positions.append(ranks_in(children)[code])
-                children = children[code].children
-            prefix = above[id(owner)] = tuple(positions)
-        return (*prefix, ranks_in(owner)[path[depth - 1]])
-
-    tied.sort(key=path_positions, reverse=True)
-    return chosen + tied[: count - len(chosen)]
+def _in_walk_order(entries: list, children: dict, level: int = 0) -> list:
+    """Entries of distinct nodes of one depth whose paths agree on their first `level` codes, in the order the
+    walk of `_evict_agnostic` meets them: by their paths written as positions among siblings (children in
+    insertion order), the last first. `children`: the dict the paths' next code looks up."""
+    while len(entries) > 1 and level < entries[0][2]:
+        groups: dict[int, list] = {}
+        for entry in entries:
+            groups.setdefault(entry[3][level], []).append(entry)
+        if len(groups) > 1:
+            out: list = []
+            for code in reversed(children):
+                group = groups.get(code)
+                if group is not None:
+                    out += _in_walk_order(group, children[code].children, level + 1)
+            return out
+        code = entries[0][3][level]
+        children = children[code].children
+        level += 1
+    return entries
 
 
 class Eviction:
@@ -111,10 +118,8 @@ class Eviction:
                 if len(live) == need:
                     break
                 continue
-            chosen = _first_in_eviction_order(live, need, self.agnostic)
+            chosen, index[step] = _split_in_eviction_order(live, need, self.agnostic)
             victims += chosen
-            taken = set(map(id, chosen))
-            index[step] = [e for e in live if id(e) not in taken]
             break
         for _, owner, depth, path in victims:
             owner.pop(path[depth - 1], None)

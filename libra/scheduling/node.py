@@ -36,7 +36,7 @@ class Node:
             self.window = [first]
             self.total = self.count = 1
             self.mean = self.p50 = self.p90 = float(first)  # (the mean as sum(window) / 1)
-            self.ordered = [first]
+            self.ordered = self.window  # (sorted, as long as it holds one observation: `refresh_all` parts them)
             self.prefix = None
 
     def fraction_at_most(self, tokens: float) -> float:
@@ -104,7 +104,7 @@ def refresh_all(nodes: list[Node], limit: int) -> None:
                 del w[:drop]
                 ordered = node.ordered = sorted(w)
             n = limit
-        elif old:
+        elif old > 1:  # (a window of one is its own sorted copy)
             ordered = node.ordered
             ordered += w[old:]
             ordered.sort()

@@ -20,6 +20,7 @@ Statistics change only in `update` (called at step end with finished trajectorie
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import math
 import sys
@@ -41,6 +42,22 @@ def _positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise SpecError(f"PrefixTree.{name} must be an integer >= 1, got {value!r}")
     return value
+
+
+def _distinct_prefixes(paths: list[list[int]]) -> int:
+    """Nodes of a tree made from nothing by these paths, its root included: in sorted order, each path adds the
+    codes beyond its common prefix with the one before it (a late update counts 512 new prompt trees this way,
+    which is cheaper than building tries of dicts)."""
+    paths = sorted(paths)
+    count = 1 + len(paths[0])
+    for before, path in itertools.pairwise(paths):
+        shared = 0
+        for a, b in zip(before, path):
+            if a != b:
+                break
+            shared += 1
+        count += len(path) - shared
+    return count
 
 
 class PrefixTree(Eviction):
@@ -326,38 +343,34 @@ class PrefixTree(Eviction):
         return created
 
     def _count_new_prompt_nodes(self, batch: list[Trajectory], paths: list[list[int]]) -> int:
-        """How many nodes `_learn_prompts` would create, from scratch tries of plain dicts."""
+        """How many nodes `_learn_prompts` would create: for a prompt without a tree, its paths' distinct prefixes
+        (`_distinct_prefixes`); below the deepest existing node of a path, from scratch tries of plain dicts."""
         prompts = self.prompts
-        new_trees: dict[str, dict] = {}
+        new_trees: dict[str, list[list[int]]] = {}
         below: dict[int, dict] = {}  # under the deepest existing node of a path, by the node's id
         count = 0
         for traj, path in zip(batch, paths):
             node = prompts.get(traj.prompt_id)
             if node is None:
-                trie = new_trees.get(traj.prompt_id)
-                if trie is None:
-                    trie = new_trees[traj.prompt_id] = {}
-                    count += 1
-                rest: Sequence[int] = path
-            else:
-                depth = 0
-                for code in path:
-                    child = node.children.get(code)
-                    if child is None:
-                        break
-                    node = child
-                    depth += 1
-                if depth == len(path):
-                    continue
-                trie = below.setdefault(id(node), {})
-                rest = path[depth:]
-            for code in rest:
+                new_trees.setdefault(traj.prompt_id, []).append(path)
+                continue
+            depth = 0
+            for code in path:
+                child = node.children.get(code)
+                if child is None:
+                    break
+                node = child
+                depth += 1
+            if depth == len(path):
+                continue
+            trie = below.setdefault(id(node), {})
+            for code in path[depth:]:
                 nxt = trie.get(code)
                 if nxt is None:
                     nxt = trie[code] = {}
                     count += 1
                 trie = nxt
-        return count
+        return count + sum(map(_distinct_prefixes, new_trees.values()))
 
     def _finish_update(self, step: int, touched: list[Node], entries: list) -> None:
         refresh_all(touched, self.window)

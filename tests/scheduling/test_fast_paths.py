@@ -1,6 +1,7 @@
 """The router's and the tree's fast paths (issue 16) against the plain computations they replace: a step-end refresh
-by bisection against a sort, a node built with its first observation against an empty node refreshed, prefix sums
-made on first need against eager ones, and unscaled bucket probabilities by integer keys against the float formula."""
+by bisection against a sort, a node built with its first observation against an empty node refreshed, a new prompt
+tree's nodes counted from sorted paths against its set of prefixes, prefix sums made on first need against eager
+ones, and unscaled bucket probabilities by integer keys against the float formula."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from libra.scheduling import CMLFQ_PRESETS, make_router
 from libra.scheduling.node import Node, refresh_all
+from libra.scheduling.tree import _distinct_prefixes
 from libra.spec import parse_buckets
 
 values = st.lists(st.integers(0, 60_000), max_size=250)
@@ -80,6 +82,12 @@ def test_a_node_built_with_its_first_observation_is_refreshed(first, step, more,
         node.total += len(more)
         refresh_all([node], limit)
         assert _state(node) == _state(_plain([first, *more][-limit:], limit, 1 + len(more)))
+
+
+@given(paths=st.lists(st.lists(st.integers(0, 3), max_size=6), min_size=1, max_size=12))
+def test_distinct_prefixes_count_the_nodes_of_a_trie(paths) -> None:
+    """How a late update counts a new prompt tree's nodes, against the set of the paths' prefixes."""
+    assert _distinct_prefixes(paths) == len({tuple(p[:depth]) for p in paths for depth in range(len(p) + 1)})
 
 
 def _float_probs(router, node: Node, anchor: int, scale: float, ctx: int) -> list[float] | None:
