@@ -153,14 +153,20 @@ def test_update_sequence(benchmark, thirty_steps) -> None:
     """The simulator's pattern: one update per step into one growing tree, 30 steps of r2e-gym (512 x 16), with
     the evictions that the 200K-node cap brings from about step 12 on."""
 
+    _time_update_sequence(benchmark, thirty_steps, rounds=2)
+
+
+def _time_update_sequence(benchmark, steps, *, rounds: int) -> None:
+    """Time building one tree from empty by one update per step; its size and evictions go to extra_info."""
+
     def build():
         tree = PrefixTree()
-        for step in thirty_steps:
+        for step in steps:
             tree.update(step)
         return tree
 
-    tree = benchmark.pedantic(build, rounds=2, iterations=1)
-    benchmark.extra_info.update(workload="r2e-gym", steps=len(thirty_steps), nodes=tree.num_nodes, evicted=tree.evicted)
+    tree = benchmark.pedantic(build, rounds=rounds, iterations=1)
+    benchmark.extra_info.update(workload="r2e-gym", steps=len(steps), nodes=tree.num_nodes, evicted=tree.evicted)
 
 
 @pytest.fixture(scope="module")
@@ -177,13 +183,4 @@ def test_update_sequence_100(benchmark, hundred_steps) -> None:
             -k update_sequence_100 --benchmark-timer=time.process_time
     """
 
-    def build():
-        tree = PrefixTree()
-        for step in hundred_steps:
-            tree.update(step)
-        return tree
-
-    tree = benchmark.pedantic(build, rounds=1, iterations=1)
-    benchmark.extra_info.update(
-        workload="r2e-gym", steps=len(hundred_steps), nodes=tree.num_nodes, evicted=tree.evicted
-    )
+    _time_update_sequence(benchmark, hundred_steps, rounds=1)
