@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from libra.scheduling import CMLFQ_PRESETS, make_router
+from libra.scheduling.evaluate import replay
 from libra.scheduling.router import Router
 from libra.spec import Bucket, parse_buckets
 from libra.workloads import Trajectory, Turn
@@ -215,16 +216,8 @@ def test_a_moved_request_that_exits_stays_where_it_was_moved(record) -> None:
     router = make_router("cmlfq", parse_buckets("1:3000,2:6000,4:12000,8:inf"), **CMLFQ_PRESETS["adaptive"])
     router._fit.per_step = router._fit.per_request = 10**6 if record else 0
     gen = WorkloadGenerator("search-r1", seed=3, num_prompts=24)
+    replay(router, [traj for s in range(3) for traj in gen.step(s)])  # learn: every prompt's tree, the population's
     rid = itertools.count()
-    for s in range(3):  # learn: every prompt's tree and the population's
-        for traj in gen.step(s):
-            r = next(rid)
-            router.admit(r, prompt_id=traj.prompt_id, prompt_tokens=traj.prompt_tokens)
-            for k, turn in enumerate(traj.turns):
-                if turn.tool is not None:
-                    _tool_return(router, r, traj, k)
-            router.finish(r, traj)
-        router.end_step()
     tried = 0
     for traj in gen.step(3):
         tools = [k for k, turn in enumerate(traj.turns) if turn.tool is not None]
