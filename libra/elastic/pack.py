@@ -175,9 +175,8 @@ def adopt(buckets: Sequence[torch.Tensor], tensors: Sequence[torch.Tensor], layo
     for b, bucket in enumerate(buckets):
         if bucket.device.type != "cpu" or bucket.dtype != torch.uint8 or not bucket.is_contiguous():
             raise ValueError(f"bucket {b}: {bucket.dtype} on {bucket.device}; adopt needs contiguous uint8 on cpu")
-    views = [
-        slot_view(buckets, layout, i, t.shape, t.dtype) for i, t in enumerate(tensors)
-    ]  # every slot checked before any move
+    # every slot is checked (by slot_view) before any tensor moves
+    views = [slot_view(buckets, layout, i, t.shape, t.dtype) for i, t in enumerate(tensors)]
     for t, view in zip(tensors, views, strict=True):
         if t.numel():
             t.data = view

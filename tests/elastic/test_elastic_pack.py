@@ -134,9 +134,11 @@ def test_adopt_rebinds_each_tensor_to_its_slot_without_a_copy(seed):
     tensors = random_tensors(seed)
     lay = layout_of(tensors, bucket_bytes=random.Random(seed).choice([64, 256, 4096]))
     buckets, _ = pack_checksummed(tensors, lay)
-    outs = [torch.full(t.shape, 3, dtype=t.dtype) for t in tensors]
-    outs = [o.t() if o.dim() == 2 else o for o in outs]  # a target's strides do not matter
-    outs = [o.t() if o.dim() == 2 else o for o in outs]
+    # 2-D targets transposed views (not contiguous): a target's strides do not matter
+    outs = [
+        torch.full(t.shape[::-1], 3, dtype=t.dtype).t() if t.dim() == 2 else torch.full(t.shape, 3, dtype=t.dtype)
+        for t in tensors
+    ]
     ids = [id(o) for o in outs]
     adopt(buckets, outs, lay)
     assert [id(o) for o in outs] == ids
