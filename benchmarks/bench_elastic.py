@@ -49,8 +49,11 @@ np = pytest.importorskip("numpy")
 
 from libra.elastic import native  # noqa: E402
 from libra.elastic import pack as pack_mod  # noqa: E402
+from libra.elastic.core import CoreExchange  # noqa: E402
+from libra.elastic.grads import trainable  # noqa: E402
 from libra.elastic.pack import adopt, checksums, layout_of, pack_checksummed, unpack  # noqa: E402
-from libra.elastic.wire import Kind, Message, TcpLink  # noqa: E402
+from libra.elastic.states import JoinState  # noqa: E402
+from libra.elastic.wire import Kind, Message, SideChannelServer, TcpLink  # noqa: E402
 
 NUM_PARAMS = int(os.environ.get("LIBRA_BENCH_PARAMS", 100_000_000))
 NUM_TENSORS = 50
@@ -368,9 +371,6 @@ class _Core:
     long-running core serves join after join (its first join packs into new buckets; later ones reuse them)."""
 
     def __init__(self, group, width: int) -> None:
-        from libra.elastic.core import CoreExchange
-        from libra.elastic.wire import SideChannelServer
-
         self.server = SideChannelServer(host="127.0.0.1", port=0)
         self.model, self.opt = _mlp(width)
         self.exchange = CoreExchange(
@@ -389,8 +389,6 @@ class _Core:
     def step(self) -> tuple[float, float]:
         """One training step: (wall seconds, CPU seconds of this process, every thread: the background pack and
         sends included)."""
-        from libra.elastic.grads import trainable
-
         step, self.next_step = self.next_step, self.next_step + 1
         start, start_cpu = time.perf_counter(), time.process_time()
         self.exchange.begin_step(step)
@@ -406,8 +404,6 @@ class _Core:
 
 
 def _join_once(core: _Core, width: int, worker: str, out: dict, hybrid_cpus: set[int] | None) -> None:
-    from libra.elastic.states import JoinState
-
     ctx = mp.get_context("spawn")
     control, child_end = ctx.Pipe()
     proc = ctx.Process(target=_hybrid, args=(core.server.port, width, worker, child_end, hybrid_cpus), daemon=True)
