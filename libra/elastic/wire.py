@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
 import select
 import socket
 import struct
@@ -323,8 +324,38 @@ def arrives(link: Link, deadline: float) -> bool:
     return True
 
 
+_FIXED_PORTS = (20000, 32768)  # below Linux's default ephemeral range (32768-60999)
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range (Linux), or the IANA one where it cannot be read."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(v) for v in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 49152, 65535
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now (bind to port 0 and read it back)."""
+    """A TCP port that is free on ``host`` right now, for a caller that binds it later (another process, a
+    rendezvous URL).
+
+    The port is drawn at random from outside the kernel's ephemeral range: a port that binding to 0 returns is
+    ephemeral, and the kernel may give it to any outgoing connection (a store client, a gloo pair) before the
+    caller binds it, which fails the later bind with EADDRINUSE. A port outside that range is only taken by
+    another explicit bind. Falls back to binding port 0 if no candidate outside the range is free."""
+    low, high = _ephemeral_range()
+    candidates = [p for p in range(*_FIXED_PORTS) if not low <= p <= high]
+    rng = random.Random()
+    for port in rng.sample(candidates, min(64, len(candidates))):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])

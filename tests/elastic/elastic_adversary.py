@@ -75,7 +75,7 @@ def _peer(port: int, log: list) -> None:
     link.close()
 
 
-def adversary(port: int) -> dict:
+def adversary() -> dict:
     import torch
     import torch.distributed as dist
 
@@ -85,7 +85,8 @@ def adversary(port: int) -> dict:
 
     H.init_gloo(0, 1, free_port())
     group = dist.new_group([0])
-    server = SideChannelServer(host="127.0.0.1", port=port)
+    server = SideChannelServer(host="127.0.0.1", port=0)  # the kernel picks a free port, atomically
+    port = server.port
     model, opt = H.make_model()
     ex = CoreExchange(
         core_group=group,

@@ -110,6 +110,20 @@ def test_server_accepts_without_blocking():
     assert 0 < free_port() < 65536
 
 
+def test_free_port_is_bindable_and_outside_the_kernels_ephemeral_range():
+    """An ephemeral port can be handed to an outgoing connection between free_port and the caller's bind (the
+    EADDRINUSE that failed a CI run); free_port's ports are outside that range, and free when returned."""
+    from libra.elastic.wire import _ephemeral_range
+
+    low, high = _ephemeral_range()
+    for _ in range(20):
+        port = free_port()
+        assert not low <= port <= high, (port, low, high)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
+
+
 def test_shards_cover_the_global_batch_exactly():
     for batch in range(4, 40):
         for n in range(1, 5):
