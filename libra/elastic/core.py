@@ -37,6 +37,10 @@ from libra.elastic.snapshot import PendingCapture
 from libra.elastic.states import JoinEvent, JoinState, Transition, WorkerStates
 from libra.elastic.wire import Kind, Link, LinkError, Message, SendHandle, SideChannelServer, arrives, as_bytes
 
+# Pruned replay copies kept for the next join (each the size of the gradient): a join replays the reduced gradients
+# of the few steps its snapshot takes to arrive, two to four at 100M parameters here.
+REPLAY_SPARES = 2
+
 
 @attrs.frozen(kw_only=True)
 class StepRecord:
@@ -144,6 +148,10 @@ class CoreExchange:
         # page fault per 4 KiB on first touch, more than the copy itself (1.2 GB: seconds on a loaded VM).
         self.reuse_snapshot_buffers = reuse_snapshot_buffers
         self._spare_buckets: list[torch.Tensor] | None = None
+        # The same for the flat gradient of every step (nothing holds it once reduce returns: its sends are
+        # synchronous) and, under ``reuse_snapshot_buffers``, for up to REPLAY_SPARES pruned replay copies.
+        self._flat: torch.Tensor | None = None
+        self._spare_replay: list[torch.Tensor] = []
 
     # -- membership ---------------------------------------------------------------------------------------------
 
@@ -189,6 +197,8 @@ class CoreExchange:
         self._pending.clear()
         self._replay.clear()
         self._spare_buckets = None
+        self._flat = None
+        self._spare_replay.clear()
 
     # -- the step protocol --------------------------------------------------------------------------------------
 
@@ -235,7 +245,7 @@ class CoreExchange:
         afterwards. ``grads`` is this replica's gradient for ``step`` (see :mod:`libra.elastic.grads` for order)."""
         if self._assignment is None or self._assignment.step != step:
             raise RuntimeError(f"reduce({step}) without begin_step({step})")
-        flat = flatten(grads)
+        flat = self._flat = flatten(grads, out=self._flat)
         count = 1
         contributors = []
         waited = 0.0
@@ -267,7 +277,7 @@ class CoreExchange:
         torch.distributed.all_reduce(total, group=self._group)
         flat.div_(int(total))
         if any(s.state == JoinState.FETCHING_STATE for s in self._slots.values()):
-            self._replay[step] = flat.clone()
+            self._replay[step] = self._replay_copy(flat)
         reduced = Message(kind=Kind.REDUCED, step=step, version=step, blobs=(as_bytes(flat),))
         if len(self._live()) > 1:  # hash the reduced gradient once, not once per hybrid
             reduced = attrs.evolve(reduced, checksums=(checksum(reduced.blobs[0]),))
@@ -410,11 +420,22 @@ class CoreExchange:
             self._fail(slot, step, f"send {msg.kind.name}: {exc}")
             return False
 
+    def _replay_copy(self, flat: torch.Tensor) -> torch.Tensor:
+        """A copy of this step's reduced gradient for a joiner's replay, in a pruned copy's memory where one fits."""
+        while self._spare_replay:
+            spare = self._spare_replay.pop()
+            if spare.shape == flat.shape and spare.dtype == flat.dtype:
+                return spare.copy_(flat)
+        return flat.clone()
+
     def _prune_replay(self) -> None:
         needed = [s.snapshot_version for s in self._slots.values() if s.state == JoinState.FETCHING_STATE]
         keep_from = min(needed) if needed else None
         for s in [s for s in self._replay if keep_from is None or s < keep_from]:
-            del self._replay[s]
+            # every send of it is done: STEP messages are sent synchronously in begin_step, before this prune
+            pruned = self._replay.pop(s)
+            if self.reuse_snapshot_buffers and len(self._spare_replay) < REPLAY_SPARES:
+                self._spare_replay.append(pruned)
 
     def _fail(self, slot: _Slot, step: int, why: str) -> None:
         self.stats.failures += 1

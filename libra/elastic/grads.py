@@ -57,12 +57,27 @@ def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def flatten(grads: Sequence[torch.Tensor]) -> torch.Tensor:
-    """One contiguous 1-D copy of the gradients (a single dtype)."""
+def flatten(grads: Sequence[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+    """One contiguous 1-D copy of the gradients (a single dtype). Written into ``out`` when it is a contiguous 1-D
+    tensor of their dtype and total size (and returned), else into new memory: a caller that flattens every step
+    passes the last step's result, because new memory of this size is mapped afresh on each allocation and costs
+    a page fault per 4 KiB on first touch (400 MB: 0.19 s against 0.035 s for the copy itself, one thread here)."""
     dtypes = {g.dtype for g in grads}
     if len(dtypes) > 1:
         raise ValueError(f"gradients mix dtypes {sorted(map(str, dtypes))}; exchange one bucket per dtype")
-    return torch.cat([g.detach().reshape(-1) for g in grads]) if grads else torch.empty(0)
+    if not grads:
+        return torch.empty(0)
+    parts = [g.detach().reshape(-1) for g in grads]
+    if (
+        out is not None
+        and out.dim() == 1
+        and out.is_contiguous()
+        and out.dtype == parts[0].dtype
+        and out.device == parts[0].device
+        and out.numel() == sum(p.numel() for p in parts)
+    ):
+        return torch.cat(parts, out=out)
+    return torch.cat(parts)
 
 
 def unflatten_into(flat: torch.Tensor, grads: Sequence[torch.Tensor]) -> None:

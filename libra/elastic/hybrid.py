@@ -59,6 +59,7 @@ class HybridReplica:
         self.mode: Mode | None = None
         self._link: Link | None = None
         self._step = -1
+        self._flat: torch.Tensor | None = None  # the last step's flat gradient, reused (`grads.flatten`)
 
     @property
     def state(self) -> JoinState:
@@ -132,7 +133,7 @@ class HybridReplica:
             raise RuntimeError(f"reduce({step}) but the current step is {self._step}")
         try:
             if self.mode == Mode.ACTIVE:
-                flat = flatten(grads)
+                flat = self._flat = flatten(grads, out=self._flat)  # nothing holds it after the send
                 self._fault("active")
                 link.send(
                     Message(

@@ -127,3 +127,71 @@ def test_the_next_snapshot_reuses_the_buckets_of_a_delivered_one(group):
     core.close()
     for h in hybrids:
         h.close()
+
+
+def test_the_flat_gradient_and_replay_copies_live_in_reused_memory_and_replay_the_reduced_values(group):
+    """Every step's flat gradient is flattened into the last one's tensor, and a later join's replay copies go
+    into pruned copies (new memory this size costs more in page faults than the copy). What a joiner replays is
+    still each step's reduced gradient: a replay copy that aliased the live flat buffer, or a spare handed out while
+    still needed, would replay another step's values."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    core = CoreExchange(core_group=group, core_rank=0, num_core_replicas=1, model=model, optimizer=opt, timeout_s=30)
+    reduced: dict[int, torch.Tensor] = {}
+    flats, copies = [], {}  # the tensors themselves (held, so a new one can never reuse an old one's identity)
+    links = []
+
+    def step(t: int) -> None:
+        core.begin_step(t)
+        g = torch.Generator().manual_seed(t)  # a different batch, so a different gradient, every step
+        x, y = torch.randn(8, 6, generator=g), torch.randn(8, 2, generator=g)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        grads = core.reduce(t, [p.grad for p in trainable(model)])
+        reduced[t] = torch.cat([gr.reshape(-1) for gr in grads]).clone()
+        flats.append(core._flat)
+        copies.update(core._replay)
+        opt.step()
+
+    def placeholder_once(hybrid: TcpLink, got: dict) -> None:
+        got["step"] = hybrid.recv(timeout=scaled(30))
+        hybrid.send(Message(kind=Kind.PLACEHOLDER, step=got["step"].step, version=got["step"].step), timeout=5)
+        got["reduced"] = hybrid.recv(timeout=scaled(30))
+
+    def join_and_replay(worker: str, t: int) -> dict[int, torch.Tensor]:
+        """JOIN before step t; the snapshot arrives and the ATTACH is held back two steps, so steps t..t+2 are
+        kept for replay; returns what the STEP message of step t + 3, which attaches the hybrid, replays."""
+        core_end, hybrid_end = socket.socketpair()
+        core.admit(_link(core_end))
+        hybrid = _link(hybrid_end)
+        links.append(hybrid)
+        hybrid.send(Message(kind=Kind.JOIN, step=-1, version=-1, info={"worker": worker}), timeout=scaled(5))
+        step(t)
+        assert hybrid.recv(timeout=scaled(30)).kind == Kind.SNAPSHOT
+        step(t + 1)
+        step(t + 2)
+        hybrid.send(Message(kind=Kind.ATTACH, step=t, version=t), timeout=scaled(5))
+        while not core.join_message_waiting():
+            threading.Event().wait(0.01)
+        got: dict = {}
+        answer = threading.Thread(target=placeholder_once, args=(hybrid, got), daemon=True)
+        answer.start()
+        step(t + 3)
+        answer.join(scaled(30))
+        msg = got["step"]
+        assert msg.kind == Kind.STEP and msg.info["replay"] == [t, t + 1, t + 2]
+        core.remove(worker, step=t + 4, why="test over")
+        return {s: blob.view(torch.float32).clone() for s, blob in zip(msg.info["replay"], msg.blobs)}
+
+    first = join_and_replay("h1", 0)
+    step(4)  # no joiner fetching any more: the replay copies are pruned, REPLAY_SPARES of them kept
+    second = join_and_replay("h2", 5)
+    for s, values in (*first.items(), *second.items()):
+        assert torch.equal(values, reduced[s]), s
+    assert len(flats) == 9 and all(f is flats[0] for f in flats)  # one flat tensor for all nine steps
+    reused = [s for s in second if any(copies[s] is copies[r] for r in first)]
+    assert reused == [5, 6]  # the second join's first two copies went into pruned ones; the third is new
+    core.close()
+    for link in links:
+        link.close()

@@ -145,6 +145,23 @@ def test_flatten_roundtrip_and_dtype_check():
         flatten([torch.zeros(1), torch.zeros(1, dtype=torch.float64)])
 
 
+def test_flatten_writes_into_a_fitting_out_and_only_into_one():
+    grads = [torch.randn(3, 2), torch.randn(5)]
+    expected = flatten(grads)
+    out = torch.full((11,), 7.0)
+    assert flatten(grads, out=out) is out and torch.equal(out, expected)
+    misfits = {
+        "size": torch.zeros(12),
+        "dtype": torch.zeros(11, dtype=torch.float64),
+        "shape": torch.zeros(11, 1),
+        "strided": torch.zeros(22)[::2],
+    }
+    for why, bad in misfits.items():
+        before = bad.clone()
+        got = flatten(grads, out=bad)
+        assert got is not bad and torch.equal(got, expected) and torch.equal(bad, before), why
+
+
 def test_receive_into_caller_memory_and_report_the_verified_checksums(pair, monkeypatch):
     from libra.elastic import wire
 
