@@ -115,15 +115,21 @@ class QuantileStateCodec(StateCodec):
         code = self._codes.get(key)
         return self._intern(key) if code is None else code
 
-    def encode_turns(self, turns: Sequence, limit: int) -> list[int]:
+    def encode_trajectories(self, trajectories: Iterable, limit: int) -> list[list[int]]:
         codes, edges, pooled = self._codes, self._edges, self._pooled_edges
-        out = []
-        for t in turns[:limit]:
-            if t.tool is not None:
-                key = (t.tool, bisect.bisect_right(edges.get(t.tool, pooled), t.tool_tokens), t.tool_status)
-                code = codes.get(key)
-                out.append(self._intern(key) if code is None else code)
-        return out
+        size_class = bisect.bisect_right
+        paths = []
+        for traj in trajectories:
+            turns = traj.turns
+            out = []
+            for t in turns if len(turns) <= limit else turns[:limit]:
+                tool = t.tool
+                if tool is not None:
+                    key = (tool, size_class(edges.get(tool, pooled), t.tool_tokens), t.tool_status)
+                    code = codes.get(key)
+                    out.append(self._intern(key) if code is None else code)
+            paths.append(out)
+        return paths
 
     def encode_state(self, state: ToolReturnState) -> int:
         return super().encode_state(state)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import cast
 
 from libra.scheduling.eviction import Entry, Eviction
-from libra.scheduling.node import Node, NodeStats, refresh_all
+from libra.scheduling.node import Node, NodeStats, leaf, refresh_all
 from libra.scheduling.size_classes import QuantileStateCodec
 from libra.scheduling.states import DEFAULT_SIZE_EDGES, StateCodec, ToolReturnState
 from libra.spec import SpecError
@@ -154,7 +154,7 @@ class PrefixTree(Eviction):
         if observe is not None:  # size classes learnt from the data (size_classes.py): edges move at step ends only
             observe(batch)
         # classify every tool return first, so that a bad one (unknown tool) leaves the tree untouched
-        paths = [codec.encode_turns(traj.turns, limit) for traj in batch]
+        paths = codec.encode_trajectories(batch, limit)
         touched: list[Node] = []
         entries: list[tuple[Node, dict, int, Sequence[int]]] = []
         held = sum(self.prompt_sizes.values())
@@ -189,7 +189,7 @@ class PrefixTree(Eviction):
     ) -> int:
         """Record the observations in both trees; returns the nodes created. This and the two `_learn_*`
         are the hot loops of an update: the walks are inline, since a call costs as much as the work it would do.
-        A node an update creates is built with its first observation (`Node(first, step)`)."""
+        A node an update creates is built with its first observation (`leaf(first, step)`)."""
         agnostic = self.agnostic
         prompts = self.prompts
         sizes = self.prompt_sizes
@@ -199,10 +199,12 @@ class PrefixTree(Eviction):
         for traj, path in zip(batch, paths):
             pid = traj.prompt_id
             turns = traj.turns
-            remaining = sum([t.gen_tokens + t.tool_tokens for t in turns])
+            remaining = 0
+            for turn in turns:  # (a loop, not `sum` of a list comprehension: no function and list per trajectory)
+                remaining += turn.gen_tokens + turn.tool_tokens
             p_node = prompts.get(pid)
             if p_node is None:
-                p_node = prompts[pid] = Node(remaining, step)
+                p_node = prompts[pid] = leaf(remaining, step)
                 touch(p_node)
                 sizes[pid] = 1
                 created += 1
@@ -219,12 +221,15 @@ class PrefixTree(Eviction):
             a_node.window.append(remaining)
             a_node.total += 1
             grown = 0
-            for depth, (turn, code) in enumerate(zip(turns, path), 1):
+            depth = 0
+            for code in path:  # (turns by index, not `enumerate(zip(...))`: two iterators fewer per trajectory)
+                turn = turns[depth]  # (a path holds at most one code per turn)
+                depth += 1  # noqa: SIM113 (a counter: no iterator to make and free per trajectory)
                 remaining -= turn.gen_tokens + turn.tool_tokens
                 owner = p_node.children
                 node = owner.get(code)
                 if node is None:
-                    p_node = owner[code] = Node(remaining, step)
+                    p_node = owner[code] = leaf(remaining, step)
                     touch(p_node)
                     grown += 1
                 else:
@@ -237,7 +242,7 @@ class PrefixTree(Eviction):
                 owner = a_node.children
                 node = owner.get(code)
                 if node is None:
-                    a_node = owner[code] = Node(remaining, step)
+                    a_node = owner[code] = leaf(remaining, step)
                     touch(a_node)
                     record((a_node, owner, depth, path))
                     created += 1
@@ -266,7 +271,9 @@ class PrefixTree(Eviction):
         remainings = []
         for traj, path in zip(batch, paths):
             turns = traj.turns
-            remaining = sum([t.gen_tokens + t.tool_tokens for t in turns])
+            remaining = 0
+            for turn in turns:  # (as in `_learn`)
+                remaining += turn.gen_tokens + turn.tool_tokens
             seen = [remaining]
             node = agnostic
             if node.last_step != step:
@@ -274,13 +281,16 @@ class PrefixTree(Eviction):
                 touch(node)
             node.window.append(remaining)
             node.total += 1
-            for depth, (turn, code) in enumerate(zip(turns, path), 1):
+            depth = 0
+            for code in path:
+                turn = turns[depth]
+                depth += 1  # noqa: SIM113 (as in `_learn`)
                 remaining -= turn.gen_tokens + turn.tool_tokens
                 seen.append(remaining)
                 owner = node.children
                 child = owner.get(code)
                 if child is None:
-                    node = owner[code] = Node(remaining, step)
+                    node = owner[code] = leaf(remaining, step)
                     touch(node)
                     record((node, owner, depth, path))
                     created += 1
@@ -312,7 +322,7 @@ class PrefixTree(Eviction):
             pid = traj.prompt_id
             node = prompts.get(pid)
             if node is None:
-                node = prompts[pid] = Node(remaining[0], step)
+                node = prompts[pid] = leaf(remaining[0], step)
                 touch(node)
                 sizes[pid] = 1
                 created += 1
@@ -323,11 +333,13 @@ class PrefixTree(Eviction):
                 node.window.append(remaining[0])
                 node.total += 1
             grown = 0
-            for depth, code in enumerate(path, 1):
+            depth = 0
+            for code in path:
+                depth += 1  # noqa: SIM113 (as in `_learn`)
                 owner = node.children
                 child = owner.get(code)
                 if child is None:
-                    node = owner[code] = Node(remaining[depth], step)
+                    node = owner[code] = leaf(remaining[depth], step)
                     touch(node)
                     grown += 1
                 else:
