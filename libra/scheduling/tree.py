@@ -100,6 +100,10 @@ class PrefixTree(Eviction):
         # True once nodes came from a file that marks them with steps this tree has not counted yet: an update then
         # moves a node's last update back, below its children's, and eviction falls back to the full scan
         self._scan_only = False
+        # the latest step a loaded file or a merge marked a node with (a root's is the latest of its tree's when it
+        # comes in; updates only mark with their own step): an update of this step or an earlier one lists the nodes
+        # marked with its step up front (`_marked`)
+        self._marks_until = -1
 
     # -- reading -------------------------------------------------------------------------------------------------
     def root(self, prompt_id: str | None) -> Node | None:
@@ -155,7 +159,9 @@ class PrefixTree(Eviction):
             observe(batch)
         # classify every tool return first, so that a bad one (unknown tool) leaves the tree untouched
         paths = codec.encode_trajectories(batch, limit)
-        touched: list[Node] = []
+        # the nodes to refresh: each is listed when the update first marks it with this step, and nodes that a loaded
+        # file or a merge marked with this step already are listed up front (`_marked`)
+        touched: list[Node] = self._marked(step) if step <= self._marks_until else []
         entries: list[tuple[Node, dict, int, Sequence[int]]] = []
         held = sum(self.prompt_sizes.values())
         target = math.ceil(0.8 * self.max_nodes)
@@ -184,12 +190,28 @@ class PrefixTree(Eviction):
         self._finish_update(step, touched, entries)
         self._evict_if_full()
 
+    def _marked(self, step: int) -> list[Node]:
+        """The nodes already marked with `step` when an update with that step starts (a loaded file or a merge may
+        mark nodes with steps this tree has not counted yet): the update's own marks cannot tell them from the ones
+        it touches, so they are listed for `refresh_all` up front (it skips those the update does not observe). A
+        walk of every node: an update that moves a marked node's step back leaves its children marked later than it,
+        so no subtree can be skipped. Only while some node may be marked with a step not yet counted."""
+        out = []
+        stack = [self.agnostic, *self.prompts.values()]
+        while stack:
+            node = stack.pop()
+            if node.last_step == step:
+                out.append(node)
+            stack.extend(node.children.values())
+        return out
+
     def _learn(
         self, batch: list[Trajectory], paths: list[list[int]], step: int, touched: list[Node], entries: list
     ) -> int:
         """Record the observations in both trees; returns the nodes created. This and the two `_learn_*`
         are the hot loops of an update: the walks are inline, since a call costs as much as the work it would do.
-        A node an update creates is built with its first observation (`leaf(first, step)`)."""
+        A node an update creates is built with its first observation (`leaf(first, step)`); the others get their
+        observations appended to their windows, and `refresh_all` counts them into `total` once per node."""
         agnostic = self.agnostic
         prompts = self.prompts
         sizes = self.prompt_sizes
@@ -213,13 +235,11 @@ class PrefixTree(Eviction):
                     p_node.last_step = step
                     touch(p_node)
                 p_node.window.append(remaining)
-                p_node.total += 1
             a_node = agnostic
             if a_node.last_step != step:
                 a_node.last_step = step
                 touch(a_node)
             a_node.window.append(remaining)
-            a_node.total += 1
             grown = 0
             depth = 0
             for code in path:  # (turns by index, not `enumerate(zip(...))`: two iterators fewer per trajectory)
@@ -238,7 +258,6 @@ class PrefixTree(Eviction):
                         node.last_step = step
                         touch(node)
                     node.window.append(remaining)
-                    node.total += 1
                 owner = a_node.children
                 node = owner.get(code)
                 if node is None:
@@ -253,7 +272,6 @@ class PrefixTree(Eviction):
                         touch(node)
                         record((node, owner, depth, path))
                     node.window.append(remaining)
-                    node.total += 1
             if grown:
                 sizes[pid] += grown
                 created += grown
@@ -280,7 +298,6 @@ class PrefixTree(Eviction):
                 node.last_step = step
                 touch(node)
             node.window.append(remaining)
-            node.total += 1
             depth = 0
             for code in path:
                 turn = turns[depth]
@@ -301,7 +318,6 @@ class PrefixTree(Eviction):
                         touch(node)
                         record((node, owner, depth, path))
                     node.window.append(remaining)
-                    node.total += 1
             remainings.append(seen)
         return created, remainings
 
@@ -331,7 +347,6 @@ class PrefixTree(Eviction):
                     node.last_step = step
                     touch(node)
                 node.window.append(remaining[0])
-                node.total += 1
             grown = 0
             depth = 0
             for code in path:
@@ -348,7 +363,6 @@ class PrefixTree(Eviction):
                         node.last_step = step
                         touch(node)
                     node.window.append(remaining[depth])
-                    node.total += 1
             if grown:
                 sizes[pid] += grown
                 created += grown
@@ -437,7 +451,8 @@ class PrefixTree(Eviction):
             tree._absorb(tree.agnostic, data["agnostic"])
             for pid, raw in data["prompts"].items():
                 tree._absorb_prompt(pid, raw)
-            tree._scan_only = tree.agnostic.last_step >= tree.steps  # (the root's is the latest of its tree's)
+            tree._marks_until = tree._latest_mark()
+            tree._scan_only = tree._marks_until >= tree.steps
         except (KeyError, TypeError, AttributeError) as exc:
             raise SpecError(f"malformed prefix tree: {type(exc).__name__}: {exc}") from None
         return tree
@@ -491,8 +506,13 @@ class PrefixTree(Eviction):
         for pid, raw in data["prompts"].items():
             self._absorb_prompt(pid, raw)
         self.steps = max(self.steps, other.steps)
-        self._scan_only = self._scan_only or other._scan_only or self.agnostic.last_step >= self.steps
+        self._marks_until = max(self._marks_until, self._latest_mark())
+        self._scan_only = self._scan_only or other._scan_only or self._marks_until >= self.steps
         self._evict_if_full()
+
+    def _latest_mark(self) -> int:
+        """The latest step any node is marked with (a root's is the latest of its tree's)."""
+        return max([self.agnostic.last_step, *(root.last_step for root in self.prompts.values())])
 
     def memory_bytes(self) -> int:
         """Approximate bytes held by the nodes (objects, child dicts, windows and their ints)."""

@@ -21,7 +21,7 @@ class ScanAndSortTree(PrefixTree):
     def _update(self, batch) -> None:
         step = self.steps
         paths = [self.codec.encode_turns(traj.turns, self.max_depth) for traj in batch]
-        touched = []
+        touched = {}  # every node observed in this update, by identity: each is refreshed once
         for traj, path in zip(batch, paths):
             total = traj.total_tokens
             if traj.prompt_id not in self.prompts:
@@ -39,12 +39,11 @@ class ScanAndSortTree(PrefixTree):
                                 self.prompt_sizes[traj.prompt_id] += 1
                         nodes[i] = node.children[path[depth - 1]]
                 for node in nodes:
-                    if node.last_step != step:
-                        node.last_step = step
-                        touched.append(node)
+                    node.last_step = step
+                    touched[id(node)] = node
                     node.window.append(total - traj.context_after(depth))
                     node.total += 1
-        for node in touched:
+        for node in touched.values():
             node.refresh(self.window)
         self.steps += 1
         self._evict_if_full()
