@@ -25,7 +25,7 @@ class Node:
         self.last_step = step
         if first is None:
             self.window: list[int] = []
-            self.total = 0  # observations ever recorded (the window keeps the last few; counted at refresh)
+            self.total = 0  # observations ever recorded (the window keeps the last few; `refresh_all` counts them)
             self.count = 0
             self.mean = 0.0
             self.p50 = 0.0
