@@ -7,8 +7,8 @@ unsigned 64-bit int.
 
 ``backend`` picks who copies the bytes:
 
-- ``"auto"`` (default): the fast path. :func:`pack_checksummed` copies each bucket in 512 KiB chunks
-  (``CHUNK_BYTES``) and hashes each chunk right after copying it, while it is still in the core's L2 cache (so the
+- ``"auto"`` (default): the fast path. :func:`pack_checksummed` copies each bucket in chunks of ``CHUNK_BYTES``
+  and hashes each chunk right after copying it, while it is still in the core's L2 cache (so the
   checksum costs no extra pass over memory); buckets are spread over a small thread pool (numpy's memmove and
   xxhash both release the GIL). :func:`unpack` copies slot by slot over the same pool.
   :func:`adopt` unpacks without copying: each tensor is rebound to its slot of the buckets (for buckets that
@@ -198,8 +198,8 @@ def new_hasher() -> xxhash.xxh3_64:
 
 #: Copy-and-hash granularity: a chunk is hashed right after it is copied, while it is still in L2 (2 MiB per core
 #: on the EPYC VM of benchmarks/README.md: a chunk's source and copy fit with room to spare). 512 KiB rather than
-#: 256 KiB halves the Python work per byte (two slices, a copy call and a hash call per chunk): adopt's pack of
-#: 1.2 GB, medians of 12 alternating rounds, 0.113 -> 0.100 s (2026-12-03, idle).
+#: 256 KiB halves the Python work per byte (two slices, a copy call and a hash call per chunk); docs/elastic.md
+#: has the measurements.
 CHUNK_BYTES = 512 << 10
 #: Below this many bytes in all, work runs on the calling thread (a pool round trip costs more than it saves).
 _INLINE_BYTES = 8 << 20
