@@ -67,8 +67,9 @@ def _add_import_args(p: argparse.ArgumentParser) -> None:
         "--format",
         default="openai",
         choices=IMPORT_FORMATS,
-        help="log format (default openai, which also reads ShareGPT, Anthropic, Gemini and OpenAI Responses logs "
-        "and Claude Code / Codex CLI session logs)",
+        help="log format (default openai, which also reads ShareGPT, Anthropic, Gemini and OpenAI Responses logs, "
+        "Claude Code / Codex CLI session logs, OpenHands event streams and outputs, LangChain serialized messages "
+        "and smolagents messages and memory steps)",
     )
     p.add_argument("--out", default="imported-trace.jsonl", help="output trace (default imported-trace.jsonl)")
     p.add_argument(

@@ -41,6 +41,11 @@ DEFAULT_TIMEOUT_PATTERNS: tuple[str, ...] = (
     r"execution time(d)? ?out",
 )
 _EDGE_LINES = 3  # lines looked at, at each end of a return
+# the key under which a message rewritten from another dialect lists the tools it called without a text of their
+# own to count (`openai_chat._gen_text` reads it): a ShareGPT function call's whole text is its generation
+CALL_NAMES = "_libra_call_names"
+# the key under which a rewritten tool result states a status its text does not (a Gemini code deadline: timeout)
+STATUS = "_libra_status"
 
 
 @attrs.frozen

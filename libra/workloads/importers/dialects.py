@@ -21,6 +21,9 @@ a message per line), are read by `message_of`: a line's message is the line itse
 `message` / `payload` / `item`; other lines (summaries, token counts, metadata) carry none. Codex's tool outputs
 `{"output": ..., "metadata": {"exit_code": N}}` give their text and exit code.
 
+The logs of agent frameworks (OpenHands event streams, LangChain serialized messages, smolagents messages and
+memory steps) are rewritten by frameworks.py, which says what each reads; `expand` tries them first.
+
 Role aliases (`human`, `gpt`, `bot`, `model`) are read in plain `role` / `content` messages too. A message
 already in OpenAI form passes as it is. Anything unrecognised is left for `convert_messages`, which reports it in
 one line.
@@ -31,7 +34,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from libra.workloads.importers.common import text_of
+from libra.workloads.importers import frameworks
+from libra.workloads.importers.common import CALL_NAMES, STATUS, text_of
 
 _ROLE_ALIASES = {
     "human": "user",
@@ -54,18 +58,13 @@ _GEMINI_KEYS = (
     ("codeExecutionResult", "code_execution_result"),
 )
 _ANTHROPIC_BLOCKS = {"tool_use", "server_tool_use", "tool_result", "thinking", "redacted_thinking"}
-# the key under which a rewritten assistant message lists the tools it called without a text of their own to count
-# (`openai_chat._gen_text` reads it): a ShareGPT function call's whole text is its generation
-CALL_NAMES = "_libra_call_names"
-# the key under which a rewritten tool result states a status its text does not (a Gemini code deadline: timeout)
-STATUS = "_libra_status"
 
 
 def is_message(m: Any) -> bool:
     """Whether `m` looks like one chat message or log item of any dialect above."""
     if not isinstance(m, dict):
         return False
-    if "role" in m or ("from" in m and "value" in m):
+    if "role" in m or ("from" in m and "value" in m) or frameworks.is_framework_item(m):
         return True
     kind = m.get("type")
     return isinstance(kind, str) and (kind in _RESPONSE_ITEMS or kind.endswith(("_call", "_call_output")))
@@ -82,7 +81,9 @@ def _foreign(m: Any) -> bool:
         return False
     role = m.get("role")
     if role is None:
-        return ("from" in m and "value" in m) or "type" in m
+        return ("from" in m and "value" in m) or "type" in m or frameworks.is_framework_item(m)
+    if frameworks.is_smolagents_message(m):
+        return True
     if role in ("human", "gpt", "model", "bot", "chatgpt") or "parts" in m:
         return True
     content = m.get("content")
@@ -93,6 +94,9 @@ def _foreign(m: Any) -> bool:
 
 
 def _rewrite(m: dict) -> list[dict]:
+    framework = frameworks.rewrite(m)
+    if framework is not None:
+        return framework
     if "role" not in m and "from" in m:
         return _sharegpt(m)
     if "role" not in m:

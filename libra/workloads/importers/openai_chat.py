@@ -18,7 +18,9 @@ A JSON Lines file of one event per line (a session log: Claude Code transcripts,
 conversation per session, its messages in file order (dialects.py, `message_of`). Other dialects are read too
 (dialects.py): ShareGPT `from` / `value` conversations, Anthropic content blocks
 (`tool_use`, `tool_result`, `thinking`), Gemini `parts` (`functionCall`, `functionResponse`, code execution) and
-OpenAI Responses items (`function_call`, `function_call_output`, `reasoning`).
+OpenAI Responses items (`function_call`, `function_call_output`, `reasoning`); so are the logs of OpenHands
+(a `history` of events; an evaluation output's `instruction` is its prompt when the history states none),
+LangChain and smolagents (`steps`) (frameworks.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from libra.workloads.importers.common import (
+    CALL_NAMES,
+    STATUS,
     Return,
     Segment,
     StatusRules,
@@ -38,10 +42,11 @@ from libra.workloads.importers.common import (
     iter_records,
     text_of,
 )
-from libra.workloads.importers.dialects import CALL_NAMES, STATUS, expand, is_message, message_of
+from libra.workloads.importers.dialects import expand, is_message, message_of
 from libra.workloads.trace import TOOL_STATUSES, TraceError, Trajectory
 
-_MESSAGE_KEYS = ("messages", "traj", "conversation", "conversations")
+# `history`: OpenHands trajectories and evaluation outputs; `steps`: smolagents memory steps
+_MESSAGE_KEYS = ("messages", "traj", "conversation", "conversations", "history", "steps")
 _CONTAINER_KEYS = ("simulations", "results", "data", "trajectories")
 _ID_KEYS = ("prompt_id", "task_id", "instance_id", "id", "uid")
 _SAMPLE_KEYS = ("sample", "trial")
@@ -96,8 +101,31 @@ def _messages(record: dict | list) -> tuple[list, dict]:
         return record, {}
     for key in _MESSAGE_KEYS:
         if isinstance(record.get(key), list):
+            if key == "history":  # older OpenHands outputs: [action, observation] pairs
+                return [e for item in record[key] for e in (item if isinstance(item, list) else [item])], record
             return record[key], record
     return [], record
+
+
+def _from_history(record: dict | list) -> bool:
+    """Whether a record's messages are an OpenHands `history`."""
+    return (
+        isinstance(record, dict)
+        and next((k for k in _MESSAGE_KEYS if isinstance(record.get(k), list)), "") == "history"
+    )
+
+
+def _user_before_first_generation(messages: list) -> bool:
+    """Whether a user message comes before the first assistant message (OpenHands outputs repeat their
+    `instruction` as one; older ones do not)."""
+    for raw in messages:
+        for msg in expand(raw):
+            role = msg.get("role") if isinstance(msg, dict) else None
+            if role == "assistant":
+                return False
+            if role == "user":
+                return True
+    return False
 
 
 def _gen_text(msg: dict) -> tuple[str, list[tuple[str, str]]]:
@@ -238,10 +266,14 @@ def import_openai(
                 isinstance(m, dict) and m.get("role") == "system" for m in messages
             ):  # a system prompt stated beside the messages (Anthropic's `system`, ShareGPT's)
                 prompt += count(text_of(system))
+            instruction = rec.get("instruction") if _from_history(rec) else None
+            if isinstance(instruction, str) and not _user_before_first_generation(messages):
+                prompt += count(instruction)  # an OpenHands output whose history does not state its task
             key = next((k for k in _ID_KEYS if isinstance(rec.get(k), str | int) and rec.get(k) != ""), None)
             pid = rec[key] if key else None
             sample = next((rec[k] for k in _SAMPLE_KEYS if isinstance(rec.get(k), int)), None)
-            meta = _meta(rec, (key, "system") if key else ("system",))
+            used = ("system", "instruction") if _from_history(rec) else ("system",)
+            meta = _meta(rec, (key, *used) if key else used)
             yield build_trajectory(
                 prompt_id=str(pid) if pid is not None else f"{path.stem}-{n}",
                 prompt_tokens=prompt,
