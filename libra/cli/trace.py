@@ -62,14 +62,14 @@ def _add_generate_args(p: argparse.ArgumentParser, *, inherit: bool = False) -> 
 def _add_import_args(p: argparse.ArgumentParser) -> None:
     from libra.workloads.importers import DEFAULT_TOKENIZER, IMPORT_FORMATS
 
-    p.add_argument("sources", nargs="*", metavar="SRC", help="agent log files (JSON or JSON Lines)")
+    p.add_argument("sources", nargs="*", metavar="SRC", help="agent log files (JSON, JSON Lines, Inspect .eval)")
     p.add_argument(
         "--format",
         default="openai",
         choices=IMPORT_FORMATS,
         help="log format (default openai, which also reads ShareGPT, Anthropic, Gemini and OpenAI Responses logs, "
-        "Claude Code / Codex CLI session logs, OpenHands event streams and outputs, LangChain serialized messages "
-        "and smolagents messages and memory steps)",
+        "Claude Code / Codex CLI session logs, OpenHands event streams and outputs, LangChain serialized messages, "
+        "smolagents messages and memory steps, and Inspect AI evaluation logs, JSON or .eval archives)",
     )
     p.add_argument("--out", default="imported-trace.jsonl", help="output trace (default imported-trace.jsonl)")
     p.add_argument(

@@ -144,7 +144,7 @@ def build_trajectory(
     prompt_tokens: int,
     segments: Sequence[Segment],
     path: Path,
-    line: int,
+    line: int | None,
     reward: float | None = None,
     sample: int | None = None,
     extra: dict[str, Any] | None = None,

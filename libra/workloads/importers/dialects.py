@@ -22,7 +22,9 @@ a message per line), are read by `message_of`: a line's message is the line itse
 `{"output": ..., "metadata": {"exit_code": N}}` give their text and exit code.
 
 The logs of agent frameworks (OpenHands event streams, LangChain serialized messages, smolagents messages and
-memory steps) are rewritten by frameworks.py, which says what each reads; `expand` tries them first.
+memory steps) are rewritten by frameworks.py, which says what each reads; `expand` tries them first. Inspect AI's
+messages (tool calls naming their function as a string, tool messages with `function` and `error`, `reasoning`
+parts) are rewritten by inspect_logs.py.
 
 Role aliases (`human`, `gpt`, `bot`, `model`) are read in plain `role` / `content` messages too. A message
 already in OpenAI form passes as it is. Anything unrecognised is left for `convert_messages`, which reports it in
@@ -34,7 +36,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from libra.workloads.importers import frameworks
+from libra.workloads.importers import frameworks, inspect_logs
 from libra.workloads.importers.common import CALL_NAMES, STATUS, text_of
 
 _ROLE_ALIASES = {
@@ -82,7 +84,7 @@ def _foreign(m: Any) -> bool:
     role = m.get("role")
     if role is None:
         return ("from" in m and "value" in m) or "type" in m or frameworks.is_framework_item(m)
-    if frameworks.is_smolagents_message(m):
+    if frameworks.is_smolagents_message(m) or inspect_logs.is_inspect_message(m):
         return True
     if role in ("human", "gpt", "model", "bot", "chatgpt") or "parts" in m:
         return True
@@ -97,6 +99,8 @@ def _rewrite(m: dict) -> list[dict]:
     framework = frameworks.rewrite(m)
     if framework is not None:
         return framework
+    if "role" in m and inspect_logs.is_inspect_message(m):
+        return inspect_logs.rewrite_message(m)
     if "role" not in m and "from" in m:
         return _sharegpt(m)
     if "role" not in m:

@@ -20,7 +20,8 @@ conversation per session, its messages in file order (dialects.py, `message_of`)
 (`tool_use`, `tool_result`, `thinking`), Gemini `parts` (`functionCall`, `functionResponse`, code execution) and
 OpenAI Responses items (`function_call`, `function_call_output`, `reasoning`); so are the logs of OpenHands
 (a `history` of events; an evaluation output's `instruction` is its prompt when the history states none),
-LangChain and smolagents (`steps`) (frameworks.py).
+LangChain and smolagents (`steps`) (frameworks.py), and Inspect AI evaluation logs, JSON or `.eval` archives (one
+trajectory per sample, inspect_logs.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from libra.workloads.importers import inspect_logs
 from libra.workloads.importers.common import (
     CALL_NAMES,
     STATUS,
@@ -73,6 +75,9 @@ def _records(value: Any, path: Path, line: int) -> Iterator[tuple[str, dict | li
     if isinstance(value, dict):
         if any(isinstance(value.get(k), list) for k in _MESSAGE_KEYS):
             yield "", value
+            return
+        if inspect_logs.is_log(value):  # an Inspect JSON log: one record per sample
+            yield from inspect_logs.records(value)
             return
         for key in _CONTAINER_KEYS:
             if isinstance(value.get(key), list):
@@ -158,7 +163,7 @@ def convert_messages(
     count: Callable[[str], int],
     rules: StatusRules,
     path: Path,
-    line: int,
+    line: int | None,
     where: str = "",
     user_tool: str = "user",
     user_exit_codes: bool = False,
@@ -243,6 +248,12 @@ def import_openai(
     path: Path, *, count: Callable[[str], int], rules: StatusRules, user_tool: str = "user"
 ) -> Iterator[Trajectory]:
     """Trajectories of one file of OpenAI chat message lists, or of a session log (module docstring)."""
+    if inspect_logs.is_archive(path):  # an Inspect `.eval` log (a zip archive)
+        for member, rec in inspect_logs.archive_records(path):
+            yield _trajectory(
+                rec, path=path, line=None, where=f"{member}:", n=0, count=count, rules=rules, user_tool=user_tool
+            )
+        return
     stream = iter_records(path)
     head = list(itertools.islice(stream, 2))  # the first two records tell a session log (read lazily after them)
     records = itertools.chain(head, stream)
@@ -252,39 +263,54 @@ def import_openai(
     n = 0
     for line, value in records:
         for where, record in _records(value, path, line):
-            messages, rec = _messages(record)
-            if not messages:
-                raise TraceError(path, line, f"{where}messages" if where else "messages", "is empty")
-            prompt, segments = convert_messages(
-                messages, count=count, rules=rules, path=path, line=line, where=where, user_tool=user_tool
-            )
-            shared = rec.get("__shared_prompt__") if isinstance(rec, dict) else None
-            if shared:
-                prompt += count(shared)
-            system = rec.get("system") if isinstance(rec, dict) else None
-            if isinstance(system, str | list) and not any(
-                isinstance(m, dict) and m.get("role") == "system" for m in messages
-            ):  # a system prompt stated beside the messages (Anthropic's `system`, ShareGPT's)
-                prompt += count(text_of(system))
-            instruction = rec.get("instruction") if _from_history(rec) else None
-            if isinstance(instruction, str) and not _user_before_first_generation(messages):
-                prompt += count(instruction)  # an OpenHands output whose history does not state its task
-            key = next((k for k in _ID_KEYS if isinstance(rec.get(k), str | int) and rec.get(k) != ""), None)
-            pid = rec[key] if key else None
-            sample = next((rec[k] for k in _SAMPLE_KEYS if isinstance(rec.get(k), int)), None)
-            used = ("system", "instruction") if _from_history(rec) else ("system",)
-            meta = _meta(rec, (key, *used) if key else used)
-            yield build_trajectory(
-                prompt_id=str(pid) if pid is not None else f"{path.stem}-{n}",
-                prompt_tokens=prompt,
-                segments=segments,
-                path=path,
-                line=line,
-                reward=_reward(rec),
-                sample=sample if isinstance(sample, int) and sample >= 0 else None,
-                extra={"meta": meta} if meta else None,
+            yield _trajectory(
+                record, path=path, line=line, where=where, n=n, count=count, rules=rules, user_tool=user_tool
             )
             n += 1
+
+
+def _trajectory(
+    record: dict | list,
+    *,
+    path: Path,
+    line: int | None,
+    where: str,
+    n: int,
+    count: Callable[[str], int],
+    rules: StatusRules,
+    user_tool: str,
+) -> Trajectory:
+    """The trajectory of one record (module docstring); `n` numbers the records without an id."""
+    messages, rec = _messages(record)
+    if not messages:
+        raise TraceError(path, line, f"{where}messages" if where else "messages", "is empty")
+    prompt, segments = convert_messages(
+        messages, count=count, rules=rules, path=path, line=line, where=where, user_tool=user_tool
+    )
+    shared = rec.get("__shared_prompt__") if isinstance(rec, dict) else None
+    if shared:
+        prompt += count(shared)
+    system = rec.get("system") if isinstance(rec, dict) else None
+    if isinstance(system, str | list) and not any(isinstance(m, dict) and m.get("role") == "system" for m in messages):
+        prompt += count(text_of(system))  # a system prompt stated beside the messages (Anthropic's, ShareGPT's)
+    instruction = rec.get("instruction") if _from_history(rec) else None
+    if isinstance(instruction, str) and not _user_before_first_generation(messages):
+        prompt += count(instruction)  # an OpenHands output whose history does not state its task
+    key = next((k for k in _ID_KEYS if isinstance(rec.get(k), str | int) and rec.get(k) != ""), None)
+    pid = rec[key] if key else None
+    sample = next((rec[k] for k in _SAMPLE_KEYS if isinstance(rec.get(k), int)), None)
+    used = ("system", "instruction") if _from_history(rec) else ("system",)
+    meta = _meta(rec, (key, *used) if key else used)
+    return build_trajectory(
+        prompt_id=str(pid) if pid is not None else f"{path.stem}-{n}",
+        prompt_tokens=prompt,
+        segments=segments,
+        path=path,
+        line=line,
+        reward=_reward(rec),
+        sample=sample if isinstance(sample, int) and sample >= 0 else None,
+        extra={"meta": meta} if meta else None,
+    )
 
 
 def _is_event(value: Any) -> bool:
