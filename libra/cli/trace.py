@@ -5,6 +5,7 @@ schema of docs/trace-schema.md."""
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -163,6 +164,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Stderr(logging.Handler):
+    """An importer's warnings (e.g. the samples of an Inspect log that failed before any generation), one line each
+    on stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        log(f"warning: {record.getMessage()}")
+
+
 def run_import(args: argparse.Namespace) -> int:
     from libra.workloads.importers import (
         DEFAULT_ERROR_PATTERNS,
@@ -182,12 +191,17 @@ def run_import(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CLIError(str(exc)) from None
     log(f"importing {len(args.sources)} file(s) as {args.format} (tokenizer {args.tokenizer})")
+    warnings = logging.getLogger("libra.workloads.importers")  # what an importer skipped, said on stderr
+    handler = _Stderr(logging.WARNING)
+    warnings.addHandler(handler)
     try:
         trajectories = import_files(
             args.format, args.sources, tokenizer=args.tokenizer, rules=rules, source=args.source
         )
     except TokenizerError as exc:
         raise CLIError(str(exc)) from None
+    finally:
+        warnings.removeHandler(handler)
     out = Path(args.out)
     try:
         written = write_trace_atomic(out, trajectories)

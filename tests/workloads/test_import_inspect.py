@@ -213,3 +213,50 @@ def test_other_items_are_still_errors(tmp_path, item) -> None:
     src.write_text(json.dumps(item))
     with pytest.raises(TraceError, match=r"log\.json"):
         _read(src)
+
+
+def failed_sample(sid: int, epoch: int = 1) -> dict:
+    """A sample inspect_ai recorded as failed before the model generated anything (its sandbox did not start)."""
+    return {
+        "id": sid,
+        "epoch": epoch,
+        "input": U,
+        "messages": [{"id": "m0", "content": S, "role": "system"}, {"id": "m1", "content": U, "role": "user"}],
+        "error": {"message": "RuntimeError: sandbox failed to start\nTraceback ...", "traceback": "..."},
+    }
+
+
+def test_samples_that_failed_before_any_generation_are_skipped_with_one_warning_per_file(tmp_path, caplog) -> None:
+    src = tmp_path / "log.json"
+    src.write_text(json.dumps(json_log([sample(1), failed_sample(2), sample(3)])))
+    archive = write_eval(tmp_path / "log.eval", [sample(1), failed_sample(2), failed_sample(4), sample(3)])
+    with caplog.at_level("WARNING", logger="libra.workloads.importers"):
+        from_json = _read(src)
+        from_eval = _read(archive)
+    assert [t.prompt_id for t in from_json] == [f"{TASK}/1", f"{TASK}/3"]
+    assert [t.prompt_id for t in from_eval] == [f"{TASK}/1", f"{TASK}/3"]
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 2
+    assert "log.json: skipped 1 Inspect sample(s)" in warnings[0] and "id 2" in warnings[0]
+    assert "log.eval: skipped 2 Inspect sample(s)" in warnings[1]
+    assert "samples/2_epoch_1.json" in warnings[1] and "samples/4_epoch_1.json" in warnings[1]
+
+
+def test_a_sample_without_a_generation_or_a_recorded_failure_is_still_an_error(tmp_path) -> None:
+    bare = failed_sample(2)
+    del bare["error"]
+    src = tmp_path / "log.json"
+    src.write_text(json.dumps(json_log([sample(1), bare])))
+    with pytest.raises(TraceError, match="no model generation"):
+        _read(src)
+
+
+def test_a_log_whose_every_sample_failed_is_a_one_line_error_with_no_output(tmp_path, capsys) -> None:
+    archive = write_eval(tmp_path / "log.eval", [failed_sample(1), failed_sample(2)])
+    out = tmp_path / "out.jsonl"
+    assert (
+        main(["trace", "import", "--format", "openai", str(archive), "--out", str(out), "--tokenizer", "bytes4"]) == 2
+    )
+    err = capsys.readouterr().err
+    assert "skipped 2 Inspect sample(s)" in err and "no trajectories found" in err
+    assert not out.exists()

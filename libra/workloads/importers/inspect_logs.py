@@ -25,11 +25,17 @@ chat form by `rewrite_message`:
   the model sees, as inspect_ai's providers send it (OpenAI chat: `Error: {message}`), and sets its status: type
   `timeout` is a timeout, any other type an error. A long text in a message may be stored once in the sample's
   `attachments` (`attachment://{hash}`): it is resolved before counting.
+
+A sample that inspect_ai recorded as failed (its `error` set) before the model generated anything holds no
+trajectory (a sandbox that did not start, say): it is skipped, and one warning per file on stderr (the
+`libra.workloads.importers` logger) names the skipped samples, so that one failed sample does not stop the import
+of a large log. A sample without an error and without a generation is still an error.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import zipfile
 import zlib
@@ -44,6 +50,7 @@ _ZIP_SIGNATURES = (b"PK\x03\x04", b"PK\x05\x06")  # a local file header; the end
 _SAMPLE_MEMBER = re.compile(r"\Asamples/(.+)_epoch_(\d+)\.json\Z")
 _HEADERS = ("header.json", "_journal/start.json")
 _ATTACHMENT = "attachment://"
+_log = logging.getLogger("libra.workloads.importers")
 _SCORE_WORDS = {"c": 1.0, "i": 0.0, "p": 0.5, "n": 0.0, "yes": 1.0, "true": 1.0, "no": 0.0, "false": 0.0}
 
 
@@ -61,10 +68,32 @@ def is_log(value: Any) -> bool:
     return isinstance(value, dict) and isinstance(value.get("eval"), dict) and isinstance(value.get("samples"), list)
 
 
-def records(log: dict) -> Iterator[tuple[str, dict]]:
-    """`(where, record)` for each sample of a JSON log, the record in the form `import_openai` reads."""
+def records(log: dict, path: Path) -> Iterator[tuple[str, dict]]:
+    """`(where, record)` for each sample of a JSON log, the record in the form `import_openai` reads (samples that
+    failed before any generation skipped: module docstring)."""
+    skipped = []
     for i, sample in enumerate(log["samples"]):
+        if failed_before_generation(sample):
+            skipped.append(f"samples[{i}] (id {sample.get('id')}, epoch {sample.get('epoch')})")
+            continue
         yield f"samples[{i}]", sample_record(sample, log["eval"])
+    _warn_skipped(path, skipped)
+
+
+def failed_before_generation(sample: Any) -> bool:
+    """Whether inspect_ai recorded the sample as failed (`error` set) before any assistant message."""
+    if not isinstance(sample, dict) or not isinstance(sample.get("error"), dict):
+        return False
+    messages = sample.get("messages")
+    return not any(isinstance(m, dict) and m.get("role") == "assistant" for m in (messages or ()))
+
+
+def _warn_skipped(path: Path, skipped: list[str]) -> None:
+    if skipped:
+        shown = ", ".join(skipped[:5]) + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")
+        _log.warning(
+            f"{path}: skipped {len(skipped)} Inspect sample(s) that failed before any model generation: {shown}"
+        )
 
 
 def archive_records(path: Path) -> Iterator[tuple[str, dict]]:
@@ -82,8 +111,14 @@ def archive_records(path: Path) -> Iterator[tuple[str, dict]]:
             raise TraceError(path, None, None, "an Inspect .eval archive without samples (no samples/*.json member)")
         header: Any = next((_member(archive, path, n) for n in _HEADERS if n in names), {})
         spec = header.get("eval") if isinstance(header, dict) else None
+        skipped = []
         for name in members:
-            yield name, sample_record(_member(archive, path, name), spec if isinstance(spec, dict) else {})
+            sample = _member(archive, path, name)
+            if failed_before_generation(sample):
+                skipped.append(name)
+                continue
+            yield name, sample_record(sample, spec if isinstance(spec, dict) else {})
+    _warn_skipped(path, skipped)
 
 
 def _order(name: str) -> tuple[int, str]:

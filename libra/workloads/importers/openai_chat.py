@@ -77,7 +77,7 @@ def _records(value: Any, path: Path, line: int) -> Iterator[tuple[str, dict | li
             yield "", value
             return
         if inspect_logs.is_log(value):  # an Inspect JSON log: one record per sample
-            yield from inspect_logs.records(value)
+            yield from inspect_logs.records(value, path)
             return
         for key in _CONTAINER_KEYS:
             if isinstance(value.get(key), list):
