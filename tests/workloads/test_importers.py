@@ -292,3 +292,41 @@ def test_verl_rows_already_in_trace_form(tmp_path) -> None:
     plain, nested = import_files("verl", [_write(tmp_path, "v.jsonl", [record, row])])
     assert (plain.prompt_id, plain.step, plain.total_tokens) == ("x", 2, 8)
     assert (nested.prompt_id, nested.sample, nested.total_tokens) == ("p-9", 1, 8)
+
+
+def test_the_default_format_reads_swe_agent_and_mini_swe_agent_files_as_their_own_formats(tmp_path) -> None:
+    swe = {
+        "environment": "repo__issue-2",
+        "history": [
+            {"role": "system", "content": "You are an autonomous programmer."},
+            {"role": "user", "content": "Fix the issue."},
+            {"role": "assistant", "content": "Run it.\n```\npython a.py\n```"},
+            {"role": "user", "content": "Traceback (most recent call last):\nNameError: x"},
+            {"role": "assistant", "content": "Submit.\n```\nsubmit\n```"},
+            {"role": "user", "content": "diff --git a/a.py b/a.py"},
+        ],
+        "trajectory": [
+            {"action": "python a.py\n", "observation": "Traceback ...", "response": "Run it."},
+            {"action": "submit\n", "observation": "diff --git a/a.py b/a.py", "response": "Submit."},
+        ],
+        "info": {"exit_status": "submitted"},
+    }
+    mini = {
+        "info": {"exit_status": "Submitted"},
+        "messages": [
+            {"role": "system", "content": "You can run bash."},
+            {"role": "user", "content": "Please solve this issue."},
+            {"role": "assistant", "content": "```bash\ncat b.py\n```"},
+            {"role": "user", "content": "<returncode>1</returncode>\n<output>\ncat: b.py: missing\n</output>"},
+            {"role": "assistant", "content": "```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"},
+            {"role": "user", "content": "diff --git a/a.py b/a.py"},
+        ],
+        "trajectory_format": "mini-swe-agent-1.1",
+    }
+    for fmt, name, record in (("swe-agent", "y.traj", swe), ("mini-swe-agent", "i-2.traj.json", mini)):
+        src = _write(tmp_path, name, record, lines=False)
+        (own,) = import_files(fmt, [src], tokenizer=B4)
+        (default,) = import_files("openai", [src], tokenizer=B4)
+        assert default == own
+        assert default.turns[0].tool == ("python" if fmt == "swe-agent" else "bash")
+        assert default.turns[-1].tool is None  # the submitted patch is no return

@@ -21,7 +21,9 @@ conversation per session, its messages in file order (dialects.py, `message_of`)
 OpenAI Responses items (`function_call`, `function_call_output`, `reasoning`); so are the logs of OpenHands
 (a `history` of events; an evaluation output's `instruction` is its prompt when the history states none),
 LangChain and smolagents (`steps`) (frameworks.py), and Inspect AI evaluation logs, JSON or `.eval` archives (one
-trajectory per sample, inspect_logs.py).
+trajectory per sample, inspect_logs.py). A file whose first record is a SWE-agent `.traj` (steps of `action` and
+`observation`, an `info` object) or a mini-swe-agent `.traj.json` (its `trajectory_format`) is read as
+`--format swe-agent` / `mini-swe-agent` read it (swe_agents.py), so the default format gives their trajectories.
 """
 
 from __future__ import annotations
@@ -61,6 +63,25 @@ def exit_code_in(text: str) -> int | None:
     if m is None:
         return None
     return int(m.group(1) if m.group(1) is not None else m.group(2))
+
+
+def _own_format(value: Any) -> str | None:
+    """`swe-agent` or `mini-swe-agent` when a file's first record is a trajectory of that agent (a `.traj`: steps of
+    `action` and `observation` with an `info` object; a `.traj.json`: its `trajectory_format`), else None."""
+    if not isinstance(value, dict):
+        return None
+    fmt = value.get("trajectory_format")
+    if isinstance(fmt, str) and fmt.startswith("mini-swe-agent"):
+        return "mini-swe-agent"
+    steps = value.get("trajectory")
+    if (
+        isinstance(steps, list)
+        and steps
+        and isinstance(value.get("info"), dict)
+        and all(isinstance(x, dict) and "action" in x and "observation" in x for x in steps)
+    ):
+        return "swe-agent"
+    return None
 
 
 def _records(value: Any, path: Path, line: int) -> Iterator[tuple[str, dict | list]]:
@@ -256,6 +277,13 @@ def import_openai(
         return
     stream = iter_records(path)
     head = list(itertools.islice(stream, 2))  # the first two records tell a session log (read lazily after them)
+    own = _own_format(head[0][1]) if head else None
+    if own is not None:  # a SWE-agent or mini-swe-agent file: read as its own format reads it
+        from libra.workloads.importers import swe_agents  # (swe_agents imports this module)
+
+        reader = swe_agents.import_swe_agent if own == "swe-agent" else swe_agents.import_mini_swe_agent
+        yield from reader(path, count=count, rules=rules)
+        return
     records = itertools.chain(head, stream)
     if len(head) == 2 and _is_event(head[0][1]):
         yield from _sessions(records, path, count=count, rules=rules, user_tool=user_tool)
