@@ -69,8 +69,9 @@ def _add_import_args(p: argparse.ArgumentParser) -> None:
         default="openai",
         choices=IMPORT_FORMATS,
         help="log format (default openai, which also reads ShareGPT, Anthropic, Gemini and OpenAI Responses logs, "
-        "Claude Code / Codex CLI session logs, OpenHands event streams and outputs, LangChain serialized messages, "
-        "smolagents messages and memory steps, and Inspect AI evaluation logs, JSON or .eval archives)",
+        "Claude Code / Codex CLI / Gemini CLI / Qwen Code session logs, OpenHands event streams and outputs, "
+        "LangChain serialized messages, smolagents messages and memory steps, and Inspect AI evaluation logs, "
+        "JSON or .eval archives)",
     )
     p.add_argument("--out", default="imported-trace.jsonl", help="output trace (default imported-trace.jsonl)")
     p.add_argument(

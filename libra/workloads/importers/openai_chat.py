@@ -24,6 +24,9 @@ LangChain and smolagents (`steps`) (frameworks.py), and Inspect AI evaluation lo
 trajectory per sample, inspect_logs.py). A file whose first record is a SWE-agent `.traj` (steps of `action` and
 `observation`, an `info` object) or a mini-swe-agent `.traj.json` (its `trajectory_format`) is read as
 `--format swe-agent` / `mini-swe-agent` read it (swe_agents.py), so the default format gives their trajectories.
+A Gemini CLI session file (a JSON conversation record with `sessionId`, `projectHash` and `messages` of typed
+message records, or the JSON Lines file of its later releases, whose first line is that metadata alone) is one
+trajectory, rewritten by gemini_cli.py; Qwen Code's sessions are session logs as above.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from libra.workloads.importers import inspect_logs
+from libra.workloads.importers import gemini_cli, inspect_logs
 from libra.workloads.importers.common import (
     CALL_NAMES,
     STATUS,
@@ -94,6 +97,9 @@ def _records(value: Any, path: Path, line: int) -> Iterator[tuple[str, dict | li
             yield from ((f"[{i}]{w}", r) for w, r in _records(item, path, line))
         return
     if isinstance(value, dict):
+        if gemini_cli.is_conversation(value):  # a Gemini CLI session file (JSON)
+            yield "", gemini_cli.record(value)
+            return
         if any(isinstance(value.get(k), list) for k in _MESSAGE_KEYS):
             yield "", value
             return
@@ -285,6 +291,19 @@ def import_openai(
         yield from reader(path, count=count, rules=rules)
         return
     records = itertools.chain(head, stream)
+    if len(head) == 2 and gemini_cli.is_session_head(head[0][1]):  # a Gemini CLI session file (JSON Lines)
+        conversation = gemini_cli.replay(value for _, value in records)
+        yield _trajectory(
+            gemini_cli.record(conversation),
+            path=path,
+            line=1,
+            where="",
+            n=0,
+            count=count,
+            rules=rules,
+            user_tool=user_tool,
+        )
+        return
     if len(head) == 2 and _is_event(head[0][1]):
         yield from _sessions(records, path, count=count, rules=rules, user_tool=user_tool)
         return
