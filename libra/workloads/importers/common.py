@@ -191,6 +191,12 @@ def build_trajectory(
     )
 
 
+def json_text(value: Any) -> str:
+    """A value as the text a model read or wrote: a string as it is, anything else as JSON (tool-call arguments,
+    structured tool results)."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
 def text_of(content: Any) -> str:
     """The text of a message's content: a string, a list of parts (`{"type": "text", "text": ...}` or strings),
     or None."""

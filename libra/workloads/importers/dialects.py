@@ -37,7 +37,7 @@ import json
 from typing import Any
 
 from libra.workloads.importers import frameworks, inspect_logs
-from libra.workloads.importers.common import CALL_NAMES, STATUS, text_of
+from libra.workloads.importers.common import CALL_NAMES, STATUS, json_text, text_of
 
 _ROLE_ALIASES = {
     "human": "user",
@@ -136,10 +136,6 @@ def _call_names(value: Any) -> list[str]:
     return names or ["tool"]
 
 
-def _dump(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
 def _responses_item(m: dict) -> list[dict]:
     kind = m.get("type")
     if kind == "message":
@@ -154,7 +150,7 @@ def _responses_item(m: dict) -> list[dict]:
         return [{"role": "assistant", "content": "\n".join(text_of(m.get(k)) for k in ("summary", "content"))}]
     if isinstance(kind, str) and kind.endswith("_call_output"):
         result: dict[str, Any] = {"role": "tool", "tool_call_id": str(m.get("call_id", ""))}
-        result["content"] = _dump(m.get("output", ""))
+        result["content"] = json_text(m.get("output", ""))
         inner = _json_output(m.get("output"))
         if inner is not None:  # Codex CLI: {"output": text, "metadata": {"exit_code": N, ...}}
             result["content"], code = inner
@@ -164,7 +160,7 @@ def _responses_item(m: dict) -> list[dict]:
     if isinstance(kind, str) and kind.endswith("_call"):
         name = m.get("name") if isinstance(m.get("name"), str) else kind[: -len("_call")]
         args = next((m[k] for k in ("arguments", "input", "action") if k in m), "")
-        call = {"id": str(m.get("call_id", m.get("id", ""))), "function": {"name": name, "arguments": _dump(args)}}
+        call = {"id": str(m.get("call_id", m.get("id", ""))), "function": {"name": name, "arguments": json_text(args)}}
         return [{"role": "assistant", "content": "", "tool_calls": [call]}]
     return [m]  # not an item of any dialect: `convert_messages` names it
 
@@ -227,13 +223,13 @@ def _blocks(role: str, blocks: list) -> list[dict]:
         kind = b.get("type")
         gemini = next(((k, b.get(k) if k in b else b.get(s)) for k, s in _GEMINI_KEYS if k in b or s in b), None)
         if kind in ("tool_use", "server_tool_use"):
-            fn = {"name": str(b.get("name") or "tool"), "arguments": _dump(b.get("input", ""))}
+            fn = {"name": str(b.get("name") or "tool"), "arguments": json_text(b.get("input", ""))}
             calls.append({"id": str(b.get("id", "")), "function": fn})
         elif kind == "tool_result" or (isinstance(kind, str) and kind.endswith("_tool_result")):
             flush()
             result: dict[str, Any] = {"role": "tool", "tool_call_id": str(b.get("tool_use_id", ""))}
             result["content"] = (
-                text_of(b.get("content")) if not isinstance(b.get("content"), dict) else _dump(b["content"])
+                text_of(b.get("content")) if not isinstance(b.get("content"), dict) else json_text(b["content"])
             )
             if isinstance(b.get("is_error"), bool):
                 result["is_error"] = b["is_error"]
@@ -246,7 +242,7 @@ def _blocks(role: str, blocks: list) -> list[dict]:
             key, value = gemini
             value = value if isinstance(value, dict) else {}
             if key == "functionCall":
-                fn = {"name": str(value.get("name") or "tool"), "arguments": _dump(value.get("args", ""))}
+                fn = {"name": str(value.get("name") or "tool"), "arguments": json_text(value.get("args", ""))}
                 calls.append({"id": str(value.get("id", "")), "function": fn})
             elif key == "executableCode":
                 texts.append(str(value.get("code", "")))
@@ -257,7 +253,7 @@ def _blocks(role: str, blocks: list) -> list[dict]:
                 response = value.get("response", "")
                 result = {"role": "tool", "name": str(value.get("name") or "tool")}
                 output = response.get("output") if isinstance(response, dict) else None
-                result["content"] = output if isinstance(output, str) else _dump(response)
+                result["content"] = output if isinstance(output, str) else json_text(response)
                 if isinstance(response, dict) and response.get("error"):
                     result["is_error"] = True
                 out.append(result)

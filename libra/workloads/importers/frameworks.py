@@ -27,11 +27,10 @@
 from __future__ import annotations
 
 import ast
-import json
 import re
 from typing import Any
 
-from libra.workloads.importers.common import CALL_NAMES, STATUS, text_of
+from libra.workloads.importers.common import CALL_NAMES, STATUS, json_text, text_of
 
 _OH_SKIP_ACTIONS = {
     "change_agent_state",
@@ -111,10 +110,6 @@ def _obj(value: Any) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def _dump(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
 # OpenHands
 
 
@@ -145,7 +140,7 @@ def _oh_action(m: dict) -> list[dict]:
     arguments: Any = None if kind == "think" else _oh_called_arguments(m.get("tool_call_metadata"))
     if arguments is None and kind != "think":
         arguments = {k: v for k, v in args.items() if k not in _OH_BOOKKEEPING and v not in (None, False, "", [], {})}
-    call = {"id": str(m.get("id", "")), "function": {"name": kind, "arguments": _dump(arguments or "")}}
+    call = {"id": str(m.get("id", "")), "function": {"name": kind, "arguments": json_text(arguments or "")}}
     return [{"role": "assistant", "content": thought, "tool_calls": [call]}]
 
 
@@ -164,7 +159,7 @@ def _oh_called_arguments(meta: Any) -> str | None:
         fn = call.get("function") if isinstance(call, dict) else None
         if isinstance(fn, dict) and call.get("id") == meta.get("tool_call_id"):
             args = fn.get("arguments")
-            return args if isinstance(args, str) else _dump(args)
+            return args if isinstance(args, str) else json_text(args)
     return None
 
 
@@ -230,7 +225,7 @@ def _langchain(m: dict) -> list[dict]:
     calls = []
     for call in (data.get("tool_calls") or []) + (data.get("invalid_tool_calls") or []):
         if isinstance(call, dict):
-            fn = {"name": str(call.get("name") or "tool"), "arguments": _dump(call.get("args") or "")}
+            fn = {"name": str(call.get("name") or "tool"), "arguments": json_text(call.get("args") or "")}
             calls.append({"id": str(call.get("id") or ""), "function": fn})
     msg: dict[str, Any] = {"role": "assistant", "content": text}
     extra = _obj(data.get("additional_kwargs"))
@@ -299,7 +294,7 @@ def _smol_calls(calls: list) -> list[dict]:
         fn = _obj(call.get("function")) or call
         name = str(fn.get("name") or "tool")
         # a CodeAgent's code is its model output, already counted: the call adds only its name
-        args = "" if name == "python_interpreter" else _dump(fn.get("arguments", ""))
+        args = "" if name == "python_interpreter" else json_text(fn.get("arguments", ""))
         out.append({"id": str(call.get("id") or ""), "function": {"name": name, "arguments": args}})
     return out
 

@@ -37,11 +37,10 @@ dialect too.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
-from libra.workloads.importers.common import text_of
+from libra.workloads.importers.common import json_text, text_of
 
 _MESSAGE_TYPES = {"user", "gemini", "info", "error", "warning"}
 _ERROR_STATUSES = {"error", "cancelled"}
@@ -150,10 +149,6 @@ def _parts(content: Any) -> list[dict]:
     return [{"text": p} if isinstance(p, str) else p for p in items if isinstance(p, str | dict)]
 
 
-def _dump(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
 def _generation(m: dict) -> dict:
     parts = _parts(m.get("content"))
     texts = [str(p["text"]) for p in parts if isinstance(p.get("text"), str) and not p.get("thought")]
@@ -169,7 +164,7 @@ def _generation(m: dict) -> dict:
         {
             "id": str(c.get("id", "")),
             "type": "function",
-            "function": {"name": str(c.get("name") or "tool"), "arguments": _dump(c.get("args", {}))},
+            "function": {"name": str(c.get("name") or "tool"), "arguments": json_text(c.get("args", {}))},
         }
         for c in calls
     ]
@@ -189,7 +184,7 @@ def _tool_return(call: dict) -> dict:
         if isinstance(response, dict):
             body = response.get("response", "")
             output = body.get("output") if isinstance(body, dict) else None
-            texts.append(output if isinstance(output, str) else _dump(body))
+            texts.append(output if isinstance(output, str) else json_text(body))
             failed = failed or (isinstance(body, dict) and bool(body.get("error")))
         elif isinstance(part.get("text"), str):
             texts.append(part["text"])

@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from libra.workloads.importers.common import STATUS, text_of
+from libra.workloads.importers.common import STATUS, json_text, text_of
 from libra.workloads.trace import TraceError
 
 _ZIP_SIGNATURES = (b"PK\x03\x04", b"PK\x05\x06")  # a local file header; the end record of an empty archive
@@ -290,6 +290,4 @@ def _content(content: Any) -> tuple[str, list[tuple[str, str, dict]]]:
 
 
 def _dump(value: Any) -> str:
-    if value is None:
-        return ""
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return "" if value is None else json_text(value)

@@ -340,13 +340,14 @@ def _trajectory(
     system = rec.get("system") if isinstance(rec, dict) else None
     if isinstance(system, str | list) and not any(isinstance(m, dict) and m.get("role") == "system" for m in messages):
         prompt += count(text_of(system))  # a system prompt stated beside the messages (Anthropic's, ShareGPT's)
-    instruction = rec.get("instruction") if _from_history(rec) else None
+    openhands = _from_history(rec)
+    instruction = rec.get("instruction") if openhands else None
     if isinstance(instruction, str) and not _user_before_first_generation(messages):
         prompt += count(instruction)  # an OpenHands output whose history does not state its task
     key = next((k for k in _ID_KEYS if isinstance(rec.get(k), str | int) and rec.get(k) != ""), None)
     pid = rec[key] if key else None
     sample = next((rec[k] for k in _SAMPLE_KEYS if isinstance(rec.get(k), int)), None)
-    used = ("system", "instruction") if _from_history(rec) else ("system",)
+    used = ("system", "instruction") if openhands else ("system",)
     meta = _meta(rec, (key, *used) if key else used)
     return build_trajectory(
         prompt_id=str(pid) if pid is not None else f"{path.stem}-{n}",
