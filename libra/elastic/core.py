@@ -9,12 +9,14 @@ runs ``optimizer.step()``.
 
 Joining is non-blocking for the core: at a step boundary a background thread packs a snapshot of version ``t``
 (a copy that overlaps the forward and backward pass; ``reduce`` waits for it before the caller's optimizer step
-changes the state, then posts its send in the background); meanwhile it keeps the reduced gradients of steps
-``t, t+1, ...`` so that the hybrid can replay them. A hybrid is attached as a placeholder (contributes nothing,
-receives the reduced gradient) and becomes active only when it holds every reduced gradient up to the previous
-step, i.e. is bitwise equal to the core. ``timeout_s`` bounds each wait on a hybrid: in ``reduce`` the hybrid
-computes its gradient while the core computes its own, so the timeout only needs to cover the skew between them
-plus the transfer. Anything wrong with a contribution (timeout, closed peer, bad checksum, wrong step or version,
+changes the state) and, on TCP, posts its send as soon as it is packed; meanwhile the core keeps the reduced
+gradients of steps ``t, t+1, ...`` so that the hybrid can replay them. The boundary that reads the hybrid's ATTACH
+makes it active (after ``min_placeholder_steps`` placeholder steps, default 0, in which it contributes nothing and
+receives the reduced gradient): the STEP message it gets then carries every reduced gradient it has not had, which
+it replays before it computes, so it computes that step's gradient on that step's state, bitwise the core's.
+``timeout_s`` bounds each wait on a hybrid: in ``reduce`` the hybrid computes its gradient while the core computes
+its own, so the timeout only needs to cover the skew between them plus the transfer.
+Anything wrong with a contribution (timeout, closed peer, bad checksum, wrong step or version,
 a gradient from a placeholder) skips it; failures detach that hybrid; the core step always completes.
 A late contribution (nothing of it arrived within ``timeout_s``) is a *miss*, not a failure: the step goes on
 without it, the hybrid stays attached and still receives the reduced gradient (its late message is dropped as stale
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -79,22 +82,29 @@ class _Slot:
 
 
 class _SnapshotSend:
-    """A :class:`~libra.elastic.snapshot.PendingCapture` and, once it is packed, its send: started by the core's
-    own thread (:meth:`start`, at the end of ``reduce``) with the link's ``send_async``, like any other send."""
+    """A :class:`~libra.elastic.snapshot.PendingCapture` and, once it is packed, its send with the link's
+    ``send_async``, like any other send. On a link whose ``posts_from_any_thread`` is true (TCP) the packing thread
+    posts it as soon as the pack is done, so the transfer overlaps the rest of the core's forward and backward pass
+    (nothing else is sent to a fetching hybrid, so nothing can come between); on others (torch.distributed
+    point-to-point) the core's own thread posts it at the end of ``reduce`` (:meth:`start`)."""
 
     def __init__(self, link: Link, pending: PendingCapture, timeout: float) -> None:
         self.pending, self._link, self._timeout = pending, link, timeout
         self._handle: SendHandle | None = None
         self._error: BaseException | None = None
+        self._lock = threading.Lock()
+        if getattr(link, "posts_from_any_thread", False):
+            pending.add_done_callback(self.start)
 
     def start(self) -> None:
         """Post the send if the snapshot is packed and the send is not posted yet (a failed pack is an error)."""
-        if self._handle is not None or self._error is not None or not self.pending.done():
-            return
-        try:
-            self._handle = self._link.send_async(self.pending.wait().to_message(), timeout=self._timeout)
-        except Exception as exc:  # reported through error(); the core must not die of a failed pack or send
-            self._error = exc
+        with self._lock:
+            if self._handle is not None or self._error is not None or not self.pending.done():
+                return
+            try:
+                self._handle = self._link.send_async(self.pending.wait().to_message(), timeout=self._timeout)
+            except Exception as exc:  # reported through error(); the core must not die of a failed pack or send
+                self._error = exc
 
     def done(self) -> bool:
         return self._error is not None or (self._handle is not None and self._handle.done())
@@ -121,7 +131,7 @@ class CoreExchange:
         timeout_s: float,
         snapshot_timeout_s: float = 60.0,
         max_catchup_steps: int = 32,
-        min_placeholder_steps: int = 1,
+        min_placeholder_steps: int = 0,
         max_missed: int = 3,
         server: SideChannelServer | None = None,
         backend: str = "auto",
@@ -212,8 +222,10 @@ class CoreExchange:
             if (
                 slot.state == JoinState.PLACEHOLDER
                 and slot.placeholder_steps >= self.min_placeholder_steps
-                and slot.next_replay == step
+                and all(s in self._replay for s in range(slot.next_replay, step))
             ):
+                # the STEP message below carries the reduced gradients it has not been sent yet: it replays them
+                # before it computes, so it computes this step's gradient on this step's state
                 self._transition(slot, JoinEvent.CAUGHT_UP, step, "holds every reduced gradient before this step")
         active = [s for s in self._live() if s.state == JoinState.ACTIVE]
         counts = torch.zeros(self.num_core, dtype=torch.int64)

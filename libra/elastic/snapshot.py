@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -178,6 +178,8 @@ class PendingCapture:
         self._snapshot: Snapshot | None = None
         self._error: BaseException | None = None
         self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
         threading.Thread(target=self._run, daemon=True, name=f"libra-capture-v{version}").start()
 
     def _run(self) -> None:
@@ -188,7 +190,20 @@ class PendingCapture:
             self._error = exc
         finally:
             self._args = None
-            self._done.set()
+            with self._lock:
+                self._done.set()
+                callbacks, self._callbacks = self._callbacks, []
+            for fn in callbacks:
+                fn()
+
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` once the snapshot is packed (or its packing failed): on the packing thread, or at once on
+        the calling thread if that has already happened. ``fn`` must not raise."""
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(fn)
+                return
+        fn()
 
     def done(self) -> bool:
         return self._done.is_set()

@@ -176,6 +176,9 @@ class TcpLink:
     Blobs are sent straight from their memory (``sendall`` of a memoryview: no copy in Python, the loop over
     partial sends runs in C) and received straight into their destination, window by window."""
 
+    #: ``send_async`` may be called from any thread: it sends on a thread of its own, and sends are serialized
+    posts_from_any_thread = True
+
     def __init__(self, sock: socket.socket, *, fault: FaultHook = _no_fault, backend: str = "auto") -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock = sock

@@ -195,3 +195,113 @@ def test_the_flat_gradient_and_replay_copies_live_in_reused_memory_and_replay_th
     core.close()
     for link in links:
         link.close()
+
+
+def test_the_snapshot_is_sent_as_soon_as_it_is_packed_not_at_the_end_of_reduce(group, monkeypatch):
+    """On TCP the packing thread posts the snapshot's send itself: the transfer overlaps the rest of the core's
+    forward and backward pass instead of starting after ``reduce``."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 6), torch.randn(8, 2)
+    core = CoreExchange(core_group=group, core_rank=0, num_core_replicas=1, model=model, optimizer=opt, timeout_s=30)
+    expected = state_digest(model, opt)
+    core_end, hybrid_end = socket.socketpair()
+    core.admit(_link(core_end))
+    hybrid = _link(hybrid_end)
+    hybrid.send(Message(kind=Kind.JOIN, step=-1, version=-1, info={"worker": "h"}), timeout=scaled(5))
+    received: dict = {}
+    reader = threading.Thread(target=lambda: received.update(msg=hybrid.recv(timeout=scaled(60))))
+    reader.start()
+    core.begin_step(0)
+    reader.join(scaled(30))  # the core is between begin_step and reduce: only the packing thread can have sent it
+    assert "msg" in received
+    snap = Snapshot.from_message(received["msg"])
+    assert snap.version == 0 and snap.checksums == expected
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    core.reduce(0, [p.grad for p in trainable(model)])
+    opt.step()
+    core.close()
+    hybrid.close()
+
+
+@pytest.mark.parametrize("min_placeholder_steps", [0, 1])
+def test_a_joiner_is_active_at_the_boundary_that_reads_its_attach_and_stays_bitwise_equal(group, min_placeholder_steps):
+    """By default the STEP message that attaches a hybrid also promotes it: it carries the reduced gradients the
+    hybrid missed, which it replays before computing, so it computes that step's gradient on that step's state.
+    With ``min_placeholder_steps=1`` it is a placeholder for one step first. Either way every later state is
+    bitwise the core's, and the core counts the hybrid's gradient from the step it is active."""
+    from libra.elastic.grads import Mode
+    from libra.elastic.hybrid import HybridReplica
+
+    def make():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+        return model, torch.optim.Adam(model.parameters(), lr=0.1)
+
+    def batch(t: int):
+        g = torch.Generator().manual_seed(t)
+        return torch.randn(8, 6, generator=g), torch.randn(8, 2, generator=g)
+
+    def grads_of(model, t: int, part: slice) -> list:
+        x, y = batch(t)
+        for p in model.parameters():
+            p.grad = None
+        torch.nn.functional.mse_loss(model(x[part]), y[part]).backward()
+        return [p.grad for p in trainable(model)]
+
+    model, opt = make()
+    core = CoreExchange(
+        core_group=group,
+        core_rank=0,
+        num_core_replicas=1,
+        model=model,
+        optimizer=opt,
+        timeout_s=scaled(30),
+        **({} if min_placeholder_steps == 0 else {"min_placeholder_steps": min_placeholder_steps}),
+    )
+    h_model, h_opt = make()
+    hybrid = HybridReplica(worker="h", model=h_model, optimizer=h_opt, timeout_s=scaled(30))
+    core_end, hybrid_end = socket.socketpair()
+    core.admit(_link(core_end))
+    joined, seen = threading.Event(), []
+
+    def run_hybrid() -> None:
+        hybrid.join(_link(hybrid_end), snapshot_timeout_s=scaled(60))
+        joined.set()
+        while (a := hybrid.begin_step()) is not None:
+            if a.mode == Mode.ACTIVE:
+                g = grads_of(h_model, a.step, a.shard(8))
+            else:
+                g = [torch.zeros_like(p) for p in trainable(h_model)]
+            hybrid.reduce(a.step, g)
+            for p, gr in zip(trainable(h_model), g, strict=True):
+                p.grad = gr
+            h_opt.step()
+            seen.append((a.step, a.mode, state_digest(h_model, h_opt)))
+
+    thread = threading.Thread(target=run_hybrid, daemon=True)
+    thread.start()
+    while not core.join_message_waiting():  # the JOIN is in the socket before step 0 begins
+        threading.Event().wait(0.01)
+    digests = {}
+    for t in range(4):
+        if t == 1:
+            assert joined.wait(scaled(60))  # snapshot v0 restored and ATTACH sent: step 1 reads it
+            while not core.join_message_waiting():
+                threading.Event().wait(0.01)
+        a = core.begin_step(t)
+        core.reduce(t, grads_of(model, t, a.shard(8)))
+        opt.step()
+        digests[t] = state_digest(model, opt)
+    core.remove("h", step=4, why="test over")
+    thread.join(scaled(60))
+    first_active = 1 + min_placeholder_steps
+    assert [(s, m) for s, m, _ in seen] == [
+        (t, Mode.ACTIVE if t >= first_active else Mode.PLACEHOLDER) for t in range(1, 4)
+    ]
+    assert all(d == digests[s] for s, _, d in seen)  # bitwise the core's after every step
+    counted = {r.step: r.num_contributed for r in core.records}
+    assert counted == {t: 2 if t >= first_active else 1 for t in range(4)}
+    core.close()
