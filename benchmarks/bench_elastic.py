@@ -24,11 +24,14 @@ The machine is shared: run these one at a time (``-k``), and read ratios, not ab
   ``sendall`` / ``recv_into`` loop of the same bytes between the same two processes on 127.0.0.1.
 - ``test_join`` (targets 3 and 4): a core replica (gloo world of one, this process) trains an MLP of about
   ``LIBRA_BENCH_PARAMS`` parameters with Adam while a hybrid replica in another process joins over TCP: JOIN ->
-  snapshot (packed on a background thread during the core's forward/backward) -> restore -> ATTACH -> placeholder
-  step -> ACTIVE. ``join_s`` is the hybrid's ``join()`` call to its first ACTIVE step; the core's step times
-  without a join and during each phase of the join are in ``extra_info``. ``[shared]``: both processes may use
-  both CPUs (the core with torch's default threads); ``[separate]``: one CPU each, as replicas on their own
-  devices have (the core's background pack and sends stay on the core's CPU).
+  snapshot (packed on a background thread during the core's forward/backward, sent as soon as it is packed) ->
+  restore -> ATTACH -> ACTIVE (at the boundary that reads the ATTACH). ``join_s`` is the hybrid's ``join()`` call
+  to its first ACTIVE step; the core's step times without a join and during each phase of the join are in
+  ``extra_info``. ``[shared]``: both processes may use both CPUs (the core with torch's default threads);
+  ``[separate]``: one CPU each, as replicas on their own devices have (the core's background pack and sends stay
+  on the core's CPU). ``[new]``: a new hybrid process for each join (its first join: the snapshot arrives in new
+  memory); ``[kept]``: one hybrid process joins, leaves and joins again, as a worker borrowed again (from its
+  second join on the snapshot arrives in the memory its state lives in). One core serves every join of a run.
 
 Nothing here asserts a time.
 """
@@ -316,8 +319,8 @@ def _mlp(width: int):
 
 
 def _hybrid(port: int, width: int, worker: str, control, cpus: set[int] | None) -> None:
-    """The hybrid process: build the model, wait for "go", join, step until ACTIVE, report, leave. ``cpus``: the
-    CPUs it may run on (None: any)."""
+    """The hybrid process: build the model, then for each "go": join, step until ACTIVE, report, leave (until
+    "stop"). ``cpus``: the CPUs it may run on (None: any)."""
     import torch  # noqa: F811
 
     from libra.elastic.grads import Mode, trainable
@@ -333,24 +336,24 @@ def _hybrid(port: int, width: int, worker: str, control, cpus: set[int] | None) 
     opt.step()
     hybrid = HybridReplica(worker=worker, model=model, optimizer=opt, timeout_s=600)
     control.send("ready")
-    assert control.recv() == "go"
-    start = time.perf_counter()
-    hybrid.join(TcpLink.connect("127.0.0.1", port, timeout=30), snapshot_timeout_s=600)
-    restored = time.perf_counter() - start
-    while True:
-        a = hybrid.begin_step()
-        if a is None:
-            control.send(("left", None, None))
-            return
-        if a.mode == Mode.ACTIVE:
-            control.send(("active", time.perf_counter() - start, restored))
-            hybrid.leave("benchmark done")
-            return
-        grads = [torch.zeros_like(p) for p in trainable(model)]
-        hybrid.reduce(a.step, grads)
-        for p, g in zip(trainable(model), grads, strict=True):
-            p.grad = g
-        opt.step()
+    while control.recv() == "go":
+        start = time.perf_counter()
+        hybrid.join(TcpLink.connect("127.0.0.1", port, timeout=30), snapshot_timeout_s=600)
+        restored = time.perf_counter() - start
+        while True:
+            a = hybrid.begin_step()
+            if a is None:
+                control.send(("left", None, None))
+                break
+            if a.mode == Mode.ACTIVE:
+                control.send(("active", time.perf_counter() - start, restored))
+                hybrid.leave("benchmark done")
+                break
+            grads = [torch.zeros_like(p) for p in trainable(model)]
+            hybrid.reduce(a.step, grads)
+            for p, g in zip(trainable(model), grads, strict=True):
+                p.grad = g
+            opt.step()
 
 
 @pytest.fixture(scope="module")
@@ -403,14 +406,25 @@ class _Core:
         self.server.close()
 
 
-def _join_once(core: _Core, width: int, worker: str, out: dict, hybrid_cpus: set[int] | None) -> None:
+def _start_hybrid(core: _Core, width: int, worker: str, hybrid_cpus: set[int] | None):
+    """Start a hybrid process; the core steps while it starts (imports, builds its model): steps not counted."""
     ctx = mp.get_context("spawn")
     control, child_end = ctx.Pipe()
     proc = ctx.Process(target=_hybrid, args=(core.server.port, width, worker, child_end, hybrid_cpus), daemon=True)
     proc.start()
-    while not control.poll():  # the hybrid process starts (imports, builds its model): steps not counted
+    while not control.poll():
         core.step()
     assert control.recv() == "ready"
+    return proc, control
+
+
+def _stop_hybrid(proc, control) -> None:
+    control.send("stop")
+    proc.join(60)
+
+
+def _join_once(core: _Core, control, out: dict) -> None:
+    """One join of the hybrid behind ``control``, which is waiting for "go"."""
     quiet, quiet_cpu, during_cpu = [], [], []
     for _ in range(QUIET_STEPS):  # steps without a join, the hybrid waiting
         wall, cpu = core.step()
@@ -432,7 +446,6 @@ def _join_once(core: _Core, width: int, worker: str, out: dict, hybrid_cpus: set
         during_cpu.append(cpu)
     status, join_s, restored_s = control.recv()
     assert status == "active", status
-    proc.join(60)
     out.update(
         quiet=quiet,
         quiet_cpu=quiet_cpu,
@@ -468,24 +481,35 @@ def _cpus(layout: str):
             os.environ["LIBRA_PACK_THREADS"] = before[2]
 
 
+@pytest.mark.parametrize("hybrid", ["new", "kept"])
 @pytest.mark.parametrize("cpus", ["shared", "separate"])
-def test_join(benchmark, world, cpus):
+def test_join(benchmark, world, cpus, hybrid):
     if cpus == "separate" and len(os.sched_getaffinity(0)) < 2:
         pytest.skip("the separate layout needs two CPUs")
     width = _width(NUM_PARAMS)
     runs: list[dict] = []
 
     core = _Core(world, width)
+    kept: list = []  # the one hybrid process of hybrid="kept"
 
     def one():
         out: dict = {}
         with _cpus(cpus) as hybrid_cpus:
-            _join_once(core, width, f"h{len(runs)}", out, hybrid_cpus)
+            if hybrid == "new":
+                proc, control = _start_hybrid(core, width, f"h{len(runs)}", hybrid_cpus)
+                _join_once(core, control, out)
+                _stop_hybrid(proc, control)
+            else:
+                if not kept:
+                    kept.extend(_start_hybrid(core, width, "h", hybrid_cpus))
+                _join_once(core, kept[1], out)
         runs.append(out)
 
     try:
         benchmark.pedantic(one, rounds=ROUNDS, iterations=1)
     finally:
+        if kept:
+            _stop_hybrid(*kept)
         core.close()
     quiet = [t for r in runs for t in r["quiet"]]
     during = [t for r in runs for ts in r["phases"].values() for t in ts]
@@ -511,7 +535,7 @@ def test_join(benchmark, world, cpus):
     benchmark.extra_info.update(info)
     cpu_quiet, cpu_during = info["core_step_cpu_s_without_join_median"], info["core_step_cpu_s_during_join_median"]
     print(
-        f"\n[join, {cpus} CPUs] {info['num_params']:,} params: "
+        f"\n[join, {cpus} CPUs, {hybrid} hybrid] {info['num_params']:,} params: "
         f"join_s median {statistics.median(joins):.2f} (min {min(joins):.2f}); "
         f"restored_s {[round(v, 2) for v in info['restored_s']]}; "
         f"core step median {info['core_step_s_without_join_median']:.3f} s "

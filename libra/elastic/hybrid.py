@@ -21,6 +21,11 @@ compute), so it should exceed the longest step; a core that stays silent for one
 up to ``max_missed`` times (a slow step is not a dead core). A longer silence, a timeout in the middle of a
 message, a closed core or a protocol error marks the hybrid
 ``FAILED`` and raises :class:`~libra.elastic.wire.LinkError`; ``join`` again to retry.
+
+Memory: the model and optimizer state live in the buckets of the snapshot they were restored from
+(``restore(share_buckets=True)``), and a later join receives its snapshot straight into them (over TCP, where each
+bucket's size matches), so a worker that joins again touches no new memory for it. So a join that fails part way
+through the transfer leaves the model and optimizer state undefined until a join succeeds.
 """
 
 from __future__ import annotations
@@ -60,6 +65,9 @@ class HybridReplica:
         self._link: Link | None = None
         self._step = -1
         self._flat: torch.Tensor | None = None  # the last step's flat gradient, reused (`grads.flatten`)
+        # the buckets of the last restored snapshot, which the model and optimizer state live in: the next join
+        # receives its snapshot into them where the sizes match
+        self._kept: tuple[torch.Tensor, ...] | None = None
 
     @property
     def state(self) -> JoinState:
@@ -77,11 +85,21 @@ class HybridReplica:
             )
             self._event(JoinEvent.START_FETCH, "JOIN sent")
             self._fault("fetching")
-            msg = link.recv(timeout=snapshot_timeout_s)
+            kept = self._kept
+            if kept is not None and getattr(link, "receives_into", False):
+                # the state's own memory since the last join: touched already, where new memory this size costs
+                # more in page faults than the transfer (what was there is replaced anyway)
+                msg = link.recv(  # type: ignore[call-arg]
+                    timeout=snapshot_timeout_s,
+                    into=lambda i, n: kept[i] if i < len(kept) and int(kept[i].numel()) == n else None,
+                )
+            else:
+                msg = link.recv(timeout=snapshot_timeout_s)
             snapshot = Snapshot.from_message(msg)
             self._fault("restoring")
-            # The buckets arrived in fresh memory that nothing else uses: the optimizer state can live in them.
+            # The buckets are memory that nothing else uses: the model and the optimizer state live in them.
             restore(snapshot, self._model, self._optimizer, backend=self._backend, share_buckets=True)
+            self._kept = snapshot.buckets
             self.version = snapshot.version
             self._event(JoinEvent.RESTORED, f"restored snapshot v{snapshot.version}")
             link.send(Message(kind=Kind.ATTACH, step=self.version, version=self.version), timeout=self.timeout_s)

@@ -178,6 +178,8 @@ class TcpLink:
 
     #: ``send_async`` may be called from any thread: it sends on a thread of its own, and sends are serialized
     posts_from_any_thread = True
+    #: ``recv`` takes ``into=`` (memory to receive blobs into)
+    receives_into = True
 
     def __init__(self, sock: socket.socket, *, fault: FaultHook = _no_fault, backend: str = "auto") -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -226,6 +226,54 @@ def test_the_snapshot_is_sent_as_soon_as_it_is_packed_not_at_the_end_of_reduce(g
     hybrid.close()
 
 
+def _small():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    return model, torch.optim.Adam(model.parameters(), lr=0.1)
+
+
+def _grads(model, t: int, part: slice) -> list:
+    """The gradient of step ``t``'s batch (a different one each step) on ``part`` of it."""
+    g = torch.Generator().manual_seed(t)
+    x, y = torch.randn(8, 6, generator=g), torch.randn(8, 2, generator=g)
+    for p in model.parameters():
+        p.grad = None
+    torch.nn.functional.mse_loss(model(x[part]), y[part]).backward()
+    return [p.grad for p in trainable(model)]
+
+
+def _train_hybrid(hybrid, model, opt, seen: list) -> None:
+    """Step ``hybrid`` until the core detaches it, noting (step, mode, state digest after the step)."""
+    from libra.elastic.grads import Mode
+
+    while (a := hybrid.begin_step()) is not None:
+        g = (
+            _grads(model, a.step, a.shard(8))
+            if a.mode == Mode.ACTIVE
+            else [torch.zeros_like(p) for p in trainable(model)]
+        )
+        hybrid.reduce(a.step, g)
+        for p, gr in zip(trainable(model), g, strict=True):
+            p.grad = gr
+        opt.step()
+        seen.append((a.step, a.mode, state_digest(model, opt)))
+
+
+def _core_steps(core, model, opt, steps, digests: dict, before=None) -> None:
+    for t in steps:
+        if before is not None:
+            before(t)
+        a = core.begin_step(t)
+        core.reduce(t, _grads(model, t, a.shard(8)))
+        opt.step()
+        digests[t] = state_digest(model, opt)
+
+
+def _until_join_message(core) -> None:
+    while not core.join_message_waiting():
+        threading.Event().wait(0.01)
+
+
 @pytest.mark.parametrize("min_placeholder_steps", [0, 1])
 def test_a_joiner_is_active_at_the_boundary_that_reads_its_attach_and_stays_bitwise_equal(group, min_placeholder_steps):
     """By default the STEP message that attaches a hybrid also promotes it: it carries the reduced gradients the
@@ -235,33 +283,12 @@ def test_a_joiner_is_active_at_the_boundary_that_reads_its_attach_and_stays_bitw
     from libra.elastic.grads import Mode
     from libra.elastic.hybrid import HybridReplica
 
-    def make():
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
-        return model, torch.optim.Adam(model.parameters(), lr=0.1)
-
-    def batch(t: int):
-        g = torch.Generator().manual_seed(t)
-        return torch.randn(8, 6, generator=g), torch.randn(8, 2, generator=g)
-
-    def grads_of(model, t: int, part: slice) -> list:
-        x, y = batch(t)
-        for p in model.parameters():
-            p.grad = None
-        torch.nn.functional.mse_loss(model(x[part]), y[part]).backward()
-        return [p.grad for p in trainable(model)]
-
-    model, opt = make()
+    model, opt = _small()
+    extra = {} if min_placeholder_steps == 0 else {"min_placeholder_steps": min_placeholder_steps}
     core = CoreExchange(
-        core_group=group,
-        core_rank=0,
-        num_core_replicas=1,
-        model=model,
-        optimizer=opt,
-        timeout_s=scaled(30),
-        **({} if min_placeholder_steps == 0 else {"min_placeholder_steps": min_placeholder_steps}),
+        core_group=group, core_rank=0, num_core_replicas=1, model=model, optimizer=opt, timeout_s=scaled(30), **extra
     )
-    h_model, h_opt = make()
+    h_model, h_opt = _small()
     hybrid = HybridReplica(worker="h", model=h_model, optimizer=h_opt, timeout_s=scaled(30))
     core_end, hybrid_end = socket.socketpair()
     core.admit(_link(core_end))
@@ -270,38 +297,74 @@ def test_a_joiner_is_active_at_the_boundary_that_reads_its_attach_and_stays_bitw
     def run_hybrid() -> None:
         hybrid.join(_link(hybrid_end), snapshot_timeout_s=scaled(60))
         joined.set()
-        while (a := hybrid.begin_step()) is not None:
-            if a.mode == Mode.ACTIVE:
-                g = grads_of(h_model, a.step, a.shard(8))
-            else:
-                g = [torch.zeros_like(p) for p in trainable(h_model)]
-            hybrid.reduce(a.step, g)
-            for p, gr in zip(trainable(h_model), g, strict=True):
-                p.grad = gr
-            h_opt.step()
-            seen.append((a.step, a.mode, state_digest(h_model, h_opt)))
+        _train_hybrid(hybrid, h_model, h_opt, seen)
+
+    def before(t: int) -> None:
+        if t == 1:  # snapshot v0 restored and ATTACH sent: step 1 reads it
+            assert joined.wait(scaled(60))
+            _until_join_message(core)
 
     thread = threading.Thread(target=run_hybrid, daemon=True)
     thread.start()
-    while not core.join_message_waiting():  # the JOIN is in the socket before step 0 begins
-        threading.Event().wait(0.01)
-    digests = {}
-    for t in range(4):
-        if t == 1:
-            assert joined.wait(scaled(60))  # snapshot v0 restored and ATTACH sent: step 1 reads it
-            while not core.join_message_waiting():
-                threading.Event().wait(0.01)
-        a = core.begin_step(t)
-        core.reduce(t, grads_of(model, t, a.shard(8)))
-        opt.step()
-        digests[t] = state_digest(model, opt)
+    _until_join_message(core)  # the JOIN is in the socket before step 0 begins
+    digests: dict = {}
+    _core_steps(core, model, opt, range(4), digests, before)
     core.remove("h", step=4, why="test over")
     thread.join(scaled(60))
     first_active = 1 + min_placeholder_steps
     assert [(s, m) for s, m, _ in seen] == [
-        (t, Mode.ACTIVE if t >= first_active else Mode.PLACEHOLDER) for t in range(1, 4)
+        (t, Mode.ACTIVE if t >= first_active else Mode.PLACEHOLDER) for t in (1, 2, 3)
     ]
     assert all(d == digests[s] for s, _, d in seen)  # bitwise the core's after every step
     counted = {r.step: r.num_contributed for r in core.records}
     assert counted == {t: 2 if t >= first_active else 1 for t in range(4)}
+    core.close()
+
+
+def test_a_hybrid_that_joins_again_receives_the_snapshot_into_the_memory_its_state_lives_in(group):
+    """The second join of a hybrid receives its snapshot straight into the buckets of the first (the model's and
+    the optimizer's memory since then): no new memory, and the state is still bitwise the core's."""
+    from libra.elastic.hybrid import HybridReplica
+
+    model, opt = _small()
+    _grads(model, -1, slice(0, 8))
+    opt.step()  # Adam's state exists, so both snapshots have the same layout
+    core = CoreExchange(core_group=group, core_rank=0, num_core_replicas=1, model=model, optimizer=opt, timeout_s=30)
+    h_model, h_opt = _small()
+    hybrid = HybridReplica(worker="h", model=h_model, optimizer=h_opt, timeout_s=scaled(30))
+    links, joined, seen, memory = [], [threading.Event(), threading.Event()], [], []
+
+    def run_hybrid() -> None:
+        for n in range(2):
+            hybrid.join(links[n], snapshot_timeout_s=scaled(60))
+            memory.append(([b.data_ptr() for b in hybrid._kept], [p.data_ptr() for p in h_model.parameters()]))
+            joined[n].set()
+            _train_hybrid(hybrid, h_model, h_opt, seen)
+
+    def admit() -> None:
+        core_end, hybrid_end = socket.socketpair()
+        core.admit(_link(core_end))
+        links.append(_link(hybrid_end))
+
+    def before(t: int) -> None:
+        if t in (1, 4):
+            assert joined[t // 4].wait(scaled(60))
+            _until_join_message(core)
+        if t == 3:
+            core.remove("h", step=3, why="released")
+            admit()
+            _until_join_message(core)
+
+    admit()
+    thread = threading.Thread(target=run_hybrid, daemon=True)
+    thread.start()
+    _until_join_message(core)
+    digests: dict = {}
+    _core_steps(core, model, opt, range(6), digests, before)
+    core.remove("h", step=6, why="test over")
+    thread.join(scaled(60))
+    assert [s for s, _, _ in seen] == [1, 2, 4, 5]
+    assert all(d == digests[s] for s, _, d in seen)
+    (first_buckets, first_params), (second_buckets, second_params) = memory
+    assert second_buckets == first_buckets and second_params == first_params
     core.close()
