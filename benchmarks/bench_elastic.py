@@ -30,8 +30,10 @@ The machine is shared: run these one at a time (``-k``), and read ratios, not ab
   ``extra_info``. ``[shared]``: both processes may use both CPUs (the core with torch's default threads);
   ``[separate]``: one CPU each, as replicas on their own devices have (the core's background pack and sends stay
   on the core's CPU). ``[new]``: a new hybrid process for each join (its first join: the snapshot arrives in new
-  memory); ``[kept]``: one hybrid process joins, leaves and joins again, as a worker borrowed again (from its
-  second join on the snapshot arrives in the memory its state lives in). One core serves every join of a run.
+  memory); ``[prepared]``: the same, but the process lays its state out in buckets at start
+  (``HybridReplica.prepare``, not timed) and receives into them; ``[kept]``: one hybrid process joins, leaves and
+  joins again, as a worker borrowed again (from its second join on the snapshot arrives in the memory its state
+  lives in). One core serves every join of a run.
 
 Nothing here asserts a time.
 """
@@ -318,9 +320,9 @@ def _mlp(width: int):
     return model, torch.optim.Adam(model.parameters(), lr=1e-3)
 
 
-def _hybrid(port: int, width: int, worker: str, control, cpus: set[int] | None) -> None:
-    """The hybrid process: build the model, then for each "go": join, step until ACTIVE, report, leave (until
-    "stop"). ``cpus``: the CPUs it may run on (None: any)."""
+def _hybrid(port: int, width: int, worker: str, control, cpus: set[int] | None, prepare: bool) -> None:
+    """The hybrid process: build the model (and ``prepare`` its state's buckets), then for each "go": join, step
+    until ACTIVE, report, leave (until "stop"). ``cpus``: the CPUs it may run on (None: any)."""
     import torch  # noqa: F811
 
     from libra.elastic.grads import Mode, trainable
@@ -335,6 +337,8 @@ def _hybrid(port: int, width: int, worker: str, control, cpus: set[int] | None) 
         p.grad = torch.zeros_like(p)
     opt.step()
     hybrid = HybridReplica(worker=worker, model=model, optimizer=opt, timeout_s=600)
+    if prepare:
+        hybrid.prepare()
     control.send("ready")
     while control.recv() == "go":
         start = time.perf_counter()
@@ -406,11 +410,12 @@ class _Core:
         self.server.close()
 
 
-def _start_hybrid(core: _Core, width: int, worker: str, hybrid_cpus: set[int] | None):
+def _start_hybrid(core: _Core, width: int, worker: str, hybrid_cpus: set[int] | None, prepare: bool = False):
     """Start a hybrid process; the core steps while it starts (imports, builds its model): steps not counted."""
     ctx = mp.get_context("spawn")
     control, child_end = ctx.Pipe()
-    proc = ctx.Process(target=_hybrid, args=(core.server.port, width, worker, child_end, hybrid_cpus), daemon=True)
+    args = (core.server.port, width, worker, child_end, hybrid_cpus, prepare)
+    proc = ctx.Process(target=_hybrid, args=args, daemon=True)
     proc.start()
     while not control.poll():
         core.step()
@@ -481,7 +486,7 @@ def _cpus(layout: str):
             os.environ["LIBRA_PACK_THREADS"] = before[2]
 
 
-@pytest.mark.parametrize("hybrid", ["new", "kept"])
+@pytest.mark.parametrize("hybrid", ["new", "prepared", "kept"])
 @pytest.mark.parametrize("cpus", ["shared", "separate"])
 def test_join(benchmark, world, cpus, hybrid):
     if cpus == "separate" and len(os.sched_getaffinity(0)) < 2:
@@ -495,8 +500,8 @@ def test_join(benchmark, world, cpus, hybrid):
     def one():
         out: dict = {}
         with _cpus(cpus) as hybrid_cpus:
-            if hybrid == "new":
-                proc, control = _start_hybrid(core, width, f"h{len(runs)}", hybrid_cpus)
+            if hybrid != "kept":
+                proc, control = _start_hybrid(core, width, f"h{len(runs)}", hybrid_cpus, hybrid == "prepared")
                 _join_once(core, control, out)
                 _stop_hybrid(proc, control)
             else:

@@ -24,8 +24,9 @@ message, a closed core or a protocol error marks the hybrid
 
 Memory: the model and optimizer state live in the buckets of the snapshot they were restored from
 (``restore(share_buckets=True)``), and a later join receives its snapshot straight into them (over TCP, where each
-bucket's size matches), so a worker that joins again touches no new memory for it. So a join that fails part way
-through the transfer leaves the model and optimizer state undefined until a join succeeds.
+bucket's size matches), so a worker that joins again touches no new memory for it (:meth:`HybridReplica.prepare`
+does the same for a first join). So a join that fails part way through the transfer leaves the model and
+optimizer state undefined until a join succeeds.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from collections.abc import Sequence
 import torch
 
 from libra.elastic.grads import Mode, StepAssignment, flatten, set_grads, unflatten_into
-from libra.elastic.snapshot import Snapshot, restore
+from libra.elastic.snapshot import Snapshot, capture, restore
 from libra.elastic.states import JoinEvent, JoinState, WorkerStates
 from libra.elastic.wire import FaultHook, Kind, Link, LinkError, Message, _no_fault, arrives, as_bytes
 
@@ -107,6 +108,16 @@ class HybridReplica:
             self._die(f"join: {exc}")
             raise
         return self.version
+
+    def prepare(self) -> None:
+        """Lay the model and optimizer state out in snapshot buckets now (one copy of the state, into new memory;
+        the old memory is released), so that the first join receives its snapshot straight into memory already
+        touched, as a later join does. Worth it where touching new memory is slow (page faults) and the worker
+        starts well before it is borrowed. The optimizer needs its state already (after one step, say, as the
+        core's has): otherwise the sizes differ and the join receives into new memory, as without this."""
+        snapshot = capture(self._model, self._optimizer, version=self.version)
+        restore(snapshot, self._model, self._optimizer, backend=self._backend, share_buckets=True)
+        self._kept = snapshot.buckets
 
     def begin_step(self) -> StepAssignment | None:
         """Wait for the core's STEP message; replay the reduced gradients it carries; None if told to leave."""

@@ -368,3 +368,46 @@ def test_a_hybrid_that_joins_again_receives_the_snapshot_into_the_memory_its_sta
     (first_buckets, first_params), (second_buckets, second_params) = memory
     assert second_buckets == first_buckets and second_params == first_params
     core.close()
+
+
+def test_a_prepared_hybrid_receives_its_first_snapshot_into_the_buckets_it_prepared(group):
+    """``prepare`` lays the hybrid's state out in buckets (the parameters live in them at once), and the first join
+    receives into those: the same memory before and after, the same state as the core's."""
+    from libra.elastic.hybrid import HybridReplica
+
+    model, opt = _small()
+    _grads(model, -1, slice(0, 8))
+    opt.step()
+    core = CoreExchange(core_group=group, core_rank=0, num_core_replicas=1, model=model, optimizer=opt, timeout_s=30)
+    h_model, h_opt = _small()
+    _grads(h_model, -2, slice(0, 8))  # a different state, with Adam's state in place (so the sizes match)
+    h_opt.step()
+    hybrid = HybridReplica(worker="h", model=h_model, optimizer=h_opt, timeout_s=scaled(30))
+    hybrid.prepare()
+    prepared = [b.data_ptr() for b in hybrid._kept]
+    spans = [(b.data_ptr(), b.data_ptr() + b.numel()) for b in hybrid._kept]
+    assert all(any(lo <= p.data_ptr() < hi for lo, hi in spans) for p in h_model.parameters())
+    core_end, hybrid_end = socket.socketpair()
+    core.admit(_link(core_end))
+    joined, seen = threading.Event(), []
+
+    def run_hybrid() -> None:
+        hybrid.join(_link(hybrid_end), snapshot_timeout_s=scaled(60))
+        joined.set()
+        _train_hybrid(hybrid, h_model, h_opt, seen)
+
+    def before(t: int) -> None:
+        if t == 1:
+            assert joined.wait(scaled(60))
+            _until_join_message(core)
+
+    thread = threading.Thread(target=run_hybrid, daemon=True)
+    thread.start()
+    _until_join_message(core)
+    digests: dict = {}
+    _core_steps(core, model, opt, range(3), digests, before)
+    core.remove("h", step=3, why="test over")
+    thread.join(scaled(60))
+    assert [b.data_ptr() for b in hybrid._kept] == prepared
+    assert [s for s, _, _ in seen] == [1, 2] and all(d == digests[s] for s, _, d in seen)
+    core.close()
