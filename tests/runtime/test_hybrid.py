@@ -115,8 +115,8 @@ def _run(model_dir: str, out, batches: list[dict], *, lend_steps: int, kill_at: 
 
 
 def test_a_hybrid_joins_leaves_rejoins_and_is_killed_and_every_loss_stays_the_cores(model_dir, tmp_path) -> None:
-    # lent at step 0 (JOIN -> snapshot -> ATTACH -> placeholder 1 -> active 2), handed back after 3 training steps
-    # (detached at step 3), lent again at step 4 (placeholder 5, active 6), SIGKILLed in step 6 after computing its
+    # lent at step 0 (JOIN -> snapshot -> ATTACH read at step 1, which makes it active), handed back after 3
+    # training steps (detached at step 3), lent again at step 4 (active 5), SIGKILLed in step 6 after computing its
     # gradient and before sending it; step 7 trains on the core alone
     steps = 8
     batches = _batches(steps)
@@ -131,9 +131,9 @@ def test_a_hybrid_joins_leaves_rejoins_and_is_killed_and_every_loss_stays_the_co
     joins = [e["step"] for e in events if e["kind"] == "JoinTraining"]
     leaves = [e["step"] for e in events if e["kind"] == "LeaveTraining"]
     active = [e["step"] for e in events if e["kind"] == "HybridState" and e["to"] == "active"]
-    assert joins == [0, 4] and leaves == [3] and active == [2, 6]
+    assert joins == [0, 4] and leaves == [3] and active == [1, 5]
     assert [e["step"] for e in events if e["kind"] == "HybridState" and e["to"] == "rollout"] == [3]
-    assert [bool(c) for c in contributors] == [False, False, True, False, False, False, False, False]
+    assert [bool(c) for c in contributors] == [False, True, True, False, False, True, False, False]
     lost = [e for e in events if e["kind"] == "HybridLost"]
     assert len(lost) == 1 and lost[0]["step"] == 6 and lost[0]["from"] == "active"
     assert lost[0].get("process_exit") == -9  # SIGKILL

@@ -120,7 +120,8 @@ def test_default_run_replans_on_the_engines_overlaps_and_survives_engine_kills(t
         assert [d["worker"] for d in died] == [victim]
         assert sig != signal.SIGSTOP or died[0]["why"].startswith("hung: one engine step made no progress for 3")
         assert any(d["source"] == "elastic" and d["kind"] == "StartInstance" for d in records[k + 1]["decisions"])
-    # the hybrid: lent at step 0 (JOIN, snapshot, ATTACH, placeholder), handed back at the replan
+    # the hybrid: lent at step 0 (JOIN, snapshot, ATTACH: placeholder, then active at once), handed back at the
+    # replan
     elastic = [d for d in decisions if d["source"] == "elastic" and d.get("worker") == "hybrid-0"]
     assert [d["step"] for d in elastic if d["kind"] == "JoinTraining"] == [0]
     leave = [d for d in elastic if d["kind"] == "LeaveTraining"]
@@ -141,8 +142,9 @@ def sync_run(tmp_path_factory, engines) -> SimpleNamespace:
     loop's losses on the same engine: the equivalence test checks its records, the `--ray` test compares with them.
     Greedy decoding makes every sample of a prompt identical, so GRPO's advantages and the loss are exactly 0: the
     comparison is made with seeded sampling (a fixed seed per request and turn, as deterministic as greedy). The
-    hybrid is lent from step 0 (the rollout waits for every training step): placeholder in step 1, active (half of
-    the fixed global batch) in step 2, handed back after 3 training steps; the losses stay the plain loop's."""
+    hybrid is lent from step 0 (the rollout waits for every training step): its ATTACH is read in step 1, which
+    makes it active (half of the fixed global batch) in steps 1 and 2, handed back after 3 training steps; the
+    losses stay the plain loop's."""
     hybrid = HybridSettings(lend_steps=3, timeout_s=scaled(120), start_timeout_s=scaled(600))
     steps = 4
     config = one_instance_config(steps=steps, max_staleness=0, temperature=1.0, model=engines.model, hybrid=hybrid)
@@ -172,11 +174,11 @@ def test_synchronous_run_equals_a_plain_loop_and_staleness_two_is_bounded(tmp_pa
         ("JoinTraining", 0),
         ("LeaveTraining", 3),
     ]
-    assert [d["step"] for d in elastic if d["kind"] == "HybridState" and d["to"] == "active"] == [2]
-    assert [("hybrid-0" in r["workers"]) for r in records] == [False, False, True, False]
+    assert [d["step"] for d in elastic if d["kind"] == "HybridState" and d["to"] == "active"] == [1]
+    assert [("hybrid-0" in r["workers"]) for r in records] == [False, True, True, False]
     # max_staleness 2 on the same job and the same engine (5 steps: step 2 may roll out on the weights of step 0);
-    # the hybrid, lent from step 0, SIGKILLs itself in its first active step, gradient computed and not sent: the
-    # core trains its shard, the run goes on, no trajectory is lost
+    # the hybrid, lent from step 0, SIGKILLs itself in an active step from step 2 on, gradient computed and not sent:
+    # the core trains its shard, the run goes on, no trajectory is lost
     # (training steps may follow each other closely here: the join may take a step longer, hence a fifth step)
     lent = attrs.evolve(hybrid, min_idle_fraction=0.0, lend_steps=5)
     config2 = attrs.evolve(config, max_staleness=2, steps=5, hybrid=lent)
