@@ -98,9 +98,7 @@ class HybridReplica:
                 msg = link.recv(timeout=snapshot_timeout_s)
             snapshot = Snapshot.from_message(msg)
             self._fault("restoring")
-            # The buckets are memory that nothing else uses: the model and the optimizer state live in them.
-            restore(snapshot, self._model, self._optimizer, backend=self._backend, share_buckets=True)
-            self._kept = snapshot.buckets
+            self._live_in(snapshot)
             self.version = snapshot.version
             self._event(JoinEvent.RESTORED, f"restored snapshot v{snapshot.version}")
             link.send(Message(kind=Kind.ATTACH, step=self.version, version=self.version), timeout=self.timeout_s)
@@ -115,7 +113,11 @@ class HybridReplica:
         touched, as a later join does. Worth it where touching new memory is slow (page faults) and the worker
         starts well before it is borrowed. The optimizer needs its state already (after one step, say, as the
         core's has): otherwise the sizes differ and the join receives into new memory, as without this."""
-        snapshot = capture(self._model, self._optimizer, version=self.version)
+        self._live_in(capture(self._model, self._optimizer, version=self.version))
+
+    def _live_in(self, snapshot: Snapshot) -> None:
+        """Restore ``snapshot`` with the model and the optimizer state living in its buckets (memory nothing else
+        uses), and keep them for the next join to receive into."""
         restore(snapshot, self._model, self._optimizer, backend=self._backend, share_buckets=True)
         self._kept = snapshot.buckets
 

@@ -226,10 +226,16 @@ def test_the_snapshot_is_sent_as_soon_as_it_is_packed_not_at_the_end_of_reduce(g
     hybrid.close()
 
 
-def _small():
+def _small(warm_step: int | None = None):
+    """A small model and its Adam; ``warm_step``: one optimizer step on that step's batch first, so Adam's state
+    exists (a snapshot's layout then matches the core's)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
-    return model, torch.optim.Adam(model.parameters(), lr=0.1)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    if warm_step is not None:
+        _grads(model, warm_step, slice(0, 8))
+        opt.step()
+    return model, opt
 
 
 def _grads(model, t: int, part: slice) -> list:
@@ -274,6 +280,33 @@ def _until_join_message(core) -> None:
         threading.Event().wait(0.01)
 
 
+def _join_once(core, model, opt, hybrid, steps: int) -> tuple[list, dict]:
+    """``hybrid`` (on its own thread) joins before core step 0 and trains until the core removes it after
+    ``steps`` steps; returns what it saw (`_train_hybrid`) and the core's state digest after each step."""
+    core_end, hybrid_end = socket.socketpair()
+    core.admit(_link(core_end))
+    joined, seen = threading.Event(), []
+
+    def run_hybrid() -> None:
+        hybrid.join(_link(hybrid_end), snapshot_timeout_s=scaled(60))
+        joined.set()
+        _train_hybrid(hybrid, hybrid._model, hybrid._optimizer, seen)
+
+    def before(t: int) -> None:
+        if t == 1:  # snapshot v0 restored and ATTACH sent: step 1 reads it
+            assert joined.wait(scaled(60))
+            _until_join_message(core)
+
+    thread = threading.Thread(target=run_hybrid, daemon=True)
+    thread.start()
+    _until_join_message(core)  # the JOIN is in the socket before step 0 begins
+    digests: dict = {}
+    _core_steps(core, model, opt, range(steps), digests, before)
+    core.remove("h", step=steps, why="test over")
+    thread.join(scaled(60))
+    return seen, digests
+
+
 @pytest.mark.parametrize("min_placeholder_steps", [0, 1])
 def test_a_joiner_is_active_at_the_boundary_that_reads_its_attach_and_stays_bitwise_equal(group, min_placeholder_steps):
     """By default the STEP message that attaches a hybrid also promotes it: it carries the reduced gradients the
@@ -290,27 +323,7 @@ def test_a_joiner_is_active_at_the_boundary_that_reads_its_attach_and_stays_bitw
     )
     h_model, h_opt = _small()
     hybrid = HybridReplica(worker="h", model=h_model, optimizer=h_opt, timeout_s=scaled(30))
-    core_end, hybrid_end = socket.socketpair()
-    core.admit(_link(core_end))
-    joined, seen = threading.Event(), []
-
-    def run_hybrid() -> None:
-        hybrid.join(_link(hybrid_end), snapshot_timeout_s=scaled(60))
-        joined.set()
-        _train_hybrid(hybrid, h_model, h_opt, seen)
-
-    def before(t: int) -> None:
-        if t == 1:  # snapshot v0 restored and ATTACH sent: step 1 reads it
-            assert joined.wait(scaled(60))
-            _until_join_message(core)
-
-    thread = threading.Thread(target=run_hybrid, daemon=True)
-    thread.start()
-    _until_join_message(core)  # the JOIN is in the socket before step 0 begins
-    digests: dict = {}
-    _core_steps(core, model, opt, range(4), digests, before)
-    core.remove("h", step=4, why="test over")
-    thread.join(scaled(60))
+    seen, digests = _join_once(core, model, opt, hybrid, 4)
     first_active = 1 + min_placeholder_steps
     assert [(s, m) for s, m, _ in seen] == [
         (t, Mode.ACTIVE if t >= first_active else Mode.PLACEHOLDER) for t in (1, 2, 3)
@@ -326,9 +339,7 @@ def test_a_hybrid_that_joins_again_receives_the_snapshot_into_the_memory_its_sta
     the optimizer's memory since then): no new memory, and the state is still bitwise the core's."""
     from libra.elastic.hybrid import HybridReplica
 
-    model, opt = _small()
-    _grads(model, -1, slice(0, 8))
-    opt.step()  # Adam's state exists, so both snapshots have the same layout
+    model, opt = _small(warm_step=-1)  # Adam's state exists, so both snapshots have the same layout
     core = CoreExchange(core_group=group, core_rank=0, num_core_replicas=1, model=model, optimizer=opt, timeout_s=30)
     h_model, h_opt = _small()
     hybrid = HybridReplica(worker="h", model=h_model, optimizer=h_opt, timeout_s=scaled(30))
@@ -375,39 +386,15 @@ def test_a_prepared_hybrid_receives_its_first_snapshot_into_the_buckets_it_prepa
     receives into those: the same memory before and after, the same state as the core's."""
     from libra.elastic.hybrid import HybridReplica
 
-    model, opt = _small()
-    _grads(model, -1, slice(0, 8))
-    opt.step()
+    model, opt = _small(warm_step=-1)
     core = CoreExchange(core_group=group, core_rank=0, num_core_replicas=1, model=model, optimizer=opt, timeout_s=30)
-    h_model, h_opt = _small()
-    _grads(h_model, -2, slice(0, 8))  # a different state, with Adam's state in place (so the sizes match)
-    h_opt.step()
+    h_model, h_opt = _small(warm_step=-2)  # a different state, with Adam's state in place (so the sizes match)
     hybrid = HybridReplica(worker="h", model=h_model, optimizer=h_opt, timeout_s=scaled(30))
     hybrid.prepare()
     prepared = [b.data_ptr() for b in hybrid._kept]
     spans = [(b.data_ptr(), b.data_ptr() + b.numel()) for b in hybrid._kept]
     assert all(any(lo <= p.data_ptr() < hi for lo, hi in spans) for p in h_model.parameters())
-    core_end, hybrid_end = socket.socketpair()
-    core.admit(_link(core_end))
-    joined, seen = threading.Event(), []
-
-    def run_hybrid() -> None:
-        hybrid.join(_link(hybrid_end), snapshot_timeout_s=scaled(60))
-        joined.set()
-        _train_hybrid(hybrid, h_model, h_opt, seen)
-
-    def before(t: int) -> None:
-        if t == 1:
-            assert joined.wait(scaled(60))
-            _until_join_message(core)
-
-    thread = threading.Thread(target=run_hybrid, daemon=True)
-    thread.start()
-    _until_join_message(core)
-    digests: dict = {}
-    _core_steps(core, model, opt, range(3), digests, before)
-    core.remove("h", step=3, why="test over")
-    thread.join(scaled(60))
+    seen, digests = _join_once(core, model, opt, hybrid, 3)
     assert [b.data_ptr() for b in hybrid._kept] == prepared
     assert [s for s, _, _ in seen] == [1, 2] and all(d == digests[s] for s, _, d in seen)
     core.close()
