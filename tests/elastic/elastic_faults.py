@@ -15,6 +15,7 @@ step (a partial, stale or misapplied contribution, or a wrong decision about who
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -132,7 +133,83 @@ def _child(spec: dict, port: int, timeout_s: float) -> int:
         return 3
 
 
-def zygote(requests, replies, timeout_s: float) -> dict:
+class Diary:
+    """One line per request and reply, with the system-wide monotonic time, from the zygote and core rank 0 into one
+    file (appends of one short line each, so their lines do not mix), plus, from the zygote, a dump of every
+    thread's stack on SIGUSR1. When core rank 0 waits in vain for a reply, it signals the zygote and puts this file
+    in its error: a lost message, a slow start and a stuck zygote read differently."""
+
+    def __init__(self, path: str, who: str, *, dump_on_signal: bool = False) -> None:
+        import faulthandler
+        import time
+
+        self._time, self._who = time.monotonic, who
+        self.path = path
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115  (open for the process's whole life)
+        if dump_on_signal:
+            faulthandler.register(signal.SIGUSR1, file=self._file, all_threads=True)
+
+    def __call__(self, what: str) -> None:
+        self._file.write(f"{self._time():.3f} {self._who}: {what}\n")
+
+
+def await_reply(replies, timeout_s: float, *, diary: Diary, zygote_pid: int | None, waiting_for: str):
+    """The zygote's next reply; if none comes in `timeout_s`, dump the zygote's stacks into the diary and raise
+    with the diary, which says whether the zygote read the request and what it was doing."""
+    import queue
+    import time
+
+    try:
+        reply = replies.get(timeout=timeout_s)
+    except queue.Empty:
+        diary(f"no reply in {timeout_s:.0f} s for {waiting_for}")
+        if zygote_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(zygote_pid, signal.SIGUSR1)
+                time.sleep(2.0)
+        try:
+            with open(diary.path) as f:
+                text = f.read()[-8000:]
+        except OSError as exc:
+            text = f"(no diary: {exc})"
+        raise AssertionError(
+            f"no reply from the zygote in {timeout_s:.0f} s while waiting for {waiting_for}; the diary:\n{text}"
+        ) from None
+    diary(f"got {waiting_for}")
+    return reply
+
+
+def end_of_run(child: int, witness: str) -> str:
+    """What became of a run's child, which is then reaped. A child still running when its run ends is frozen
+    (SIGSTOP) before its witness is read, so that the witness is final when read: on a loaded machine the end of a
+    run can come just as the child writes its fault line, whose next instruction signals itself, and the outcome
+    must say what the fault did, not "killed at end of run" (reading first and killing after lost that race)."""
+    pid, status = os.waitpid(child, os.WNOHANG | os.WUNTRACED)
+    if pid == 0:
+        os.kill(child, signal.SIGSTOP)
+        _, status = os.waitpid(child, os.WUNTRACED)  # stopped, or ended on its own first
+        if os.WIFSTOPPED(status):
+            fired = [r["signal"] for r in read_witness(witness) if r["event"] == "fault"]
+            if not fired:
+                os.kill(child, signal.SIGKILL)
+                os.waitpid(child, 0)
+                return "killed at end of run"
+            if fired[0] == "SIGKILL":  # frozen between its fault line and its own SIGKILL: let that land
+                os.kill(child, signal.SIGCONT)
+                _, status = os.waitpid(child, 0)
+            # (a SIGSTOP fault: it froze itself, or was frozen by us one instruction before it would have)
+    if os.WIFSTOPPED(status):  # frozen by its fault: the core has moved on; reap it
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        return "frozen"
+    if os.WIFSIGNALED(status):
+        return f"killed ({signal.Signals(os.WTERMSIG(status)).name})"
+    return f"exit {os.WEXITSTATUS(status)}"
+
+
+def zygote(requests, replies, timeout_s: float, diary_path: str) -> dict:
+    log = Diary(diary_path, "zygote", dump_on_signal=True)
+    log("started")
     import libra.elastic.core  # noqa: F401  (import and build the extension once, before forking)
     from libra.elastic import native
 
@@ -147,8 +224,11 @@ def zygote(requests, replies, timeout_s: float) -> dict:
     outcomes = []
     child = None
     run_spec: dict = {}
+    replies.put(("ready", os.getpid()))
+    log("ready")
     while True:
         msg = requests.get(timeout=scaled(120))  # core rank 0 gone: end instead of waiting forever
+        log(f"read {msg[0]} {msg[1]['run'] if msg[0] == 'run' else ''}")
         if msg[0] == "stop":
             return {"outcomes": outcomes}
         if msg[0] == "run":
@@ -161,24 +241,12 @@ def zygote(requests, replies, timeout_s: float) -> dict:
                 finally:
                     os._exit(code)
             replies.put(child)
+            log(f"forked {child}")
         elif msg[0] == "end":
-            pid, status = os.waitpid(child, os.WNOHANG | os.WUNTRACED)
-            if pid == 0 and any(r["event"] == "fault" for r in read_witness(run_spec["witness"])):
-                # The child wrote its fault line and its next instruction signals itself; on a loaded machine the
-                # end of the run can come in between. Wait for that signal to land (SIGKILL: it dies; SIGSTOP: it
-                # stops), so the outcome says what the fault did rather than "killed at end of run".
-                pid, status = os.waitpid(child, os.WUNTRACED)
-            if pid == 0 or os.WIFSTOPPED(status):  # still running or frozen: the core has moved on; reap it
-                frozen = pid != 0
-                os.kill(child, signal.SIGKILL)
-                _, status = os.waitpid(child, 0)
-                outcome = "frozen" if frozen else "killed at end of run"
-            elif os.WIFSIGNALED(status):
-                outcome = f"killed ({signal.Signals(os.WTERMSIG(status)).name})"
-            else:
-                outcome = f"exit {os.WEXITSTATUS(status)}"
+            outcome = end_of_run(child, run_spec["witness"])
             outcomes.append(outcome)
             replies.put(outcome)
+            log(f"reaped: {outcome}")
 
 
 # -- the core side ----------------------------------------------------------------------------------------------
@@ -227,7 +295,9 @@ def schedule_of(witness: list[dict]) -> dict[int, int]:
     }
 
 
-def fault_core(rank: int, world_port: int, requests, replies, num_runs: int, seed: int, timeout_s: float) -> dict:
+def fault_core(
+    rank: int, world_port: int, requests, replies, num_runs: int, seed: int, timeout_s: float, diary_path: str
+) -> dict:
     import torch.distributed as dist
 
     from libra.elastic.core import CoreExchange
@@ -239,12 +309,17 @@ def fault_core(rank: int, world_port: int, requests, replies, num_runs: int, see
     server = SideChannelServer(host="127.0.0.1", port=0) if rank == 0 else None  # kernel-picked free port
     witness_dir = tempfile.mkdtemp(prefix="libra-faults-") if rank == 0 else None
     runs, corrupted, compared, waits, probes = [], 0, 0, [], {}
+    zygote_pid, diary = None, None
+    if rank == 0:  # the zygote imports torch and warms up before it reads a request
+        diary = Diary(diary_path, "core 0")
+        _, zygote_pid = await_reply(replies, scaled(120), diary=diary, zygote_pid=None, waiting_for="ready")
     for run in range(num_runs):
         spec = plan_run(seed, run)
         if rank == 0:
             spec["witness"] = os.path.join(witness_dir, f"run{run}.jsonl")
             requests.put(("run", spec, server.port))
-            replies.get(timeout=scaled(30))
+            diary(f"sent run {run}")
+            await_reply(replies, scaled(30), diary=diary, zygote_pid=zygote_pid, waiting_for=f"run {run}")
         model, opt = H.make_model()
         ex = CoreExchange(
             core_group=core_group,
@@ -271,7 +346,11 @@ def fault_core(rank: int, world_port: int, requests, replies, num_runs: int, see
         outcome, witness = None, []
         if rank == 0:
             requests.put(("end",))
-            outcome = replies.get(timeout=scaled(30))  # the child is reaped: its witness is complete
+            diary(f"sent end of run {run}")
+            # the child is reaped: its witness is complete
+            outcome = await_reply(
+                replies, scaled(30), diary=diary, zygote_pid=zygote_pid, waiting_for=f"end of run {run}"
+            )
             witness = read_witness(spec["witness"])
         shared = [outcome, witness]
         dist.broadcast_object_list(shared, src=0, group=core_group)

@@ -40,11 +40,12 @@ def test_killing_the_hybrid_never_stops_or_corrupts_the_core(tmp_path):
     ctx = mp.get_context("spawn")
     requests, replies = ctx.Queue(), ctx.Queue()
     world_port = free_port()
+    diary = str(tmp_path / "diary.log")  # requests and replies, for the error if one never comes
     core0, core1, zygote = H.run_processes(
         [
-            (F.fault_core, (0, world_port, requests, replies, NUM_RUNS, SEED, TIMEOUT_S)),
-            (F.fault_core, (1, world_port, None, None, NUM_RUNS, SEED, TIMEOUT_S)),
-            (F.zygote, (requests, replies, TIMEOUT_S)),
+            (F.fault_core, (0, world_port, requests, replies, NUM_RUNS, SEED, TIMEOUT_S, diary)),
+            (F.fault_core, (1, world_port, None, None, NUM_RUNS, SEED, TIMEOUT_S, diary)),
+            (F.zygote, (requests, replies, TIMEOUT_S, diary)),
         ],
         tmp=tmp_path,
         timeout_s=scaled(120 + 4 * NUM_RUNS),
