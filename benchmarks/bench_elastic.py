@@ -24,16 +24,18 @@ The machine is shared: run these one at a time (``-k``), and read ratios, not ab
   ``sendall`` / ``recv_into`` loop of the same bytes between the same two processes on 127.0.0.1.
 - ``test_join`` (targets 3 and 4): a core replica (gloo world of one, this process) trains an MLP of about
   ``LIBRA_BENCH_PARAMS`` parameters with Adam while a hybrid replica in another process joins over TCP: JOIN ->
-  snapshot (packed on a background thread during the core's forward/backward, sent as soon as it is packed) ->
-  restore -> ATTACH -> ACTIVE (at the boundary that reads the ATTACH). ``join_s`` is the hybrid's ``join()`` call
-  to its first ACTIVE step; the core's step times without a join and during each phase of the join are in
-  ``extra_info``. ``[shared]``: both processes may use both CPUs (the core with torch's default threads);
-  ``[separate]``: one CPU each, as replicas on their own devices have (the core's background pack and sends stay
-  on the core's CPU). ``[new]``: a new hybrid process for each join (its first join: the snapshot arrives in new
-  memory); ``[prepared]``: the same, but the process lays its state out in buckets at start
-  (``HybridReplica.prepare``, not timed) and receives into them; ``[kept]``: one hybrid process joins, leaves and
-  joins again, as a worker borrowed again (from its second join on the snapshot arrives in the memory its state
-  lives in). One core serves every join of a run.
+  snapshot (packed on a background thread during the core's forward/backward, sent as soon as it is packed) -> restore
+  -> ATTACH -> ACTIVE (at the boundary that reads the ATTACH). ``join_s`` is the hybrid's ``join()`` call to its first
+  ACTIVE step; the core's step times without a join and during each phase of the join are in ``extra_info``. A step
+  "during a join" is one from the step whose boundary reads the JOIN to the one whose boundary makes the hybrid active
+  (until 2026-12-03 17:40 UTC the steps before the core read the JOIN counted too, which pulled the median towards the
+  quiet steps). ``[shared]``: both processes may use both CPUs (the core with torch's default threads);
+  ``[separate]``: one CPU each, as replicas on their own devices have (the core's background pack and sends stay on
+  the core's CPU). ``[new]``: a new hybrid process for each join (its first join: the snapshot arrives in new memory);
+  ``[prepared]``: the same, but the process lays its state out in buckets at start (``HybridReplica.prepare``, not
+  timed) and receives into them; ``[kept]``: one hybrid process joins, leaves and joins again, as a worker borrowed
+  again (from its second join on the snapshot arrives in the memory its state lives in). One core serves every join of
+  a run.
 
 Nothing here asserts a time.
 """
@@ -436,19 +438,26 @@ def _join_once(core: _Core, control, out: dict) -> None:
         quiet.append(wall)
         quiet_cpu.append(cpu)
     control.send("go")
-    phases: dict[str, list[float]] = {"requested": [], "fetching": [], "placeholder": []}
+    # each step by where the join stands at its end: "requested", the core has not read the JOIN yet (it did nothing
+    # for the join: not a step with a join in progress); "fetching", it read the JOIN in this step or before and
+    # the ATTACH not yet; then "placeholder" or "active" (the hybrid promoted at this step's boundary; the benchmark's
+    # hybrid leaves as soon as it is active, so its LEAVE may end that step without it)
+    phases: dict[str, list[float]] = {"requested": [], "fetching": [], "placeholder": [], "active": []}
+    states = (
+        (JoinState.FETCHING_STATE, "fetching"),
+        (JoinState.PLACEHOLDER, "placeholder"),
+        (JoinState.ACTIVE, "active"),
+    )
+    read = False  # the core has read the JOIN
     while not control.poll():
-        workers = {s: core.exchange.workers(s) for s in (JoinState.FETCHING_STATE, JoinState.PLACEHOLDER)}
-        phase = (
-            "fetching"
-            if workers[JoinState.FETCHING_STATE]
-            else "placeholder"
-            if workers[JoinState.PLACEHOLDER]
-            else "requested"
-        )
         wall, cpu = core.step()
+        phase = next((name for state, name in states if core.exchange.workers(state)), None)
+        if phase is None:  # no JOIN read yet; or promoted at this boundary and gone already (it leaves once active)
+            phase = "active" if read else "requested"
+        read = phase != "requested"
         phases[phase].append(wall)
-        during_cpu.append(cpu)
+        if phase != "requested":
+            during_cpu.append(cpu)
     status, join_s, restored_s = control.recv()
     assert status == "active", status
     out.update(
@@ -517,7 +526,7 @@ def test_join(benchmark, world, cpus, hybrid):
             _stop_hybrid(*kept)
         core.close()
     quiet = [t for r in runs for t in r["quiet"]]
-    during = [t for r in runs for ts in r["phases"].values() for t in ts]
+    during = [t for r in runs for p, ts in r["phases"].items() if p != "requested" for t in ts]
     fetching = [t for r in runs for t in r["phases"]["fetching"]]
     joins = [r["join_s"] for r in runs]
     info = {
@@ -534,7 +543,7 @@ def test_join(benchmark, world, cpus, hybrid):
         "phases": [{k: v for k, v in r["phases"].items()} for r in runs],
         "quiet": [r["quiet"] for r in runs],
     }
-    later = [t for r in runs[1:] for ts in r["phases"].values() for t in ts]  # joins that reuse the buckets
+    later = [t for r in runs[1:] for p, ts in r["phases"].items() if p != "requested" for t in ts]  # buckets reused
     if later:
         info["step_ratio_during_later_joins"] = statistics.median(later) / statistics.median(quiet)
     benchmark.extra_info.update(info)
