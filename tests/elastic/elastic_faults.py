@@ -16,12 +16,15 @@ step (a partial, stale or misapplied contribution, or a wrong decision about who
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import os
+import queue
 import random
 import shutil
 import signal
 import tempfile
+import time
 
 import elastic_harness as H
 import elastic_scenarios as S
@@ -140,9 +143,6 @@ class Diary:
     in its error: a lost message, a slow start and a stuck zygote read differently."""
 
     def __init__(self, path: str, who: str, *, dump_on_signal: bool = False) -> None:
-        import faulthandler
-        import time
-
         self._time, self._who = time.monotonic, who
         self.path = path
         self._file = open(path, "a", buffering=1)  # noqa: SIM115  (open for the process's whole life)
@@ -156,9 +156,6 @@ class Diary:
 def await_reply(replies, timeout_s: float, *, diary: Diary, zygote_pid: int | None, waiting_for: str):
     """The zygote's next reply; if none comes in `timeout_s`, dump the zygote's stacks into the diary and raise
     with the diary, which says whether the zygote read the request and what it was doing."""
-    import queue
-    import time
-
     try:
         reply = replies.get(timeout=timeout_s)
     except queue.Empty:
