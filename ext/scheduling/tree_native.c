@@ -15,6 +15,9 @@
 /* the slots of the bound Node class, as byte offsets into its instances */
 static PyTypeObject *node_type = NULL;
 static Py_ssize_t off_window, off_ordered, off_count, off_total, off_mean, off_p50, off_p90, off_prefix;
+static Py_ssize_t off_children, off_last_step;
+/* attribute names read from trajectories and turns */
+static PyObject *s_prompt_id, *s_turns, *s_gen_tokens, *s_tool_tokens;
 
 #define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 
@@ -41,7 +44,8 @@ static PyObject *bind(PyObject *Py_UNUSED(self), PyObject *type) {
     if (slot_offset(t, "window", &off_window) || slot_offset(t, "ordered", &off_ordered) ||
         slot_offset(t, "count", &off_count) || slot_offset(t, "total", &off_total) ||
         slot_offset(t, "mean", &off_mean) || slot_offset(t, "p50", &off_p50) || slot_offset(t, "p90", &off_p90) ||
-        slot_offset(t, "prefix", &off_prefix))
+        slot_offset(t, "prefix", &off_prefix) || slot_offset(t, "children", &off_children) ||
+        slot_offset(t, "last_step", &off_last_step))
         return NULL;
     Py_INCREF(type);
     Py_XSETREF(node_type, t);
@@ -231,13 +235,398 @@ static PyObject *refresh_all(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- learning: `PrefixTree._learn` (tree.py) ---------------------------------------------------------------- */
+
+/* `turn.gen_tokens + turn.tool_tokens` as a C integer; -1 with an exception unless both are ints in [0, 2**40] (the
+ * trace schema's bound is far below; anything else goes back to the Python code, see `learn`) */
+static long long turn_tokens(PyObject *turn) {
+    long long sum = 0;
+    PyObject *names[2] = {s_gen_tokens, s_tool_tokens};
+    for (int i = 0; i < 2; i++) {
+        PyObject *v = PyObject_GetAttr(turn, names[i]);
+        if (v == NULL) return -1;
+        int overflow = 0;
+        long long x = PyLong_CheckExact(v) ? PyLong_AsLongLongAndOverflow(v, &overflow) : -1;
+        Py_DECREF(v);
+        if (x == -1 && PyErr_Occurred()) return -1;
+        if (x < 0 || x > (1LL << 40) || overflow) {
+            PyErr_SetString(PyExc_TypeError, "token counts must be ints in [0, 2**40]");
+            return -1;
+        }
+        sum += x;
+    }
+    return sum;
+}
+
+/* `leaf(first, step)` of node.py: a node that recorded one observation at update `step`, already refreshed */
+static PyObject *new_leaf(PyObject *first, PyObject *step) {
+    PyObject *node = node_type->tp_alloc(node_type, 0);
+    if (node == NULL) return NULL;
+    PyObject *children = PyDict_New();
+    PyObject *window = children == NULL ? NULL : PyList_New(1);
+    PyObject *value = window == NULL ? NULL : PyNumber_Float(first);
+    if (value == NULL) {
+        Py_XDECREF(children);
+        Py_XDECREF(window);
+        Py_DECREF(node);
+        return NULL;
+    }
+    Py_INCREF(first);
+    PyList_SET_ITEM(window, 0, first);
+    SLOT(node, off_children) = children;
+    Py_INCREF(step);
+    SLOT(node, off_last_step) = step;
+    SLOT(node, off_window) = window;
+    Py_INCREF(window);
+    SLOT(node, off_ordered) = window; /* (a window of one is its own sorted copy) */
+    PyObject *one = PyLong_FromLong(1);
+    SLOT(node, off_total) = one;
+    Py_INCREF(one);
+    SLOT(node, off_count) = one;
+    SLOT(node, off_mean) = value;
+    Py_INCREF(value);
+    SLOT(node, off_p50) = value;
+    Py_INCREF(value);
+    SLOT(node, off_p90) = value;
+    Py_INCREF(Py_None);
+    SLOT(node, off_prefix) = Py_None;
+    return node;
+}
+
+/* a node the update reaches: marked with `step` and listed in `touched` the first time (returns 1 then, 0 if it
+ * was marked already), and the observation appended to its window; -1 on error */
+static int observe(PyObject *node, PyObject *step, PyObject *touched, PyObject *value) {
+    PyObject *last = SLOT(node, off_last_step);
+    int first_touch = 0;
+    if (last != step) {
+        int ne = last == NULL ? 1 : PyObject_RichCompareBool(last, step, Py_NE);
+        if (ne < 0) return -1;
+        if (ne) {
+            Py_INCREF(step);
+            set_slot(node, off_last_step, step);
+            if (PyList_Append(touched, node) < 0) return -1;
+            first_touch = 1;
+        }
+    }
+    PyObject *window = SLOT(node, off_window);
+    if (window == NULL || !PyList_CheckExact(window)) {
+        PyErr_SetString(PyExc_TypeError, "Node.window must be a list");
+        return -1;
+    }
+    return PyList_Append(window, value) < 0 ? -1 : first_touch;
+}
+
+/* the node's child for `code`, made as a leaf when missing (*made = 1); a new reference, NULL on error */
+static PyObject *child_of(PyObject *node, PyObject *code, PyObject *value, PyObject *step, int *made) {
+    PyObject *owner = SLOT(node, off_children);
+    if (owner == NULL || !PyDict_CheckExact(owner)) {
+        PyErr_SetString(PyExc_TypeError, "Node.children must be a dict");
+        return NULL;
+    }
+    PyObject *child = PyDict_GetItemWithError(owner, code);
+    if (child != NULL) {
+        *made = 0;
+        Py_INCREF(child);
+        return child;
+    }
+    if (PyErr_Occurred()) return NULL;
+    child = new_leaf(value, step);
+    if (child == NULL || PyDict_SetItem(owner, code, child) < 0) {
+        Py_XDECREF(child);
+        return NULL;
+    }
+    *made = 1;
+    return child;
+}
+
+/* every trajectory's tokens, checked before anything is written: totals[i] = sum over its turns */
+static long long *trajectory_totals(PyObject *batch, Py_ssize_t size) {
+    long long *totals = PyMem_New(long long, size > 0 ? size : 1);
+    if (totals == NULL) return (long long *)PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < size; i++) {
+        PyObject *turns = PyObject_GetAttr(PyList_GET_ITEM(batch, i), s_turns);
+        PyObject *seq = turns == NULL ? NULL : PySequence_Fast(turns, "Trajectory.turns must be a sequence");
+        Py_XDECREF(turns);
+        if (seq == NULL) goto fail;
+        long long total = 0;
+        for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(seq); k++) {
+            long long t = turn_tokens(PySequence_Fast_GET_ITEM(seq, k));
+            if (t < 0) {
+                Py_DECREF(seq);
+                goto fail;
+            }
+            total += t;
+        }
+        Py_DECREF(seq);
+        totals[i] = total;
+    }
+    return totals;
+fail:
+    PyMem_Free(totals);
+    return NULL;
+}
+
+/* `entries.append((node, owner, depth, path))`: eviction's index entry (the dict holding the node, its depth) */
+static int add_entry(PyObject *entries, PyObject *node, PyObject *owner, Py_ssize_t depth, PyObject *path) {
+    PyObject *entry = Py_BuildValue("(OOnO)", node, owner, depth, path);
+    if (entry == NULL) return -1;
+    int rc = PyList_Append(entries, entry);
+    Py_DECREF(entry);
+    return rc;
+}
+
+/* one step down the agnostic tree: *node becomes its child for `code` (made as a leaf when missing), observed,
+ * and recorded in eviction's index the first time the update reaches it; returns 1 if made, 0 if not, -1 on error */
+static int agnostic_step(PyObject **node, PyObject *code, PyObject *value, PyObject *step, PyObject *touched,
+                         PyObject *entries, Py_ssize_t depth, PyObject *path) {
+    PyObject *owner = SLOT(*node, off_children);
+    int made;
+    PyObject *next = child_of(*node, code, value, step, &made);
+    if (next == NULL) return -1;
+    Py_SETREF(*node, next);
+    int record = made;
+    if (made) {
+        if (PyList_Append(touched, next) < 0) return -1;
+    } else {
+        record = observe(next, step, touched, value);
+        if (record < 0) return -1;
+    }
+    if (record && add_entry(entries, next, owner, depth, path) < 0) return -1;
+    return made;
+}
+
+/* one trajectory into both trees; returns the nodes created, -1 on error */
+static Py_ssize_t learn_one(PyObject *traj, PyObject *path, long long remaining, PyObject *step, PyObject *touched,
+                            PyObject *entries, PyObject *agnostic, PyObject *prompts, PyObject *sizes) {
+    Py_ssize_t created = 0, grown = 0;
+    PyObject *pid = NULL, *turns = NULL, *codes = NULL, *value = NULL, *p_node = NULL, *a_node = NULL;
+    pid = PyObject_GetAttr(traj, s_prompt_id);
+    turns = pid == NULL ? NULL : PyObject_GetAttr(traj, s_turns);
+    PyObject *seq = turns == NULL ? NULL : PySequence_Fast(turns, "Trajectory.turns must be a sequence");
+    Py_XSETREF(turns, seq);
+    codes = turns == NULL ? NULL : PySequence_Fast(path, "a path must be a sequence");
+    value = codes == NULL ? NULL : PyLong_FromLongLong(remaining);
+    if (value == NULL) goto fail;
+    p_node = PyDict_GetItemWithError(prompts, pid);
+    if (p_node != NULL) {
+        Py_INCREF(p_node);
+        if (Py_TYPE(p_node) != node_type) {
+            PyErr_SetString(PyExc_TypeError, "prompt roots must be Node objects");
+            goto fail;
+        }
+        if (observe(p_node, step, touched, value) < 0) goto fail;
+    } else {
+        if (PyErr_Occurred()) goto fail;
+        p_node = new_leaf(value, step);
+        PyObject *one = PyLong_FromLong(1);
+        int bad = p_node == NULL || one == NULL || PyDict_SetItem(prompts, pid, p_node) < 0 ||
+                  PyList_Append(touched, p_node) < 0 || PyDict_SetItem(sizes, pid, one) < 0;
+        Py_XDECREF(one);
+        if (bad) goto fail;
+        created += 1;
+    }
+    a_node = agnostic;
+    Py_INCREF(a_node);
+    if (observe(a_node, step, touched, value) < 0) goto fail;
+    Py_ssize_t n_codes = PySequence_Fast_GET_SIZE(codes);
+    if (n_codes > PySequence_Fast_GET_SIZE(turns)) {
+        PyErr_SetString(PyExc_ValueError, "a path holds more codes than its trajectory has turns");
+        goto fail;
+    }
+    for (Py_ssize_t depth = 0; depth < n_codes; depth++) {
+        PyObject *code = PySequence_Fast_GET_ITEM(codes, depth);
+        long long t = turn_tokens(PySequence_Fast_GET_ITEM(turns, depth));
+        if (t < 0) goto fail;
+        remaining -= t;
+        Py_SETREF(value, PyLong_FromLongLong(remaining));
+        if (value == NULL) goto fail;
+        int made;
+        PyObject *next = child_of(p_node, code, value, step, &made);
+        if (next == NULL) goto fail;
+        Py_SETREF(p_node, next);
+        if (made) {
+            if (PyList_Append(touched, p_node) < 0) goto fail;
+            grown += 1;
+        } else if (observe(p_node, step, touched, value) < 0) {
+            goto fail;
+        }
+        made = agnostic_step(&a_node, code, value, step, touched, entries, depth + 1, path);
+        if (made < 0) goto fail;
+        created += made;
+    }
+    if (grown) {
+        PyObject *size = PyDict_GetItemWithError(sizes, pid);
+        if (size == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, pid);
+            goto fail;
+        }
+        PyObject *more = PyLong_FromSsize_t(grown);
+        PyObject *sum = more == NULL ? NULL : PyNumber_Add(size, more);
+        Py_XDECREF(more);
+        if (sum == NULL || PyDict_SetItem(sizes, pid, sum) < 0) {
+            Py_XDECREF(sum);
+            goto fail;
+        }
+        Py_DECREF(sum);
+        created += grown;
+    }
+    Py_DECREF(pid);
+    Py_DECREF(turns);
+    Py_DECREF(codes);
+    Py_DECREF(value);
+    Py_DECREF(p_node);
+    Py_DECREF(a_node);
+    return created;
+fail:
+    Py_XDECREF(pid);
+    Py_XDECREF(turns);
+    Py_XDECREF(codes);
+    Py_XDECREF(value);
+    Py_XDECREF(p_node);
+    Py_XDECREF(a_node);
+    return -1;
+}
+
+/* what both learners check first: a bound Node class, a Node as the agnostic root, one path per trajectory, and
+ * every token count (read before the trees are touched). Returns the trajectories' totals (PyMem), or NULL with
+ * *skip = 1 when a count does not fit (no exception: the caller answers NotImplemented and the batch goes back to
+ * the Python code whole) or *skip = 0 with an exception */
+static long long *begin_learning(PyObject *batch, PyObject *paths, PyObject *agnostic, int *skip) {
+    *skip = 0;
+    if (node_type == NULL || Py_TYPE(agnostic) != node_type) {
+        PyErr_SetString(PyExc_TypeError, "learning needs bind(Node) and a Node as the agnostic root");
+        return NULL;
+    }
+    if (PyList_GET_SIZE(paths) != PyList_GET_SIZE(batch)) {
+        PyErr_SetString(PyExc_ValueError, "one path per trajectory");
+        return NULL;
+    }
+    long long *totals = trajectory_totals(batch, PyList_GET_SIZE(batch));
+    if (totals == NULL && PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();
+        *skip = 1;
+    }
+    return totals;
+}
+
+static PyObject *learn(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *batch, *paths, *step, *touched, *entries, *agnostic, *prompts, *sizes;
+    if (!PyArg_ParseTuple(args, "O!O!OO!O!OO!O!", &PyList_Type, &batch, &PyList_Type, &paths, &step, &PyList_Type,
+                          &touched, &PyList_Type, &entries, &agnostic, &PyDict_Type, &prompts, &PyDict_Type, &sizes))
+        return NULL;
+    int skip;
+    long long *totals = begin_learning(batch, paths, agnostic, &skip);
+    if (totals == NULL) {
+        if (skip) Py_RETURN_NOTIMPLEMENTED;
+        return NULL;
+    }
+    Py_ssize_t size = PyList_GET_SIZE(batch);
+    Py_ssize_t created = 0;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        Py_ssize_t made = learn_one(PyList_GET_ITEM(batch, i), PyList_GET_ITEM(paths, i), totals[i], step, touched,
+                                    entries, agnostic, prompts, sizes);
+        if (made < 0) {
+            PyMem_Free(totals);
+            return NULL;
+        }
+        created += made;
+    }
+    PyMem_Free(totals);
+    return PyLong_FromSsize_t(created);
+}
+
+/* one trajectory into the agnostic tree; appends to `seen` the remaining tokens at each node of its path; returns
+ * the nodes created, -1 on error */
+static Py_ssize_t learn_agnostic_one(PyObject *traj, PyObject *path, long long remaining, PyObject *step,
+                                     PyObject *touched, PyObject *entries, PyObject *agnostic, PyObject *seen) {
+    Py_ssize_t created = 0;
+    PyObject *turns = NULL, *codes = NULL, *value = NULL, *node = NULL;
+    turns = PyObject_GetAttr(traj, s_turns);
+    PyObject *seq = turns == NULL ? NULL : PySequence_Fast(turns, "Trajectory.turns must be a sequence");
+    Py_XSETREF(turns, seq);
+    codes = turns == NULL ? NULL : PySequence_Fast(path, "a path must be a sequence");
+    value = codes == NULL ? NULL : PyLong_FromLongLong(remaining);
+    if (value == NULL || PyList_Append(seen, value) < 0) goto fail;
+    node = agnostic;
+    Py_INCREF(node);
+    if (observe(node, step, touched, value) < 0) goto fail;
+    Py_ssize_t n_codes = PySequence_Fast_GET_SIZE(codes);
+    if (n_codes > PySequence_Fast_GET_SIZE(turns)) {
+        PyErr_SetString(PyExc_ValueError, "a path holds more codes than its trajectory has turns");
+        goto fail;
+    }
+    for (Py_ssize_t depth = 0; depth < n_codes; depth++) {
+        long long t = turn_tokens(PySequence_Fast_GET_ITEM(turns, depth));
+        if (t < 0) goto fail;
+        remaining -= t;
+        Py_SETREF(value, PyLong_FromLongLong(remaining));
+        if (value == NULL || PyList_Append(seen, value) < 0) goto fail;
+        int made = agnostic_step(&node, PySequence_Fast_GET_ITEM(codes, depth), value, step, touched, entries,
+                                 depth + 1, path);
+        if (made < 0) goto fail;
+        created += made;
+    }
+    Py_DECREF(turns);
+    Py_DECREF(codes);
+    Py_DECREF(value);
+    Py_DECREF(node);
+    return created;
+fail:
+    Py_XDECREF(turns);
+    Py_XDECREF(codes);
+    Py_XDECREF(value);
+    Py_XDECREF(node);
+    return -1;
+}
+
+static PyObject *learn_agnostic(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *batch, *paths, *step, *touched, *entries, *agnostic;
+    if (!PyArg_ParseTuple(args, "O!O!OO!O!O", &PyList_Type, &batch, &PyList_Type, &paths, &step, &PyList_Type,
+                          &touched, &PyList_Type, &entries, &agnostic))
+        return NULL;
+    int skip;
+    long long *totals = begin_learning(batch, paths, agnostic, &skip);
+    if (totals == NULL) {
+        if (skip) Py_RETURN_NOTIMPLEMENTED;
+        return NULL;
+    }
+    Py_ssize_t size = PyList_GET_SIZE(batch);
+    Py_ssize_t created = 0;
+    PyObject *remainings = PyList_New(0);
+    for (Py_ssize_t i = 0; remainings != NULL && i < size; i++) {
+        PyObject *seen = PyList_New(0);
+        Py_ssize_t made = seen == NULL ? -1
+                                       : learn_agnostic_one(PyList_GET_ITEM(batch, i), PyList_GET_ITEM(paths, i),
+                                                            totals[i], step, touched, entries, agnostic, seen);
+        if (made < 0 || PyList_Append(remainings, seen) < 0) Py_CLEAR(remainings);
+        Py_XDECREF(seen);
+        created += made;
+    }
+    PyMem_Free(totals);
+    if (remainings == NULL) return NULL;
+    return Py_BuildValue("(nN)", created, remainings);
+}
+
 static PyMethodDef methods[] = {
     {"bind", bind, METH_O, "bind(Node): the class whose slots refresh_all reads and writes."},
     {"refresh_all", refresh_all, METH_VARARGS,
      "refresh_all(nodes, limit, at50, at90, incremental): node.py's refresh_all, same values."},
+    {"learn", learn, METH_VARARGS,
+     "learn(batch, paths, step, touched, entries, agnostic, prompts, sizes): tree.py's PrefixTree._learn, the same "
+     "trees; NotImplemented (nothing written) when a token count is not an int in [0, 2**40]."},
+    {"learn_agnostic", learn_agnostic, METH_VARARGS,
+     "learn_agnostic(batch, paths, step, touched, entries, agnostic): tree.py's PrefixTree._learn_agnostic, "
+     "(created, remainings); NotImplemented as learn."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_tree_native", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__tree_native(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__tree_native(void) {
+    s_prompt_id = PyUnicode_InternFromString("prompt_id");
+    s_turns = PyUnicode_InternFromString("turns");
+    s_gen_tokens = PyUnicode_InternFromString("gen_tokens");
+    s_tool_tokens = PyUnicode_InternFromString("tool_tokens");
+    if (!s_prompt_id || !s_turns || !s_gen_tokens || !s_tool_tokens) return NULL;
+    return PyModule_Create(&module);
+}

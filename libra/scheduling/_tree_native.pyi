@@ -1,4 +1,18 @@
 # The optional C extension built from ext/scheduling/tree_native.c (setup.py); libra/scheduling/node.py falls back
 # to its Python reference when it is not built.
+from typing import Any
+
 def bind(node_type: type, /) -> None: ...
 def refresh_all(nodes: list, limit: int, at50: tuple[int, ...], at90: tuple[int, ...], incremental: int, /) -> None: ...
+def learn(
+    batch: list,
+    paths: list,
+    step: int,
+    touched: list,
+    entries: list,
+    agnostic: object,
+    prompts: dict,
+    sizes: dict,
+    /,
+) -> Any: ...
+def learn_agnostic(batch: list, paths: list, step: int, touched: list, entries: list, agnostic: object, /) -> Any: ...

@@ -187,6 +187,11 @@ def _load_native() -> ModuleType | None:
 _native = _load_native()
 
 
+def native() -> ModuleType | None:
+    """The C extension in use (`_load_native`), or None: read at each call, so a test can switch it off."""
+    return _native
+
+
 @attrs.frozen(kw_only=True)
 class NodeStats:
     """Statistics of remaining tokens at one node (a value for callers outside the hot path)."""

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import cast
 
+from libra.scheduling import node as node_module
 from libra.scheduling.eviction import Entry, Eviction
 from libra.scheduling.node import Node, NodeStats, leaf, refresh_all
 from libra.scheduling.size_classes import QuantileStateCodec
@@ -208,7 +209,20 @@ class PrefixTree(Eviction):
     def _learn(
         self, batch: list[Trajectory], paths: list[list[int]], step: int, touched: list[Node], entries: list
     ) -> int:
-        """Record the observations in both trees; returns the nodes created. This and the two `_learn_*`
+        """Record the observations in both trees; returns the nodes created. In C where the optional extension is
+        built (`_tree_native.learn`, the same trees: tests/scheduling/test_tree_native.py), else `_learn_py`; a
+        batch whose token counts are not plain ints goes to `_learn_py` whole (the C code checks them all first)."""
+        native = node_module.native()
+        if native is not None:
+            created = native.learn(batch, paths, step, touched, entries, self.agnostic, self.prompts, self.prompt_sizes)
+            if created is not NotImplemented:
+                return created
+        return self._learn_py(batch, paths, step, touched, entries)
+
+    def _learn_py(
+        self, batch: list[Trajectory], paths: list[list[int]], step: int, touched: list[Node], entries: list
+    ) -> int:
+        """`_learn` in Python, the reference. This and the two `_learn_*`
         are the hot loops of an update: the walks are inline, since a call costs as much as the work it would do.
         A node an update creates is built with its first observation (`leaf(first, step)`); the others get their
         observations appended to their windows, and `refresh_all` counts them into `total` once per node."""
@@ -281,7 +295,19 @@ class PrefixTree(Eviction):
         self, batch: list[Trajectory], paths: list[list[int]], step: int, touched: list[Node], entries: list
     ) -> tuple[int, list[list[int]]]:
         """Record the observations in the agnostic tree; returns the nodes created and, per trajectory, the
-        remaining tokens at each node of its path (for `_learn_prompts`)."""
+        remaining tokens at each node of its path (for `_learn_prompts`). In C as `_learn`, else
+        `_learn_agnostic_py`."""
+        native = node_module.native()
+        if native is not None:
+            done = native.learn_agnostic(batch, paths, step, touched, entries, self.agnostic)
+            if done is not NotImplemented:
+                return done
+        return self._learn_agnostic_py(batch, paths, step, touched, entries)
+
+    def _learn_agnostic_py(
+        self, batch: list[Trajectory], paths: list[list[int]], step: int, touched: list[Node], entries: list
+    ) -> tuple[int, list[list[int]]]:
+        """`_learn_agnostic` in Python, the reference."""
         agnostic = self.agnostic
         touch = touched.append
         record = entries.append

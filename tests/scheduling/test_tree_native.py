@@ -9,6 +9,7 @@ import copy
 import os
 import struct
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -107,23 +108,70 @@ def test_a_node_of_another_class_is_refused() -> None:
         _c_refresh([Other()], 5)  # type: ignore[list-item]
 
 
-def _tree_after(steps: list, *, native: bool, monkeypatch) -> PrefixTree:
-    monkeypatch.setattr(node_module, "_native", _native() if native else None)
-    tree = PrefixTree(window=20, max_nodes=3_000)
+class _Counting:
+    """The extension with its calls counted (to show a test ran the C code, not only the fallback)."""
+
+    def __init__(self, module) -> None:
+        self.module = module
+        self.calls = {"learn": 0, "learnt": 0, "learn_agnostic": 0, "refresh_all": 0}
+
+    def refresh_all(self, *args):
+        self.calls["refresh_all"] += 1
+        return self.module.refresh_all(*args)
+
+    def learn(self, *args):
+        self.calls["learn"] += 1
+        created = self.module.learn(*args)
+        self.calls["learnt"] += created is not NotImplemented
+        return created
+
+    def learn_agnostic(self, *args):
+        self.calls["learn_agnostic"] += 1
+        return self.module.learn_agnostic(*args)
+
+
+def _tree_after(steps: list, native: _Counting | None, monkeypatch, max_nodes: int) -> PrefixTree:
+    monkeypatch.setattr(node_module, "_native", native)
+    tree = PrefixTree(window=20, max_nodes=max_nodes)
     for batch in steps:
         tree.update(batch)
     return tree
 
 
-def test_trees_updated_with_the_c_refresh_equal_the_reference(monkeypatch) -> None:
-    """Updates of r2e-gym-like steps, with evictions (the cap is far below the steps' nodes): the same nodes with
-    the same statistics, every step."""
+def _same_trees(a: PrefixTree, b: PrefixTree) -> None:
+    assert (a.num_nodes, a.evicted, a.prompt_sizes) == (b.num_nodes, b.evicted, b.prompt_sizes)
+    assert a.to_dict() == b.to_dict()
+    assert [(p, path, _state(n)) for p, path, n in a.iter_nodes()] == [
+        (p, path, _state(n)) for p, path, n in b.iter_nodes()
+    ]
+
+
+@pytest.mark.parametrize("max_nodes", [300, 3_000, 200_000])
+def test_trees_updated_in_c_equal_the_reference(monkeypatch, max_nodes) -> None:
+    """Updates of r2e-gym-like steps, with evictions (3,000 nodes is far below the steps' nodes; at 300 the agnostic
+    tree's own nodes go, chosen by the index entries the learners record) and without: the same nodes with the same
+    statistics and the same eviction books."""
     gen = WorkloadGenerator("r2e-gym", seed=3, num_prompts=48)
     steps = [gen.step(s) for s in range(6)]
-    fast = _tree_after(steps, native=True, monkeypatch=monkeypatch)
-    plain = _tree_after(steps, native=False, monkeypatch=monkeypatch)
-    assert fast.evicted > 0
-    assert fast.to_dict() == plain.to_dict()
-    assert [(p, path, _state(n)) for p, path, n in fast.iter_nodes()] == [
-        (p, path, _state(n)) for p, path, n in plain.iter_nodes()
-    ]
+    counting = _Counting(_native())
+    fast = _tree_after(steps, counting, monkeypatch, max_nodes)
+    plain = _tree_after(steps, None, monkeypatch, max_nodes)
+    assert counting.calls["learnt"] > 0 and counting.calls["refresh_all"] == len(steps)
+    assert (fast.evicted > 0) == (max_nodes <= 3_000)
+    assert (counting.calls["learn_agnostic"] > 0) == (max_nodes <= 3_000)  # (the agnostic tree alone full)
+    _same_trees(fast, plain)
+
+
+def test_a_batch_with_a_count_c_does_not_take_goes_to_python_whole(monkeypatch) -> None:
+    """A token count past 2**40 (or not an int): the C code finds it before writing anything and answers
+    NotImplemented; the update then runs in Python and gives the reference tree."""
+    gen = WorkloadGenerator("search-r1", seed=1, num_prompts=8)
+    steps = [gen.step(s) for s in range(2)]
+    last = steps[-1][-1]
+    odd = attrs.evolve(last, turns=(attrs.evolve(last.turns[0], gen_tokens=2**41), *last.turns[1:]))
+    steps[-1] = [*steps[-1][:-1], odd]
+    counting = _Counting(_native())
+    fast = _tree_after(steps, counting, monkeypatch, 200_000)
+    plain = _tree_after(steps, None, monkeypatch, 200_000)
+    assert counting.calls == {"learn": 2, "learnt": 1, "learn_agnostic": 0, "refresh_all": 2}
+    _same_trees(fast, plain)
