@@ -32,7 +32,7 @@ export LIBRA_TEST_TIMEOUT_FACTOR="${LIBRA_TEST_TIMEOUT_FACTOR:-2}"
 for d in "${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}" "${LIBRA_EXT_BUILD_DIR:-$HOME/.cache/libra/ext}"; do
   find "$d" -name lock -type f -delete 2>/dev/null || true
 done
-echo "== [${SECONDS}s] engines and C++ extension (a missing one fails here, in one line; the JIT build is cached in ~/.cache/libra/ext)" >&2
+echo "== [${SECONDS}s] engines and C/C++ extensions (a missing one fails here, in one line; the JIT build is cached in ~/.cache/libra/ext)" >&2
 python - <<'PY'
 import importlib, sys
 missing = []
@@ -45,10 +45,14 @@ if not missing:
     from libra.elastic import native
     if native.load() is None:
         missing.append(f"C++ extension libra_ext ({native.load_error()})")
+try:  # the router's C extension (ext/scheduling, built by `pip install -e .`; the package runs without it)
+    importlib.import_module("libra.scheduling._tree_native")
+except ImportError as exc:
+    missing.append(f"C extension libra.scheduling._tree_native ({exc}; pip install -e . builds it)")
 if missing:
     print("required engines/extension missing: " + "; ".join(missing), file=sys.stderr)
     sys.exit(1)
-print("engines and C++ extension: ok", file=sys.stderr)
+print("engines and C/C++ extensions: ok", file=sys.stderr)
 PY
 echo "== [${SECONDS}s] ruff" >&2
 ruff check libra tests benchmarks examples ext
