@@ -1,12 +1,13 @@
-/* The prefix tree's step-end refresh in C (libra.scheduling._tree_native): `refresh_all` of
- * libra/scheduling/node.py, with the same values, for the router's step-end update (issue 16 row 5b).
+/* The prefix tree's step-end update in C (libra.scheduling._tree_native): `refresh_all` of
+ * libra/scheduling/node.py and `PrefixTree._learn` / `_learn_agnostic` of tree.py, with the same values, for the
+ * router's step-end update (issue 16 rows 5b and 5c).
  *
- * The Python function is the reference and the fallback: node.py uses this module only when it imports, and
+ * The Python functions are the reference and the fallback: they run when this module does not import, and
  * tests/scheduling/test_tree_native.py checks both give the same nodes (every slot, the lists element by element)
- * on random windows. Nothing here decides anything the Python code does not: it reads and writes the same slots of
- * `Node` (found by their member descriptors at `bind`), calls the same list operations (insertion after the last
- * equal element, `list.sort`, slice deletion) and computes the mean as Python's `int / int` and the quantiles as
- * `float(int)` (exactly, for every value: see `true_mean`).
+ * on random windows and the same whole trees after updates. Nothing here decides anything the Python code does
+ * not: it reads and writes the same slots of `Node` (found by their member descriptors at `bind`), calls the same
+ * list and dict operations (insertion after the last equal element, `list.sort`, slice deletion) and computes the
+ * mean as Python's `int / int` and the quantiles as `float(int)` (exactly, for every value: see `true_mean`).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -88,9 +89,10 @@ static PyObject *true_mean(PyObject *ordered, Py_ssize_t n) {
     const long long limit = 1LL << 53;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ordered); i++) {
         PyObject *x = PyList_GET_ITEM(ordered, i);
+        if (!PyLong_CheckExact(x)) { exact = 0; break; }
         int overflow = 0;
-        long long v = PyLong_CheckExact(x) ? PyLong_AsLongLongAndOverflow(x, &overflow) : 0;
-        if (!PyLong_CheckExact(x) || overflow || v <= -limit || v >= limit) { exact = 0; break; }
+        long long v = PyLong_AsLongLongAndOverflow(x, &overflow);
+        if (overflow || v <= -limit || v >= limit) { exact = 0; break; }
         acc += v;
         if (acc <= -limit || acc >= limit) { exact = 0; break; }
     }
@@ -339,31 +341,68 @@ static PyObject *child_of(PyObject *node, PyObject *code, PyObject *value, PyObj
     return child;
 }
 
-/* every trajectory's tokens, checked before anything is written: totals[i] = sum over its turns */
-static long long *trajectory_totals(PyObject *batch, Py_ssize_t size) {
-    long long *totals = PyMem_New(long long, size > 0 ? size : 1);
-    if (totals == NULL) return (long long *)PyErr_NoMemory();
+/* a batch's token counts, read and checked before anything is written: turn k of trajectory i holds
+ * tokens[start[i] + k] (generated plus tool tokens); start[size] is the batch's number of turns */
+typedef struct {
+    long long *tokens;
+    Py_ssize_t *start;
+} Counts;
+
+static void counts_free(Counts *c) {
+    PyMem_Free(c->tokens);
+    PyMem_Free(c->start);
+}
+
+/* 0, or -1 with an exception (a TypeError when a count is not an int in [0, 2**40]) */
+static int read_counts(PyObject *batch, Counts *c) {
+    Py_ssize_t size = PyList_GET_SIZE(batch), capacity = 4 * size + 16, used = 0;
+    c->tokens = PyMem_New(long long, capacity);
+    c->start = PyMem_New(Py_ssize_t, size + 1);
+    if (c->tokens == NULL || c->start == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
     for (Py_ssize_t i = 0; i < size; i++) {
+        c->start[i] = used;
         PyObject *turns = PyObject_GetAttr(PyList_GET_ITEM(batch, i), s_turns);
         PyObject *seq = turns == NULL ? NULL : PySequence_Fast(turns, "Trajectory.turns must be a sequence");
         Py_XDECREF(turns);
         if (seq == NULL) goto fail;
-        long long total = 0;
-        for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(seq); k++) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        if (used + n > capacity) {
+            capacity = 2 * (used + n);
+            long long *more = PyMem_Resize(c->tokens, long long, capacity);
+            if (more == NULL) {
+                Py_DECREF(seq);
+                PyErr_NoMemory();
+                goto fail;
+            }
+            c->tokens = more;
+        }
+        for (Py_ssize_t k = 0; k < n; k++) {
             long long t = turn_tokens(PySequence_Fast_GET_ITEM(seq, k));
             if (t < 0) {
                 Py_DECREF(seq);
                 goto fail;
             }
-            total += t;
+            c->tokens[used++] = t;
         }
         Py_DECREF(seq);
-        totals[i] = total;
     }
-    return totals;
+    c->start[size] = used;
+    return 0;
 fail:
-    PyMem_Free(totals);
-    return NULL;
+    counts_free(c);
+    c->tokens = NULL;
+    c->start = NULL;
+    return -1;
+}
+
+/* a trajectory's tokens in all: the remaining tokens at its prompt root */
+static long long total_of(const long long *tokens, Py_ssize_t n) {
+    long long total = 0;
+    for (Py_ssize_t k = 0; k < n; k++) total += tokens[k];
+    return total;
 }
 
 /* `entries.append((node, owner, depth, path))`: eviction's index entry (the dict holding the node, its depth) */
@@ -396,15 +435,14 @@ static int agnostic_step(PyObject **node, PyObject *code, PyObject *value, PyObj
 }
 
 /* one trajectory into both trees; returns the nodes created, -1 on error */
-static Py_ssize_t learn_one(PyObject *traj, PyObject *path, long long remaining, PyObject *step, PyObject *touched,
-                            PyObject *entries, PyObject *agnostic, PyObject *prompts, PyObject *sizes) {
+static Py_ssize_t learn_one(PyObject *traj, PyObject *path, const long long *tokens, Py_ssize_t n_turns,
+                            PyObject *step, PyObject *touched, PyObject *entries, PyObject *agnostic, PyObject *prompts,
+                            PyObject *sizes) {
     Py_ssize_t created = 0, grown = 0;
-    PyObject *pid = NULL, *turns = NULL, *codes = NULL, *value = NULL, *p_node = NULL, *a_node = NULL;
+    PyObject *pid = NULL, *codes = NULL, *value = NULL, *p_node = NULL, *a_node = NULL;
+    long long remaining = total_of(tokens, n_turns);
     pid = PyObject_GetAttr(traj, s_prompt_id);
-    turns = pid == NULL ? NULL : PyObject_GetAttr(traj, s_turns);
-    PyObject *seq = turns == NULL ? NULL : PySequence_Fast(turns, "Trajectory.turns must be a sequence");
-    Py_XSETREF(turns, seq);
-    codes = turns == NULL ? NULL : PySequence_Fast(path, "a path must be a sequence");
+    codes = pid == NULL ? NULL : PySequence_Fast(path, "a path must be a sequence");
     value = codes == NULL ? NULL : PyLong_FromLongLong(remaining);
     if (value == NULL) goto fail;
     p_node = PyDict_GetItemWithError(prompts, pid);
@@ -429,15 +467,13 @@ static Py_ssize_t learn_one(PyObject *traj, PyObject *path, long long remaining,
     Py_INCREF(a_node);
     if (observe(a_node, step, touched, value) < 0) goto fail;
     Py_ssize_t n_codes = PySequence_Fast_GET_SIZE(codes);
-    if (n_codes > PySequence_Fast_GET_SIZE(turns)) {
+    if (n_codes > n_turns) {
         PyErr_SetString(PyExc_ValueError, "a path holds more codes than its trajectory has turns");
         goto fail;
     }
     for (Py_ssize_t depth = 0; depth < n_codes; depth++) {
         PyObject *code = PySequence_Fast_GET_ITEM(codes, depth);
-        long long t = turn_tokens(PySequence_Fast_GET_ITEM(turns, depth));
-        if (t < 0) goto fail;
-        remaining -= t;
+        remaining -= tokens[depth];
         Py_SETREF(value, PyLong_FromLongLong(remaining));
         if (value == NULL) goto fail;
         int made;
@@ -471,7 +507,6 @@ static Py_ssize_t learn_one(PyObject *traj, PyObject *path, long long remaining,
         created += grown;
     }
     Py_DECREF(pid);
-    Py_DECREF(turns);
     Py_DECREF(codes);
     Py_DECREF(value);
     Py_DECREF(p_node);
@@ -479,7 +514,6 @@ static Py_ssize_t learn_one(PyObject *traj, PyObject *path, long long remaining,
     return created;
 fail:
     Py_XDECREF(pid);
-    Py_XDECREF(turns);
     Py_XDECREF(codes);
     Py_XDECREF(value);
     Py_XDECREF(p_node);
@@ -488,25 +522,21 @@ fail:
 }
 
 /* what both learners check first: a bound Node class, a Node as the agnostic root, one path per trajectory, and
- * every token count (read before the trees are touched). Returns the trajectories' totals (PyMem), or NULL with
- * *skip = 1 when a count does not fit (no exception: the caller answers NotImplemented and the batch goes back to
- * the Python code whole) or *skip = 0 with an exception */
-static long long *begin_learning(PyObject *batch, PyObject *paths, PyObject *agnostic, int *skip) {
-    *skip = 0;
+ * every token count (`read_counts`, before the trees are touched). 1 when ready; 0 when a count does not fit (no
+ * exception: the caller answers NotImplemented and the batch goes back to the Python code whole); -1 on error */
+static int begin_learning(PyObject *batch, PyObject *paths, PyObject *agnostic, Counts *counts) {
     if (node_type == NULL || Py_TYPE(agnostic) != node_type) {
         PyErr_SetString(PyExc_TypeError, "learning needs bind(Node) and a Node as the agnostic root");
-        return NULL;
+        return -1;
     }
     if (PyList_GET_SIZE(paths) != PyList_GET_SIZE(batch)) {
         PyErr_SetString(PyExc_ValueError, "one path per trajectory");
-        return NULL;
+        return -1;
     }
-    long long *totals = trajectory_totals(batch, PyList_GET_SIZE(batch));
-    if (totals == NULL && PyErr_ExceptionMatches(PyExc_TypeError)) {
-        PyErr_Clear();
-        *skip = 1;
-    }
-    return totals;
+    if (read_counts(batch, counts) == 0) return 1;
+    if (!PyErr_ExceptionMatches(PyExc_TypeError)) return -1;
+    PyErr_Clear();
+    return 0;
 }
 
 static PyObject *learn(PyObject *Py_UNUSED(self), PyObject *args) {
@@ -514,51 +544,44 @@ static PyObject *learn(PyObject *Py_UNUSED(self), PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!O!OO!O!OO!O!", &PyList_Type, &batch, &PyList_Type, &paths, &step, &PyList_Type,
                           &touched, &PyList_Type, &entries, &agnostic, &PyDict_Type, &prompts, &PyDict_Type, &sizes))
         return NULL;
-    int skip;
-    long long *totals = begin_learning(batch, paths, agnostic, &skip);
-    if (totals == NULL) {
-        if (skip) Py_RETURN_NOTIMPLEMENTED;
+    Counts c;
+    int ready = begin_learning(batch, paths, agnostic, &c);
+    if (ready <= 0) {
+        if (ready == 0) Py_RETURN_NOTIMPLEMENTED;
         return NULL;
     }
-    Py_ssize_t size = PyList_GET_SIZE(batch);
     Py_ssize_t created = 0;
-    for (Py_ssize_t i = 0; i < size; i++) {
-        Py_ssize_t made = learn_one(PyList_GET_ITEM(batch, i), PyList_GET_ITEM(paths, i), totals[i], step, touched,
-                                    entries, agnostic, prompts, sizes);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batch); i++) {
+        Py_ssize_t made = learn_one(PyList_GET_ITEM(batch, i), PyList_GET_ITEM(paths, i), c.tokens + c.start[i],
+                                    c.start[i + 1] - c.start[i], step, touched, entries, agnostic, prompts, sizes);
         if (made < 0) {
-            PyMem_Free(totals);
+            counts_free(&c);
             return NULL;
         }
         created += made;
     }
-    PyMem_Free(totals);
+    counts_free(&c);
     return PyLong_FromSsize_t(created);
 }
 
 /* one trajectory into the agnostic tree; appends to `seen` the remaining tokens at each node of its path; returns
  * the nodes created, -1 on error */
-static Py_ssize_t learn_agnostic_one(PyObject *traj, PyObject *path, long long remaining, PyObject *step,
+static Py_ssize_t learn_agnostic_one(PyObject *path, const long long *tokens, Py_ssize_t n_turns, PyObject *step,
                                      PyObject *touched, PyObject *entries, PyObject *agnostic, PyObject *seen) {
     Py_ssize_t created = 0;
-    PyObject *turns = NULL, *codes = NULL, *value = NULL, *node = NULL;
-    turns = PyObject_GetAttr(traj, s_turns);
-    PyObject *seq = turns == NULL ? NULL : PySequence_Fast(turns, "Trajectory.turns must be a sequence");
-    Py_XSETREF(turns, seq);
-    codes = turns == NULL ? NULL : PySequence_Fast(path, "a path must be a sequence");
-    value = codes == NULL ? NULL : PyLong_FromLongLong(remaining);
-    if (value == NULL || PyList_Append(seen, value) < 0) goto fail;
-    node = agnostic;
+    long long remaining = total_of(tokens, n_turns);
+    PyObject *codes = PySequence_Fast(path, "a path must be a sequence");
+    PyObject *value = codes == NULL ? NULL : PyLong_FromLongLong(remaining);
+    PyObject *node = agnostic;
     Py_INCREF(node);
-    if (observe(node, step, touched, value) < 0) goto fail;
+    if (value == NULL || PyList_Append(seen, value) < 0 || observe(node, step, touched, value) < 0) goto fail;
     Py_ssize_t n_codes = PySequence_Fast_GET_SIZE(codes);
-    if (n_codes > PySequence_Fast_GET_SIZE(turns)) {
+    if (n_codes > n_turns) {
         PyErr_SetString(PyExc_ValueError, "a path holds more codes than its trajectory has turns");
         goto fail;
     }
     for (Py_ssize_t depth = 0; depth < n_codes; depth++) {
-        long long t = turn_tokens(PySequence_Fast_GET_ITEM(turns, depth));
-        if (t < 0) goto fail;
-        remaining -= t;
+        remaining -= tokens[depth];
         Py_SETREF(value, PyLong_FromLongLong(remaining));
         if (value == NULL || PyList_Append(seen, value) < 0) goto fail;
         int made = agnostic_step(&node, PySequence_Fast_GET_ITEM(codes, depth), value, step, touched, entries,
@@ -566,16 +589,14 @@ static Py_ssize_t learn_agnostic_one(PyObject *traj, PyObject *path, long long r
         if (made < 0) goto fail;
         created += made;
     }
-    Py_DECREF(turns);
     Py_DECREF(codes);
     Py_DECREF(value);
     Py_DECREF(node);
     return created;
 fail:
-    Py_XDECREF(turns);
     Py_XDECREF(codes);
     Py_XDECREF(value);
-    Py_XDECREF(node);
+    Py_DECREF(node);
     return -1;
 }
 
@@ -584,31 +605,31 @@ static PyObject *learn_agnostic(PyObject *Py_UNUSED(self), PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!O!OO!O!O", &PyList_Type, &batch, &PyList_Type, &paths, &step, &PyList_Type,
                           &touched, &PyList_Type, &entries, &agnostic))
         return NULL;
-    int skip;
-    long long *totals = begin_learning(batch, paths, agnostic, &skip);
-    if (totals == NULL) {
-        if (skip) Py_RETURN_NOTIMPLEMENTED;
+    Counts c;
+    int ready = begin_learning(batch, paths, agnostic, &c);
+    if (ready <= 0) {
+        if (ready == 0) Py_RETURN_NOTIMPLEMENTED;
         return NULL;
     }
-    Py_ssize_t size = PyList_GET_SIZE(batch);
     Py_ssize_t created = 0;
     PyObject *remainings = PyList_New(0);
-    for (Py_ssize_t i = 0; remainings != NULL && i < size; i++) {
+    for (Py_ssize_t i = 0; remainings != NULL && i < PyList_GET_SIZE(batch); i++) {
         PyObject *seen = PyList_New(0);
         Py_ssize_t made = seen == NULL ? -1
-                                       : learn_agnostic_one(PyList_GET_ITEM(batch, i), PyList_GET_ITEM(paths, i),
-                                                            totals[i], step, touched, entries, agnostic, seen);
+                                       : learn_agnostic_one(PyList_GET_ITEM(paths, i), c.tokens + c.start[i],
+                                                            c.start[i + 1] - c.start[i], step, touched, entries,
+                                                            agnostic, seen);
         if (made < 0 || PyList_Append(remainings, seen) < 0) Py_CLEAR(remainings);
         Py_XDECREF(seen);
         created += made;
     }
-    PyMem_Free(totals);
+    counts_free(&c);
     if (remainings == NULL) return NULL;
     return Py_BuildValue("(nN)", created, remainings);
 }
 
 static PyMethodDef methods[] = {
-    {"bind", bind, METH_O, "bind(Node): the class whose slots refresh_all reads and writes."},
+    {"bind", bind, METH_O, "bind(Node): the class whose slots the functions below read and write."},
     {"refresh_all", refresh_all, METH_VARARGS,
      "refresh_all(nodes, limit, at50, at90, incremental): node.py's refresh_all, same values."},
     {"learn", learn, METH_VARARGS,
