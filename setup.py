@@ -8,7 +8,11 @@ setup(
     ext_modules=[
         Extension(
             "libra.scheduling._tree_native",
-            sources=["ext/scheduling/tree_native.c"],
+            sources=[
+                "ext/scheduling/tree_native.c",
+                "ext/scheduling/evict_native.c",
+            ],
+            depends=["ext/scheduling/tree_native.h"],
             extra_compile_args=["-O2"],
             optional=True,
         )

@@ -1,6 +1,7 @@
 /* The prefix tree's step-end update in C (libra.scheduling._tree_native): `refresh_all` of
  * libra/scheduling/node.py and `PrefixTree._learn` / `_learn_agnostic` of tree.py, with the same values, for the
- * router's step-end update (issue 16 rows 5b and 5c).
+ * router's step-end update (issue 16 rows 5b and 5c); the eviction and the count of new prompt trees' nodes are in
+ * evict_native.c.
  *
  * The Python functions are the reference and the fallback: they run when this module does not import, and
  * tests/scheduling/test_tree_native.py checks both give the same nodes (every slot, the lists element by element)
@@ -9,18 +10,15 @@
  * list and dict operations (insertion after the last equal element, `list.sort`, slice deletion) and computes the
  * mean as Python's `int / int` and the quantiles as `float(int)` (exactly, for every value: see `true_mean`).
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "tree_native.h"
 #include <structmember.h>
 
 /* the slots of the bound Node class, as byte offsets into its instances */
-static PyTypeObject *node_type = NULL;
-static Py_ssize_t off_window, off_ordered, off_count, off_total, off_mean, off_p50, off_p90, off_prefix;
-static Py_ssize_t off_children, off_last_step;
+PyTypeObject *node_type = NULL;
+Py_ssize_t off_window, off_ordered, off_count, off_total, off_mean, off_p50, off_p90, off_prefix;
+Py_ssize_t off_children, off_last_step;
 /* attribute names read from trajectories and turns */
 static PyObject *s_prompt_id, *s_turns, *s_gen_tokens, *s_tool_tokens;
-
-#define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 
 static int slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *out) {
     PyObject *descr = PyObject_GetAttrString((PyObject *)type, name);
@@ -130,7 +128,7 @@ static PyObject *quantile(PyObject *ordered, PyObject *table, Py_ssize_t n) {
 }
 
 /* `dst += src[lo:hi]` */
-static int extend_with(PyObject *dst, PyObject *src, Py_ssize_t lo, Py_ssize_t hi) {
+int tn_extend_with(PyObject *dst, PyObject *src, Py_ssize_t lo, Py_ssize_t hi) {
     PyObject *part = PyList_GetSlice(src, lo, hi);
     if (part == NULL) return -1;
     Py_ssize_t end = PyList_GET_SIZE(dst);
@@ -198,7 +196,7 @@ static PyObject *refresh_all(PyObject *Py_UNUSED(self), PyObject *args) {
                     Py_ssize_t at = bisect(ordered, PyList_GET_ITEM(w, i), 0);
                     failed = at < 0 || PyList_SetSlice(ordered, at, at + 1, NULL) < 0;
                 }
-                failed = failed || extend_with(ordered, w, old, n) < 0 || PyList_Sort(ordered) < 0 ||
+                failed = failed || tn_extend_with(ordered, w, old, n) < 0 || PyList_Sort(ordered) < 0 ||
                          PyList_SetSlice(w, 0, drop, NULL) < 0;
             } else { /* (most or all of the old window left) */
                 failed = PyList_SetSlice(w, 0, drop, NULL) < 0 || sort_anew(node, w, &ordered) < 0;
@@ -210,7 +208,7 @@ static PyObject *refresh_all(PyObject *Py_UNUSED(self), PyObject *args) {
                 Py_ssize_t at = bisect(ordered, x, 1);
                 failed = at < 0 || PyList_Insert(ordered, at, x) < 0;
             } else {
-                failed = extend_with(ordered, w, old, n) < 0 || PyList_Sort(ordered) < 0;
+                failed = tn_extend_with(ordered, w, old, n) < 0 || PyList_Sort(ordered) < 0;
             }
         } else {
             failed = sort_anew(node, w, &ordered) < 0;
@@ -564,17 +562,16 @@ static PyObject *learn(PyObject *Py_UNUSED(self), PyObject *args) {
     return PyLong_FromSsize_t(created);
 }
 
-/* one trajectory into the agnostic tree; appends to `seen` the remaining tokens at each node of its path; returns
- * the nodes created, -1 on error */
+/* one trajectory into the agnostic tree; returns the nodes created, -1 on error */
 static Py_ssize_t learn_agnostic_one(PyObject *path, const long long *tokens, Py_ssize_t n_turns, PyObject *step,
-                                     PyObject *touched, PyObject *entries, PyObject *agnostic, PyObject *seen) {
+                                     PyObject *touched, PyObject *entries, PyObject *agnostic) {
     Py_ssize_t created = 0;
     long long remaining = total_of(tokens, n_turns);
     PyObject *codes = PySequence_Fast(path, "a path must be a sequence");
     PyObject *value = codes == NULL ? NULL : PyLong_FromLongLong(remaining);
     PyObject *node = agnostic;
     Py_INCREF(node);
-    if (value == NULL || PyList_Append(seen, value) < 0 || observe(node, step, touched, value) < 0) goto fail;
+    if (value == NULL || observe(node, step, touched, value) < 0) goto fail;
     Py_ssize_t n_codes = PySequence_Fast_GET_SIZE(codes);
     if (n_codes > n_turns) {
         PyErr_SetString(PyExc_ValueError, "a path holds more codes than its trajectory has turns");
@@ -583,7 +580,7 @@ static Py_ssize_t learn_agnostic_one(PyObject *path, const long long *tokens, Py
     for (Py_ssize_t depth = 0; depth < n_codes; depth++) {
         remaining -= tokens[depth];
         Py_SETREF(value, PyLong_FromLongLong(remaining));
-        if (value == NULL || PyList_Append(seen, value) < 0) goto fail;
+        if (value == NULL) goto fail;
         int made = agnostic_step(&node, PySequence_Fast_GET_ITEM(codes, depth), value, step, touched, entries,
                                  depth + 1, path);
         if (made < 0) goto fail;
@@ -612,20 +609,17 @@ static PyObject *learn_agnostic(PyObject *Py_UNUSED(self), PyObject *args) {
         return NULL;
     }
     Py_ssize_t created = 0;
-    PyObject *remainings = PyList_New(0);
-    for (Py_ssize_t i = 0; remainings != NULL && i < PyList_GET_SIZE(batch); i++) {
-        PyObject *seen = PyList_New(0);
-        Py_ssize_t made = seen == NULL ? -1
-                                       : learn_agnostic_one(PyList_GET_ITEM(paths, i), c.tokens + c.start[i],
-                                                            c.start[i + 1] - c.start[i], step, touched, entries,
-                                                            agnostic, seen);
-        if (made < 0 || PyList_Append(remainings, seen) < 0) Py_CLEAR(remainings);
-        Py_XDECREF(seen);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batch); i++) {
+        Py_ssize_t made = learn_agnostic_one(PyList_GET_ITEM(paths, i), c.tokens + c.start[i],
+                                             c.start[i + 1] - c.start[i], step, touched, entries, agnostic);
+        if (made < 0) {
+            counts_free(&c);
+            return NULL;
+        }
         created += made;
     }
     counts_free(&c);
-    if (remainings == NULL) return NULL;
-    return Py_BuildValue("(nN)", created, remainings);
+    return PyLong_FromSsize_t(created);
 }
 
 static PyMethodDef methods[] = {
@@ -636,8 +630,13 @@ static PyMethodDef methods[] = {
      "learn(batch, paths, step, touched, entries, agnostic, prompts, sizes): tree.py's PrefixTree._learn, the same "
      "trees; NotImplemented (nothing written) when a token count is not an int in [0, 2**40]."},
     {"learn_agnostic", learn_agnostic, METH_VARARGS,
-     "learn_agnostic(batch, paths, step, touched, entries, agnostic): tree.py's PrefixTree._learn_agnostic, "
-     "(created, remainings); NotImplemented as learn."},
+     "learn_agnostic(batch, paths, step, touched, entries, agnostic): tree.py's PrefixTree._learn_agnostic, the "
+     "nodes created; NotImplemented as learn."},
+    {"evict", tn_evict, METH_VARARGS,
+     "evict(index, excess, root_children): eviction.py's evict_from_index_py, the same victims and index; returns "
+     "their number, or NotImplemented (nothing changed) for an entry it does not take."},
+    {"distinct_prefixes", tn_distinct_prefixes, METH_O,
+     "distinct_prefixes(paths): tree.py's _distinct_prefixes, the nodes of a tree made from nothing by the paths."},
     {NULL, NULL, 0, NULL},
 };
 

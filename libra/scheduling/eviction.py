@@ -10,6 +10,7 @@ import bisect
 import math
 from collections.abc import Sequence
 
+from libra.scheduling import node as node_module
 from libra.scheduling.node import Node
 
 Entry = tuple[Node, dict, int, Sequence[int]]
@@ -59,6 +60,30 @@ def _in_walk_order(entries: list, children: dict, level: int = 0) -> list:
     return entries
 
 
+def evict_from_index_py(index: dict[int, list[Entry]], excess: int, root: Node) -> int:
+    """`_evict_agnostic`'s eviction through the index: at least `excess` victims, the live entries of the oldest
+    updates whole and the update where the cut falls split in eviction order (`_split_in_eviction_order`), popped
+    from their parents; the index loses them. Returns their number. The reference of the C extension's `evict`
+    (ext/scheduling/evict_native.c: the same victims and index, tests/scheduling/test_tree_native.py), which runs
+    where it is built."""
+    victims: list[Entry] = []
+    for step in sorted(index):
+        live = [e for e in index[step] if e[0].last_step == step]
+        need = excess - len(victims)
+        if len(live) <= need:
+            victims += live
+            del index[step]
+            if len(live) == need:
+                break
+            continue
+        chosen, index[step] = _split_in_eviction_order(live, need, root)
+        victims += chosen
+        break
+    for _, owner, depth, path in victims:
+        owner.pop(path[depth - 1], None)
+    return len(victims)
+
+
 class Eviction:
     """`PrefixTree`'s eviction (module docstring)."""
 
@@ -103,30 +128,20 @@ class Eviction:
         takes children last-inserted first. The agnostic root stays.
 
         Rather than walking the whole tree for this order, the index lists the nodes by last update: older
-        updates are evicted whole, and only the nodes of the update where the cut falls are sorted."""
+        updates are evicted whole, and only the nodes of the update where the cut falls are sorted
+        (`evict_from_index_py`, or the same in C where the extension is built)."""
         if self._scan_only:
             self._evict_agnostic_by_scan(excess)
             return
         index = self._touched_at if self._touched_at is not None else self._rebuild_index()
-        victims: list[Entry] = []
-        for step in sorted(index):
-            live = [e for e in index[step] if e[0].last_step == step]
-            need = excess - len(victims)
-            if len(live) <= need:
-                victims += live
-                del index[step]
-                if len(live) == need:
-                    break
-                continue
-            chosen, index[step] = _split_in_eviction_order(live, need, self.agnostic)
-            victims += chosen
-            break
-        for _, owner, depth, path in victims:
-            owner.pop(path[depth - 1], None)
+        native = node_module.native()
+        evicted = NotImplemented if native is None else native.evict(index, excess, self.agnostic.children)
+        if evicted is NotImplemented:
+            evicted = evict_from_index_py(index, excess, self.agnostic)
         self._num_entries = sum(map(len, index.values()))
         self._touched_at = index
-        self.num_nodes -= len(victims)
-        self.evicted += len(victims)
+        self.num_nodes -= evicted
+        self.evicted += evicted
 
     def _evict_agnostic_by_scan(self, excess: int) -> None:
         """`_evict_agnostic` by one walk and one sort, for a tree whose nodes may have been updated later than

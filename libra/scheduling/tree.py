@@ -48,7 +48,15 @@ def _positive_int(name: str, value: object) -> int:
 def _distinct_prefixes(paths: list[list[int]]) -> int:
     """Nodes of a tree made from nothing by these paths, its root included: in sorted order, each path adds the
     codes beyond its common prefix with the one before it (a late update counts 512 new prompt trees this way,
-    which is cheaper than building tries of dicts)."""
+    which is cheaper than building tries of dicts). In C where the extension is built (`distinct_prefixes`)."""
+    native = node_module.native()
+    if native is not None:
+        return native.distinct_prefixes(paths)
+    return _distinct_prefixes_py(paths)
+
+
+def _distinct_prefixes_py(paths: list[list[int]]) -> int:
+    """`_distinct_prefixes` in Python: the reference of the C code, and the fallback."""
     paths = sorted(paths)
     count = 1 + len(paths[0])
     for before, path in itertools.pairwise(paths):
@@ -175,7 +183,7 @@ class PrefixTree(Eviction):
         # The agnostic tree alone is at the eviction target (a long run's tree is full), so the update may well
         # evict every prompt tree: learn the agnostic tree first, and if that is so, only count the prompt trees'
         # nodes rather than make and free tens of thousands of them. Same outcome either way.
-        created, remainings = self._learn_agnostic(batch, paths, step, touched, entries)
+        created = self._learn_agnostic(batch, paths, step, touched, entries)
         num_agnostic = self.num_nodes - held + created
         if num_agnostic > target:
             new = self._count_new_prompt_nodes(batch, paths)
@@ -187,7 +195,7 @@ class PrefixTree(Eviction):
                 self._finish_update(step, touched, entries)
                 self._evict_agnostic(num_agnostic - target)
                 return
-        self.num_nodes += created + self._learn_prompts(batch, paths, remainings, step, touched)
+        self.num_nodes += created + self._learn_prompts(batch, paths, step, touched)
         self._finish_update(step, touched, entries)
         self._evict_if_full()
 
@@ -293,9 +301,8 @@ class PrefixTree(Eviction):
 
     def _learn_agnostic(
         self, batch: list[Trajectory], paths: list[list[int]], step: int, touched: list[Node], entries: list
-    ) -> tuple[int, list[list[int]]]:
-        """Record the observations in the agnostic tree; returns the nodes created and, per trajectory, the
-        remaining tokens at each node of its path (for `_learn_prompts`). In C as `_learn`, else
+    ) -> int:
+        """Record the observations in the agnostic tree; returns the nodes created. In C as `_learn`, else
         `_learn_agnostic_py`."""
         native = node_module.native()
         if native is not None:
@@ -306,19 +313,17 @@ class PrefixTree(Eviction):
 
     def _learn_agnostic_py(
         self, batch: list[Trajectory], paths: list[list[int]], step: int, touched: list[Node], entries: list
-    ) -> tuple[int, list[list[int]]]:
+    ) -> int:
         """`_learn_agnostic` in Python, the reference."""
         agnostic = self.agnostic
         touch = touched.append
         record = entries.append
         created = 0
-        remainings = []
         for traj, path in zip(batch, paths):
             turns = traj.turns
             remaining = 0
             for turn in turns:  # (as in `_learn`)
                 remaining += turn.gen_tokens + turn.tool_tokens
-            seen = [remaining]
             node = agnostic
             if node.last_step != step:
                 node.last_step = step
@@ -329,7 +334,6 @@ class PrefixTree(Eviction):
                 turn = turns[depth]
                 depth += 1  # noqa: SIM113 (as in `_learn`)
                 remaining -= turn.gen_tokens + turn.tool_tokens
-                seen.append(remaining)
                 owner = node.children
                 child = owner.get(code)
                 if child is None:
@@ -344,27 +348,31 @@ class PrefixTree(Eviction):
                         touch(node)
                         record((node, owner, depth, path))
                     node.window.append(remaining)
-            remainings.append(seen)
-        return created, remainings
+        return created
 
     def _learn_prompts(
         self,
         batch: list[Trajectory],
         paths: list[list[int]],
-        remainings: list[list[int]],
         step: int,
         touched: list[Node],
     ) -> int:
-        """Record the observations in the prompts' trees; returns the nodes created."""
+        """Record the observations in the prompts' trees; returns the nodes created. (After `_learn_agnostic`, when
+        the prompt trees are kept: the remaining tokens are summed again here rather than kept by it for every
+        trajectory, since a full tree's update mostly drops the prompt trees.)"""
         prompts = self.prompts
         sizes = self.prompt_sizes
         touch = touched.append
         created = 0
-        for traj, path, remaining in zip(batch, paths, remainings):
+        for traj, path in zip(batch, paths):
             pid = traj.prompt_id
+            turns = traj.turns
+            remaining = 0
+            for turn in turns:  # (as in `_learn`)
+                remaining += turn.gen_tokens + turn.tool_tokens
             node = prompts.get(pid)
             if node is None:
-                node = prompts[pid] = leaf(remaining[0], step)
+                node = prompts[pid] = leaf(remaining, step)
                 touch(node)
                 sizes[pid] = 1
                 created += 1
@@ -372,15 +380,17 @@ class PrefixTree(Eviction):
                 if node.last_step != step:
                     node.last_step = step
                     touch(node)
-                node.window.append(remaining[0])
+                node.window.append(remaining)
             grown = 0
             depth = 0
             for code in path:
+                turn = turns[depth]
                 depth += 1  # noqa: SIM113 (as in `_learn`)
+                remaining -= turn.gen_tokens + turn.tool_tokens
                 owner = node.children
                 child = owner.get(code)
                 if child is None:
-                    node = owner[code] = leaf(remaining[depth], step)
+                    node = owner[code] = leaf(remaining, step)
                     touch(node)
                     grown += 1
                 else:
@@ -388,7 +398,7 @@ class PrefixTree(Eviction):
                     if node.last_step != step:
                         node.last_step = step
                         touch(node)
-                    node.window.append(remaining[depth])
+                    node.window.append(remaining)
             if grown:
                 sizes[pid] += grown
                 created += grown

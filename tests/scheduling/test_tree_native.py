@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 import libra.scheduling.node as node_module
 from libra.scheduling import PrefixTree
 from libra.scheduling.node import _INCREMENTAL, Node, _rank_positions, refresh_all_py
+from libra.scheduling.tree import _distinct_prefixes_py
 from libra.workloads.generators import WorkloadGenerator
+from libra.workloads.trace import Trajectory, Turn
 
 SLOTS = ("window", "ordered", "count", "total", "mean", "p50", "p90", "prefix", "last_step")
 
@@ -113,7 +115,7 @@ class _Counting:
 
     def __init__(self, module) -> None:
         self.module = module
-        self.calls = {"learn": 0, "learnt": 0, "learn_agnostic": 0, "refresh_all": 0}
+        self.calls = {"learn": 0, "learnt": 0, "learn_agnostic": 0, "refresh_all": 0, "evict": 0}
 
     def refresh_all(self, *args):
         self.calls["refresh_all"] += 1
@@ -129,6 +131,15 @@ class _Counting:
         self.calls["learn_agnostic"] += 1
         return self.module.learn_agnostic(*args)
 
+    def distinct_prefixes(self, paths):
+        self.calls["distinct_prefixes"] = self.calls.get("distinct_prefixes", 0) + 1
+        return self.module.distinct_prefixes(paths)
+
+    def evict(self, *args):
+        evicted = self.module.evict(*args)
+        self.calls["evict"] += evicted is not NotImplemented
+        return evicted
+
 
 def _tree_after(steps: list, native: _Counting | None, monkeypatch, max_nodes: int) -> PrefixTree:
     monkeypatch.setattr(node_module, "_native", native)
@@ -138,8 +149,18 @@ def _tree_after(steps: list, native: _Counting | None, monkeypatch, max_nodes: i
     return tree
 
 
+def _index(tree: PrefixTree) -> list:
+    """Eviction's index (`_touched_at`), entry by entry in order: each node's depth, path and state."""
+    assert tree._touched_at is not None
+    return [
+        (step, [(depth, tuple(path[:depth]), _state(node)) for node, _, depth, path in entries])
+        for step, entries in tree._touched_at.items()
+    ]
+
+
 def _same_trees(a: PrefixTree, b: PrefixTree) -> None:
     assert (a.num_nodes, a.evicted, a.prompt_sizes) == (b.num_nodes, b.evicted, b.prompt_sizes)
+    assert (a._num_entries, _index(a)) == (b._num_entries, _index(b))
     assert a.to_dict() == b.to_dict()
     assert [(p, path, _state(n)) for p, path, n in a.iter_nodes()] == [
         (p, path, _state(n)) for p, path, n in b.iter_nodes()
@@ -159,6 +180,8 @@ def test_trees_updated_in_c_equal_the_reference(monkeypatch, max_nodes) -> None:
     assert counting.calls["learnt"] > 0 and counting.calls["refresh_all"] == len(steps)
     assert (fast.evicted > 0) == (max_nodes <= 3_000)
     assert (counting.calls["learn_agnostic"] > 0) == (max_nodes <= 3_000)  # (the agnostic tree alone full)
+    assert (counting.calls["evict"] > 0) == (max_nodes <= 3_000)  # (the agnostic tree's own nodes evicted)
+    assert (counting.calls.get("distinct_prefixes", 0) > 0) == (max_nodes <= 3_000)  # (prompt trees only counted)
     _same_trees(fast, plain)
 
 
@@ -173,5 +196,57 @@ def test_a_batch_with_a_count_c_does_not_take_goes_to_python_whole(monkeypatch) 
     counting = _Counting(_native())
     fast = _tree_after(steps, counting, monkeypatch, 200_000)
     plain = _tree_after(steps, None, monkeypatch, 200_000)
-    assert counting.calls == {"learn": 2, "learnt": 1, "learn_agnostic": 0, "refresh_all": 2}
+    assert counting.calls == {"learn": 2, "learnt": 1, "learn_agnostic": 0, "refresh_all": 2, "evict": 0}
     _same_trees(fast, plain)
+
+
+@st.composite
+def small_runs(draw):
+    """A few updates of trajectories over two tools and few sizes (many nodes with equal ranks, so eviction's ties
+    and its walk order decide), into a tree small enough that most updates evict."""
+    steps = []
+    for s in range(draw(st.integers(2, 6))):
+        batch = []
+        for _ in range(draw(st.integers(1, 24))):
+            turns = tuple(
+                Turn(
+                    gen_tokens=draw(st.integers(0, 40)),
+                    tool=draw(st.sampled_from(("a", "b"))),
+                    tool_status="ok",
+                    tool_tokens=draw(st.sampled_from((10, 900, 9000))),
+                )
+                for _ in range(draw(st.integers(0, 7)))
+            )
+            batch.append(Trajectory(prompt_id=f"p{draw(st.integers(0, 5))}", prompt_tokens=1, turns=turns, step=s))
+        steps.append(batch)
+    return steps, draw(st.integers(2, 60))
+
+
+@given(small_runs())
+@settings(max_examples=200, deadline=None)
+def test_eviction_in_c_gives_the_reference_victims_and_index(run) -> None:
+    """The C eviction (`evict`, ext/scheduling/evict_native.c) against `evict_from_index_py`: after every update
+    the same nodes, eviction books and index, entry by entry; the C code ran whenever the agnostic tree's own nodes
+    went."""
+    steps, max_nodes = run
+    counting = _Counting(_native())
+    trees = []
+    for native in (counting, None):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(node_module, "_native", native)
+            tree = PrefixTree(window=3, max_nodes=max_nodes, max_depth=5)
+            states = []
+            for batch in steps:
+                tree.update(batch)
+                states.append((tree.to_dict(), tree.evicted, tree._num_entries, _index(tree)))
+            trees.append(states)
+    assert trees[0] == trees[1]
+
+
+@given(st.lists(st.lists(st.integers(0, 3), max_size=6), min_size=1, max_size=12))
+def test_distinct_prefixes_in_c_count_what_the_reference_counts(paths) -> None:
+    """`distinct_prefixes` (the nodes of prompt trees an update would make from nothing, counted rather than made)
+    against `_distinct_prefixes_py`, on paths over few codes (long shared prefixes, repeats, empty paths)."""
+    assert _native().distinct_prefixes(paths) == _distinct_prefixes_py(paths)
+    with pytest.raises(IndexError):
+        _native().distinct_prefixes([])

@@ -1,0 +1,22 @@
+/* What the parts of libra.scheduling._tree_native share: the bound Node class and its slots (tree_native.c), and
+ * the functions the other parts add to the module (evict_native.c). */
+#ifndef LIBRA_TREE_NATIVE_H
+#define LIBRA_TREE_NATIVE_H
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* the slots of the bound Node class, as byte offsets into its instances (`bind`) */
+extern PyTypeObject *node_type;
+extern Py_ssize_t off_window, off_ordered, off_count, off_total, off_mean, off_p50, off_p90, off_prefix;
+extern Py_ssize_t off_children, off_last_step;
+
+#define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
+
+/* `dst += src[lo:hi]` of two lists: 0, or -1 on error */
+int tn_extend_with(PyObject *dst, PyObject *src, Py_ssize_t lo, Py_ssize_t hi);
+
+/* evict_native.c: `evict_from_index_py` (eviction.py) and `_distinct_prefixes` (tree.py) */
+PyObject *tn_evict(PyObject *self, PyObject *args);
+PyObject *tn_distinct_prefixes(PyObject *self, PyObject *paths);
+
+#endif
