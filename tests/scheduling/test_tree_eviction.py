@@ -15,6 +15,7 @@ from sched_strategies import trajectories
 
 from libra.scheduling import PrefixTree
 from libra.scheduling.tree import Node
+from libra.workloads.trace import Trajectory, Turn
 
 
 class ScanAndSortTree(PrefixTree):
@@ -128,3 +129,35 @@ def test_same_nodes_evicted_after_loading_a_file_whose_step_count_is_behind(befo
         tree.update(step)
         reference.update(step)
         assert snapshot(tree) == snapshot(reference)
+
+
+def _traj(prompt: str, returns: list[tuple[str, int]]) -> Trajectory:
+    turns = [Turn(gen_tokens=7 * (i + 1), tool=t, tool_status="ok", tool_tokens=n) for i, (t, n) in enumerate(returns)]
+    return Trajectory(prompt_id=prompt, prompt_tokens=5, turns=(*turns, Turn(gen_tokens=3)))
+
+
+def test_prompt_trees_learnt_after_a_full_agnostic_tree_are_the_definitions(monkeypatch) -> None:
+    """The update's second route: the agnostic tree alone at the eviction target, learnt first, and the prompt
+    trees learnt after it because they still fit (`_learn_prompts`): a new prompt's tree, then observations along
+    its existing nodes. The same nodes as the definition, update by update."""
+    shared = [("search", 10), ("bash", 900), ("search", 9000)]
+    sizes = (10, 900, 9000)
+    first = [_traj("a", shared) for _ in range(5)] + [
+        _traj("a", [("search", x), ("bash", y), ("bash", z)]) for x in sizes for y in sizes for z in sizes[:2]
+    ]
+    steps = [first, [_traj("b", shared)], [_traj("b", shared), _traj("b", shared[:2])]]
+    learnt_after = []
+    original = PrefixTree._learn_prompts
+
+    def counted(self, *args):
+        learnt_after.append(self.steps)
+        return original(self, *args)
+
+    monkeypatch.setattr(PrefixTree, "_learn_prompts", counted)
+    tree, reference = PrefixTree(max_nodes=40, window=3), ScanAndSortTree(max_nodes=40, window=3)
+    for step in steps:
+        tree.update(step)
+        reference.update(step)
+        assert snapshot(tree) == snapshot(reference)
+    assert learnt_after == [1, 2]
+    assert tree.prompt_sizes == {"b": 4}
