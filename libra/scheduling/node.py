@@ -174,8 +174,8 @@ _INCREMENTAL = 24
 
 
 def _load_native() -> ModuleType | None:
-    """The C extension (`refresh_all` here, the learners of tree.py), bound to `Node`; None where it is not built or
-    `LIBRA_PURE_PYTHON` is set."""
+    """The C extension (`refresh_all` here, the learners and `_distinct_prefixes` of tree.py, the eviction of
+    eviction.py), bound to `Node`; None where it is not built or `LIBRA_PURE_PYTHON` is set."""
     if os.environ.get("LIBRA_PURE_PYTHON", "") not in ("", "0"):
         return None
     try:

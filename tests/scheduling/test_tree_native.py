@@ -1,7 +1,9 @@
-"""The step-end refresh in C (ext/scheduling/tree_native.c) against its Python reference (`refresh_all_py`): every
-slot of every node equal, floats bit for bit, after random windows, observations and window limits (the drop paths
-included), and whole trees equal after updates with evictions. The extension must be built here: `pip install -e .`
-builds it, and CI installs that way, so a missing build fails rather than skips."""
+"""The step-end update's C code (ext/scheduling) against its Python references: the refresh (`refresh_all_py`: every
+slot of every node equal, floats bit for bit, after random windows, observations and window limits, the drop paths
+included), the learners (whole trees equal after updates with evictions), the eviction (`evict_from_index_py`: the
+same victims and index after small updates full of ties) and the count of new prompt nodes (`_distinct_prefixes_py`).
+The extension must be built here: `pip install -e .` builds it, and CI installs that way, so a missing build fails
+rather than skips."""
 
 from __future__ import annotations
 
