@@ -537,31 +537,6 @@ static int begin_learning(PyObject *batch, PyObject *paths, PyObject *agnostic, 
     return 0;
 }
 
-static PyObject *learn(PyObject *Py_UNUSED(self), PyObject *args) {
-    PyObject *batch, *paths, *step, *touched, *entries, *agnostic, *prompts, *sizes;
-    if (!PyArg_ParseTuple(args, "O!O!OO!O!OO!O!", &PyList_Type, &batch, &PyList_Type, &paths, &step, &PyList_Type,
-                          &touched, &PyList_Type, &entries, &agnostic, &PyDict_Type, &prompts, &PyDict_Type, &sizes))
-        return NULL;
-    Counts c;
-    int ready = begin_learning(batch, paths, agnostic, &c);
-    if (ready <= 0) {
-        if (ready == 0) Py_RETURN_NOTIMPLEMENTED;
-        return NULL;
-    }
-    Py_ssize_t created = 0;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batch); i++) {
-        Py_ssize_t made = learn_one(PyList_GET_ITEM(batch, i), PyList_GET_ITEM(paths, i), c.tokens + c.start[i],
-                                    c.start[i + 1] - c.start[i], step, touched, entries, agnostic, prompts, sizes);
-        if (made < 0) {
-            counts_free(&c);
-            return NULL;
-        }
-        created += made;
-    }
-    counts_free(&c);
-    return PyLong_FromSsize_t(created);
-}
-
 /* one trajectory into the agnostic tree; returns the nodes created, -1 on error */
 static Py_ssize_t learn_agnostic_one(PyObject *path, const long long *tokens, Py_ssize_t n_turns, PyObject *step,
                                      PyObject *touched, PyObject *entries, PyObject *agnostic) {
@@ -597,11 +572,10 @@ fail:
     return -1;
 }
 
-static PyObject *learn_agnostic(PyObject *Py_UNUSED(self), PyObject *args) {
-    PyObject *batch, *paths, *step, *touched, *entries, *agnostic;
-    if (!PyArg_ParseTuple(args, "O!O!OO!O!O", &PyList_Type, &batch, &PyList_Type, &paths, &step, &PyList_Type,
-                          &touched, &PyList_Type, &entries, &agnostic))
-        return NULL;
+/* both learners' batch: every trajectory into both trees (`learn_one`), or into the agnostic tree only when
+ * `prompts` is NULL (`learn_agnostic_one`); the nodes created, NotImplemented (`begin_learning`), or NULL on error */
+static PyObject *learn_batch(PyObject *batch, PyObject *paths, PyObject *step, PyObject *touched, PyObject *entries,
+                             PyObject *agnostic, PyObject *prompts, PyObject *sizes) {
     Counts c;
     int ready = begin_learning(batch, paths, agnostic, &c);
     if (ready <= 0) {
@@ -610,8 +584,14 @@ static PyObject *learn_agnostic(PyObject *Py_UNUSED(self), PyObject *args) {
     }
     Py_ssize_t created = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batch); i++) {
-        Py_ssize_t made = learn_agnostic_one(PyList_GET_ITEM(paths, i), c.tokens + c.start[i],
-                                             c.start[i + 1] - c.start[i], step, touched, entries, agnostic);
+        const long long *tokens = c.tokens + c.start[i];
+        Py_ssize_t n_turns = c.start[i + 1] - c.start[i];
+        PyObject *path = PyList_GET_ITEM(paths, i);
+        Py_ssize_t made =
+            prompts == NULL
+                ? learn_agnostic_one(path, tokens, n_turns, step, touched, entries, agnostic)
+                : learn_one(PyList_GET_ITEM(batch, i), path, tokens, n_turns, step, touched, entries, agnostic,
+                            prompts, sizes);
         if (made < 0) {
             counts_free(&c);
             return NULL;
@@ -620,6 +600,22 @@ static PyObject *learn_agnostic(PyObject *Py_UNUSED(self), PyObject *args) {
     }
     counts_free(&c);
     return PyLong_FromSsize_t(created);
+}
+
+static PyObject *learn(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *batch, *paths, *step, *touched, *entries, *agnostic, *prompts, *sizes;
+    if (!PyArg_ParseTuple(args, "O!O!OO!O!OO!O!", &PyList_Type, &batch, &PyList_Type, &paths, &step, &PyList_Type,
+                          &touched, &PyList_Type, &entries, &agnostic, &PyDict_Type, &prompts, &PyDict_Type, &sizes))
+        return NULL;
+    return learn_batch(batch, paths, step, touched, entries, agnostic, prompts, sizes);
+}
+
+static PyObject *learn_agnostic(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *batch, *paths, *step, *touched, *entries, *agnostic;
+    if (!PyArg_ParseTuple(args, "O!O!OO!O!O", &PyList_Type, &batch, &PyList_Type, &paths, &step, &PyList_Type,
+                          &touched, &PyList_Type, &entries, &agnostic))
+        return NULL;
+    return learn_batch(batch, paths, step, touched, entries, agnostic, NULL, NULL);
 }
 
 static PyMethodDef methods[] = {
