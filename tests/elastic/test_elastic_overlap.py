@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import pytest
 
@@ -27,9 +28,27 @@ def group():
     dist.destroy_process_group()
 
 
-def _link(sock: socket.socket) -> TcpLink:
-    link = TcpLink.__new__(TcpLink)  # AF_UNIX socketpair: skip the TCP_NODELAY of __init__
+class _AttachHeld(TcpLink):
+    """A hybrid's end of a link that holds its ATTACH until ``release`` is set, so that the core reads it at the
+    boundary the test paces. Without it, on a busy machine a tiny state can be packed, sent, restored and attached
+    before the core's own boundary that read the JOIN has checked its fetches. That boundary then reads the ATTACH
+    itself, and a test waiting for it at the next one waited forever (seen in CI)."""
+
+    release: threading.Event
+
+    def send(self, msg: Message, *, timeout: float) -> None:
+        if msg.kind == Kind.ATTACH:
+            assert self.release.wait(scaled(60)), "the test never released the ATTACH"
+        super().send(msg, timeout=timeout)
+
+
+def _link(sock: socket.socket, release: threading.Event | None = None) -> TcpLink:
+    """A link over one end of an AF_UNIX socketpair (skipping the TCP_NODELAY of __init__); with ``release``, one
+    that holds its ATTACH until the event is set (`_AttachHeld`)."""
+    link = TcpLink.__new__(TcpLink if release is None else _AttachHeld)
     link._sock, link._fault, link._send_lock, link.backend = sock, (lambda _: None), threading.Lock(), "auto"
+    if isinstance(link, _AttachHeld):
+        link.release = release
     return link
 
 
@@ -276,7 +295,9 @@ def _core_steps(core, model, opt, steps, digests: dict, before=None) -> None:
 
 
 def _until_join_message(core) -> None:
+    deadline = time.monotonic() + scaled(60)
     while not core.join_message_waiting():
+        assert time.monotonic() < deadline, f"no JOIN or ATTACH waiting after {scaled(60):.0f} s ({core.workers()})"
         threading.Event().wait(0.01)
 
 
@@ -285,15 +306,16 @@ def _join_once(core, model, opt, hybrid, steps: int) -> tuple[list, dict]:
     ``steps`` steps; returns what it saw (`_train_hybrid`) and the core's state digest after each step."""
     core_end, hybrid_end = socket.socketpair()
     core.admit(_link(core_end))
-    joined, seen = threading.Event(), []
+    joined, release, seen = threading.Event(), threading.Event(), []
 
     def run_hybrid() -> None:
-        hybrid.join(_link(hybrid_end), snapshot_timeout_s=scaled(60))
+        hybrid.join(_link(hybrid_end, release), snapshot_timeout_s=scaled(60))
         joined.set()
         _train_hybrid(hybrid, hybrid._model, hybrid._optimizer, seen)
 
     def before(t: int) -> None:
-        if t == 1:  # snapshot v0 restored and ATTACH sent: step 1 reads it
+        if t == 1:  # snapshot v0 restored; the ATTACH goes now, so step 1 reads it
+            release.set()
             assert joined.wait(scaled(60))
             _until_join_message(core)
 
@@ -344,6 +366,7 @@ def test_a_hybrid_that_joins_again_receives_the_snapshot_into_the_memory_its_sta
     h_model, h_opt = _small()
     hybrid = HybridReplica(worker="h", model=h_model, optimizer=h_opt, timeout_s=scaled(30))
     links, joined, seen, memory = [], [threading.Event(), threading.Event()], [], []
+    releases = [threading.Event(), threading.Event()]  # each join's ATTACH goes when its step is near
 
     def run_hybrid() -> None:
         for n in range(2):
@@ -355,10 +378,11 @@ def test_a_hybrid_that_joins_again_receives_the_snapshot_into_the_memory_its_sta
     def admit() -> None:
         core_end, hybrid_end = socket.socketpair()
         core.admit(_link(core_end))
-        links.append(_link(hybrid_end))
+        links.append(_link(hybrid_end, releases[len(links)]))
 
     def before(t: int) -> None:
         if t in (1, 4):
+            releases[t // 4].set()
             assert joined[t // 4].wait(scaled(60))
             _until_join_message(core)
         if t == 3:
