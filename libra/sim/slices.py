@@ -341,7 +341,10 @@ class SliceDecode:
             ft_min = ft.min()
             span = float(ft.max() - ft_min) + 1.0
             key = fk * span + (ft - ft_min)
+            # index, among instance k's slots, of the first one freed once the turn is back: 0 for a turn back
+            # before all of them (whose key would otherwise fall among a lower instance's slots)
             g = key.searchsorted(k * span + (self.ready[cand] - ft_min), side="left") - first_slot[k]
+            np.maximum(g, 0, out=g)
             big = float(cand.size + fk.size + 1)
             chain = rank + np.maximum.accumulate(g - rank + k * big) - k * big
             s = np.where(queue_k, chain, rank).astype(np.int64)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from libra.planning.cost import CostModel
 from libra.sim.rollout import DONE, Instances, RolloutRun, deal, water_fill
 from libra.sim.routing import overflow_routes, routes_for
-from libra.sim.workload import step_work
+from libra.sim.workload import WorkSource, step_work
 from libra.spec import ClusterSpec, SpecError, get_gpu, get_model, parse_buckets
 from libra.workloads.trace import Trajectory, Turn
 
@@ -245,3 +245,34 @@ def test_cached_state_sets_match_a_fresh_scan_after_any_writes(writes):
         for s in range(3):  # (DONE itself is read only as its complement)
             assert run._in_state(s).tolist() == np.flatnonzero(run.state == s).tolist()
         assert run._in_state(DONE, equal=False).tolist() == np.flatnonzero(run.state != DONE).tolist()
+
+
+class _SlotBooks(RolloutRun):
+    """A rollout that checks, at every in-slice refill, that each instance gives up as many of its freed slots as
+    it takes requests back."""
+
+    takes = 0
+
+    def _refill(self, slice_end):
+        before = np.bincount(self._freed[0], minlength=len(self.inst))
+        cand, start = super()._refill(slice_end)
+        if cand.size:
+            after = np.bincount(self._freed[0], minlength=len(self.inst))
+            taken = np.bincount(self.where[cand], minlength=len(self.inst))
+            np.testing.assert_array_equal(before - after, taken)
+            self.takes += cand.size
+        return cand, start
+
+
+def test_a_turn_back_inside_a_slice_takes_a_slot_of_its_own_instance():
+    """512 r2e-gym trajectories on two TP-1 instances: new requests queue for KV, so a turn back from its tool
+    takes the first slot its instance freed once it was back. A turn back before all of them takes its
+    instance's first; it used to take a slot of the other instance (the search over all instances' slots landed
+    below its own): 222 of the 980 requests taken back here, and a third of them in the default scenario."""
+    source = WorkSource.from_generator("r2e-gym", seed=0, num_prompts=32, samples_per_prompt=16, max_model_len=40960)
+    work = source.step(0)
+    routes = routes_for("single", work, parse_buckets("1:inf"), None)
+    run = _SlotBooks(CM, work, routes, Instances([1, 1], [0, 0], [0.0, 0.0]), start=0.0)
+    run.run_to_end()
+    assert run.takes > 500
+    assert (run.state == DONE).all()
