@@ -55,9 +55,13 @@ def _many_turn(tmp: Path, **options: Any) -> Scenario:
 
 def cases(tmp: Path) -> dict[str, tuple[Scenario, int]]:
     """name -> (scenario, steps). Small enough to run in seconds; together they cover every policy, both
-    pipelines, the elastic pool, migrations, every steal mode, both dispatch modes and many-turn trajectories."""
+    pipelines, the elastic pool, migrations, every steal mode, both dispatch modes, many-turn trajectories, and
+    instances with new requests queued while turns come back inside a slice."""
     return {
         "r2e-gym": (_generated("r2e-gym", 16, 4), 4),
+        # 2,048 requests a step on 16 GPUs: new requests queue for KV, so turns taken back inside a slice go
+        # through the queued-instance path of `SliceDecode._refill`, which the smaller cases never reach
+        "r2e-gym-queued": (_generated("r2e-gym", 128, 16), 2),
         "search-r1-interleaved-new": (_generated("search-r1", 16, 4, steal="new", dispatch="interleaved"), 3),
         "dapo-math-off": (_generated("dapo-math", 8, 4, steal="off"), 3),
         "many-turn": (_many_turn(tmp), 2),
