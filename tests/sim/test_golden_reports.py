@@ -8,7 +8,9 @@ import pytest
 from tests.sim.golden_reports import GOLDEN, cases, report_of
 
 
-@pytest.mark.parametrize("name", ["r2e-gym", "r2e-gym-queued", "search-r1-interleaved-new", "dapo-math-off", "many-turn"])
+@pytest.mark.parametrize(
+    "name", ["r2e-gym", "r2e-gym-queued", "search-r1-interleaved-new", "dapo-math-off", "many-turn"]
+)
 def test_report_equals_the_golden_one(name, tmp_path):
     scenario, steps = cases(tmp_path)[name]
     want = json.loads((GOLDEN / f"{name}.json").read_text())
