@@ -1,6 +1,8 @@
-"""Build of the optional C accelerator of the router's step-end tree update (ext/scheduling/tree_native.c); the
-rest of the package's metadata is in pyproject.toml. `optional=True`: without a C compiler the package installs
-and runs on the pure-Python reference (libra/scheduling/node.py), with the same results."""
+"""Build of the optional C accelerators: the router's step-end tree update (ext/scheduling) and the simulator's
+decode pass (ext/sim); the rest of the package's metadata is in pyproject.toml. `optional=True`: without a C
+compiler the package installs and runs on the pure-Python references (libra/scheduling/node.py, tree.py;
+libra/sim/slices.py), with the same results. `-ffp-contract=off` for the decode pass: no fused multiply-add, so
+every float is rounded where numpy rounds it."""
 
 from setuptools import Extension, setup
 
@@ -15,6 +17,12 @@ setup(
             depends=["ext/scheduling/tree_native.h"],
             extra_compile_args=["-O2"],
             optional=True,
-        )
+        ),
+        Extension(
+            "libra.sim._slice_native",
+            sources=["ext/sim/slice_native.c"],
+            extra_compile_args=["-O2", "-ffp-contract=off"],
+            optional=True,
+        ),
     ]
 )

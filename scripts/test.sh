@@ -45,10 +45,13 @@ if not missing:
     from libra.elastic import native
     if native.load() is None:
         missing.append(f"C++ extension libra_ext ({native.load_error()})")
-try:  # the router's C extension (ext/scheduling, built by `pip install -e .`; the package runs without it)
-    importlib.import_module("libra.scheduling._tree_native")
-except ImportError as exc:
-    missing.append(f"C extension libra.scheduling._tree_native ({exc}; pip install -e . builds it)")
+# the router's and the simulator's C extensions (ext/scheduling, ext/sim, built by `pip install -e .`; the package
+# runs without them)
+for ext in ("libra.scheduling._tree_native", "libra.sim._slice_native"):
+    try:
+        importlib.import_module(ext)
+    except ImportError as exc:
+        missing.append(f"C extension {ext} ({exc}; pip install -e . builds it)")
 if missing:
     print("required engines/extension missing: " + "; ".join(missing), file=sys.stderr)
     sys.exit(1)

@@ -179,6 +179,8 @@ class RolloutRun(SliceDecode, Admission):
         self._deg: tuple[int, ...] = ()
         self._deg_masks: tuple[tuple[int, np.ndarray | None], ...] = ()
         self._cap = np.zeros(0)
+        self._kernel: tuple | None = None  # `SliceDecode._kernel_table`, for `_kernel_key` instances
+        self._kernel_key = -1
 
     # --- bookkeeping --------------------------------------------------------------------------------------------
     @property

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from libra.sim import native
 from libra.sim.states import DONE, RUN, TOOL, WAIT
 
 if TYPE_CHECKING:
@@ -38,6 +39,24 @@ def _grouped(items: np.ndarray, k: np.ndarray, order: np.ndarray) -> tuple[np.nd
     group = first.cumsum() - 1
     rank = np.arange(k.size) - starts[group]
     return items, k, rank, starts, group
+
+
+# the methods the C pass stands in for, and the modules that define them
+_KERNEL_STEPS = (
+    "_decode_pass_py", "_continue_in_slice", "_end_segments", "_refill", "_slice_queues",
+    "_note_freed", "_covered", "_set_state", "_prefill_s", "_cap_k",
+)  # fmt: skip
+_KERNEL_MODULES = ("libra.sim.slices", "libra.sim.admission", "libra.sim.rollout")
+
+
+def _overridden(cls: type) -> bool:
+    """A step of the Python pass is defined outside the simulator's own modules (a subclass that changes or
+    watches it): such a rollout runs the Python pass."""
+    for name in _KERNEL_STEPS:
+        owner = next((klass for klass in cls.__mro__ if name in vars(klass)), None)
+        if owner is None or owner.__module__ not in _KERNEL_MODULES:
+            return True
+    return False
 
 
 class SliceDecode:
@@ -73,9 +92,12 @@ class SliceDecode:
     _decoded_s: np.ndarray
     _span_end: np.ndarray
     _queues: tuple[np.ndarray, np.ndarray] | None
+    _kernel: tuple | None
+    _kernel_key: int
 
     if TYPE_CHECKING:
 
+        def _degrees(self) -> tuple[int, ...]: ...
         def _in_state(self, state: int, *, equal: bool = True) -> np.ndarray: ...
         def _set_state(self, reqs: np.ndarray, state: int) -> None: ...
         def _cap_k(self) -> np.ndarray: ...
@@ -171,10 +193,30 @@ class SliceDecode:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Decode the slice with every instance at `batch`; returns its step times and the batch each instance
         actually ran at: batch-seconds decoded over its busy span (from its first request's start to its last
-        one's end, or the slice end). `fixed`: `_pass_inputs` of the slice."""
+        one's end, or the slice end). `fixed`: `_pass_inputs` of the slice. In C where the optional extension is
+        built (`libra.sim.native`), else `_decode_pass_py`: the same state after, bit for bit."""
+        step = self.step_times(running, batch, inputs)
+        table = self._kernel_table()
+        if table is not None:
+            return native.decode_pass(self, t, dt, running, step, fixed, table)  # type: ignore[arg-type]
+        return self._decode_pass_py(t, dt, running, step, fixed)
+
+    def _kernel_table(self) -> tuple | None:
+        """`native.degree_table` of this rollout's degrees when the C pass may run it (recomputed when
+        instances are added); None where it may not: not built, a prefill formula it does not have, arrays it
+        does not take, or a subclass that overrides a step of the Python pass."""
+        if self._kernel_key != len(self.inst):
+            ok = not _overridden(type(self)) and native.usable(self)  # type: ignore[arg-type]
+            self._kernel = native.degree_table(self.rc, self._degrees()) if ok else None
+            self._kernel_key = len(self.inst)
+        return self._kernel
+
+    def _decode_pass_py(
+        self, t: float, dt: float, running: np.ndarray, step: np.ndarray, fixed: tuple
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The reference of the decode pass, given the slice's step times `step`."""
         k_all = len(self.inst)
         k, t_delay, go_s, rem0, first, has, open_s, occupied = fixed
-        step = self.step_times(running, batch, inputs)
         step_k = step[k]
         advance = go_s / step_k
         took = np.minimum(advance, rem0)

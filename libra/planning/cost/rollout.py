@@ -136,6 +136,24 @@ class RolloutCost:
         weights = self._weight_bytes / tp / (g.hbm_bytes_per_s * c.hbm_efficiency)  # read once per prefill, not hidden
         return compute + weights + self.tp_comm_time(tp, tokens)
 
+    def prefill_terms(self, tp: int) -> tuple[float, ...]:
+        """What `prefill_time(tp, tokens, context)` is made of, for a compiled caller (the simulator's slice
+        kernel, libra/sim/native.py) that evaluates it in the same operand order:
+        `(tokens * (work0 + attn * context)) / denom + weights + comm`, comm = `layers2 * (latency + a * tokens *
+        hidden * dtype_bytes / bandwidth)` (`0.0 * tokens` at tp 1). Returns (work0, attn, tp, denom, weights, a,
+        hidden, dtype_bytes, latency, bandwidth, layers2); the caller checks its results against `prefill_time`."""
+        c, g, m = self.c, self.gpu, self.model
+        denom = tp * g.flops * c.prefill_mfu
+        weights = self._weight_bytes / tp / (g.hbm_bytes_per_s * c.hbm_efficiency)
+        if tp == 1:
+            comm: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0, 1.0, 0.0)
+        else:
+            self.tp_comm_time(tp, 0.0)  # the all-reduce latency and bandwidth, cached
+            latency, bandwidth = self._comm[tp]
+            a = 2.0 * (tp - 1) / tp
+            comm = (a, float(m.hidden_size), float(m.dtype_bytes), latency, bandwidth, float(2 * m.num_layers))
+        return (self._work0, self._attn, float(tp), denom, weights, *comm)
+
     # --- a whole instance -------------------------------------------------------------------------------------
     def instance_time(
         self,

@@ -1,0 +1,904 @@
+/* One decode pass of the timed rollout's slice in C: `SliceDecode._decode_pass_py` with `_continue_in_slice`,
+   `_end_segments` and `_refill` (libra/sim/slices.py, the reference, which runs where this is not built or
+   LIBRA_PURE_PYTHON is set). The same arithmetic in the same order, so every float is bit for bit the
+   reference's (tests/sim/test_slice_native.py and the golden reports): numpy's pairwise sum for `x.sum()`, a
+   zeroed per-instance sum added after for `+= np.bincount(...)`, numpy's minimum and maximum for two floats.
+
+   The differences are in the bookkeeping only, where the reference recomputes sets with numpy calls:
+   - the freed slots are kept sorted by (instance, time): the reference sorts them stably where it needs the
+     order, and equal pairs are interchangeable;
+   - the live requests are listed by instance once per pass (a pass moves no request between instances), so an
+     instance's KV room sums only its own requests, in ascending order as `np.bincount` does;
+   - the turns back from their tools inside the slice are listed once per pass, and a turn that leaves for its
+     tool inside the pass is added to that list.
+
+   Build: setup.py, as the optional module libra.sim._slice_native (no numpy headers: buffers by the buffer
+   protocol). */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { WAIT = 0, RUN = 1, TOOL = 2, DONE = 3 };
+enum { DEG_FIELDS = 9, MAX_DEG = 32 };
+
+/* prefill_time's terms for one degree: RolloutCost.prefill_terms */
+typedef struct {
+    int64_t tp;
+    double denom, weights, a, hidden, dbytes, lat, bw, layers2;
+} Degree;
+
+typedef struct {
+    int64_t *p;
+    Py_ssize_t n, cap;
+} IVec;
+
+typedef struct {
+    double *p;
+    Py_ssize_t n, cap;
+} DVec;
+
+static int ivec_push(IVec *v, int64_t x) {
+    if (v->n == v->cap) {
+        Py_ssize_t cap = v->cap ? 2 * v->cap : 64;
+        int64_t *p = realloc(v->p, (size_t)cap * sizeof(int64_t));
+        if (!p) return -1;
+        v->p = p;
+        v->cap = cap;
+    }
+    v->p[v->n++] = x;
+    return 0;
+}
+
+static int dvec_push(DVec *v, double x) {
+    if (v->n == v->cap) {
+        Py_ssize_t cap = v->cap ? 2 * v->cap : 64;
+        double *p = realloc(v->p, (size_t)cap * sizeof(double));
+        if (!p) return -1;
+        v->p = p;
+        v->cap = cap;
+    }
+    v->p[v->n++] = x;
+    return 0;
+}
+
+/* numpy's two-float minimum and maximum (the first operand on a tie, NaN from the first) */
+static inline double np_min(double a, double b) { return (a <= b || isnan(a)) ? a : b; }
+static inline double np_max(double a, double b) { return (a >= b || isnan(a)) ? a : b; }
+
+/* numpy's pairwise summation of a contiguous float64 array (`a.sum()`) */
+static double pairwise_sum(const double *a, Py_ssize_t n) {
+    if (n < 8) {
+        double res = -0.0;
+        for (Py_ssize_t i = 0; i < n; i++) res += a[i];
+        return res;
+    }
+    if (n <= 128) {
+        double r[8];
+        Py_ssize_t i;
+        for (int j = 0; j < 8; j++) r[j] = a[j];
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; j++) r[j] += a[i + j];
+        double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) res += a[i];
+        return res;
+    }
+    Py_ssize_t n2 = n / 2;
+    n2 -= n2 % 8;
+    return pairwise_sum(a, n2) + pairwise_sum(a + n2, n - n2);
+}
+
+/* `a.sum()`: the reduction starts from 0.0 (so an empty or all -0.0 array sums to 0.0) and adds the pairwise sum */
+static double np_sum(const double *a, Py_ssize_t n) { return 0.0 + pairwise_sum(a, n); }
+
+typedef struct {
+    Py_ssize_t n, S, K, nlive, ndeg;
+    double *rem, *ctx, *pending, *ready, *finish, *lag, *own;
+    int8_t *state;
+    int64_t *turn;
+    uint8_t *moved;
+    const uint8_t *stolen, *fresh, *tool_end, *occupied, *has;
+    const int64_t *where, *nseg, *tool_tok, *gen, *carried, *rbucket, *ibucket, *itp, *live;
+    const double *latency, *cap, *step;
+    double *later_debt, *dec_s;
+    Degree deg[MAX_DEG];
+    double headroom, work0, attn, slice_end, decoded;
+    int touched; /* a bit per state whose set of requests changed */
+    /* freed slots, sorted by (instance, time) */
+    IVec fk;
+    DVec ft;
+    /* per pass, built on first need */
+    int have_tool, tool_dirty;
+    IVec tool;          /* turns in TOOL whose tool returns before the slice ends, ascending */
+    uint8_t *in_tool;   /* n: listed in `tool` */
+    int have_queue;
+    IVec queued;        /* turns under way queued at the slice start, ascending */
+    int64_t *new_k;     /* K: new requests queued at the slice start */
+    int have_csr;
+    int64_t *csr_start; /* K + 1 */
+    int64_t *csr;       /* live requests by instance, ascending within each */
+} Pass;
+
+static void set_state(Pass *P, int64_t r, int s) {
+    int old = P->state[r];
+    if (old != s) {
+        P->touched |= (1 << old) | (1 << s);
+        P->state[r] = (int8_t)s;
+    }
+}
+
+static inline int covered(const Pass *P, int64_t r, int64_t seg) {
+    return P->stolen[r] && P->rbucket[r * P->S + seg] <= P->ibucket[P->where[r]];
+}
+
+static const Degree *degree_of(const Pass *P, int64_t tp) {
+    for (Py_ssize_t i = 0; i < P->ndeg; i++)
+        if (P->deg[i].tp == tp) return &P->deg[i];
+    return NULL;
+}
+
+/* RolloutCost.prefill_time(tp, tokens, context), operand by operand */
+static double prefill(const Degree *d, double work0, double attn, double tokens, double context) {
+    double work = work0 + attn * context;
+    double flops = tokens * work;
+    double compute = flops / d->denom;
+    double comm;
+    if (d->tp == 1) {
+        comm = 0.0 * tokens;
+    } else {
+        double volume = d->a * tokens * d->hidden * d->dbytes;
+        double per = d->lat + volume / d->bw;
+        comm = d->layers2 * per;
+    }
+    return compute + d->weights + comm;
+}
+
+/* --- freed slots ---------------------------------------------------------------------------------------- */
+typedef struct {
+    int64_t k;
+    double t;
+} Slot;
+
+static int slot_cmp(const void *x, const void *y) {
+    const Slot *a = x, *b = y;
+    if (a->k != b->k) return a->k < b->k ? -1 : 1;
+    if (a->t < b->t) return -1;
+    if (a->t > b->t) return 1;
+    return 0;
+}
+
+/* sort the slots from `from` on and merge them into the sorted ones before */
+static int merge_new_slots(Pass *P, Py_ssize_t from) {
+    Py_ssize_t n = P->fk.n, m = n - from;
+    if (m == 0) return 0;
+    Slot *s = malloc((size_t)n * sizeof(Slot));
+    if (!s) return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        s[i].k = P->fk.p[i];
+        s[i].t = P->ft.p[i];
+    }
+    qsort(s + from, (size_t)m, sizeof(Slot), slot_cmp);
+    Slot *out = malloc((size_t)n * sizeof(Slot));
+    if (!out) {
+        free(s);
+        return -1;
+    }
+    Py_ssize_t i = 0, j = from, o = 0;
+    while (i < from && j < n) out[o++] = (slot_cmp(&s[j], &s[i]) < 0) ? s[j++] : s[i++];
+    while (i < from) out[o++] = s[i++];
+    while (j < n) out[o++] = s[j++];
+    for (Py_ssize_t q = 0; q < n; q++) {
+        P->fk.p[q] = out[q].k;
+        P->ft.p[q] = out[q].t;
+    }
+    free(s);
+    free(out);
+    return 0;
+}
+
+static Py_ssize_t lower_k(const Pass *P, int64_t k) {
+    Py_ssize_t lo = 0, hi = P->fk.n;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + ((hi - lo) >> 1);
+        if (P->fk.p[mid] < k) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+static Py_ssize_t slots_of(const Pass *P, int64_t k, Py_ssize_t *first) {
+    Py_ssize_t a = lower_k(P, k), b = lower_k(P, k + 1);
+    *first = a;
+    return b - a;
+}
+
+/* --- per-pass lists ------------------------------------------------------------------------------------- */
+static int ensure_queue(Pass *P) {
+    if (P->have_queue) return 0;
+    P->new_k = calloc((size_t)P->K, sizeof(int64_t));
+    if (!P->new_k) return -1;
+    for (Py_ssize_t i = 0; i < P->nlive; i++) {
+        int64_t r = P->live[i];
+        if (P->state[r] != WAIT) continue;
+        if (P->fresh[r]) P->new_k[P->where[r]]++;
+        else if (ivec_push(&P->queued, r) < 0) return -1;
+    }
+    P->have_queue = 1;
+    return 0;
+}
+
+static int i64_cmp(const void *x, const void *y) {
+    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return (a > b) - (a < b);
+}
+
+static int ensure_tool(Pass *P) {
+    if (!P->have_tool) {
+        P->in_tool = calloc((size_t)P->n, 1);
+        if (!P->in_tool) return -1;
+        for (Py_ssize_t i = 0; i < P->nlive; i++) {
+            int64_t r = P->live[i];
+            if (P->state[r] == TOOL && P->ready[r] < P->slice_end) {
+                if (ivec_push(&P->tool, r) < 0) return -1;
+                P->in_tool[r] = 1;
+            }
+        }
+        P->have_tool = 1;
+    }
+    if (P->tool_dirty) {
+        qsort(P->tool.p, (size_t)P->tool.n, sizeof(int64_t), i64_cmp);
+        P->tool_dirty = 0;
+    }
+    return 0;
+}
+
+static int note_tool(Pass *P, int64_t r) {
+    if (!P->have_tool || P->in_tool[r] || !(P->ready[r] < P->slice_end)) return 0;
+    P->in_tool[r] = 1;
+    P->tool_dirty = 1;
+    return ivec_push(&P->tool, r);
+}
+
+static int ensure_csr(Pass *P) {
+    if (P->have_csr) return 0;
+    P->csr_start = calloc((size_t)P->K + 1, sizeof(int64_t));
+    P->csr = malloc(((size_t)P->nlive + 1) * sizeof(int64_t));
+    if (!P->csr_start || !P->csr) return -1;
+    for (Py_ssize_t i = 0; i < P->nlive; i++) {
+        int64_t w = P->where[P->live[i]];
+        if (w >= 0) P->csr_start[w + 1]++;
+    }
+    for (Py_ssize_t k = 0; k < P->K; k++) P->csr_start[k + 1] += P->csr_start[k];
+    int64_t *fill = malloc((size_t)P->K * sizeof(int64_t) + 1);
+    if (!fill) return -1;
+    memcpy(fill, P->csr_start, (size_t)P->K * sizeof(int64_t));
+    for (Py_ssize_t i = 0; i < P->nlive; i++) {
+        int64_t r = P->live[i], w = P->where[r];
+        if (w >= 0) P->csr[fill[w]++] = r;
+    }
+    free(fill);
+    P->have_csr = 1;
+    return 0;
+}
+
+/* --- _refill ---------------------------------------------------------------------------------------------- */
+typedef struct {
+    int64_t k, r;
+    double ready;
+    Py_ssize_t pos;
+} Cand;
+
+static int cand_cmp(const void *x, const void *y) {
+    const Cand *a = x, *b = y;
+    if (a->k != b->k) return a->k < b->k ? -1 : 1;
+    if (a->ready < b->ready) return -1;
+    if (a->ready > b->ready) return 1;
+    return (a->pos > b->pos) - (a->pos < b->pos);
+}
+
+/* Slots freed inside the slice go to turns under way inside it; appends the requests taken and their starts. */
+static int refill(Pass *P, IVec *out, DVec *out_start) {
+    if (P->fk.n == 0) return 0;
+    if (ensure_queue(P) < 0 || ensure_tool(P) < 0) return -1;
+    int rc = -1;
+    Py_ssize_t cap = P->queued.n + P->tool.n;
+    Cand *c = malloc(((size_t)cap + 1) * sizeof(Cand));
+    double *within = NULL, *room_k = NULL, *secs = NULL;
+    int64_t *rank = NULL, *run_k = NULL, *s_of = NULL, *slot = NULL;
+    uint8_t *gone = NULL;
+    if (!c) return -1;
+    Py_ssize_t nc = 0, first;
+    for (Py_ssize_t i = 0; i < P->queued.n; i++) {
+        int64_t r = P->queued.p[i];
+        if (P->state[r] == WAIT && slots_of(P, P->where[r], &first) > 0) {
+            c[nc].k = P->where[r];
+            c[nc].r = r;
+            c[nc].ready = P->ready[r];
+            c[nc].pos = nc;
+            nc++;
+        }
+    }
+    for (Py_ssize_t i = 0; i < P->tool.n; i++) {
+        int64_t r = P->tool.p[i];
+        if (P->state[r] != TOOL || !(P->ready[r] < P->slice_end)) continue;
+        int64_t tu = P->turn[r];
+        if (!(P->moved[r] || covered(P, r, tu) || P->carried[r * P->S + tu] == 0)) continue;
+        if (slots_of(P, P->where[r], &first) > 0) {
+            c[nc].k = P->where[r];
+            c[nc].r = r;
+            c[nc].ready = P->ready[r];
+            c[nc].pos = nc;
+            nc++;
+        }
+    }
+    if (nc == 0) {
+        rc = 0;
+        goto done;
+    }
+    if (ensure_csr(P) < 0) goto done;
+    qsort(c, (size_t)nc, sizeof(Cand), cand_cmp);
+    within = malloc((size_t)nc * sizeof(double));
+    rank = malloc((size_t)nc * sizeof(int64_t));
+    room_k = malloc((size_t)nc * sizeof(double)); /* per candidate: its instance's room */
+    run_k = malloc((size_t)nc * sizeof(int64_t));
+    if (!within || !rank || !room_k || !run_k) goto done;
+    /* ranks, the running sum over all candidates, and each group's KV room (its instance's running requests,
+       ascending, as np.bincount sums them) */
+    double cs = 0.0, base = 0.0, room = 0.0;
+    int64_t runs = 0;
+    for (Py_ssize_t i = 0; i < nc; i++) {
+        double need = P->ctx[c[i].r];
+        cs += need;
+        if (i == 0 || c[i].k != c[i - 1].k) {
+            rank[i] = 0;
+            base = cs - need;
+            int64_t k = c[i].k;
+            double used = 0.0;
+            runs = 0;
+            for (int64_t q = P->csr_start[k]; q < P->csr_start[k + 1]; q++) {
+                int64_t r = P->csr[q];
+                if (P->state[r] == RUN) {
+                    runs++;
+                    used += P->ctx[r];
+                }
+            }
+            room = P->cap[k] - used - P->headroom * used / (double)(runs > 1 ? runs : 1);
+        } else {
+            rank[i] = rank[i - 1] + 1;
+        }
+        within[i] = cs - base;
+        room_k[i] = room;
+        run_k[i] = runs;
+    }
+    Py_ssize_t m = 0;
+    for (Py_ssize_t i = 0; i < nc; i++) {
+        if ((within[i] <= room_k[i]) || (rank[i] == 0 && run_k[i] == 0)) {
+            c[m] = c[i];
+            rank[m] = rank[i];
+            m++;
+        }
+    }
+    if (m == 0) {
+        rc = 0;
+        goto done;
+    }
+    /* the turn's slot among its instance's: with new requests queued there, the first freed once it is back and
+       after the previous turn's; else the rank-th */
+    s_of = malloc((size_t)m * sizeof(int64_t));
+    slot = malloc((size_t)m * sizeof(int64_t));
+    if (!s_of || !slot) goto done;
+    int any_queue = 0;
+    for (Py_ssize_t i = 0; i < m; i++)
+        if (P->new_k[c[i].k] > 0) any_queue = 1;
+    if (any_queue) {
+        Py_ssize_t nf = P->fk.n;
+        double ft_min = P->ft.p[0], ft_max = P->ft.p[0];
+        for (Py_ssize_t j = 1; j < nf; j++) {
+            ft_min = np_min(ft_min, P->ft.p[j]);
+            ft_max = np_max(ft_max, P->ft.p[j]);
+        }
+        double span = (ft_max - ft_min) + 1.0;
+        double *key = malloc((size_t)nf * sizeof(double));
+        if (!key) goto done;
+        for (Py_ssize_t j = 0; j < nf; j++) key[j] = (double)P->fk.p[j] * span + (P->ft.p[j] - ft_min);
+        double big = (double)(m + nf + 1), acc = 0.0;
+        for (Py_ssize_t i = 0; i < m; i++) {
+            double v = (double)c[i].k * span + (P->ready[c[i].r] - ft_min);
+            Py_ssize_t lo = 0, hi = nf;
+            while (lo < hi) {
+                Py_ssize_t mid = lo + ((hi - lo) >> 1);
+                if (key[mid] < v) lo = mid + 1;
+                else hi = mid;
+            }
+            slots_of(P, c[i].k, &first);
+            int64_t g = (int64_t)lo - (int64_t)first;
+            if (g < 0) g = 0;
+            double x = (double)(g - rank[i]) + (double)c[i].k * big;
+            acc = (i == 0) ? x : np_max(acc, x);
+            double chain = ((double)rank[i] + acc) - (double)c[i].k * big;
+            s_of[i] = P->new_k[c[i].k] > 0 ? (int64_t)chain : (int64_t)(double)rank[i];
+        }
+        free(key);
+    } else {
+        for (Py_ssize_t i = 0; i < m; i++) s_of[i] = rank[i];
+    }
+    Py_ssize_t m2 = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        Py_ssize_t count = slots_of(P, c[i].k, &first);
+        if (s_of[i] < count) {
+            c[m2] = c[i];
+            slot[m2] = first + s_of[i];
+            m2++;
+        }
+    }
+    if (m2 == 0) {
+        rc = 0;
+        goto done;
+    }
+    secs = malloc((size_t)m2 * sizeof(double));
+    if (!secs) goto done;
+    Py_ssize_t m3 = 0;
+    for (Py_ssize_t i = 0; i < m2; i++) {
+        int64_t r = c[i].r;
+        const Degree *d = degree_of(P, P->itp[c[i].k]);
+        if (!d) {
+            PyErr_SetString(PyExc_SystemError, "slice kernel: an instance's degree is not in the table");
+            goto done;
+        }
+        double sec = prefill(d, P->work0, P->attn, P->pending[r], P->ctx[r] / 2.0);
+        double start = np_max(P->ft.p[slot[i]], P->ready[r]) + sec;
+        if (start < P->slice_end) {
+            c[m3] = c[i];
+            slot[m3] = slot[i];
+            secs[m3] = sec;
+            within[m3] = start; /* reused: the start */
+            m3++;
+        }
+    }
+    if (m3 == 0) {
+        rc = 0;
+        goto done;
+    }
+    /* later_debt += np.bincount(k, weights=secs): a zeroed sum per instance (the candidates are grouped by
+       instance), then added */
+    for (Py_ssize_t i = 0; i < m3;) {
+        int64_t k = c[i].k;
+        double sum = 0.0;
+        for (; i < m3 && c[i].k == k; i++) sum += secs[i];
+        P->later_debt[k] += sum;
+    }
+    gone = calloc((size_t)P->fk.n, 1);
+    if (!gone) goto done;
+    for (Py_ssize_t i = 0; i < m3; i++) {
+        int64_t r = c[i].r;
+        P->own[r] += secs[i];
+        P->pending[r] = 0.0;
+        P->lag[r] = 0.0;
+        set_state(P, r, RUN);
+        gone[slot[i]] = 1;
+        if (ivec_push(out, r) < 0 || dvec_push(out_start, within[i]) < 0) goto done;
+    }
+    Py_ssize_t keep = 0;
+    for (Py_ssize_t j = 0; j < P->fk.n; j++) {
+        if (!gone[j]) {
+            P->fk.p[keep] = P->fk.p[j];
+            P->ft.p[keep] = P->ft.p[j];
+            keep++;
+        }
+    }
+    P->fk.n = P->ft.n = keep;
+    rc = 0;
+done:
+    free(c);
+    free(within);
+    free(rank);
+    free(room_k);
+    free(run_k);
+    free(s_of);
+    free(slot);
+    free(secs);
+    free(gone);
+    return rc;
+}
+
+/* --- _end_segments ---------------------------------------------------------------------------------------- */
+/* Segments `ended` at times `at`: finish, tool call, or the next chunk in place; then the in-slice refill.
+   Fills `cont` / `start` with the requests that go on decoding inside the slice and when each starts. */
+static int end_segments(Pass *P, const IVec *ended, const DVec *at, IVec *cont, DVec *start) {
+    Py_ssize_t mark = P->fk.n;
+    cont->n = start->n = 0;
+    /* finished first, then the tool calls, as the reference notes them (the order does not matter: sorted) */
+    for (Py_ssize_t i = 0; i < ended->n; i++) {
+        int64_t r = ended->p[i];
+        if (P->turn[r] >= P->nseg[r] - 1) {
+            set_state(P, r, DONE);
+            P->finish[r] = at->p[i];
+            if (ivec_push(&P->fk, P->where[r]) < 0 || dvec_push(&P->ft, at->p[i]) < 0) return -1;
+        }
+    }
+    for (Py_ssize_t i = 0; i < ended->n; i++) {
+        int64_t r = ended->p[i];
+        int64_t sg = P->turn[r];
+        if (sg >= P->nseg[r] - 1) continue;
+        int64_t nxt = sg + 1;
+        Py_ssize_t here = r * P->S + sg, there = r * P->S + nxt;
+        int keep = !P->tool_end[here] && (P->carried[there] == 0 || covered(P, r, nxt));
+        if (keep) { /* a chunk boundary with no migration */
+            P->turn[r] = nxt;
+            P->rem[r] = (double)P->gen[there];
+            P->lag[r] = 0.0;
+            if (ivec_push(cont, r) < 0 || dvec_push(start, at->p[i]) < 0) return -1;
+        } else {
+            double tool_tok = (double)P->tool_tok[here];
+            P->ctx[r] += tool_tok;
+            P->pending[r] = tool_tok;
+            P->ready[r] = at->p[i] + P->latency[here];
+            P->turn[r] = nxt;
+            P->moved[r] = 0;
+            P->rem[r] = (double)P->gen[there];
+            set_state(P, r, TOOL);
+            if (ivec_push(&P->fk, P->where[r]) < 0 || dvec_push(&P->ft, at->p[i]) < 0) return -1;
+            if (note_tool(P, r) < 0) return -1;
+        }
+    }
+    if (merge_new_slots(P, mark) < 0) return -1;
+    return refill(P, cont, start);
+}
+
+/* --- the pass --------------------------------------------------------------------------------------------- */
+/* Decode the requests `cont` from `start` to the slice end at their instance's step time; ended ones go to
+   `ended` / `at`, the others to `still`. */
+static int decode_from(Pass *P, const IVec *cont, const DVec *start, double *took, double *sums, IVec *still,
+                       IVec *ended, DVec *at) {
+    ended->n = at->n = 0;
+    Py_ssize_t m = cont->n;
+    for (Py_ssize_t i = 0; i < m; i++) sums[P->where[cont->p[i]]] = 0.0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t r = cont->p[i], k = P->where[r];
+        double sk = P->step[k];
+        double advance = np_max(0.0, P->slice_end - start->p[i]) / sk;
+        double r0 = P->rem[r];
+        double tk = np_min(advance, r0);
+        sums[k] += tk * sk;
+        P->rem[r] = r0 - tk;
+        P->ctx[r] += tk;
+        took[i] = tk;
+        if (r0 <= advance) {
+            if (ivec_push(ended, r) < 0 || dvec_push(at, start->p[i] + r0 * sk) < 0) return -1;
+        } else if (ivec_push(still, r) < 0) {
+            return -1;
+        }
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t k = P->where[cont->p[i]];
+        if (sums[k] == sums[k]) { /* once per instance: the sum is added, then marked done with a NaN */
+            P->dec_s[k] += sums[k];
+            sums[k] = NAN;
+        }
+    }
+    P->decoded += np_sum(took, m);
+    return 0;
+}
+
+typedef struct {
+    Py_buffer view;
+    int held;
+} Buf;
+
+/* the arrays, in the order of libra/sim/native.py's `_ARRAYS` */
+enum {
+    A_REM, A_CTX, A_PENDING, A_READY, A_FINISH, A_LAG, A_OWN, A_STATE, A_TURN, A_MOVED, A_STOLEN, A_FRESH,
+    A_WHERE, A_NSEG, A_TOOL_END, A_TOOL_TOK, A_LATENCY, A_GEN, A_CARRIED, A_RBUCKET, A_IBUCKET, A_ITP, A_CAP,
+    A_LATER_DEBT, A_DEC_S, A_SPAN_END, A_OCCUPANCY, A_REAL, A_LIVE, A_RUNNING, A_K, A_T_DELAY, A_GO_S, A_REM0,
+    A_FIRST, A_HAS, A_OPEN_S, A_OCCUPIED, A_STEP, A_FK, A_FT, A_DEGREES, N_ARRAYS
+};
+
+/* kind: 'd' float64, 'q' int64, 'b' int8, '?' bool; size: 'n' requests, 'w' requests x width, 'K' instances,
+   'm' running requests, '*' any */
+static const struct {
+    char kind, size;
+    int writable;
+} SPEC[N_ARRAYS] = {
+    {'d', 'n', 1}, {'d', 'n', 1}, {'d', 'n', 1}, {'d', 'n', 1}, {'d', 'n', 1}, {'d', 'n', 1}, {'d', 'n', 1},
+    {'b', 'n', 1}, {'q', 'n', 1}, {'?', 'n', 1}, {'?', 'n', 0}, {'?', 'n', 0}, {'q', 'n', 0}, {'q', 'n', 0},
+    {'?', 'w', 0}, {'q', 'w', 0}, {'d', 'w', 0}, {'q', 'w', 0}, {'q', 'w', 0}, {'q', 'w', 0}, {'q', 'K', 0},
+    {'q', 'K', 0}, {'d', 'K', 0}, {'d', 'K', 1}, {'d', 'K', 1}, {'d', 'K', 1}, {'d', 'K', 1}, {'d', 'K', 1},
+    {'q', '*', 0}, {'q', 'm', 0}, {'q', 'm', 0}, {'d', 'm', 0}, {'d', 'm', 0}, {'d', 'm', 0}, {'d', 'K', 0},
+    {'?', 'K', 0}, {'d', 'K', 0}, {'?', 'K', 0}, {'d', 'K', 0}, {'q', '*', 0}, {'d', '*', 0}, {'d', '*', 0},
+};
+
+static int format_is(const Py_buffer *v, char kind) {
+    const char *f = v->format ? v->format : "B";
+    if (*f == '@' || *f == '=' || *f == '<') f++;
+    if (f[0] == '\0' || f[1] != '\0') return 0;
+    switch (kind) {
+    case 'd': return f[0] == 'd' && v->itemsize == 8;
+    case 'q': return (f[0] == 'q' || f[0] == 'l') && v->itemsize == 8;
+    case 'b': return f[0] == 'b' && v->itemsize == 1;
+    case '?': return f[0] == '?' && v->itemsize == 1;
+    }
+    return 0;
+}
+
+static PyObject *to_bytearray(const void *p, Py_ssize_t nbytes) {
+    return PyByteArray_FromStringAndSize(nbytes ? (const char *)p : "", nbytes);
+}
+
+PyDoc_STRVAR(decode_pass_doc,
+             "decode_pass(arrays, n, width, instances, t, dt, decoded, headroom, work0, attn) -> (decoded, still, "
+             "fk, ft, touched)\n\nOne decode pass of a slice (libra/sim/native.py packs the arguments).");
+
+static PyObject *decode_pass(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *arrays;
+    Py_ssize_t n, S, K;
+    double t, dt, decoded, headroom, work0, attn;
+    if (!PyArg_ParseTuple(args, "O!nnndddddd", &PyTuple_Type, &arrays, &n, &S, &K, &t, &dt, &decoded, &headroom,
+                          &work0, &attn))
+        return NULL;
+    if (PyTuple_GET_SIZE(arrays) != N_ARRAYS) {
+        PyErr_Format(PyExc_ValueError, "decode_pass needs %d arrays, got %zd", (int)N_ARRAYS,
+                     PyTuple_GET_SIZE(arrays));
+        return NULL;
+    }
+    Buf b[N_ARRAYS];
+    memset(b, 0, sizeof(b));
+    PyObject *result = NULL;
+    Pass P;
+    memset(&P, 0, sizeof(P));
+    IVec ended = {0}, cont = {0}, still = {0};
+    DVec at = {0}, start = {0};
+    double *took = NULL, *sums = NULL;
+    Py_ssize_t m = -1;
+    for (int i = 0; i < N_ARRAYS; i++) {
+        int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (SPEC[i].writable ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(arrays, i), &b[i].view, flags) < 0) goto fail;
+        b[i].held = 1;
+        if (!format_is(&b[i].view, SPEC[i].kind)) {
+            PyErr_Format(PyExc_TypeError, "decode_pass: array %d has format %s, not %c", i,
+                         b[i].view.format ? b[i].view.format : "B", SPEC[i].kind);
+            goto fail;
+        }
+        Py_ssize_t len = b[i].view.len / b[i].view.itemsize, want = -1;
+        switch (SPEC[i].size) {
+        case 'n': want = n; break;
+        case 'w': want = n * S; break;
+        case 'K': want = K; break;
+        case 'm':
+            if (m < 0) m = len;
+            want = m;
+            break;
+        }
+        if (want >= 0 && len != want) {
+            PyErr_Format(PyExc_ValueError, "decode_pass: array %d has %zd items, not %zd", i, len, want);
+            goto fail;
+        }
+    }
+#define D(i) ((double *)b[i].view.buf)
+#define Q(i) ((int64_t *)b[i].view.buf)
+#define U(i) ((uint8_t *)b[i].view.buf)
+#define LEN(i) (b[i].view.len / b[i].view.itemsize)
+    if (LEN(A_FK) != LEN(A_FT) || LEN(A_DEGREES) % DEG_FIELDS || LEN(A_DEGREES) / DEG_FIELDS > MAX_DEG) {
+        PyErr_SetString(PyExc_ValueError, "decode_pass: freed slots or degree table malformed");
+        goto fail;
+    }
+    P.n = n;
+    P.S = S;
+    P.K = K;
+    P.rem = D(A_REM);
+    P.ctx = D(A_CTX);
+    P.pending = D(A_PENDING);
+    P.ready = D(A_READY);
+    P.finish = D(A_FINISH);
+    P.lag = D(A_LAG);
+    P.own = D(A_OWN);
+    P.state = (int8_t *)b[A_STATE].view.buf;
+    P.turn = Q(A_TURN);
+    P.moved = U(A_MOVED);
+    P.stolen = U(A_STOLEN);
+    P.fresh = U(A_FRESH);
+    P.where = Q(A_WHERE);
+    P.nseg = Q(A_NSEG);
+    P.tool_end = U(A_TOOL_END);
+    P.tool_tok = Q(A_TOOL_TOK);
+    P.latency = D(A_LATENCY);
+    P.gen = Q(A_GEN);
+    P.carried = Q(A_CARRIED);
+    P.rbucket = Q(A_RBUCKET);
+    P.ibucket = Q(A_IBUCKET);
+    P.itp = Q(A_ITP);
+    P.cap = D(A_CAP);
+    P.later_debt = D(A_LATER_DEBT);
+    P.dec_s = D(A_DEC_S);
+    P.live = Q(A_LIVE);
+    P.nlive = LEN(A_LIVE);
+    P.step = D(A_STEP);
+    P.has = U(A_HAS);
+    P.occupied = U(A_OCCUPIED);
+    P.headroom = headroom;
+    P.work0 = work0;
+    P.attn = attn;
+    P.slice_end = t + dt;
+    P.decoded = decoded;
+    P.ndeg = LEN(A_DEGREES) / DEG_FIELDS;
+    for (Py_ssize_t i = 0; i < P.ndeg; i++) {
+        const double *row = D(A_DEGREES) + i * DEG_FIELDS;
+        Degree *d = &P.deg[i];
+        d->tp = (int64_t)row[0];
+        d->denom = row[1];
+        d->weights = row[2];
+        d->a = row[3];
+        d->hidden = row[4];
+        d->dbytes = row[5];
+        d->lat = row[6];
+        d->bw = row[7];
+        d->layers2 = row[8];
+    }
+    /* the requests and instances the arrays index must be in range */
+    for (Py_ssize_t i = 0; i < P.nlive; i++) {
+        int64_t r = P.live[i];
+        if (r < 0 || r >= n || P.where[r] >= K || P.turn[r] < 0 || P.turn[r] >= S || P.nseg[r] > S ||
+            P.state[r] < WAIT || P.state[r] > DONE) {
+            PyErr_SetString(PyExc_ValueError, "decode_pass: a live request's index, instance or turn is out of range");
+            goto fail;
+        }
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t r = Q(A_RUNNING)[i];
+        if (r < 0 || r >= n || P.where[r] < 0 || P.where[r] >= K || Q(A_K)[i] != P.where[r]) {
+            PyErr_SetString(PyExc_ValueError, "decode_pass: a running request's index or instance is out of range");
+            goto fail;
+        }
+    }
+    for (Py_ssize_t i = 0; i < LEN(A_FK); i++) {
+        if (Q(A_FK)[i] < 0 || Q(A_FK)[i] >= K || ivec_push(&P.fk, Q(A_FK)[i]) < 0 || dvec_push(&P.ft, D(A_FT)[i]) < 0) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "decode_pass: a freed slot's instance is out of range");
+            goto fail;
+        }
+    }
+    if (merge_new_slots(&P, 0) < 0) goto nomem;
+
+    took = malloc(((size_t)(m > n ? m : n) + 1) * sizeof(double));
+    sums = malloc(((size_t)K + 1) * sizeof(double));
+    if (!took || !sums) goto nomem;
+    {
+        const int64_t *running = Q(A_RUNNING), *k = Q(A_K);
+        const double *t_delay = D(A_T_DELAY), *go_s = D(A_GO_S), *rem0 = D(A_REM0), *first = D(A_FIRST),
+                     *open_s = D(A_OPEN_S);
+        double *span_end = D(A_SPAN_END), *occ = D(A_OCCUPANCY), *real = D(A_REAL);
+        for (Py_ssize_t j = 0; j < K; j++) {
+            P.dec_s[j] = 0.0;
+            span_end[j] = t;
+        }
+        for (Py_ssize_t i = 0; i < m; i++) {
+            int64_t r = running[i];
+            double sk = P.step[k[i]];
+            double advance = go_s[i] / sk;
+            double tk = np_min(advance, rem0[i]);
+            P.dec_s[k[i]] += tk * sk;
+            P.rem[r] = rem0[i] - tk;
+            P.ctx[r] += tk;
+            took[i] = tk;
+        }
+        P.decoded += np_sum(took, m);
+        for (Py_ssize_t i = 0; i < m; i++) {
+            int64_t r = running[i];
+            P.lag[r] = 0.0;
+            if (rem0[i] <= go_s[i] / P.step[k[i]]) {
+                double when = t_delay[i] + rem0[i] * P.step[k[i]];
+                if (ivec_push(&ended, r) < 0 || dvec_push(&at, when) < 0) goto nomem;
+                span_end[k[i]] = np_max(span_end[k[i]], when);
+            } else if (ivec_push(&still, r) < 0) {
+                goto nomem;
+            }
+        }
+        /* _continue_in_slice */
+        while (ended.n) {
+            if (end_segments(&P, &ended, &at, &cont, &start) < 0) goto fail_or_nomem;
+            if (cont.n == 0) break;
+            if (decode_from(&P, &cont, &start, took, sums, &still, &ended, &at) < 0) goto nomem;
+        }
+        for (Py_ssize_t i = 0; i < still.n; i++) span_end[P.where[still.p[i]]] = t + dt;
+        for (Py_ssize_t j = 0; j < K; j++) {
+            double o = P.occupied[j] ? P.dec_s[j] / open_s[j] : 1.0;
+            occ[j] = np_min(1.0, o);
+        }
+        for (Py_ssize_t i = 0; i < still.n; i++) P.lag[still.p[i]] = -P.own[still.p[i]];
+        memset(P.own, 0, (size_t)n * sizeof(double));
+        for (Py_ssize_t j = 0; j < K; j++) {
+            double span = span_end[j] - first[j];
+            double rl = span > 1e-9 ? P.dec_s[j] / span : 0.0;
+            real[j] = np_max(rl, P.has[j] ? 1.0 : 0.0);
+        }
+    }
+    {
+        PyObject *s = to_bytearray(still.p, still.n * (Py_ssize_t)sizeof(int64_t));
+        PyObject *f1 = to_bytearray(P.fk.p, P.fk.n * (Py_ssize_t)sizeof(int64_t));
+        PyObject *f2 = to_bytearray(P.ft.p, P.ft.n * (Py_ssize_t)sizeof(double));
+        if (s && f1 && f2) result = Py_BuildValue("dNNNi", P.decoded, s, f1, f2, P.touched);
+        else {
+            Py_XDECREF(s);
+            Py_XDECREF(f1);
+            Py_XDECREF(f2);
+        }
+    }
+    goto out;
+fail_or_nomem:
+    if (PyErr_Occurred()) goto fail;
+nomem:
+    PyErr_NoMemory();
+fail:
+out:
+    for (int i = 0; i < N_ARRAYS; i++)
+        if (b[i].held) PyBuffer_Release(&b[i].view);
+    free(P.fk.p);
+    free(P.ft.p);
+    free(P.tool.p);
+    free(P.in_tool);
+    free(P.queued.p);
+    free(P.new_k);
+    free(P.csr_start);
+    free(P.csr);
+    free(ended.p);
+    free(at.p);
+    free(cont.p);
+    free(start.p);
+    free(still.p);
+    free(took);
+    free(sums);
+    return result;
+}
+
+PyDoc_STRVAR(prefill_doc, "prefill(degree_row, work0, attn, tokens, context) -> float\n\nThe kernel's prefill time "
+                          "for one request (checked against RolloutCost.prefill_time before the kernel is used).");
+
+static PyObject *prefill_py(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *row;
+    double work0, attn, tokens, context;
+    if (!PyArg_ParseTuple(args, "O!dddd", &PyTuple_Type, &row, &work0, &attn, &tokens, &context)) return NULL;
+    if (PyTuple_GET_SIZE(row) != DEG_FIELDS) {
+        PyErr_SetString(PyExc_ValueError, "prefill: a degree row has 9 fields");
+        return NULL;
+    }
+    double f[DEG_FIELDS];
+    for (int i = 0; i < DEG_FIELDS; i++) {
+        f[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(row, i));
+        if (f[i] == -1.0 && PyErr_Occurred()) return NULL;
+    }
+    Degree d = {(int64_t)f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8]};
+    return PyFloat_FromDouble(prefill(&d, work0, attn, tokens, context));
+}
+
+PyDoc_STRVAR(pairwise_doc, "pairwise_sum(buffer) -> float\n\nnumpy's sum of a float64 buffer, pairwise (tests).");
+
+static PyObject *pairwise_py(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_buffer v;
+    if (PyObject_GetBuffer(arg, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    if (!format_is(&v, 'd')) {
+        PyBuffer_Release(&v);
+        PyErr_SetString(PyExc_TypeError, "pairwise_sum: a float64 buffer");
+        return NULL;
+    }
+    double s = np_sum((const double *)v.buf, v.len / 8);
+    PyBuffer_Release(&v);
+    return PyFloat_FromDouble(s);
+}
+
+static PyMethodDef methods[] = {
+    {"decode_pass", decode_pass, METH_VARARGS, decode_pass_doc},
+    {"prefill", prefill_py, METH_VARARGS, prefill_doc},
+    {"pairwise_sum", pairwise_py, METH_O, pairwise_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_slice_native", "The timed rollout's decode pass in C (libra/sim/native.py).", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__slice_native(void) { return PyModule_Create(&module); }

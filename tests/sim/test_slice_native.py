@@ -1,0 +1,182 @@
+"""The C decode pass (ext/sim/slice_native.c, `libra.sim.native`) against the Python reference
+(`SliceDecode._decode_pass_py`): the same state after every slice, bit for bit, on rollouts that reach every path
+of the pass (chunk boundaries, tool calls, finishes, in-slice refills with and without new requests queued,
+several degrees, routed moves, stolen requests). The extension is optional for users, not here: these tests fail
+(they do not skip) when it is not built, as tests/scheduling/test_tree_native.py does for the tree's."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from libra.planning.cost import CostCoefficients, CostModel
+from libra.sim import native
+from libra.sim.rollout import Instances, RolloutRun
+from libra.sim.routing import routes_for
+from libra.sim.workload import WorkSource
+from libra.spec import ClusterSpec, get_gpu, get_model, parse_buckets
+
+CLUSTER = ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=16, gpus_per_node=8)
+CM = CostModel(CLUSTER, get_model("Qwen3-14B"))
+FLOATS = ("rem", "ctx", "pending", "ready", "finish", "lag", "_own_debt", "debt", "_later_debt", "_occupancy")
+OTHERS = ("state", "turn", "where", "moved", "stolen", "fresh")
+# (instance degrees, buckets): one instance, two alike, and two or three degrees with length buckets
+LAYOUTS = [([1], "1:inf"), ([1, 1], "1:inf"), ([1, 2, 2], "1:2000,2:inf"), ([1, 2, 4], "1:1500,2:6000,4:inf")]
+
+
+class _Reference(RolloutRun):
+    """The Python pass: a subclass that defines a step of it outside the simulator runs the reference."""
+
+    def _refill(self, slice_end):
+        return super()._refill(slice_end)
+
+
+def test_the_extension_is_built():
+    assert native.load() is not None, "libra.sim._slice_native is not built: pip install -e . builds it"
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x, float).view(np.int64)
+
+
+def _same(a: RolloutRun, b: RolloutRun, where: str) -> None:
+    for name in FLOATS:
+        np.testing.assert_array_equal(_bits(getattr(a, name)), _bits(getattr(b, name)), err_msg=f"{name} {where}")
+    for name in OTHERS:
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=f"{name} {where}")
+    for name in ("decoded", "busy_gpu_s", "capacity_tokens"):
+        assert float(getattr(a, name)).hex() == float(getattr(b, name)).hex(), f"{name} {where}"
+    (fa, ta), (fb, tb) = a._freed, b._freed
+    oa, ob = np.lexsort((ta, fa)), np.lexsort((tb, fb))  # the freed slots are a multiset: order does not matter
+    np.testing.assert_array_equal(fa[oa], fb[ob], err_msg=f"freed slots {where}")
+    np.testing.assert_array_equal(_bits(ta[oa]), _bits(tb[ob]), err_msg=f"freed slots {where}")
+    assert (a._last is None) == (b._last is None), where
+    if a._last is not None:
+        np.testing.assert_array_equal(a._last[0], b._last[0], err_msg=f"still running {where}")
+        np.testing.assert_array_equal(_bits(a._last[1]), _bits(b._last[1]), err_msg=f"step times {where}")
+
+
+def _lockstep(work, routes, tps, buckets, **options) -> int:
+    """Both rollouts slice by slice from the same start, compared after every slice; returns the slices."""
+    runs = [cls(CM, work, routes, Instances(tps, buckets, [0.0] * len(tps)), start=0.0, **options) for cls in
+            (RolloutRun, _Reference)]  # fmt: skip
+    fast, ref = runs
+    calls = 0
+    t, slices = 0.0, 0
+    while not ref.done:
+        dt = ref.next_event(t) - t
+        assert fast.next_event(t) - t == dt
+        fast.advance(t, dt)
+        ref.advance(t, dt)
+        _same(fast, ref, f"after slice {slices} at t={t}")
+        calls += fast._kernel is not None
+        t += dt
+        slices += 1
+    assert fast.done
+    assert fast._kernel is not None and ref._kernel is None  # the C pass ran one, the Python pass the other
+    assert calls == slices
+    return slices
+
+
+@pytest.mark.parametrize(
+    ("workload", "prompts", "samples", "tps", "buckets", "routing", "options"),
+    [
+        # new requests queue for KV on two TP-1 instances: the queued-instance path of the refill
+        ("r2e-gym", 32, 16, [1, 1], "1:inf", "single", {}),
+        # three degrees, length buckets, routed moves, stuck turns moved to idle instances
+        ("search-r1", 16, 16, [1, 1, 2, 2, 4], "1:3000,2:8000,4:inf", "overflow", {"steal": "all"}),
+        ("swe-agent", 8, 8, [2, 2, 4], "2:12000,4:inf", "overflow", {"steal": "new", "dispatch": "interleaved"}),
+        ("dapo-math", 16, 8, [1, 2], "1:inf", "single", {"steal": "off", "min_slice_s": 2.0}),
+        # a KV pool of a few thousand tokens: an idle instance takes a turn back whose context is larger
+        ("r2e-gym", 8, 8, [1, 1, 1], "1:inf", "single", {"kv_memory": 0.45}),
+        # small buckets crowded, larger ones idle: stolen requests whose routed moves their instance covers
+        ("r2e-gym", 24, 16, [1, 1, 4, 4], "1:6000,4:inf", "overflow", {"steal": "all", "min_slice_s": 1.0}),
+        # the same with long generations: moves at chunk boundaries, which a stolen request's instance covers
+        ("dapo-math", 24, 16, [1, 1, 4, 4], "1:4000,4:inf", "overflow", {"steal": "all"}),
+    ],
+)
+def test_a_rollout_is_the_same_slice_by_slice(workload, prompts, samples, tps, buckets, routing, options):
+    work = WorkSource.from_generator(
+        workload, seed=0, num_prompts=prompts, samples_per_prompt=samples, max_model_len=40960
+    ).step(0)
+    bks = parse_buckets(buckets)
+    routes = routes_for(routing, work, bks, None)
+    inst_buckets = [min(i * len(bks) // len(tps), len(bks) - 1) for i in range(len(tps))]
+    assert _lockstep(work, routes, tps, inst_buckets, **options) > 20
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10_000),
+    workload=st.sampled_from(["search-r1", "r2e-gym", "swe-agent", "dapo-math"]),
+    prompts=st.integers(2, 12),
+    samples=st.integers(1, 12),
+    layout=st.sampled_from(LAYOUTS),
+    steal=st.sampled_from(["all", "new", "off"]),
+    dispatch=st.sampled_from(["blocks", "interleaved"]),
+    min_slice=st.sampled_from([0.05, 0.5, 3.0]),
+    drift=st.integers(0, 99),
+)  # fmt: skip
+def test_random_rollouts_are_the_same_slice_by_slice(
+    seed, workload, prompts, samples, layout, steal, dispatch, min_slice, drift
+):
+    work = WorkSource.from_generator(
+        workload, seed=seed, num_prompts=prompts, samples_per_prompt=samples, max_model_len=40960
+    ).step(drift)
+    tps, buckets = layout
+    bks = parse_buckets(buckets)
+    routes = routes_for("overflow", work, bks, None)
+    inst_buckets = [min(i, len(bks) - 1) for i in range(len(tps))]
+    _lockstep(work, routes, tps, inst_buckets, steal=steal, dispatch=dispatch, min_slice_s=min_slice)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(-1e12, 1e12, allow_nan=False), max_size=600))
+def test_the_pairwise_sum_is_numpys(values):
+    a = np.array(values, float)
+    assert native.load().pairwise_sum(a).hex() == float(a.sum()).hex()
+
+
+def test_the_pairwise_sum_is_numpys_on_long_arrays():
+    rng = np.random.default_rng(0)
+    for n in (127, 128, 129, 1000, 8191, 8192, 8193, 65_536, 100_003):
+        a = rng.standard_normal(n) * 10.0 ** rng.uniform(-6, 6, n)
+        assert native.load().pairwise_sum(a).hex() == float(a.sum()).hex(), n
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    model=st.sampled_from(["Qwen3-4B", "Qwen3-14B", "Qwen3-30B-A3B", "Llama-3-70B"]),
+    tp=st.sampled_from([1, 2, 4, 8]),
+    tokens=st.floats(0, 1e6, allow_nan=False),
+    context=st.floats(0, 2e6, allow_nan=False),
+    mfu=st.floats(0.05, 0.9),
+)
+def test_the_kernel_prefill_is_the_cost_models(model, tp, tokens, context, mfu):
+    rc = CostModel(CLUSTER, get_model(model), CostCoefficients(prefill_mfu=mfu)).rollout
+    work0, attn, *row = rc.prefill_terms(tp)
+    want = float(rc.prefill_time(tp, np.array([tokens]), np.array([context]))[0])
+    assert native.load().prefill(tuple(row), work0, attn, tokens, context).hex() == want.hex()
+
+
+def test_a_cost_model_with_another_prefill_formula_runs_the_python_pass():
+    class Doubled(type(CM.rollout)):
+        def prefill_time(self, tp, tokens, context=0.0):
+            return 2.0 * super().prefill_time(tp, tokens, context)
+
+    rc = Doubled(CM.rollout.gpu, CM.model, CM.coeffs)
+    assert native.degree_table(rc, (1, 2)) is None
+    assert native.degree_table(CM.rollout, (1, 2)) is not None
+
+
+def test_bad_arrays_are_refused_with_an_error():
+    work = WorkSource.from_generator("search-r1", seed=0, num_prompts=4, samples_per_prompt=4, max_model_len=40960)
+    run = RolloutRun(CM, work.step(0), routes_for("single", work.step(0), parse_buckets("1:inf"), None),
+                     Instances([1], [0], [0.0]), start=0.0)  # fmt: skip
+    ext = native.load()
+    with pytest.raises(ValueError, match="needs 42 arrays"):
+        ext.decode_pass((), 1, 1, 1, 0.0, 1.0, 0.0, 4.0, 1.0, 1.0)
+    arrays = [np.zeros(1)] * 42
+    with pytest.raises(TypeError, match="format"):
+        ext.decode_pass(tuple(arrays), 1, 1, 1, 0.0, 1.0, 0.0, 4.0, 1.0, 1.0)
+    assert run._kernel_table() is not None
