@@ -69,6 +69,40 @@ static int dvec_push(DVec *v, double x) {
 static inline double np_min(double a, double b) { return (a <= b || isnan(a)) ? a : b; }
 static inline double np_max(double a, double b) { return (a >= b || isnan(a)) ? a : b; }
 
+/* A stable merge sort with the comparison inlined (glibc's qsort calls it through a pointer): insertion sort of
+   runs of 16, then bottom-up merges through `tmp`. LESS(a, b): a sorts strictly before b. */
+#define DEFINE_STABLE_SORT(NAME, T, LESS)                                                                         \
+    static int NAME(T *a, Py_ssize_t n) {                                                                        \
+        for (Py_ssize_t lo = 0; lo < n; lo += 16) {                                                              \
+            Py_ssize_t hi = lo + 16 < n ? lo + 16 : n;                                                           \
+            for (Py_ssize_t i = lo + 1; i < hi; i++) {                                                           \
+                T x = a[i];                                                                                      \
+                Py_ssize_t j = i;                                                                                \
+                for (; j > lo && LESS(&x, &a[j - 1]); j--) a[j] = a[j - 1];                                       \
+                a[j] = x;                                                                                        \
+            }                                                                                                    \
+        }                                                                                                        \
+        if (n <= 16) return 0;                                                                                   \
+        T *tmp = malloc((size_t)n * sizeof(T));                                                                  \
+        if (!tmp) return -1;                                                                                     \
+        T *src = a, *dst = tmp;                                                                                  \
+        for (Py_ssize_t w = 16; w < n; w *= 2) {                                                                 \
+            for (Py_ssize_t lo = 0; lo < n; lo += 2 * w) {                                                       \
+                Py_ssize_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;                  \
+                Py_ssize_t i = lo, j = mid, o = lo;                                                              \
+                while (i < mid && j < hi) dst[o++] = LESS(&src[j], &src[i]) ? src[j++] : src[i++];               \
+                while (i < mid) dst[o++] = src[i++];                                                             \
+                while (j < hi) dst[o++] = src[j++];                                                              \
+            }                                                                                                    \
+            T *swap = src;                                                                                       \
+            src = dst;                                                                                           \
+            dst = swap;                                                                                          \
+        }                                                                                                        \
+        if (src != a) memcpy(a, src, (size_t)n * sizeof(T));                                                     \
+        free(tmp);                                                                                               \
+        return 0;                                                                                                \
+    }
+
 /* numpy's pairwise summation of a contiguous float64 array (`a.sum()`) */
 static double pairwise_sum(const double *a, Py_ssize_t n) {
     if (n < 8) {
@@ -110,16 +144,15 @@ typedef struct {
     /* freed slots, sorted by (instance, time) */
     IVec fk;
     DVec ft;
-    /* per pass, built on first need */
-    int have_tool, tool_dirty;
-    IVec tool;          /* turns in TOOL whose tool returns before the slice ends, ascending */
+    /* per pass, built on the first refill (`ensure_lists`) */
+    int have_lists, tool_dirty;
+    IVec tool;          /* turns in TOOL whose tool returns before the slice ends, ascending once sorted */
     uint8_t *in_tool;   /* n: listed in `tool` */
-    int have_queue;
     IVec queued;        /* turns under way queued at the slice start, ascending */
     int64_t *new_k;     /* K: new requests queued at the slice start */
-    int have_csr;
     int64_t *csr_start; /* K + 1 */
     int64_t *csr;       /* live requests by instance, ascending within each */
+    IVec refilled;      /* requests taken back in this pass: the only ones whose own debt is not 0 */
 } Pass;
 
 static void set_state(Pass *P, int64_t r, int s) {
@@ -162,13 +195,9 @@ typedef struct {
     double t;
 } Slot;
 
-static int slot_cmp(const void *x, const void *y) {
-    const Slot *a = x, *b = y;
-    if (a->k != b->k) return a->k < b->k ? -1 : 1;
-    if (a->t < b->t) return -1;
-    if (a->t > b->t) return 1;
-    return 0;
-}
+static inline int slot_less(const Slot *a, const Slot *b) { return a->k < b->k || (a->k == b->k && a->t < b->t); }
+
+DEFINE_STABLE_SORT(sort_slots, Slot, slot_less)
 
 /* sort the slots from `from` on and merge them into the sorted ones before */
 static int merge_new_slots(Pass *P, Py_ssize_t from) {
@@ -180,14 +209,17 @@ static int merge_new_slots(Pass *P, Py_ssize_t from) {
         s[i].k = P->fk.p[i];
         s[i].t = P->ft.p[i];
     }
-    qsort(s + from, (size_t)m, sizeof(Slot), slot_cmp);
+    if (sort_slots(s + from, m) < 0) {
+        free(s);
+        return -1;
+    }
     Slot *out = malloc((size_t)n * sizeof(Slot));
     if (!out) {
         free(s);
         return -1;
     }
     Py_ssize_t i = 0, j = from, o = 0;
-    while (i < from && j < n) out[o++] = (slot_cmp(&s[j], &s[i]) < 0) ? s[j++] : s[i++];
+    while (i < from && j < n) out[o++] = slot_less(&s[j], &s[i]) ? s[j++] : s[i++];
     while (i < from) out[o++] = s[i++];
     while (j < n) out[o++] = s[j++];
     for (Py_ssize_t q = 0; q < n; q++) {
@@ -216,60 +248,33 @@ static Py_ssize_t slots_of(const Pass *P, int64_t k, Py_ssize_t *first) {
 }
 
 /* --- per-pass lists ------------------------------------------------------------------------------------- */
-static int ensure_queue(Pass *P) {
-    if (P->have_queue) return 0;
+/* On the first refill of a pass, one scan of the live requests (checking each one's indices) lists: the turns
+   under way queued at the slice start and the new requests queued per instance (`_slice_queues`), the turns whose
+   tool returns inside the slice, and, with a second scan, the live requests by instance. */
+static int ensure_lists(Pass *P) {
+    if (P->have_lists) return 0;
     P->new_k = calloc((size_t)P->K, sizeof(int64_t));
-    if (!P->new_k) return -1;
-    for (Py_ssize_t i = 0; i < P->nlive; i++) {
-        int64_t r = P->live[i];
-        if (P->state[r] != WAIT) continue;
-        if (P->fresh[r]) P->new_k[P->where[r]]++;
-        else if (ivec_push(&P->queued, r) < 0) return -1;
-    }
-    P->have_queue = 1;
-    return 0;
-}
-
-static int i64_cmp(const void *x, const void *y) {
-    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
-    return (a > b) - (a < b);
-}
-
-static int ensure_tool(Pass *P) {
-    if (!P->have_tool) {
-        P->in_tool = calloc((size_t)P->n, 1);
-        if (!P->in_tool) return -1;
-        for (Py_ssize_t i = 0; i < P->nlive; i++) {
-            int64_t r = P->live[i];
-            if (P->state[r] == TOOL && P->ready[r] < P->slice_end) {
-                if (ivec_push(&P->tool, r) < 0) return -1;
-                P->in_tool[r] = 1;
-            }
-        }
-        P->have_tool = 1;
-    }
-    if (P->tool_dirty) {
-        qsort(P->tool.p, (size_t)P->tool.n, sizeof(int64_t), i64_cmp);
-        P->tool_dirty = 0;
-    }
-    return 0;
-}
-
-static int note_tool(Pass *P, int64_t r) {
-    if (!P->have_tool || P->in_tool[r] || !(P->ready[r] < P->slice_end)) return 0;
-    P->in_tool[r] = 1;
-    P->tool_dirty = 1;
-    return ivec_push(&P->tool, r);
-}
-
-static int ensure_csr(Pass *P) {
-    if (P->have_csr) return 0;
+    P->in_tool = calloc((size_t)P->n, 1);
     P->csr_start = calloc((size_t)P->K + 1, sizeof(int64_t));
     P->csr = malloc(((size_t)P->nlive + 1) * sizeof(int64_t));
-    if (!P->csr_start || !P->csr) return -1;
+    if (!P->new_k || !P->in_tool || !P->csr_start || !P->csr) return -1;
     for (Py_ssize_t i = 0; i < P->nlive; i++) {
-        int64_t w = P->where[P->live[i]];
+        int64_t r = P->live[i];
+        if (r < 0 || r >= P->n || P->where[r] < -1 || P->where[r] >= P->K || P->turn[r] < 0 || P->turn[r] >= P->S ||
+            P->nseg[r] > P->S || P->state[r] < WAIT || P->state[r] > DONE) {
+            PyErr_SetString(PyExc_ValueError, "decode_pass: a live request's index, instance or turn is out of range");
+            return -1;
+        }
+        int64_t w = P->where[r];
         if (w >= 0) P->csr_start[w + 1]++;
+        if (P->state[r] == WAIT) {
+            if (w < 0) continue;
+            if (P->fresh[r]) P->new_k[w]++;
+            else if (ivec_push(&P->queued, r) < 0) return -1;
+        } else if (P->state[r] == TOOL && P->ready[r] < P->slice_end && w >= 0) {
+            if (ivec_push(&P->tool, r) < 0) return -1;
+            P->in_tool[r] = 1;
+        }
     }
     for (Py_ssize_t k = 0; k < P->K; k++) P->csr_start[k + 1] += P->csr_start[k];
     int64_t *fill = malloc((size_t)P->K * sizeof(int64_t) + 1);
@@ -280,29 +285,41 @@ static int ensure_csr(Pass *P) {
         if (w >= 0) P->csr[fill[w]++] = r;
     }
     free(fill);
-    P->have_csr = 1;
+    P->have_lists = 1;
     return 0;
+}
+
+static inline int i64_less(const int64_t *a, const int64_t *b) { return *a < *b; }
+
+DEFINE_STABLE_SORT(sort_i64, int64_t, i64_less)
+/* a turn that left for its tool inside the pass joins the list when its tool returns inside the slice */
+static int note_tool(Pass *P, int64_t r) {
+    if (!P->have_lists || P->in_tool[r] || !(P->ready[r] < P->slice_end)) return 0;
+    P->in_tool[r] = 1;
+    P->tool_dirty = 1;
+    return ivec_push(&P->tool, r);
 }
 
 /* --- _refill ---------------------------------------------------------------------------------------------- */
 typedef struct {
     int64_t k, r;
     double ready;
-    Py_ssize_t pos;
 } Cand;
 
-static int cand_cmp(const void *x, const void *y) {
-    const Cand *a = x, *b = y;
-    if (a->k != b->k) return a->k < b->k ? -1 : 1;
-    if (a->ready < b->ready) return -1;
-    if (a->ready > b->ready) return 1;
-    return (a->pos > b->pos) - (a->pos < b->pos);
+/* np.lexsort((ready, k)): by instance, then readiness, stable */
+static inline int cand_less(const Cand *a, const Cand *b) {
+    return a->k < b->k || (a->k == b->k && a->ready < b->ready);
 }
 
+DEFINE_STABLE_SORT(sort_cands, Cand, cand_less)
 /* Slots freed inside the slice go to turns under way inside it; appends the requests taken and their starts. */
 static int refill(Pass *P, IVec *out, DVec *out_start) {
     if (P->fk.n == 0) return 0;
-    if (ensure_queue(P) < 0 || ensure_tool(P) < 0) return -1;
+    if (ensure_lists(P) < 0) return -1;
+    if (P->tool_dirty) { /* ascending, as `_in_state(TOOL)` lists them */
+        if (sort_i64(P->tool.p, P->tool.n) < 0) return -1;
+        P->tool_dirty = 0;
+    }
     int rc = -1;
     Py_ssize_t cap = P->queued.n + P->tool.n;
     Cand *c = malloc(((size_t)cap + 1) * sizeof(Cand));
@@ -317,7 +334,6 @@ static int refill(Pass *P, IVec *out, DVec *out_start) {
             c[nc].k = P->where[r];
             c[nc].r = r;
             c[nc].ready = P->ready[r];
-            c[nc].pos = nc;
             nc++;
         }
     }
@@ -330,7 +346,6 @@ static int refill(Pass *P, IVec *out, DVec *out_start) {
             c[nc].k = P->where[r];
             c[nc].r = r;
             c[nc].ready = P->ready[r];
-            c[nc].pos = nc;
             nc++;
         }
     }
@@ -338,8 +353,7 @@ static int refill(Pass *P, IVec *out, DVec *out_start) {
         rc = 0;
         goto done;
     }
-    if (ensure_csr(P) < 0) goto done;
-    qsort(c, (size_t)nc, sizeof(Cand), cand_cmp);
+    if (sort_cands(c, nc) < 0) goto done;
     within = malloc((size_t)nc * sizeof(double));
     rank = malloc((size_t)nc * sizeof(int64_t));
     room_k = malloc((size_t)nc * sizeof(double)); /* per candidate: its instance's room */
@@ -475,6 +489,7 @@ static int refill(Pass *P, IVec *out, DVec *out_start) {
     for (Py_ssize_t i = 0; i < m3; i++) {
         int64_t r = c[i].r;
         P->own[r] += secs[i];
+        if (ivec_push(&P->refilled, r) < 0) goto done;
         P->pending[r] = 0.0;
         P->lag[r] = 0.0;
         set_state(P, r, RUN);
@@ -596,20 +611,6 @@ enum {
     A_FIRST, A_HAS, A_OPEN_S, A_OCCUPIED, A_STEP, A_FK, A_FT, A_DEGREES, N_ARRAYS
 };
 
-/* kind: 'd' float64, 'q' int64, 'b' int8, '?' bool; size: 'n' requests, 'w' requests x width, 'K' instances,
-   'm' running requests, '*' any */
-static const struct {
-    char kind, size;
-    int writable;
-} SPEC[N_ARRAYS] = {
-    {'d', 'n', 1}, {'d', 'n', 1}, {'d', 'n', 1}, {'d', 'n', 1}, {'d', 'n', 1}, {'d', 'n', 1}, {'d', 'n', 1},
-    {'b', 'n', 1}, {'q', 'n', 1}, {'?', 'n', 1}, {'?', 'n', 0}, {'?', 'n', 0}, {'q', 'n', 0}, {'q', 'n', 0},
-    {'?', 'w', 0}, {'q', 'w', 0}, {'d', 'w', 0}, {'q', 'w', 0}, {'q', 'w', 0}, {'q', 'w', 0}, {'q', 'K', 0},
-    {'q', 'K', 0}, {'d', 'K', 0}, {'d', 'K', 1}, {'d', 'K', 1}, {'d', 'K', 1}, {'d', 'K', 1}, {'d', 'K', 1},
-    {'q', '*', 0}, {'q', 'm', 0}, {'q', 'm', 0}, {'d', 'm', 0}, {'d', 'm', 0}, {'d', 'm', 0}, {'d', 'K', 0},
-    {'?', 'K', 0}, {'d', 'K', 0}, {'?', 'K', 0}, {'d', 'K', 0}, {'q', '*', 0}, {'d', '*', 0}, {'d', '*', 0},
-};
-
 static int format_is(const Py_buffer *v, char kind) {
     const char *f = v->format ? v->format : "B";
     if (*f == '@' || *f == '=' || *f == '<') f++;
@@ -627,6 +628,64 @@ static PyObject *to_bytearray(const void *p, Py_ssize_t nbytes) {
     return PyByteArray_FromStringAndSize(nbytes ? (const char *)p : "", nbytes);
 }
 
+typedef struct {
+    char kind, size;
+    int writable;
+} Spec;
+
+/* kind: 'd' float64, 'q' int64, 'b' int8, '?' bool; size: 'n' requests, 'w' requests x width, 'K' instances,
+   'm' running requests, '*' any */
+static const Spec SPEC[N_ARRAYS] = {
+    {'d', 'n', 1}, {'d', 'n', 1}, {'d', 'n', 1}, {'d', 'n', 1}, {'d', 'n', 1}, {'d', 'n', 1}, {'d', 'n', 1},
+    {'b', 'n', 1}, {'q', 'n', 1}, {'?', 'n', 1}, {'?', 'n', 0}, {'?', 'n', 0}, {'q', 'n', 0}, {'q', 'n', 0},
+    {'?', 'w', 0}, {'q', 'w', 0}, {'d', 'w', 0}, {'q', 'w', 0}, {'q', 'w', 0}, {'q', 'w', 0}, {'q', 'K', 0},
+    {'q', 'K', 0}, {'d', 'K', 0}, {'d', 'K', 1}, {'d', 'K', 1}, {'d', 'K', 1}, {'d', 'K', 1}, {'d', 'K', 1},
+    {'q', '*', 0}, {'q', 'm', 0}, {'q', 'm', 0}, {'d', 'm', 0}, {'d', 'm', 0}, {'d', 'm', 0}, {'d', 'K', 0},
+    {'?', 'K', 0}, {'d', 'K', 0}, {'?', 'K', 0}, {'d', 'K', 0}, {'q', '*', 0}, {'d', '*', 0}, {'d', '*', 0},
+};
+
+static int format_is(const Py_buffer *v, char kind);
+
+/* the buffers of `arrays` as `spec` says: kind, length ('n' requests, 'w' requests x width, 'K' instances, 'm' the
+   length of the first 'm' array, '*' any) and whether it is written */
+static int acquire(PyObject *arrays, const Spec *spec, int count, Buf *b, Py_ssize_t n, Py_ssize_t S, Py_ssize_t K,
+                   Py_ssize_t *m) {
+    if (PyTuple_GET_SIZE(arrays) != count) {
+        PyErr_Format(PyExc_ValueError, "needs %d arrays, got %zd", count, PyTuple_GET_SIZE(arrays));
+        return -1;
+    }
+    for (int i = 0; i < count; i++) {
+        int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (spec[i].writable ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(arrays, i), &b[i].view, flags) < 0) return -1;
+        b[i].held = 1;
+        if (!format_is(&b[i].view, spec[i].kind)) {
+            PyErr_Format(PyExc_TypeError, "array %d has format %s, not %c", i, b[i].view.format ? b[i].view.format : "B",
+                         spec[i].kind);
+            return -1;
+        }
+        Py_ssize_t len = b[i].view.len / b[i].view.itemsize, want = -1;
+        switch (spec[i].size) {
+        case 'n': want = n; break;
+        case 'w': want = n * S; break;
+        case 'K': want = K; break;
+        case 'm':
+            if (*m < 0) *m = len;
+            want = *m;
+            break;
+        }
+        if (want >= 0 && len != want) {
+            PyErr_Format(PyExc_ValueError, "array %d has %zd items, not %zd", i, len, want);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void release(Buf *b, int count) {
+    for (int i = 0; i < count; i++)
+        if (b[i].held) PyBuffer_Release(&b[i].view);
+}
+
 PyDoc_STRVAR(decode_pass_doc,
              "decode_pass(arrays, n, width, instances, t, dt, decoded, headroom, work0, attn) -> (decoded, still, "
              "fk, ft, touched)\n\nOne decode pass of a slice (libra/sim/native.py packs the arguments).");
@@ -639,11 +698,6 @@ static PyObject *decode_pass(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!nnndddddd", &PyTuple_Type, &arrays, &n, &S, &K, &t, &dt, &decoded, &headroom,
                           &work0, &attn))
         return NULL;
-    if (PyTuple_GET_SIZE(arrays) != N_ARRAYS) {
-        PyErr_Format(PyExc_ValueError, "decode_pass needs %d arrays, got %zd", (int)N_ARRAYS,
-                     PyTuple_GET_SIZE(arrays));
-        return NULL;
-    }
     Buf b[N_ARRAYS];
     memset(b, 0, sizeof(b));
     PyObject *result = NULL;
@@ -653,30 +707,7 @@ static PyObject *decode_pass(PyObject *self, PyObject *args) {
     DVec at = {0}, start = {0};
     double *took = NULL, *sums = NULL;
     Py_ssize_t m = -1;
-    for (int i = 0; i < N_ARRAYS; i++) {
-        int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (SPEC[i].writable ? PyBUF_WRITABLE : 0);
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(arrays, i), &b[i].view, flags) < 0) goto fail;
-        b[i].held = 1;
-        if (!format_is(&b[i].view, SPEC[i].kind)) {
-            PyErr_Format(PyExc_TypeError, "decode_pass: array %d has format %s, not %c", i,
-                         b[i].view.format ? b[i].view.format : "B", SPEC[i].kind);
-            goto fail;
-        }
-        Py_ssize_t len = b[i].view.len / b[i].view.itemsize, want = -1;
-        switch (SPEC[i].size) {
-        case 'n': want = n; break;
-        case 'w': want = n * S; break;
-        case 'K': want = K; break;
-        case 'm':
-            if (m < 0) m = len;
-            want = m;
-            break;
-        }
-        if (want >= 0 && len != want) {
-            PyErr_Format(PyExc_ValueError, "decode_pass: array %d has %zd items, not %zd", i, len, want);
-            goto fail;
-        }
-    }
+    if (acquire(arrays, SPEC, N_ARRAYS, b, n, S, K, &m) < 0) goto fail;
 #define D(i) ((double *)b[i].view.buf)
 #define Q(i) ((int64_t *)b[i].view.buf)
 #define U(i) ((uint8_t *)b[i].view.buf)
@@ -737,18 +768,11 @@ static PyObject *decode_pass(PyObject *self, PyObject *args) {
         d->bw = row[7];
         d->layers2 = row[8];
     }
-    /* the requests and instances the arrays index must be in range */
-    for (Py_ssize_t i = 0; i < P.nlive; i++) {
-        int64_t r = P.live[i];
-        if (r < 0 || r >= n || P.where[r] >= K || P.turn[r] < 0 || P.turn[r] >= S || P.nseg[r] > S ||
-            P.state[r] < WAIT || P.state[r] > DONE) {
-            PyErr_SetString(PyExc_ValueError, "decode_pass: a live request's index, instance or turn is out of range");
-            goto fail;
-        }
-    }
+    /* the running requests' indices now; the other live requests' on the first refill (`ensure_lists`) */
     for (Py_ssize_t i = 0; i < m; i++) {
         int64_t r = Q(A_RUNNING)[i];
-        if (r < 0 || r >= n || P.where[r] < 0 || P.where[r] >= K || Q(A_K)[i] != P.where[r]) {
+        if (r < 0 || r >= n || P.where[r] < 0 || P.where[r] >= K || Q(A_K)[i] != P.where[r] || P.turn[r] < 0 ||
+            P.turn[r] >= S || P.nseg[r] > S) {
             PyErr_SetString(PyExc_ValueError, "decode_pass: a running request's index or instance is out of range");
             goto fail;
         }
@@ -807,7 +831,8 @@ static PyObject *decode_pass(PyObject *self, PyObject *args) {
             occ[j] = np_min(1.0, o);
         }
         for (Py_ssize_t i = 0; i < still.n; i++) P.lag[still.p[i]] = -P.own[still.p[i]];
-        memset(P.own, 0, (size_t)n * sizeof(double));
+        /* `_own_debt[:] = 0.0`: it is 0 at every pass start, and only the requests taken back added to it */
+        for (Py_ssize_t i = 0; i < P.refilled.n; i++) P.own[P.refilled.p[i]] = 0.0;
         for (Py_ssize_t j = 0; j < K; j++) {
             double span = span_end[j] - first[j];
             double rl = span > 1e-9 ? P.dec_s[j] / span : 0.0;
@@ -832,8 +857,7 @@ nomem:
     PyErr_NoMemory();
 fail:
 out:
-    for (int i = 0; i < N_ARRAYS; i++)
-        if (b[i].held) PyBuffer_Release(&b[i].view);
+    release(b, N_ARRAYS);
     free(P.fk.p);
     free(P.ft.p);
     free(P.tool.p);
@@ -842,6 +866,7 @@ out:
     free(P.new_k);
     free(P.csr_start);
     free(P.csr);
+    free(P.refilled.p);
     free(ended.p);
     free(at.p);
     free(cont.p);
@@ -849,6 +874,202 @@ out:
     free(still.p);
     free(took);
     free(sums);
+    return result;
+}
+
+/* --- admission: `Admission._admit_queued` after the steal ------------------------------------------------ */
+typedef struct {
+    int64_t k, r;
+    uint8_t fresh;
+    double ready;
+} Adm;
+
+/* np.lexsort((ready, fresh, k)): by instance, turns under way before new requests, then readiness, stable */
+static inline int adm_less(const Adm *a, const Adm *b) {
+    if (a->k != b->k) return a->k < b->k;
+    if (a->fresh != b->fresh) return a->fresh < b->fresh;
+    return a->ready < b->ready;
+}
+
+DEFINE_STABLE_SORT(sort_adm, Adm, adm_less)
+enum {
+    B_WAITING, B_OPEN, B_ROOM, B_SEATS, B_RUN_K, B_WHERE, B_READY, B_FRESH, B_CTX, B_PENDING, B_LAG, B_STATE, B_DEBT,
+    B_REFILLED, B_ITP, B_FK, B_FT, B_DEGREES, N_ADMIT
+};
+
+static const Spec ADMIT_SPEC[N_ADMIT] = {
+    {'q', '*', 0}, {'?', 'K', 0}, {'d', 'K', 0}, {'q', 'K', 0}, {'q', 'K', 0}, {'q', 'n', 0},
+    {'d', 'n', 0}, {'?', 'n', 1}, {'d', 'n', 0}, {'d', 'n', 1}, {'d', 'n', 1}, {'b', 'n', 1},
+    {'d', 'K', 1}, {'q', 'K', 1}, {'q', 'K', 0}, {'q', '*', 0}, {'d', '*', 0}, {'d', '*', 0},
+};
+
+PyDoc_STRVAR(admit_doc, "admit(arrays, n, instances, t, headroom, overhead, work0, attn) -> (admitted, touched)\n\n"
+                        "The admission pass at a slice boundary (libra/sim/native.py packs the arguments).");
+
+static PyObject *admit(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *arrays, *result = NULL;
+    Py_ssize_t n, K, m = -1;
+    double t, headroom, overhead, work0, attn;
+    if (!PyArg_ParseTuple(args, "O!nnddddd", &PyTuple_Type, &arrays, &n, &K, &t, &headroom, &overhead, &work0,
+                          &attn))
+        return NULL;
+    Buf b[N_ADMIT];
+    memset(b, 0, sizeof(b));
+    Adm *c = NULL;
+    double *room = NULL, *within = NULL, *credit = NULL, *secs = NULL;
+    int64_t *rank = NULL, *go_rank = NULL;
+    IVec go = {0};
+    Degree deg[MAX_DEG];
+    int touched = 0;
+    if (acquire(arrays, ADMIT_SPEC, N_ADMIT, b, n, 1, K, &m) < 0) goto fail;
+    const int64_t *waiting = Q(B_WAITING), *seats = Q(B_SEATS), *run_k = Q(B_RUN_K), *where = Q(B_WHERE),
+                  *itp = Q(B_ITP), *fk = Q(B_FK);
+    const uint8_t *open_k = U(B_OPEN);
+    const double *ready = D(B_READY), *ctx = D(B_CTX), *ft = D(B_FT);
+    uint8_t *fresh = U(B_FRESH);
+    double *pending = D(B_PENDING), *lag = D(B_LAG), *debt = D(B_DEBT);
+    int8_t *state = (int8_t *)b[B_STATE].view.buf;
+    int64_t *refilled = Q(B_REFILLED);
+    Py_ssize_t nw = LEN(B_WAITING), nf = LEN(B_FK), ndeg = LEN(B_DEGREES) / DEG_FIELDS;
+    if (LEN(B_FT) != nf || LEN(B_DEGREES) % DEG_FIELDS || ndeg > MAX_DEG) {
+        PyErr_SetString(PyExc_ValueError, "admit: freed slots or degree table malformed");
+        goto fail;
+    }
+    for (Py_ssize_t j = 0; j < nf; j++) {
+        if (fk[j] < 0 || fk[j] >= K || (j && (fk[j] < fk[j - 1] || (fk[j] == fk[j - 1] && ft[j] < ft[j - 1])))) {
+            PyErr_SetString(PyExc_ValueError, "admit: the freed slots must be sorted by (instance, time)");
+            goto fail;
+        }
+    }
+    for (Py_ssize_t i = 0; i < ndeg; i++) {
+        const double *row = D(B_DEGREES) + i * DEG_FIELDS;
+        deg[i] = (Degree){(int64_t)row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8]};
+    }
+    c = malloc(((size_t)nw + 1) * sizeof(Adm));
+    room = malloc(((size_t)K + 1) * sizeof(double));
+    if (!c || !room) goto nomem;
+    memcpy(room, D(B_ROOM), (size_t)K * sizeof(double));
+    Py_ssize_t nc = 0;
+    for (Py_ssize_t i = 0; i < nw; i++) {
+        int64_t r = waiting[i];
+        if (r < 0 || r >= n || where[r] < -1 || where[r] >= K) {
+            PyErr_SetString(PyExc_ValueError, "admit: a waiting request's index or instance is out of range");
+            goto fail;
+        }
+        int64_t w = where[r];
+        if (w >= 0 && open_k[w]) {
+            c[nc] = (Adm){w, r, fresh[r], ready[r]};
+            nc++;
+        }
+    }
+    if (nc) {
+        if (sort_adm(c, nc) < 0) goto nomem;
+        within = malloc((size_t)nc * sizeof(double));
+        rank = malloc((size_t)nc * sizeof(int64_t));
+        if (!within || !rank) goto nomem;
+        /* the running sum over all candidates, each one's within its instance; an idle instance keeps headroom in
+           units of its first candidate's context */
+        double cs = 0.0, base = 0.0;
+        for (Py_ssize_t i = 0; i < nc; i++) {
+            double need = ctx[c[i].r];
+            cs += need;
+            if (i == 0 || c[i].k != c[i - 1].k) {
+                rank[i] = 0;
+                base = cs - need;
+                if (run_k[c[i].k] == 0) room[c[i].k] -= headroom * need;
+            } else {
+                rank[i] = rank[i - 1] + 1;
+            }
+            within[i] = cs - base;
+        }
+        go_rank = malloc((size_t)nc * sizeof(int64_t));
+        if (!go_rank) goto nomem;
+        Py_ssize_t ng = 0;
+        for (Py_ssize_t i = 0; i < nc; i++) {
+            int64_t k = c[i].k;
+            if ((within[i] <= room[k] && rank[i] < seats[k]) || (rank[i] == 0 && run_k[k] == 0)) {
+                c[ng] = c[i];
+                go_rank[ng] = rank[i];
+                ng++;
+            }
+        }
+        secs = malloc(((size_t)ng + 1) * sizeof(double));
+        credit = malloc(((size_t)ng + 1) * sizeof(double));
+        if (!secs || !credit) goto nomem;
+        for (Py_ssize_t i = 0; i < ng; i++) {
+            int64_t r = c[i].r;
+            const Degree *d = NULL;
+            for (Py_ssize_t q = 0; q < ndeg; q++)
+                if (deg[q].tp == itp[c[i].k]) d = &deg[q];
+            if (!d) {
+                PyErr_SetString(PyExc_SystemError, "admit: an instance's degree is not in the table");
+                goto fail;
+            }
+            secs[i] = (fresh[r] ? overhead : 0.0) + prefill(d, work0, attn, pending[r], ctx[r] / 2.0);
+        }
+        for (Py_ssize_t i = 0; i < ng;) { /* debt += np.bincount(gk, weights=secs) */
+            int64_t k = c[i].k;
+            double sum = 0.0;
+            for (; i < ng && c[i].k == k; i++) sum += secs[i];
+            debt[k] += sum;
+        }
+        /* `_credit`: the j-th admitted to an instance takes its j-th freed slot (after those refilled earlier at
+           this boundary), from when both it was free and the request ready */
+        for (Py_ssize_t i = 0; i < ng; i++) {
+            credit[i] = 0.0;
+            if (nf == 0) continue;
+            int64_t k = c[i].k;
+            Py_ssize_t lo = 0, hi = nf;
+            while (lo < hi) {
+                Py_ssize_t mid = lo + ((hi - lo) >> 1);
+                if (fk[mid] < k) lo = mid + 1;
+                else hi = mid;
+            }
+            Py_ssize_t first = lo;
+            hi = nf;
+            while (lo < hi) {
+                Py_ssize_t mid = lo + ((hi - lo) >> 1);
+                if (fk[mid] <= k) lo = mid + 1;
+                else hi = mid;
+            }
+            int64_t slot = go_rank[i] + refilled[k];
+            if (slot < (int64_t)(lo - first)) {
+                double since = np_max(ft[first + slot], ready[c[i].r]);
+                credit[i] = np_max(0.0, t - since);
+            }
+        }
+        for (Py_ssize_t i = 0; i < ng; i++) {
+            int64_t r = c[i].r;
+            if (nf) refilled[c[i].k] += 1;
+            lag[r] = np_max(0.0, ready[r] - t) - credit[i];
+            pending[r] = 0.0;
+            fresh[r] = 0;
+            if (state[r] != RUN) {
+                touched |= (1 << state[r]) | (1 << RUN);
+                state[r] = RUN;
+            }
+            if (ivec_push(&go, r) < 0) goto nomem;
+        }
+    }
+    {
+        PyObject *g = to_bytearray(go.p, go.n * (Py_ssize_t)sizeof(int64_t));
+        if (g) result = Py_BuildValue("Ni", g, touched);
+    }
+    goto out;
+nomem:
+    PyErr_NoMemory();
+fail:
+out:
+    release(b, N_ADMIT);
+    free(c);
+    free(room);
+    free(within);
+    free(rank);
+    free(go_rank);
+    free(secs);
+    free(credit);
+    free(go.p);
     return result;
 }
 
@@ -891,6 +1112,7 @@ static PyObject *pairwise_py(PyObject *self, PyObject *arg) {
 
 static PyMethodDef methods[] = {
     {"decode_pass", decode_pass, METH_VARARGS, decode_pass_doc},
+    {"admit", admit, METH_VARARGS, admit_doc},
     {"prefill", prefill_py, METH_VARARGS, prefill_doc},
     {"pairwise_sum", pairwise_py, METH_O, pairwise_doc},
     {NULL, NULL, 0, NULL},

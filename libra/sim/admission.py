@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from libra.sim import native
 from libra.sim.slices import _grouped
 from libra.sim.states import RUN, WAIT
 
@@ -47,6 +48,7 @@ class Admission:
         def _degrees(self) -> tuple[int, ...]: ...
         def _cap_k(self) -> np.ndarray: ...
         def _prefill_s(self, reqs: np.ndarray, k: np.ndarray) -> np.ndarray: ...
+        def _kernel_table(self) -> tuple | None: ...
 
     def _admit(self, t: float) -> None:
         """Admit what fits; then, with work-conserving admission, idle instances take requests that still queue
@@ -85,6 +87,9 @@ class Admission:
         waiting = self._in_state(WAIT)
         if steal and not self._steal(t, waiting, open_k, room, seats):
             return None
+        table = self._kernel_table()
+        if table is not None:  # the rest in C (libra.sim.native): the same state after
+            return native.admit(self, t, waiting, open_k, room, seats, run_k, table)  # type: ignore[arg-type]
         cand = waiting[open_k[self.where[waiting]]]
         if cand.size == 0:
             return cand

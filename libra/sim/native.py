@@ -1,7 +1,8 @@
-"""The timed rollout's decode pass in C, where the optional extension `libra.sim._slice_native` is built
-(ext/sim/slice_native.c): `SliceDecode._decode_pass_py` with the turns that run inside the slice
-(`_continue_in_slice`, `_end_segments`, `_refill`), the same floats bit for bit (tests/sim/test_slice_native.py,
-and the golden reports under tests/sim/golden with and without it). The Python code stays the reference and the
+"""The timed rollout's decode pass and admission in C, where the optional extension `libra.sim._slice_native` is
+built (ext/sim/slice_native.c): `SliceDecode._decode_pass_py` with the turns that run inside the slice
+(`_continue_in_slice`, `_end_segments`, `_refill`), and `Admission._admit_queued` after the steal with `_credit`;
+the same floats bit for bit (tests/sim/test_slice_native.py, and the golden reports under tests/sim/golden with and
+without it). The Python code stays the reference and the
 fallback: a machine without a C compiler installs and runs it, and `LIBRA_PURE_PYTHON=1` selects it.
 
 A rollout uses the kernel only when the kernel's prefill time equals `RolloutCost.prefill_time` on probe values
@@ -102,9 +103,42 @@ def decode_pass(
     run._freed = (np.frombuffer(fk, np.int64), np.frombuffer(ft, float))
     still = np.frombuffer(still, np.int64)
     run._last = (still, step)
-    if touched:  # the per-state sets of the states whose members changed, and the states of `live` gathered
+    _forget(run, touched)
+    return step, real
+
+
+def admit(
+    run: RolloutRun,
+    t: float,
+    waiting: np.ndarray,
+    open_k: np.ndarray,
+    room: np.ndarray,
+    seats: np.ndarray,
+    run_k: np.ndarray,
+    table: tuple,
+) -> np.ndarray:
+    """`Admission._admit_queued` from its candidates on (after the steal): admits what fits on the open
+    instances, with the same state after; returns the admitted requests."""
+    assert _NATIVE is not None
+    work0, attn, degrees = table
+    fk, ft = run._freed
+    arrays = (
+        waiting, open_k, np.ascontiguousarray(room, float), np.ascontiguousarray(seats, np.int64),
+        np.ascontiguousarray(run_k, np.int64), run.where, run.ready, run.fresh, run.ctx, run.pending, run.lag,
+        run.state, run.debt, run._refilled, run.inst.tp, np.ascontiguousarray(fk, np.int64),
+        np.ascontiguousarray(ft, float), degrees,
+    )  # fmt: skip
+    go, touched = _NATIVE.admit(
+        arrays, len(run.state), len(run.inst), t, run.c.kv_headroom_seqs, run.c.per_request_overhead_s, work0, attn
+    )
+    _forget(run, touched)
+    return np.frombuffer(go, np.int64)
+
+
+def _forget(run: RolloutRun, touched: int) -> None:
+    """Drop the cached per-state sets of the states whose members changed (bit s of `touched`: state s)."""
+    if touched:
         cache = run._by_state
         cache.pop(None, None)
         for key in [key for key in cache if key is not None and touched >> key[0] & 1]:
             del cache[key]
-    return step, real

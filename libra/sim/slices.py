@@ -41,10 +41,10 @@ def _grouped(items: np.ndarray, k: np.ndarray, order: np.ndarray) -> tuple[np.nd
     return items, k, rank, starts, group
 
 
-# the methods the C pass stands in for, and the modules that define them
+# the methods the C pass and admission stand in for, and the modules that define them
 _KERNEL_STEPS = (
     "_decode_pass_py", "_continue_in_slice", "_end_segments", "_refill", "_slice_queues",
-    "_note_freed", "_covered", "_set_state", "_prefill_s", "_cap_k",
+    "_note_freed", "_covered", "_set_state", "_prefill_s", "_cap_k", "_admit_queued", "_credit",
 )  # fmt: skip
 _KERNEL_MODULES = ("libra.sim.slices", "libra.sim.admission", "libra.sim.rollout")
 
