@@ -603,12 +603,12 @@ typedef struct {
     int held;
 } Buf;
 
-/* the arrays, in the order of libra/sim/native.py's `_ARRAYS` */
+/* the arrays of `decode_slice`, in the order libra/sim/native.py packs them */
 enum {
     A_REM, A_CTX, A_PENDING, A_READY, A_FINISH, A_LAG, A_OWN, A_STATE, A_TURN, A_MOVED, A_STOLEN, A_FRESH,
     A_WHERE, A_NSEG, A_TOOL_END, A_TOOL_TOK, A_LATENCY, A_GEN, A_CARRIED, A_RBUCKET, A_IBUCKET, A_ITP, A_CAP,
-    A_LATER_DEBT, A_DEC_S, A_SPAN_END, A_OCCUPANCY, A_REAL, A_LIVE, A_RUNNING, A_K, A_T_DELAY, A_GO_S, A_REM0,
-    A_FIRST, A_HAS, A_OPEN_S, A_OCCUPIED, A_STEP, A_FK, A_FT, A_DEGREES, N_ARRAYS
+    A_ACTIVE, A_READY_AT, A_DEBT, A_LATER_DEBT, A_OCC_BEFORE, A_OCCUPANCY, A_DEC_S, A_SPAN_END, A_STEP_OUT, A_LIVE,
+    A_FK, A_FT, A_DEGREES, A_DECODE, N_ARRAYS
 };
 
 static int format_is(const Py_buffer *v, char kind) {
@@ -639,9 +639,9 @@ static const Spec SPEC[N_ARRAYS] = {
     {'d', 'n', 1}, {'d', 'n', 1}, {'d', 'n', 1}, {'d', 'n', 1}, {'d', 'n', 1}, {'d', 'n', 1}, {'d', 'n', 1},
     {'b', 'n', 1}, {'q', 'n', 1}, {'?', 'n', 1}, {'?', 'n', 0}, {'?', 'n', 0}, {'q', 'n', 0}, {'q', 'n', 0},
     {'?', 'w', 0}, {'q', 'w', 0}, {'d', 'w', 0}, {'q', 'w', 0}, {'q', 'w', 0}, {'q', 'w', 0}, {'q', 'K', 0},
-    {'q', 'K', 0}, {'d', 'K', 0}, {'d', 'K', 1}, {'d', 'K', 1}, {'d', 'K', 1}, {'d', 'K', 1}, {'d', 'K', 1},
-    {'q', '*', 0}, {'q', 'm', 0}, {'q', 'm', 0}, {'d', 'm', 0}, {'d', 'm', 0}, {'d', 'm', 0}, {'d', 'K', 0},
-    {'?', 'K', 0}, {'d', 'K', 0}, {'?', 'K', 0}, {'d', 'K', 0}, {'q', '*', 0}, {'d', '*', 0}, {'d', '*', 0},
+    {'q', 'K', 0}, {'d', 'K', 0}, {'?', 'K', 0}, {'d', 'K', 0}, {'d', 'K', 1}, {'d', 'K', 1}, {'d', '*', 0},
+    {'d', 'K', 1}, {'d', 'K', 1}, {'d', 'K', 1}, {'d', 'K', 1}, {'q', '*', 0}, {'q', '*', 0}, {'d', '*', 0},
+    {'d', '*', 0}, {'d', '*', 0},
 };
 
 static int format_is(const Py_buffer *v, char kind);
@@ -686,164 +686,470 @@ static void release(Buf *b, int count) {
         if (b[i].held) PyBuffer_Release(&b[i].view);
 }
 
-PyDoc_STRVAR(decode_pass_doc,
-             "decode_pass(arrays, n, width, instances, t, dt, decoded, headroom, work0, attn) -> (decoded, still, "
-             "fk, ft, touched)\n\nOne decode pass of a slice (libra/sim/native.py packs the arguments).");
+/* --- one decode pass ------------------------------------------------------------------------------------- */
+/* `_pass_inputs` of a slice: per running request its instance, the time it starts decoding and for how long, and
+   what it has left of its segment; per instance its first start, whether it runs anything, the seconds it is
+   open and whether it is occupied */
+typedef struct {
+    Py_ssize_t m;
+    int64_t *running, *k;
+    double *t_delay, *go_s, *rem0, *first, *open_s;
+    uint8_t *has, *occupied;
+} PassIn;
 
-static PyObject *decode_pass(PyObject *self, PyObject *args) {
+static void reset_lists(Pass *P) {
+    free(P->tool.p);
+    free(P->in_tool);
+    free(P->queued.p);
+    free(P->new_k);
+    free(P->csr_start);
+    free(P->csr);
+    free(P->refilled.p);
+    P->tool = (IVec){0};
+    P->queued = (IVec){0};
+    P->refilled = (IVec){0};
+    P->in_tool = NULL;
+    P->new_k = P->csr_start = P->csr = NULL;
+    P->have_lists = P->tool_dirty = 0;
+}
+
+/* `_decode_pass_py` with the step times `P->step`: writes the request state, `dec_s`, `span_end`, `occ`, `real`
+   and the requests still decoding at the slice end */
+static int run_pass(Pass *P, const PassIn *in, double t, double dt, double *span_end, double *occ, double *real,
+                    IVec *still) {
+    int rc = -1;
+    IVec ended = {0}, cont = {0};
+    DVec at = {0}, start = {0};
+    Py_ssize_t m = in->m, K = P->K;
+    double *took = malloc(((size_t)(m > P->n ? m : P->n) + 1) * sizeof(double));
+    double *sums = malloc(((size_t)K + 1) * sizeof(double));
+    still->n = 0;
+    reset_lists(P);
+    if (!took || !sums) goto done;
+    for (Py_ssize_t j = 0; j < K; j++) {
+        P->dec_s[j] = 0.0;
+        span_end[j] = t;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t r = in->running[i], k = in->k[i];
+        double sk = P->step[k];
+        double tk = np_min(in->go_s[i] / sk, in->rem0[i]);
+        P->dec_s[k] += tk * sk;
+        P->rem[r] = in->rem0[i] - tk;
+        P->ctx[r] += tk;
+        took[i] = tk;
+    }
+    P->decoded += np_sum(took, m);
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t r = in->running[i], k = in->k[i];
+        P->lag[r] = 0.0;
+        if (in->rem0[i] <= in->go_s[i] / P->step[k]) {
+            double when = in->t_delay[i] + in->rem0[i] * P->step[k];
+            if (ivec_push(&ended, r) < 0 || dvec_push(&at, when) < 0) goto done;
+            span_end[k] = np_max(span_end[k], when);
+        } else if (ivec_push(still, r) < 0) {
+            goto done;
+        }
+    }
+    while (ended.n) { /* _continue_in_slice */
+        if (end_segments(P, &ended, &at, &cont, &start) < 0) goto done;
+        if (cont.n == 0) break;
+        if (decode_from(P, &cont, &start, took, sums, still, &ended, &at) < 0) goto done;
+    }
+    for (Py_ssize_t i = 0; i < still->n; i++) span_end[P->where[still->p[i]]] = t + dt;
+    for (Py_ssize_t j = 0; j < K; j++) occ[j] = np_min(1.0, in->occupied[j] ? P->dec_s[j] / in->open_s[j] : 1.0);
+    for (Py_ssize_t i = 0; i < still->n; i++) P->lag[still->p[i]] = -P->own[still->p[i]];
+    /* `_own_debt[:] = 0.0`: it is 0 at every pass start, and only the requests taken back added to it */
+    for (Py_ssize_t i = 0; i < P->refilled.n; i++) P->own[P->refilled.p[i]] = 0.0;
+    for (Py_ssize_t j = 0; j < K; j++) {
+        double span = span_end[j] - in->first[j];
+        real[j] = np_max(span > 1e-9 ? P->dec_s[j] / span : 0.0, in->has[j] ? 1.0 : 0.0);
+    }
+    rc = 0;
+done:
+    free(took);
+    free(sums);
+    free(ended.p);
+    free(at.p);
+    free(cont.p);
+    free(start.p);
+    return rc;
+}
+
+/* --- the step time of a decode iteration: RolloutCost.decode_step_time ------------------------------------- */
+enum { DEC_FIELDS = 20 };
+
+typedef struct {
+    int64_t tp;
+    int moe;
+    double W, E, ept, L, P, B, kvpt, hbm, dden, so, pso, tpo, a, H, Bd, lat, bw, L2;
+} Dec;
+
+static void dec_of_row(Dec *d, const double *row) {
+    *d = (Dec){(int64_t)row[0], row[2] != 0.0, row[1], row[3], row[4], row[5], row[6], row[7], row[8], row[9],
+               row[10], row[11], row[12], row[13], row[14], row[15], row[16], row[17], row[18], row[19]};
+}
+
+/* operand by operand as `_decode_step` (terms: RolloutCost.decode_terms) */
+static double decode_step(const Dec *d, double work0, double attn, double batch, double context) {
+    double work = work0 + attn * context;
+    double weights = d->W;
+    if (d->moe) {
+        double touched = np_min(d->E, batch * d->ept);
+        weights = d->W - d->L * (d->E - touched) * d->P * d->B;
+    }
+    double kv_bytes = batch * context * d->kvpt;
+    double mem = (weights / (double)d->tp + kv_bytes) / d->hbm;
+    double compute = batch * work / d->dden;
+    double overhead = d->so + d->pso * batch + d->tpo;
+    double comm = d->tp == 1 ? 0.0 * batch : d->L2 * (d->lat + d->a * batch * d->H * d->Bd / d->bw);
+    return np_max(mem, compute) + comm + overhead;
+}
+
+typedef struct {
+    Dec dec[MAX_DEG];
+    Py_ssize_t ndec;
+    double max_seqs, preemption, max_churn;
+} Steps;
+
+static const Dec *dec_for(const Steps *st, int64_t tp) {
+    for (Py_ssize_t i = 0; i < st->ndec; i++)
+        if (st->dec[i].tp == tp) return &st->dec[i];
+    return NULL;
+}
+
+/* `step_times`: per instance the engine step time at `batch` (inf where it runs nothing), from the running
+   contexts' sum and the requests queued */
+static int step_times(const Steps *st, const Pass *P, const double *batch, const double *ctx_k, const int64_t *queued_k,
+                      double *out) {
+    for (Py_ssize_t j = 0; j < P->K; j++) {
+        double bb = batch[j];
+        if (!(bb > 0)) {
+            out[j] = INFINITY;
+            continue;
+        }
+        const Dec *d = dec_for(st, P->itp[j]);
+        if (!d) {
+            PyErr_SetString(PyExc_SystemError, "slice kernel: an instance's degree is not in the decode table");
+            return -1;
+        }
+        double step = decode_step(d, P->work0, P->attn, bb, ctx_k[j] / bb);
+        int kv_bound = queued_k[j] > 0 && bb < st->max_seqs;
+        double churn = 1.0 + np_min(st->preemption / bb, st->max_churn);
+        out[j] = step * (kv_bound ? churn : 1.0);
+    }
+    return 0;
+}
+
+/* `_step_inputs`: the running contexts' sum per instance (in `running`'s order) and the requests queued now */
+static void step_inputs(const Pass *P, const int64_t *running, Py_ssize_t m, double now, double *ctx_k,
+                        int64_t *queued_k) {
+    for (Py_ssize_t j = 0; j < P->K; j++) {
+        ctx_k[j] = 0.0;
+        queued_k[j] = 0;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) ctx_k[P->where[running[i]]] += P->ctx[running[i]];
+    for (Py_ssize_t i = 0; i < P->nlive; i++) {
+        int64_t r = P->live[i];
+        if (P->state[r] == WAIT && P->ready[r] <= now && P->where[r] >= 0) queued_k[P->where[r]]++;
+    }
+}
+
+/* the rows a pass may write, for the live requests: saved before the first pass, written back before a second */
+typedef struct {
+    double *f[7];
+    int8_t *state;
+    int64_t *turn;
+    uint8_t *moved;
+    IVec fk;
+    DVec ft;
+    double decoded;
+} Saved;
+
+static double **rows_of(Pass *P, double **rows) {
+    rows[0] = P->rem, rows[1] = P->ctx, rows[2] = P->pending, rows[3] = P->ready, rows[4] = P->finish;
+    rows[5] = P->lag, rows[6] = P->own;
+    return rows;
+}
+
+static int save(Pass *P, Saved *sv) {
+    Py_ssize_t nl = P->nlive;
+    double *rows[7];
+    rows_of(P, rows);
+    for (int q = 0; q < 7; q++) {
+        if (!(sv->f[q] = malloc(((size_t)nl + 1) * sizeof(double)))) return -1;
+        for (Py_ssize_t i = 0; i < nl; i++) sv->f[q][i] = rows[q][P->live[i]];
+    }
+    sv->state = malloc((size_t)nl + 1);
+    sv->turn = malloc(((size_t)nl + 1) * sizeof(int64_t));
+    sv->moved = malloc((size_t)nl + 1);
+    if (!sv->state || !sv->turn || !sv->moved) return -1;
+    for (Py_ssize_t i = 0; i < nl; i++) {
+        int64_t r = P->live[i];
+        sv->state[i] = P->state[r];
+        sv->turn[i] = P->turn[r];
+        sv->moved[i] = P->moved[r];
+    }
+    for (Py_ssize_t j = 0; j < P->fk.n; j++)
+        if (ivec_push(&sv->fk, P->fk.p[j]) < 0 || dvec_push(&sv->ft, P->ft.p[j]) < 0) return -1;
+    sv->decoded = P->decoded;
+    return 0;
+}
+
+static int restore(Pass *P, const Saved *sv) {
+    double *rows[7];
+    rows_of(P, rows);
+    for (int q = 0; q < 7; q++)
+        for (Py_ssize_t i = 0; i < P->nlive; i++) rows[q][P->live[i]] = sv->f[q][i];
+    for (Py_ssize_t i = 0; i < P->nlive; i++) {
+        int64_t r = P->live[i];
+        P->state[r] = sv->state[i];
+        P->turn[r] = sv->turn[i];
+        P->moved[r] = sv->moved[i];
+    }
+    P->fk.n = P->ft.n = 0;
+    for (Py_ssize_t j = 0; j < sv->fk.n; j++)
+        if (ivec_push(&P->fk, sv->fk.p[j]) < 0 || dvec_push(&P->ft, sv->ft.p[j]) < 0) return -1;
+    P->decoded = sv->decoded;
+    for (Py_ssize_t j = 0; j < P->K; j++) P->later_debt[j] = 0.0;
+    return 0;
+}
+
+static void free_saved(Saved *sv) {
+    for (int q = 0; q < 7; q++) free(sv->f[q]);
+    free(sv->state);
+    free(sv->turn);
+    free(sv->moved);
+    free(sv->fk.p);
+    free(sv->ft.p);
+}
+
+PyDoc_STRVAR(decode_slice_doc,
+             "decode_slice(arrays, n, width, instances, t, dt, decoded, headroom, work0, attn, max_num_seqs, "
+             "preemption_factor, max_churn, tolerance) -> (decoded, busy_gpu_s, capacity_tokens, still, fk, ft, "
+             "touched)\n\nDecode the slice [t, t + dt): SliceDecode._decode (libra/sim/native.py packs the "
+             "arguments; `still` is None when nothing ran).");
+
+static PyObject *decode_slice(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *arrays;
-    Py_ssize_t n, S, K;
-    double t, dt, decoded, headroom, work0, attn;
-    if (!PyArg_ParseTuple(args, "O!nnndddddd", &PyTuple_Type, &arrays, &n, &S, &K, &t, &dt, &decoded, &headroom,
-                          &work0, &attn))
+    PyObject *arrays, *result = NULL;
+    Py_ssize_t n, S, K, m = -1;
+    double t, dt, decoded, headroom, work0, attn, max_seqs, preemption, max_churn, tolerance;
+    if (!PyArg_ParseTuple(args, "O!nnndddddddddd", &PyTuple_Type, &arrays, &n, &S, &K, &t, &dt, &decoded, &headroom,
+                          &work0, &attn, &max_seqs, &preemption, &max_churn, &tolerance))
         return NULL;
     Buf b[N_ARRAYS];
     memset(b, 0, sizeof(b));
-    PyObject *result = NULL;
     Pass P;
     memset(&P, 0, sizeof(P));
-    IVec ended = {0}, cont = {0}, still = {0};
-    DVec at = {0}, start = {0};
-    double *took = NULL, *sums = NULL;
-    Py_ssize_t m = -1;
+    Steps st;
+    memset(&st, 0, sizeof(st));
+    Saved sv;
+    memset(&sv, 0, sizeof(sv));
+    IVec still = {0};
+    PassIn in = {0};
+    int64_t *count_k = NULL, *queued_k = NULL;
+    double *used = NULL, *ctx_k = NULL, *step2 = NULL, *real = NULL, *busy = NULL, *avail = NULL, *cap_ctx = NULL;
+    double busy_sum = 0.0, capacity = 0.0;
     if (acquire(arrays, SPEC, N_ARRAYS, b, n, S, K, &m) < 0) goto fail;
 #define D(i) ((double *)b[i].view.buf)
 #define Q(i) ((int64_t *)b[i].view.buf)
 #define U(i) ((uint8_t *)b[i].view.buf)
 #define LEN(i) (b[i].view.len / b[i].view.itemsize)
-    if (LEN(A_FK) != LEN(A_FT) || LEN(A_DEGREES) % DEG_FIELDS || LEN(A_DEGREES) / DEG_FIELDS > MAX_DEG) {
-        PyErr_SetString(PyExc_ValueError, "decode_pass: freed slots or degree table malformed");
+    if (LEN(A_FK) != LEN(A_FT) || LEN(A_DEGREES) % DEG_FIELDS || LEN(A_DEGREES) / DEG_FIELDS > MAX_DEG ||
+        LEN(A_DECODE) % DEC_FIELDS || LEN(A_DECODE) / DEC_FIELDS > MAX_DEG) {
+        PyErr_SetString(PyExc_ValueError, "decode_slice: freed slots or degree tables malformed");
         goto fail;
     }
-    P.n = n;
-    P.S = S;
-    P.K = K;
-    P.rem = D(A_REM);
-    P.ctx = D(A_CTX);
-    P.pending = D(A_PENDING);
-    P.ready = D(A_READY);
-    P.finish = D(A_FINISH);
-    P.lag = D(A_LAG);
-    P.own = D(A_OWN);
+    P.n = n, P.S = S, P.K = K;
+    P.rem = D(A_REM), P.ctx = D(A_CTX), P.pending = D(A_PENDING), P.ready = D(A_READY);
+    P.finish = D(A_FINISH), P.lag = D(A_LAG), P.own = D(A_OWN);
     P.state = (int8_t *)b[A_STATE].view.buf;
-    P.turn = Q(A_TURN);
-    P.moved = U(A_MOVED);
-    P.stolen = U(A_STOLEN);
-    P.fresh = U(A_FRESH);
-    P.where = Q(A_WHERE);
-    P.nseg = Q(A_NSEG);
-    P.tool_end = U(A_TOOL_END);
-    P.tool_tok = Q(A_TOOL_TOK);
-    P.latency = D(A_LATENCY);
-    P.gen = Q(A_GEN);
-    P.carried = Q(A_CARRIED);
-    P.rbucket = Q(A_RBUCKET);
-    P.ibucket = Q(A_IBUCKET);
-    P.itp = Q(A_ITP);
-    P.cap = D(A_CAP);
-    P.later_debt = D(A_LATER_DEBT);
-    P.dec_s = D(A_DEC_S);
-    P.live = Q(A_LIVE);
-    P.nlive = LEN(A_LIVE);
-    P.step = D(A_STEP);
-    P.has = U(A_HAS);
-    P.occupied = U(A_OCCUPIED);
-    P.headroom = headroom;
-    P.work0 = work0;
-    P.attn = attn;
-    P.slice_end = t + dt;
-    P.decoded = decoded;
+    P.turn = Q(A_TURN), P.moved = U(A_MOVED), P.stolen = U(A_STOLEN), P.fresh = U(A_FRESH);
+    P.where = Q(A_WHERE), P.nseg = Q(A_NSEG), P.tool_end = U(A_TOOL_END), P.tool_tok = Q(A_TOOL_TOK);
+    P.latency = D(A_LATENCY), P.gen = Q(A_GEN), P.carried = Q(A_CARRIED), P.rbucket = Q(A_RBUCKET);
+    P.ibucket = Q(A_IBUCKET), P.itp = Q(A_ITP), P.cap = D(A_CAP);
+    P.later_debt = D(A_LATER_DEBT), P.dec_s = D(A_DEC_S);
+    P.live = Q(A_LIVE), P.nlive = LEN(A_LIVE);
+    P.headroom = headroom, P.work0 = work0, P.attn = attn, P.slice_end = t + dt, P.decoded = decoded;
     P.ndeg = LEN(A_DEGREES) / DEG_FIELDS;
     for (Py_ssize_t i = 0; i < P.ndeg; i++) {
         const double *row = D(A_DEGREES) + i * DEG_FIELDS;
-        Degree *d = &P.deg[i];
-        d->tp = (int64_t)row[0];
-        d->denom = row[1];
-        d->weights = row[2];
-        d->a = row[3];
-        d->hidden = row[4];
-        d->dbytes = row[5];
-        d->lat = row[6];
-        d->bw = row[7];
-        d->layers2 = row[8];
+        P.deg[i] = (Degree){(int64_t)row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8]};
     }
-    /* the running requests' indices now; the other live requests' on the first refill (`ensure_lists`) */
-    for (Py_ssize_t i = 0; i < m; i++) {
-        int64_t r = Q(A_RUNNING)[i];
-        if (r < 0 || r >= n || P.where[r] < 0 || P.where[r] >= K || Q(A_K)[i] != P.where[r] || P.turn[r] < 0 ||
-            P.turn[r] >= S || P.nseg[r] > S) {
-            PyErr_SetString(PyExc_ValueError, "decode_pass: a running request's index or instance is out of range");
-            goto fail;
-        }
-    }
+    st.ndec = LEN(A_DECODE) / DEC_FIELDS;
+    for (Py_ssize_t i = 0; i < st.ndec; i++) dec_of_row(&st.dec[i], D(A_DECODE) + i * DEC_FIELDS);
+    st.max_seqs = max_seqs, st.preemption = preemption, st.max_churn = max_churn;
     for (Py_ssize_t i = 0; i < LEN(A_FK); i++) {
-        if (Q(A_FK)[i] < 0 || Q(A_FK)[i] >= K || ivec_push(&P.fk, Q(A_FK)[i]) < 0 || dvec_push(&P.ft, D(A_FT)[i]) < 0) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "decode_pass: a freed slot's instance is out of range");
+        if (Q(A_FK)[i] < 0 || Q(A_FK)[i] >= K) {
+            PyErr_SetString(PyExc_ValueError, "decode_slice: a freed slot's instance is out of range");
             goto fail;
         }
+        if (ivec_push(&P.fk, Q(A_FK)[i]) < 0 || dvec_push(&P.ft, D(A_FT)[i]) < 0) goto nomem;
     }
     if (merge_new_slots(&P, 0) < 0) goto nomem;
-
-    took = malloc(((size_t)(m > n ? m : n) + 1) * sizeof(double));
-    sums = malloc(((size_t)K + 1) * sizeof(double));
-    if (!took || !sums) goto nomem;
-    {
-        const int64_t *running = Q(A_RUNNING), *k = Q(A_K);
-        const double *t_delay = D(A_T_DELAY), *go_s = D(A_GO_S), *rem0 = D(A_REM0), *first = D(A_FIRST),
-                     *open_s = D(A_OPEN_S);
-        double *span_end = D(A_SPAN_END), *occ = D(A_OCCUPANCY), *real = D(A_REAL);
+    double *debt = D(A_DEBT), *occ = D(A_OCCUPANCY), *span_end = D(A_SPAN_END), *step = D(A_STEP_OUT);
+    const double *ready_at = D(A_READY_AT);
+    const uint8_t *active = U(A_ACTIVE);
+    count_k = calloc((size_t)K + 1, sizeof(int64_t));
+    queued_k = malloc(((size_t)K + 1) * sizeof(int64_t));
+    used = malloc(((size_t)K + 1) * sizeof(double));
+    ctx_k = malloc(((size_t)K + 1) * sizeof(double));
+    step2 = malloc(((size_t)K + 1) * sizeof(double));
+    real = malloc(((size_t)K + 1) * sizeof(double));
+    busy = malloc(((size_t)K + 1) * sizeof(double));
+    avail = malloc(((size_t)K + 1) * sizeof(double));
+    cap_ctx = malloc(((size_t)K + 1) * sizeof(double));
+    in.running = malloc(((size_t)P.nlive + 1) * sizeof(int64_t));
+    if (!count_k || !queued_k || !used || !ctx_k || !step2 || !real || !busy || !avail || !cap_ctx || !in.running)
+        goto nomem;
+    /* the running requests, ascending (`_in_state(RUN)`), their indices checked */
+    for (Py_ssize_t i = 0; i < P.nlive; i++) {
+        int64_t r = P.live[i];
+        if (r < 0 || r >= n || P.where[r] < -1 || P.where[r] >= K || P.state[r] < WAIT || P.state[r] > DONE) {
+            PyErr_SetString(PyExc_ValueError, "decode_slice: a live request's index, instance or state is out of range");
+            goto fail;
+        }
+        if (P.state[r] != RUN) continue;
+        if (P.where[r] < 0 || P.turn[r] < 0 || P.turn[r] >= S || P.nseg[r] > S) {
+            PyErr_SetString(PyExc_ValueError, "decode_slice: a running request's instance or turn is out of range");
+            goto fail;
+        }
+        in.running[in.m++] = r;
+        count_k[P.where[r]]++;
+    }
+    for (Py_ssize_t j = 0; j < K; j++) P.later_debt[j] = 0.0;
+    int ran = in.m > 0;
+    if (ran) {
+        Py_ssize_t mm = in.m;
+        in.k = malloc(((size_t)mm + 1) * sizeof(int64_t));
+        in.t_delay = malloc(((size_t)mm + 1) * sizeof(double));
+        in.go_s = malloc(((size_t)mm + 1) * sizeof(double));
+        in.rem0 = malloc(((size_t)mm + 1) * sizeof(double));
+        in.first = malloc(((size_t)K + 1) * sizeof(double));
+        in.open_s = malloc(((size_t)K + 1) * sizeof(double));
+        in.has = malloc((size_t)K + 1);
+        in.occupied = malloc((size_t)K + 1);
+        if (!in.k || !in.t_delay || !in.go_s || !in.rem0 || !in.first || !in.open_s || !in.has || !in.occupied)
+            goto nomem;
+        if (save(&P, &sv) < 0) goto nomem;
+        /* `step_batch`: the running requests, scaled by the last slice's occupancy */
+        const double *occ_before = D(A_OCC_BEFORE);
+        int scale = LEN(A_OCC_BEFORE) == K;
         for (Py_ssize_t j = 0; j < K; j++) {
-            P.dec_s[j] = 0.0;
-            span_end[j] = t;
+            double bj = (double)count_k[j];
+            used[j] = (scale && bj > 0) ? np_max(1.0, bj * occ_before[j]) : bj;
         }
-        for (Py_ssize_t i = 0; i < m; i++) {
-            int64_t r = running[i];
-            double sk = P.step[k[i]];
-            double advance = go_s[i] / sk;
-            double tk = np_min(advance, rem0[i]);
-            P.dec_s[k[i]] += tk * sk;
-            P.rem[r] = rem0[i] - tk;
-            P.ctx[r] += tk;
-            took[i] = tk;
+        step_inputs(&P, in.running, mm, t, ctx_k, queued_k);
+        /* `_pass_inputs` */
+        for (Py_ssize_t j = 0; j < K; j++) {
+            avail[j] = np_max(0.0, dt - debt[j]);
+            in.first[j] = t + dt;
+            in.has[j] = count_k[j] > 0;
+            in.open_s[j] = np_max(1e-9, avail[j] * (double)count_k[j]);
+            in.occupied[j] = in.has[j] && avail[j] > 0;
         }
-        P.decoded += np_sum(took, m);
-        for (Py_ssize_t i = 0; i < m; i++) {
-            int64_t r = running[i];
-            P.lag[r] = 0.0;
-            if (rem0[i] <= go_s[i] / P.step[k[i]]) {
-                double when = t_delay[i] + rem0[i] * P.step[k[i]];
-                if (ivec_push(&ended, r) < 0 || dvec_push(&at, when) < 0) goto nomem;
-                span_end[k[i]] = np_max(span_end[k[i]], when);
-            } else if (ivec_push(&still, r) < 0) {
-                goto nomem;
+        for (Py_ssize_t i = 0; i < mm; i++) {
+            int64_t r = in.running[i], k = P.where[r];
+            double lag = P.lag[r], owed = np_min(debt[k], dt);
+            double delay = lag < 0 ? owed + lag : np_max(owed, lag);
+            in.k[i] = k;
+            in.first[k] = np_min(in.first[k], t + np_min(delay, dt));
+            in.t_delay[i] = t + delay;
+            in.go_s[i] = np_max(0.0, dt - delay);
+            in.rem0[i] = P.rem[r];
+        }
+        if (step_times(&st, &P, used, ctx_k, queued_k, step) < 0) goto fail;
+        P.step = step;
+        if (run_pass(&P, &in, t, dt, span_end, occ, real, &still) < 0) goto fail_or_nomem;
+        /* the batch each instance really ran at; decoded again where it moves the step time past the tolerance */
+        for (Py_ssize_t j = 0; j < K; j++) real[j] = real[j] > 0 ? real[j] : used[j];
+        int64_t *queued_now = malloc(((size_t)K + 1) * sizeof(int64_t));
+        double *ctx_now = malloc(((size_t)K + 1) * sizeof(double));
+        if (!queued_now || !ctx_now) {
+            free(queued_now);
+            free(ctx_now);
+            goto nomem;
+        }
+        step_inputs(&P, in.running, mm, t, ctx_now, queued_now);
+        int bad = step_times(&st, &P, real, ctx_now, queued_now, step2);
+        free(queued_now);
+        free(ctx_now);
+        if (bad < 0) goto fail;
+        int off = 0;
+        for (Py_ssize_t j = 0; j < K; j++)
+            if (isfinite(step[j]) && fabs(step2[j] - step[j]) > tolerance * step[j]) off = 1;
+        if (off) {
+            if (restore(&P, &sv) < 0) goto nomem;
+            if (step_times(&st, &P, real, ctx_k, queued_k, step) < 0) goto fail;
+            if (run_pass(&P, &in, t, dt, span_end, occ, real, &still) < 0) goto fail_or_nomem;
+        }
+        for (Py_ssize_t j = 0; j < K; j++) busy[j] = count_k[j] > 0 ? dt : np_min(debt[j], dt);
+    } else {
+        for (Py_ssize_t j = 0; j < K; j++) busy[j] = np_min(debt[j], dt);
+    }
+    /* busy_gpu_s += (busy_k * tp).sum() */
+    for (Py_ssize_t j = 0; j < K; j++) busy[j] = busy[j] * (double)P.itp[j];
+    busy_sum = np_sum(busy, K);
+    /* `_capacity`: what the started, active instances could decode at their largest batch */
+    {
+        double *up = busy; /* reused */
+        int any = 0;
+        for (Py_ssize_t j = 0; j < K; j++) {
+            up[j] = np_max(0.0, (t + dt) - np_max(t, ready_at[j])) * (active[j] ? 1.0 : 0.0);
+            if (up[j] != 0.0) any = 1;
+        }
+        if (any) {
+            double mean_all = 1.0;
+            if (P.nlive) {
+                double *g = real; /* reused as scratch: the live contexts */
+                if (P.nlive > K) {
+                    g = malloc((size_t)P.nlive * sizeof(double));
+                    if (!g) goto nomem;
+                }
+                for (Py_ssize_t i = 0; i < P.nlive; i++) g[i] = P.ctx[P.live[i]];
+                mean_all = np_sum(g, P.nlive) / (double)P.nlive;
+                if (g != real) free(g);
+            }
+            if (ran) {
+                for (Py_ssize_t j = 0; j < K; j++) ctx_k[j] = 0.0;
+                for (Py_ssize_t i = 0; i < in.m; i++) ctx_k[P.where[in.running[i]]] += P.ctx[in.running[i]];
+            }
+            for (Py_ssize_t j = 0; j < K; j++) {
+                double c = mean_all;
+                if (ran && count_k[j] > 0) c = ctx_k[j] / (double)(count_k[j] > 1 ? count_k[j] : 1);
+                cap_ctx[j] = c;
+                double bb = floor(P.cap[j] / np_max(c, 1.0));
+                bb = bb > 1.0 ? bb : 1.0; /* np.clip(x, 1, max_num_seqs) */
+                used[j] = bb < max_seqs ? bb : max_seqs;
+            }
+            /* per degree, ascending, a pairwise sum over its instances in index order */
+            int64_t done_tp = 0;
+            for (;;) {
+                int64_t tp = -1;
+                for (Py_ssize_t j = 0; j < K; j++)
+                    if (P.itp[j] > done_tp && (tp < 0 || P.itp[j] < tp)) tp = P.itp[j];
+                if (tp < 0) break;
+                const Dec *d = dec_for(&st, tp);
+                if (!d) {
+                    PyErr_SetString(PyExc_SystemError, "slice kernel: an instance's degree is not in the decode table");
+                    goto fail;
+                }
+                Py_ssize_t q = 0;
+                for (Py_ssize_t j = 0; j < K; j++)
+                    if (P.itp[j] == tp && up[j] > 0)
+                        step2[q++] = up[j] * used[j] / decode_step(d, work0, attn, used[j], cap_ctx[j]);
+                if (q) capacity += np_sum(step2, q);
+                done_tp = tp;
             }
         }
-        /* _continue_in_slice */
-        while (ended.n) {
-            if (end_segments(&P, &ended, &at, &cont, &start) < 0) goto fail_or_nomem;
-            if (cont.n == 0) break;
-            if (decode_from(&P, &cont, &start, took, sums, &still, &ended, &at) < 0) goto nomem;
-        }
-        for (Py_ssize_t i = 0; i < still.n; i++) span_end[P.where[still.p[i]]] = t + dt;
-        for (Py_ssize_t j = 0; j < K; j++) {
-            double o = P.occupied[j] ? P.dec_s[j] / open_s[j] : 1.0;
-            occ[j] = np_min(1.0, o);
-        }
-        for (Py_ssize_t i = 0; i < still.n; i++) P.lag[still.p[i]] = -P.own[still.p[i]];
-        /* `_own_debt[:] = 0.0`: it is 0 at every pass start, and only the requests taken back added to it */
-        for (Py_ssize_t i = 0; i < P.refilled.n; i++) P.own[P.refilled.p[i]] = 0.0;
-        for (Py_ssize_t j = 0; j < K; j++) {
-            double span = span_end[j] - first[j];
-            double rl = span > 1e-9 ? P.dec_s[j] / span : 0.0;
-            real[j] = np_max(rl, P.has[j] ? 1.0 : 0.0);
-        }
     }
+    for (Py_ssize_t j = 0; j < K; j++) debt[j] = np_max(0.0, debt[j] - dt) + P.later_debt[j];
     {
-        PyObject *s = to_bytearray(still.p, still.n * (Py_ssize_t)sizeof(int64_t));
+        PyObject *s = ran ? to_bytearray(still.p, still.n * (Py_ssize_t)sizeof(int64_t)) : Py_NewRef(Py_None);
         PyObject *f1 = to_bytearray(P.fk.p, P.fk.n * (Py_ssize_t)sizeof(int64_t));
         PyObject *f2 = to_bytearray(P.ft.p, P.ft.n * (Py_ssize_t)sizeof(double));
-        if (s && f1 && f2) result = Py_BuildValue("dNNNi", P.decoded, s, f1, f2, P.touched);
+        if (s && f1 && f2) result = Py_BuildValue("dddNNNi", P.decoded, busy_sum, capacity, s, f1, f2, P.touched);
         else {
             Py_XDECREF(s);
             Py_XDECREF(f1);
@@ -858,23 +1164,57 @@ nomem:
 fail:
 out:
     release(b, N_ARRAYS);
+    reset_lists(&P);
     free(P.fk.p);
     free(P.ft.p);
-    free(P.tool.p);
-    free(P.in_tool);
-    free(P.queued.p);
-    free(P.new_k);
-    free(P.csr_start);
-    free(P.csr);
-    free(P.refilled.p);
-    free(ended.p);
-    free(at.p);
-    free(cont.p);
-    free(start.p);
+    free_saved(&sv);
     free(still.p);
-    free(took);
-    free(sums);
+    free(in.running);
+    free(in.k);
+    free(in.t_delay);
+    free(in.go_s);
+    free(in.rem0);
+    free(in.first);
+    free(in.open_s);
+    free(in.has);
+    free(in.occupied);
+    free(count_k);
+    free(queued_k);
+    free(used);
+    free(ctx_k);
+    free(step2);
+    free(real);
+    free(busy);
+    free(avail);
+    free(cap_ctx);
     return result;
+}
+
+PyDoc_STRVAR(decode_doc, "decode_step(decode_row, work0, attn, batch, context) -> float\n\nThe kernel's decode "
+                         "step time (checked against RolloutCost.decode_step_time before the kernel is used).");
+
+/* the floats of a tuple of `fields` terms (a row of `prefill_terms` or `decode_terms`) */
+static int row_of(PyObject *row, int fields, double *out) {
+    if (PyTuple_GET_SIZE(row) != fields) {
+        PyErr_Format(PyExc_ValueError, "a row of terms has %d fields, got %zd", fields, PyTuple_GET_SIZE(row));
+        return -1;
+    }
+    for (int i = 0; i < fields; i++) {
+        out[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(row, i));
+        if (out[i] == -1.0 && PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
+static PyObject *decode_py(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *row;
+    double work0, attn, batch, context, f[DEC_FIELDS];
+    if (!PyArg_ParseTuple(args, "O!dddd", &PyTuple_Type, &row, &work0, &attn, &batch, &context)) return NULL;
+    if (row_of(row, DEC_FIELDS, f) < 0) return NULL;
+    Dec d;
+    dec_of_row(&d, f);
+    return PyFloat_FromDouble(decode_step(&d, work0, attn, batch, context));
 }
 
 /* --- admission: `Admission._admit_queued` after the steal ------------------------------------------------ */
@@ -1079,17 +1419,9 @@ PyDoc_STRVAR(prefill_doc, "prefill(degree_row, work0, attn, tokens, context) -> 
 static PyObject *prefill_py(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *row;
-    double work0, attn, tokens, context;
+    double work0, attn, tokens, context, f[DEG_FIELDS];
     if (!PyArg_ParseTuple(args, "O!dddd", &PyTuple_Type, &row, &work0, &attn, &tokens, &context)) return NULL;
-    if (PyTuple_GET_SIZE(row) != DEG_FIELDS) {
-        PyErr_SetString(PyExc_ValueError, "prefill: a degree row has 9 fields");
-        return NULL;
-    }
-    double f[DEG_FIELDS];
-    for (int i = 0; i < DEG_FIELDS; i++) {
-        f[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(row, i));
-        if (f[i] == -1.0 && PyErr_Occurred()) return NULL;
-    }
+    if (row_of(row, DEG_FIELDS, f) < 0) return NULL;
     Degree d = {(int64_t)f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8]};
     return PyFloat_FromDouble(prefill(&d, work0, attn, tokens, context));
 }
@@ -1111,7 +1443,8 @@ static PyObject *pairwise_py(PyObject *self, PyObject *arg) {
 }
 
 static PyMethodDef methods[] = {
-    {"decode_pass", decode_pass, METH_VARARGS, decode_pass_doc},
+    {"decode_slice", decode_slice, METH_VARARGS, decode_slice_doc},
+    {"decode_step", decode_py, METH_VARARGS, decode_doc},
     {"admit", admit, METH_VARARGS, admit_doc},
     {"prefill", prefill_py, METH_VARARGS, prefill_doc},
     {"pairwise_sum", pairwise_py, METH_O, pairwise_doc},

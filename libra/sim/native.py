@@ -1,12 +1,13 @@
-"""The timed rollout's decode pass and admission in C, where the optional extension `libra.sim._slice_native` is
-built (ext/sim/slice_native.c): `SliceDecode._decode_pass_py` with the turns that run inside the slice
-(`_continue_in_slice`, `_end_segments`, `_refill`), and `Admission._admit_queued` after the steal with `_credit`;
-the same floats bit for bit (tests/sim/test_slice_native.py, and the golden reports under tests/sim/golden with and
-without it). The Python code stays the reference and the
+"""The timed rollout's slice decoding and admission in C, where the optional extension `libra.sim._slice_native` is
+built (ext/sim/slice_native.c): `SliceDecode._decode` (both decode passes with the turns that run inside the slice,
+`_continue_in_slice`, `_end_segments`, `_refill`; the step times, the check between the passes, the capacity), and
+`Admission._admit_queued` after the steal with `_credit`. The same floats bit for bit: tests/sim/test_slice_native.py,
+and the golden reports under tests/sim/golden with and without it. The Python code stays the reference and the
 fallback: a machine without a C compiler installs and runs it, and `LIBRA_PURE_PYTHON=1` selects it.
 
-A rollout uses the kernel only when the kernel's prefill time equals `RolloutCost.prefill_time` on probe values
-for every degree it runs (`usable`): a cost model whose formula changed, or a subclass, falls back to Python."""
+A rollout uses the kernel only when the kernel's prefill and decode step times equal `RolloutCost.prefill_time`'s
+and `decode_step_time`'s on probe values for every degree it runs (`degree_table`), and its arrays are the kernel's
+(`usable`): a cost model whose formula changed, or a subclass, falls back to Python."""
 
 from __future__ import annotations
 
@@ -39,21 +40,27 @@ def load() -> ModuleType | None:
 _NATIVE = load()
 
 
-def degree_table(rc: RolloutCost, degrees: tuple[int, ...]) -> tuple[float, float, np.ndarray] | None:
-    """(work0, attn, one row of prefill terms per degree) when the kernel's prefill time is `rc.prefill_time`'s
-    on every probe, else None."""
+def degree_table(rc: RolloutCost, degrees: tuple[int, ...]) -> tuple[float, float, np.ndarray, np.ndarray] | None:
+    """(work0, attn, one row of prefill terms per degree, one row of decode terms per degree) when the kernel's
+    prefill and decode step times are `rc.prefill_time`'s and `rc.decode_step_time`'s on every probe, else None."""
     if _NATIVE is None:
         return None
-    rows = []
+    prefill_rows, decode_rows = [], []
     work0 = attn = 0.0
     for tp in degrees:
         work0, attn, *row = rc.prefill_terms(tp)
+        dec = rc.decode_terms(tp)
         for tokens, context in _PROBES:
             want = float(rc.prefill_time(tp, np.array([tokens]), np.array([context]))[0])
             if _NATIVE.prefill(tuple(row), work0, attn, tokens, context) != want:
                 return None
-        rows.append(row)
-    return work0, attn, np.array(rows, float)
+            batch = max(1.0, tokens / 64.0)
+            want = float(rc.decode_step_time(tp, np.array([batch]), np.array([context]))[0])
+            if _NATIVE.decode_step(dec, work0, attn, batch, context) != want:
+                return None
+        prefill_rows.append(row)
+        decode_rows.append(dec)
+    return work0, attn, np.array(prefill_rows, float), np.array(decode_rows, float)
 
 
 def usable(run: RolloutRun) -> bool:
@@ -71,40 +78,41 @@ def usable(run: RolloutRun) -> bool:
     )
 
 
-def decode_pass(
-    run: RolloutRun, t: float, dt: float, running: np.ndarray, step: np.ndarray, fixed: tuple, table: tuple
-) -> tuple[np.ndarray, np.ndarray]:
-    """`SliceDecode._decode_pass_py(t, dt, running, batch, inputs, fixed)` given the step times `step` it computes
-    first; `table`: `degree_table` of the rollout's degrees. Returns (step, real) and leaves the rollout's state as
-    the reference does."""
+def decode_slice(run: RolloutRun, t: float, dt: float, table: tuple, tolerance: float) -> None:
+    """`SliceDecode._decode(t, dt)` in C (both passes, the check between them, the busy GPU-seconds, the capacity
+    and the instances' debt), leaving the rollout's state as the reference does; `table`: `degree_table` of the
+    rollout's degrees; `tolerance`: `REFINE_TOLERANCE`."""
     assert _NATIVE is not None
-    k, t_delay, go_s, rem0, first, has, open_s, occupied = fixed
+    work0, attn, prefill_rows, decode_rows = table
     k_all = len(run.inst)
-    run._decoded_s = np.empty(k_all)
-    run._span_end = np.empty(k_all)
-    run._occupancy = np.empty(k_all)
-    real = np.empty(k_all)
+    occupancy, decoded_s, span_end, step = np.empty(k_all), np.empty(k_all), np.empty(k_all), np.empty(k_all)
     fk, ft = run._freed
-    work0, attn, degrees = table
-    w, routes, inst = run.work, run.routes, run.inst
+    run._later_debt = np.zeros(k_all)  # sized anew: instances join between slices
+    w, routes, inst, c = run.work, run.routes, run.inst, run.c
     arrays = (
         run.rem, run.ctx, run.pending, run.ready, run.finish, run.lag, run._own_debt,
         run.state, run.turn, run.moved, run.stolen, run.fresh, run.where, w.num_segments,
         w.tool_end, w.tool_tokens, w.latency, w.gen, routes.carried, routes.bucket,
-        inst.bucket, inst.tp, run._cap_k(), run._later_debt, run._decoded_s, run._span_end, run._occupancy, real,
-        run._live, running, k, t_delay, go_s, rem0, first, has, open_s, occupied, step,
-        np.ascontiguousarray(fk, np.int64), np.ascontiguousarray(ft, float), degrees,
+        inst.bucket, inst.tp, run._cap_k(), inst.active, inst.ready_at, run.debt, run._later_debt,
+        np.ascontiguousarray(run._occupancy, float), occupancy, decoded_s, span_end, step, run._live,
+        np.ascontiguousarray(fk, np.int64), np.ascontiguousarray(ft, float), prefill_rows, decode_rows,
     )  # fmt: skip
     n, width = w.gen.shape
-    decoded, still, fk, ft, touched = _NATIVE.decode_pass(
-        arrays, n, width, k_all, t, dt, run.decoded, run.c.kv_headroom_seqs, work0, attn
-    )
+    decoded, busy, capacity, still, fk, ft, touched = _NATIVE.decode_slice(
+        arrays, n, width, k_all, t, dt, run.decoded, c.kv_headroom_seqs, work0, attn,
+        float(c.max_num_seqs), c.preemption_factor, c.max_churn, tolerance,
+    )  # fmt: skip
     run.decoded = decoded
+    run.busy_gpu_s += busy
+    run.capacity_tokens += capacity
     run._freed = (np.frombuffer(fk, np.int64), np.frombuffer(ft, float))
-    still = np.frombuffer(still, np.int64)
-    run._last = (still, step)
+    run._queues = None
+    if still is None:  # nothing ran: the last slice's occupancy stays
+        run._last = None
+    else:
+        run._last = (np.frombuffer(still, np.int64), step)
+        run._occupancy, run._decoded_s, run._span_end = occupancy, decoded_s, span_end
     _forget(run, touched)
-    return step, real
 
 
 def admit(
@@ -120,7 +128,7 @@ def admit(
     """`Admission._admit_queued` from its candidates on (after the steal): admits what fits on the open
     instances, with the same state after; returns the admitted requests."""
     assert _NATIVE is not None
-    work0, attn, degrees = table
+    work0, attn, degrees, _ = table
     fk, ft = run._freed
     arrays = (
         waiting, open_k, np.ascontiguousarray(room, float), np.ascontiguousarray(seats, np.int64),

@@ -41,10 +41,12 @@ def _grouped(items: np.ndarray, k: np.ndarray, order: np.ndarray) -> tuple[np.nd
     return items, k, rank, starts, group
 
 
-# the methods the C pass and admission stand in for, and the modules that define them
+# the methods the C slice and admission stand in for, and the modules that define them
 _KERNEL_STEPS = (
-    "_decode_pass_py", "_continue_in_slice", "_end_segments", "_refill", "_slice_queues",
-    "_note_freed", "_covered", "_set_state", "_prefill_s", "_cap_k", "_admit_queued", "_credit",
+    "_decode", "_decode_pass", "_decode_pass_py", "_continue_in_slice", "_end_segments", "_refill", "_slice_queues",
+    "_note_freed", "_covered", "_set_state", "_prefill_s", "_cap_k", "_admit_queued", "_credit", "_save",
+    "_restore", "_pass_inputs", "_pass_arrays", "step_batch", "step_times", "_step_inputs", "_capacity",
+    "_in_state", "_degrees", "_degree_masks",
 )  # fmt: skip
 _KERNEL_MODULES = ("libra.sim.slices", "libra.sim.admission", "libra.sim.rollout")
 
@@ -121,7 +123,12 @@ class SliceDecode:
         coming back inside it change: the slice is decoded once at the batch predicted from its start (the running
         requests, scaled by the last slice's occupancy), then, where the batch it actually ran at (batch-seconds
         decoded over the instance's busy span) changes its step time by more than `REFINE_TOLERANCE`, decoded
-        again at that batch (`_decode_pass`)."""
+        again at that batch (`_decode_pass`). In C where the optional extension is built (`libra.sim.native`),
+        the same state after, bit for bit; this code is the reference."""
+        table = self._kernel_table()
+        if table is not None:  # in C (libra.sim.native): the same state after
+            native.decode_slice(self, t, dt, table, REFINE_TOLERANCE)  # type: ignore[arg-type]
+            return
         running = self._in_state(RUN)
         k_all = len(self.inst)
         self._last = None
@@ -193,18 +200,13 @@ class SliceDecode:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Decode the slice with every instance at `batch`; returns its step times and the batch each instance
         actually ran at: batch-seconds decoded over its busy span (from its first request's start to its last
-        one's end, or the slice end). `fixed`: `_pass_inputs` of the slice. In C where the optional extension is
-        built (`libra.sim.native`), else `_decode_pass_py`: the same state after, bit for bit."""
-        step = self.step_times(running, batch, inputs)
-        table = self._kernel_table()
-        if table is not None:
-            return native.decode_pass(self, t, dt, running, step, fixed, table)  # type: ignore[arg-type]
-        return self._decode_pass_py(t, dt, running, step, fixed)
+        one's end, or the slice end). `fixed`: `_pass_inputs` of the slice."""
+        return self._decode_pass_py(t, dt, running, self.step_times(running, batch, inputs), fixed)
 
     def _kernel_table(self) -> tuple | None:
-        """`native.degree_table` of this rollout's degrees when the C pass may run it (recomputed when
-        instances are added); None where it may not: not built, a prefill formula it does not have, arrays it
-        does not take, or a subclass that overrides a step of the Python pass."""
+        """`native.degree_table` of this rollout's degrees when the C slice and admission may run it (recomputed
+        when instances are added); None where they may not: not built, a prefill or decode formula they do not
+        have, arrays they do not take, or a subclass that defines a step of the Python code elsewhere."""
         if self._kernel_key != len(self.inst):
             ok = not _overridden(type(self)) and native.usable(self)  # type: ignore[arg-type]
             self._kernel = native.degree_table(self.rc, self._degrees()) if ok else None

@@ -56,9 +56,15 @@ def _same(a: RolloutRun, b: RolloutRun, where: str) -> None:
         np.testing.assert_array_equal(_bits(a._last[1]), _bits(b._last[1]), err_msg=f"step times {where}")
 
 
-def _lockstep(work, routes, tps, buckets, **options) -> int:
+def _instances(tps, buckets, lent) -> Instances:
+    inst = Instances(tps, buckets, [0.0] * len(tps))
+    inst.active[list(lent)] = False  # lent to training by the elastic pool: no capacity, no requests
+    return inst
+
+
+def _lockstep(work, routes, tps, buckets, cm=CM, lent=(), **options) -> int:
     """Both rollouts slice by slice from the same start, compared after every slice; returns the slices."""
-    runs = [cls(CM, work, routes, Instances(tps, buckets, [0.0] * len(tps)), start=0.0, **options) for cls in
+    runs = [cls(cm, work, routes, _instances(tps, buckets, lent), start=0.0, **options) for cls in
             (RolloutRun, _Reference)]  # fmt: skip
     fast, ref = runs
     calls = 0
@@ -93,6 +99,8 @@ def _lockstep(work, routes, tps, buckets, **options) -> int:
         ("r2e-gym", 24, 16, [1, 1, 4, 4], "1:6000,4:inf", "overflow", {"steal": "all", "min_slice_s": 1.0}),
         # the same with long generations: moves at chunk boundaries, which a stolen request's instance covers
         ("dapo-math", 24, 16, [1, 1, 4, 4], "1:4000,4:inf", "overflow", {"steal": "all"}),
+        # an instance lent to training: inactive, it adds no capacity
+        ("search-r1", 16, 8, [2, 2, 2], "2:inf", "single", {"lent": [1]}),
     ],
 )
 def test_a_rollout_is_the_same_slice_by_slice(workload, prompts, samples, tps, buckets, routing, options):
@@ -149,14 +157,26 @@ def test_the_pairwise_sum_is_numpys_on_long_arrays():
     model=st.sampled_from(["Qwen3-4B", "Qwen3-14B", "Qwen3-30B-A3B", "Llama-3-70B"]),
     tp=st.sampled_from([1, 2, 4, 8]),
     tokens=st.floats(0, 1e6, allow_nan=False),
+    batch=st.floats(1.0, 2048.0),
     context=st.floats(0, 2e6, allow_nan=False),
     mfu=st.floats(0.05, 0.9),
 )
-def test_the_kernel_prefill_is_the_cost_models(model, tp, tokens, context, mfu):
-    rc = CostModel(CLUSTER, get_model(model), CostCoefficients(prefill_mfu=mfu)).rollout
+def test_the_kernel_prefill_and_decode_step_are_the_cost_models(model, tp, tokens, batch, context, mfu):
+    rc = CostModel(CLUSTER, get_model(model), CostCoefficients(prefill_mfu=mfu, decode_mfu=mfu)).rollout
     work0, attn, *row = rc.prefill_terms(tp)
+    ext = native.load()
     want = float(rc.prefill_time(tp, np.array([tokens]), np.array([context]))[0])
-    assert native.load().prefill(tuple(row), work0, attn, tokens, context).hex() == want.hex()
+    assert ext.prefill(tuple(row), work0, attn, tokens, context).hex() == want.hex()
+    want = float(rc.decode_step_time(tp, np.array([batch]), np.array([context]))[0])
+    assert ext.decode_step(rc.decode_terms(tp), work0, attn, batch, context).hex() == want.hex()
+
+
+def test_a_moe_rollout_is_the_same_slice_by_slice():
+    """The decode step of a mixture of experts reads only the experts its tokens touch (`decode_terms`)."""
+    moe = CostModel(CLUSTER, get_model("Qwen3-30B-A3B"))
+    work = WorkSource.from_generator("search-r1", seed=3, num_prompts=8, samples_per_prompt=8, max_model_len=40960)
+    routes = routes_for("overflow", work.step(0), parse_buckets("1:3000,2:inf"), None)
+    assert _lockstep(work.step(0), routes, [1, 2], [0, 1], cm=moe) > 20
 
 
 def test_a_cost_model_with_another_prefill_formula_runs_the_python_pass():
@@ -174,9 +194,10 @@ def test_bad_arrays_are_refused_with_an_error():
     run = RolloutRun(CM, work.step(0), routes_for("single", work.step(0), parse_buckets("1:inf"), None),
                      Instances([1], [0], [0.0]), start=0.0)  # fmt: skip
     ext = native.load()
-    with pytest.raises(ValueError, match="needs 42 arrays"):
-        ext.decode_pass((), 1, 1, 1, 0.0, 1.0, 0.0, 4.0, 1.0, 1.0)
-    arrays = [np.zeros(1)] * 42
+    with pytest.raises(ValueError, match="needs 37 arrays"):
+        ext.decode_slice((), 1, 1, 1, 0.0, 1.0, 0.0, 4.0, 1.0, 1.0, 512.0, 1.0, 2.0, 0.01)
     with pytest.raises(TypeError, match="format"):
-        ext.decode_pass(tuple(arrays), 1, 1, 1, 0.0, 1.0, 0.0, 4.0, 1.0, 1.0)
+        ext.decode_slice((np.zeros(1),) * 37, 1, 1, 1, 0.0, 1.0, 0.0, 4.0, 1.0, 1.0, 512.0, 1.0, 2.0, 0.01)
+    with pytest.raises(ValueError, match="needs 18 arrays"):
+        ext.admit((), 1, 1, 0.0, 4.0, 0.3, 1.0, 1.0)
     assert run._kernel_table() is not None

@@ -154,6 +154,33 @@ class RolloutCost:
             comm = (a, float(m.hidden_size), float(m.dtype_bytes), latency, bandwidth, float(2 * m.num_layers))
         return (self._work0, self._attn, float(tp), denom, weights, *comm)
 
+    def decode_terms(self, tp: int) -> tuple[float, ...]:
+        """What `decode_step_time(tp, batch, context)` is made of, for the simulator's slice kernel (as
+        `prefill_terms`): (tp, weight bytes, is MoE, experts, experts per token, layers, expert parameters, dtype
+        bytes, KV bytes per token, HBM bytes/s x efficiency, tp x FLOPs x decode MFU, step overhead, per-sequence
+        overhead, TP step overhead, then the all-reduce terms of `prefill_terms`: a, hidden, dtype bytes,
+        latency, bandwidth, 2 x layers). The caller checks its results against `decode_step_time`."""
+        c, g, m = self.c, self.gpu, self.model
+        comm = self.prefill_terms(tp)[5:]
+        moe = (
+            (1.0, float(m.num_experts), float(m.experts_per_token), float(m.num_layers), float(m.expert_params))
+            if m.is_moe
+            else (0.0, 0.0, 0.0, 0.0, 0.0)
+        )
+        return (
+            float(tp),
+            float(self._weight_bytes),
+            *moe,
+            float(m.dtype_bytes),
+            self._kv_per_token(tp),
+            g.hbm_bytes_per_s * c.hbm_efficiency,
+            tp * g.flops * c.decode_mfu,
+            c.step_overhead_s,
+            c.per_seq_overhead_s,
+            c.tp_step_overhead_s if tp > 1 else 0.0,
+            *comm,
+        )
+
     # --- a whole instance -------------------------------------------------------------------------------------
     def instance_time(
         self,
