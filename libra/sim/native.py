@@ -143,6 +143,23 @@ def admit(
     return np.frombuffer(go, np.int64)
 
 
+def next_event(run: RolloutRun, t: float) -> float:
+    """`RolloutRun.next_event(t)` in C: the same time."""
+    assert _NATIVE is not None
+    last = run._last
+    still, step = last if last is not None else (_NONE, _NONE_F)
+    arrays = (
+        run._live, run.state, run.ready, run.where, run.debt, run.rem, np.ascontiguousarray(still, np.int64),
+        np.ascontiguousarray(step, float), run.inst.ready_at,
+    )  # fmt: skip
+    return _NATIVE.next_event(
+        arrays, len(run.state), len(run.inst), t, run.min_slice_s, run.max_slice_s, last is not None
+    )
+
+
+_NONE, _NONE_F = np.zeros(0, np.int64), np.zeros(0)
+
+
 def _forget(run: RolloutRun, touched: int) -> None:
     """Drop the cached per-state sets of the states whose members changed (bit s of `touched`: state s)."""
     if touched:

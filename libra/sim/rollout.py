@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from libra.planning.cost import CostModel
+from libra.sim import native
 from libra.sim.admission import Admission
 from libra.sim.routing import Routes
 from libra.sim.slices import REFINE_TOLERANCE, SliceDecode
@@ -416,7 +417,10 @@ class RolloutRun(SliceDecode, Admission):
 
     def next_event(self, t: float) -> float:
         """The next time something changes (a segment end, a tool return, an instance start), at least
-        `min_slice_s` and at most `max_slice_s` ahead. Segment ends use the step times of the last slice."""
+        `min_slice_s` and at most `max_slice_s` ahead. Segment ends use the step times of the last slice. In C with
+        the slice (`libra.sim.native`)."""
+        if self._kernel_table() is not None:
+            return native.next_event(self, t)
         nxt = t + self.max_slice_s
         running = self._in_state(RUN)
         if self._last is not None and self._last[0].size:
