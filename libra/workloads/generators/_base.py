@@ -53,16 +53,27 @@ def cap_lengths(batch: StepBatch, prompt_tokens: np.ndarray, max_model_len: int)
     """Cut every trajectory at `max_model_len` total tokens, as an engine would: the turn that crosses the limit
     is shortened (its tool return first, then its generation) and becomes the last one, so a cut trajectory may
     end on a tool turn."""
+    n, horizon = batch.gen_tokens.shape
+    valid = np.arange(horizon)[None, :] < batch.num_turns[:, None]
+    per_turn = batch.gen_tokens + batch.tool_tokens
+    np.multiply(per_turn, valid, out=per_turn)  # 0 past a row's turns (one temporary: a step's arrays are large)
+    if per_turn.min(initial=0) >= 0:
+        # no negative count: only a row whose whole length is over the limit has a turn that crosses it, so the
+        # running sums are taken over those rows alone
+        rows = np.flatnonzero(prompt_tokens + per_turn.sum(axis=1) > max_model_len)
+    else:
+        rows = np.arange(n)
+    some = per_turn[rows]
+    before = prompt_tokens[rows, None] + np.cumsum(some, axis=1) - some  # context at the start of each turn
+    over = valid[rows] & (before + some > max_model_len)
+    crossing = over.any(axis=1)
+    rows, before, over = rows[crossing], before[crossing], over[crossing]
+    if rows.size == 0:
+        return batch
     gen = batch.gen_tokens.copy()
     tool_tok = batch.tool_tokens.copy()
-    n, horizon = gen.shape
-    valid = np.arange(horizon)[None, :] < batch.num_turns[:, None]
-    per_turn = np.where(valid, gen + tool_tok, 0)
-    before = prompt_tokens[:, None] + np.cumsum(per_turn, axis=1) - per_turn  # context at the start of each turn
-    over = valid & (before + per_turn > max_model_len)
-    rows = np.flatnonzero(over.any(axis=1))
-    turn = np.argmax(over[rows], axis=1)  # the first turn that crosses the limit
-    room = np.maximum(0, max_model_len - before[rows, turn])
+    turn = np.argmax(over, axis=1)  # the first turn that crosses the limit
+    room = np.maximum(0, max_model_len - before[np.arange(rows.size), turn])
     g = np.minimum(gen[rows, turn], room)
     gen[rows, turn] = g
     tool_tok[rows, turn] = np.minimum(tool_tok[rows, turn], room - g)
