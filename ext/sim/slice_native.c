@@ -566,11 +566,14 @@ static int end_segments(Pass *P, const IVec *ended, const DVec *at, IVec *cont, 
 /* --- the pass --------------------------------------------------------------------------------------------- */
 /* Decode the requests `cont` from `start` to the slice end at their instance's step time; ended ones go to
    `ended` / `at`, the others to `still`. */
-static int decode_from(Pass *P, const IVec *cont, const DVec *start, double *took, double *sums, IVec *still,
-                       IVec *ended, DVec *at) {
+static int decode_from(Pass *P, const IVec *cont, const DVec *start, double *took, double *sums, uint8_t *added,
+                       IVec *still, IVec *ended, DVec *at) {
     ended->n = at->n = 0;
     Py_ssize_t m = cont->n;
-    for (Py_ssize_t i = 0; i < m; i++) sums[P->where[cont->p[i]]] = 0.0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        sums[P->where[cont->p[i]]] = 0.0;
+        added[P->where[cont->p[i]]] = 0;
+    }
     for (Py_ssize_t i = 0; i < m; i++) {
         int64_t r = cont->p[i], k = P->where[r];
         double sk = P->step[k];
@@ -589,9 +592,9 @@ static int decode_from(Pass *P, const IVec *cont, const DVec *start, double *too
     }
     for (Py_ssize_t i = 0; i < m; i++) {
         int64_t k = P->where[cont->p[i]];
-        if (sums[k] == sums[k]) { /* once per instance: the sum is added, then marked done with a NaN */
+        if (!added[k]) { /* `+= np.bincount(...)`: each instance's sum, once */
             P->dec_s[k] += sums[k];
-            sums[k] = NAN;
+            added[k] = 1;
         }
     }
     P->decoded += np_sum(took, m);
@@ -723,9 +726,10 @@ static int run_pass(Pass *P, const PassIn *in, double t, double dt, double *span
     Py_ssize_t m = in->m, K = P->K;
     double *took = malloc(((size_t)(m > P->n ? m : P->n) + 1) * sizeof(double));
     double *sums = malloc(((size_t)K + 1) * sizeof(double));
+    uint8_t *added = malloc((size_t)K + 1);
     still->n = 0;
     reset_lists(P);
-    if (!took || !sums) goto done;
+    if (!took || !sums || !added) goto done;
     for (Py_ssize_t j = 0; j < K; j++) {
         P->dec_s[j] = 0.0;
         span_end[j] = t;
@@ -754,7 +758,7 @@ static int run_pass(Pass *P, const PassIn *in, double t, double dt, double *span
     while (ended.n) { /* _continue_in_slice */
         if (end_segments(P, &ended, &at, &cont, &start) < 0) goto done;
         if (cont.n == 0) break;
-        if (decode_from(P, &cont, &start, took, sums, still, &ended, &at) < 0) goto done;
+        if (decode_from(P, &cont, &start, took, sums, added, still, &ended, &at) < 0) goto done;
     }
     for (Py_ssize_t i = 0; i < still->n; i++) span_end[P->where[still->p[i]]] = t + dt;
     for (Py_ssize_t j = 0; j < K; j++) occ[j] = np_min(1.0, in->occupied[j] ? P->dec_s[j] / in->open_s[j] : 1.0);
@@ -769,6 +773,7 @@ static int run_pass(Pass *P, const PassIn *in, double t, double dt, double *span
 done:
     free(took);
     free(sums);
+    free(added);
     free(ended.p);
     free(at.p);
     free(cont.p);
