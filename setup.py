@@ -1,5 +1,5 @@
 """Build of the optional C accelerators: the router's step-end tree update (ext/scheduling) and the simulator's
-decode pass (ext/sim); the rest of the package's metadata is in pyproject.toml. `optional=True`: without a C
+slice (ext/sim); the rest of the package's metadata is in pyproject.toml. `optional=True`: without a C
 compiler the package installs and runs on the pure-Python references (libra/scheduling/node.py, tree.py;
 libra/sim/slices.py), with the same results. `-ffp-contract=off` for the decode pass: no fused multiply-add, so
 every float is rounded where numpy rounds it."""
@@ -20,7 +20,14 @@ setup(
         ),
         Extension(
             "libra.sim._slice_native",
-            sources=["ext/sim/slice_native.c"],
+            sources=[
+                "ext/sim/slice_native.c",
+                "ext/sim/pass.c",
+                "ext/sim/slice.c",
+                "ext/sim/admit.c",
+                "ext/sim/event.c",
+            ],
+            depends=["ext/sim/slice_native.h"],
             extra_compile_args=["-O2", "-ffp-contract=off"],
             optional=True,
         ),

@@ -1,9 +1,10 @@
 """The timed rollout's slice decoding and admission in C, where the optional extension `libra.sim._slice_native` is
-built (ext/sim/slice_native.c): `SliceDecode._decode` (both decode passes with the turns that run inside the slice,
-`_continue_in_slice`, `_end_segments`, `_refill`; the step times, the check between the passes, the capacity), and
-`Admission._admit_queued` after the steal with `_credit`. The same floats bit for bit: tests/sim/test_slice_native.py,
-and the golden reports under tests/sim/golden with and without it. The Python code stays the reference and the
-fallback: a machine without a C compiler installs and runs it, and `LIBRA_PURE_PYTHON=1` selects it.
+built (ext/sim; slice_native.h names the parts): `SliceDecode._decode` (both decode passes with the turns that run
+inside the slice, `_continue_in_slice`, `_end_segments`, `_refill`; the step times, the check between the passes,
+the capacity), and `Admission._admit_queued` after the steal with `_credit`. The same floats bit for bit:
+tests/sim/test_slice_native.py, and the golden reports under tests/sim/golden with and without it. The Python code
+stays the reference and the fallback: a machine without a C compiler installs and runs it, and
+`LIBRA_PURE_PYTHON=1` selects it.
 
 A rollout uses the kernel only when the kernel's prefill and decode step times equal `RolloutCost.prefill_time`'s
 and `decode_step_time`'s on probe values for every degree it runs (`degree_table`), and its arrays are the kernel's
@@ -158,6 +159,9 @@ def admit(
     return np.frombuffer(go, np.int64)
 
 
+_NONE, _NONE_F = np.zeros(0, np.int64), np.zeros(0)  # `next_event` when the last slice ran nothing
+
+
 def next_event(run: RolloutRun, t: float) -> float:
     """`RolloutRun.next_event(t)` in C: the same time."""
     assert _NATIVE is not None
@@ -171,8 +175,6 @@ def next_event(run: RolloutRun, t: float) -> float:
         arrays, len(run.state), len(run.inst), t, run.min_slice_s, run.max_slice_s, last is not None
     )
 
-
-_NONE, _NONE_F = np.zeros(0, np.int64), np.zeros(0)
 
 
 def _forget(run: RolloutRun, touched: int) -> None:

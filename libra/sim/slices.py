@@ -43,7 +43,7 @@ def _grouped(items: np.ndarray, k: np.ndarray, order: np.ndarray) -> tuple[np.nd
 
 # the methods the C slice and admission stand in for, and the modules that define them
 _KERNEL_STEPS = (
-    "_decode", "_decode_pass", "_decode_pass_py", "_continue_in_slice", "_end_segments", "_refill", "_slice_queues",
+    "_decode", "_decode_pass", "_continue_in_slice", "_end_segments", "_refill", "_slice_queues",
     "_note_freed", "_covered", "_set_state", "_prefill_s", "_cap_k", "_admit_queued", "_credit", "_save",
     "_restore", "_pass_inputs", "_pass_arrays", "step_batch", "step_times", "_step_inputs", "_capacity",
     "_in_state", "_degrees", "_degree_masks", "next_event",
@@ -195,14 +195,6 @@ class SliceDecode:
         self._by_state = by_state  # the per-state sets of the state restored
         self._later_debt = np.zeros(len(self.inst))
 
-    def _decode_pass(
-        self, t: float, dt: float, running: np.ndarray, batch: np.ndarray, inputs: tuple, fixed: tuple
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Decode the slice with every instance at `batch`; returns its step times and the batch each instance
-        actually ran at: batch-seconds decoded over its busy span (from its first request's start to its last
-        one's end, or the slice end). `fixed`: `_pass_inputs` of the slice."""
-        return self._decode_pass_py(t, dt, running, self.step_times(running, batch, inputs), fixed)
-
     def _kernel_table(self) -> tuple | None:
         """`native.degree_table` of this rollout's degrees when the C slice and admission may run it (recomputed
         when instances are added); None where they may not: not built, a prefill or decode formula they do not
@@ -213,12 +205,15 @@ class SliceDecode:
             self._kernel_key = len(self.inst)
         return self._kernel
 
-    def _decode_pass_py(
-        self, t: float, dt: float, running: np.ndarray, step: np.ndarray, fixed: tuple
+    def _decode_pass(
+        self, t: float, dt: float, running: np.ndarray, batch: np.ndarray, inputs: tuple, fixed: tuple
     ) -> tuple[np.ndarray, np.ndarray]:
-        """The reference of the decode pass, given the slice's step times `step`."""
+        """Decode the slice with every instance at `batch`; returns its step times and the batch each instance
+        actually ran at: batch-seconds decoded over its busy span (from its first request's start to its last
+        one's end, or the slice end). `fixed`: `_pass_inputs` of the slice."""
         k_all = len(self.inst)
         k, t_delay, go_s, rem0, first, has, open_s, occupied = fixed
+        step = self.step_times(running, batch, inputs)
         step_k = step[k]
         advance = go_s / step_k
         took = np.minimum(advance, rem0)

@@ -1,5 +1,5 @@
-"""The C decode pass (ext/sim/slice_native.c, `libra.sim.native`) against the Python reference
-(`SliceDecode._decode_pass_py`): the same state after every slice, bit for bit, on rollouts that reach every path
+"""The C decode pass (ext/sim, `libra.sim.native`) against the Python reference
+(`SliceDecode._decode`): the same state after every slice, bit for bit, on rollouts that reach every path
 of the pass (chunk boundaries, tool calls, finishes, in-slice refills with and without new requests queued,
 several degrees, routed moves, stolen requests). The extension is optional for users, not here: these tests fail
 (they do not skip) when it is not built, as tests/scheduling/test_tree_native.py does for the tree's."""

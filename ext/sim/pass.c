@@ -1,0 +1,517 @@
+/* The decode pass of a slice with the turns that run inside it: `SliceDecode._decode_pass` with
+   `_continue_in_slice`, `_end_segments` and `_refill` (libra/sim/slices.py, the reference), the same floats bit
+   for bit. The bookkeeping differs only where the reference recomputes sets with numpy calls:
+   - the freed slots are kept sorted by (instance, time): the reference sorts them stably where it needs the
+     order, and equal pairs are interchangeable;
+   - the live requests are listed by instance once per pass (a pass moves no request between instances), so an
+     instance's KV room sums only its own requests, in ascending order as `np.bincount` does;
+   - the turns back from their tools inside the slice are listed once per pass, and a turn that leaves for its
+     tool inside the pass is added to that list. */
+
+#include "slice_native.h"
+
+static void set_state(Pass *P, int64_t r, int s) {
+    int old = P->state[r];
+    if (old != s) {
+        P->touched |= (1 << old) | (1 << s);
+        P->state[r] = (int8_t)s;
+    }
+}
+
+static inline int covered(const Pass *P, int64_t r, int64_t seg) {
+    return P->stolen[r] && P->rbucket[r * P->S + seg] <= P->ibucket[P->where[r]];
+}
+
+static const Degree *degree_of(const Pass *P, int64_t tp) {
+    for (Py_ssize_t i = 0; i < P->ndeg; i++)
+        if (P->deg[i].tp == tp) return &P->deg[i];
+    return NULL;
+}
+
+/* --- freed slots ---------------------------------------------------------------------------------------- */
+typedef struct {
+    int64_t k;
+    double t;
+} Slot;
+
+static inline int slot_less(const Slot *a, const Slot *b) { return a->k < b->k || (a->k == b->k && a->t < b->t); }
+
+DEFINE_STABLE_SORT(sort_slots, Slot, slot_less)
+
+/* sort the slots from `from` on and merge them into the sorted ones before */
+int sn_merge_new_slots(Pass *P, Py_ssize_t from) {
+    Py_ssize_t n = P->fk.n, m = n - from;
+    if (m == 0) return 0;
+    Slot *s = malloc((size_t)n * sizeof(Slot));
+    if (!s) return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        s[i].k = P->fk.p[i];
+        s[i].t = P->ft.p[i];
+    }
+    if (sort_slots(s + from, m) < 0) {
+        free(s);
+        return -1;
+    }
+    Slot *out = malloc((size_t)n * sizeof(Slot));
+    if (!out) {
+        free(s);
+        return -1;
+    }
+    Py_ssize_t i = 0, j = from, o = 0;
+    while (i < from && j < n) out[o++] = slot_less(&s[j], &s[i]) ? s[j++] : s[i++];
+    while (i < from) out[o++] = s[i++];
+    while (j < n) out[o++] = s[j++];
+    for (Py_ssize_t q = 0; q < n; q++) {
+        P->fk.p[q] = out[q].k;
+        P->ft.p[q] = out[q].t;
+    }
+    free(s);
+    free(out);
+    return 0;
+}
+
+static Py_ssize_t lower_k(const Pass *P, int64_t k) {
+    Py_ssize_t lo = 0, hi = P->fk.n;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + ((hi - lo) >> 1);
+        if (P->fk.p[mid] < k) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+static Py_ssize_t slots_of(const Pass *P, int64_t k, Py_ssize_t *first) {
+    Py_ssize_t a = lower_k(P, k), b = lower_k(P, k + 1);
+    *first = a;
+    return b - a;
+}
+
+/* --- per-pass lists ------------------------------------------------------------------------------------- */
+/* On the first refill of a pass, one scan of the live requests (checking each one's indices) lists: the turns
+   under way queued at the slice start and the new requests queued per instance (`_slice_queues`), the turns whose
+   tool returns inside the slice, and, with a second scan, the live requests by instance. */
+static int ensure_lists(Pass *P) {
+    if (P->have_lists) return 0;
+    P->new_k = calloc((size_t)P->K, sizeof(int64_t));
+    P->in_tool = calloc((size_t)P->n, 1);
+    P->csr_start = calloc((size_t)P->K + 1, sizeof(int64_t));
+    P->csr = malloc(((size_t)P->nlive + 1) * sizeof(int64_t));
+    if (!P->new_k || !P->in_tool || !P->csr_start || !P->csr) return -1;
+    for (Py_ssize_t i = 0; i < P->nlive; i++) { /* indices checked by `decode_slice` */
+        int64_t r = P->live[i];
+        int64_t w = P->where[r];
+        if (w >= 0) P->csr_start[w + 1]++;
+        if (P->state[r] == WAIT) {
+            if (w < 0) continue;
+            if (P->fresh[r]) P->new_k[w]++;
+            else if (ivec_push(&P->queued, r) < 0) return -1;
+        } else if (P->state[r] == TOOL && P->ready[r] < P->slice_end && w >= 0) {
+            if (ivec_push(&P->tool, r) < 0) return -1;
+            P->in_tool[r] = 1;
+        }
+    }
+    for (Py_ssize_t k = 0; k < P->K; k++) P->csr_start[k + 1] += P->csr_start[k];
+    int64_t *fill = malloc((size_t)P->K * sizeof(int64_t) + 1);
+    if (!fill) return -1;
+    memcpy(fill, P->csr_start, (size_t)P->K * sizeof(int64_t));
+    for (Py_ssize_t i = 0; i < P->nlive; i++) {
+        int64_t r = P->live[i], w = P->where[r];
+        if (w >= 0) P->csr[fill[w]++] = r;
+    }
+    free(fill);
+    P->have_lists = 1;
+    return 0;
+}
+
+static inline int i64_less(const int64_t *a, const int64_t *b) { return *a < *b; }
+
+DEFINE_STABLE_SORT(sort_i64, int64_t, i64_less)
+/* a turn that left for its tool inside the pass joins the list when its tool returns inside the slice */
+static int note_tool(Pass *P, int64_t r) {
+    if (!P->have_lists || P->in_tool[r] || !(P->ready[r] < P->slice_end)) return 0;
+    P->in_tool[r] = 1;
+    P->tool_dirty = 1;
+    return ivec_push(&P->tool, r);
+}
+
+/* --- _refill ---------------------------------------------------------------------------------------------- */
+typedef struct {
+    int64_t k, r;
+    double ready;
+} Cand;
+
+/* np.lexsort((ready, k)): by instance, then readiness, stable */
+static inline int cand_less(const Cand *a, const Cand *b) {
+    return a->k < b->k || (a->k == b->k && a->ready < b->ready);
+}
+
+DEFINE_STABLE_SORT(sort_cands, Cand, cand_less)
+/* Slots freed inside the slice go to turns under way inside it; appends the requests taken and their starts. */
+static int refill(Pass *P, IVec *out, DVec *out_start) {
+    if (P->fk.n == 0) return 0;
+    if (ensure_lists(P) < 0) return -1;
+    if (P->tool_dirty) { /* ascending, as `_in_state(TOOL)` lists them */
+        if (sort_i64(P->tool.p, P->tool.n) < 0) return -1;
+        P->tool_dirty = 0;
+    }
+    int rc = -1;
+    Py_ssize_t cap = P->queued.n + P->tool.n;
+    Cand *c = malloc(((size_t)cap + 1) * sizeof(Cand));
+    double *within = NULL, *room_k = NULL, *secs = NULL;
+    int64_t *rank = NULL, *run_k = NULL, *s_of = NULL, *slot = NULL;
+    uint8_t *gone = NULL;
+    if (!c) return -1;
+    Py_ssize_t nc = 0, first;
+    for (Py_ssize_t i = 0; i < P->queued.n; i++) {
+        int64_t r = P->queued.p[i];
+        if (P->state[r] == WAIT && slots_of(P, P->where[r], &first) > 0) {
+            c[nc].k = P->where[r];
+            c[nc].r = r;
+            c[nc].ready = P->ready[r];
+            nc++;
+        }
+    }
+    for (Py_ssize_t i = 0; i < P->tool.n; i++) {
+        int64_t r = P->tool.p[i];
+        if (P->state[r] != TOOL || !(P->ready[r] < P->slice_end)) continue;
+        int64_t tu = P->turn[r];
+        if (!(P->moved[r] || covered(P, r, tu) || P->carried[r * P->S + tu] == 0)) continue;
+        if (slots_of(P, P->where[r], &first) > 0) {
+            c[nc].k = P->where[r];
+            c[nc].r = r;
+            c[nc].ready = P->ready[r];
+            nc++;
+        }
+    }
+    if (nc == 0) {
+        rc = 0;
+        goto done;
+    }
+    if (sort_cands(c, nc) < 0) goto done;
+    within = malloc((size_t)nc * sizeof(double));
+    rank = malloc((size_t)nc * sizeof(int64_t));
+    room_k = malloc((size_t)nc * sizeof(double)); /* per candidate: its instance's room */
+    run_k = malloc((size_t)nc * sizeof(int64_t));
+    if (!within || !rank || !room_k || !run_k) goto done;
+    /* ranks, the running sum over all candidates, and each group's KV room (its instance's running requests,
+       ascending, as np.bincount sums them) */
+    double cs = 0.0, base = 0.0, room = 0.0;
+    int64_t runs = 0;
+    for (Py_ssize_t i = 0; i < nc; i++) {
+        double need = P->ctx[c[i].r];
+        cs += need;
+        if (i == 0 || c[i].k != c[i - 1].k) {
+            rank[i] = 0;
+            base = cs - need;
+            int64_t k = c[i].k;
+            double used = 0.0;
+            runs = 0;
+            for (int64_t q = P->csr_start[k]; q < P->csr_start[k + 1]; q++) {
+                int64_t r = P->csr[q];
+                if (P->state[r] == RUN) {
+                    runs++;
+                    used += P->ctx[r];
+                }
+            }
+            room = P->cap[k] - used - P->headroom * used / (double)(runs > 1 ? runs : 1);
+        } else {
+            rank[i] = rank[i - 1] + 1;
+        }
+        within[i] = cs - base;
+        room_k[i] = room;
+        run_k[i] = runs;
+    }
+    Py_ssize_t m = 0;
+    for (Py_ssize_t i = 0; i < nc; i++) {
+        if ((within[i] <= room_k[i]) || (rank[i] == 0 && run_k[i] == 0)) {
+            c[m] = c[i];
+            rank[m] = rank[i];
+            m++;
+        }
+    }
+    if (m == 0) {
+        rc = 0;
+        goto done;
+    }
+    /* the turn's slot among its instance's: with new requests queued there, the first freed once it is back and
+       after the previous turn's; else the rank-th */
+    s_of = malloc((size_t)m * sizeof(int64_t));
+    slot = malloc((size_t)m * sizeof(int64_t));
+    if (!s_of || !slot) goto done;
+    int any_queue = 0;
+    for (Py_ssize_t i = 0; i < m; i++)
+        if (P->new_k[c[i].k] > 0) any_queue = 1;
+    if (any_queue) {
+        Py_ssize_t nf = P->fk.n;
+        double ft_min = P->ft.p[0], ft_max = P->ft.p[0];
+        for (Py_ssize_t j = 1; j < nf; j++) {
+            ft_min = np_min(ft_min, P->ft.p[j]);
+            ft_max = np_max(ft_max, P->ft.p[j]);
+        }
+        double span = (ft_max - ft_min) + 1.0;
+        double *key = malloc((size_t)nf * sizeof(double));
+        if (!key) goto done;
+        for (Py_ssize_t j = 0; j < nf; j++) key[j] = (double)P->fk.p[j] * span + (P->ft.p[j] - ft_min);
+        double big = (double)(m + nf + 1), acc = 0.0;
+        for (Py_ssize_t i = 0; i < m; i++) {
+            double v = (double)c[i].k * span + (P->ready[c[i].r] - ft_min);
+            Py_ssize_t lo = 0, hi = nf;
+            while (lo < hi) {
+                Py_ssize_t mid = lo + ((hi - lo) >> 1);
+                if (key[mid] < v) lo = mid + 1;
+                else hi = mid;
+            }
+            slots_of(P, c[i].k, &first);
+            int64_t g = (int64_t)lo - (int64_t)first;
+            if (g < 0) g = 0;
+            double x = (double)(g - rank[i]) + (double)c[i].k * big;
+            acc = (i == 0) ? x : np_max(acc, x);
+            double chain = ((double)rank[i] + acc) - (double)c[i].k * big;
+            s_of[i] = P->new_k[c[i].k] > 0 ? (int64_t)chain : (int64_t)(double)rank[i];
+        }
+        free(key);
+    } else {
+        for (Py_ssize_t i = 0; i < m; i++) s_of[i] = rank[i];
+    }
+    Py_ssize_t m2 = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        Py_ssize_t count = slots_of(P, c[i].k, &first);
+        if (s_of[i] < count) {
+            c[m2] = c[i];
+            slot[m2] = first + s_of[i];
+            m2++;
+        }
+    }
+    if (m2 == 0) {
+        rc = 0;
+        goto done;
+    }
+    secs = malloc((size_t)m2 * sizeof(double));
+    if (!secs) goto done;
+    Py_ssize_t m3 = 0;
+    for (Py_ssize_t i = 0; i < m2; i++) {
+        int64_t r = c[i].r;
+        const Degree *d = degree_of(P, P->itp[c[i].k]);
+        if (!d) {
+            PyErr_SetString(PyExc_SystemError, "slice kernel: an instance's degree is not in the table");
+            goto done;
+        }
+        double sec = sn_prefill(d, P->work0, P->attn, P->pending[r], P->ctx[r] / 2.0);
+        double start = np_max(P->ft.p[slot[i]], P->ready[r]) + sec;
+        if (start < P->slice_end) {
+            c[m3] = c[i];
+            slot[m3] = slot[i];
+            secs[m3] = sec;
+            within[m3] = start; /* reused: the start */
+            m3++;
+        }
+    }
+    if (m3 == 0) {
+        rc = 0;
+        goto done;
+    }
+    /* later_debt += np.bincount(k, weights=secs): a zeroed sum per instance (the candidates are grouped by
+       instance), then added */
+    for (Py_ssize_t i = 0; i < m3;) {
+        int64_t k = c[i].k;
+        double sum = 0.0;
+        for (; i < m3 && c[i].k == k; i++) sum += secs[i];
+        P->later_debt[k] += sum;
+    }
+    gone = calloc((size_t)P->fk.n, 1);
+    if (!gone) goto done;
+    for (Py_ssize_t i = 0; i < m3; i++) {
+        int64_t r = c[i].r;
+        P->own[r] += secs[i];
+        if (ivec_push(&P->refilled, r) < 0) goto done;
+        P->pending[r] = 0.0;
+        P->lag[r] = 0.0;
+        set_state(P, r, RUN);
+        gone[slot[i]] = 1;
+        if (ivec_push(out, r) < 0 || dvec_push(out_start, within[i]) < 0) goto done;
+    }
+    Py_ssize_t keep = 0;
+    for (Py_ssize_t j = 0; j < P->fk.n; j++) {
+        if (!gone[j]) {
+            P->fk.p[keep] = P->fk.p[j];
+            P->ft.p[keep] = P->ft.p[j];
+            keep++;
+        }
+    }
+    P->fk.n = P->ft.n = keep;
+    rc = 0;
+done:
+    free(c);
+    free(within);
+    free(rank);
+    free(room_k);
+    free(run_k);
+    free(s_of);
+    free(slot);
+    free(secs);
+    free(gone);
+    return rc;
+}
+
+/* --- _end_segments ---------------------------------------------------------------------------------------- */
+/* Segments `ended` at times `at`: finish, tool call, or the next chunk in place; then the in-slice refill.
+   Fills `cont` / `start` with the requests that go on decoding inside the slice and when each starts. */
+static int end_segments(Pass *P, const IVec *ended, const DVec *at, IVec *cont, DVec *start) {
+    Py_ssize_t mark = P->fk.n;
+    cont->n = start->n = 0;
+    /* finished first, then the tool calls, as the reference notes them (the order does not matter: sorted) */
+    for (Py_ssize_t i = 0; i < ended->n; i++) {
+        int64_t r = ended->p[i];
+        if (P->turn[r] >= P->nseg[r] - 1) {
+            set_state(P, r, DONE);
+            P->finish[r] = at->p[i];
+            if (ivec_push(&P->fk, P->where[r]) < 0 || dvec_push(&P->ft, at->p[i]) < 0) return -1;
+        }
+    }
+    for (Py_ssize_t i = 0; i < ended->n; i++) {
+        int64_t r = ended->p[i];
+        int64_t sg = P->turn[r];
+        if (sg >= P->nseg[r] - 1) continue;
+        int64_t nxt = sg + 1;
+        Py_ssize_t here = r * P->S + sg, there = r * P->S + nxt;
+        int keep = !P->tool_end[here] && (P->carried[there] == 0 || covered(P, r, nxt));
+        if (keep) { /* a chunk boundary with no migration */
+            P->turn[r] = nxt;
+            P->rem[r] = (double)P->gen[there];
+            P->lag[r] = 0.0;
+            if (ivec_push(cont, r) < 0 || dvec_push(start, at->p[i]) < 0) return -1;
+        } else {
+            double tool_tok = (double)P->tool_tok[here];
+            P->ctx[r] += tool_tok;
+            P->pending[r] = tool_tok;
+            P->ready[r] = at->p[i] + P->latency[here];
+            P->turn[r] = nxt;
+            P->moved[r] = 0;
+            P->rem[r] = (double)P->gen[there];
+            set_state(P, r, TOOL);
+            if (ivec_push(&P->fk, P->where[r]) < 0 || dvec_push(&P->ft, at->p[i]) < 0) return -1;
+            if (note_tool(P, r) < 0) return -1;
+        }
+    }
+    if (sn_merge_new_slots(P, mark) < 0) return -1;
+    return refill(P, cont, start);
+}
+
+/* --- the pass --------------------------------------------------------------------------------------------- */
+/* Decode the requests `cont` from `start` to the slice end at their instance's step time; ended ones go to
+   `ended` / `at`, the others to `still`. */
+static int decode_from(Pass *P, const IVec *cont, const DVec *start, double *took, double *sums, uint8_t *added,
+                       IVec *still, IVec *ended, DVec *at) {
+    ended->n = at->n = 0;
+    Py_ssize_t m = cont->n;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        sums[P->where[cont->p[i]]] = 0.0;
+        added[P->where[cont->p[i]]] = 0;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t r = cont->p[i], k = P->where[r];
+        double sk = P->step[k];
+        double advance = np_max(0.0, P->slice_end - start->p[i]) / sk;
+        double r0 = P->rem[r];
+        double tk = np_min(advance, r0);
+        sums[k] += tk * sk;
+        P->rem[r] = r0 - tk;
+        P->ctx[r] += tk;
+        took[i] = tk;
+        if (r0 <= advance) {
+            if (ivec_push(ended, r) < 0 || dvec_push(at, start->p[i] + r0 * sk) < 0) return -1;
+        } else if (ivec_push(still, r) < 0) {
+            return -1;
+        }
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t k = P->where[cont->p[i]];
+        if (!added[k]) { /* `+= np.bincount(...)`: each instance's sum, once */
+            P->dec_s[k] += sums[k];
+            added[k] = 1;
+        }
+    }
+    P->decoded += sn_np_sum(took, m);
+    return 0;
+}
+
+void sn_reset_lists(Pass *P) {
+    free(P->tool.p);
+    free(P->in_tool);
+    free(P->queued.p);
+    free(P->new_k);
+    free(P->csr_start);
+    free(P->csr);
+    free(P->refilled.p);
+    P->tool = (IVec){0};
+    P->queued = (IVec){0};
+    P->refilled = (IVec){0};
+    P->in_tool = NULL;
+    P->new_k = P->csr_start = P->csr = NULL;
+    P->have_lists = P->tool_dirty = 0;
+}
+
+/* `_decode_pass` with the step times `P->step`: writes the request state, `dec_s`, `span_end`, `occ`, `real`
+   and the requests still decoding at the slice end */
+int sn_run_pass(Pass *P, const PassIn *in, double t, double dt, double *span_end, double *occ, double *real,
+                    IVec *still) {
+    int rc = -1;
+    IVec ended = {0}, cont = {0};
+    DVec at = {0}, start = {0};
+    Py_ssize_t m = in->m, K = P->K;
+    double *took = malloc(((size_t)(m > P->n ? m : P->n) + 1) * sizeof(double));
+    double *sums = malloc(((size_t)K + 1) * sizeof(double));
+    uint8_t *added = malloc((size_t)K + 1);
+    still->n = 0;
+    sn_reset_lists(P);
+    if (!took || !sums || !added) goto done;
+    for (Py_ssize_t j = 0; j < K; j++) {
+        P->dec_s[j] = 0.0;
+        span_end[j] = t;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t r = in->running[i], k = in->k[i];
+        double sk = P->step[k];
+        double tk = np_min(in->go_s[i] / sk, in->rem0[i]);
+        P->dec_s[k] += tk * sk;
+        P->rem[r] = in->rem0[i] - tk;
+        P->ctx[r] += tk;
+        took[i] = tk;
+    }
+    P->decoded += sn_np_sum(took, m);
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t r = in->running[i], k = in->k[i];
+        P->lag[r] = 0.0;
+        if (in->rem0[i] <= in->go_s[i] / P->step[k]) {
+            double when = in->t_delay[i] + in->rem0[i] * P->step[k];
+            if (ivec_push(&ended, r) < 0 || dvec_push(&at, when) < 0) goto done;
+            span_end[k] = np_max(span_end[k], when);
+        } else if (ivec_push(still, r) < 0) {
+            goto done;
+        }
+    }
+    while (ended.n) { /* _continue_in_slice */
+        if (end_segments(P, &ended, &at, &cont, &start) < 0) goto done;
+        if (cont.n == 0) break;
+        if (decode_from(P, &cont, &start, took, sums, added, still, &ended, &at) < 0) goto done;
+    }
+    for (Py_ssize_t i = 0; i < still->n; i++) span_end[P->where[still->p[i]]] = t + dt;
+    for (Py_ssize_t j = 0; j < K; j++) occ[j] = np_min(1.0, in->occupied[j] ? P->dec_s[j] / in->open_s[j] : 1.0);
+    for (Py_ssize_t i = 0; i < still->n; i++) P->lag[still->p[i]] = -P->own[still->p[i]];
+    /* `_own_debt[:] = 0.0`: it is 0 at every pass start, and only the requests taken back added to it */
+    for (Py_ssize_t i = 0; i < P->refilled.n; i++) P->own[P->refilled.p[i]] = 0.0;
+    for (Py_ssize_t j = 0; j < K; j++) {
+        double span = span_end[j] - in->first[j];
+        real[j] = np_max(span > 1e-9 ? P->dec_s[j] / span : 0.0, in->has[j] ? 1.0 : 0.0);
+    }
+    rc = 0;
+done:
+    free(took);
+    free(sums);
+    free(added);
+    free(ended.p);
+    free(at.p);
+    free(cont.p);
+    free(start.p);
+    return rc;
+}

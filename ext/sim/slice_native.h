@@ -1,0 +1,168 @@
+/* What the files of the slice kernel share (ext/sim: pass.c, the decode pass with the turns inside a slice;
+   slice.c, a slice's decoding around it; admit.c, admission; event.c, the next event; slice_native.c, the module,
+   buffers and numpy's arithmetic). The module is libra.sim._slice_native (libra/sim/native.py); the Python
+   reference is libra/sim/slices.py, admission.py and rollout.py. Exported names start with sn_. */
+
+#ifndef LIBRA_SLICE_NATIVE_H
+#define LIBRA_SLICE_NATIVE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { WAIT = 0, RUN = 1, TOOL = 2, DONE = 3 };
+enum { DEG_FIELDS = 9, MAX_DEG = 32 };
+
+/* prefill_time's terms for one degree: RolloutCost.prefill_terms */
+typedef struct {
+    int64_t tp;
+    double denom, weights, a, hidden, dbytes, lat, bw, layers2;
+} Degree;
+
+typedef struct {
+    int64_t *p;
+    Py_ssize_t n, cap;
+} IVec;
+
+typedef struct {
+    double *p;
+    Py_ssize_t n, cap;
+} DVec;
+
+/* append to a growable vector (doubling; -1 when out of memory) */
+#define DEFINE_PUSH(NAME, VEC, T)                                                                                  \
+    static inline int NAME(VEC *v, T x) {                                                                               \
+        if (v->n == v->cap) {                                                                                    \
+            Py_ssize_t cap = v->cap ? 2 * v->cap : 64;                                                           \
+            T *p = realloc(v->p, (size_t)cap * sizeof(T));                                                       \
+            if (!p) return -1;                                                                                   \
+            v->p = p;                                                                                            \
+            v->cap = cap;                                                                                        \
+        }                                                                                                        \
+        v->p[v->n++] = x;                                                                                        \
+        return 0;                                                                                                \
+    }
+
+DEFINE_PUSH(ivec_push, IVec, int64_t)
+DEFINE_PUSH(dvec_push, DVec, double)
+
+/* numpy's two-float minimum and maximum (the first operand on a tie, NaN from the first) */
+static inline double np_min(double a, double b) { return (a <= b || isnan(a)) ? a : b; }
+static inline double np_max(double a, double b) { return (a >= b || isnan(a)) ? a : b; }
+
+/* A stable merge sort with the comparison inlined (glibc's qsort calls it through a pointer): insertion sort of
+   runs of 16, then bottom-up merges through `tmp`. LESS(a, b): a sorts strictly before b. */
+#define DEFINE_STABLE_SORT(NAME, T, LESS)                                                                         \
+    static int NAME(T *a, Py_ssize_t n) {                                                                        \
+        for (Py_ssize_t lo = 0; lo < n; lo += 16) {                                                              \
+            Py_ssize_t hi = lo + 16 < n ? lo + 16 : n;                                                           \
+            for (Py_ssize_t i = lo + 1; i < hi; i++) {                                                           \
+                T x = a[i];                                                                                      \
+                Py_ssize_t j = i;                                                                                \
+                for (; j > lo && LESS(&x, &a[j - 1]); j--) a[j] = a[j - 1];                                       \
+                a[j] = x;                                                                                        \
+            }                                                                                                    \
+        }                                                                                                        \
+        if (n <= 16) return 0;                                                                                   \
+        T *tmp = malloc((size_t)n * sizeof(T));                                                                  \
+        if (!tmp) return -1;                                                                                     \
+        T *src = a, *dst = tmp;                                                                                  \
+        for (Py_ssize_t w = 16; w < n; w *= 2) {                                                                 \
+            for (Py_ssize_t lo = 0; lo < n; lo += 2 * w) {                                                       \
+                Py_ssize_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;                  \
+                Py_ssize_t i = lo, j = mid, o = lo;                                                              \
+                while (i < mid && j < hi) dst[o++] = LESS(&src[j], &src[i]) ? src[j++] : src[i++];               \
+                while (i < mid) dst[o++] = src[i++];                                                             \
+                while (j < hi) dst[o++] = src[j++];                                                              \
+            }                                                                                                    \
+            T *swap = src;                                                                                       \
+            src = dst;                                                                                           \
+            dst = swap;                                                                                          \
+        }                                                                                                        \
+        if (src != a) memcpy(a, src, (size_t)n * sizeof(T));                                                     \
+        free(tmp);                                                                                               \
+        return 0;                                                                                                \
+    }
+
+
+/* `a.sum()` of a float64 array, as numpy sums it (slice_native.c) */
+double sn_np_sum(const double *a, Py_ssize_t n);
+
+/* RolloutCost.prefill_time(tp, tokens, context), operand by operand (slice_native.c) */
+double sn_prefill(const Degree *d, double work0, double attn, double tokens, double context);
+
+typedef struct {
+    Py_ssize_t n, S, K, nlive, ndeg;
+    double *rem, *ctx, *pending, *ready, *finish, *lag, *own;
+    int8_t *state;
+    int64_t *turn;
+    uint8_t *moved;
+    const uint8_t *stolen, *fresh, *tool_end;
+    const int64_t *where, *nseg, *tool_tok, *gen, *carried, *rbucket, *ibucket, *itp, *live;
+    const double *latency, *cap, *step;
+    double *later_debt, *dec_s;
+    Degree deg[MAX_DEG];
+    double headroom, work0, attn, slice_end, decoded;
+    int touched; /* a bit per state whose set of requests changed */
+    /* freed slots, sorted by (instance, time) */
+    IVec fk;
+    DVec ft;
+    /* per pass, built on the first refill (`ensure_lists`) */
+    int have_lists, tool_dirty;
+    IVec tool;          /* turns in TOOL whose tool returns before the slice ends, ascending once sorted */
+    uint8_t *in_tool;   /* n: listed in `tool` */
+    IVec queued;        /* turns under way queued at the slice start, ascending */
+    int64_t *new_k;     /* K: new requests queued at the slice start */
+    int64_t *csr_start; /* K + 1 */
+    int64_t *csr;       /* live requests by instance, ascending within each */
+    IVec refilled;      /* requests taken back in this pass: the only ones whose own debt is not 0 */
+} Pass;
+
+typedef struct {
+    Py_buffer view;
+    int held;
+} Buf;
+
+typedef struct {
+    char kind, size;
+    int writable;
+} Spec;
+
+/* buffers of Python arrays (slice_native.c) */
+int sn_format_is(const Py_buffer *v, char kind);
+PyObject *sn_to_bytearray(const void *p, Py_ssize_t nbytes);
+int sn_acquire(PyObject *arrays, const Spec *spec, int count, Buf *b, Py_ssize_t n, Py_ssize_t S, Py_ssize_t K,
+               Py_ssize_t *m);
+void sn_release(Buf *b, int count);
+int sn_row_of(PyObject *row, int fields, double *out);
+#define D(i) ((double *)b[i].view.buf)
+#define Q(i) ((int64_t *)b[i].view.buf)
+#define U(i) ((uint8_t *)b[i].view.buf)
+#define LEN(i) (b[i].view.len / b[i].view.itemsize)
+
+/* --- one decode pass (pass.c) ------------------------------------------------------------------------------------- */
+/* `_pass_inputs` of a slice: per running request its instance, the time it starts decoding and for how long, and
+   what it has left of its segment; per instance its first start, whether it runs anything, the seconds it is
+   open and whether it is occupied */
+typedef struct {
+    Py_ssize_t m;
+    int64_t *running, *k;
+    double *t_delay, *go_s, *rem0, *first, *open_s;
+    uint8_t *has, *occupied;
+} PassIn;
+
+void sn_reset_lists(Pass *P);
+int sn_merge_new_slots(Pass *P, Py_ssize_t from);
+int sn_run_pass(Pass *P, const PassIn *in, double t, double dt, double *span_end, double *occ, double *real,
+                IVec *still);
+
+/* the module's functions */
+PyObject *sn_decode_slice(PyObject *self, PyObject *args);
+PyObject *sn_decode_py(PyObject *self, PyObject *args);
+PyObject *sn_admit(PyObject *self, PyObject *args);
+PyObject *sn_next_event(PyObject *self, PyObject *args);
+
+#endif
