@@ -176,7 +176,6 @@ def next_event(run: RolloutRun, t: float) -> float:
     )
 
 
-
 def _forget(run: RolloutRun, touched: int) -> None:
     """Drop the cached per-state sets of the states whose members changed (bit s of `touched`: state s)."""
     if touched:
