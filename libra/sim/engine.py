@@ -98,7 +98,7 @@ def rollout_floor_s(cm: CostModel, work: StepWork, inst: Instances) -> float:
     total = work.total_tokens.astype(float)
     tp_max = int(inst.tp.max()) if len(inst) else 1
     step1 = rc.decode_step_time(tp_max, np.ones_like(total), total / 2.0)
-    chain = float(np.max(work.gen_tokens * step1 + work.latency.sum(axis=1)))
+    chain = float(np.max(work.gen_tokens * step1 + work.tool_seconds))
     ctx = float(total.mean()) / 2.0
     rate = 0.0
     for tp in np.unique(inst.tp):

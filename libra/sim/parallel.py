@@ -23,11 +23,13 @@ from libra.sim.policies import uses_shared_tree
 from libra.spec import SpecError
 
 # Relative CPU cost per step of the work a group carries, for balancing groups: one unit per policy (static-uniform
-# less: one bucket, no replanning), plus the prefix-tree update of the group that holds the tree. r2e-gym, 48 GPUs,
-# 12 steps, one process (`docs/sim.md`, "Speed"): static-uniform 15.5 s of CPU, the seven other policies 21.5-26.7 s
-# each, the tree's updates 2.6 s.
+# less: one bucket, no replanning), plus the prefix tree's step-end work in the group that holds it (making the
+# step's `Trajectory` values, which only the tree reads, and the update). The tree's work grows with the requests of
+# a step alone, a policy's with the GPUs and the lengths as well, so the tree's share is priced per request:
+# measured with the slice in C (docs/sim.md, "Speed"), the tree costs 1.6 policies at 1,024 GPUs with 65,536
+# requests a step, and 0.1-0.5 of one at 48 GPUs with 8,192 (0.5 over the first steps, less as trajectories grow).
 POLICY_COST = {"static-uniform": 0.7}
-TREE_COST = 0.1
+TREE_COST_PER_REQUEST = 1.6 / 65536
 POLL_S = 1.0  # how often the parent checks, while no worker reports, that they are all still alive
 
 
@@ -35,16 +37,22 @@ def _cost(policy: str) -> float:
     return POLICY_COST.get(policy, 1.0)
 
 
-def policy_groups(policies: Sequence[str], workers: int) -> list[list[str]]:
+def tree_cost(requests_per_step: int) -> float:
+    """The prefix tree's step-end work in policy units (`POLICY_COST`)."""
+    return TREE_COST_PER_REQUEST * requests_per_step
+
+
+def policy_groups(policies: Sequence[str], workers: int, *, requests_per_step: int = 8192) -> list[list[str]]:
     """Split `policies` into at most `workers` non-empty groups of balanced cost; the policies that use the shared
-    prefix tree go together. The costliest first, each to the cheapest group (a new one while there are fewer than
-    `workers`); each group keeps the order of `policies`. Deterministic: that order decides ties."""
+    prefix tree go together, and their group also carries the tree's work (`tree_cost(requests_per_step)`). The
+    costliest first, each to the cheapest group (a new one while there are fewer than `workers`); each group keeps
+    the order of `policies`. Deterministic: that order decides ties."""
     if workers < 1:
         raise SpecError(f"workers must be >= 1, got {workers}")
     tree = [p for p in policies if uses_shared_tree(p)]
     rest = [p for p in policies if not uses_shared_tree(p)]
     groups: list[list[str]] = [tree] if tree else []
-    cost: list[float] = [sum(_cost(p) for p in tree) + TREE_COST] if tree else []
+    cost: list[float] = [sum(_cost(p) for p in tree) + tree_cost(requests_per_step)] if tree else []
     for p in sorted(rest, key=lambda q: -_cost(q)):  # stable: equal costs keep their order
         if len(groups) < workers:
             groups.append([p])

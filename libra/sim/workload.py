@@ -19,6 +19,7 @@ import numpy as np
 
 from libra.spec import SpecError
 from libra.workloads import WorkloadGenerator, group_by_step, load_trace
+from libra.workloads.generators import GeneratedStep
 from libra.workloads.trace import Trajectory
 
 
@@ -75,10 +76,11 @@ class StepWork:
     `chunk_tokens` tokens so that a request can be promoted to a larger bucket while it generates (C-MLFQ's
     overflow rule), not only at tool returns. Arrays have shape (n, S), S the most segments; `num_segments[i]`
     are valid. `tool_end[i, s]` is True when a real tool call follows segment s (`cont` segments just continue).
-    `turn_of[i, s]` is the trajectory turn a segment belongs to."""
+    `turn_of[i, s]` is the trajectory turn a segment belongs to. `trajectories` may be given as a function that
+    makes them: they are then made on first use (only the C-MLFQ prefix tree reads them)."""
 
     step: int
-    trajectories: tuple[Trajectory, ...]
+    _trajectories: Sequence[Trajectory] | Callable[[], Sequence[Trajectory]] = attrs.field(alias="trajectories")
     prompt_tokens: np.ndarray  # (n,)
     gen: np.ndarray  # (n, S) decode tokens of each segment
     tool_tokens: np.ndarray  # (n, S) tokens the tool call after the segment returns (0 when none)
@@ -87,6 +89,17 @@ class StepWork:
     turn_of: np.ndarray  # (n, S) int
     num_segments: np.ndarray  # (n,)
     num_turns: np.ndarray  # (n,) turns of each trajectory
+    _sums: dict[str, np.ndarray] = attrs.field(init=False, factory=dict)  # per-request sums, made once, read-only
+
+    @property
+    def trajectories(self) -> tuple[Trajectory, ...]:
+        made = self._trajectories
+        if callable(made):
+            made = tuple(made())
+            if len(made) != self.num_requests:
+                raise SpecError(f"step {self.step}: {len(made)} trajectories made for {self.num_requests} requests")
+            object.__setattr__(self, "_trajectories", made)  # made once (the value is the same on every read)
+        return made if isinstance(made, tuple) else tuple(made)
 
     @property
     def num_requests(self) -> int:
@@ -94,11 +107,33 @@ class StepWork:
 
     @property
     def total_tokens(self) -> np.ndarray:
-        return self.prompt_tokens + self.gen.sum(axis=1) + self.tool_tokens.sum(axis=1)
+        """(n,) each request's whole length: prompt, decoded and tool tokens (read-only)."""
+        return self._sum("total", lambda: self.prompt_tokens + self.gen_tokens + self.tool_tokens.sum(axis=1))
 
     @property
     def gen_tokens(self) -> np.ndarray:
-        return self.gen.sum(axis=1)
+        """(n,) each request's decoded tokens (read-only)."""
+        return self._sum("gen", lambda: self.gen.sum(axis=1))
+
+    @property
+    def tool_seconds(self) -> np.ndarray:
+        """(n,) each request's seconds in tool calls (read-only)."""
+        return self._sum("tool_s", lambda: self.latency.sum(axis=1))
+
+    def _sum(self, key: str, make: Callable[[], np.ndarray]) -> np.ndarray:
+        # every policy reads these of every step (a step's arrays are tens of MB at 65,536 requests)
+        out = self._sums.get(key)
+        if out is None:
+            out = self._sums[key] = make()
+            out.flags.writeable = False
+        return out
+
+
+def _check(step: int, n: int, chunk_tokens: int) -> None:
+    if not n:
+        raise SpecError(f"step {step} has no trajectories")
+    if chunk_tokens < 1:
+        raise SpecError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
 
 
 def step_work(
@@ -110,11 +145,7 @@ def step_work(
     chunk_tokens: int = 2048,
 ) -> StepWork:
     """Arrays for one step. A trajectory cut off on a tool turn ends there: its last tool return is never used."""
-    if not trajectories:
-        raise SpecError(f"step {step} has no trajectories")
-    if chunk_tokens < 1:
-        raise SpecError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-    latency = latency or ToolLatency()
+    _check(step, len(trajectories), chunk_tokens)
     n = len(trajectories)
     # one pass over the turns for their fields; the cutting into segments is array work
     num_turns = np.fromiter((len(tr.turns) for tr in trajectories), np.int64, n)
@@ -123,9 +154,8 @@ def step_work(
     gen_t = np.fromiter((u.gen_tokens for u in turns), np.int64, m)
     tool_t = np.fromiter((u.tool_tokens for u in turns), np.int64, m)
     has_tool = np.fromiter((u.tool is not None for u in turns), bool, m)
-    traj_of = np.repeat(np.arange(n), num_turns)
-    turn_no = np.arange(m) - np.repeat(np.cumsum(num_turns) - num_turns, num_turns)
-    follows_t = has_tool & (turn_no < num_turns[traj_of] - 1)
+    prompt = np.fromiter((tr.prompt_tokens for tr in trajectories), np.int64, n)
+    traj_of, turn_no, follows_t = _turn_positions(num_turns, has_tool)
     lat_t = np.zeros(m)
     missing: list[int] = []  # turns without a recorded latency, in (request, turn) order
     for j in np.flatnonzero(follows_t).tolist():
@@ -135,9 +165,57 @@ def step_work(
         else:
             lat_t[j] = float(value)
     if missing:
-        prompt = np.fromiter((tr.prompt_tokens for tr in trajectories), np.int64, n)
         normal = content_normals(prompt, gen_t, tool_t, traj_of, turn_no, seed)
-        lat_t[missing] = latency.scale([turns[j].tool for j in missing], normal[missing])
+        lat_t[missing] = (latency or ToolLatency()).scale([turns[j].tool for j in missing], normal[missing])
+    return _segments(step, trajectories, prompt, num_turns, gen_t, tool_t, lat_t, follows_t, turn_no, chunk_tokens)
+
+
+def generated_step_work(step: GeneratedStep, *, chunk_tokens: int = 2048) -> StepWork:
+    """`step_work(step.step, step.trajectories(), ...)` from the generator's arrays, with the trajectories made
+    only if something reads them. Every tool turn of a generated step records its latency, so neither the seed
+    nor a `ToolLatency` enters (tests/sim/test_workload.py checks that the arrays are those of `step_work`)."""
+    turns = step.turns()
+    _check(step.step, len(turns.num_turns), chunk_tokens)
+    _, turn_no, follows_t = _turn_positions(turns.num_turns, turns.has_tool)
+    lat_t = np.where(follows_t, turns.latency_s, 0.0)
+    return _segments(
+        step.step,
+        step.trajectories,
+        step.prompt_tokens.astype(np.int64),
+        turns.num_turns,
+        turns.gen_tokens,
+        turns.tool_tokens,
+        lat_t,
+        follows_t,
+        turn_no,
+        chunk_tokens,
+    )
+
+
+def _turn_positions(num_turns: np.ndarray, has_tool: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per turn: its trajectory, its index in the trajectory, and whether a tool call follows it (a tool turn that
+    is not the trajectory's last)."""
+    traj_of = np.repeat(np.arange(len(num_turns)), num_turns)
+    turn_no = np.arange(len(has_tool)) - np.repeat(np.cumsum(num_turns) - num_turns, num_turns)
+    return traj_of, turn_no, has_tool & (turn_no < num_turns[traj_of] - 1)
+
+
+def _segments(
+    step: int,
+    trajectories: Sequence[Trajectory] | Callable[[], Sequence[Trajectory]],
+    prompt: np.ndarray,
+    num_turns: np.ndarray,
+    gen_t: np.ndarray,
+    tool_t: np.ndarray,
+    lat_t: np.ndarray,
+    follows_t: np.ndarray,
+    turn_no: np.ndarray,
+    chunk_tokens: int,
+) -> StepWork:
+    """The (n, S) segment arrays from the per-turn ones: each turn's generation cut into `chunk_tokens` pieces."""
+    n = len(num_turns)
+    m = len(gen_t)
+    traj_of = np.repeat(np.arange(n), num_turns)
     pieces = np.maximum(1, -(-gen_t // chunk_tokens))
     base, extra = np.divmod(gen_t, pieces)
     seg_turn = np.repeat(np.arange(m), pieces)
@@ -160,8 +238,8 @@ def step_work(
     turn_of[seg_traj, pos] = turn_no[seg_turn]
     return StepWork(
         step=step,
-        trajectories=tuple(trajectories),
-        prompt_tokens=np.fromiter((t.prompt_tokens for t in trajectories), np.int64, n),
+        trajectories=trajectories if callable(trajectories) else tuple(trajectories),
+        prompt_tokens=prompt,
         gen=gen,
         tool_tokens=tool,
         latency=lat,
@@ -182,8 +260,12 @@ class WorkSource:
         num_steps: int | None,
         latency: ToolLatency,
         seed: int,
+        *,
+        arrays: Callable[[int], GeneratedStep] | None = None,
     ) -> None:
+        """`arrays(step)`, where given, is `fetch(step)` as a generator's arrays: the steps are built from them."""
         self.name, self._fetch, self.num_steps, self.latency, self.seed = name, fetch, num_steps, latency, seed
+        self._arrays = arrays
 
     @classmethod
     def from_generator(
@@ -205,7 +287,7 @@ class WorkSource:
             max_model_len=max_model_len,
             drift_steps=drift_steps,
         )
-        return cls(workload, gen.step, None, latency or ToolLatency(), seed)
+        return cls(workload, gen.step, None, latency or ToolLatency(), seed, arrays=gen.step_arrays)
 
     @classmethod
     def from_trace(cls, path: str | Path, *, seed: int = 0, latency: ToolLatency | None = None) -> WorkSource:
@@ -216,4 +298,6 @@ class WorkSource:
     def step(self, step: int) -> StepWork:
         if self.num_steps is not None and step >= self.num_steps:
             raise SpecError(f"the trace has {self.num_steps} steps; step {step} asked for")
+        if self._arrays is not None:
+            return generated_step_work(self._arrays(step))
         return step_work(step, self._fetch(step), latency=self.latency, seed=self.seed)

@@ -212,3 +212,14 @@ def test_a_plan_reports_its_solve_time() -> None:
     _, planner, profile = _identical_request_instance(1, "start-small", 0.0)
     plan = planner.plan(profile)
     assert isinstance(plan.solve_time_s, float) and 0.0 < plan.solve_time_s < math.inf
+
+
+def test_batch_stats_are_each_profiles_own_when_asked_again():
+    cm, _ = sized_cost_model(7, max_gpus=12)
+    planner = GlobalPlanner(cluster=cm.cluster, model=cm.model, rl=RLSettings(num_prompts=4), coeffs=cm.coeffs)
+    short = WorkloadProfile.build(name="s", shapes=[(1000.0, 500.0, 1.0)] * 4)
+    long = WorkloadProfile.build(name="l", shapes=[(3000.0, 2000.0, 2.0)] * 4)
+    first = planner.batch_stats(short)
+    assert planner.batch_stats(short) is first  # asked again: the same value, not made again
+    assert planner.batch_stats(long).mean_len == 3000.0
+    assert planner.batch_stats(short) == first and first.mean_len == 1000.0

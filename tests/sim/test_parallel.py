@@ -48,6 +48,15 @@ def test_two_workers_split_the_eight_policies_four_and_four():
     assert all(g == [p for p in POLICY_NAMES if p in g] for g in groups)  # each in the order asked
 
 
+def test_the_tree_group_takes_fewer_policies_when_steps_hold_more_requests():
+    # the tree's step-end work grows with the requests of a step (1.6 policies' worth at 65,536: parallel.py)
+    def tree_group(requests):
+        return next(g for g in policy_groups(POLICY_NAMES, 2, requests_per_step=requests) if "libra" in g)
+
+    assert len(tree_group(8192)) == 4
+    assert len(tree_group(65536)) == 3
+
+
 def test_tree_users_are_the_cmlfq_policies_over_buckets():
     assert {p for p in POLICY_NAMES if uses_shared_tree(p)} == {"libra-cmlfq", "libra"}
 

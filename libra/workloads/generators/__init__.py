@@ -17,13 +17,13 @@ import numpy as np
 
 from libra.spec import SpecError
 from libra.workloads.generators import dapo_math, r2e_gym, search_r1, swe_agent
-from libra.workloads.generators._base import PromptPool, cap_lengths, to_trajectories
+from libra.workloads.generators._base import GeneratedStep, PromptPool, TurnFields, cap_lengths
 from libra.workloads.trace import Trajectory
 
 _MODULES: dict[str, ModuleType] = {m.NAME: m for m in (search_r1, dapo_math, r2e_gym, swe_agent)}
 WORKLOAD_NAMES: tuple[str, ...] = tuple(_MODULES)
 
-__all__ = ["WORKLOAD_NAMES", "WorkloadGenerator", "generate"]
+__all__ = ["WORKLOAD_NAMES", "GeneratedStep", "TurnFields", "WorkloadGenerator", "generate"]
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -96,6 +96,10 @@ class WorkloadGenerator:
 
     def step(self, step: int) -> list[Trajectory]:
         """All `num_prompts * samples_per_prompt` trajectories of one step, grouped by prompt."""
+        return self.step_arrays(step).trajectories()
+
+    def step_arrays(self, step: int) -> GeneratedStep:
+        """`step(step)` as arrays, with the trajectories made only when asked (`GeneratedStep.trajectories`)."""
         if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
             raise SpecError(f"step must be a non-negative integer, got {step!r}")
         step = int(step)
@@ -103,11 +107,14 @@ class WorkloadGenerator:
         rng = np.random.default_rng([self.seed, self._tag, 1, step])
         ptoks = self._pool.prompt_tokens[prompts]
         batch = self._module.simulate(rng, self._pool.traits[prompts], ptoks, self.progress(step))
-        batch = cap_lengths(batch, ptoks, self.max_model_len)
-        ids = [f"{self.name}-p{i}" for i in prompts.tolist()]
-        samples = np.tile(np.arange(self.samples_per_prompt), self.num_prompts)
-        return to_trajectories(
-            batch, tool_names=self._module.TOOLS, prompt_ids=ids, prompt_tokens=ptoks, samples=samples, step=step
+        return GeneratedStep(
+            step=step,
+            batch=cap_lengths(batch, ptoks, self.max_model_len, copy=False),  # (the batch is this call's own)
+            workload=self.name,
+            tool_names=self._module.TOOLS,
+            prompts=prompts,
+            prompt_tokens=ptoks,
+            samples=np.tile(np.arange(self.samples_per_prompt), self.num_prompts),
         )
 
 

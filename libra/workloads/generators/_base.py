@@ -49,10 +49,11 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def cap_lengths(batch: StepBatch, prompt_tokens: np.ndarray, max_model_len: int) -> StepBatch:
+def cap_lengths(batch: StepBatch, prompt_tokens: np.ndarray, max_model_len: int, *, copy: bool = True) -> StepBatch:
     """Cut every trajectory at `max_model_len` total tokens, as an engine would: the turn that crosses the limit
     is shortened (its tool return first, then its generation) and becomes the last one, so a cut trajectory may
-    end on a tool turn."""
+    end on a tool turn. `copy=False` writes the cuts into `batch`'s arrays (for a caller that owns them: a step's
+    arrays are tens of MB and few rows are cut)."""
     n, horizon = batch.gen_tokens.shape
     valid = np.arange(horizon)[None, :] < batch.num_turns[:, None]
     per_turn = batch.gen_tokens + batch.tool_tokens
@@ -70,16 +71,66 @@ def cap_lengths(batch: StepBatch, prompt_tokens: np.ndarray, max_model_len: int)
     rows, before, over = rows[crossing], before[crossing], over[crossing]
     if rows.size == 0:
         return batch
-    gen = batch.gen_tokens.copy()
-    tool_tok = batch.tool_tokens.copy()
+    gen = batch.gen_tokens.copy() if copy else batch.gen_tokens
+    tool_tok = batch.tool_tokens.copy() if copy else batch.tool_tokens
     turn = np.argmax(over, axis=1)  # the first turn that crosses the limit
     room = np.maximum(0, max_model_len - before[np.arange(rows.size), turn])
     g = np.minimum(gen[rows, turn], room)
     gen[rows, turn] = g
     tool_tok[rows, turn] = np.minimum(tool_tok[rows, turn], room - g)
-    num_turns = batch.num_turns.copy()
+    num_turns = batch.num_turns.copy() if copy else batch.num_turns
     num_turns[rows] = turn + 1
     return attrs.evolve(batch, gen_tokens=gen, tool_tokens=tool_tok, num_turns=num_turns)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class TurnFields:
+    """Per-turn arrays of a step's trajectories, row-major; `num_turns[i]` turns belong to trajectory i."""
+
+    num_turns: np.ndarray  # (n,) int64
+    gen_tokens: np.ndarray  # (m,) int64
+    tool_tokens: np.ndarray  # (m,) int64, 0 on a turn without a tool
+    has_tool: np.ndarray  # (m,) bool
+    latency_s: np.ndarray  # (m,) float, each tool turn's `tool_latency_s` (rounded to ms, as in the turn's extra)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class GeneratedStep:
+    """One generated step as arrays, before any `Trajectory` is made (the simulator reads the arrays; the
+    trajectories are built only for a reader that needs them: `trajectories()`)."""
+
+    step: int
+    batch: StepBatch  # length-capped
+    workload: str
+    tool_names: tuple[str, ...]
+    prompts: np.ndarray  # (n,) int, each row's prompt: its index in the workload's data set
+    prompt_tokens: np.ndarray  # (n,) int
+    samples: np.ndarray  # (n,) int
+
+    def trajectories(self) -> list[Trajectory]:
+        return to_trajectories(
+            self.batch,
+            tool_names=self.tool_names,
+            prompt_ids=[f"{self.workload}-p{i}" for i in self.prompts.tolist()],
+            prompt_tokens=self.prompt_tokens,
+            samples=self.samples,
+            step=self.step,
+        )
+
+    def turns(self) -> TurnFields:
+        """The fields of every valid turn, row-major (the turns of row 0, then of row 1, ...): what
+        `trajectories()` puts in its `Turn` values, as arrays."""
+        b = self.batch
+        valid = np.arange(b.gen_tokens.shape[1])[None, :] < b.num_turns[:, None]
+        kind = b.tool[valid]
+        has_tool = kind != NO_TOOL
+        return TurnFields(
+            num_turns=b.num_turns.astype(np.int64, copy=False),
+            gen_tokens=b.gen_tokens[valid].astype(np.int64, copy=False),
+            tool_tokens=np.where(has_tool, b.tool_tokens[valid], 0).astype(np.int64, copy=False),
+            has_tool=has_tool,
+            latency_s=np.where(has_tool, np.round(b.tool_latency_s[valid], 3), 0.0),
+        )
 
 
 def to_trajectories(
