@@ -77,3 +77,28 @@ def test_a_worker_that_dies_fails_the_run_instead_of_hanging():
     with pytest.raises(RuntimeError, match=r"worker for b died \(exit code 3\)"):
         run_groups(_die_in_group, [["a"], ["b"]])
     assert run_groups(_die_in_group, [["a"], ["c"]]) == [["a"], ["c"]]
+
+
+def _hugepage_state(group, progress):
+    import numpy as np
+
+    switch = np._core.multiarray._set_madvise_hugepage
+    was = switch(False)  # returns the state before
+    return was
+
+
+@pytest.mark.skipif(not fork_available(), reason="worker processes need the fork start method")
+def test_workers_ask_numpy_for_small_pages_and_the_parent_keeps_its_setting():
+    import numpy as np
+
+    from libra.sim.parallel import run_groups, small_pages
+
+    switch = np._core.multiarray._set_madvise_hugepage
+    before = switch(True)
+    try:
+        assert run_groups(_hugepage_state, [["a"]]) == [False]  # off in the worker before its group ran
+        assert switch(True) is True  # the parent's is untouched
+        assert small_pages() is True
+        assert switch(True) is False
+    finally:
+        switch(before)
