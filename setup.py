@@ -25,6 +25,7 @@ setup(
                 "ext/sim/pass.c",
                 "ext/sim/slice.c",
                 "ext/sim/admit.c",
+                "ext/sim/steal.c",
                 "ext/sim/event.c",
             ],
             depends=["ext/sim/slice_native.h"],

@@ -133,6 +133,10 @@ PyDoc_STRVAR(decode_doc, "decode_step(decode_row, work0, attn, batch, context) -
 PyDoc_STRVAR(admit_doc, "admit(arrays, n, instances, t, headroom, overhead, work0, attn) -> (admitted, touched)\n\n"
                         "The admission pass at a slice boundary (libra/sim/native.py packs the arguments).");
 
+PyDoc_STRVAR(steal_doc, "steal(arrays, n, K, t, headroom, all, work0, attn) -> (bool, int, int)\n\n"
+                        "Admission._steal: moves queued requests to idle open instances (where, stolen, pending); "
+                        "returns whether any moved, the turns under way moved and their context tokens.");
+
 PyDoc_STRVAR(next_event_doc, "next_event(arrays, n, instances, t, min_slice, max_slice, have_last) -> float\n\n"
                              "RolloutRun.next_event (libra/sim/native.py packs the arguments).");
 
@@ -169,6 +173,7 @@ static PyMethodDef methods[] = {
     {"decode_slice", sn_decode_slice, METH_VARARGS, decode_slice_doc},
     {"decode_step", sn_decode_py, METH_VARARGS, decode_doc},
     {"admit", sn_admit, METH_VARARGS, admit_doc},
+    {"steal", sn_steal, METH_VARARGS, steal_doc},
     {"next_event", sn_next_event, METH_VARARGS, next_event_doc},
     {"prefill", prefill_py, METH_VARARGS, prefill_doc},
     {"pairwise_sum", pairwise_py, METH_O, pairwise_doc},

@@ -159,6 +159,32 @@ def admit(
     return np.frombuffer(go, np.int64)
 
 
+def steal(
+    run: RolloutRun,
+    t: float,
+    waiting: np.ndarray,
+    open_k: np.ndarray,
+    room: np.ndarray,
+    seats: np.ndarray,
+    table: tuple,
+) -> bool:
+    """`Admission._steal` in C: the same requests moved (`where`, `stolen`, `pending`, the rebalanced counts);
+    returns whether any moved."""
+    assert _NATIVE is not None
+    work0, attn, degrees, _ = table
+    inst = run.inst
+    arrays = (
+        waiting, open_k, np.ascontiguousarray(room, float), np.ascontiguousarray(seats, np.int64), run.where,
+        run.fresh, run.ready, run.ctx, run.pending, run.stolen, inst.ready_at, inst.bucket, inst.tp, degrees,
+    )  # fmt: skip
+    any_moved, moved, tokens = _NATIVE.steal(
+        arrays, len(run.state), len(inst), t, run.c.kv_headroom_seqs, run.steal == "all", work0, attn
+    )
+    run.rebalanced += moved
+    run.rebalanced_tokens += tokens
+    return any_moved
+
+
 _NONE, _NONE_F = np.zeros(0, np.int64), np.zeros(0)  # `next_event` when the last slice ran nothing
 
 

@@ -46,6 +46,8 @@ def _same(a: RolloutRun, b: RolloutRun, where: str) -> None:
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=f"{name} {where}")
     for name in ("decoded", "busy_gpu_s", "capacity_tokens"):
         assert float(getattr(a, name)).hex() == float(getattr(b, name)).hex(), f"{name} {where}"
+    for name in ("rebalanced", "rebalanced_tokens"):  # turns under way the steal moved, and their tokens
+        assert type(getattr(a, name)) is int and getattr(a, name) == getattr(b, name), f"{name} {where}"
     (fa, ta), (fb, tb) = a._freed, b._freed
     oa, ob = np.lexsort((ta, fa)), np.lexsort((tb, fb))  # the freed slots are a multiset: order does not matter
     np.testing.assert_array_equal(fa[oa], fb[ob], err_msg=f"freed slots {where}")
@@ -201,3 +203,56 @@ def test_bad_arrays_are_refused_with_an_error():
     with pytest.raises(ValueError, match="needs 18 arrays"):
         ext.admit((), 1, 1, 0.0, 4.0, 0.3, 1.0, 1.0)
     assert run._kernel_table() is not None
+
+
+def _steal_state(seed: int, steal: str):
+    """Two copies of a rollout whose admission state is drawn at random on a coarse grid, so that ties (turns ready
+    at the same time), contexts that fill a thief's free KV exactly, waits equal to the re-prefill, instances still
+    starting and queues on larger buckets than a thief's are common; and the arguments of a steal."""
+    rng = np.random.default_rng(seed)
+    work = WorkSource.from_generator("search-r1", seed=seed, num_prompts=6, samples_per_prompt=8, max_model_len=40960)
+    work = work.step(0)
+    tps = [int(x) for x in rng.choice([1, 2, 4], size=int(rng.integers(2, 7)))]
+    buckets = sorted(int(x) for x in rng.integers(0, 3, len(tps)))
+    routes = routes_for("single", work, parse_buckets("1:inf"), None)
+    runs = []
+    for cls in (RolloutRun, _Reference):
+        inst = Instances(tps, buckets, [0.0] * len(tps))
+        runs.append(cls(CM, work, routes, inst, start=0.0, steal=steal))
+    n, k_all, t = work.num_requests, len(tps), 0.0  # (t - ready is then exactly the wait drawn below)
+    busy = np.flatnonzero(rng.random(k_all) < 0.5)  # the others have nothing queued: thieves where open
+    where = rng.choice(busy if busy.size else np.arange(1), n)
+    fresh = rng.random(n) < 0.5
+    ctx = rng.integers(1, 5, n).astype(float) * 500.0
+    ready = t - rng.integers(0, 4, n).astype(float)
+    exact = rng.random(n) < 0.2  # waited exactly as long as re-prefilling on a degree would take
+    deg = rng.choice([1, 2, 4], n)
+    for i in np.flatnonzero(exact):
+        ready[i] = t - float(CM.rollout.prefill_time(int(deg[i]), np.array([ctx[i]]), np.array([ctx[i] / 2.0]))[0])
+    ready_at = np.where(rng.random(k_all) < 0.25, t + 5.0, 0.0)  # some instances still starting
+    for run in runs:
+        run.where[:], run.fresh[:], run.ctx[:], run.ready[:] = where, fresh, ctx, ready
+        run.inst.ready_at[:] = ready_at
+    waiting = np.sort(rng.choice(n, int(rng.integers(1, n)), replace=False)).astype(np.int64)
+    open_k = rng.random(k_all) < 0.7
+    room = rng.integers(0, 8, k_all).astype(float) * 500.0 + CM.coeffs.kv_headroom_seqs * 1000.0
+    room[rng.random(k_all) < 0.05] = np.nan  # (numpy's searchsorted puts NaN last: every candidate fits)
+    seats = rng.integers(1, 6, k_all).astype(np.int64)
+    return runs, (t, waiting, open_k, room, seats)
+
+
+@pytest.mark.parametrize("steal", ["all", "new"])
+def test_the_steal_moves_what_the_reference_moves(steal):
+    moved = 0
+    for seed in range(300):
+        (fast, ref), (t, waiting, open_k, room, seats) = _steal_state(seed, steal)
+        table = fast._kernel_table()
+        assert table is not None and ref._kernel_table() is None
+        a = native.steal(fast, t, waiting, open_k, room, seats, table)
+        b = ref._steal(t, waiting, open_k, room.copy(), seats.copy())
+        assert a == b, seed
+        for name in ("where", "stolen", "pending"):
+            np.testing.assert_array_equal(getattr(fast, name), getattr(ref, name), err_msg=f"{name}, seed {seed}")
+        assert (fast.rebalanced, fast.rebalanced_tokens) == (ref.rebalanced, ref.rebalanced_tokens), seed
+        moved += int((fast.where != _steal_state(seed, steal)[0][0].where).sum())
+    assert moved > 200, moved  # the states do move requests

@@ -1,0 +1,219 @@
+/* Work-conserving admission's steal: `Admission._steal` (libra/sim/admission.py, the reference), the same
+   requests moved in the same order, with the same sums. */
+
+#include "slice_native.h"
+
+/* a turn under way in the pool: its position among the waiting requests and when it became ready */
+typedef struct {
+    Py_ssize_t pos;
+    double ready;
+} Stuck;
+
+/* np.argsort(ready, kind="stable") */
+static inline int stuck_less(const Stuck *a, const Stuck *b) { return a->ready < b->ready; }
+
+DEFINE_STABLE_SORT(sort_stuck, Stuck, stuck_less)
+
+/* a thief: its index, sorted stably by its bucket (np.argsort(bucket[thieves], kind="stable")) */
+typedef struct {
+    int64_t k, bucket;
+} Thief;
+
+static inline int thief_less(const Thief *a, const Thief *b) { return a->bucket < b->bucket; }
+
+DEFINE_STABLE_SORT(sort_thieves, Thief, thief_less)
+
+enum {
+    T_WAITING, T_OPEN, T_ROOM, T_SEATS, T_WHERE, T_FRESH, T_READY, T_CTX, T_PENDING, T_STOLEN, T_READY_AT, T_IBUCKET,
+    T_ITP, T_DEGREES, N_STEAL
+};
+
+static const Spec STEAL_SPEC[N_STEAL] = {
+    {'q', '*', 0}, {'?', 'K', 0}, {'d', 'K', 0}, {'q', 'K', 0}, {'q', 'n', 1}, {'?', 'n', 0}, {'d', 'n', 0},
+    {'d', 'n', 0}, {'d', 'n', 1}, {'?', 'n', 1}, {'d', 'K', 0}, {'q', 'K', 0}, {'q', 'K', 0}, {'d', '*', 0},
+};
+
+/* the first position of the non-decreasing cs[0..m) holding a value > x (np.searchsorted(cs, x, "right")); NaN
+   sorts last */
+static Py_ssize_t search_right(const double *cs, Py_ssize_t m, double x) {
+    if (isnan(x)) return m;
+    Py_ssize_t lo = 0, hi = m;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + ((hi - lo) >> 1);
+        if (cs[mid] <= x) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* steal(arrays, n, K, t, headroom, all, work0, attn) -> (taken any, turns moved, their context tokens) */
+PyObject *sn_steal(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *arrays, *result = NULL;
+    Py_ssize_t n, K, m = -1;
+    double t, headroom, work0, attn;
+    int all;
+    if (!PyArg_ParseTuple(args, "O!nnddpdd", &PyTuple_Type, &arrays, &n, &K, &t, &headroom, &all, &work0, &attn))
+        return NULL;
+    Buf b[N_STEAL];
+    memset(b, 0, sizeof(b));
+    int64_t *queued = NULL, *pool = NULL, *eligible = NULL, *home = NULL;
+    Thief *thieves = NULL;
+    Stuck *stuck = NULL;
+    uint8_t *taken = NULL, *ripe_all = NULL, *has_ripe = NULL;
+    double *scratch = NULL, *cs = NULL;
+    Degree deg[MAX_DEG];
+    long long moved = 0, moved_tokens = 0;
+    int any = 0;
+    if (sn_acquire(arrays, STEAL_SPEC, N_STEAL, b, n, 1, K, &m) < 0) goto fail;
+    const int64_t *waiting = Q(T_WAITING), *seats = Q(T_SEATS), *ibucket = Q(T_IBUCKET), *itp = Q(T_ITP);
+    const uint8_t *open_k = U(T_OPEN), *fresh = U(T_FRESH);
+    const double *room = D(T_ROOM), *ready = D(T_READY), *ctx = D(T_CTX), *ready_at = D(T_READY_AT);
+    int64_t *where = Q(T_WHERE);
+    double *pending = D(T_PENDING);
+    uint8_t *stolen = U(T_STOLEN);
+    Py_ssize_t nw = LEN(T_WAITING), ndeg = LEN(T_DEGREES) / DEG_FIELDS;
+    if (LEN(T_DEGREES) % DEG_FIELDS || ndeg > MAX_DEG) {
+        PyErr_SetString(PyExc_ValueError, "steal: degree table malformed");
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < ndeg; i++) {
+        const double *row = D(T_DEGREES) + i * DEG_FIELDS;
+        deg[i] = (Degree){(int64_t)row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8]};
+    }
+    /* queued = np.bincount(where[waiting]); thieves: open instances with nothing queued */
+    queued = calloc((size_t)K + 1, sizeof(int64_t));
+    thieves = malloc(((size_t)K + 1) * sizeof(Thief));
+    if (!queued || !thieves) goto nomem;
+    for (Py_ssize_t i = 0; i < nw; i++) {
+        int64_t r = waiting[i];
+        if (r < 0 || r >= n || where[r] < 0 || where[r] >= K) {
+            PyErr_SetString(PyExc_ValueError, "steal: a waiting request's index or instance is out of range");
+            goto fail;
+        }
+        queued[where[r]]++;
+    }
+    Py_ssize_t nt = 0;
+    for (Py_ssize_t k = 0; k < K; k++) {
+        if (open_k[k] && queued[k] == 0) {
+            if (ibucket[k] < 0) {
+                PyErr_SetString(PyExc_ValueError, "steal: an instance's bucket is negative");
+                goto fail;
+            }
+            thieves[nt++] = (Thief){k, ibucket[k]};
+        }
+    }
+    if (nt == 0) goto done;
+    if (sort_thieves(thieves, nt) < 0) goto nomem;
+    /* the pool: new requests newest first, then (all) turns under way oldest first; an instance still starting
+       keeps its queue */
+    pool = malloc(((size_t)nw + 1) * sizeof(int64_t));
+    stuck = malloc(((size_t)nw + 1) * sizeof(Stuck));
+    if (!pool || !stuck) goto nomem;
+    Py_ssize_t np_ = 0, ns = 0;
+    for (Py_ssize_t i = nw - 1; i >= 0; i--) {
+        int64_t r = waiting[i];
+        if (fresh[r] && ready_at[where[r]] <= t) pool[np_++] = r;
+    }
+    if (all) {
+        for (Py_ssize_t i = 0; i < nw; i++)
+            if (!fresh[waiting[i]]) stuck[ns++] = (Stuck){i, ready[waiting[i]]};
+        if (sort_stuck(stuck, ns) < 0) goto nomem;
+        for (Py_ssize_t i = 0; i < ns; i++) {
+            int64_t r = waiting[stuck[i].pos];
+            if (ready_at[where[r]] <= t) pool[np_++] = r;
+        }
+    }
+    /* per candidate, read once (the loop moves only the requests it takes, which leave the pool) */
+    taken = calloc((size_t)np_ + 1, 1);
+    eligible = malloc(((size_t)np_ + 1) * sizeof(int64_t));
+    scratch = malloc(((size_t)np_ + 1) * sizeof(double));
+    cs = malloc(((size_t)np_ + 1) * sizeof(double));
+    ripe_all = malloc(((size_t)np_ + 1) * (size_t)(ndeg + 1));
+    has_ripe = calloc((size_t)ndeg + 1, 1);
+    home = malloc(((size_t)np_ + 1) * sizeof(int64_t)); /* each candidate's bucket */
+    if (!taken || !eligible || !scratch || !cs || !ripe_all || !has_ripe || !home) goto nomem;
+    for (Py_ssize_t p = 0; p < np_; p++) home[p] = ibucket[where[pool[p]]];
+    Py_ssize_t left = np_, ne = 0, at = 0;
+    int64_t key_bucket = -1, key_tp = -1;
+    for (Py_ssize_t q = 0; q < nt; q++) {
+        if (left == 0) break;
+        int64_t k = thieves[q].k, tp = itp[k], bucket = ibucket[k];
+        if (bucket != key_bucket || tp != key_tp) {
+            key_bucket = bucket, key_tp = tp;
+            Py_ssize_t di = -1;
+            for (Py_ssize_t d = 0; d < ndeg; d++)
+                if (deg[d].tp == tp) di = d;
+            if (di < 0) {
+                PyErr_SetString(PyExc_SystemError, "steal: an instance's degree is not in the table");
+                goto fail;
+            }
+            uint8_t *ripe = ripe_all + (size_t)di * (size_t)(np_ + 1);
+            if (!has_ripe[di]) { /* rent or buy: move a stuck turn only once its wait has cost as much as the move */
+                for (Py_ssize_t p = 0; p < np_; p++) {
+                    int64_t r = pool[p];
+                    double c = ctx[r];
+                    ripe[p] = fresh[r] ? 1 : (t - ready[r]) >= sn_prefill(&deg[di], work0, attn, c, c / 2.0);
+                }
+                has_ripe[di] = 1;
+            }
+            ne = 0, at = 0;
+            for (Py_ssize_t p = 0; p < np_; p++)
+                if (!taken[p] && home[p] <= bucket && ripe[p]) eligible[ne++] = p;
+        }
+        Py_ssize_t avail = ne - at;
+        if (avail == 0) continue;
+        const int64_t *mine = eligible + at;
+        for (Py_ssize_t i = 0; i < avail; i++) scratch[i] = ctx[pool[mine[i]]];
+        double mean = sn_np_sum(scratch, avail) / (double)avail;
+        double free_kv = room[k] - headroom * mean; /* the headroom admission keeps */
+        Py_ssize_t most = seats[k] < (int64_t)avail ? (Py_ssize_t)seats[k] : avail;
+        Py_ssize_t fit = 0;
+        if (most > 0) {
+            double run = 0.0;
+            for (Py_ssize_t i = 0; i < most; i++) cs[i] = run += scratch[i];
+            fit = search_right(cs, most, free_kv);
+        }
+        if ((int64_t)fit > seats[k]) fit = (Py_ssize_t)seats[k];
+        Py_ssize_t take = fit > 1 ? fit : 1; /* at least one */
+        /* (Python slices pool[:take] of the available: take cannot pass them) */
+        if (take > avail) take = avail;
+        Py_ssize_t nu = 0;
+        for (Py_ssize_t i = 0; i < take; i++) {
+            Py_ssize_t p = mine[i];
+            int64_t r = pool[p];
+            taken[p] = 1;
+            if (!fresh[r]) {
+                pending[r] = ctx[r]; /* re-prefill the whole context on the new instance */
+                scratch[nu++] = ctx[r];
+            }
+            if (home[p] < bucket) stolen[r] = 1;
+            where[r] = k;
+        }
+        at += take;
+        left -= take;
+        any = 1;
+        moved += nu;
+        moved_tokens += (long long)sn_np_sum(scratch, nu);
+    }
+done:
+    result = Py_BuildValue("OLL", any ? Py_True : Py_False, moved, moved_tokens);
+    goto out;
+nomem:
+    PyErr_NoMemory();
+fail:
+out:
+    sn_release(b, N_STEAL);
+    free(queued);
+    free(thieves);
+    free(pool);
+    free(stuck);
+    free(taken);
+    free(eligible);
+    free(scratch);
+    free(cs);
+    free(ripe_all);
+    free(has_ripe);
+    free(home);
+    return result;
+}
