@@ -29,50 +29,33 @@ static const Spec ADMIT_SPEC[N_ADMIT] = {
     {'d', 'K', 1}, {'q', 'K', 1}, {'q', 'K', 0}, {'q', '*', 0}, {'d', '*', 0}, {'d', '*', 0},
 };
 
-PyObject *sn_admit(PyObject *self, PyObject *args) {
-    (void)self;
-    PyObject *arrays, *result = NULL;
-    Py_ssize_t n, K, m = -1;
-    double t, headroom, overhead, work0, attn;
-    if (!PyArg_ParseTuple(args, "O!nnddddd", &PyTuple_Type, &arrays, &n, &K, &t, &headroom, &overhead, &work0,
-                          &attn))
-        return NULL;
-    Buf b[N_ADMIT];
-    memset(b, 0, sizeof(b));
+/* `_admit_queued` after the steal on raw arrays: the admitted requests into `go` (in admission order), their
+   states written; -1 with an exception set on bad input or no memory */
+int sn_admit_core(const AdmitIn *a, IVec *go, int *touched) {
+    const int64_t *waiting = a->waiting, *seats = a->seats, *run_k = a->run_k, *where = a->where, *itp = a->itp,
+                  *fk = a->fk;
+    const uint8_t *open_k = a->open_k;
+    const double *ready = a->ready, *ctx = a->ctx, *ft = a->ft;
+    uint8_t *fresh = a->fresh;
+    double *pending = a->pending, *lag = a->lag, *debt = a->debt;
+    int8_t *state = a->state;
+    int64_t *refilled = a->refilled;
+    Py_ssize_t n = a->n, K = a->K, nw = a->nw, nf = a->nf, ndeg = a->ndeg;
+    double t = a->t;
     Adm *c = NULL;
     double *room = NULL, *within = NULL, *credit = NULL, *secs = NULL;
     int64_t *rank = NULL, *go_rank = NULL;
-    IVec go = {0};
-    Degree deg[MAX_DEG];
-    int touched = 0;
-    if (sn_acquire(arrays, ADMIT_SPEC, N_ADMIT, b, n, 1, K, &m) < 0) goto fail;
-    const int64_t *waiting = Q(B_WAITING), *seats = Q(B_SEATS), *run_k = Q(B_RUN_K), *where = Q(B_WHERE),
-                  *itp = Q(B_ITP), *fk = Q(B_FK);
-    const uint8_t *open_k = U(B_OPEN);
-    const double *ready = D(B_READY), *ctx = D(B_CTX), *ft = D(B_FT);
-    uint8_t *fresh = U(B_FRESH);
-    double *pending = D(B_PENDING), *lag = D(B_LAG), *debt = D(B_DEBT);
-    int8_t *state = (int8_t *)b[B_STATE].view.buf;
-    int64_t *refilled = Q(B_REFILLED);
-    Py_ssize_t nw = LEN(B_WAITING), nf = LEN(B_FK), ndeg = LEN(B_DEGREES) / DEG_FIELDS;
-    if (LEN(B_FT) != nf || LEN(B_DEGREES) % DEG_FIELDS || ndeg > MAX_DEG) {
-        PyErr_SetString(PyExc_ValueError, "admit: freed slots or degree table malformed");
-        goto fail;
-    }
+    int rc = -1;
     for (Py_ssize_t j = 0; j < nf; j++) {
         if (fk[j] < 0 || fk[j] >= K || (j && (fk[j] < fk[j - 1] || (fk[j] == fk[j - 1] && ft[j] < ft[j - 1])))) {
             PyErr_SetString(PyExc_ValueError, "admit: the freed slots must be sorted by (instance, time)");
             goto fail;
         }
     }
-    for (Py_ssize_t i = 0; i < ndeg; i++) {
-        const double *row = D(B_DEGREES) + i * DEG_FIELDS;
-        deg[i] = (Degree){(int64_t)row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8]};
-    }
     c = malloc(((size_t)nw + 1) * sizeof(Adm));
     room = malloc(((size_t)K + 1) * sizeof(double));
     if (!c || !room) goto nomem;
-    memcpy(room, D(B_ROOM), (size_t)K * sizeof(double));
+    memcpy(room, a->room, (size_t)K * sizeof(double));
     Py_ssize_t nc = 0;
     for (Py_ssize_t i = 0; i < nw; i++) {
         int64_t r = waiting[i];
@@ -100,7 +83,7 @@ PyObject *sn_admit(PyObject *self, PyObject *args) {
             if (i == 0 || c[i].k != c[i - 1].k) {
                 rank[i] = 0;
                 base = cs - need;
-                if (run_k[c[i].k] == 0) room[c[i].k] -= headroom * need;
+                if (run_k[c[i].k] == 0) room[c[i].k] -= a->headroom * need;
             } else {
                 rank[i] = rank[i - 1] + 1;
             }
@@ -124,12 +107,12 @@ PyObject *sn_admit(PyObject *self, PyObject *args) {
             int64_t r = c[i].r;
             const Degree *d = NULL;
             for (Py_ssize_t q = 0; q < ndeg; q++)
-                if (deg[q].tp == itp[c[i].k]) d = &deg[q];
+                if (a->deg[q].tp == itp[c[i].k]) d = &a->deg[q];
             if (!d) {
                 PyErr_SetString(PyExc_SystemError, "admit: an instance's degree is not in the table");
                 goto fail;
             }
-            secs[i] = (fresh[r] ? overhead : 0.0) + sn_prefill(d, work0, attn, pending[r], ctx[r] / 2.0);
+            secs[i] = (fresh[r] ? a->overhead : 0.0) + sn_prefill(d, a->work0, a->attn, pending[r], ctx[r] / 2.0);
         }
         for (Py_ssize_t i = 0; i < ng;) { /* debt += np.bincount(gk, weights=secs) */
             int64_t k = c[i].k;
@@ -169,22 +152,18 @@ PyObject *sn_admit(PyObject *self, PyObject *args) {
             pending[r] = 0.0;
             fresh[r] = 0;
             if (state[r] != RUN) {
-                touched |= (1 << state[r]) | (1 << RUN);
+                *touched |= (1 << state[r]) | (1 << RUN);
                 state[r] = RUN;
             }
-            if (ivec_push(&go, r) < 0) goto nomem;
+            if (ivec_push(go, r) < 0) goto nomem;
         }
     }
-    {
-        PyObject *g = sn_to_bytearray(go.p, go.n * (Py_ssize_t)sizeof(int64_t));
-        if (g) result = Py_BuildValue("Ni", g, touched);
-    }
+    rc = 0;
     goto out;
 nomem:
     PyErr_NoMemory();
 fail:
 out:
-    sn_release(b, N_ADMIT);
     free(c);
     free(room);
     free(within);
@@ -192,6 +171,211 @@ out:
     free(go_rank);
     free(secs);
     free(credit);
+    return rc;
+}
+
+PyObject *sn_admit(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *arrays, *result = NULL;
+    Py_ssize_t n, K, m = -1;
+    double t, headroom, overhead, work0, attn;
+    if (!PyArg_ParseTuple(args, "O!nnddddd", &PyTuple_Type, &arrays, &n, &K, &t, &headroom, &overhead, &work0,
+                          &attn))
+        return NULL;
+    Buf b[N_ADMIT];
+    memset(b, 0, sizeof(b));
+    IVec go = {0};
+    Degree deg[MAX_DEG];
+    int touched = 0;
+    if (sn_acquire(arrays, ADMIT_SPEC, N_ADMIT, b, n, 1, K, &m) < 0) goto fail;
+    Py_ssize_t ndeg = sn_degrees(D(B_DEGREES), LEN(B_DEGREES), deg);
+    if (ndeg < 0 || LEN(B_FT) != LEN(B_FK)) {
+        PyErr_SetString(PyExc_ValueError, "admit: freed slots or degree table malformed");
+        goto fail;
+    }
+    AdmitIn a = {
+        .n = n, .K = K, .ndeg = ndeg, .nw = LEN(B_WAITING), .nf = LEN(B_FK), .waiting = Q(B_WAITING),
+        .open_k = U(B_OPEN), .room = D(B_ROOM), .seats = Q(B_SEATS), .run_k = Q(B_RUN_K), .where = Q(B_WHERE),
+        .ready = D(B_READY), .fresh = U(B_FRESH), .ctx = D(B_CTX), .pending = D(B_PENDING), .lag = D(B_LAG),
+        .state = (int8_t *)b[B_STATE].view.buf, .debt = D(B_DEBT), .refilled = Q(B_REFILLED), .itp = Q(B_ITP),
+        .fk = Q(B_FK), .ft = D(B_FT), .deg = deg, .t = t, .headroom = headroom, .overhead = overhead,
+        .work0 = work0, .attn = attn,
+    };
+    if (sn_admit_core(&a, &go, &touched) < 0) goto fail;
+    {
+        PyObject *g = sn_to_bytearray(go.p, go.n * (Py_ssize_t)sizeof(int64_t));
+        if (g) result = Py_BuildValue("Ni", g, touched);
+    }
+fail:
+    sn_release(b, N_ADMIT);
     free(go.p);
+    return result;
+}
+
+/* --- a slice boundary's whole admission: `Admission._admit` ------------------------------------------------- */
+typedef struct {
+    int64_t k;
+    double t;
+} Slot;
+
+/* np.lexsort((ft, fk)): by instance, then time, stable */
+static inline int slot_less(const Slot *a, const Slot *b) { return a->k != b->k ? a->k < b->k : a->t < b->t; }
+
+DEFINE_STABLE_SORT(sort_slots, Slot, slot_less)
+
+enum {
+    S_LIVE, S_STATE, S_WHERE, S_READY, S_FRESH, S_CTX, S_PENDING, S_LAG, S_STOLEN, S_DEBT, S_REFILLED, S_ACTIVE,
+    S_READY_AT, S_IBUCKET, S_ITP, S_CAP, S_FK, S_FT, S_DEGREES, N_SLICE_ADMIT
+};
+
+static const Spec SLICE_ADMIT_SPEC[N_SLICE_ADMIT] = {
+    {'q', '*', 0}, {'b', 'n', 1}, {'q', 'n', 1}, {'d', 'n', 0}, {'?', 'n', 1}, {'d', 'n', 0}, {'d', 'n', 1},
+    {'d', 'n', 1}, {'?', 'n', 1}, {'d', 'K', 1}, {'q', 'K', 1}, {'?', 'K', 0}, {'d', 'K', 0}, {'q', 'K', 0},
+    {'q', 'K', 0}, {'d', 'K', 0}, {'q', '*', 0}, {'d', '*', 0}, {'d', '*', 0},
+};
+
+/* the live requests in WAIT, ascending (`_in_state(WAIT)`) */
+static Py_ssize_t waiting_of(const int64_t *live, Py_ssize_t nlive, const int8_t *state, int64_t *out) {
+    Py_ssize_t nw = 0;
+    for (Py_ssize_t i = 0; i < nlive; i++)
+        if (state[live[i]] == WAIT) out[nw++] = live[i];
+    return nw;
+}
+
+/* admit_slice(arrays, n, K, t, headroom, overhead, max_num_seqs, steal, work0, attn) -> (touched, moved, tokens);
+   steal: 0 off, 1 new, 2 all */
+PyObject *sn_admit_slice(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *arrays, *result = NULL;
+    Py_ssize_t n, K, m = -1;
+    double t, headroom, overhead, work0, attn;
+    long long max_seqs;
+    int steal;
+    if (!PyArg_ParseTuple(args, "O!nndddLidd", &PyTuple_Type, &arrays, &n, &K, &t, &headroom, &overhead, &max_seqs,
+                          &steal, &work0, &attn))
+        return NULL;
+    Buf b[N_SLICE_ADMIT];
+    memset(b, 0, sizeof(b));
+    Degree deg[MAX_DEG];
+    IVec go = {0};
+    int64_t *waiting = NULL, *run_k = NULL, *seats = NULL, *fk = NULL;
+    double *used_k = NULL, *room = NULL, *ft = NULL, *added = NULL;
+    uint8_t *open_k = NULL;
+    Slot *slots = NULL;
+    long long moved = 0, tokens = 0;
+    int touched = 0;
+    if (sn_acquire(arrays, SLICE_ADMIT_SPEC, N_SLICE_ADMIT, b, n, 1, K, &m) < 0) goto fail;
+    Py_ssize_t ndeg = sn_degrees(D(S_DEGREES), LEN(S_DEGREES), deg), nf = LEN(S_FK), nlive = LEN(S_LIVE);
+    if (ndeg < 0 || LEN(S_FT) != nf) {
+        PyErr_SetString(PyExc_ValueError, "admit_slice: freed slots or degree table malformed");
+        goto fail;
+    }
+    const int64_t *live = Q(S_LIVE);
+    int8_t *state = (int8_t *)b[S_STATE].view.buf;
+    int64_t *where = Q(S_WHERE);
+    const double *ctx = D(S_CTX);
+    for (Py_ssize_t i = 0; i < nlive; i++) {
+        int64_t r = live[i];
+        if (r < 0 || r >= n || state[r] < WAIT || state[r] > DONE || where[r] < -1 || where[r] >= K ||
+            (state[r] == RUN && where[r] < 0)) {
+            PyErr_SetString(PyExc_ValueError, "admit_slice: a live request's index, state or instance is out of range");
+            goto fail;
+        }
+    }
+    waiting = malloc(((size_t)nlive + 1) * sizeof(int64_t));
+    if (!waiting) goto nomem;
+    Py_ssize_t nw = waiting_of(live, nlive, state, waiting);
+    if (nw == 0) goto done; /* nothing to admit */
+    run_k = calloc((size_t)K + 1, sizeof(int64_t));
+    seats = malloc(((size_t)K + 1) * sizeof(int64_t));
+    used_k = calloc((size_t)K + 1, sizeof(double));
+    room = malloc(((size_t)K + 1) * sizeof(double));
+    added = malloc(((size_t)K + 1) * sizeof(double));
+    open_k = malloc((size_t)K + 1);
+    slots = malloc(((size_t)nf + 1) * sizeof(Slot));
+    fk = malloc(((size_t)nf + 1) * sizeof(int64_t));
+    ft = malloc(((size_t)nf + 1) * sizeof(double));
+    if (!run_k || !seats || !used_k || !room || !added || !open_k || !slots || !fk || !ft) goto nomem;
+    /* the running count and context per instance (np.bincount, in the order of the running requests) */
+    for (Py_ssize_t i = 0; i < nlive; i++) {
+        int64_t r = live[i];
+        if (state[r] != RUN) continue;
+        run_k[where[r]]++;
+        used_k[where[r]] += ctx[r];
+    }
+    /* the freed slots by instance, earliest first, once for both passes */
+    for (Py_ssize_t j = 0; j < nf; j++) {
+        if (Q(S_FK)[j] < 0 || Q(S_FK)[j] >= K) {
+            PyErr_SetString(PyExc_ValueError, "admit_slice: a freed slot's instance is out of range");
+            goto fail;
+        }
+        slots[j] = (Slot){Q(S_FK)[j], D(S_FT)[j]};
+    }
+    if (sort_slots(slots, nf) < 0) goto nomem;
+    for (Py_ssize_t j = 0; j < nf; j++) fk[j] = slots[j].k, ft[j] = slots[j].t;
+    const double *cap = D(S_CAP), *ready_at = D(S_READY_AT);
+    const uint8_t *active = U(S_ACTIVE);
+    for (int pass = 0; pass < 2; pass++) {
+        /* `_admit_queued`: each instance's room, seats and whether it is open */
+        int any_open = 0;
+        for (Py_ssize_t j = 0; j < K; j++) {
+            double mean = used_k[j] / (double)(run_k[j] > 1 ? run_k[j] : 1);
+            room[j] = cap[j] - used_k[j] - headroom * mean;
+            seats[j] = (int64_t)max_seqs - run_k[j];
+            open_k[j] = active[j] && ready_at[j] <= t && seats[j] > 0 && (room[j] > 0 || run_k[j] == 0);
+            any_open |= open_k[j];
+        }
+        if (!any_open) break; /* (None: no second pass) */
+        if (pass == 1) {
+            nw = waiting_of(live, nlive, state, waiting);
+            StealIn s = {
+                .n = n, .K = K, .ndeg = ndeg, .nw = nw, .waiting = waiting, .open_k = open_k, .room = room,
+                .seats = seats, .where = where, .fresh = U(S_FRESH), .ready = D(S_READY), .ctx = ctx,
+                .pending = D(S_PENDING), .stolen = U(S_STOLEN), .ready_at = ready_at, .ibucket = Q(S_IBUCKET),
+                .itp = Q(S_ITP), .deg = deg, .t = t, .headroom = headroom, .work0 = work0, .attn = attn,
+                .all = steal == 2,
+            };
+            int stole = sn_steal_core(&s, &moved, &tokens);
+            if (stole < 0) goto fail;
+            if (!stole) break;
+        }
+        go.n = 0;
+        AdmitIn a = {
+            .n = n, .K = K, .ndeg = ndeg, .nw = nw, .nf = nf, .waiting = waiting, .open_k = open_k, .room = room,
+            .seats = seats, .run_k = run_k, .where = where, .ready = D(S_READY), .fresh = U(S_FRESH), .ctx = ctx,
+            .pending = D(S_PENDING), .lag = D(S_LAG), .state = state, .debt = D(S_DEBT), .refilled = Q(S_REFILLED),
+            .itp = Q(S_ITP), .fk = fk, .ft = ft, .deg = deg, .t = t, .headroom = headroom, .overhead = overhead,
+            .work0 = work0, .attn = attn,
+        };
+        if (sn_admit_core(&a, &go, &touched) < 0) goto fail;
+        if (pass == 1 || steal == 0) break;
+        /* the admitted join the running (np.bincount of them, added): then the steal, if any still wait */
+        for (Py_ssize_t j = 0; j < K; j++) added[j] = 0.0;
+        for (Py_ssize_t i = 0; i < go.n; i++) {
+            run_k[where[go.p[i]]]++;
+            added[where[go.p[i]]] += ctx[go.p[i]];
+        }
+        for (Py_ssize_t j = 0; j < K; j++) used_k[j] += added[j];
+        if (waiting_of(live, nlive, state, waiting) == 0) break;
+    }
+done:
+    result = Py_BuildValue("iLL", touched, moved, tokens);
+    goto out;
+nomem:
+    PyErr_NoMemory();
+fail:
+out:
+    sn_release(b, N_SLICE_ADMIT);
+    free(go.p);
+    free(waiting);
+    free(run_k);
+    free(seats);
+    free(used_k);
+    free(room);
+    free(added);
+    free(open_k);
+    free(slots);
+    free(fk);
+    free(ft);
     return result;
 }

@@ -209,11 +209,7 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
     P.later_debt = D(A_LATER_DEBT), P.dec_s = D(A_DEC_S);
     P.live = Q(A_LIVE), P.nlive = LEN(A_LIVE);
     P.headroom = headroom, P.work0 = work0, P.attn = attn, P.slice_end = t + dt, P.decoded = decoded;
-    P.ndeg = LEN(A_DEGREES) / DEG_FIELDS;
-    for (Py_ssize_t i = 0; i < P.ndeg; i++) {
-        const double *row = D(A_DEGREES) + i * DEG_FIELDS;
-        P.deg[i] = (Degree){(int64_t)row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8]};
-    }
+    P.ndeg = sn_degrees(D(A_DEGREES), LEN(A_DEGREES), P.deg); /* (checked above) */
     st.ndec = LEN(A_DECODE) / DEC_FIELDS;
     for (Py_ssize_t i = 0; i < st.ndec; i++) dec_of_row(&st.dec[i], D(A_DECODE) + i * DEC_FIELDS);
     st.max_seqs = max_seqs, st.preemption = preemption, st.max_churn = max_churn;

@@ -35,6 +35,15 @@ static double pairwise_sum(const double *a, Py_ssize_t n) {
 double sn_np_sum(const double *a, Py_ssize_t n) { return 0.0 + pairwise_sum(a, n); }
 
 /* RolloutCost.prefill_time(tp, tokens, context), operand by operand */
+Py_ssize_t sn_degrees(const double *rows, Py_ssize_t len, Degree *out) {
+    if (len % DEG_FIELDS || len / DEG_FIELDS > MAX_DEG) return -1;
+    for (Py_ssize_t i = 0; i < len / DEG_FIELDS; i++) {
+        const double *row = rows + i * DEG_FIELDS;
+        out[i] = (Degree){(int64_t)row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8]};
+    }
+    return len / DEG_FIELDS;
+}
+
 double sn_prefill(const Degree *d, double work0, double attn, double tokens, double context) {
     double work = work0 + attn * context;
     double flops = tokens * work;
@@ -133,6 +142,10 @@ PyDoc_STRVAR(decode_doc, "decode_step(decode_row, work0, attn, batch, context) -
 PyDoc_STRVAR(admit_doc, "admit(arrays, n, instances, t, headroom, overhead, work0, attn) -> (admitted, touched)\n\n"
                         "The admission pass at a slice boundary (libra/sim/native.py packs the arguments).");
 
+PyDoc_STRVAR(admit_slice_doc,
+             "admit_slice(arrays, n, K, t, headroom, overhead, max_num_seqs, steal, work0, attn) -> (touched, moved, "
+             "tokens)\n\nAdmission._admit: both passes and the steal between them (steal: 0 off, 1 new, 2 all).");
+
 PyDoc_STRVAR(steal_doc, "steal(arrays, n, K, t, headroom, all, work0, attn) -> (bool, int, int)\n\n"
                         "Admission._steal: moves queued requests to idle open instances (where, stolen, pending); "
                         "returns whether any moved, the turns under way moved and their context tokens.");
@@ -174,6 +187,7 @@ static PyMethodDef methods[] = {
     {"decode_step", sn_decode_py, METH_VARARGS, decode_doc},
     {"admit", sn_admit, METH_VARARGS, admit_doc},
     {"steal", sn_steal, METH_VARARGS, steal_doc},
+    {"admit_slice", sn_admit_slice, METH_VARARGS, admit_slice_doc},
     {"next_event", sn_next_event, METH_VARARGS, next_event_doc},
     {"prefill", prefill_py, METH_VARARGS, prefill_doc},
     {"pairwise_sum", pairwise_py, METH_O, pairwise_doc},

@@ -159,11 +159,61 @@ int sn_merge_new_slots(Pass *P, Py_ssize_t from);
 int sn_run_pass(Pass *P, const PassIn *in, double t, double dt, double *span_end, double *occ, double *real,
                 IVec *still);
 
+/* the rows of a degree table (RolloutCost.prefill_terms, `native.degree_table`) into `out`: their count, or -1
+   when malformed (slice_native.c) */
+Py_ssize_t sn_degrees(const double *rows, Py_ssize_t len, Degree *out);
+
+/* --- admission (admit.c, steal.c) ----------------------------------------------------------------------------- */
+/* `_admit_queued` after the steal: the candidates `waiting` on open instances, their rows, the instances' room,
+   seats and running counts, and the freed slots sorted by (instance, time) */
+typedef struct {
+    Py_ssize_t n, K, ndeg, nw, nf;
+    const int64_t *waiting;
+    const uint8_t *open_k;
+    const double *room;
+    const int64_t *seats, *run_k, *where;
+    const double *ready;
+    uint8_t *fresh;
+    const double *ctx;
+    double *pending, *lag;
+    int8_t *state;
+    double *debt;
+    int64_t *refilled;
+    const int64_t *itp, *fk;
+    const double *ft;
+    const Degree *deg;
+    double t, headroom, overhead, work0, attn;
+} AdmitIn;
+
+int sn_admit_core(const AdmitIn *a, IVec *go, int *touched);
+
+/* `_steal`: the waiting requests, the open instances' room and seats, the rows it reads and moves */
+typedef struct {
+    Py_ssize_t n, K, ndeg, nw;
+    const int64_t *waiting;
+    const uint8_t *open_k;
+    const double *room;
+    const int64_t *seats;
+    int64_t *where;
+    const uint8_t *fresh;
+    const double *ready, *ctx;
+    double *pending;
+    uint8_t *stolen;
+    const double *ready_at;
+    const int64_t *ibucket, *itp;
+    const Degree *deg;
+    double t, headroom, work0, attn;
+    int all;
+} StealIn;
+
+int sn_steal_core(const StealIn *s, long long *moved, long long *tokens);
+
 /* the module's functions */
 PyObject *sn_decode_slice(PyObject *self, PyObject *args);
 PyObject *sn_decode_py(PyObject *self, PyObject *args);
 PyObject *sn_admit(PyObject *self, PyObject *args);
 PyObject *sn_steal(PyObject *self, PyObject *args);
+PyObject *sn_admit_slice(PyObject *self, PyObject *args);
 PyObject *sn_next_event(PyObject *self, PyObject *args);
 
 #endif

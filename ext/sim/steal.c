@@ -46,41 +46,23 @@ static Py_ssize_t search_right(const double *cs, Py_ssize_t m, double x) {
     return lo;
 }
 
-/* steal(arrays, n, K, t, headroom, all, work0, attn) -> (taken any, turns moved, their context tokens) */
-PyObject *sn_steal(PyObject *self, PyObject *args) {
-    (void)self;
-    PyObject *arrays, *result = NULL;
-    Py_ssize_t n, K, m = -1;
-    double t, headroom, work0, attn;
-    int all;
-    if (!PyArg_ParseTuple(args, "O!nnddpdd", &PyTuple_Type, &arrays, &n, &K, &t, &headroom, &all, &work0, &attn))
-        return NULL;
-    Buf b[N_STEAL];
-    memset(b, 0, sizeof(b));
+/* `_steal` on raw arrays: 1 when it moved some request, 0 when not, -1 with an exception set; `moved` and
+   `tokens` count the turns under way it moved and their context tokens */
+int sn_steal_core(const StealIn *s, long long *moved, long long *tokens) {
+    const int64_t *waiting = s->waiting, *seats = s->seats, *ibucket = s->ibucket, *itp = s->itp;
+    const uint8_t *open_k = s->open_k, *fresh = s->fresh;
+    const double *room = s->room, *ready = s->ready, *ctx = s->ctx, *ready_at = s->ready_at;
+    int64_t *where = s->where;
+    double *pending = s->pending;
+    uint8_t *stolen = s->stolen;
+    Py_ssize_t n = s->n, K = s->K, nw = s->nw, ndeg = s->ndeg;
+    double t = s->t;
     int64_t *queued = NULL, *pool = NULL, *eligible = NULL, *home = NULL;
     Thief *thieves = NULL;
     Stuck *stuck = NULL;
     uint8_t *taken = NULL, *ripe_all = NULL, *has_ripe = NULL;
     double *scratch = NULL, *cs = NULL;
-    Degree deg[MAX_DEG];
-    long long moved = 0, moved_tokens = 0;
-    int any = 0;
-    if (sn_acquire(arrays, STEAL_SPEC, N_STEAL, b, n, 1, K, &m) < 0) goto fail;
-    const int64_t *waiting = Q(T_WAITING), *seats = Q(T_SEATS), *ibucket = Q(T_IBUCKET), *itp = Q(T_ITP);
-    const uint8_t *open_k = U(T_OPEN), *fresh = U(T_FRESH);
-    const double *room = D(T_ROOM), *ready = D(T_READY), *ctx = D(T_CTX), *ready_at = D(T_READY_AT);
-    int64_t *where = Q(T_WHERE);
-    double *pending = D(T_PENDING);
-    uint8_t *stolen = U(T_STOLEN);
-    Py_ssize_t nw = LEN(T_WAITING), ndeg = LEN(T_DEGREES) / DEG_FIELDS;
-    if (LEN(T_DEGREES) % DEG_FIELDS || ndeg > MAX_DEG) {
-        PyErr_SetString(PyExc_ValueError, "steal: degree table malformed");
-        goto fail;
-    }
-    for (Py_ssize_t i = 0; i < ndeg; i++) {
-        const double *row = D(T_DEGREES) + i * DEG_FIELDS;
-        deg[i] = (Degree){(int64_t)row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8]};
-    }
+    int rc = -1, any = 0;
     /* queued = np.bincount(where[waiting]); thieves: open instances with nothing queued */
     queued = calloc((size_t)K + 1, sizeof(int64_t));
     thieves = malloc(((size_t)K + 1) * sizeof(Thief));
@@ -115,7 +97,7 @@ PyObject *sn_steal(PyObject *self, PyObject *args) {
         int64_t r = waiting[i];
         if (fresh[r] && ready_at[where[r]] <= t) pool[np_++] = r;
     }
-    if (all) {
+    if (s->all) {
         for (Py_ssize_t i = 0; i < nw; i++)
             if (!fresh[waiting[i]]) stuck[ns++] = (Stuck){i, ready[waiting[i]]};
         if (sort_stuck(stuck, ns) < 0) goto nomem;
@@ -143,7 +125,7 @@ PyObject *sn_steal(PyObject *self, PyObject *args) {
             key_bucket = bucket, key_tp = tp;
             Py_ssize_t di = -1;
             for (Py_ssize_t d = 0; d < ndeg; d++)
-                if (deg[d].tp == tp) di = d;
+                if (s->deg[d].tp == tp) di = d;
             if (di < 0) {
                 PyErr_SetString(PyExc_SystemError, "steal: an instance's degree is not in the table");
                 goto fail;
@@ -153,7 +135,7 @@ PyObject *sn_steal(PyObject *self, PyObject *args) {
                 for (Py_ssize_t p = 0; p < np_; p++) {
                     int64_t r = pool[p];
                     double c = ctx[r];
-                    ripe[p] = fresh[r] ? 1 : (t - ready[r]) >= sn_prefill(&deg[di], work0, attn, c, c / 2.0);
+                    ripe[p] = fresh[r] ? 1 : (t - ready[r]) >= sn_prefill(&s->deg[di], s->work0, s->attn, c, c / 2.0);
                 }
                 has_ripe[di] = 1;
             }
@@ -166,7 +148,7 @@ PyObject *sn_steal(PyObject *self, PyObject *args) {
         const int64_t *mine = eligible + at;
         for (Py_ssize_t i = 0; i < avail; i++) scratch[i] = ctx[pool[mine[i]]];
         double mean = sn_np_sum(scratch, avail) / (double)avail;
-        double free_kv = room[k] - headroom * mean; /* the headroom admission keeps */
+        double free_kv = room[k] - s->headroom * mean; /* the headroom admission keeps */
         Py_ssize_t most = seats[k] < (int64_t)avail ? (Py_ssize_t)seats[k] : avail;
         Py_ssize_t fit = 0;
         if (most > 0) {
@@ -176,8 +158,7 @@ PyObject *sn_steal(PyObject *self, PyObject *args) {
         }
         if ((int64_t)fit > seats[k]) fit = (Py_ssize_t)seats[k];
         Py_ssize_t take = fit > 1 ? fit : 1; /* at least one */
-        /* (Python slices pool[:take] of the available: take cannot pass them) */
-        if (take > avail) take = avail;
+        if (take > avail) take = avail; /* (Python slices the available: `take` cannot pass them) */
         Py_ssize_t nu = 0;
         for (Py_ssize_t i = 0; i < take; i++) {
             Py_ssize_t p = mine[i];
@@ -193,17 +174,16 @@ PyObject *sn_steal(PyObject *self, PyObject *args) {
         at += take;
         left -= take;
         any = 1;
-        moved += nu;
-        moved_tokens += (long long)sn_np_sum(scratch, nu);
+        *moved += nu;
+        *tokens += (long long)sn_np_sum(scratch, nu);
     }
 done:
-    result = Py_BuildValue("OLL", any ? Py_True : Py_False, moved, moved_tokens);
+    rc = any;
     goto out;
 nomem:
     PyErr_NoMemory();
 fail:
 out:
-    sn_release(b, N_STEAL);
     free(queued);
     free(thieves);
     free(pool);
@@ -215,5 +195,38 @@ out:
     free(ripe_all);
     free(has_ripe);
     free(home);
+    return rc;
+}
+
+/* steal(arrays, n, K, t, headroom, all, work0, attn) -> (taken any, turns moved, their context tokens) */
+PyObject *sn_steal(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *arrays, *result = NULL;
+    Py_ssize_t n, K, m = -1;
+    double t, headroom, work0, attn;
+    int all;
+    if (!PyArg_ParseTuple(args, "O!nnddpdd", &PyTuple_Type, &arrays, &n, &K, &t, &headroom, &all, &work0, &attn))
+        return NULL;
+    Buf b[N_STEAL];
+    memset(b, 0, sizeof(b));
+    Degree deg[MAX_DEG];
+    long long moved = 0, tokens = 0;
+    if (sn_acquire(arrays, STEAL_SPEC, N_STEAL, b, n, 1, K, &m) < 0) goto out;
+    Py_ssize_t ndeg = sn_degrees(D(T_DEGREES), LEN(T_DEGREES), deg);
+    if (ndeg < 0) {
+        PyErr_SetString(PyExc_ValueError, "steal: degree table malformed");
+        goto out;
+    }
+    StealIn s = {
+        .n = n, .K = K, .ndeg = ndeg, .nw = LEN(T_WAITING), .waiting = Q(T_WAITING), .open_k = U(T_OPEN),
+        .room = D(T_ROOM), .seats = Q(T_SEATS), .where = Q(T_WHERE), .fresh = U(T_FRESH), .ready = D(T_READY),
+        .ctx = D(T_CTX), .pending = D(T_PENDING), .stolen = U(T_STOLEN), .ready_at = D(T_READY_AT),
+        .ibucket = Q(T_IBUCKET), .itp = Q(T_ITP), .deg = deg, .t = t, .headroom = headroom, .work0 = work0,
+        .attn = attn, .all = all,
+    };
+    int any = sn_steal_core(&s, &moved, &tokens);
+    if (any >= 0) result = Py_BuildValue("OLL", any ? Py_True : Py_False, moved, tokens);
+out:
+    sn_release(b, N_STEAL);
     return result;
 }

@@ -53,6 +53,10 @@ class Admission:
     def _admit(self, t: float) -> None:
         """Admit what fits; then, with work-conserving admission, idle instances take requests that still queue
         elsewhere (`_steal`) and admit them in the same slice."""
+        table = self._kernel_table()
+        if table is not None:  # in C (libra.sim.native): the same state after
+            native.admit_slice(self, t, table)  # type: ignore[arg-type]
+            return
         inst = self.inst
         if self._in_state(WAIT).size == 0:  # nothing to admit
             self._refilled = np.zeros(len(inst), np.int64)

@@ -159,6 +159,32 @@ def admit(
     return np.frombuffer(go, np.int64)
 
 
+_STEAL_MODES = {"off": 0, "new": 1, "all": 2}
+
+
+def admit_slice(run: RolloutRun, t: float, table: tuple) -> None:
+    """`Admission._admit(t)` in C: both passes and the steal between them, the same state after."""
+    assert _NATIVE is not None
+    work0, attn, degrees, _ = table
+    inst, c = run.inst, run.c
+    k_all = len(inst)
+    run._refilled = np.zeros(k_all, np.int64)
+    fk, ft = run._freed
+    arrays = (
+        run._live, run.state, run.where, run.ready, run.fresh, run.ctx, run.pending, run.lag, run.stolen, run.debt,
+        run._refilled, inst.active, inst.ready_at, inst.bucket, inst.tp, run._cap_k(),
+        np.ascontiguousarray(fk, np.int64), np.ascontiguousarray(ft, float), degrees,
+    )  # fmt: skip
+    touched, moved, tokens = _NATIVE.admit_slice(
+        arrays, len(run.state), k_all, t, c.kv_headroom_seqs, c.per_request_overhead_s, int(c.max_num_seqs),
+        _STEAL_MODES[run.steal], work0, attn,
+    )  # fmt: skip
+    run.rebalanced += moved
+    run.rebalanced_tokens += tokens
+    run._freed = (np.zeros(0, np.int64), np.zeros(0))
+    _forget(run, touched)
+
+
 def steal(
     run: RolloutRun,
     t: float,

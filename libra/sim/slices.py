@@ -44,8 +44,8 @@ def _grouped(items: np.ndarray, k: np.ndarray, order: np.ndarray) -> tuple[np.nd
 # the methods the C slice and admission stand in for, and the modules that define them
 _KERNEL_STEPS = (
     "_decode", "_decode_pass", "_continue_in_slice", "_end_segments", "_refill", "_slice_queues",
-    "_note_freed", "_covered", "_set_state", "_prefill_s", "_cap_k", "_admit_queued", "_credit", "_steal", "_save",
-    "_restore", "_pass_inputs", "_pass_arrays", "step_batch", "step_times", "_step_inputs", "_capacity",
+    "_note_freed", "_covered", "_set_state", "_prefill_s", "_cap_k", "_admit", "_admit_queued", "_credit", "_steal",
+    "_save", "_restore", "_pass_inputs", "_pass_arrays", "step_batch", "step_times", "_step_inputs", "_capacity",
     "_in_state", "_degrees", "_degree_masks", "next_event",
 )  # fmt: skip
 _KERNEL_MODULES = ("libra.sim.slices", "libra.sim.admission", "libra.sim.rollout")

@@ -256,3 +256,63 @@ def test_the_steal_moves_what_the_reference_moves(steal):
         assert (fast.rebalanced, fast.rebalanced_tokens) == (ref.rebalanced, ref.rebalanced_tokens), seed
         moved += int((fast.where != _steal_state(seed, steal)[0][0].where).sum())
     assert moved > 200, moved  # the states do move requests
+
+
+def _admission_state(seed: int, steal: str):
+    """Two copies of a rollout at a slice boundary drawn at random on a coarse grid (requests waiting, running,
+    in a tool call or done; instances busy, idle, still starting or lent; freed slots in no particular order), so
+    that exact fits and ties are common."""
+    rng = np.random.default_rng(seed)
+    work = WorkSource.from_generator("r2e-gym", seed=seed, num_prompts=6, samples_per_prompt=8, max_model_len=40960)
+    work = work.step(0)
+    tps = [int(x) for x in rng.choice([1, 2, 4], size=int(rng.integers(2, 7)))]
+    buckets = sorted(int(x) for x in rng.integers(0, 3, len(tps)))
+    routes = routes_for("single", work, parse_buckets("1:inf"), None)
+    n, k_all, t = work.num_requests, len(tps), 0.0
+    state = rng.choice(4, n, p=[0.5, 0.25, 0.15, 0.1]).astype(np.int8)
+    where = rng.integers(0, k_all, n)
+    ctx = rng.integers(1, 9, n).astype(float) * 1000.0
+    fresh = (state == 0) & (rng.random(n) < 0.6)
+    ready = t - rng.integers(0, 4, n).astype(float)
+    pending = np.where(fresh, ctx, rng.integers(0, 3, n) * 100.0)
+    nf = int(rng.integers(0, 12))
+    fk, ft = rng.integers(0, k_all, nf), t - rng.integers(0, 3, nf).astype(float) * 0.5
+    ready_at = np.where(rng.random(k_all) < 0.2, t + 5.0, 0.0)
+    lent = rng.random(k_all) < 0.15
+    runs = []
+    for cls in (RolloutRun, _Reference):
+        run = cls(CM, work, routes, Instances(tps, buckets, list(ready_at)), start=0.0, steal=steal)
+        run.inst.active[lent] = False  # (after the start, which places every request on an active instance)
+        run.state[:], run.where[:], run.ctx[:], run.fresh[:] = state, where, ctx, fresh
+        run.ready[:], run.pending[:] = ready, pending
+        run.debt[:] = rng.integers(0, 3, k_all) * 0.25 if not runs else runs[0].debt
+        run._by_state.clear()
+        run._live = run._in_state(3, equal=False)
+        run._by_state.pop(None, None)
+        run._freed = (fk.copy(), ft.copy())
+        runs.append(run)
+    return runs, t
+
+
+@pytest.mark.parametrize("steal", ["all", "new", "off"])
+def test_a_boundarys_admission_is_the_references(steal):
+    admitted = 0
+    for seed in range(200):
+        (fast, ref), t = _admission_state(seed, steal)
+        table = fast._kernel_table()
+        assert table is not None and ref._kernel_table() is None
+        before = fast.state.copy()
+        native.admit_slice(fast, t, table)
+        ref._admit(t)
+        where = f"seed {seed}"
+        for name in ("state", "where", "fresh", "stolen"):
+            np.testing.assert_array_equal(getattr(fast, name), getattr(ref, name), err_msg=f"{name}, {where}")
+        for name in ("pending", "lag", "debt"):
+            np.testing.assert_array_equal(_bits(getattr(fast, name)), _bits(getattr(ref, name)), err_msg=name)
+        np.testing.assert_array_equal(fast._refilled, ref._refilled, err_msg=f"refilled, {where}")
+        assert fast._freed[0].size == ref._freed[0].size == 0
+        assert (fast.rebalanced, fast.rebalanced_tokens) == (ref.rebalanced, ref.rebalanced_tokens), where
+        for s in range(4):  # the cached per-state sets were dropped where they changed
+            np.testing.assert_array_equal(fast._in_state(s), ref._in_state(s), err_msg=f"state {s}, {where}")
+        admitted += int(((before == 0) & (fast.state == 1)).sum())
+    assert admitted > 500, admitted
