@@ -10,14 +10,63 @@ typedef struct {
     double ready;
 } Adm;
 
-/* np.lexsort((ready, fresh, k)): by instance, turns under way before new requests, then readiness, stable */
-static inline int adm_less(const Adm *a, const Adm *b) {
-    if (a->k != b->k) return a->k < b->k;
-    if (a->fresh != b->fresh) return a->fresh < b->fresh;
-    return a->ready < b->ready;
-}
+/* readiness, for a run of one instance and one class */
+static inline int adm_ready_less(const Adm *a, const Adm *b) { return a->ready < b->ready; }
 
-DEFINE_STABLE_SORT(sort_adm, Adm, adm_less)
+DEFINE_STABLE_SORT(sort_adm_ready, Adm, adm_ready_less)
+
+/* np.lexsort((ready, fresh, k)), a stable sort by instance, turns under way before new requests, then readiness;
+   in less work than one merge sort of them all: the candidates by instance
+   (a counting sort), each instance's turns under way before its new requests (a stable partition), then each such
+   run by readiness unless it is in order already (new requests mostly are) */
+static int sort_candidates(Adm *c, Py_ssize_t nc, Py_ssize_t K) {
+    Adm *tmp = malloc((size_t)nc * sizeof(Adm));
+    Py_ssize_t *at = calloc((size_t)K + 2, sizeof(Py_ssize_t));
+    if (!tmp || !at) {
+        free(tmp);
+        free(at);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nc; i++) at[c[i].k + 1]++;
+    for (Py_ssize_t j = 0; j < K; j++) at[j + 1] += at[j];
+    /* by instance, then class, each stable: the under-way ones counted per instance first */
+    Py_ssize_t *under = calloc((size_t)K + 1, sizeof(Py_ssize_t));
+    if (!under) {
+        free(tmp);
+        free(at);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nc; i++)
+        if (!c[i].fresh) under[c[i].k]++;
+    Py_ssize_t *next_u = malloc(((size_t)K + 1) * sizeof(Py_ssize_t)), *next_f = malloc(((size_t)K + 1) * sizeof(Py_ssize_t));
+    if (!next_u || !next_f) {
+        free(tmp);
+        free(at);
+        free(under);
+        free(next_u);
+        free(next_f);
+        return -1;
+    }
+    for (Py_ssize_t j = 0; j < K; j++) next_u[j] = at[j], next_f[j] = at[j] + under[j];
+    for (Py_ssize_t i = 0; i < nc; i++) tmp[c[i].fresh ? next_f[c[i].k]++ : next_u[c[i].k]++] = c[i];
+    memcpy(c, tmp, (size_t)nc * sizeof(Adm));
+    int rc = 0;
+    for (Py_ssize_t j = 0; j < K && rc == 0; j++) {
+        Py_ssize_t bounds[3] = {at[j], at[j] + under[j], at[j + 1]};
+        for (int part = 0; part < 2 && rc == 0; part++) {
+            Adm *run = c + bounds[part];
+            Py_ssize_t len = bounds[part + 1] - bounds[part], i = 1;
+            while (i < len && !adm_ready_less(&run[i], &run[i - 1])) i++;
+            if (i < len) rc = sort_adm_ready(run, len);
+        }
+    }
+    free(tmp);
+    free(at);
+    free(under);
+    free(next_u);
+    free(next_f);
+    return rc;
+}
 enum {
     B_WAITING, B_OPEN, B_ROOM, B_SEATS, B_RUN_K, B_WHERE, B_READY, B_FRESH, B_CTX, B_PENDING, B_LAG, B_STATE, B_DEBT,
     B_REFILLED, B_ITP, B_FK, B_FT, B_DEGREES, N_ADMIT
@@ -70,7 +119,7 @@ int sn_admit_core(const AdmitIn *a, IVec *go, int *touched) {
         }
     }
     if (nc) {
-        if (sort_adm(c, nc) < 0) goto nomem;
+        if (sort_candidates(c, nc, K) < 0) goto nomem;
         within = malloc((size_t)nc * sizeof(double));
         rank = malloc((size_t)nc * sizeof(int64_t));
         if (!within || !rank) goto nomem;
@@ -234,12 +283,12 @@ static const Spec SLICE_ADMIT_SPEC[N_SLICE_ADMIT] = {
     {'q', 'K', 0}, {'d', 'K', 0}, {'q', '*', 0}, {'d', '*', 0}, {'d', '*', 0},
 };
 
-/* the live requests in WAIT, ascending (`_in_state(WAIT)`) */
-static Py_ssize_t waiting_of(const int64_t *live, Py_ssize_t nlive, const int8_t *state, int64_t *out) {
-    Py_ssize_t nw = 0;
-    for (Py_ssize_t i = 0; i < nlive; i++)
-        if (state[live[i]] == WAIT) out[nw++] = live[i];
-    return nw;
+/* keeps the requests of `reqs` still in WAIT, in order; their count */
+static Py_ssize_t still_waiting(int64_t *reqs, Py_ssize_t n, const int8_t *state) {
+    Py_ssize_t kept = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (state[reqs[i]] == WAIT) reqs[kept++] = reqs[i];
+    return kept;
 }
 
 /* admit_slice(arrays, n, K, t, headroom, overhead, max_num_seqs, steal, work0, attn) -> (touched, moved, tokens);
@@ -274,6 +323,13 @@ PyObject *sn_admit_slice(PyObject *self, PyObject *args) {
     int8_t *state = (int8_t *)b[S_STATE].view.buf;
     int64_t *where = Q(S_WHERE);
     const double *ctx = D(S_CTX);
+    waiting = malloc(((size_t)nlive + 1) * sizeof(int64_t));
+    run_k = calloc((size_t)K + 1, sizeof(int64_t));
+    used_k = calloc((size_t)K + 1, sizeof(double));
+    if (!waiting || !run_k || !used_k) goto nomem;
+    /* one pass over the live requests: checked, the waiting listed (`_in_state(WAIT)`), and the running counted
+       with their context per instance (np.bincount, in the order of the running requests) */
+    Py_ssize_t nw = 0;
     for (Py_ssize_t i = 0; i < nlive; i++) {
         int64_t r = live[i];
         if (r < 0 || r >= n || state[r] < WAIT || state[r] > DONE || where[r] < -1 || where[r] >= K ||
@@ -281,28 +337,22 @@ PyObject *sn_admit_slice(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_ValueError, "admit_slice: a live request's index, state or instance is out of range");
             goto fail;
         }
+        if (state[r] == WAIT) {
+            waiting[nw++] = r;
+        } else if (state[r] == RUN) {
+            run_k[where[r]]++;
+            used_k[where[r]] += ctx[r];
+        }
     }
-    waiting = malloc(((size_t)nlive + 1) * sizeof(int64_t));
-    if (!waiting) goto nomem;
-    Py_ssize_t nw = waiting_of(live, nlive, state, waiting);
     if (nw == 0) goto done; /* nothing to admit */
-    run_k = calloc((size_t)K + 1, sizeof(int64_t));
     seats = malloc(((size_t)K + 1) * sizeof(int64_t));
-    used_k = calloc((size_t)K + 1, sizeof(double));
     room = malloc(((size_t)K + 1) * sizeof(double));
     added = malloc(((size_t)K + 1) * sizeof(double));
     open_k = malloc((size_t)K + 1);
     slots = malloc(((size_t)nf + 1) * sizeof(Slot));
     fk = malloc(((size_t)nf + 1) * sizeof(int64_t));
     ft = malloc(((size_t)nf + 1) * sizeof(double));
-    if (!run_k || !seats || !used_k || !room || !added || !open_k || !slots || !fk || !ft) goto nomem;
-    /* the running count and context per instance (np.bincount, in the order of the running requests) */
-    for (Py_ssize_t i = 0; i < nlive; i++) {
-        int64_t r = live[i];
-        if (state[r] != RUN) continue;
-        run_k[where[r]]++;
-        used_k[where[r]] += ctx[r];
-    }
+    if (!seats || !room || !added || !open_k || !slots || !fk || !ft) goto nomem;
     /* the freed slots by instance, earliest first, once for both passes */
     for (Py_ssize_t j = 0; j < nf; j++) {
         if (Q(S_FK)[j] < 0 || Q(S_FK)[j] >= K) {
@@ -327,7 +377,6 @@ PyObject *sn_admit_slice(PyObject *self, PyObject *args) {
         }
         if (!any_open) break; /* (None: no second pass) */
         if (pass == 1) {
-            nw = waiting_of(live, nlive, state, waiting);
             StealIn s = {
                 .n = n, .K = K, .ndeg = ndeg, .nw = nw, .waiting = waiting, .open_k = open_k, .room = room,
                 .seats = seats, .where = where, .fresh = U(S_FRESH), .ready = D(S_READY), .ctx = ctx,
@@ -356,7 +405,8 @@ PyObject *sn_admit_slice(PyObject *self, PyObject *args) {
             added[where[go.p[i]]] += ctx[go.p[i]];
         }
         for (Py_ssize_t j = 0; j < K; j++) used_k[j] += added[j];
-        if (waiting_of(live, nlive, state, waiting) == 0) break;
+        nw = still_waiting(waiting, nw, state); /* those the first pass left waiting, still ascending */
+        if (nw == 0) break;
     }
 done:
     result = Py_BuildValue("iLL", touched, moved, tokens);
