@@ -24,14 +24,25 @@ import numpy as np
 from libra.sim.policies import uses_shared_tree
 from libra.spec import SpecError
 
-# Relative CPU cost per step of the work a group carries, for balancing groups: one unit per policy (static-uniform
-# less: one bucket, no replanning), plus the prefix tree's step-end work in the group that holds it (making the
-# step's `Trajectory` values, which only the tree reads, and the update). The tree's work grows with the requests of
-# a step alone, a policy's with the GPUs and the lengths as well, so the tree's share is priced per request:
-# measured with the slice in C (docs/sim.md, "Speed"), the tree costs 1.6 policies at 1,024 GPUs with 65,536
-# requests a step, and 0.1-0.5 of one at 48 GPUs with 8,192 (0.5 over the first steps, less as trajectories grow).
-POLICY_COST = {"static-uniform": 0.7}
-TREE_COST_PER_REQUEST = 1.6 / 65536
+# Relative CPU cost of the work a group carries, for balancing groups: a policy's simulation, in units of the mean
+# policy, and the prefix tree's step-end work in the group that holds it (the C-MLFQ replay of each step for each
+# bucket set, the tree's update and the step's `Trajectory` values, which only the tree reads). Measured with the
+# slice in C, CPU seconds of `simulate` by part, two workers (2026-12-04): the default scenario (48 GPUs, r2e-gym,
+# 8,192 requests a step, 100 steps) libra 37.7, libra-cmlfq 33.5, libra-hetero-tp 31.6, colocated 24.9,
+# static-optimal 20.8, greedy 18.7, libra-homogeneous 18.2, static-uniform 16.7, the tree 40.6 (replay 31.0,
+# update 9.6), mean policy 25.3; at 1,024 GPUs (65,536 requests a step, 3 steps) the policies are closer (0.69-0.98
+# s each, colocated the costliest) and the tree is again 1.6 mean policies (its update, 1.2 s, now the larger part).
+POLICY_COST = {
+    "libra": 1.5,
+    "libra-cmlfq": 1.3,
+    "libra-hetero-tp": 1.25,
+    "colocated": 1.0,
+    "static-optimal": 0.8,
+    "greedy": 0.75,
+    "libra-homogeneous": 0.7,
+    "static-uniform": 0.65,
+}
+TREE_COST = 1.6
 POLL_S = 1.0  # how often the parent checks, while no worker reports, that they are all still alive
 
 
@@ -39,22 +50,17 @@ def _cost(policy: str) -> float:
     return POLICY_COST.get(policy, 1.0)
 
 
-def tree_cost(requests_per_step: int) -> float:
-    """The prefix tree's step-end work in policy units (`POLICY_COST`)."""
-    return TREE_COST_PER_REQUEST * requests_per_step
-
-
-def policy_groups(policies: Sequence[str], workers: int, *, requests_per_step: int = 8192) -> list[list[str]]:
+def policy_groups(policies: Sequence[str], workers: int) -> list[list[str]]:
     """Split `policies` into at most `workers` non-empty groups of balanced cost; the policies that use the shared
-    prefix tree go together, and their group also carries the tree's work (`tree_cost(requests_per_step)`). The
-    costliest first, each to the cheapest group (a new one while there are fewer than `workers`); each group keeps
-    the order of `policies`. Deterministic: that order decides ties."""
+    prefix tree go together, and their group also carries the tree's work (`TREE_COST`). The costliest first, each
+    to the cheapest group (a new one while there are fewer than `workers`); each group keeps the order of
+    `policies`. Deterministic: that order decides ties."""
     if workers < 1:
         raise SpecError(f"workers must be >= 1, got {workers}")
     tree = [p for p in policies if uses_shared_tree(p)]
     rest = [p for p in policies if not uses_shared_tree(p)]
     groups: list[list[str]] = [tree] if tree else []
-    cost: list[float] = [sum(_cost(p) for p in tree) + tree_cost(requests_per_step)] if tree else []
+    cost: list[float] = [sum(_cost(p) for p in tree) + TREE_COST] if tree else []
     for p in sorted(rest, key=lambda q: -_cost(q)):  # stable: equal costs keep their order
         if len(groups) < workers:
             groups.append([p])

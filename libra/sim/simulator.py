@@ -81,10 +81,7 @@ def simulate(
     if workers < 1:
         raise SpecError(f"workers must be >= 1, got {workers}")
     started = time.perf_counter()
-    if workers > 1 and fork_available():
-        groups = policy_groups(policies, workers, requests_per_step=scenario.rl.global_batch)
-    else:
-        groups = [list(policies)]
+    groups = policy_groups(policies, workers) if workers > 1 and fork_available() else [list(policies)]
     if len(groups) > 1:
 
         def run_group(group: list[str], report: Callable[[str, int], None]) -> tuple[PolicyResult, ...]:
