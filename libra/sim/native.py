@@ -1,7 +1,8 @@
 """The timed rollout's slice decoding and admission in C, where the optional extension `libra.sim._slice_native` is
 built (ext/sim; slice_native.h names the parts): `SliceDecode._decode` (both decode passes with the turns that run
 inside the slice, `_continue_in_slice`, `_end_segments`, `_refill`; the step times, the check between the passes,
-the capacity), and `Admission._admit_queued` after the steal with `_credit`. The same floats bit for bit:
+the capacity), `Admission._admit` (both passes, with the work-conserving `_steal` between them and `_credit`), and
+`RolloutRun.next_event`. The same floats bit for bit:
 tests/sim/test_slice_native.py, and the golden reports under tests/sim/golden with and without it. The Python code
 stays the reference and the fallback: a machine without a C compiler installs and runs it, and
 `LIBRA_PURE_PYTHON=1` selects it.
