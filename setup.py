@@ -26,6 +26,7 @@ setup(
                 "ext/sim/slice.c",
                 "ext/sim/admit.c",
                 "ext/sim/steal.c",
+                "ext/sim/returns.c",
                 "ext/sim/event.c",
             ],
             depends=["ext/sim/slice_native.h"],

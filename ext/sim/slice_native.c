@@ -146,6 +146,10 @@ PyDoc_STRVAR(admit_slice_doc,
              "admit_slice(arrays, n, K, t, headroom, overhead, max_num_seqs, steal, work0, attn) -> (touched, moved, "
              "tokens)\n\nAdmission._admit: both passes and the steal between them (steal: 0 off, 1 new, 2 all).");
 
+PyDoc_STRVAR(returns_doc, "returns(arrays, n, S, K, slice_end) -> (touched, moving, carried)\n\n"
+                          "The start of RolloutRun._returns: tool calls back before slice_end go to WAIT; the "
+                          "requests whose routed move applies and what each carries.");
+
 PyDoc_STRVAR(steal_doc, "steal(arrays, n, K, t, headroom, all, work0, attn) -> (bool, int, int)\n\n"
                         "Admission._steal: moves queued requests to idle open instances (where, stolen, pending); "
                         "returns whether any moved, the turns under way moved and their context tokens.");
@@ -188,6 +192,7 @@ static PyMethodDef methods[] = {
     {"admit", sn_admit, METH_VARARGS, admit_doc},
     {"steal", sn_steal, METH_VARARGS, steal_doc},
     {"admit_slice", sn_admit_slice, METH_VARARGS, admit_slice_doc},
+    {"returns", sn_returns, METH_VARARGS, returns_doc},
     {"next_event", sn_next_event, METH_VARARGS, next_event_doc},
     {"prefill", prefill_py, METH_VARARGS, prefill_doc},
     {"pairwise_sum", pairwise_py, METH_O, pairwise_doc},

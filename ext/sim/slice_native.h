@@ -1,7 +1,8 @@
 /* What the files of the slice kernel share (ext/sim: pass.c, the decode pass with the turns inside a slice;
-   slice.c, a slice's decoding around it; admit.c, admission; steal.c, its work-conserving steal; event.c, the
-   next event; slice_native.c, the module, buffers and numpy's arithmetic). The module is libra.sim._slice_native (libra/sim/native.py); the Python
-   reference is libra/sim/slices.py, admission.py and rollout.py. Exported names start with sn_. */
+   slice.c, a slice's decoding around it; admit.c, admission; steal.c, its work-conserving steal; returns.c, the
+   tool calls that return; event.c, the next event; slice_native.c, the module, buffers and numpy's arithmetic).
+   The module is libra.sim._slice_native (libra/sim/native.py); the Python reference is libra/sim/slices.py,
+   admission.py and rollout.py. Exported names start with sn_. */
 
 #ifndef LIBRA_SLICE_NATIVE_H
 #define LIBRA_SLICE_NATIVE_H
@@ -214,6 +215,7 @@ PyObject *sn_decode_py(PyObject *self, PyObject *args);
 PyObject *sn_admit(PyObject *self, PyObject *args);
 PyObject *sn_steal(PyObject *self, PyObject *args);
 PyObject *sn_admit_slice(PyObject *self, PyObject *args);
+PyObject *sn_returns(PyObject *self, PyObject *args);
 PyObject *sn_next_event(PyObject *self, PyObject *args);
 
 #endif

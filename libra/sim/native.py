@@ -160,6 +160,29 @@ def admit(
     return np.frombuffer(go, np.int64)
 
 
+def returns(run: RolloutRun, slice_end: float) -> tuple[np.ndarray, np.ndarray]:
+    """The start of `RolloutRun._returns`: the tool calls back before `slice_end` go to WAIT; returns the requests
+    among them whose routed move applies (ascending) and the context each carries."""
+    assert _NATIVE is not None
+    w, r = run.work, run.routes
+    arrays = (
+        run._live,
+        run.state,
+        run.ready,
+        run.moved,
+        run.stolen,
+        run.turn,
+        run.where,
+        r.carried,
+        r.bucket,
+        run.inst.bucket,
+    )
+    n, width = w.gen.shape
+    touched, moving, carried = _NATIVE.returns(arrays, n, width, len(run.inst), slice_end)
+    _forget(run, touched)
+    return np.frombuffer(moving, np.int64), np.frombuffer(carried, np.int64)
+
+
 _STEAL_MODES = {"off": 0, "new": 1, "all": 2}
 
 

@@ -262,21 +262,24 @@ class RolloutRun(SliceDecode, Admission):
     def _returns(self, t: float, dt: float) -> None:
         """Tool calls that return before the slice ends rejoin now; one that returns inside the slice starts
         decoding at its return time (admission sets `lag`), not at the next boundary."""
-        tool = self._in_state(TOOL)
-        back = tool[self.ready[tool] < t + dt]
-        if back.size == 0:
-            return
-        self._set_state(back, WAIT)
-        turn = self.turn[back]
-        carried = np.where(self.moved[back] | self._covered(back, turn), 0, self.routes.carried[back, turn])
-        moving = back[carried > 0]
+        if self._kernel_table() is not None:  # in C (libra.sim.native): the same requests back, moving, carried
+            moving, carried = native.returns(self, t + dt)
+        else:
+            tool = self._in_state(TOOL)
+            back = tool[self.ready[tool] < t + dt]
+            if back.size == 0:
+                return
+            self._set_state(back, WAIT)
+            turn = self.turn[back]
+            carries = np.where(self.moved[back] | self._covered(back, turn), 0, self.routes.carried[back, turn])
+            moving, carried = back[carries > 0], carries[carries > 0]
         if moving.size:
             self.moved[moving] = True
             self.migrations += int(moving.size)
-            self.migrated_tokens += int(carried[carried > 0].sum())
+            self.migrated_tokens += int(carried.sum())
             self._assign(moving, self.routes.bucket[moving, self.turn[moving]])
             dst_tp = self.inst.tp[self.where[moving]]
-            ctx = carried[carried > 0].astype(float)
+            ctx = carried.astype(float)
             reprefill = np.zeros(moving.size)
             for tp in np.unique(dst_tp):
                 sel = dst_tp == tp

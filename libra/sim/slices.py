@@ -46,7 +46,7 @@ _KERNEL_STEPS = (
     "_decode", "_decode_pass", "_continue_in_slice", "_end_segments", "_refill", "_slice_queues",
     "_note_freed", "_covered", "_set_state", "_prefill_s", "_cap_k", "_admit", "_admit_queued", "_credit", "_steal",
     "_save", "_restore", "_pass_inputs", "_pass_arrays", "step_batch", "step_times", "_step_inputs", "_capacity",
-    "_in_state", "_degrees", "_degree_masks", "next_event",
+    "_in_state", "_degrees", "_degree_masks", "next_event", "_returns",
 )  # fmt: skip
 _KERNEL_MODULES = ("libra.sim.slices", "libra.sim.admission", "libra.sim.rollout")
 

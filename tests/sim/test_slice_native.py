@@ -46,7 +46,7 @@ def _same(a: RolloutRun, b: RolloutRun, where: str) -> None:
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=f"{name} {where}")
     for name in ("decoded", "busy_gpu_s", "capacity_tokens"):
         assert float(getattr(a, name)).hex() == float(getattr(b, name)).hex(), f"{name} {where}"
-    for name in ("rebalanced", "rebalanced_tokens"):  # turns under way the steal moved, and their tokens
+    for name in ("rebalanced", "rebalanced_tokens", "migrations", "migrated_tokens"):  # moves by steal and by route
         assert type(getattr(a, name)) is int and getattr(a, name) == getattr(b, name), f"{name} {where}"
     (fa, ta), (fb, tb) = a._freed, b._freed
     oa, ob = np.lexsort((ta, fa)), np.lexsort((tb, fb))  # the freed slots are a multiset: order does not matter
@@ -316,3 +316,46 @@ def test_a_boundarys_admission_is_the_references(steal):
             np.testing.assert_array_equal(fast._in_state(s), ref._in_state(s), err_msg=f"state {s}, {where}")
         admitted += int(((before == 0) & (fast.state == 1)).sum())
     assert admitted > 500, admitted
+
+
+@pytest.mark.parametrize("seed0", [0, 1000])
+def test_the_tool_returns_are_the_references(seed0):
+    moved = back = 0
+    for seed in range(seed0, seed0 + 100):
+        rng = np.random.default_rng(seed)
+        work = WorkSource.from_generator(
+            "search-r1", seed=seed, num_prompts=6, samples_per_prompt=8, max_model_len=40960
+        )
+        work = work.step(int(rng.integers(0, 90)))
+        tps, buckets = LAYOUTS[int(rng.integers(1, len(LAYOUTS)))]
+        bks = parse_buckets(buckets)
+        routes = routes_for("overflow", work, bks, None)
+        inst_buckets = [min(i, len(bks) - 1) for i in range(len(tps))]
+        n, t, dt = work.num_requests, 4.0, 1.0
+        state = rng.choice(4, n, p=[0.2, 0.2, 0.5, 0.1]).astype(np.int8)
+        ready = t + rng.integers(-2, 4, n) * 0.5  # on a grid: some return exactly at the slice end
+        turn = (rng.random(n) * work.num_segments).astype(np.int64)
+        flags = rng.random((2, n)) < 0.3
+        where = rng.integers(0, len(tps), n)
+        runs = []
+        for cls in (RolloutRun, _Reference):
+            run = cls(CM, work, routes, _instances(tps, inst_buckets, ()), start=0.0)
+            run.state[:], run.ready[:], run.turn[:] = state, ready, turn
+            run.moved[:], run.stolen[:] = flags
+            run.where[:] = where  # (some on a larger bucket's instance, as `_assign` falls back to when it must)
+            run.ctx[:] = work.prompt_tokens + 100.0
+            run._by_state.clear()
+            run._live = run._in_state(3, equal=False)
+            run._by_state.pop(None, None)
+            for s in range(4):  # every per-state set cached: a change must drop the sets it changes
+                run._in_state(s)
+            runs.append(run)
+        fast, ref = runs
+        fast._returns(t, dt)
+        ref._returns(t, dt)
+        _same(fast, ref, f"seed {seed}")
+        for s in range(4):
+            np.testing.assert_array_equal(fast._in_state(s), ref._in_state(s), err_msg=f"state {s}, seed {seed}")
+        moved += fast.migrations
+        back += int(((state == 2) & (fast.state == 0)).sum())
+    assert moved > 50 and back > 1000, (moved, back)
