@@ -92,15 +92,18 @@ static Py_ssize_t slots_of(const Pass *P, int64_t k, Py_ssize_t *first) {
    tool returns inside the slice, and, with a second scan, the live requests by instance. */
 static int ensure_lists(Pass *P) {
     if (P->have_lists) return 0;
+    int build_csr = P->csr == NULL; /* the live requests by instance: once a slice (no pass moves a request) */
     P->new_k = calloc((size_t)P->K, sizeof(int64_t));
     P->in_tool = calloc((size_t)P->n, 1);
-    P->csr_start = calloc((size_t)P->K + 1, sizeof(int64_t));
-    P->csr = malloc(((size_t)P->nlive + 1) * sizeof(int64_t));
+    if (build_csr) {
+        P->csr_start = calloc((size_t)P->K + 1, sizeof(int64_t));
+        P->csr = malloc(((size_t)P->nlive + 1) * sizeof(int64_t));
+    }
     if (!P->new_k || !P->in_tool || !P->csr_start || !P->csr) return -1;
     for (Py_ssize_t i = 0; i < P->nlive; i++) { /* indices checked by `decode_slice` */
         int64_t r = P->live[i];
         int64_t w = P->where[r];
-        if (w >= 0) P->csr_start[w + 1]++;
+        if (build_csr && w >= 0) P->csr_start[w + 1]++;
         if (P->state[r] == WAIT) {
             if (w < 0) continue;
             if (P->fresh[r]) P->new_k[w]++;
@@ -110,6 +113,8 @@ static int ensure_lists(Pass *P) {
             P->in_tool[r] = 1;
         }
     }
+    P->have_lists = 1;
+    if (!build_csr) return 0;
     for (Py_ssize_t k = 0; k < P->K; k++) P->csr_start[k + 1] += P->csr_start[k];
     int64_t *fill = malloc((size_t)P->K * sizeof(int64_t) + 1);
     if (!fill) return -1;
@@ -119,7 +124,6 @@ static int ensure_lists(Pass *P) {
         if (w >= 0) P->csr[fill[w]++] = r;
     }
     free(fill);
-    P->have_lists = 1;
     return 0;
 }
 
@@ -440,15 +444,20 @@ void sn_reset_lists(Pass *P) {
     free(P->in_tool);
     free(P->queued.p);
     free(P->new_k);
-    free(P->csr_start);
-    free(P->csr);
     free(P->refilled.p);
     P->tool = (IVec){0};
     P->queued = (IVec){0};
     P->refilled = (IVec){0};
     P->in_tool = NULL;
-    P->new_k = P->csr_start = P->csr = NULL;
+    P->new_k = NULL;
     P->have_lists = P->tool_dirty = 0;
+}
+
+void sn_free_lists(Pass *P) {
+    sn_reset_lists(P);
+    free(P->csr_start);
+    free(P->csr);
+    P->csr_start = P->csr = NULL;
 }
 
 /* `_decode_pass` with the step times `P->step`: writes the request state, `dec_s`, `span_end`, `occ`, `real`

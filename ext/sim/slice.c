@@ -393,7 +393,7 @@ nomem:
 fail:
 out:
     sn_release(b, N_ARRAYS);
-    sn_reset_lists(&P);
+    sn_free_lists(&P);
     free(P.fk.p);
     free(P.ft.p);
     free_saved(&sv);

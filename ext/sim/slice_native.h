@@ -118,7 +118,7 @@ typedef struct {
     IVec queued;        /* turns under way queued at the slice start, ascending */
     int64_t *new_k;     /* K: new requests queued at the slice start */
     int64_t *csr_start; /* K + 1 */
-    int64_t *csr;       /* live requests by instance, ascending within each */
+    int64_t *csr;       /* live requests by instance, ascending within each (built once a slice) */
     IVec refilled;      /* requests taken back in this pass: the only ones whose own debt is not 0 */
 } Pass;
 
@@ -155,7 +155,8 @@ typedef struct {
     uint8_t *has, *occupied;
 } PassIn;
 
-void sn_reset_lists(Pass *P);
+void sn_reset_lists(Pass *P); /* a pass's lists (not the live requests by instance, kept for the slice) */
+void sn_free_lists(Pass *P);  /* all of them, at the slice's end */
 int sn_merge_new_slots(Pass *P, Py_ssize_t from);
 int sn_run_pass(Pass *P, const PassIn *in, double t, double dt, double *span_end, double *occ, double *real,
                 IVec *still);
