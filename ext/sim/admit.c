@@ -1,5 +1,5 @@
-/* Admission at a slice boundary after the work-conserving steal: `Admission._admit_queued` from its candidates
-   on, with `_credit` (libra/sim/admission.py, the reference). */
+/* Admission at a slice boundary: `Admission._admit` (libra/sim/admission.py, the reference), its two passes of
+   `_admit_queued` with `_credit`, and the work-conserving steal between them (steal.c). */
 
 #include "slice_native.h"
 
@@ -67,16 +67,6 @@ static int sort_candidates(Adm *c, Py_ssize_t nc, Py_ssize_t K) {
     free(next_f);
     return rc;
 }
-enum {
-    B_WAITING, B_OPEN, B_ROOM, B_SEATS, B_RUN_K, B_WHERE, B_READY, B_FRESH, B_CTX, B_PENDING, B_LAG, B_STATE, B_DEBT,
-    B_REFILLED, B_ITP, B_FK, B_FT, B_DEGREES, N_ADMIT
-};
-
-static const Spec ADMIT_SPEC[N_ADMIT] = {
-    {'q', '*', 0}, {'?', 'K', 0}, {'d', 'K', 0}, {'q', 'K', 0}, {'q', 'K', 0}, {'q', 'n', 0},
-    {'d', 'n', 0}, {'?', 'n', 1}, {'d', 'n', 0}, {'d', 'n', 1}, {'d', 'n', 1}, {'b', 'n', 1},
-    {'d', 'K', 1}, {'q', 'K', 1}, {'q', 'K', 0}, {'q', '*', 0}, {'d', '*', 0}, {'d', '*', 0},
-};
 
 /* `_admit_queued` after the steal on raw arrays: the admitted requests into `go` (in admission order), their
    states written; -1 with an exception set on bad input or no memory */
@@ -221,44 +211,6 @@ out:
     free(secs);
     free(credit);
     return rc;
-}
-
-PyObject *sn_admit(PyObject *self, PyObject *args) {
-    (void)self;
-    PyObject *arrays, *result = NULL;
-    Py_ssize_t n, K, m = -1;
-    double t, headroom, overhead, work0, attn;
-    if (!PyArg_ParseTuple(args, "O!nnddddd", &PyTuple_Type, &arrays, &n, &K, &t, &headroom, &overhead, &work0,
-                          &attn))
-        return NULL;
-    Buf b[N_ADMIT];
-    memset(b, 0, sizeof(b));
-    IVec go = {0};
-    Degree deg[MAX_DEG];
-    int touched = 0;
-    if (sn_acquire(arrays, ADMIT_SPEC, N_ADMIT, b, n, 1, K, &m) < 0) goto fail;
-    Py_ssize_t ndeg = sn_degrees(D(B_DEGREES), LEN(B_DEGREES), deg);
-    if (ndeg < 0 || LEN(B_FT) != LEN(B_FK)) {
-        PyErr_SetString(PyExc_ValueError, "admit: freed slots or degree table malformed");
-        goto fail;
-    }
-    AdmitIn a = {
-        .n = n, .K = K, .ndeg = ndeg, .nw = LEN(B_WAITING), .nf = LEN(B_FK), .waiting = Q(B_WAITING),
-        .open_k = U(B_OPEN), .room = D(B_ROOM), .seats = Q(B_SEATS), .run_k = Q(B_RUN_K), .where = Q(B_WHERE),
-        .ready = D(B_READY), .fresh = U(B_FRESH), .ctx = D(B_CTX), .pending = D(B_PENDING), .lag = D(B_LAG),
-        .state = (int8_t *)b[B_STATE].view.buf, .debt = D(B_DEBT), .refilled = Q(B_REFILLED), .itp = Q(B_ITP),
-        .fk = Q(B_FK), .ft = D(B_FT), .deg = deg, .t = t, .headroom = headroom, .overhead = overhead,
-        .work0 = work0, .attn = attn,
-    };
-    if (sn_admit_core(&a, &go, &touched) < 0) goto fail;
-    {
-        PyObject *g = sn_to_bytearray(go.p, go.n * (Py_ssize_t)sizeof(int64_t));
-        if (g) result = Py_BuildValue("Ni", g, touched);
-    }
-fail:
-    sn_release(b, N_ADMIT);
-    free(go.p);
-    return result;
 }
 
 /* --- a slice boundary's whole admission: `Admission._admit` ------------------------------------------------- */

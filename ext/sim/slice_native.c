@@ -139,9 +139,6 @@ PyDoc_STRVAR(decode_slice_doc,
 PyDoc_STRVAR(decode_doc, "decode_step(decode_row, work0, attn, batch, context) -> float\n\nThe kernel's decode "
                          "step time (checked against RolloutCost.decode_step_time before the kernel is used).");
 
-PyDoc_STRVAR(admit_doc, "admit(arrays, n, instances, t, headroom, overhead, work0, attn) -> (admitted, touched)\n\n"
-                        "The admission pass at a slice boundary (libra/sim/native.py packs the arguments).");
-
 PyDoc_STRVAR(admit_slice_doc,
              "admit_slice(arrays, n, K, t, headroom, overhead, max_num_seqs, steal, work0, attn) -> (touched, moved, "
              "tokens)\n\nAdmission._admit: both passes and the steal between them (steal: 0 off, 1 new, 2 all).");
@@ -189,7 +186,6 @@ static PyObject *pairwise_py(PyObject *self, PyObject *arg) {
 static PyMethodDef methods[] = {
     {"decode_slice", sn_decode_slice, METH_VARARGS, decode_slice_doc},
     {"decode_step", sn_decode_py, METH_VARARGS, decode_doc},
-    {"admit", sn_admit, METH_VARARGS, admit_doc},
     {"steal", sn_steal, METH_VARARGS, steal_doc},
     {"admit_slice", sn_admit_slice, METH_VARARGS, admit_slice_doc},
     {"returns", sn_returns, METH_VARARGS, returns_doc},

@@ -213,7 +213,6 @@ int sn_steal_core(const StealIn *s, long long *moved, long long *tokens);
 /* the module's functions */
 PyObject *sn_decode_slice(PyObject *self, PyObject *args);
 PyObject *sn_decode_py(PyObject *self, PyObject *args);
-PyObject *sn_admit(PyObject *self, PyObject *args);
 PyObject *sn_steal(PyObject *self, PyObject *args);
 PyObject *sn_admit_slice(PyObject *self, PyObject *args);
 PyObject *sn_returns(PyObject *self, PyObject *args);

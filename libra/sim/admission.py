@@ -89,16 +89,8 @@ class Admission:
         if not open_k.any():
             return None
         waiting = self._in_state(WAIT)
-        table = self._kernel_table()
-        if steal:
-            if table is not None:  # in C (libra.sim.native): the same moves
-                stole = native.steal(self, t, waiting, open_k, room, seats, table)  # type: ignore[arg-type]
-            else:
-                stole = self._steal(t, waiting, open_k, room, seats)
-            if not stole:
-                return None
-        if table is not None:  # the rest in C (libra.sim.native): the same state after
-            return native.admit(self, t, waiting, open_k, room, seats, run_k, table)  # type: ignore[arg-type]
+        if steal and not self._steal(t, waiting, open_k, room, seats):
+            return None
         cand = waiting[open_k[self.where[waiting]]]
         if cand.size == 0:
             return cand

@@ -132,34 +132,6 @@ def decode_slice(run: RolloutRun, t: float, dt: float, table: tuple, tolerance: 
     _forget(run, touched)
 
 
-def admit(
-    run: RolloutRun,
-    t: float,
-    waiting: np.ndarray,
-    open_k: np.ndarray,
-    room: np.ndarray,
-    seats: np.ndarray,
-    run_k: np.ndarray,
-    table: tuple,
-) -> np.ndarray:
-    """`Admission._admit_queued` from its candidates on (after the steal): admits what fits on the open
-    instances, with the same state after; returns the admitted requests."""
-    assert _NATIVE is not None
-    work0, attn, degrees, _ = table
-    fk, ft = run._freed
-    arrays = (
-        waiting, open_k, np.ascontiguousarray(room, float), np.ascontiguousarray(seats, np.int64),
-        np.ascontiguousarray(run_k, np.int64), run.where, run.ready, run.fresh, run.ctx, run.pending, run.lag,
-        run.state, run.debt, run._refilled, run.inst.tp, np.ascontiguousarray(fk, np.int64),
-        np.ascontiguousarray(ft, float), degrees,
-    )  # fmt: skip
-    go, touched = _NATIVE.admit(
-        arrays, len(run.state), len(run.inst), t, run.c.kv_headroom_seqs, run.c.per_request_overhead_s, work0, attn
-    )
-    _forget(run, touched)
-    return np.frombuffer(go, np.int64)
-
-
 def returns(run: RolloutRun, slice_end: float) -> tuple[np.ndarray, np.ndarray]:
     """The start of `RolloutRun._returns`: the tool calls back before `slice_end` go to WAIT; returns the requests
     among them whose routed move applies (ascending) and the context each carries."""

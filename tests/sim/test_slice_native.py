@@ -200,8 +200,12 @@ def test_bad_arrays_are_refused_with_an_error():
         ext.decode_slice((), 1, 1, 1, 0.0, 1.0, 0.0, 4.0, 1.0, 1.0, 512.0, 1.0, 2.0, 0.01)
     with pytest.raises(TypeError, match="format"):
         ext.decode_slice((np.zeros(1),) * 37, 1, 1, 1, 0.0, 1.0, 0.0, 4.0, 1.0, 1.0, 512.0, 1.0, 2.0, 0.01)
-    with pytest.raises(ValueError, match="needs 18 arrays"):
-        ext.admit((), 1, 1, 0.0, 4.0, 0.3, 1.0, 1.0)
+    with pytest.raises(ValueError, match="needs 19 arrays"):
+        ext.admit_slice((), 1, 1, 0.0, 4.0, 0.3, 512, 2, 1.0, 1.0)
+    with pytest.raises(ValueError, match="needs 14 arrays"):
+        ext.steal((), 1, 1, 0.0, 4.0, True, 1.0, 1.0)
+    with pytest.raises(ValueError, match="needs 10 arrays"):
+        ext.returns((), 1, 1, 1, 1.0)
     assert run._kernel_table() is not None
 
 
