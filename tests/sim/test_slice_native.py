@@ -209,16 +209,22 @@ def test_bad_arrays_are_refused_with_an_error():
     assert run._kernel_table() is not None
 
 
+def _drawn_layout(seed: int, workload: str):
+    """A small step of `workload`, two to six instances of drawn degrees on up to three buckets, one-bucket routes,
+    and the generator that drew them (for the state drawn next)."""
+    rng = np.random.default_rng(seed)
+    work = WorkSource.from_generator(workload, seed=seed, num_prompts=6, samples_per_prompt=8, max_model_len=40960)
+    work = work.step(0)
+    tps = [int(x) for x in rng.choice([1, 2, 4], size=int(rng.integers(2, 7)))]
+    buckets = sorted(int(x) for x in rng.integers(0, 3, len(tps)))
+    return rng, work, tps, buckets, routes_for("single", work, parse_buckets("1:inf"), None)
+
+
 def _steal_state(seed: int, steal: str):
     """Two copies of a rollout whose admission state is drawn at random on a coarse grid, so that ties (turns ready
     at the same time), contexts that fill a thief's free KV exactly, waits equal to the re-prefill, instances still
     starting and queues on larger buckets than a thief's are common; and the arguments of a steal."""
-    rng = np.random.default_rng(seed)
-    work = WorkSource.from_generator("search-r1", seed=seed, num_prompts=6, samples_per_prompt=8, max_model_len=40960)
-    work = work.step(0)
-    tps = [int(x) for x in rng.choice([1, 2, 4], size=int(rng.integers(2, 7)))]
-    buckets = sorted(int(x) for x in rng.integers(0, 3, len(tps)))
-    routes = routes_for("single", work, parse_buckets("1:inf"), None)
+    rng, work, tps, buckets, routes = _drawn_layout(seed, "search-r1")
     runs = []
     for cls in (RolloutRun, _Reference):
         inst = Instances(tps, buckets, [0.0] * len(tps))
@@ -266,12 +272,7 @@ def _admission_state(seed: int, steal: str):
     """Two copies of a rollout at a slice boundary drawn at random on a coarse grid (requests waiting, running,
     in a tool call or done; instances busy, idle, still starting or lent; freed slots in no particular order), so
     that exact fits and ties are common."""
-    rng = np.random.default_rng(seed)
-    work = WorkSource.from_generator("r2e-gym", seed=seed, num_prompts=6, samples_per_prompt=8, max_model_len=40960)
-    work = work.step(0)
-    tps = [int(x) for x in rng.choice([1, 2, 4], size=int(rng.integers(2, 7)))]
-    buckets = sorted(int(x) for x in rng.integers(0, 3, len(tps)))
-    routes = routes_for("single", work, parse_buckets("1:inf"), None)
+    rng, work, tps, buckets, routes = _drawn_layout(seed, "r2e-gym")
     n, k_all, t = work.num_requests, len(tps), 0.0
     state = rng.choice(4, n, p=[0.5, 0.25, 0.15, 0.1]).astype(np.int8)
     where = rng.integers(0, k_all, n)
