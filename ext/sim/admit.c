@@ -15,56 +15,28 @@ static inline int adm_ready_less(const Adm *a, const Adm *b) { return a->ready <
 
 DEFINE_STABLE_SORT(sort_adm_ready, Adm, adm_ready_less)
 
-/* np.lexsort((ready, fresh, k)), a stable sort by instance, turns under way before new requests, then readiness;
-   in less work than one merge sort of them all: the candidates by instance
-   (a counting sort), each instance's turns under way before its new requests (a stable partition), then each such
-   run by readiness unless it is in order already (new requests mostly are) */
+/* np.lexsort((ready, fresh, k)), a stable sort by instance, turns under way before new requests, then readiness,
+   in less work than one merge sort of them all: a counting sort into one run per (instance, class), then each run
+   by readiness unless it is in order already (new requests mostly are) */
 static int sort_candidates(Adm *c, Py_ssize_t nc, Py_ssize_t K) {
-    Adm *tmp = malloc((size_t)nc * sizeof(Adm));
-    Py_ssize_t *at = calloc((size_t)K + 2, sizeof(Py_ssize_t));
-    if (!tmp || !at) {
-        free(tmp);
-        free(at);
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < nc; i++) at[c[i].k + 1]++;
-    for (Py_ssize_t j = 0; j < K; j++) at[j + 1] += at[j];
-    /* by instance, then class, each stable: the under-way ones counted per instance first */
-    Py_ssize_t *under = calloc((size_t)K + 1, sizeof(Py_ssize_t));
-    if (!under) {
-        free(tmp);
-        free(at);
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < nc; i++)
-        if (!c[i].fresh) under[c[i].k]++;
-    Py_ssize_t *next_u = malloc(((size_t)K + 1) * sizeof(Py_ssize_t)), *next_f = malloc(((size_t)K + 1) * sizeof(Py_ssize_t));
-    if (!next_u || !next_f) {
-        free(tmp);
-        free(at);
-        free(under);
-        free(next_u);
-        free(next_f);
-        return -1;
-    }
-    for (Py_ssize_t j = 0; j < K; j++) next_u[j] = at[j], next_f[j] = at[j] + under[j];
-    for (Py_ssize_t i = 0; i < nc; i++) tmp[c[i].fresh ? next_f[c[i].k]++ : next_u[c[i].k]++] = c[i];
+    Py_ssize_t runs = 2 * K; /* run 2k: instance k's turns under way; 2k + 1: its new requests */
+    Adm *tmp = malloc(((size_t)nc + 1) * sizeof(Adm));
+    Py_ssize_t *at = calloc((size_t)runs + 1, sizeof(Py_ssize_t));
+    int rc = -1;
+    if (!tmp || !at) goto out;
+    for (Py_ssize_t i = 0; i < nc; i++) at[2 * c[i].k + (c[i].fresh != 0) + 1]++;
+    for (Py_ssize_t q = 0; q < runs; q++) at[q + 1] += at[q];
+    for (Py_ssize_t i = 0; i < nc; i++) tmp[at[2 * c[i].k + (c[i].fresh != 0)]++] = c[i]; /* at[q]: run q's end */
     memcpy(c, tmp, (size_t)nc * sizeof(Adm));
-    int rc = 0;
-    for (Py_ssize_t j = 0; j < K && rc == 0; j++) {
-        Py_ssize_t bounds[3] = {at[j], at[j] + under[j], at[j + 1]};
-        for (int part = 0; part < 2 && rc == 0; part++) {
-            Adm *run = c + bounds[part];
-            Py_ssize_t len = bounds[part + 1] - bounds[part], i = 1;
-            while (i < len && !adm_ready_less(&run[i], &run[i - 1])) i++;
-            if (i < len) rc = sort_adm_ready(run, len);
-        }
+    rc = 0;
+    for (Py_ssize_t q = 0; q < runs && rc == 0; q++) {
+        Py_ssize_t start = q ? at[q - 1] : 0, len = at[q] - start, i = 1;
+        while (i < len && !adm_ready_less(&c[start + i], &c[start + i - 1])) i++;
+        if (i < len) rc = sort_adm_ready(c + start, len);
     }
+out:
     free(tmp);
     free(at);
-    free(under);
-    free(next_u);
-    free(next_f);
     return rc;
 }
 

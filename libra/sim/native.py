@@ -191,7 +191,8 @@ def steal(
     table: tuple,
 ) -> bool:
     """`Admission._steal` in C: the same requests moved (`where`, `stolen`, `pending`, the rebalanced counts);
-    returns whether any moved."""
+    returns whether any moved. A simulation runs it inside `admit_slice`; this entry point checks it alone
+    against the reference (tests/sim/test_slice_native.py)."""
     assert _NATIVE is not None
     work0, attn, degrees, _ = table
     inst = run.inst

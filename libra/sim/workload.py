@@ -80,7 +80,9 @@ class StepWork:
     makes them: they are then made on first use (only the C-MLFQ prefix tree reads them)."""
 
     step: int
-    _trajectories: Sequence[Trajectory] | Callable[[], Sequence[Trajectory]] = attrs.field(alias="trajectories")
+    _trajectories: tuple[Trajectory, ...] | Callable[[], Sequence[Trajectory]] = attrs.field(
+        alias="trajectories", converter=lambda v: v if callable(v) else tuple(v)
+    )
     prompt_tokens: np.ndarray  # (n,)
     gen: np.ndarray  # (n, S) decode tokens of each segment
     tool_tokens: np.ndarray  # (n, S) tokens the tool call after the segment returns (0 when none)
@@ -99,7 +101,7 @@ class StepWork:
             if len(made) != self.num_requests:
                 raise SpecError(f"step {self.step}: {len(made)} trajectories made for {self.num_requests} requests")
             object.__setattr__(self, "_trajectories", made)  # made once (the value is the same on every read)
-        return made if isinstance(made, tuple) else tuple(made)
+        return made
 
     @property
     def num_requests(self) -> int:
@@ -167,16 +169,18 @@ def step_work(
     if missing:
         normal = content_normals(prompt, gen_t, tool_t, traj_of, turn_no, seed)
         lat_t[missing] = (latency or ToolLatency()).scale([turns[j].tool for j in missing], normal[missing])
-    return _segments(step, trajectories, prompt, num_turns, gen_t, tool_t, lat_t, follows_t, turn_no, chunk_tokens)
+    return _segments(
+        step, trajectories, prompt, num_turns, gen_t, tool_t, lat_t, follows_t, traj_of, turn_no, chunk_tokens
+    )
 
 
 def generated_step_work(step: GeneratedStep, *, chunk_tokens: int = 2048) -> StepWork:
     """`step_work(step.step, step.trajectories(), ...)` from the generator's arrays, with the trajectories made
     only if something reads them. Every tool turn of a generated step records its latency, so neither the seed
-    nor a `ToolLatency` enters (tests/sim/test_workload.py checks that the arrays are those of `step_work`)."""
+    nor a `ToolLatency` enters (tests/sim/test_step_arrays.py checks that the arrays are those of `step_work`)."""
     turns = step.turns()
     _check(step.step, len(turns.num_turns), chunk_tokens)
-    _, turn_no, follows_t = _turn_positions(turns.num_turns, turns.has_tool)
+    traj_of, turn_no, follows_t = _turn_positions(turns.num_turns, turns.has_tool)
     lat_t = np.where(follows_t, turns.latency_s, 0.0)
     return _segments(
         step.step,
@@ -187,6 +191,7 @@ def generated_step_work(step: GeneratedStep, *, chunk_tokens: int = 2048) -> Ste
         turns.tool_tokens,
         lat_t,
         follows_t,
+        traj_of,
         turn_no,
         chunk_tokens,
     )
@@ -209,13 +214,14 @@ def _segments(
     tool_t: np.ndarray,
     lat_t: np.ndarray,
     follows_t: np.ndarray,
+    traj_of: np.ndarray,
     turn_no: np.ndarray,
     chunk_tokens: int,
 ) -> StepWork:
-    """The (n, S) segment arrays from the per-turn ones: each turn's generation cut into `chunk_tokens` pieces."""
+    """The (n, S) segment arrays from the per-turn ones (`_turn_positions`): each turn's generation cut into
+    `chunk_tokens` pieces."""
     n = len(num_turns)
     m = len(gen_t)
-    traj_of = np.repeat(np.arange(n), num_turns)
     pieces = np.maximum(1, -(-gen_t // chunk_tokens))
     base, extra = np.divmod(gen_t, pieces)
     seg_turn = np.repeat(np.arange(m), pieces)
@@ -238,7 +244,7 @@ def _segments(
     turn_of[seg_traj, pos] = turn_no[seg_turn]
     return StepWork(
         step=step,
-        trajectories=trajectories if callable(trajectories) else tuple(trajectories),
+        trajectories=trajectories,
         prompt_tokens=prompt,
         gen=gen,
         tool_tokens=tool,
