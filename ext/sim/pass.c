@@ -3,9 +3,12 @@
    for bit. The bookkeeping differs only where the reference recomputes sets with numpy calls:
    - the freed slots are kept sorted by (instance, time): the reference sorts them stably where it needs the
      order, and equal pairs are interchangeable;
-   - the live requests are listed by instance once per pass (a pass moves no request between instances), so an
+   - the live requests are listed by instance once a slice (a pass moves no request between instances), so an
      instance's KV room sums only its own requests, in ascending order as `np.bincount` does;
-   - the turns back from their tools inside the slice are listed once per pass, and a turn that leaves for its
+   - the turns under way queued at the slice start are listed by instance once a slice, each instance's run
+     sorted by readiness once, on first use: a refill merges the runs of the instances with freed slots with the
+     turns back from their tools, in the order of the reference's one stable sort of them all;
+   - the turns back from their tools inside the slice are listed once a slice, and a turn that leaves for its
      tool inside the pass is added to that list. */
 
 #include "slice_native.h"
@@ -70,76 +73,8 @@ int sn_merge_new_slots(Pass *P, Py_ssize_t from) {
     return 0;
 }
 
-static Py_ssize_t lower_k(const Pass *P, int64_t k) {
-    Py_ssize_t lo = 0, hi = P->fk.n;
-    while (lo < hi) {
-        Py_ssize_t mid = lo + ((hi - lo) >> 1);
-        if (P->fk.p[mid] < k) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo;
-}
-
-static Py_ssize_t slots_of(const Pass *P, int64_t k, Py_ssize_t *first) {
-    Py_ssize_t a = lower_k(P, k), b = lower_k(P, k + 1);
-    *first = a;
-    return b - a;
-}
-
-/* --- per-pass lists ------------------------------------------------------------------------------------- */
-/* On the first refill of a pass, one scan of the live requests (checking each one's indices) lists: the turns
-   under way queued at the slice start and the new requests queued per instance (`_slice_queues`), the turns whose
-   tool returns inside the slice, and, with a second scan, the live requests by instance. */
-static int ensure_lists(Pass *P) {
-    if (P->have_lists) return 0;
-    int build_csr = P->csr == NULL; /* the live requests by instance: once a slice (no pass moves a request) */
-    P->new_k = calloc((size_t)P->K, sizeof(int64_t));
-    P->in_tool = calloc((size_t)P->n, 1);
-    if (build_csr) {
-        P->csr_start = calloc((size_t)P->K + 1, sizeof(int64_t));
-        P->csr = malloc(((size_t)P->nlive + 1) * sizeof(int64_t));
-    }
-    if (!P->new_k || !P->in_tool || !P->csr_start || !P->csr) return -1;
-    for (Py_ssize_t i = 0; i < P->nlive; i++) { /* indices checked by `decode_slice` */
-        int64_t r = P->live[i];
-        int64_t w = P->where[r];
-        if (build_csr && w >= 0) P->csr_start[w + 1]++;
-        if (P->state[r] == WAIT) {
-            if (w < 0) continue;
-            if (P->fresh[r]) P->new_k[w]++;
-            else if (ivec_push(&P->queued, r) < 0) return -1;
-        } else if (P->state[r] == TOOL && P->ready[r] < P->slice_end && w >= 0) {
-            if (ivec_push(&P->tool, r) < 0) return -1;
-            P->in_tool[r] = 1;
-        }
-    }
-    P->have_lists = 1;
-    if (!build_csr) return 0;
-    for (Py_ssize_t k = 0; k < P->K; k++) P->csr_start[k + 1] += P->csr_start[k];
-    int64_t *fill = malloc((size_t)P->K * sizeof(int64_t) + 1);
-    if (!fill) return -1;
-    memcpy(fill, P->csr_start, (size_t)P->K * sizeof(int64_t));
-    for (Py_ssize_t i = 0; i < P->nlive; i++) {
-        int64_t r = P->live[i], w = P->where[r];
-        if (w >= 0) P->csr[fill[w]++] = r;
-    }
-    free(fill);
-    return 0;
-}
-
-static inline int i64_less(const int64_t *a, const int64_t *b) { return *a < *b; }
-
-DEFINE_STABLE_SORT(sort_i64, int64_t, i64_less)
-/* a turn that left for its tool inside the pass joins the list when its tool returns inside the slice */
-static int note_tool(Pass *P, int64_t r) {
-    if (!P->have_lists || P->in_tool[r] || !(P->ready[r] < P->slice_end)) return 0;
-    P->in_tool[r] = 1;
-    P->tool_dirty = 1;
-    return ivec_push(&P->tool, r);
-}
-
-/* --- _refill ---------------------------------------------------------------------------------------------- */
-typedef struct {
+/* --- the slice's lists ----------------------------------------------------------------------------------- */
+typedef struct Cand_ {
     int64_t k, r;
     double ready;
 } Cand;
@@ -149,49 +84,140 @@ static inline int cand_less(const Cand *a, const Cand *b) {
     return a->k < b->k || (a->k == b->k && a->ready < b->ready);
 }
 
+static inline int ready_less(const Cand *a, const Cand *b) { return a->ready < b->ready; }
+
 DEFINE_STABLE_SORT(sort_cands, Cand, cand_less)
+DEFINE_STABLE_SORT(sort_ready, Cand, ready_less)
+
+/* Two scans of the live requests at the slice start list: the live requests by instance, the turns under way
+   queued per instance (`_slice_queues`), the new requests queued per instance, the turns whose tool returns
+   inside the slice, and the requests queued and ready per instance (`_step_inputs`). Both passes start from this
+   state (the second after the first is undone); in a pass no request enters WAIT (a pass ends segments and takes
+   requests back), so the queued lists hold for both and each refill checks the state of what it takes. */
+int sn_slice_lists(Pass *P, int64_t *queued_k) {
+    Py_ssize_t K = P->K;
+    P->csr_start = calloc((size_t)K + 1, sizeof(int64_t));
+    P->csr = malloc(((size_t)P->nlive + 1) * sizeof(int64_t));
+    P->q_start = calloc((size_t)K + 1, sizeof(int64_t));
+    P->q_sorted = calloc((size_t)K + 1, 1);
+    P->new_k = calloc((size_t)K + 1, sizeof(int64_t));
+    P->left_wait = calloc((size_t)K + 1, sizeof(int64_t));
+    P->in_tool = calloc((size_t)P->n + 1, 1);
+    if (!P->csr_start || !P->csr || !P->q_start || !P->q_sorted || !P->new_k || !P->left_wait || !P->in_tool)
+        return -1;
+    for (Py_ssize_t j = 0; j < K; j++) queued_k[j] = 0;
+    for (Py_ssize_t i = 0; i < P->nlive; i++) { /* indices checked by `decode_slice` */
+        int64_t r = P->live[i], w = P->where[r];
+        if (w < 0) continue;
+        P->csr_start[w + 1]++;
+        if (P->state[r] == WAIT) {
+            if (P->ready[r] <= P->t0) queued_k[w]++;
+            if (P->fresh[r]) P->new_k[w]++;
+            else P->q_start[w + 1]++;
+        } else if (P->state[r] == TOOL && P->ready[r] < P->slice_end) {
+            if (ivec_push(&P->tool0, r) < 0) return -1;
+        }
+    }
+    for (Py_ssize_t k = 0; k < K; k++) {
+        P->csr_start[k + 1] += P->csr_start[k];
+        P->q_start[k + 1] += P->q_start[k];
+    }
+    P->qc = malloc(((size_t)P->q_start[K] + 1) * sizeof(Cand));
+    int64_t *fill = malloc(2 * ((size_t)K + 1) * sizeof(int64_t)), *qfill = fill + K + 1;
+    if (!P->qc || !fill) {
+        free(fill);
+        return -1;
+    }
+    memcpy(fill, P->csr_start, (size_t)K * sizeof(int64_t));
+    memcpy(qfill, P->q_start, (size_t)K * sizeof(int64_t));
+    for (Py_ssize_t i = 0; i < P->nlive; i++) {
+        int64_t r = P->live[i], w = P->where[r];
+        if (w < 0) continue;
+        P->csr[fill[w]++] = r;
+        if (P->state[r] == WAIT && !P->fresh[r]) P->qc[qfill[w]++] = (Cand){w, r, P->ready[r]};
+    }
+    free(fill);
+    return 0;
+}
+
+/* instance k's queued turns by readiness (stable): sorted on first use, and in a pass no queued turn's readiness
+   changes (only the turns a pass takes back are written, and they are queued no more) */
+static int queued_run(Pass *P, int64_t k, Py_ssize_t *lo, Py_ssize_t *hi) {
+    *lo = P->q_start[k], *hi = P->q_start[k + 1];
+    if (!P->q_sorted[k]) {
+        Cand *run = P->qc + *lo;
+        Py_ssize_t len = *hi - *lo, i = 1;
+        while (i < len && !ready_less(&run[i], &run[i - 1])) i++;
+        if (i < len && sort_ready(run, len) < 0) return -1;
+        P->q_sorted[k] = 1;
+    }
+    return 0;
+}
+
+static inline int i64_less(const int64_t *a, const int64_t *b) { return *a < *b; }
+
+DEFINE_STABLE_SORT(sort_i64, int64_t, i64_less)
+/* a turn that left for its tool inside the pass joins the list when its tool returns inside the slice */
+static int note_tool(Pass *P, int64_t r) {
+    if (P->in_tool[r] || !(P->ready[r] < P->slice_end)) return 0;
+    P->in_tool[r] = 1;
+    P->tool_dirty = 1;
+    return ivec_push(&P->tool, r);
+}
+
+/* --- _refill ---------------------------------------------------------------------------------------------- */
+
 /* Slots freed inside the slice go to turns under way inside it; appends the requests taken and their starts. */
 static int refill(Pass *P, IVec *out, DVec *out_start) {
     if (P->fk.n == 0) return 0;
-    if (ensure_lists(P) < 0) return -1;
     if (P->tool_dirty) { /* ascending, as `_in_state(TOOL)` lists them */
         if (sort_i64(P->tool.p, P->tool.n) < 0) return -1;
         P->tool_dirty = 0;
     }
     int rc = -1;
-    Py_ssize_t cap = P->queued.n + P->tool.n;
-    Cand *c = malloc(((size_t)cap + 1) * sizeof(Cand));
+    Py_ssize_t K = P->K;
+    Cand *c = malloc(((size_t)P->q_start[K] + (size_t)P->tool.n + 1) * sizeof(Cand));
+    Cand *tc = malloc(((size_t)P->tool.n + 1) * sizeof(Cand));
     double *within = NULL, *room_k = NULL, *secs = NULL;
     int64_t *rank = NULL, *run_k = NULL, *s_of = NULL, *slot = NULL;
+    /* each instance's freed slots: the first one's index and how many (the slots are sorted by instance) */
+    int64_t *first_k = malloc(2 * ((size_t)K + 1) * sizeof(int64_t)), *slots_k = first_k ? first_k + K + 1 : NULL;
     uint8_t *gone = NULL;
-    if (!c) return -1;
-    Py_ssize_t nc = 0, first;
-    for (Py_ssize_t i = 0; i < P->queued.n; i++) {
-        int64_t r = P->queued.p[i];
-        if (P->state[r] == WAIT && slots_of(P, P->where[r], &first) > 0) {
-            c[nc].k = P->where[r];
-            c[nc].r = r;
-            c[nc].ready = P->ready[r];
-            nc++;
-        }
+    if (!c || !tc || !first_k) goto done;
+    for (Py_ssize_t k = 0; k < K; k++) slots_k[k] = 0;
+    for (Py_ssize_t j = P->fk.n - 1; j >= 0; j--) {
+        first_k[P->fk.p[j]] = j;
+        slots_k[P->fk.p[j]]++;
     }
+    /* the candidates in the order of one stable sort by (instance, readiness) of the queued turns (live order)
+       followed by the turns back from their tools (ascending): per instance with freed slots, its queued turns
+       by readiness merged with its turns back, a queued turn first on a tie */
+    Py_ssize_t nt = 0;
     for (Py_ssize_t i = 0; i < P->tool.n; i++) {
         int64_t r = P->tool.p[i];
         if (P->state[r] != TOOL || !(P->ready[r] < P->slice_end)) continue;
         int64_t tu = P->turn[r];
         if (!(P->moved[r] || covered(P, r, tu) || P->carried[r * P->S + tu] == 0)) continue;
-        if (slots_of(P, P->where[r], &first) > 0) {
-            c[nc].k = P->where[r];
-            c[nc].r = r;
-            c[nc].ready = P->ready[r];
-            nc++;
+        if (slots_k[P->where[r]] > 0) tc[nt++] = (Cand){P->where[r], r, P->ready[r]};
+    }
+    if (nt > 1 && sort_cands(tc, nt) < 0) goto done;
+    Py_ssize_t nc = 0, ti = 0;
+    for (Py_ssize_t j = 0; j < P->fk.n; j += slots_k[P->fk.p[j]]) {
+        int64_t k = P->fk.p[j];
+        Py_ssize_t q, hi;
+        if (queued_run(P, k, &q, &hi) < 0) goto done;
+        for (;;) {
+            while (q < hi && P->state[P->qc[q].r] != WAIT) q++; /* taken back earlier in this pass */
+            int has_q = q < hi, has_t = ti < nt && tc[ti].k == k;
+            if (has_q && (!has_t || !(tc[ti].ready < P->qc[q].ready))) c[nc++] = P->qc[q++];
+            else if (has_t) c[nc++] = tc[ti++];
+            else break;
         }
     }
     if (nc == 0) {
         rc = 0;
         goto done;
     }
-    if (sort_cands(c, nc) < 0) goto done;
     within = malloc((size_t)nc * sizeof(double));
     rank = malloc((size_t)nc * sizeof(int64_t));
     room_k = malloc((size_t)nc * sizeof(double)); /* per candidate: its instance's room */
@@ -265,8 +291,7 @@ static int refill(Pass *P, IVec *out, DVec *out_start) {
                 if (key[mid] < v) lo = mid + 1;
                 else hi = mid;
             }
-            slots_of(P, c[i].k, &first);
-            int64_t g = (int64_t)lo - (int64_t)first;
+            int64_t g = (int64_t)lo - first_k[c[i].k];
             if (g < 0) g = 0;
             double x = (double)(g - rank[i]) + (double)c[i].k * big;
             acc = (i == 0) ? x : np_max(acc, x);
@@ -279,10 +304,9 @@ static int refill(Pass *P, IVec *out, DVec *out_start) {
     }
     Py_ssize_t m2 = 0;
     for (Py_ssize_t i = 0; i < m; i++) {
-        Py_ssize_t count = slots_of(P, c[i].k, &first);
-        if (s_of[i] < count) {
+        if (s_of[i] < slots_k[c[i].k]) {
             c[m2] = c[i];
-            slot[m2] = first + s_of[i];
+            slot[m2] = first_k[c[i].k] + s_of[i];
             m2++;
         }
     }
@@ -326,6 +350,8 @@ static int refill(Pass *P, IVec *out, DVec *out_start) {
     if (!gone) goto done;
     for (Py_ssize_t i = 0; i < m3; i++) {
         int64_t r = c[i].r;
+        if (sn_keep_row(P, r) < 0) goto done;
+        if (P->state[r] == WAIT && P->ready[r] <= P->t0) P->left_wait[c[i].k]++;
         P->own[r] += secs[i];
         if (ivec_push(&P->refilled, r) < 0) goto done;
         P->pending[r] = 0.0;
@@ -346,6 +372,8 @@ static int refill(Pass *P, IVec *out, DVec *out_start) {
     rc = 0;
 done:
     free(c);
+    free(tc);
+    free(first_k);
     free(within);
     free(rank);
     free(room_k);
@@ -439,25 +467,36 @@ static int decode_from(Pass *P, const IVec *cont, const DVec *start, double *too
     return 0;
 }
 
-void sn_reset_lists(Pass *P) {
-    free(P->tool.p);
-    free(P->in_tool);
-    free(P->queued.p);
-    free(P->new_k);
-    free(P->refilled.p);
-    P->tool = (IVec){0};
-    P->queued = (IVec){0};
-    P->refilled = (IVec){0};
-    P->in_tool = NULL;
-    P->new_k = NULL;
-    P->have_lists = P->tool_dirty = 0;
+/* a pass starts from the slice's turns back from their tools, nothing taken back */
+static int pass_lists(Pass *P) {
+    for (Py_ssize_t i = 0; i < P->tool.n; i++) P->in_tool[P->tool.p[i]] = 0;
+    P->tool.n = 0;
+    for (Py_ssize_t i = 0; i < P->tool0.n; i++) {
+        if (ivec_push(&P->tool, P->tool0.p[i]) < 0) return -1;
+        P->in_tool[P->tool0.p[i]] = 1;
+    }
+    P->tool_dirty = 0;
+    P->refilled.n = 0;
+    for (Py_ssize_t k = 0; k < P->K; k++) P->left_wait[k] = 0;
+    return 0;
 }
 
 void sn_free_lists(Pass *P) {
-    sn_reset_lists(P);
+    free(P->qc);
+    free(P->q_start);
+    free(P->q_sorted);
+    free(P->new_k);
+    free(P->tool0.p);
     free(P->csr_start);
     free(P->csr);
-    P->csr_start = P->csr = NULL;
+    free(P->in_tool);
+    free(P->tool.p);
+    free(P->refilled.p);
+    free(P->left_wait);
+    P->qc = NULL;
+    P->q_start = P->new_k = P->csr_start = P->csr = P->left_wait = NULL;
+    P->q_sorted = P->in_tool = NULL;
+    P->tool0 = P->tool = P->refilled = (IVec){0};
 }
 
 /* `_decode_pass` with the step times `P->step`: writes the request state, `dec_s`, `span_end`, `occ`, `real`
@@ -472,8 +511,7 @@ int sn_run_pass(Pass *P, const PassIn *in, double t, double dt, double *span_end
     double *sums = malloc(((size_t)K + 1) * sizeof(double));
     uint8_t *added = malloc((size_t)K + 1);
     still->n = 0;
-    sn_reset_lists(P);
-    if (!took || !sums || !added) goto done;
+    if (!took || !sums || !added || pass_lists(P) < 0) goto done;
     for (Py_ssize_t j = 0; j < K; j++) {
         P->dec_s[j] = 0.0;
         span_end[j] = t;

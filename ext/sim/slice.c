@@ -88,55 +88,28 @@ static int step_times(const Steps *st, const Pass *P, const double *batch, const
     return 0;
 }
 
-/* `_step_inputs`: the running contexts' sum per instance (in `running`'s order) and the requests queued now */
-static void step_inputs(const Pass *P, const int64_t *running, Py_ssize_t m, double now, double *ctx_k,
-                        int64_t *queued_k) {
-    for (Py_ssize_t j = 0; j < P->K; j++) {
-        ctx_k[j] = 0.0;
-        queued_k[j] = 0;
-    }
+/* `_step_inputs`, its first half: the running contexts' sum per instance, in `running`'s order (the requests
+   queued and ready come from `sn_slice_lists`) */
+static void running_ctx(const Pass *P, const int64_t *running, Py_ssize_t m, double *ctx_k) {
+    for (Py_ssize_t j = 0; j < P->K; j++) ctx_k[j] = 0.0;
     for (Py_ssize_t i = 0; i < m; i++) ctx_k[P->where[running[i]]] += P->ctx[running[i]];
-    for (Py_ssize_t i = 0; i < P->nlive; i++) {
-        int64_t r = P->live[i];
-        if (P->state[r] == WAIT && P->ready[r] <= now && P->where[r] >= 0) queued_k[P->where[r]]++;
-    }
 }
 
-/* the rows a pass may write, for the live requests: saved before the first pass, written back before a second */
+/* What a second pass starts from: the rows the first one wrote (its undo log: the running requests, saved before
+   it starts, and each request it takes back, saved before it is first written: a pass writes no other row), the
+   freed slots and the tokens decoded */
 typedef struct {
-    double *f[7];
-    int8_t *state;
-    int64_t *turn;
-    uint8_t *moved;
+    RowVec rows;
     IVec fk;
     DVec ft;
     double decoded;
 } Saved;
 
-static double **rows_of(Pass *P, double **rows) {
-    rows[0] = P->rem, rows[1] = P->ctx, rows[2] = P->pending, rows[3] = P->ready, rows[4] = P->finish;
-    rows[5] = P->lag, rows[6] = P->own;
-    return rows;
-}
-
-static int save(Pass *P, Saved *sv) {
-    Py_ssize_t nl = P->nlive;
-    double *rows[7];
-    rows_of(P, rows);
-    for (int q = 0; q < 7; q++) {
-        if (!(sv->f[q] = malloc(((size_t)nl + 1) * sizeof(double)))) return -1;
-        for (Py_ssize_t i = 0; i < nl; i++) sv->f[q][i] = rows[q][P->live[i]];
-    }
-    sv->state = malloc((size_t)nl + 1);
-    sv->turn = malloc(((size_t)nl + 1) * sizeof(int64_t));
-    sv->moved = malloc((size_t)nl + 1);
-    if (!sv->state || !sv->turn || !sv->moved) return -1;
-    for (Py_ssize_t i = 0; i < nl; i++) {
-        int64_t r = P->live[i];
-        sv->state[i] = P->state[r];
-        sv->turn[i] = P->turn[r];
-        sv->moved[i] = P->moved[r];
-    }
+static int save(Pass *P, Saved *sv, const int64_t *running, Py_ssize_t m) {
+    if (!(P->kept = calloc((size_t)P->n + 1, 1))) return -1;
+    P->undo = &sv->rows;
+    for (Py_ssize_t i = 0; i < m; i++)
+        if (sn_keep_row(P, running[i]) < 0) return -1;
     for (Py_ssize_t j = 0; j < P->fk.n; j++)
         if (ivec_push(&sv->fk, P->fk.p[j]) < 0 || dvec_push(&sv->ft, P->ft.p[j]) < 0) return -1;
     sv->decoded = P->decoded;
@@ -144,15 +117,14 @@ static int save(Pass *P, Saved *sv) {
 }
 
 static int restore(Pass *P, const Saved *sv) {
-    double *rows[7];
-    rows_of(P, rows);
-    for (int q = 0; q < 7; q++)
-        for (Py_ssize_t i = 0; i < P->nlive; i++) rows[q][P->live[i]] = sv->f[q][i];
-    for (Py_ssize_t i = 0; i < P->nlive; i++) {
-        int64_t r = P->live[i];
-        P->state[r] = sv->state[i];
-        P->turn[r] = sv->turn[i];
-        P->moved[r] = sv->moved[i];
+    for (Py_ssize_t i = 0; i < sv->rows.n; i++) {
+        const Row *x = &sv->rows.p[i];
+        int64_t r = x->r;
+        P->rem[r] = x->f[0], P->ctx[r] = x->f[1], P->pending[r] = x->f[2], P->ready[r] = x->f[3];
+        P->finish[r] = x->f[4], P->lag[r] = x->f[5], P->own[r] = x->f[6];
+        P->turn[r] = x->turn;
+        P->state[r] = x->state;
+        P->moved[r] = x->moved;
     }
     P->fk.n = P->ft.n = 0;
     for (Py_ssize_t j = 0; j < sv->fk.n; j++)
@@ -162,13 +134,13 @@ static int restore(Pass *P, const Saved *sv) {
     return 0;
 }
 
-static void free_saved(Saved *sv) {
-    for (int q = 0; q < 7; q++) free(sv->f[q]);
-    free(sv->state);
-    free(sv->turn);
-    free(sv->moved);
+static void free_saved(Pass *P, Saved *sv) {
+    free(sv->rows.p);
     free(sv->fk.p);
     free(sv->ft.p);
+    free(P->kept);
+    P->kept = NULL;
+    P->undo = NULL;
 }
 
 PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
@@ -261,7 +233,7 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
         in.occupied = malloc((size_t)K + 1);
         if (!in.k || !in.t_delay || !in.go_s || !in.rem0 || !in.first || !in.open_s || !in.has || !in.occupied)
             goto nomem;
-        if (save(&P, &sv) < 0) goto nomem;
+        if (save(&P, &sv, in.running, mm) < 0) goto nomem;
         /* `step_batch`: the running requests, scaled by the last slice's occupancy */
         const double *occ_before = D(A_OCC_BEFORE);
         int scale = LEN(A_OCC_BEFORE) == K;
@@ -269,7 +241,9 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
             double bj = (double)count_k[j];
             used[j] = (scale && bj > 0) ? np_max(1.0, bj * occ_before[j]) : bj;
         }
-        step_inputs(&P, in.running, mm, t, ctx_k, queued_k);
+        P.t0 = t;
+        if (sn_slice_lists(&P, queued_k) < 0) goto nomem;
+        running_ctx(&P, in.running, mm, ctx_k);
         /* `_pass_inputs` */
         for (Py_ssize_t j = 0; j < K; j++) {
             double avail = np_max(0.0, dt - debt[j]);
@@ -300,11 +274,15 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
             free(ctx_now);
             goto nomem;
         }
-        step_inputs(&P, in.running, mm, t, ctx_now, queued_now);
+        /* a pass puts no request in WAIT and moves none: the queued and ready ones are those at the slice start
+           but the ones it took back */
+        running_ctx(&P, in.running, mm, ctx_now);
+        for (Py_ssize_t j = 0; j < K; j++) queued_now[j] = queued_k[j] - P.left_wait[j];
         int bad = step_times(&st, &P, real, ctx_now, queued_now, step2);
         free(queued_now);
         free(ctx_now);
         if (bad < 0) goto fail;
+        P.undo = NULL; /* the second pass needs no log */
         int off = 0;
         for (Py_ssize_t j = 0; j < K; j++)
             if (isfinite(step[j]) && fabs(step2[j] - step[j]) > tolerance * step[j]) off = 1;
@@ -396,7 +374,7 @@ out:
     sn_free_lists(&P);
     free(P.fk.p);
     free(P.ft.p);
-    free_saved(&sv);
+    free_saved(&P, &sv);
     free(still.p);
     free(in.running);
     free(in.k);

@@ -50,6 +50,21 @@ typedef struct {
 DEFINE_PUSH(ivec_push, IVec, int64_t)
 DEFINE_PUSH(dvec_push, DVec, double)
 
+/* a request's row as a pass may write it: rem, ctx, pending, ready, finish, lag, own; turn, state, moved */
+typedef struct {
+    int64_t r, turn;
+    double f[7];
+    int8_t state;
+    uint8_t moved;
+} Row;
+
+typedef struct {
+    Row *p;
+    Py_ssize_t n, cap;
+} RowVec;
+
+DEFINE_PUSH(row_push, RowVec, Row)
+
 /* numpy's two-float minimum and maximum (the first operand on a tie, NaN from the first) */
 static inline double np_min(double a, double b) { return (a <= b || isnan(a)) ? a : b; }
 static inline double np_max(double a, double b) { return (a >= b || isnan(a)) ? a : b; }
@@ -111,15 +126,26 @@ typedef struct {
     /* freed slots, sorted by (instance, time) */
     IVec fk;
     DVec ft;
-    /* per pass, built on the first refill (`ensure_lists`) */
-    int have_lists, tool_dirty;
-    IVec tool;          /* turns in TOOL whose tool returns before the slice ends, ascending once sorted */
-    uint8_t *in_tool;   /* n: listed in `tool` */
-    IVec queued;        /* turns under way queued at the slice start, ascending */
-    int64_t *new_k;     /* K: new requests queued at the slice start */
+    /* once a slice, from the state at its start (`sn_slice_lists`) */
+    struct Cand_ *qc;   /* turns under way queued, by instance (live order), each run sorted by readiness when
+                           first needed */
+    int64_t *q_start;   /* K + 1: instance k's run in `qc` */
+    uint8_t *q_sorted;  /* K */
+    int64_t *new_k;     /* K: new requests queued */
+    IVec tool0;         /* turns in TOOL whose tool returns before the slice ends, ascending */
     int64_t *csr_start; /* K + 1 */
-    int64_t *csr;       /* live requests by instance, ascending within each (built once a slice) */
+    int64_t *csr;       /* live requests by instance, ascending within each */
+    uint8_t *in_tool;   /* n: listed in `tool` */
+    /* per pass (`sn_run_pass` starts them from the slice's) */
+    int tool_dirty;
+    IVec tool;          /* `tool0` and the turns that leave for a tool returning inside the slice, ascending once
+                           sorted */
     IVec refilled;      /* requests taken back in this pass: the only ones whose own debt is not 0 */
+    int64_t *left_wait; /* K: requests queued and ready at the slice start taken back in this pass */
+    double t0;          /* the slice's start */
+    /* the first pass's undo log: each row it writes, as it was, saved before the first write (NULL: none kept) */
+    RowVec *undo;
+    uint8_t *kept;      /* n: in `undo` */
 } Pass;
 
 typedef struct {
@@ -155,8 +181,19 @@ typedef struct {
     uint8_t *has, *occupied;
 } PassIn;
 
-void sn_reset_lists(Pass *P); /* a pass's lists (not the live requests by instance, kept for the slice) */
-void sn_free_lists(Pass *P);  /* all of them, at the slice's end */
+/* save request r's row in the undo log before a pass writes it; -1 when out of memory */
+static inline int sn_keep_row(Pass *P, int64_t r) {
+    if (!P->undo || P->kept[r]) return 0;
+    P->kept[r] = 1;
+    Row x = {r, P->turn[r], {P->rem[r], P->ctx[r], P->pending[r], P->ready[r], P->finish[r], P->lag[r], P->own[r]},
+             P->state[r], P->moved[r]};
+    return row_push(P->undo, x);
+}
+
+/* the slice's lists from the live requests (indices checked) and, per instance, the requests queued and ready
+   at `P->t0` into `queued_k` (`_step_inputs`); -1 when out of memory */
+int sn_slice_lists(Pass *P, int64_t *queued_k);
+void sn_free_lists(Pass *P); /* at the slice's end */
 int sn_merge_new_slots(Pass *P, Py_ssize_t from);
 int sn_run_pass(Pass *P, const PassIn *in, double t, double dt, double *span_end, double *occ, double *real,
                 IVec *still);
