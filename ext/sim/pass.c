@@ -89,55 +89,77 @@ static inline int ready_less(const Cand *a, const Cand *b) { return a->ready < b
 DEFINE_STABLE_SORT(sort_cands, Cand, cand_less)
 DEFINE_STABLE_SORT(sort_ready, Cand, ready_less)
 
-/* Two scans of the live requests at the slice start list: the live requests by instance, the turns under way
-   queued per instance (`_slice_queues`), the new requests queued per instance, the turns whose tool returns
-   inside the slice, and the requests queued and ready per instance (`_step_inputs`). Both passes start from this
-   state (the second after the first is undone); in a pass no request enters WAIT (a pass ends segments and takes
-   requests back), so the queued lists hold for both and each refill checks the state of what it takes. */
-int sn_slice_lists(Pass *P, int64_t *queued_k) {
-    Py_ssize_t K = P->K;
+/* Two scans of the live requests at the slice start. The first checks each one's indices and lists the running
+   requests (ascending, `_in_state(RUN)`) into `running` and counts them per instance into `count_k`, and the
+   requests queued and ready per instance into `queued_k` (`_step_inputs`); where some run, it and the second list
+   what the passes read: by instance, the requests that can run in the slice (all but the new requests queued, which
+   wait for the boundary); the turns under way queued (`_slice_queues`), the new requests queued, the turns whose
+   tool returns inside the slice. Both passes start from this state (the second after the first is undone); in a
+   pass no request enters WAIT (a pass ends segments and takes requests back), so the queued lists hold for both
+   and each refill checks the state of what it takes. -1 with an exception set on bad input or no memory. */
+int sn_slice_lists(Pass *P, int64_t *running, Py_ssize_t *m, int64_t *count_k, int64_t *queued_k) {
+    Py_ssize_t K = P->K, n = P->n;
     P->csr_start = calloc((size_t)K + 1, sizeof(int64_t));
-    P->csr = malloc(((size_t)P->nlive + 1) * sizeof(int64_t));
     P->q_start = calloc((size_t)K + 1, sizeof(int64_t));
     P->q_sorted = calloc((size_t)K + 1, 1);
     P->new_k = calloc((size_t)K + 1, sizeof(int64_t));
     P->left_wait = calloc((size_t)K + 1, sizeof(int64_t));
-    P->in_tool = calloc((size_t)P->n + 1, 1);
-    if (!P->csr_start || !P->csr || !P->q_start || !P->q_sorted || !P->new_k || !P->left_wait || !P->in_tool)
-        return -1;
-    for (Py_ssize_t j = 0; j < K; j++) queued_k[j] = 0;
-    for (Py_ssize_t i = 0; i < P->nlive; i++) { /* indices checked by `decode_slice` */
-        int64_t r = P->live[i], w = P->where[r];
+    if (!P->csr_start || !P->q_start || !P->q_sorted || !P->new_k || !P->left_wait) goto nomem;
+    *m = 0;
+    for (Py_ssize_t j = 0; j < K; j++) count_k[j] = queued_k[j] = 0;
+    for (Py_ssize_t i = 0; i < P->nlive; i++) {
+        int64_t r = P->live[i];
+        if (r < 0 || r >= n || P->where[r] < -1 || P->where[r] >= K || P->state[r] < WAIT || P->state[r] > DONE ||
+            P->turn[r] < 0 || P->turn[r] >= P->S || P->nseg[r] > P->S || (P->state[r] == RUN && P->where[r] < 0)) {
+            PyErr_SetString(PyExc_ValueError, "decode_slice: a live request's index, instance, state or turn is out of range");
+            return -1;
+        }
+        int64_t w = P->where[r];
         if (w < 0) continue;
-        P->csr_start[w + 1]++;
         if (P->state[r] == WAIT) {
             if (P->ready[r] <= P->t0) queued_k[w]++;
-            if (P->fresh[r]) P->new_k[w]++;
-            else P->q_start[w + 1]++;
+            if (P->fresh[r]) {
+                P->new_k[w]++;
+                continue;
+            }
+            P->q_start[w + 1]++;
+        } else if (P->state[r] == RUN) {
+            running[(*m)++] = r;
+            count_k[w]++;
         } else if (P->state[r] == TOOL && P->ready[r] < P->slice_end) {
-            if (ivec_push(&P->tool0, r) < 0) return -1;
+            if (ivec_push(&P->tool0, r) < 0) goto nomem;
         }
+        P->csr_start[w + 1]++;
     }
+    if (*m == 0) return 0; /* no pass runs */
     for (Py_ssize_t k = 0; k < K; k++) {
         P->csr_start[k + 1] += P->csr_start[k];
         P->q_start[k + 1] += P->q_start[k];
     }
+    P->csr = malloc(((size_t)P->csr_start[K] + 1) * sizeof(int64_t));
     P->qc = malloc(((size_t)P->q_start[K] + 1) * sizeof(Cand));
+    P->in_tool = calloc((size_t)n + 1, 1);
     int64_t *fill = malloc(2 * ((size_t)K + 1) * sizeof(int64_t)), *qfill = fill + K + 1;
-    if (!P->qc || !fill) {
+    if (!P->csr || !P->qc || !P->in_tool || !fill) {
         free(fill);
-        return -1;
+        goto nomem;
     }
     memcpy(fill, P->csr_start, (size_t)K * sizeof(int64_t));
     memcpy(qfill, P->q_start, (size_t)K * sizeof(int64_t));
     for (Py_ssize_t i = 0; i < P->nlive; i++) {
         int64_t r = P->live[i], w = P->where[r];
         if (w < 0) continue;
+        if (P->state[r] == WAIT) {
+            if (P->fresh[r]) continue;
+            P->qc[qfill[w]++] = (Cand){w, r, P->ready[r]};
+        }
         P->csr[fill[w]++] = r;
-        if (P->state[r] == WAIT && !P->fresh[r]) P->qc[qfill[w]++] = (Cand){w, r, P->ready[r]};
     }
     free(fill);
     return 0;
+nomem:
+    PyErr_NoMemory();
+    return -1;
 }
 
 /* instance k's queued turns by readiness (stable): sorted on first use, and in a pass no queued turn's readiness

@@ -196,7 +196,7 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
     double *debt = D(A_DEBT), *occ = D(A_OCCUPANCY), *span_end = D(A_SPAN_END), *step = D(A_STEP_OUT);
     const double *ready_at = D(A_READY_AT);
     const uint8_t *active = U(A_ACTIVE);
-    count_k = calloc((size_t)K + 1, sizeof(int64_t));
+    count_k = malloc(((size_t)K + 1) * sizeof(int64_t));
     queued_k = malloc(((size_t)K + 1) * sizeof(int64_t));
     used = malloc(((size_t)K + 1) * sizeof(double));
     ctx_k = malloc(((size_t)K + 1) * sizeof(double));
@@ -207,18 +207,8 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
     in.running = malloc(((size_t)P.nlive + 1) * sizeof(int64_t));
     if (!count_k || !queued_k || !used || !ctx_k || !step2 || !real || !busy || !cap_ctx || !in.running)
         goto nomem;
-    /* the running requests, ascending (`_in_state(RUN)`); every live request's indices checked, once a slice */
-    for (Py_ssize_t i = 0; i < P.nlive; i++) {
-        int64_t r = P.live[i];
-        if (r < 0 || r >= n || P.where[r] < -1 || P.where[r] >= K || P.state[r] < WAIT || P.state[r] > DONE ||
-            P.turn[r] < 0 || P.turn[r] >= S || P.nseg[r] > S || (P.state[r] == RUN && P.where[r] < 0)) {
-            PyErr_SetString(PyExc_ValueError, "decode_slice: a live request's index, instance, state or turn is out of range");
-            goto fail;
-        }
-        if (P.state[r] != RUN) continue;
-        in.running[in.m++] = r;
-        count_k[P.where[r]]++;
-    }
+    P.t0 = t;
+    if (sn_slice_lists(&P, in.running, &in.m, count_k, queued_k) < 0) goto fail;
     for (Py_ssize_t j = 0; j < K; j++) P.later_debt[j] = 0.0;
     int ran = in.m > 0;
     if (ran) {
@@ -241,8 +231,6 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
             double bj = (double)count_k[j];
             used[j] = (scale && bj > 0) ? np_max(1.0, bj * occ_before[j]) : bj;
         }
-        P.t0 = t;
-        if (sn_slice_lists(&P, queued_k) < 0) goto nomem;
         running_ctx(&P, in.running, mm, ctx_k);
         /* `_pass_inputs` */
         for (Py_ssize_t j = 0; j < K; j++) {

@@ -134,7 +134,7 @@ typedef struct {
     int64_t *new_k;     /* K: new requests queued */
     IVec tool0;         /* turns in TOOL whose tool returns before the slice ends, ascending */
     int64_t *csr_start; /* K + 1 */
-    int64_t *csr;       /* live requests by instance, ascending within each */
+    int64_t *csr;       /* the live requests but the new ones queued, by instance, ascending within each */
     uint8_t *in_tool;   /* n: listed in `tool` */
     /* per pass (`sn_run_pass` starts them from the slice's) */
     int tool_dirty;
@@ -190,9 +190,8 @@ static inline int sn_keep_row(Pass *P, int64_t r) {
     return row_push(P->undo, x);
 }
 
-/* the slice's lists from the live requests (indices checked) and, per instance, the requests queued and ready
-   at `P->t0` into `queued_k` (`_step_inputs`); -1 when out of memory */
-int sn_slice_lists(Pass *P, int64_t *queued_k);
+/* the slice's lists from the live requests, their indices checked (pass.c, `sn_slice_lists`) */
+int sn_slice_lists(Pass *P, int64_t *running, Py_ssize_t *m, int64_t *count_k, int64_t *queued_k);
 void sn_free_lists(Pass *P); /* at the slice's end */
 int sn_merge_new_slots(Pass *P, Py_ssize_t from);
 int sn_run_pass(Pass *P, const PassIn *in, double t, double dt, double *span_end, double *occ, double *real,
