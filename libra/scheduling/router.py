@@ -14,6 +14,7 @@ Buckets are indices into the `buckets` tuple given at construction (`Bucket(tp, 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -225,11 +226,13 @@ class Router(ABC):
 
     # -- for subclasses ------------------------------------------------------------------------------------------
     def bucket_for(self, length: float) -> int:
-        """The bucket whose range holds `length` (the last bucket takes the overflow)."""
-        for i, limit in enumerate(self.limits):
-            if length <= limit:
-                return i
-        return len(self.limits) - 1
+        """The bucket whose range holds `length` (the last bucket takes the overflow, and NaN): the first limit
+        >= `length`, by bisection over the ascending limits."""
+        limits = self.limits
+        i = bisect_left(limits, length)
+        if i == len(limits) or (i == 0 and not length <= limits[0]):  # past the last limit, or NaN
+            return len(limits) - 1
+        return i
 
     @classmethod
     def create(cls, buckets: Sequence[Bucket], **options: Any) -> Router:

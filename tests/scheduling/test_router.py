@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from sched_strategies import steps_of_trajectories
 
 from libra.scheduling import POLICIES, CMLFQRouter, RouteDecision, make_router, router_names
@@ -346,3 +347,24 @@ def test_priced_preset_routes_every_request_once_and_moves_it_at_most_once(steps
     moved = [d.request_id for d in decisions if d.migrate]
     assert len(moved) == len(set(moved))
     assert decisions == drive(make_router("cmlfq", BUCKETS, **CMLFQ_PRESETS["priced"]), steps)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    limits=st.lists(st.integers(1, 50_000), min_size=1, max_size=6, unique=True),
+    unbounded=st.booleans(),
+    length=st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.integers(-10, 60_000).map(float),
+        st.sampled_from([0.0, 1.0, 50_000.0, float("nan"), float("inf")]),
+    ),
+)
+def test_bucket_for_is_the_first_limit_that_holds_the_length(limits, unbounded, length):
+    """`bucket_for` bisects the limits: the same bucket as the first limit >= length, the last one for a length
+    past them all and for NaN, at every limit exactly."""
+    spec = ",".join(f"1:{x}" for x in sorted(limits)) + (",1:inf" if unbounded else "")
+    router = CMLFQRouter(parse_buckets(spec))
+    first = next((i for i, limit in enumerate(router.limits) if length <= limit), len(router.limits) - 1)
+    assert router.bucket_for(length) == first
+    for i, limit in enumerate(router.limits):
+        assert router.bucket_for(limit) == i
