@@ -13,6 +13,7 @@ setup(
             sources=[
                 "ext/scheduling/tree_native.c",
                 "ext/scheduling/evict_native.c",
+                "ext/scheduling/replay_native.c",
             ],
             depends=["ext/scheduling/tree_native.h"],
             extra_compile_args=["-O2"],

@@ -631,6 +631,11 @@ static PyMethodDef methods[] = {
     {"evict", tn_evict, METH_VARARGS,
      "evict(index, excess, root_children): eviction.py's evict_from_index_py, the same victims and index; returns "
      "their number, or NotImplemented (nothing changed) for an entry it does not take."},
+    {"replay", tn_replay, METH_VARARGS,
+     "replay(trajectories, agnostic, prompts, codec, statuses, limits, min_count, agnostic_fallback, overflow, "
+     "predicted, cost_ratio, nseg, gen_ctx, tool_ctx, tool_end, turn_of, bucket, carried): the simulator's replay of "
+     "a step through a published-rule CMLFQRouter (libra/sim/routing.py), the same buckets and carried tokens; "
+     "NotImplemented where the router's own code must decide."},
     {"distinct_prefixes", tn_distinct_prefixes, METH_O,
      "distinct_prefixes(paths): tree.py's _distinct_prefixes, the nodes of a tree made from nothing by the paths."},
     {NULL, NULL, 0, NULL},

@@ -19,4 +19,7 @@ int tn_extend_with(PyObject *dst, PyObject *src, Py_ssize_t lo, Py_ssize_t hi);
 PyObject *tn_evict(PyObject *self, PyObject *args);
 PyObject *tn_distinct_prefixes(PyObject *self, PyObject *paths);
 
+/* replay_native.c: the simulator's C-MLFQ replay of a step (libra/sim/routing.py, `CausalRouting._replay`) */
+PyObject *tn_replay(PyObject *self, PyObject *args);
+
 #endif

@@ -18,3 +18,24 @@ def learn(
 def learn_agnostic(batch: list, paths: list, step: int, touched: list, entries: list, agnostic: object, /) -> Any: ...
 def evict(index: dict, excess: int, root_children: dict, /) -> Any: ...
 def distinct_prefixes(paths: list, /) -> int: ...
+def replay(
+    trajectories: Any,
+    agnostic: object,
+    prompts: dict,
+    codec: object,
+    statuses: tuple[str, ...],
+    limits: tuple[float, ...],
+    min_count: int,
+    agnostic_fallback: bool,
+    overflow: bool,
+    predicted: bool,
+    cost_ratio: float,
+    nseg: Any,
+    gen_ctx: Any,
+    tool_ctx: Any,
+    tool_end: Any,
+    turn_of: Any,
+    bucket: Any,
+    carried: Any,
+    /,
+) -> Any: ...

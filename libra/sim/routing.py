@@ -18,8 +18,11 @@ import attrs
 import numpy as np
 
 from libra.scheduling import CMLFQRouter, PrefixTree
+from libra.scheduling.node import native as node_native
+from libra.scheduling.states import StateCodec
 from libra.sim.workload import StepWork
 from libra.spec import Bucket, SpecError
+from libra.workloads.trace import TOOL_STATUSES
 
 ROUTING_MODES = ("single", "overflow", "cmlfq")
 
@@ -97,8 +100,10 @@ class CausalRouting:
         after_gen, after_tool = _contexts(work)
         # only the segments that can move a request (all but each request's last), flattened row by row: python
         # lists of the padded (n, S) arrays would convert mostly padding
-        nseg = work.num_segments.tolist()
         used = np.arange(width) < (work.num_segments - 1)[:, None]
+        if _replay_native(router, work, after_gen[used], after_tool[used], used, bucket, carried):
+            return Routes(bucket=bucket, carried=carried)
+        nseg = work.num_segments.tolist()
         gen_ctx, tool_ctx = after_gen[used].tolist(), after_tool[used].tolist()
         tool_end, turn_of = work.tool_end[used].tolist(), work.turn_of[used].tolist()
         o = 0
@@ -125,6 +130,48 @@ class CausalRouting:
                 row_c[s + 1] = moved
                 o += 1
         return Routes(bucket=bucket, carried=carried)
+
+
+def _replay_native(
+    router: CMLFQRouter,
+    work: StepWork,
+    gen_ctx: np.ndarray,
+    tool_ctx: np.ndarray,
+    used: np.ndarray,
+    bucket: np.ndarray,
+    carried: np.ndarray,
+) -> bool:
+    """`_replay`'s loop in C (`libra.scheduling._tree_native.replay`, ext/scheduling/replay_native.c) for a
+    router with the published rule on its inline path, a plain size-class codec and no ceiling or repay: the same
+    buckets and carried tokens, written into `bucket` and `carried`; False (both left zero) where the Python loop
+    must run: the extension not built (or `LIBRA_PURE_PYTHON`), another rule or option, or a value only the
+    router's own checks may judge. tests/sim/test_replay_native.py compares the two."""
+    native = node_native()
+    tree = router.tree
+    if (
+        native is None
+        or type(router) is not CMLFQRouter
+        or router.rule != "mean-p90"
+        or not router._inline
+        or router.fallback == "scaled"
+        or router.ceiling is not None
+        or router.repay is not None
+        or type(tree.codec) is not StateCodec
+        or len(work.gen) == 0
+    ):
+        return False
+    got = native.replay(
+        work.trajectories, tree.agnostic, tree.prompts, tree.codec, TOOL_STATUSES, router.limits,
+        int(router.min_count), router.fallback == "agnostic", router.overflow, router.admit_mode == "predicted",
+        router.cost_ratio, np.ascontiguousarray(work.num_segments, np.int64), np.ascontiguousarray(gen_ctx, np.int64),
+        np.ascontiguousarray(tool_ctx, np.int64), np.ascontiguousarray(work.tool_end[used], bool),
+        np.ascontiguousarray(work.turn_of[used], np.int64), bucket, carried,
+    )  # fmt: skip
+    if got is NotImplemented:
+        bucket[:] = 0
+        carried[:] = 0
+        return False
+    return True
 
 
 _last_stay: list[tuple[StepWork, Routes]] = []  # the last step's: every one-bucket policy of that step shares it
