@@ -452,11 +452,13 @@ class RolloutRun(SliceDecode, Admission):
         bucket or a smaller one (requests move up as they grow, so such a bucket has no more work coming; a rare
         move down falls back to the nearest larger bucket with an active instance). Causal: it reads only where
         requests are now."""
-        load = self.load()
+        free = self.inst.active & (self.load() == 0)
+        if not free.any():  # (most slices: every active instance has requests)
+            return np.flatnonzero(free)
         live = self._in_state(DONE, equal=False)
         seg = self.turn[live] - (self.state[live] == TOOL)  # in a tool call: the bucket it ran in so far
         lowest = int(self.routes.bucket[live, seg].min()) if live.size else np.inf
-        return np.flatnonzero(self.inst.active & (load == 0) & (self.inst.bucket < lowest))
+        return np.flatnonzero(free & (self.inst.bucket < lowest))
 
     def rebalance(self, bucket: int) -> None:
         """Spread the not-yet-admitted waiting requests of a bucket over its active instances (after new

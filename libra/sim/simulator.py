@@ -18,7 +18,7 @@ import attrs
 from libra.planning import GlobalPlanner
 from libra.planning.cost import CostCoefficients, CostModel
 from libra.sim.engine import PolicyRun, ReconfigCosts, SimOptions, profile_of
-from libra.sim.parallel import fork_available, policy_groups, run_groups
+from libra.sim.parallel import fork_available, freeze_long_lived, policy_groups, run_groups
 from libra.sim.policies import POLICY_NAMES, PolicyEnv, make_policy, uses_shared_tree
 from libra.sim.records import PolicyResult
 from libra.sim.routing import CausalRouting, routes_for
@@ -85,7 +85,8 @@ def simulate(
     if len(groups) > 1:
 
         def run_group(group: list[str], report: Callable[[str, int], None]) -> tuple[PolicyResult, ...]:
-            return _simulate(scenario, num_steps, group, report, policy_options)
+            # (in a worker process the simulator owns: its long-lived state frozen at each step's end)
+            return _simulate(scenario, num_steps, group, report, policy_options, step_end=freeze_long_lived)
 
         by_name = {r.name: r for part in run_groups(run_group, groups, progress) for r in part}
         results = tuple(by_name[p] for p in policies)
@@ -107,7 +108,9 @@ def _simulate(
     policies: Sequence[str],
     progress: Callable[[str, int], None] | None,
     policy_options: dict[str, dict[str, Any]] | None,
+    step_end: Callable[[], None] | None = None,
 ) -> tuple[PolicyResult, ...]:
+    """The policies' runs over the steps; `step_end()` after each step, once the prefix tree has learnt it."""
     cm = CostModel(scenario.cluster, scenario.model, scenario.coeffs)
     planner = GlobalPlanner(cluster=scenario.cluster, model=scenario.model, rl=scenario.rl, coeffs=scenario.coeffs)
     planner.cost_model = cm  # one cost model object: the simulator prices exactly what the planner predicts
@@ -164,6 +167,8 @@ def _simulate(
                     run.decide(decision)
         if causal is not None:
             causal.learn(work)
+        if step_end is not None:
+            step_end()
     for run in runs:
         if not run.policy.synchronous:
             run.begin_stage()

@@ -99,3 +99,35 @@ def test_workers_ask_numpy_for_small_pages_and_the_parent_keeps_its_setting():
         assert switch(True) is False
     finally:
         switch(before)
+
+
+def test_workers_freeze_their_long_lived_state_at_each_step_end_and_a_serial_run_does_not(monkeypatch):
+    """`simulate(workers=2)` has each group's `_simulate` call `freeze_long_lived` once per step, after the tree
+    learnt it; a run in the caller's own process never freezes it. (The groups run in this process here, so the
+    count can be read.)"""
+    import gc
+
+    from libra.sim import simulator as simulator_module
+    from libra.sim.parallel import freeze_long_lived
+
+    calls: list[int] = []
+    monkeypatch.setattr(simulator_module, "freeze_long_lived", lambda: calls.append(1))
+    monkeypatch.setattr(
+        simulator_module,
+        "run_groups",
+        lambda run_group, groups, progress: [run_group(g, lambda *a: None) for g in groups],
+    )
+    monkeypatch.setattr(simulator_module, "fork_available", lambda: True)
+    policies = ["static-uniform", "libra-cmlfq"]
+    simulate(small_scenario(), num_steps=3, policies=policies, workers=2)
+    assert len(calls) == 3 * len(policy_groups(policies, 2)) == 6
+    calls.clear()
+    simulate(small_scenario(), num_steps=3, policies=policies)
+    assert calls == []
+    before = gc.get_freeze_count()
+    try:
+        kept = [[i] for i in range(100)]  # containers alive now
+        freeze_long_lived()
+        assert gc.get_freeze_count() >= before + len(kept)
+    finally:
+        gc.unfreeze()
