@@ -147,6 +147,10 @@ PyDoc_STRVAR(returns_doc, "returns(arrays, n, S, K, slice_end) -> (touched, movi
                           "The start of RolloutRun._returns: tool calls back before slice_end go to WAIT; the "
                           "requests whose routed move applies and what each carries.");
 
+PyDoc_STRVAR(moves_doc, "moves(arrays, n, S, K, slice_end, interleaved, kv_bytes, bandwidth, work0, attn) -> touched\n\n"
+                        "The rest of RolloutRun._returns: the routed moves of the requests `returns` gave, with "
+                        "_assign, and each one's carried context by KV transfer or prefilled again.");
+
 PyDoc_STRVAR(steal_doc, "steal(arrays, n, K, t, headroom, all, work0, attn) -> (bool, int, int)\n\n"
                         "Admission._steal: moves queued requests to idle open instances (where, stolen, pending); "
                         "returns whether any moved, the turns under way moved and their context tokens.");
@@ -189,6 +193,7 @@ static PyMethodDef methods[] = {
     {"steal", sn_steal, METH_VARARGS, steal_doc},
     {"admit_slice", sn_admit_slice, METH_VARARGS, admit_slice_doc},
     {"returns", sn_returns, METH_VARARGS, returns_doc},
+    {"moves", sn_moves, METH_VARARGS, moves_doc},
     {"next_event", sn_next_event, METH_VARARGS, next_event_doc},
     {"prefill", prefill_py, METH_VARARGS, prefill_doc},
     {"pairwise_sum", pairwise_py, METH_O, pairwise_doc},

@@ -252,6 +252,7 @@ PyObject *sn_decode_py(PyObject *self, PyObject *args);
 PyObject *sn_steal(PyObject *self, PyObject *args);
 PyObject *sn_admit_slice(PyObject *self, PyObject *args);
 PyObject *sn_returns(PyObject *self, PyObject *args);
+PyObject *sn_moves(PyObject *self, PyObject *args);
 PyObject *sn_next_event(PyObject *self, PyObject *args);
 
 #endif

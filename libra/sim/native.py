@@ -155,6 +155,28 @@ def returns(run: RolloutRun, slice_end: float) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(moving, np.int64), np.frombuffer(carried, np.int64)
 
 
+def moves(run: RolloutRun, moving: np.ndarray, carried: np.ndarray, slice_end: float, table: tuple) -> None:
+    """The rest of `RolloutRun._returns` in C: the requests `moving` (from `returns`, ascending) move to their
+    routed bucket (`_assign`), each carrying `carried` tokens by KV transfer or prefilled again at its new instance,
+    whichever is sooner; `table`: `degree_table` of the rollout's degrees."""
+    assert _NATIVE is not None
+    work0, attn, prefill_rows, _ = table
+    inst = run.inst
+    run.migrations += int(moving.size)
+    run.migrated_tokens += int(carried.sum())
+    arrays = (
+        moving, carried, run._live, run.state, run.where, run.moved, run.ready, run.pending, run.turn,
+        run.routes.bucket, inst.bucket, inst.active, inst.tp, prefill_rows,
+    )  # fmt: skip
+    n, width = run.work.gen.shape
+    bandwidth = run.cm.cluster.gpu.network_bandwidth_gbs * 1e9 * run.c.link_efficiency
+    touched = _NATIVE.moves(
+        arrays, n, width, len(inst), slice_end, run.dispatch == "interleaved",
+        float(run.cm.model.kv_bytes_per_token(1)), bandwidth, work0, attn,
+    )  # fmt: skip
+    _forget(run, touched)
+
+
 _STEAL_MODES = {"off": 0, "new": 1, "all": 2}
 
 

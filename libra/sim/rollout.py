@@ -262,17 +262,20 @@ class RolloutRun(SliceDecode, Admission):
     def _returns(self, t: float, dt: float) -> None:
         """Tool calls that return before the slice ends rejoin now; one that returns inside the slice starts
         decoding at its return time (admission sets `lag`), not at the next boundary."""
-        if self._kernel_table() is not None:  # in C (libra.sim.native): the same requests back, moving, carried
+        table = self._kernel_table()
+        if table is not None:  # in C (libra.sim.native): the same requests back, the same moves
             moving, carried = native.returns(self, t + dt)
-        else:
-            tool = self._in_state(TOOL)
-            back = tool[self.ready[tool] < t + dt]
-            if back.size == 0:
-                return
-            self._set_state(back, WAIT)
-            turn = self.turn[back]
-            carries = np.where(self.moved[back] | self._covered(back, turn), 0, self.routes.carried[back, turn])
-            moving, carried = back[carries > 0], carries[carries > 0]
+            if moving.size:
+                native.moves(self, moving, carried, t + dt, table)
+            return
+        tool = self._in_state(TOOL)
+        back = tool[self.ready[tool] < t + dt]
+        if back.size == 0:
+            return
+        self._set_state(back, WAIT)
+        turn = self.turn[back]
+        carries = np.where(self.moved[back] | self._covered(back, turn), 0, self.routes.carried[back, turn])
+        moving, carried = back[carries > 0], carries[carries > 0]
         if moving.size:
             self.moved[moving] = True
             self.migrations += int(moving.size)

@@ -324,7 +324,9 @@ def test_a_boundarys_admission_is_the_references(steal):
 
 
 @pytest.mark.parametrize("seed0", [0, 1000])
-def test_the_tool_returns_are_the_references(seed0):
+def test_the_tool_returns_and_their_moves_are_the_references(seed0):
+    """`returns` and `moves` against `_returns`: who comes back, who moves where (water-filled in blocks or dealt
+    out in turn, falling back past lent instances' buckets), by KV transfer or prefilled again."""
     moved = back = 0
     for seed in range(seed0, seed0 + 100):
         rng = np.random.default_rng(seed)
@@ -332,7 +334,9 @@ def test_the_tool_returns_are_the_references(seed0):
             "search-r1", seed=seed, num_prompts=6, samples_per_prompt=8, max_model_len=40960
         )
         work = work.step(int(rng.integers(0, 90)))
-        tps, buckets = LAYOUTS[int(rng.integers(1, len(LAYOUTS)))]
+        # (the last: three instances in the largest bucket, so that moves water-fill several, and a smaller
+        # bucket whose instance is lent falls back onto them)
+        tps, buckets = (*LAYOUTS[1:], ([1, 2, 4, 4, 4], "1:1500,2:6000,4:inf"))[int(rng.integers(0, len(LAYOUTS)))]
         bks = parse_buckets(buckets)
         routes = routes_for("overflow", work, bks, None)
         inst_buckets = [min(i, len(bks) - 1) for i in range(len(tps))]
@@ -342,9 +346,12 @@ def test_the_tool_returns_are_the_references(seed0):
         turn = (rng.random(n) * work.num_segments).astype(np.int64)
         flags = rng.random((2, n)) < 0.3
         where = rng.integers(0, len(tps), n)
+        # some instances lent (a bucket without an active one falls back to another), blocks or dealt in turn
+        lent = [k for k in range(len(tps)) if rng.random() < 0.3][: len(tps) - 1]
+        dispatch = ("blocks", "interleaved")[seed % 2]
         runs = []
         for cls in (RolloutRun, _Reference):
-            run = cls(CM, work, routes, _instances(tps, inst_buckets, ()), start=0.0)
+            run = cls(CM, work, routes, _instances(tps, inst_buckets, lent), start=0.0, dispatch=dispatch)
             run.state[:], run.ready[:], run.turn[:] = state, ready, turn
             run.moved[:], run.stolen[:] = flags
             run.where[:] = where  # (some on a larger bucket's instance, as `_assign` falls back to when it must)
