@@ -29,6 +29,7 @@ setup(
                 "ext/sim/steal.c",
                 "ext/sim/returns.c",
                 "ext/sim/event.c",
+                "ext/sim/order.c",
             ],
             depends=["ext/sim/slice_native.h"],
             extra_compile_args=["-O2", "-ffp-contract=off"],

@@ -18,18 +18,38 @@ DEFINE_STABLE_SORT(sort_adm_ready, Adm, adm_ready_less)
 /* np.lexsort((ready, fresh, k)), a stable sort by instance, turns under way before new requests, then readiness,
    in less work than one merge sort of them all: a counting sort into one run per (instance, class), then each run
    by readiness unless it is in order already (new requests mostly are) */
-static int sort_candidates(Adm *c, Py_ssize_t nc, Py_ssize_t K) {
+static int sort_candidates(Adm *c, Py_ssize_t nc, Py_ssize_t K, const AdmitIn *a) {
     Py_ssize_t runs = 2 * K; /* run 2k: instance k's turns under way; 2k + 1: its new requests */
     Adm *tmp = malloc(((size_t)nc + 1) * sizeof(Adm));
     Py_ssize_t *at = calloc((size_t)runs + 1, sizeof(Py_ssize_t));
-    int rc = -1;
+    int rc = -1, ordered = a->order != NULL;
     if (!tmp || !at) goto out;
     for (Py_ssize_t i = 0; i < nc; i++) at[2 * c[i].k + (c[i].fresh != 0) + 1]++;
     for (Py_ssize_t q = 0; q < runs; q++) at[q + 1] += at[q];
     for (Py_ssize_t i = 0; i < nc; i++) tmp[at[2 * c[i].k + (c[i].fresh != 0)]++] = c[i]; /* at[q]: run q's end */
     memcpy(c, tmp, (size_t)nc * sizeof(Adm));
+    if (ordered) { /* the turns under way of each instance as the kept order lists them: by readiness, then index */
+        Py_ssize_t *cur = malloc(((size_t)K + 1) * sizeof(Py_ssize_t)), len = (Py_ssize_t)*a->order->len;
+        if (!cur) goto out;
+        for (Py_ssize_t k = 0; k < K; k++) cur[k] = k ? at[2 * k - 1] : 0;
+        int fits = 1;
+        for (Py_ssize_t i = 0; i < len && fits; i++) {
+            int64_t r = a->order->ids[i], w = a->where[r];
+            if (a->state[r] != WAIT || a->fresh[r] || w < 0 || !a->open_k[w]) continue; /* (not a candidate) */
+            if (cur[w] == at[2 * w]) fits = 0;
+            else c[cur[w]++] = (Adm){w, r, 0, a->ready[r]};
+        }
+        for (Py_ssize_t k = 0; k < K && fits; k++) fits = cur[k] == at[2 * k];
+        free(cur);
+        if (!fits) { /* the order holds every queued turn under way, refreshed before admission */
+            PyErr_SetString(PyExc_SystemError, "admit: the kept order of the queued turns is not the queue");
+            rc = -2;
+            goto out;
+        }
+    }
     rc = 0;
     for (Py_ssize_t q = 0; q < runs && rc == 0; q++) {
+        if (ordered && q % 2 == 0) continue;
         Py_ssize_t start = q ? at[q - 1] : 0, len = at[q] - start, i = 1;
         while (i < len && !adm_ready_less(&c[start + i], &c[start + i - 1])) i++;
         if (i < len) rc = sort_adm_ready(c + start, len);
@@ -81,7 +101,9 @@ int sn_admit_core(const AdmitIn *a, IVec *go, int *touched) {
         }
     }
     if (nc) {
-        if (sort_candidates(c, nc, K) < 0) goto nomem;
+        int sorted = sort_candidates(c, nc, K, a);
+        if (sorted == -2) goto fail;
+        if (sorted < 0) goto nomem;
         within = malloc((size_t)nc * sizeof(double));
         rank = malloc((size_t)nc * sizeof(int64_t));
         if (!within || !rank) goto nomem;
@@ -198,13 +220,14 @@ DEFINE_STABLE_SORT(sort_slots, Slot, slot_less)
 
 enum {
     S_LIVE, S_STATE, S_WHERE, S_READY, S_FRESH, S_CTX, S_PENDING, S_LAG, S_STOLEN, S_DEBT, S_REFILLED, S_ACTIVE,
-    S_READY_AT, S_IBUCKET, S_ITP, S_CAP, S_FK, S_FT, S_DEGREES, N_SLICE_ADMIT
+    S_READY_AT, S_IBUCKET, S_ITP, S_CAP, S_FK, S_FT, S_DEGREES, S_OIDS, S_OREADY, S_OMARK, S_OLEN, N_SLICE_ADMIT
 };
 
 static const Spec SLICE_ADMIT_SPEC[N_SLICE_ADMIT] = {
     {'q', '*', 0}, {'b', 'n', 1}, {'q', 'n', 1}, {'d', 'n', 0}, {'?', 'n', 1}, {'d', 'n', 0}, {'d', 'n', 1},
     {'d', 'n', 1}, {'?', 'n', 1}, {'d', 'K', 1}, {'q', 'K', 1}, {'?', 'K', 0}, {'d', 'K', 0}, {'q', 'K', 0},
     {'q', 'K', 0}, {'d', 'K', 0}, {'q', '*', 0}, {'d', '*', 0}, {'d', '*', 0},
+    {'q', 'n', 1}, {'d', 'n', 1}, {'?', 'n', 1}, {'q', '*', 1},
 };
 
 /* keeps the requests of `reqs` still in WAIT, in order; their count */
@@ -269,6 +292,26 @@ PyObject *sn_admit_slice(PyObject *self, PyObject *args) {
         }
     }
     if (nw == 0) goto done; /* nothing to admit */
+    /* the kept order of the queued turns under way, with the ones queued since the last slice merged in */
+    Order order = {Q(S_OIDS), Q(S_OLEN), D(S_OREADY), U(S_OMARK), n};
+    const Order *kept = NULL;
+    if (LEN(S_OLEN) != 1 || *order.len < 0 || *order.len > n) {
+        PyErr_SetString(PyExc_ValueError, "admit_slice: the kept order's length must be one count in [0, n]");
+        goto fail;
+    }
+    {
+        const uint8_t *fresh_r = U(S_FRESH);
+        Py_ssize_t nadd = 0;
+        int64_t *add = malloc(((size_t)nw + 1) * sizeof(int64_t));
+        if (!add) goto nomem;
+        sn_order_drop(&order, state, fresh_r, D(S_READY));
+        for (Py_ssize_t i = 0; i < nw; i++)
+            if (!fresh_r[waiting[i]] && !order.mark[waiting[i]]) add[nadd++] = waiting[i];
+        int got = sn_order_add(&order, add, nadd, D(S_READY));
+        free(add);
+        if (got < 0) goto fail;
+        if (got == 0) kept = &order;
+    }
     seats = malloc(((size_t)K + 1) * sizeof(int64_t));
     room = malloc(((size_t)K + 1) * sizeof(double));
     added = malloc(((size_t)K + 1) * sizeof(double));
@@ -318,7 +361,7 @@ PyObject *sn_admit_slice(PyObject *self, PyObject *args) {
             .seats = seats, .run_k = run_k, .where = where, .ready = D(S_READY), .fresh = U(S_FRESH), .ctx = ctx,
             .pending = D(S_PENDING), .lag = D(S_LAG), .state = state, .debt = D(S_DEBT), .refilled = Q(S_REFILLED),
             .itp = Q(S_ITP), .fk = fk, .ft = ft, .deg = deg, .t = t, .headroom = headroom, .overhead = overhead,
-            .work0 = work0, .attn = attn,
+            .work0 = work0, .attn = attn, .order = kept,
         };
         if (sn_admit_core(&a, &go, &touched) < 0) goto fail;
         if (pass == 1 || steal == 0) break;

@@ -107,12 +107,19 @@ int sn_slice_lists(Pass *P, int64_t *running, Py_ssize_t *m, int64_t *count_k, i
     if (!P->csr_start || !P->q_start || !P->q_sorted || !P->new_k || !P->left_wait) goto nomem;
     *m = 0;
     for (Py_ssize_t j = 0; j < K; j++) count_k[j] = queued_k[j] = 0;
+    IVec add = {0}; /* queued turns under way not in the kept order yet */
+    if (P->order) sn_order_drop(P->order, P->state, P->fresh, P->ready);
     for (Py_ssize_t i = 0; i < P->nlive; i++) {
         int64_t r = P->live[i];
         if (r < 0 || r >= n || P->where[r] < -1 || P->where[r] >= K || P->state[r] < WAIT || P->state[r] > DONE ||
             P->turn[r] < 0 || P->turn[r] >= P->S || P->nseg[r] > P->S || (P->state[r] == RUN && P->where[r] < 0)) {
             PyErr_SetString(PyExc_ValueError, "decode_slice: a live request's index, instance, state or turn is out of range");
+            free(add.p);
             return -1;
+        }
+        if (P->order && P->state[r] == WAIT && !P->fresh[r] && !P->order->mark[r] && ivec_push(&add, r) < 0) {
+            free(add.p);
+            goto nomem;
         }
         int64_t w = P->where[r];
         if (w < 0) continue;
@@ -127,9 +134,19 @@ int sn_slice_lists(Pass *P, int64_t *running, Py_ssize_t *m, int64_t *count_k, i
             running[(*m)++] = r;
             count_k[w]++;
         } else if (P->state[r] == TOOL && P->ready[r] < P->slice_end) {
-            if (ivec_push(&P->tool0, r) < 0) goto nomem;
+            if (ivec_push(&P->tool0, r) < 0) {
+                free(add.p);
+                goto nomem;
+            }
         }
         P->csr_start[w + 1]++;
+    }
+    int ordered = 0; /* the queued turns' runs from the kept order, already by readiness */
+    if (P->order) {
+        ordered = sn_order_add(P->order, add.p, add.n, P->ready);
+        free(add.p);
+        if (ordered < 0) return -1;
+        ordered = ordered == 0;
     }
     if (*m == 0) return 0; /* no pass runs */
     for (Py_ssize_t k = 0; k < K; k++) {
@@ -151,9 +168,23 @@ int sn_slice_lists(Pass *P, int64_t *running, Py_ssize_t *m, int64_t *count_k, i
         if (w < 0) continue;
         if (P->state[r] == WAIT) {
             if (P->fresh[r]) continue;
-            P->qc[qfill[w]++] = (Cand){w, r, P->ready[r]};
+            if (!ordered) P->qc[qfill[w]++] = (Cand){w, r, P->ready[r]};
         }
         P->csr[fill[w]++] = r;
+    }
+    if (ordered) {
+        for (Py_ssize_t i = 0; i < (Py_ssize_t)*P->order->len; i++) {
+            int64_t r = P->order->ids[i], w = P->where[r];
+            if (w >= 0) P->qc[qfill[w]++] = (Cand){w, r, P->ready[r]};
+        }
+        for (Py_ssize_t k = 0; k < K; k++) {
+            if (qfill[k] != P->q_start[k + 1]) {
+                free(fill);
+                PyErr_SetString(PyExc_SystemError, "decode_slice: the kept order of the queued turns is not the queue");
+                return -1;
+            }
+            P->q_sorted[k] = 1;
+        }
     }
     free(fill);
     return 0;

@@ -9,7 +9,7 @@ enum {
     A_REM, A_CTX, A_PENDING, A_READY, A_FINISH, A_LAG, A_OWN, A_STATE, A_TURN, A_MOVED, A_STOLEN, A_FRESH,
     A_WHERE, A_NSEG, A_TOOL_END, A_TOOL_TOK, A_LATENCY, A_GEN, A_CARRIED, A_RBUCKET, A_IBUCKET, A_ITP, A_CAP,
     A_ACTIVE, A_READY_AT, A_DEBT, A_LATER_DEBT, A_OCC_BEFORE, A_OCCUPANCY, A_DEC_S, A_SPAN_END, A_STEP_OUT, A_LIVE,
-    A_FK, A_FT, A_DEGREES, A_DECODE, N_ARRAYS
+    A_FK, A_FT, A_DEGREES, A_DECODE, A_OIDS, A_OREADY, A_OMARK, A_OLEN, N_ARRAYS
 };
 
 /* kind: 'd' float64, 'q' int64, 'b' int8, '?' bool; size: 'n' requests, 'w' requests x width, 'K' instances,
@@ -20,7 +20,7 @@ static const Spec SPEC[N_ARRAYS] = {
     {'?', 'w', 0}, {'q', 'w', 0}, {'d', 'w', 0}, {'q', 'w', 0}, {'q', 'w', 0}, {'q', 'w', 0}, {'q', 'K', 0},
     {'q', 'K', 0}, {'d', 'K', 0}, {'?', 'K', 0}, {'d', 'K', 0}, {'d', 'K', 1}, {'d', 'K', 1}, {'d', '*', 0},
     {'d', 'K', 1}, {'d', 'K', 1}, {'d', 'K', 1}, {'d', 'K', 1}, {'q', '*', 0}, {'q', '*', 0}, {'d', '*', 0},
-    {'d', '*', 0}, {'d', '*', 0},
+    {'d', '*', 0}, {'d', '*', 0}, {'q', 'n', 1}, {'d', 'n', 1}, {'?', 'n', 1}, {'q', '*', 1},
 };
 
 /* --- the step time of a decode iteration: RolloutCost.decode_step_time ------------------------------------- */
@@ -208,6 +208,12 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
     if (!count_k || !queued_k || !used || !ctx_k || !step2 || !real || !busy || !cap_ctx || !in.running)
         goto nomem;
     P.t0 = t;
+    Order order = {Q(A_OIDS), Q(A_OLEN), D(A_OREADY), U(A_OMARK), n};
+    if (LEN(A_OLEN) != 1 || *order.len < 0 || *order.len > n) {
+        PyErr_SetString(PyExc_ValueError, "decode_slice: the kept order's length must be one count in [0, n]");
+        goto fail;
+    }
+    P.order = &order;
     if (sn_slice_lists(&P, in.running, &in.m, count_k, queued_k) < 0) goto fail;
     for (Py_ssize_t j = 0; j < K; j++) P.later_debt[j] = 0.0;
     int ran = in.m > 0;

@@ -110,6 +110,20 @@ double sn_np_sum(const double *a, Py_ssize_t n);
 /* RolloutCost.prefill_time(tp, tokens, context), operand by operand (slice_native.c) */
 double sn_prefill(const Degree *d, double work0, double attn, double tokens, double context);
 
+/* the queued turns under way by (readiness, index), kept across slices (order.c) */
+typedef struct {
+    int64_t *ids, *len;
+    double *ready;
+    uint8_t *mark; /* n: has an entry */
+    Py_ssize_t cap;
+} Order;
+
+/* drop the entries no longer queued as they were (their requests unmarked) */
+void sn_order_drop(Order *o, const int8_t *state, const uint8_t *fresh, const double *ready);
+/* then merge in `add` (ascending: the requests queued, not new, unmarked after the drop); 0, 1 when a readiness is
+   NaN (the order is then left empty: the callers sort), -1 with an exception set */
+int sn_order_add(Order *o, const int64_t *add, Py_ssize_t nadd, const double *ready);
+
 typedef struct {
     Py_ssize_t n, S, K, nlive, ndeg;
     double *rem, *ctx, *pending, *ready, *finish, *lag, *own;
@@ -143,6 +157,7 @@ typedef struct {
     IVec refilled;      /* requests taken back in this pass: the only ones whose own debt is not 0 */
     int64_t *left_wait; /* K: requests queued and ready at the slice start taken back in this pass */
     double t0;          /* the slice's start */
+    Order *order;       /* the queued turns by readiness (NULL: none kept) */
     /* the first pass's undo log: each row it writes, as it was, saved before the first write (NULL: none kept) */
     RowVec *undo;
     uint8_t *kept;      /* n: in `undo` */
@@ -221,6 +236,7 @@ typedef struct {
     const double *ft;
     const Degree *deg;
     double t, headroom, overhead, work0, attn;
+    const Order *order; /* the queued turns by readiness, refreshed (NULL: sort them) */
 } AdmitIn;
 
 int sn_admit_core(const AdmitIn *a, IVec *go, int *touched);

@@ -112,7 +112,7 @@ def decode_slice(run: RolloutRun, t: float, dt: float, table: tuple, tolerance: 
         w.tool_end, w.tool_tokens, w.latency, w.gen, routes.carried, routes.bucket,
         inst.bucket, inst.tp, run._cap_k(), inst.active, inst.ready_at, run.debt, run._later_debt,
         np.ascontiguousarray(run._occupancy, float), occupancy, decoded_s, span_end, step, run._live,
-        np.ascontiguousarray(fk, np.int64), np.ascontiguousarray(ft, float), prefill_rows, decode_rows,
+        np.ascontiguousarray(fk, np.int64), np.ascontiguousarray(ft, float), prefill_rows, decode_rows, *run._order,
     )  # fmt: skip
     n, width = w.gen.shape
     decoded, busy, capacity, still, fk, ft, touched = _NATIVE.decode_slice(
@@ -191,7 +191,7 @@ def admit_slice(run: RolloutRun, t: float, table: tuple) -> None:
     arrays = (
         run._live, run.state, run.where, run.ready, run.fresh, run.ctx, run.pending, run.lag, run.stolen, run.debt,
         run._refilled, inst.active, inst.ready_at, inst.bucket, inst.tp, run._cap_k(),
-        np.ascontiguousarray(fk, np.int64), np.ascontiguousarray(ft, float), degrees,
+        np.ascontiguousarray(fk, np.int64), np.ascontiguousarray(ft, float), degrees, *run._order,
     )  # fmt: skip
     touched, moved, tokens = _NATIVE.admit_slice(
         arrays, len(run.state), k_all, t, c.kv_headroom_seqs, c.per_request_overhead_s, int(c.max_num_seqs),

@@ -173,6 +173,9 @@ class RolloutRun(SliceDecode, Admission):
         # tail of a rollout where most slices have a few percent of the requests left; ascending order keeps every
         # sum (bincount) in the same order as a scan of all requests, so results are identical
         self._live = np.arange(n)
+        # the slice kernel's order of the queued turns under way, by readiness then index, kept across slices
+        # (ext/sim/order.c): the entries, each one's readiness when it joined, whether a request has one, how many
+        self._order = (np.zeros(n, np.int64), np.zeros(n), np.zeros(n, bool), np.zeros(1, np.int64))
         self._now = start
         self._by_state: dict[tuple[int, bool] | None, np.ndarray] = {}  # _in_state results until the next state write
         self._assign(np.arange(n), routes.bucket[:, 0])

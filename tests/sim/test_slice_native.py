@@ -196,16 +196,18 @@ def test_bad_arrays_are_refused_with_an_error():
     run = RolloutRun(CM, work.step(0), routes_for("single", work.step(0), parse_buckets("1:inf"), None),
                      Instances([1], [0], [0.0]), start=0.0)  # fmt: skip
     ext = native.load()
-    with pytest.raises(ValueError, match="needs 37 arrays"):
+    with pytest.raises(ValueError, match="needs 41 arrays"):
         ext.decode_slice((), 1, 1, 1, 0.0, 1.0, 0.0, 4.0, 1.0, 1.0, 512.0, 1.0, 2.0, 0.01)
     with pytest.raises(TypeError, match="format"):
-        ext.decode_slice((np.zeros(1),) * 37, 1, 1, 1, 0.0, 1.0, 0.0, 4.0, 1.0, 1.0, 512.0, 1.0, 2.0, 0.01)
-    with pytest.raises(ValueError, match="needs 19 arrays"):
+        ext.decode_slice((np.zeros(1),) * 41, 1, 1, 1, 0.0, 1.0, 0.0, 4.0, 1.0, 1.0, 512.0, 1.0, 2.0, 0.01)
+    with pytest.raises(ValueError, match="needs 23 arrays"):
         ext.admit_slice((), 1, 1, 0.0, 4.0, 0.3, 512, 2, 1.0, 1.0)
     with pytest.raises(ValueError, match="needs 14 arrays"):
         ext.steal((), 1, 1, 0.0, 4.0, True, 1.0, 1.0)
     with pytest.raises(ValueError, match="needs 10 arrays"):
         ext.returns((), 1, 1, 1, 1.0)
+    with pytest.raises(ValueError, match="needs 14 arrays"):
+        ext.moves((), 1, 1, 1, 1.0, False, 1.0, 1.0, 1.0, 1.0)
     assert run._kernel_table() is not None
 
 
