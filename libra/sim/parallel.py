@@ -27,23 +27,23 @@ from libra.spec import SpecError
 
 # Relative CPU cost of the work a group carries, for balancing groups: a policy's simulation, in units of the mean
 # policy, and the prefix tree's step-end work in the group that holds it (the C-MLFQ replay of each step for each
-# bucket set, the tree's update and the step's `Trajectory` values, which only the tree reads). Measured with the
-# slice in C, CPU seconds of `simulate` by part, two workers (2026-12-04): the default scenario (48 GPUs, r2e-gym,
-# 8,192 requests a step, 100 steps) libra 37.7, libra-cmlfq 33.5, libra-hetero-tp 31.6, colocated 24.9,
-# static-optimal 20.8, greedy 18.7, libra-homogeneous 18.2, static-uniform 16.7, the tree 40.6 (replay 31.0,
-# update 9.6), mean policy 25.3; at 1,024 GPUs (65,536 requests a step, 3 steps) the policies are closer (0.69-0.98
-# s each, colocated the costliest) and the tree is again 1.6 mean policies (its update, 1.2 s, now the larger part).
+# bucket set, the tree's update and the step's `Trajectory` values, which only the tree reads). Measured
+# 2026-12-04 (the slice kernel's kept order, the replay in C, the workers' freeze), CPU seconds over the default
+# scenario's 100 steps (48 GPUs, r2e-gym, 8,192 requests a step), each policy alone less the 2.2 s every run pays
+# (the steps' work, the first plans): libra 20.0, libra-cmlfq 18.1, libra-hetero-tp 15.6, colocated 14.8,
+# static-optimal 13.2, libra-homogeneous 12.4, greedy 12.2, static-uniform 10.0; the tree 13.4; mean policy 14.5. At
+# 1,024 GPUs (65,536 requests a step, 3 steps) the policies are closer (0.8-1.0 s each) and the tree is about one.
 POLICY_COST = {
-    "libra": 1.5,
-    "libra-cmlfq": 1.3,
-    "libra-hetero-tp": 1.25,
-    "colocated": 1.0,
-    "static-optimal": 0.8,
-    "greedy": 0.75,
-    "libra-homogeneous": 0.7,
-    "static-uniform": 0.65,
+    "libra": 1.38,
+    "libra-cmlfq": 1.24,
+    "libra-hetero-tp": 1.07,
+    "colocated": 1.02,
+    "static-optimal": 0.91,
+    "libra-homogeneous": 0.85,
+    "greedy": 0.84,
+    "static-uniform": 0.69,
 }
-TREE_COST = 1.6
+TREE_COST = 0.92
 POLL_S = 1.0  # how often the parent checks, while no worker reports, that they are all still alive
 
 
