@@ -25,7 +25,7 @@ PyObject *sn_next_event(PyObject *self, PyObject *args) {
     const int8_t *state = (const int8_t *)b[E_STATE].view.buf;
     const double *ready = D(E_READY), *debt = D(E_DEBT), *rem = D(E_REM), *step = D(E_STEP), *ready_at = D(E_READY_AT);
     Py_ssize_t nlive = LEN(E_LIVE), nstill = LEN(E_STILL);
-    int any_run = 0, any_tool = 0, any_later = 0;
+    int any_run = 0, any_tool = 0, any_later = 0, any_wait = 0;
     double tool_min = 0.0, later_min = 0.0;
     for (Py_ssize_t i = 0; i < nlive; i++) {
         int64_t r = live[i];
@@ -40,6 +40,7 @@ PyObject *sn_next_event(PyObject *self, PyObject *args) {
             tool_min = any_tool ? np_min(tool_min, ready[r]) : ready[r];
             any_tool = 1;
         } else if (s == WAIT) {
+            any_wait = 1;
             int64_t w = where[r];
             if (w < 0 || w >= K) {
                 PyErr_SetString(PyExc_ValueError, "next_event: a waiting request's instance is out of range");
@@ -51,8 +52,6 @@ PyObject *sn_next_event(PyObject *self, PyObject *args) {
             }
         }
     }
-    int any_wait = 0;
-    for (Py_ssize_t i = 0; i < nlive && !any_wait; i++) any_wait = state[live[i]] == WAIT;
     double nxt = t + max_slice;
     if (have_last && nstill) { /* segment ends at the last slice's step times */
         double first = 0.0;

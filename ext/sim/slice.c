@@ -350,11 +350,28 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
         PyObject *s = ran ? sn_to_bytearray(still.p, still.n * (Py_ssize_t)sizeof(int64_t)) : Py_NewRef(Py_None);
         PyObject *f1 = sn_to_bytearray(P.fk.p, P.fk.n * (Py_ssize_t)sizeof(int64_t));
         PyObject *f2 = sn_to_bytearray(P.ft.p, P.ft.n * (Py_ssize_t)sizeof(double));
-        if (s && f1 && f2) result = Py_BuildValue("dddNNNi", P.decoded, busy_sum, capacity, s, f1, f2, P.touched);
+        PyObject *left = NULL; /* the live requests not DONE now, where some finished (`_in_state(DONE, False)`) */
+        if (P.touched & (1 << DONE)) {
+            int64_t *keep = malloc(((size_t)P.nlive + 1) * sizeof(int64_t));
+            if (keep) {
+                Py_ssize_t nk = 0;
+                for (Py_ssize_t i = 0; i < P.nlive; i++)
+                    if (P.state[P.live[i]] != DONE) keep[nk++] = P.live[i];
+                left = sn_to_bytearray(keep, nk * (Py_ssize_t)sizeof(int64_t));
+                free(keep);
+            } else {
+                PyErr_NoMemory();
+            }
+        } else {
+            left = Py_NewRef(Py_None);
+        }
+        if (s && f1 && f2 && left)
+            result = Py_BuildValue("dddNNNiN", P.decoded, busy_sum, capacity, s, f1, f2, P.touched, left);
         else {
             Py_XDECREF(s);
             Py_XDECREF(f1);
             Py_XDECREF(f2);
+            Py_XDECREF(left);
         }
     }
     goto out;

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from libra.planning.cost import RolloutCost
+from libra.sim.states import DONE
 
 if TYPE_CHECKING:
     from libra.sim.rollout import RolloutRun
@@ -115,7 +116,7 @@ def decode_slice(run: RolloutRun, t: float, dt: float, table: tuple, tolerance: 
         np.ascontiguousarray(fk, np.int64), np.ascontiguousarray(ft, float), prefill_rows, decode_rows, *run._order,
     )  # fmt: skip
     n, width = w.gen.shape
-    decoded, busy, capacity, still, fk, ft, touched = _NATIVE.decode_slice(
+    decoded, busy, capacity, still, fk, ft, touched, left = _NATIVE.decode_slice(
         arrays, n, width, k_all, t, dt, run.decoded, c.kv_headroom_seqs, work0, attn,
         float(c.max_num_seqs), c.preemption_factor, c.max_churn, tolerance,
     )  # fmt: skip
@@ -130,6 +131,10 @@ def decode_slice(run: RolloutRun, t: float, dt: float, table: tuple, tolerance: 
         run._last = (np.frombuffer(still, np.int64), step)
         run._occupancy, run._decoded_s, run._span_end = occupancy, decoded_s, span_end
     _forget(run, touched)
+    if left is not None:  # some finished: the requests not DONE, as `_in_state(DONE, equal=False)` lists them
+        live = np.frombuffer(left, np.int64)
+        live.flags.writeable = False
+        run._by_state[(DONE, False)] = live
 
 
 def returns(run: RolloutRun, slice_end: float) -> tuple[np.ndarray, np.ndarray]:
