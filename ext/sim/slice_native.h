@@ -1,6 +1,7 @@
 /* What the files of the slice kernel share (ext/sim: pass.c, the decode pass with the turns inside a slice;
    slice.c, a slice's decoding around it; admit.c, admission; steal.c, its work-conserving steal; returns.c, the
-   tool calls that return; event.c, the next event; slice_native.c, the module, buffers and numpy's arithmetic).
+   tool calls that return and the routed moves; order.c, the queued turns kept in order across slices; event.c,
+   the next event; slice_native.c, the module, buffers and numpy's arithmetic).
    The module is libra.sim._slice_native (libra/sim/native.py); the Python reference is libra/sim/slices.py,
    admission.py and rollout.py. Exported names start with sn_. */
 
