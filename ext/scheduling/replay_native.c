@@ -177,6 +177,33 @@ static int encode(const Cfg *c, PyObject *tool, long long tool_tokens, PyObject 
     return OK;
 }
 
+/* one step of a walk down its tree with a tool return's `code` (`_tool_return`'s walk): to the child, reached at
+   `ctx`, when it exists and has `m` observations; else the walk is no longer exact */
+static int walk_step(PyObject **node, long long *at, int *exact, PyObject *code, long long ctx, long long m) {
+    PyObject *children = SLOT(*node, off_children);
+    PyObject *child = children ? PyDict_GetItemWithError(children, code) : NULL;
+    long long count = 0;
+    if (child == NULL && PyErr_Occurred()) return ERR;
+    int rc = child ? node_count(child, &count) : OK;
+    if (rc) return rc;
+    if (child == NULL || count < m) *exact = 0;
+    else *node = child, *at = ctx;
+    return OK;
+}
+
+/* `_overflow`: the bucket of a request in bucket `b` at context `ctx` that outgrew it, given the predicted mean
+   (`has`) and the tokens a move would carry */
+static Py_ssize_t overflow_target(const Cfg *c, Py_ssize_t b, long long ctx, int has, double mean, long long carried) {
+    if (!c->overflow || (double)ctx <= c->limits[b]) return b;
+    Py_ssize_t target = bucket_for(c, (double)ctx);
+    if (has) {
+        Py_ssize_t tm = bucket_for(c, mean);
+        if (tm > target) target = tm;
+        if (mean - (double)ctx < c->cost_ratio * (double)carried) return b;
+    }
+    return target;
+}
+
 /* one trajectory: its buckets and carried tokens from segment 1 on (`row_b`, `row_c`); `o` the flat index of its
    first segment */
 static int replay_one(const Cfg *c, PyObject *agnostic, PyObject *prompts, PyObject *traj, long long nseg,
@@ -210,7 +237,6 @@ static int replay_one(const Cfg *c, PyObject *agnostic, PyObject *prompts, PyObj
     w.p_exact = w.p_node != NULL;
     w.a_exact = 1;
     Py_ssize_t b = 0;
-    long long context = prompt_tokens;
     if (c->predicted) { /* `_decide(walk, prompt_tokens, 0, _predict(...))`: mean-p90 */
         int has;
         double mean, p90;
@@ -223,22 +249,13 @@ static int replay_one(const Cfg *c, PyObject *agnostic, PyObject *prompts, PyObj
     }
     for (long long s = 0; s < nseg - 1; s++, o++) {
         long long moved = 0;
-        if ((double)gen_ctx[o] > c->limits[b]) { /* `on_progress`: `_progress`, `_overflow`, `_move` */
+        if ((double)gen_ctx[o] > c->limits[b]) { /* `on_progress`: `_progress`, `_overflow` (carrying the context) */
             long long ctx = gen_ctx[o];
-            context = ctx;
             int has;
             double mean = 0.0, p90;
             if ((rc = predict(c, &w, ctx, &has, &mean, &p90)) != OK) goto out;
             rc = ERR;
-            Py_ssize_t target = b;
-            if (c->overflow && !((double)ctx <= c->limits[b])) {
-                target = bucket_for(c, (double)ctx);
-                if (has) {
-                    Py_ssize_t tm = bucket_for(c, mean);
-                    if (tm > target) target = tm;
-                    if (mean - (double)ctx < c->cost_ratio * (double)context) target = b;
-                }
-            }
+            Py_ssize_t target = overflow_target(c, b, ctx, has, mean, ctx);
             if (target != b) b = target, moved = ctx; /* (max(0, ctx): ctx >= 0) */
         }
         if (tool_end[o]) { /* `_published_call` */
@@ -263,68 +280,29 @@ static int replay_one(const Cfg *c, PyObject *agnostic, PyObject *prompts, PyObj
             Py_XDECREF(tool);
             Py_XDECREF(tt);
             Py_XDECREF(status);
+            if (step == OK && w.p_exact) step = walk_step(&w.p_node, &w.p_ctx, &w.p_exact, code, ctx, c->m);
+            if (step == OK && w.a_exact) step = walk_step(&w.a_node, &w.a_ctx, &w.a_exact, code, ctx, c->m);
+            Py_XDECREF(code);
             if (step != OK) {
                 rc = step;
                 goto out;
             }
-            context = ctx;
+            /* the rule: a move to the bucket of the predicted mean when the P90's agrees and the remaining tokens
+               pay for the carried context; a stay when they do not (`_overflow` would stay too); else `_overflow`
+               (a prompt node just reached exactly is `_select`'s first choice, anchored at this context) */
             long long carried = ctx - tool_tokens;
-            PyObject *node = NULL;
-            long long anchor = 0, m = c->m, count;
-            if (w.p_exact) {
-                PyObject *children = SLOT(w.p_node, off_children);
-                PyObject *child = children ? PyDict_GetItemWithError(children, code) : NULL;
-                if (child == NULL && PyErr_Occurred()) step = ERR;
-                else if (child == NULL || (step = node_count(child, &count)) != OK || count < m) w.p_exact = 0;
-                else w.p_node = child, w.p_ctx = ctx, node = child;
-            }
-            if (step == OK && w.a_exact) {
-                PyObject *children = SLOT(w.a_node, off_children);
-                PyObject *child = children ? PyDict_GetItemWithError(children, code) : NULL;
-                if (child == NULL && PyErr_Occurred()) step = ERR;
-                else if (child == NULL || (step = node_count(child, &count)) != OK || count < m) w.a_exact = 0;
-                else w.a_node = child, w.a_ctx = ctx;
-            }
-            Py_DECREF(code);
-            if (step != OK) {
-                rc = step;
-                goto out;
-            }
-            if (node != NULL) {
-                anchor = ctx;
-            } else { /* `_select`, inline */
-                long long ac, pc = 0;
-                if ((rc = node_count(w.a_node, &ac)) != OK || (w.p_node && (rc = node_count(w.p_node, &pc)) != OK))
-                    goto out;
-                rc = ERR;
-                if (w.a_exact && c->agnostic && ac >= m) node = w.a_node, anchor = w.a_ctx;
-                else if (w.p_node != NULL && pc >= m) node = w.p_node, anchor = w.p_ctx;
-                else if (ac >= m) node = w.a_node, anchor = w.a_ctx;
-            }
-            int has = 0, decided = 0;
+            int has;
             double mean = 0.0, p90 = 0.0;
-            Py_ssize_t target = b;
-            if (node != NULL) {
-                double q, r;
-                if ((rc = beyond(node, ctx - anchor - 1, &has, &q, &r)) != OK) goto out;
-                rc = ERR;
-                if (has) {
-                    mean = (double)anchor + q;
-                    p90 = (double)anchor + r;
-                    if (mean - (double)ctx >= c->cost_ratio * (double)carried) {
-                        Py_ssize_t t = bucket_for(c, mean);
-                        if (t != b && t == bucket_for(c, p90)) target = t, decided = 1; /* "tool-return" */
-                    } else {
-                        decided = 1; /* stays, and `_overflow` would too */
-                    }
-                }
-            }
-            if (!decided && c->overflow && !((double)ctx <= c->limits[b])) { /* `_overflow`, inline */
-                target = bucket_for(c, (double)ctx);
-                if (has) { /* (its cost test passed above: a failed one stayed) */
-                    Py_ssize_t tm = bucket_for(c, mean);
-                    if (tm > target) target = tm;
-                }
+            if ((rc = predict(c, &w, ctx, &has, &mean, &p90)) != OK) goto out;
+            rc = ERR;
+            Py_ssize_t target;
+            if (!has) {
+                target = overflow_target(c, b, ctx, 0, 0.0, carried);
+            } else if (mean - (double)ctx >= c->cost_ratio * (double)carried) {
+                Py_ssize_t t = bucket_for(c, mean);
+                target = t != b && t == bucket_for(c, p90) ? t : overflow_target(c, b, ctx, 1, mean, carried);
+            } else {
+                target = b;
             }
             if (target != b) b = target, moved = carried > 0 ? carried : 0;
         }
