@@ -27,20 +27,8 @@ BUCKETS = ["1:8000,2:16000,4:32000,8:inf", "1:2000,2:inf", "1:500,2:1000,4:3000,
 
 
 def _both(cr: CausalRouting, work, buckets, admit: str, monkeypatch) -> tuple[routing.Routes, routing.Routes]:
-    calls = []
-    real = routing._replay_native
-
-    def counted(*args):
-        calls.append(real(*args))
-        return calls[-1]
-
-    monkeypatch.setattr(routing, "_replay_native", counted)
-    fast = cr._replay(work, buckets, admit)
-    monkeypatch.setattr(routing, "_replay_native", lambda *args: False)
-    ref = cr._replay(work, buckets, admit)
-    monkeypatch.setattr(routing, "_replay_native", real)
-    assert len(buckets) == 1 or calls == [True]  # the C loop decided
-    return fast, ref
+    """The step replayed twice on the same tree, in C (checked) and in Python."""
+    return _apart(cr, cr, work, buckets, monkeypatch, admit)
 
 
 def _check(workload: str, seed: int, options: dict, admit: str, steps: int, monkeypatch) -> int:
@@ -101,16 +89,16 @@ def _twins(source: WorkSource, steps: int, options: dict, **tree_options) -> tup
     return pair[0], pair[1]
 
 
-def _apart(fast: CausalRouting, ref: CausalRouting, work, buckets, monkeypatch) -> tuple:
-    """`fast` replays the step in C (checked), `ref` in Python."""
+def _apart(fast: CausalRouting, ref: CausalRouting, work, buckets, monkeypatch, admit: str = "smallest") -> tuple:
+    """`fast` replays the step in C (checked: one bucket replays nothing), `ref` in Python."""
     real = routing._replay_native
     calls = []
     monkeypatch.setattr(routing, "_replay_native", lambda *args: calls.append(real(*args)) or calls[-1])
-    got = fast._replay(work, buckets, "smallest")
+    got = fast._replay(work, buckets, admit)
     monkeypatch.setattr(routing, "_replay_native", lambda *args: False)
-    want = ref._replay(work, buckets, "smallest")
+    want = ref._replay(work, buckets, admit)
     monkeypatch.setattr(routing, "_replay_native", real)
-    assert calls == [True]
+    assert calls == ([] if len(buckets) == 1 else [True])
     return got, want
 
 
