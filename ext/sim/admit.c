@@ -293,12 +293,9 @@ PyObject *sn_admit_slice(PyObject *self, PyObject *args) {
     }
     if (nw == 0) goto done; /* nothing to admit */
     /* the kept order of the queued turns under way, with the ones queued since the last slice merged in */
-    Order order = {Q(S_OIDS), Q(S_OLEN), D(S_OREADY), U(S_OMARK), n};
+    Order order;
     const Order *kept = NULL;
-    if (LEN(S_OLEN) != 1 || *order.len < 0 || *order.len > n) {
-        PyErr_SetString(PyExc_ValueError, "admit_slice: the kept order's length must be one count in [0, n]");
-        goto fail;
-    }
+    if (sn_order_of(&order, &b[S_OIDS], n, "admit_slice") < 0) goto fail;
     {
         const uint8_t *fresh_r = U(S_FRESH);
         Py_ssize_t nadd = 0;

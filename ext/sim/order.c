@@ -20,6 +20,16 @@ static inline int entry_less(const Entry *a, const Entry *b) {
 
 DEFINE_STABLE_SORT(sort_entries, Entry, entry_less)
 
+int sn_order_of(Order *o, const Buf *b, Py_ssize_t n, const char *who) {
+    *o = (Order){(int64_t *)b[0].view.buf, (int64_t *)b[3].view.buf, (double *)b[1].view.buf,
+                 (uint8_t *)b[2].view.buf, n};
+    if (b[3].view.len != (Py_ssize_t)sizeof(int64_t) || *o->len < 0 || *o->len > n) {
+        PyErr_Format(PyExc_ValueError, "%s: the kept order's length must be one count in [0, n]", who);
+        return -1;
+    }
+    return 0;
+}
+
 void sn_order_drop(Order *o, const int8_t *state, const uint8_t *fresh, const double *ready) {
     Py_ssize_t len = (Py_ssize_t)*o->len, kept = 0;
     for (Py_ssize_t i = 0; i < len; i++) { /* what is still queued as it was */

@@ -208,11 +208,8 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
     if (!count_k || !queued_k || !used || !ctx_k || !step2 || !real || !busy || !cap_ctx || !in.running)
         goto nomem;
     P.t0 = t;
-    Order order = {Q(A_OIDS), Q(A_OLEN), D(A_OREADY), U(A_OMARK), n};
-    if (LEN(A_OLEN) != 1 || *order.len < 0 || *order.len > n) {
-        PyErr_SetString(PyExc_ValueError, "decode_slice: the kept order's length must be one count in [0, n]");
-        goto fail;
-    }
+    Order order;
+    if (sn_order_of(&order, &b[A_OIDS], n, "decode_slice") < 0) goto fail;
     P.order = &order;
     if (sn_slice_lists(&P, in.running, &in.m, count_k, queued_k) < 0) goto fail;
     for (Py_ssize_t j = 0; j < K; j++) P.later_debt[j] = 0.0;

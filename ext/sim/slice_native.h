@@ -169,6 +169,10 @@ typedef struct {
     int held;
 } Buf;
 
+/* the order held in four arrays (`b`: ids, readiness, marks, length, as `RolloutRun._order`); -1 with an exception
+   when the length is not one count in [0, n] */
+int sn_order_of(Order *o, const Buf *b, Py_ssize_t n, const char *who);
+
 typedef struct {
     char kind, size;
     int writable;

@@ -209,6 +209,11 @@ def test_bad_arrays_are_refused_with_an_error():
     with pytest.raises(ValueError, match="needs 14 arrays"):
         ext.moves((), 1, 1, 1, 1.0, False, 1.0, 1.0, 1.0, 1.0)
     assert run._kernel_table() is not None
+    run._order[3][0] = run.state.size + 1  # a kept order longer than the requests
+    with pytest.raises(ValueError, match="admit_slice: the kept order's length"):
+        run._admit(0.0)
+    with pytest.raises(ValueError, match="decode_slice: the kept order's length"):
+        run._decode(0.0, 1.0)
 
 
 def _drawn_layout(seed: int, workload: str):
