@@ -101,10 +101,11 @@ class CausalRouting:
         # only the segments that can move a request (all but each request's last), flattened row by row: python
         # lists of the padded (n, S) arrays would convert mostly padding
         used = np.arange(width) < (work.num_segments - 1)[:, None]
-        if _replay_native(router, work, after_gen[used], after_tool[used], used, bucket, carried):
+        gen_used, tool_used = after_gen[used], after_tool[used]
+        if _replay_native(router, work, gen_used, tool_used, used, bucket, carried):
             return Routes(bucket=bucket, carried=carried)
         nseg = work.num_segments.tolist()
-        gen_ctx, tool_ctx = after_gen[used].tolist(), after_tool[used].tolist()
+        gen_ctx, tool_ctx = gen_used.tolist(), tool_used.tolist()
         tool_end, turn_of = work.tool_end[used].tolist(), work.turn_of[used].tolist()
         o = 0
         for i, traj in enumerate(work.trajectories):
