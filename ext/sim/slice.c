@@ -147,9 +147,10 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *arrays, *result = NULL;
     Py_ssize_t n, S, K, m = -1;
-    double t, dt, decoded, headroom, work0, attn, max_seqs, preemption, max_churn, tolerance;
-    if (!PyArg_ParseTuple(args, "O!nnndddddddddd", &PyTuple_Type, &arrays, &n, &S, &K, &t, &dt, &decoded, &headroom,
-                          &work0, &attn, &max_seqs, &preemption, &max_churn, &tolerance))
+    double t, dt, decoded, headroom, work0, attn, max_seqs, preemption, max_churn, tolerance, min_slice, max_slice;
+    if (!PyArg_ParseTuple(args, "O!nnndddddddddddd", &PyTuple_Type, &arrays, &n, &S, &K, &t, &dt, &decoded,
+                          &headroom, &work0, &attn, &max_seqs, &preemption, &max_churn, &tolerance, &min_slice,
+                          &max_slice))
         return NULL;
     Buf b[N_ARRAYS];
     memset(b, 0, sizeof(b));
@@ -161,8 +162,8 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
     memset(&sv, 0, sizeof(sv));
     IVec still = {0};
     PassIn in = {0};
-    int64_t *count_k = NULL, *queued_k = NULL;
-    double *used = NULL, *ctx_k = NULL, *step2 = NULL, *real = NULL, *busy = NULL, *cap_ctx = NULL;
+    int64_t *count_k = NULL, *queued_k = NULL, *keep = NULL, *tools = NULL;
+    double *used = NULL, *ctx_k = NULL, *step2 = NULL, *real = NULL, *busy = NULL, *cap_ctx = NULL, *live_ctx = NULL;
     double busy_sum = 0.0, capacity = 0.0;
     if (sn_acquire(arrays, SPEC, N_ARRAYS, b, n, S, K, &m) < 0) goto fail;
     if (LEN(A_FK) != LEN(A_FT) || LEN(A_DEGREES) % DEG_FIELDS || LEN(A_DEGREES) / DEG_FIELDS > MAX_DEG ||
@@ -289,86 +290,90 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
     /* busy_gpu_s += (busy_k * tp).sum() */
     for (Py_ssize_t j = 0; j < K; j++) busy[j] = busy[j] * (double)P.itp[j];
     busy_sum = sn_np_sum(busy, K);
+    /* one scan of the live requests after the passes: their contexts (for the capacity), those not DONE where some
+       finished (`_in_state(DONE, False)`), those in a tool call (all the next slice's returns need read), and what
+       `next_event` at the slice end reads of them */
+    double *up = busy; /* reused: the seconds each instance is up in the slice */
+    int any = 0, finished = (P.touched & (1 << DONE)) != 0;
+    for (Py_ssize_t j = 0; j < K; j++) {
+        up[j] = np_max(0.0, (t + dt) - np_max(t, ready_at[j])) * (active[j] ? 1.0 : 0.0);
+        if (up[j] != 0.0) any = 1;
+    }
+    live_ctx = malloc(((size_t)P.nlive + 1) * sizeof(double));
+    keep = malloc(((size_t)P.nlive + 1) * sizeof(int64_t));
+    tools = malloc(((size_t)P.nlive + 1) * sizeof(int64_t));
+    if (!live_ctx || !keep || !tools) goto nomem;
+    EventIn ein = {
+        .n = n, .K = K, .state = P.state, .ready = P.ready, .where = P.where, .ready_at = ready_at, .debt = debt,
+        .rem = P.rem, .still = ran ? still.p : NULL, .nstill = ran ? still.n : 0, .step = step, .nstep = K,
+        .t = t + dt, .min_slice = min_slice, .max_slice = max_slice, .have_last = ran,
+    };
+    EventScan ev = {0};
+    Py_ssize_t nk = 0, nt = 0;
+    for (Py_ssize_t i = 0; i < P.nlive; i++) {
+        int64_t r = P.live[i];
+        live_ctx[i] = P.ctx[r];
+        if (finished && P.state[r] != DONE) keep[nk++] = r;
+        if (P.state[r] == TOOL) tools[nt++] = r;
+        sn_event_note(&ev, &ein, r);
+    }
     /* `_capacity`: what the started, active instances could decode at their largest batch */
-    {
-        double *up = busy; /* reused */
-        int any = 0;
-        for (Py_ssize_t j = 0; j < K; j++) {
-            up[j] = np_max(0.0, (t + dt) - np_max(t, ready_at[j])) * (active[j] ? 1.0 : 0.0);
-            if (up[j] != 0.0) any = 1;
+    if (any) {
+        double mean_all = 1.0;
+        if (P.nlive) mean_all = sn_np_sum(live_ctx, P.nlive) / (double)P.nlive;
+        if (ran) {
+            for (Py_ssize_t j = 0; j < K; j++) ctx_k[j] = 0.0;
+            for (Py_ssize_t i = 0; i < in.m; i++) ctx_k[P.where[in.running[i]]] += P.ctx[in.running[i]];
         }
-        if (any) {
-            double mean_all = 1.0;
-            if (P.nlive) {
-                double *g = real; /* reused as scratch: the live contexts */
-                if (P.nlive > K) {
-                    g = malloc((size_t)P.nlive * sizeof(double));
-                    if (!g) goto nomem;
-                }
-                for (Py_ssize_t i = 0; i < P.nlive; i++) g[i] = P.ctx[P.live[i]];
-                mean_all = sn_np_sum(g, P.nlive) / (double)P.nlive;
-                if (g != real) free(g);
+        for (Py_ssize_t j = 0; j < K; j++) {
+            double c = mean_all;
+            if (ran && count_k[j] > 0) c = ctx_k[j] / (double)(count_k[j] > 1 ? count_k[j] : 1);
+            cap_ctx[j] = c;
+            double bb = floor(P.cap[j] / np_max(c, 1.0));
+            bb = bb > 1.0 ? bb : 1.0; /* np.clip(x, 1, max_num_seqs) */
+            used[j] = bb < max_seqs ? bb : max_seqs;
+        }
+        /* per degree, ascending, a pairwise sum over its instances in index order */
+        int64_t done_tp = 0;
+        for (;;) {
+            int64_t tp = -1;
+            for (Py_ssize_t j = 0; j < K; j++)
+                if (P.itp[j] > done_tp && (tp < 0 || P.itp[j] < tp)) tp = P.itp[j];
+            if (tp < 0) break;
+            const Dec *d = dec_for(&st, tp);
+            if (!d) {
+                PyErr_SetString(PyExc_SystemError, "slice kernel: an instance's degree is not in the decode table");
+                goto fail;
             }
-            if (ran) {
-                for (Py_ssize_t j = 0; j < K; j++) ctx_k[j] = 0.0;
-                for (Py_ssize_t i = 0; i < in.m; i++) ctx_k[P.where[in.running[i]]] += P.ctx[in.running[i]];
-            }
-            for (Py_ssize_t j = 0; j < K; j++) {
-                double c = mean_all;
-                if (ran && count_k[j] > 0) c = ctx_k[j] / (double)(count_k[j] > 1 ? count_k[j] : 1);
-                cap_ctx[j] = c;
-                double bb = floor(P.cap[j] / np_max(c, 1.0));
-                bb = bb > 1.0 ? bb : 1.0; /* np.clip(x, 1, max_num_seqs) */
-                used[j] = bb < max_seqs ? bb : max_seqs;
-            }
-            /* per degree, ascending, a pairwise sum over its instances in index order */
-            int64_t done_tp = 0;
-            for (;;) {
-                int64_t tp = -1;
-                for (Py_ssize_t j = 0; j < K; j++)
-                    if (P.itp[j] > done_tp && (tp < 0 || P.itp[j] < tp)) tp = P.itp[j];
-                if (tp < 0) break;
-                const Dec *d = dec_for(&st, tp);
-                if (!d) {
-                    PyErr_SetString(PyExc_SystemError, "slice kernel: an instance's degree is not in the decode table");
-                    goto fail;
-                }
-                Py_ssize_t q = 0;
-                for (Py_ssize_t j = 0; j < K; j++)
-                    if (P.itp[j] == tp && up[j] > 0)
-                        step2[q++] = up[j] * used[j] / decode_step(d, work0, attn, used[j], cap_ctx[j]);
-                if (q) capacity += sn_np_sum(step2, q);
-                done_tp = tp;
-            }
+            Py_ssize_t q = 0;
+            for (Py_ssize_t j = 0; j < K; j++)
+                if (P.itp[j] == tp && up[j] > 0)
+                    step2[q++] = up[j] * used[j] / decode_step(d, work0, attn, used[j], cap_ctx[j]);
+            if (q) capacity += sn_np_sum(step2, q);
+            done_tp = tp;
         }
     }
     for (Py_ssize_t j = 0; j < K; j++) debt[j] = np_max(0.0, debt[j] - dt) + P.later_debt[j];
+    double next_at = NAN; /* (NaN: the caller asks `next_event` itself, which names what is wrong) */
+    if (sn_event_time(&ev, &ein, &next_at) < 0) {
+        PyErr_Clear();
+        next_at = NAN;
+    }
     {
         PyObject *s = ran ? sn_to_bytearray(still.p, still.n * (Py_ssize_t)sizeof(int64_t)) : Py_NewRef(Py_None);
         PyObject *f1 = sn_to_bytearray(P.fk.p, P.fk.n * (Py_ssize_t)sizeof(int64_t));
         PyObject *f2 = sn_to_bytearray(P.ft.p, P.ft.n * (Py_ssize_t)sizeof(double));
-        PyObject *left = NULL; /* the live requests not DONE now, where some finished (`_in_state(DONE, False)`) */
-        if (P.touched & (1 << DONE)) {
-            int64_t *keep = malloc(((size_t)P.nlive + 1) * sizeof(int64_t));
-            if (keep) {
-                Py_ssize_t nk = 0;
-                for (Py_ssize_t i = 0; i < P.nlive; i++)
-                    if (P.state[P.live[i]] != DONE) keep[nk++] = P.live[i];
-                left = sn_to_bytearray(keep, nk * (Py_ssize_t)sizeof(int64_t));
-                free(keep);
-            } else {
-                PyErr_NoMemory();
-            }
-        } else {
-            left = Py_NewRef(Py_None);
-        }
-        if (s && f1 && f2 && left)
-            result = Py_BuildValue("dddNNNiN", P.decoded, busy_sum, capacity, s, f1, f2, P.touched, left);
+        PyObject *left = finished ? sn_to_bytearray(keep, nk * (Py_ssize_t)sizeof(int64_t)) : Py_NewRef(Py_None);
+        PyObject *in_tool = sn_to_bytearray(tools, nt * (Py_ssize_t)sizeof(int64_t));
+        if (s && f1 && f2 && left && in_tool)
+            result = Py_BuildValue("dddNNNiNdN", P.decoded, busy_sum, capacity, s, f1, f2, P.touched, left, next_at,
+                                   in_tool);
         else {
             Py_XDECREF(s);
             Py_XDECREF(f1);
             Py_XDECREF(f2);
             Py_XDECREF(left);
+            Py_XDECREF(in_tool);
         }
     }
     goto out;
@@ -401,6 +406,9 @@ out:
     free(real);
     free(busy);
     free(cap_ctx);
+    free(live_ctx);
+    free(keep);
+    free(tools);
     return result;
 }
 

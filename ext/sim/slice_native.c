@@ -132,9 +132,10 @@ int sn_row_of(PyObject *row, int fields, double *out) {
 
 PyDoc_STRVAR(decode_slice_doc,
              "decode_slice(arrays, n, width, instances, t, dt, decoded, headroom, work0, attn, max_num_seqs, "
-             "preemption_factor, max_churn, tolerance) -> (decoded, busy_gpu_s, capacity_tokens, still, fk, ft, "
-             "touched)\n\nDecode the slice [t, t + dt): SliceDecode._decode (libra/sim/native.py packs the "
-             "arguments; `still` is None when nothing ran).");
+             "preemption_factor, max_churn, tolerance, min_slice, max_slice) -> (decoded, busy_gpu_s, "
+             "capacity_tokens, still, fk, ft, touched, left, next_at)\n\nDecode the slice [t, t + dt): "
+             "SliceDecode._decode (libra/sim/native.py packs the arguments; `still` is None when nothing ran, `left` "
+             "None when nothing finished; `next_at`: next_event(t + dt) after it, NaN where a row is bad).");
 
 PyDoc_STRVAR(decode_doc, "decode_step(decode_row, work0, attn, batch, context) -> float\n\nThe kernel's decode "
                          "step time (checked against RolloutCost.decode_step_time before the kernel is used).");

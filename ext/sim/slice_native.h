@@ -267,6 +267,46 @@ typedef struct {
 
 int sn_steal_core(const StealIn *s, long long *moved, long long *tokens);
 
+/* `next_event`'s inputs: the rows it reads at time `t`, and the last slice's running requests with their instances'
+   step times (`have_last`: the last slice ran some) */
+typedef struct {
+    Py_ssize_t n, K, nstill, nstep;
+    const int8_t *state;
+    const double *ready, *ready_at, *debt, *rem, *step;
+    const int64_t *where, *still;
+    double t, min_slice, max_slice;
+    int have_last;
+} EventIn;
+
+/* what one scan of the live requests tells `next_event` (bad: a waiting request without a valid instance) */
+typedef struct {
+    int any_run, any_tool, any_wait, any_later, bad;
+    double tool_min, later_min;
+} EventScan;
+
+/* note one live request (index checked by the caller); inline: it runs once per live request in each scan */
+static inline void sn_event_note(EventScan *e, const EventIn *in, int64_t r) {
+    int s = in->state[r];
+    if (s == RUN) {
+        e->any_run = 1;
+    } else if (s == TOOL) {
+        e->tool_min = e->any_tool ? np_min(e->tool_min, in->ready[r]) : in->ready[r];
+        e->any_tool = 1;
+    } else if (s == WAIT) {
+        e->any_wait = 1;
+        int64_t w = in->where[r];
+        if (w < 0 || w >= in->K) {
+            e->bad = 1;
+        } else if (in->ready_at[w] > in->t) {
+            e->later_min = e->any_later ? np_min(e->later_min, in->ready_at[w]) : in->ready_at[w];
+            e->any_later = 1;
+        }
+    }
+}
+
+/* the time from a scan of every live request, or -1 with an exception set (event.c) */
+int sn_event_time(const EventScan *e, const EventIn *in, double *out);
+
 /* the module's functions */
 PyObject *sn_decode_slice(PyObject *self, PyObject *args);
 PyObject *sn_decode_py(PyObject *self, PyObject *args);

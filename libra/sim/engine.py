@@ -348,8 +348,7 @@ class PolicyRun:
         replicas = taken // size
         if replicas == 0:
             return 0.0
-        roll.inst.active[take] = False
-        roll.debt[take] = 0.0
+        roll.lend(take)
         job.join(t + self.costs.join_s, replicas)
         self._lent_log.append((taken, t))
         self.restart_gpus += taken

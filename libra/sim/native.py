@@ -116,9 +116,9 @@ def decode_slice(run: RolloutRun, t: float, dt: float, table: tuple, tolerance: 
         np.ascontiguousarray(fk, np.int64), np.ascontiguousarray(ft, float), prefill_rows, decode_rows, *run._order,
     )  # fmt: skip
     n, width = w.gen.shape
-    decoded, busy, capacity, still, fk, ft, touched, left = _NATIVE.decode_slice(
+    decoded, busy, capacity, still, fk, ft, touched, left, next_at, in_tool = _NATIVE.decode_slice(
         arrays, n, width, k_all, t, dt, run.decoded, c.kv_headroom_seqs, work0, attn,
-        float(c.max_num_seqs), c.preemption_factor, c.max_churn, tolerance,
+        float(c.max_num_seqs), c.preemption_factor, c.max_churn, tolerance, run.min_slice_s, run.max_slice_s,
     )  # fmt: skip
     run.decoded = decoded
     run.busy_gpu_s += busy
@@ -135,15 +135,19 @@ def decode_slice(run: RolloutRun, t: float, dt: float, table: tuple, tolerance: 
         live = np.frombuffer(left, np.int64)
         live.flags.writeable = False
         run._by_state[(DONE, False)] = live
+    if next_at == next_at:  # (NaN where the scan met a bad row: `next_event` then asks again, and says what)
+        # `next_event(t + dt)` and the requests in a tool call, as the kernel found them in its last scan
+        run._next = (t + dt, k_all, next_at, np.frombuffer(in_tool, np.int64))
 
 
-def returns(run: RolloutRun, slice_end: float) -> tuple[np.ndarray, np.ndarray]:
+def returns(run: RolloutRun, slice_end: float, among: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The start of `RolloutRun._returns`: the tool calls back before `slice_end` go to WAIT; returns the requests
-    among them whose routed move applies (ascending) and the context each carries."""
+    among them whose routed move applies (ascending) and the context each carries. `among`: live requests,
+    ascending, that hold every one in a tool call (`run._live`, or those the last slice's decoding listed)."""
     assert _NATIVE is not None
     w, r = run.work, run.routes
     arrays = (
-        run._live,
+        among,
         run.state,
         run.ready,
         run.moved,

@@ -185,6 +185,10 @@ class RolloutRun(SliceDecode, Admission):
         self._cap = np.zeros(0)
         self._kernel: tuple | None = None  # `SliceDecode._kernel_table`, for `_kernel_key` instances
         self._kernel_key = -1
+        # (slice end, instances, `next_event` there, the requests in a tool call): the slice kernel's decoding hands
+        # on what its last scan found, for the next boundary; any change to the rollout through its methods drops it,
+        # and the next event is not used once an instance was added
+        self._next: tuple[float, int, float, np.ndarray] | None = None
 
     # --- bookkeeping --------------------------------------------------------------------------------------------
     @property
@@ -196,6 +200,7 @@ class RolloutRun(SliceDecode, Admission):
         return float(np.nanmax(self.finish))
 
     def _grow(self) -> None:
+        self._next = None
         extra = len(self.inst) - len(self.debt)
         if extra > 0:
             self.debt = np.concatenate([self.debt, np.zeros(extra)])
@@ -221,6 +226,7 @@ class RolloutRun(SliceDecode, Admission):
     def _set_state(self, reqs: np.ndarray, state: int) -> None:
         if reqs.size == 0:  # nothing changes: keep the cached sets
             return
+        self._next = None
         cache = self._by_state
         if not cache:
             self.state[reqs] = state
@@ -240,6 +246,7 @@ class RolloutRun(SliceDecode, Admission):
         turn, as a dispatcher sending them one by one to the least-loaded instance would."""
         if reqs.size == 0:
             return
+        self._next = None
         load = self.load().astype(float)
         nb = int(self.inst.bucket.max()) + 1
         for b in np.unique(buckets):
@@ -256,18 +263,20 @@ class RolloutRun(SliceDecode, Admission):
     # --- one slice ----------------------------------------------------------------------------------------------
     def advance(self, t: float, dt: float) -> None:
         self._now = t
+        handed, self._next = self._next, None
         self._live = self._in_state(DONE, equal=False)
         self._by_state.pop(None, None)  # gathered over the previous `_live`
-        self._returns(t, dt)
+        self._returns(t, dt, handed[3] if handed is not None and handed[0] == t else None)
         self._admit(t)
         self._decode(t, dt)
 
-    def _returns(self, t: float, dt: float) -> None:
+    def _returns(self, t: float, dt: float, in_tool: np.ndarray | None = None) -> None:
         """Tool calls that return before the slice ends rejoin now; one that returns inside the slice starts
-        decoding at its return time (admission sets `lag`), not at the next boundary."""
+        decoding at its return time (admission sets `lag`), not at the next boundary. `in_tool`: the requests in a
+        tool call, ascending, where the last slice's decoding listed them (the kernel then reads only those)."""
         table = self._kernel_table()
         if table is not None:  # in C (libra.sim.native): the same requests back, the same moves
-            moving, carried = native.returns(self, t + dt)
+            moving, carried = native.returns(self, t + dt, self._live if in_tool is None else in_tool)
             if moving.size:
                 native.moves(self, moving, carried, t + dt, table)
             return
@@ -429,6 +438,9 @@ class RolloutRun(SliceDecode, Admission):
         `min_slice_s` and at most `max_slice_s` ahead. Segment ends use the step times of the last slice. In C with
         the slice (`libra.sim.native`)."""
         if self._kernel_table() is not None:
+            handed = self._next
+            if handed is not None and handed[0] == t and handed[1] == len(self.inst):
+                return handed[2]  # found by the last slice's decoding, nothing changed since
             return native.next_event(self, t)
         nxt = t + self.max_slice_s
         running = self._in_state(RUN)
@@ -465,6 +477,12 @@ class RolloutRun(SliceDecode, Admission):
         seg = self.turn[live] - (self.state[live] == TOOL)  # in a tool call: the bucket it ran in so far
         lowest = int(self.routes.bucket[live, seg].min()) if live.size else np.inf
         return np.flatnonzero(free & (self.inst.bucket < lowest))
+
+    def lend(self, instances: np.ndarray) -> None:
+        """Instances lent to training (the elastic pool): inactive from now, owing nothing."""
+        self.inst.active[instances] = False
+        self.debt[instances] = 0.0
+        self._next = None
 
     def rebalance(self, bucket: int) -> None:
         """Spread the not-yet-admitted waiting requests of a bucket over its active instances (after new

@@ -13,6 +13,7 @@ from libra.planning.cost import CostCoefficients, CostModel
 from libra.sim import native
 from libra.sim.rollout import Instances, RolloutRun
 from libra.sim.routing import routes_for
+from libra.sim.states import TOOL
 from libra.sim.workload import WorkSource
 from libra.spec import ClusterSpec, get_gpu, get_model, parse_buckets
 
@@ -73,7 +74,12 @@ def _lockstep(work, routes, tps, buckets, cm=CM, lent=(), **options) -> int:
     t, slices = 0.0, 0
     while not ref.done:
         dt = ref.next_event(t) - t
+        handed = fast._next  # the next event the C decoding found at the end of the last slice
         assert fast.next_event(t) - t == dt
+        if slices:
+            assert handed is not None and handed[0] == t, f"no next event handed on after slice {slices - 1}"
+            assert handed[2] == native.next_event(fast, t)  # the same time as a scan of its own
+            np.testing.assert_array_equal(handed[3], np.flatnonzero(fast.state == TOOL))  # all the returns read
         fast.advance(t, dt)
         ref.advance(t, dt)
         _same(fast, ref, f"after slice {slices} at t={t}")
@@ -197,9 +203,9 @@ def test_bad_arrays_are_refused_with_an_error():
                      Instances([1], [0], [0.0]), start=0.0)  # fmt: skip
     ext = native.load()
     with pytest.raises(ValueError, match="needs 41 arrays"):
-        ext.decode_slice((), 1, 1, 1, 0.0, 1.0, 0.0, 4.0, 1.0, 1.0, 512.0, 1.0, 2.0, 0.01)
+        ext.decode_slice((), 1, 1, 1, 0.0, 1.0, 0.0, 4.0, 1.0, 1.0, 512.0, 1.0, 2.0, 0.01, 0.5, 60.0)
     with pytest.raises(TypeError, match="format"):
-        ext.decode_slice((np.zeros(1),) * 41, 1, 1, 1, 0.0, 1.0, 0.0, 4.0, 1.0, 1.0, 512.0, 1.0, 2.0, 0.01)
+        ext.decode_slice((np.zeros(1),) * 41, 1, 1, 1, 0.0, 1.0, 0.0, 4.0, 1.0, 1.0, 512.0, 1.0, 2.0, 0.01, 0.5, 60.0)
     with pytest.raises(ValueError, match="needs 23 arrays"):
         ext.admit_slice((), 1, 1, 0.0, 4.0, 0.3, 512, 2, 1.0, 1.0)
     with pytest.raises(ValueError, match="needs 14 arrays"):
@@ -214,6 +220,39 @@ def test_bad_arrays_are_refused_with_an_error():
         run._admit(0.0)
     with pytest.raises(ValueError, match="decode_slice: the kept order's length"):
         run._decode(0.0, 1.0)
+
+
+def test_a_handed_on_next_event_is_dropped_when_the_rollout_changes(monkeypatch):
+    """The next event the C decoding hands on is used only at its slice end, with the instances it saw and no change
+    through the rollout's methods since; a row it cannot judge leaves it to `next_event`, which says what is wrong."""
+    scans = []
+    scan = native.next_event
+    monkeypatch.setattr(native, "next_event", lambda run, t: scans.append(t) or scan(run, t))
+    work = WorkSource.from_generator("search-r1", seed=1, num_prompts=4, samples_per_prompt=4, max_model_len=40960)
+    step = work.step(0)
+    routes = routes_for("single", step, parse_buckets("1:inf"), None)
+    run = RolloutRun(CM, step, routes, Instances([1, 1], [0, 0], [0.0, 0.0]), start=0.0, min_slice_s=0.5)
+    run.advance(0.0, 0.5)
+    assert run._next is not None and run._next[0] == 0.5
+    assert run.next_event(0.5) == run._next[2] == scan(run, 0.5) and scans == []  # handed on, not scanned again
+    assert run.next_event(0.75) == scan(run, 0.75) and scans == [0.75]  # another time: scanned
+    run.inst.add(1, 0, 30.0, 1)  # an instance added (the elastic pool borrows), the debts not grown yet
+    run.debt = np.append(run.debt, 0.0)
+    assert run._next is not None and run.next_event(0.5) == scan(run, 0.5) and scans == [0.75, 0.5]
+    run.advance(0.5, 0.5)
+    assert run._next is not None
+    run.rebalance(0)  # the queue spread over the new instance
+    assert run._next is None
+    run.advance(1.0, 0.5)
+    assert run._next is not None
+    run.lend(np.array([2]))
+    assert run._next is None
+    bad = RolloutRun(CM, step, routes, Instances([1], [0], [0.0]), start=0.0, steal="off")
+    bad.where[-1] = -1  # a waiting request with no instance
+    bad.advance(0.0, 0.5)
+    assert bad._next is None
+    with pytest.raises(ValueError, match="a waiting request's instance is out of range"):
+        bad.next_event(0.5)
 
 
 def _drawn_layout(seed: int, workload: str):
