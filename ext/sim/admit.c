@@ -10,6 +10,9 @@ typedef struct {
     double ready;
 } Adm;
 
+/* a candidate's run in the counting sort: 2k, instance k's turns under way; 2k + 1, its new requests */
+static inline Py_ssize_t run_of(const Adm *x) { return 2 * x->k + (x->fresh != 0); }
+
 /* readiness, for a run of one instance and one class */
 static inline int adm_ready_less(const Adm *a, const Adm *b) { return a->ready < b->ready; }
 
@@ -19,14 +22,24 @@ DEFINE_STABLE_SORT(sort_adm_ready, Adm, adm_ready_less)
    in less work than one merge sort of them all: a counting sort into one run per (instance, class), then each run
    by readiness unless it is in order already (new requests mostly are) */
 static int sort_candidates(Adm *c, Py_ssize_t nc, Py_ssize_t K, const AdmitIn *a) {
-    Py_ssize_t runs = 2 * K; /* run 2k: instance k's turns under way; 2k + 1: its new requests */
+    Py_ssize_t runs = 2 * K;
     Adm *tmp = malloc(((size_t)nc + 1) * sizeof(Adm));
     Py_ssize_t *at = calloc((size_t)runs + 1, sizeof(Py_ssize_t));
     int rc = -1, ordered = a->order != NULL;
     if (!tmp || !at) goto out;
-    for (Py_ssize_t i = 0; i < nc; i++) at[2 * c[i].k + (c[i].fresh != 0) + 1]++;
+    /* candidates of one run mostly come together (an instance's requests are adjacent): each stretch of one run is
+       counted, then placed, at once, rather than a counter in memory per candidate that waits on the one before */
+    for (Py_ssize_t i = 0, j; i < nc; i = j) {
+        Py_ssize_t q = run_of(&c[i]);
+        for (j = i + 1; j < nc && run_of(&c[j]) == q;) j++;
+        at[q + 1] += j - i;
+    }
     for (Py_ssize_t q = 0; q < runs; q++) at[q + 1] += at[q];
-    for (Py_ssize_t i = 0; i < nc; i++) tmp[at[2 * c[i].k + (c[i].fresh != 0)]++] = c[i]; /* at[q]: run q's end */
+    for (Py_ssize_t i = 0; i < nc;) { /* then at[q]: run q's end */
+        Py_ssize_t q = run_of(&c[i]), o = at[q];
+        for (; i < nc && run_of(&c[i]) == q; i++) tmp[o++] = c[i];
+        at[q] = o;
+    }
     memcpy(c, tmp, (size_t)nc * sizeof(Adm));
     if (ordered) { /* the turns under way of each instance as the kept order lists them: by readiness, then index */
         Py_ssize_t *cur = malloc(((size_t)K + 1) * sizeof(Py_ssize_t)), len = (Py_ssize_t)*a->order->len;
@@ -110,16 +123,18 @@ int sn_admit_core(const AdmitIn *a, IVec *go, int *touched) {
         /* the running sum over all candidates, each one's within its instance; an idle instance keeps headroom in
            units of its first candidate's context */
         double cs = 0.0, base = 0.0;
+        int64_t rk = 0;
         for (Py_ssize_t i = 0; i < nc; i++) {
             double need = ctx[c[i].r];
             cs += need;
             if (i == 0 || c[i].k != c[i - 1].k) {
-                rank[i] = 0;
+                rk = 0;
                 base = cs - need;
                 if (run_k[c[i].k] == 0) room[c[i].k] -= a->headroom * need;
             } else {
-                rank[i] = rank[i - 1] + 1;
+                rk++;
             }
+            rank[i] = rk;
             within[i] = cs - base;
         }
         go_rank = malloc((size_t)nc * sizeof(int64_t));

@@ -4,7 +4,9 @@
 #include "slice_native.h"
 
 /* --- when to look again: `RolloutRun.next_event` ----------------------------------------------------------- */
-int sn_event_time(const EventScan *e, const EventIn *in, double *out) {
+int sn_event_time(EventScan scan, EventIn at, double *out) {
+    const EventScan *e = &scan;
+    const EventIn *in = &at;
     if (e->bad) {
         PyErr_SetString(PyExc_ValueError, "next_event: a waiting request's instance is out of range");
         return -1;
@@ -73,7 +75,7 @@ PyObject *sn_next_event(PyObject *self, PyObject *args) {
         sn_event_note(&e, &in, live[i]);
     }
     double nxt;
-    if (sn_event_time(&e, &in, &nxt) == 0) result = PyFloat_FromDouble(nxt);
+    if (sn_event_time(e, in, &nxt) == 0) result = PyFloat_FromDouble(nxt);
 out:
     sn_release(b, N_EVENT);
     return result;

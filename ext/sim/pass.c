@@ -109,38 +109,56 @@ int sn_slice_lists(Pass *P, int64_t *running, Py_ssize_t *m, int64_t *count_k, i
     for (Py_ssize_t j = 0; j < K; j++) count_k[j] = queued_k[j] = 0;
     IVec add = {0}; /* queued turns under way not in the kept order yet */
     if (P->order) sn_order_drop(P->order, P->state, P->fresh, P->ready);
+    /* new requests, most of the live ones, come in stretches on one instance: a stretch's counts are kept here and
+       added once, rather than counters in memory that each wait on the one before; the arrays are read through
+       locals, which the stores to the counts cannot alias */
+    const int64_t *live = P->live, *where = P->where, *turn = P->turn, *nseg = P->nseg;
+    const int8_t *state = P->state;
+    const uint8_t *fresh = P->fresh, *mark = P->order ? P->order->mark : NULL;
+    const double *ready = P->ready, t0 = P->t0, slice_end = P->slice_end;
+    int64_t *q_start = P->q_start, *csr_start = P->csr_start, S = P->S, fw = -1, fq = 0, fn = 0;
+    Py_ssize_t nrun = 0;
     for (Py_ssize_t i = 0; i < P->nlive; i++) {
-        int64_t r = P->live[i];
-        if (r < 0 || r >= n || P->where[r] < -1 || P->where[r] >= K || P->state[r] < WAIT || P->state[r] > DONE ||
-            P->turn[r] < 0 || P->turn[r] >= P->S || P->nseg[r] > P->S || (P->state[r] == RUN && P->where[r] < 0)) {
+        int64_t r = live[i];
+        if (r < 0 || r >= n || where[r] < -1 || where[r] >= K || state[r] < WAIT || state[r] > DONE || turn[r] < 0 ||
+            turn[r] >= S || nseg[r] > S || (state[r] == RUN && where[r] < 0)) {
             PyErr_SetString(PyExc_ValueError, "decode_slice: a live request's index, instance, state or turn is out of range");
             free(add.p);
             return -1;
         }
-        if (P->order && P->state[r] == WAIT && !P->fresh[r] && !P->order->mark[r] && ivec_push(&add, r) < 0) {
+        int64_t w = where[r];
+        int st = state[r];
+        if (st == WAIT && fresh[r]) {
+            if (w < 0) continue;
+            if (w != fw) {
+                if (fw >= 0) queued_k[fw] += fq, P->new_k[fw] += fn;
+                fw = w, fq = fn = 0;
+            }
+            fq += ready[r] <= t0;
+            fn++;
+            continue;
+        }
+        if (mark && st == WAIT && !mark[r] && ivec_push(&add, r) < 0) {
             free(add.p);
             goto nomem;
         }
-        int64_t w = P->where[r];
         if (w < 0) continue;
-        if (P->state[r] == WAIT) {
-            if (P->ready[r] <= P->t0) queued_k[w]++;
-            if (P->fresh[r]) {
-                P->new_k[w]++;
-                continue;
-            }
-            P->q_start[w + 1]++;
-        } else if (P->state[r] == RUN) {
-            running[(*m)++] = r;
+        if (st == WAIT) {
+            if (ready[r] <= t0) queued_k[w]++;
+            q_start[w + 1]++;
+        } else if (st == RUN) {
+            running[nrun++] = r;
             count_k[w]++;
-        } else if (P->state[r] == TOOL && P->ready[r] < P->slice_end) {
+        } else if (st == TOOL && ready[r] < slice_end) {
             if (ivec_push(&P->tool0, r) < 0) {
                 free(add.p);
                 goto nomem;
             }
         }
-        P->csr_start[w + 1]++;
+        csr_start[w + 1]++;
     }
+    *m = nrun;
+    if (fw >= 0) queued_k[fw] += fq, P->new_k[fw] += fn;
     int ordered = 0; /* the queued turns' runs from the kept order, already by readiness */
     if (P->order) {
         ordered = sn_order_add(P->order, add.p, add.n, P->ready);

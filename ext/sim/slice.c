@@ -310,12 +310,17 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
     };
     EventScan ev = {0};
     Py_ssize_t nk = 0, nt = 0;
-    for (Py_ssize_t i = 0; i < P.nlive; i++) {
-        int64_t r = P.live[i];
-        live_ctx[i] = P.ctx[r];
-        if (finished && P.state[r] != DONE) keep[nk++] = r;
-        if (P.state[r] == TOOL) tools[nt++] = r;
-        sn_event_note(&ev, &ein, r);
+    {
+        const int64_t *live = P.live; /* (locals: no store below reloads them) */
+        const double *ctx = P.ctx;
+        const int8_t *state = P.state;
+        for (Py_ssize_t i = 0; i < P.nlive; i++) {
+            int64_t r = live[i];
+            live_ctx[i] = ctx[r];
+            if (finished && state[r] != DONE) keep[nk++] = r;
+            if (state[r] == TOOL) tools[nt++] = r;
+            sn_event_note(&ev, &ein, r);
+        }
     }
     /* `_capacity`: what the started, active instances could decode at their largest batch */
     if (any) {
@@ -355,7 +360,7 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
     }
     for (Py_ssize_t j = 0; j < K; j++) debt[j] = np_max(0.0, debt[j] - dt) + P.later_debt[j];
     double next_at = NAN; /* (NaN: the caller asks `next_event` itself, which names what is wrong) */
-    if (sn_event_time(&ev, &ein, &next_at) < 0) {
+    if (sn_event_time(ev, ein, &next_at) < 0) {
         PyErr_Clear();
         next_at = NAN;
     }

@@ -304,8 +304,10 @@ static inline void sn_event_note(EventScan *e, const EventIn *in, int64_t r) {
     }
 }
 
-/* the time from a scan of every live request, or -1 with an exception set (event.c) */
-int sn_event_time(const EventScan *e, const EventIn *in, double *out);
+/* the time from a scan of every live request, or -1 with an exception set (event.c; by value, so that the caller's
+   scan keeps both in registers: extensions build with -fno-strict-aliasing, and a struct whose address is passed
+   on is written back to memory at each store of the scan) */
+int sn_event_time(EventScan e, EventIn in, double *out);
 
 /* the module's functions */
 PyObject *sn_decode_slice(PyObject *self, PyObject *args);

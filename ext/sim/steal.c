@@ -57,14 +57,15 @@ int sn_steal_core(const StealIn *s, long long *moved, long long *tokens) {
     uint8_t *stolen = s->stolen;
     Py_ssize_t n = s->n, K = s->K, nw = s->nw, ndeg = s->ndeg;
     double t = s->t;
-    int64_t *queued = NULL, *pool = NULL, *eligible = NULL, *home = NULL;
+    int64_t *pool = NULL, *eligible = NULL, *home = NULL;
     Thief *thieves = NULL;
     Stuck *stuck = NULL;
-    uint8_t *taken = NULL, *ripe_all = NULL, *has_ripe = NULL;
+    uint8_t *queued = NULL, *taken = NULL, *ripe_all = NULL, *has_ripe = NULL;
     double *scratch = NULL, *cs = NULL;
     int rc = -1, any = 0;
-    /* queued = np.bincount(where[waiting]); thieves: open instances with nothing queued */
-    queued = calloc((size_t)K + 1, sizeof(int64_t));
+    /* thieves: open instances with nothing queued (np.bincount(where[waiting]) == 0; a flag, not a count, so no
+       store waits on the one before at the same instance) */
+    queued = calloc((size_t)K + 1, 1);
     thieves = malloc(((size_t)K + 1) * sizeof(Thief));
     if (!queued || !thieves) goto nomem;
     for (Py_ssize_t i = 0; i < nw; i++) {
@@ -73,11 +74,11 @@ int sn_steal_core(const StealIn *s, long long *moved, long long *tokens) {
             PyErr_SetString(PyExc_ValueError, "steal: a waiting request's index or instance is out of range");
             goto fail;
         }
-        queued[where[r]]++;
+        queued[where[r]] = 1;
     }
     Py_ssize_t nt = 0;
     for (Py_ssize_t k = 0; k < K; k++) {
-        if (open_k[k] && queued[k] == 0) {
+        if (open_k[k] && !queued[k]) {
             if (ibucket[k] < 0) {
                 PyErr_SetString(PyExc_ValueError, "steal: an instance's bucket is negative");
                 goto fail;
