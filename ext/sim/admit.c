@@ -21,9 +21,9 @@ DEFINE_STABLE_SORT(sort_adm_ready, Adm, adm_ready_less)
 /* np.lexsort((ready, fresh, k)), a stable sort by instance, turns under way before new requests, then readiness,
    in less work than one merge sort of them all: a counting sort into one run per (instance, class), then each run
    by readiness unless it is in order already (new requests mostly are) */
-static int sort_candidates(Adm *c, Py_ssize_t nc, Py_ssize_t K, const AdmitIn *a) {
+static int sort_candidates(Adm **cp, Py_ssize_t nc, Py_ssize_t K, const AdmitIn *a) {
     Py_ssize_t runs = 2 * K;
-    Adm *tmp = malloc(((size_t)nc + 1) * sizeof(Adm));
+    Adm *c = *cp, *tmp = malloc(((size_t)nc + 1) * sizeof(Adm));
     Py_ssize_t *at = calloc((size_t)runs + 1, sizeof(Py_ssize_t));
     int rc = -1, ordered = a->order != NULL;
     if (!tmp || !at) goto out;
@@ -40,7 +40,9 @@ static int sort_candidates(Adm *c, Py_ssize_t nc, Py_ssize_t K, const AdmitIn *a
         for (; i < nc && run_of(&c[i]) == q; i++) tmp[o++] = c[i];
         at[q] = o;
     }
-    memcpy(c, tmp, (size_t)nc * sizeof(Adm));
+    *cp = tmp; /* the sorted copy is the candidates from here (the caller frees it) */
+    tmp = c;
+    c = *cp;
     if (ordered) { /* the turns under way of each instance as the kept order lists them: by readiness, then index */
         Py_ssize_t *cur = malloc(((size_t)K + 1) * sizeof(Py_ssize_t)), len = (Py_ssize_t)*a->order->len;
         if (!cur) goto out;
@@ -114,7 +116,7 @@ int sn_admit_core(const AdmitIn *a, IVec *go, int *touched) {
         }
     }
     if (nc) {
-        int sorted = sort_candidates(c, nc, K, a);
+        int sorted = sort_candidates(&c, nc, K, a);
         if (sorted == -2) goto fail;
         if (sorted < 0) goto nomem;
         within = malloc((size_t)nc * sizeof(double));

@@ -1,8 +1,9 @@
 """The timed rollout's slice decoding and admission in C, where the optional extension `libra.sim._slice_native` is
 built (ext/sim; slice_native.h names the parts): `SliceDecode._decode` (both decode passes with the turns that run
 inside the slice, `_continue_in_slice`, `_end_segments`, `_refill`; the step times, the check between the passes,
-the capacity), `Admission._admit` (both passes, with the work-conserving `_steal` between them and `_credit`), and
-`RolloutRun.next_event`. The same floats bit for bit:
+the capacity), `Admission._admit` (both passes, with the work-conserving `_steal` between them and `_credit`),
+`RolloutRun._returns` and `RolloutRun.next_event`; `advance` runs a slice's three in one call, and decoding hands
+the next event and the requests in a tool call on to the next boundary. The same floats bit for bit:
 tests/sim/test_slice_native.py, and the golden reports under tests/sim/golden with and without it. The Python code
 stays the reference and the fallback: a machine without a C compiler installs and runs it, and
 `LIBRA_PURE_PYTHON=1` selects it.
@@ -96,13 +97,48 @@ def usable(run: RolloutRun) -> bool:
     )
 
 
+def advance(run: RolloutRun, t: float, dt: float, table: tuple, in_tool: np.ndarray, tolerance: float) -> None:
+    """`RolloutRun.advance(t, dt)` in C once its live requests are listed: the tool calls back (`returns`) with
+    their routed moves (`moves`), admission (`admit_slice`) and decoding (`decode_slice`), the state after each
+    the reference's; the per-state sets the slice changed are dropped once, at its end. `in_tool`: live requests,
+    ascending, that hold every one in a tool call."""
+    k_all = len(run.inst)
+    cap_k = run._cap_k()
+    end = t + dt
+    touched, moving, carried = _returns(run, end, in_tool, k_all)
+    if moving.size:
+        touched |= _moves(run, moving, carried, end, table, k_all)
+    touched |= _admit(run, t, table, k_all, cap_k)
+    decoded, left = _decode(run, t, dt, table, tolerance, k_all, cap_k)
+    _forget(run, touched | decoded)
+    _note_live(run, left)
+
+
 def decode_slice(run: RolloutRun, t: float, dt: float, table: tuple, tolerance: float) -> None:
     """`SliceDecode._decode(t, dt)` in C (both passes, the check between them, the busy GPU-seconds, the capacity
     and the instances' debt), leaving the rollout's state as the reference does; `table`: `degree_table` of the
     rollout's degrees; `tolerance`: `REFINE_TOLERANCE`."""
+    k_all = len(run.inst)
+    touched, left = _decode(run, t, dt, table, tolerance, k_all, run._cap_k())
+    _forget(run, touched)
+    _note_live(run, left)
+
+
+def _note_live(run: RolloutRun, left: bytearray | None) -> None:
+    """Where some finished in the slice, its decoding listed the requests not DONE, as `_in_state(DONE, equal=False)`
+    lists them: kept as that set (after the sets the slice changed were dropped)."""
+    if left is not None:
+        live = np.frombuffer(left, np.int64)
+        live.flags.writeable = False
+        run._by_state[(DONE, False)] = live
+
+
+def _decode(
+    run: RolloutRun, t: float, dt: float, table: tuple, tolerance: float, k_all: int, cap_k: np.ndarray
+) -> tuple[int, bytearray | None]:
+    """`decode_slice` but the per-state sets: returns the states it changed (bits) and the requests left."""
     assert _NATIVE is not None
     work0, attn, prefill_rows, decode_rows = table
-    k_all = len(run.inst)
     occupancy, decoded_s, span_end, step = np.empty(k_all), np.empty(k_all), np.empty(k_all), np.empty(k_all)
     fk, ft = run._freed
     run._later_debt = np.zeros(k_all)  # sized anew: instances join between slices
@@ -111,7 +147,7 @@ def decode_slice(run: RolloutRun, t: float, dt: float, table: tuple, tolerance: 
         run.rem, run.ctx, run.pending, run.ready, run.finish, run.lag, run._own_debt,
         run.state, run.turn, run.moved, run.stolen, run.fresh, run.where, w.num_segments,
         w.tool_end, w.tool_tokens, w.latency, w.gen, routes.carried, routes.bucket,
-        inst.bucket, inst.tp, run._cap_k(), inst.active, inst.ready_at, run.debt, run._later_debt,
+        inst.bucket, inst.tp, cap_k, inst.active, inst.ready_at, run.debt, run._later_debt,
         np.ascontiguousarray(run._occupancy, float), occupancy, decoded_s, span_end, step, run._live,
         np.ascontiguousarray(fk, np.int64), np.ascontiguousarray(ft, float), prefill_rows, decode_rows, *run._order,
     )  # fmt: skip
@@ -130,20 +166,23 @@ def decode_slice(run: RolloutRun, t: float, dt: float, table: tuple, tolerance: 
     else:
         run._last = (np.frombuffer(still, np.int64), step)
         run._occupancy, run._decoded_s, run._span_end = occupancy, decoded_s, span_end
-    _forget(run, touched)
-    if left is not None:  # some finished: the requests not DONE, as `_in_state(DONE, equal=False)` lists them
-        live = np.frombuffer(left, np.int64)
-        live.flags.writeable = False
-        run._by_state[(DONE, False)] = live
     if next_at == next_at:  # (NaN where the scan met a bad row: `next_event` then asks again, and says what)
         # `next_event(t + dt)` and the requests in a tool call, as the kernel found them in its last scan
         run._next = (t + dt, k_all, next_at, np.frombuffer(in_tool, np.int64))
+    return touched, left
 
 
-def returns(run: RolloutRun, slice_end: float, among: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def returns(run: RolloutRun, slice_end: float) -> tuple[np.ndarray, np.ndarray]:
     """The start of `RolloutRun._returns`: the tool calls back before `slice_end` go to WAIT; returns the requests
-    among them whose routed move applies (ascending) and the context each carries. `among`: live requests,
-    ascending, that hold every one in a tool call (`run._live`, or those the last slice's decoding listed)."""
+    among them whose routed move applies (ascending) and the context each carries."""
+    touched, moving, carried = _returns(run, slice_end, run._live, len(run.inst))
+    _forget(run, touched)
+    return moving, carried
+
+
+def _returns(run: RolloutRun, slice_end: float, among: np.ndarray, k_all: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """`returns` but the per-state sets (and the states it changed first); `among`: live requests, ascending,
+    that hold every one in a tool call."""
     assert _NATIVE is not None
     w, r = run.work, run.routes
     arrays = (
@@ -159,15 +198,19 @@ def returns(run: RolloutRun, slice_end: float, among: np.ndarray) -> tuple[np.nd
         run.inst.bucket,
     )
     n, width = w.gen.shape
-    touched, moving, carried = _NATIVE.returns(arrays, n, width, len(run.inst), slice_end)
-    _forget(run, touched)
-    return np.frombuffer(moving, np.int64), np.frombuffer(carried, np.int64)
+    touched, moving, carried = _NATIVE.returns(arrays, n, width, k_all, slice_end)
+    return touched, np.frombuffer(moving, np.int64), np.frombuffer(carried, np.int64)
 
 
 def moves(run: RolloutRun, moving: np.ndarray, carried: np.ndarray, slice_end: float, table: tuple) -> None:
     """The rest of `RolloutRun._returns` in C: the requests `moving` (from `returns`, ascending) move to their
     routed bucket (`_assign`), each carrying `carried` tokens by KV transfer or prefilled again at its new instance,
     whichever is sooner; `table`: `degree_table` of the rollout's degrees."""
+    _forget(run, _moves(run, moving, carried, slice_end, table, len(run.inst)))
+
+
+def _moves(run: RolloutRun, moving: np.ndarray, carried: np.ndarray, slice_end: float, table: tuple, k_all: int) -> int:
+    """`moves` but the per-state sets: returns the states it changed (bits)."""
     assert _NATIVE is not None
     work0, attn, prefill_rows, _ = table
     inst = run.inst
@@ -179,11 +222,10 @@ def moves(run: RolloutRun, moving: np.ndarray, carried: np.ndarray, slice_end: f
     )  # fmt: skip
     n, width = run.work.gen.shape
     bandwidth = run.cm.cluster.gpu.network_bandwidth_gbs * 1e9 * run.c.link_efficiency
-    touched = _NATIVE.moves(
-        arrays, n, width, len(inst), slice_end, run.dispatch == "interleaved",
+    return _NATIVE.moves(
+        arrays, n, width, k_all, slice_end, run.dispatch == "interleaved",
         float(run.cm.model.kv_bytes_per_token(1)), bandwidth, work0, attn,
     )  # fmt: skip
-    _forget(run, touched)
 
 
 _STEAL_MODES = {"off": 0, "new": 1, "all": 2}
@@ -191,15 +233,24 @@ _STEAL_MODES = {"off": 0, "new": 1, "all": 2}
 
 def admit_slice(run: RolloutRun, t: float, table: tuple) -> None:
     """`Admission._admit(t)` in C: both passes and the steal between them, the same state after."""
+    _forget(run, _admit(run, t, table, len(run.inst), run._cap_k()))
+
+
+_NO_SLOTS = (np.zeros(0, np.int64), np.zeros(0))  # (read only: every admission hands these on, no one writes them)
+for _a in _NO_SLOTS:
+    _a.flags.writeable = False
+
+
+def _admit(run: RolloutRun, t: float, table: tuple, k_all: int, cap_k: np.ndarray) -> int:
+    """`admit_slice` but the per-state sets: returns the states it changed (bits)."""
     assert _NATIVE is not None
     work0, attn, degrees, _ = table
     inst, c = run.inst, run.c
-    k_all = len(inst)
     run._refilled = np.zeros(k_all, np.int64)
     fk, ft = run._freed
     arrays = (
         run._live, run.state, run.where, run.ready, run.fresh, run.ctx, run.pending, run.lag, run.stolen, run.debt,
-        run._refilled, inst.active, inst.ready_at, inst.bucket, inst.tp, run._cap_k(),
+        run._refilled, inst.active, inst.ready_at, inst.bucket, inst.tp, cap_k,
         np.ascontiguousarray(fk, np.int64), np.ascontiguousarray(ft, float), degrees, *run._order,
     )  # fmt: skip
     touched, moved, tokens = _NATIVE.admit_slice(
@@ -208,8 +259,8 @@ def admit_slice(run: RolloutRun, t: float, table: tuple) -> None:
     )  # fmt: skip
     run.rebalanced += moved
     run.rebalanced_tokens += tokens
-    run._freed = (np.zeros(0, np.int64), np.zeros(0))
-    _forget(run, touched)
+    run._freed = _NO_SLOTS
+    return touched
 
 
 def steal(

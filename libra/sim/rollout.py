@@ -266,17 +266,21 @@ class RolloutRun(SliceDecode, Admission):
         handed, self._next = self._next, None
         self._live = self._in_state(DONE, equal=False)
         self._by_state.pop(None, None)  # gathered over the previous `_live`
-        self._returns(t, dt, handed[3] if handed is not None and handed[0] == t else None)
+        table = self._kernel_table()
+        if table is not None:  # in C (libra.sim.native): the same returns, admission and decoding
+            in_tool = handed[3] if handed is not None and handed[0] == t else self._live
+            native.advance(self, t, dt, table, in_tool, REFINE_TOLERANCE)
+            return
+        self._returns(t, dt)
         self._admit(t)
         self._decode(t, dt)
 
-    def _returns(self, t: float, dt: float, in_tool: np.ndarray | None = None) -> None:
+    def _returns(self, t: float, dt: float) -> None:
         """Tool calls that return before the slice ends rejoin now; one that returns inside the slice starts
-        decoding at its return time (admission sets `lag`), not at the next boundary. `in_tool`: the requests in a
-        tool call, ascending, where the last slice's decoding listed them (the kernel then reads only those)."""
+        decoding at its return time (admission sets `lag`), not at the next boundary."""
         table = self._kernel_table()
         if table is not None:  # in C (libra.sim.native): the same requests back, the same moves
-            moving, carried = native.returns(self, t + dt, self._live if in_tool is None else in_tool)
+            moving, carried = native.returns(self, t + dt)
             if moving.size:
                 native.moves(self, moving, carried, t + dt, table)
             return
