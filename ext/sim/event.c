@@ -63,7 +63,7 @@ PyObject *sn_next_event(PyObject *self, PyObject *args) {
         .n = n, .K = K, .state = (const int8_t *)b[E_STATE].view.buf, .ready = D(E_READY), .where = Q(E_WHERE),
         .ready_at = D(E_READY_AT), .debt = D(E_DEBT), .rem = D(E_REM), .still = Q(E_STILL), .nstill = LEN(E_STILL),
         .step = D(E_STEP), .nstep = LEN(E_STEP), .t = t, .min_slice = min_slice, .max_slice = max_slice,
-        .have_last = have_last,
+        .have_last = have_last, .starting = sn_starting(D(E_READY_AT), K, t), .checked = 0,
     };
     EventScan e = {0};
     const int64_t *live = Q(E_LIVE);

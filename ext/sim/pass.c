@@ -129,7 +129,10 @@ int sn_slice_lists(Pass *P, int64_t *running, Py_ssize_t *m, int64_t *count_k, i
         int64_t w = where[r];
         int st = state[r];
         if (st == WAIT && fresh[r]) {
-            if (w < 0) continue;
+            if (w < 0) {
+                P->unplaced = 1;
+                continue;
+            }
             if (w != fw) {
                 if (fw >= 0) queued_k[fw] += fq, P->new_k[fw] += fn;
                 fw = w, fq = fn = 0;
@@ -142,7 +145,10 @@ int sn_slice_lists(Pass *P, int64_t *running, Py_ssize_t *m, int64_t *count_k, i
             free(add.p);
             goto nomem;
         }
-        if (w < 0) continue;
+        if (w < 0) {
+            P->unplaced |= st == WAIT;
+            continue;
+        }
         if (st == WAIT) {
             if (ready[r] <= t0) queued_k[w]++;
             q_start[w + 1]++;

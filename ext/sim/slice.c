@@ -307,8 +307,9 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
         .n = n, .K = K, .state = P.state, .ready = P.ready, .where = P.where, .ready_at = ready_at, .debt = debt,
         .rem = P.rem, .still = ran ? still.p : NULL, .nstill = ran ? still.n : 0, .step = step, .nstep = K,
         .t = t + dt, .min_slice = min_slice, .max_slice = max_slice, .have_last = ran,
+        .starting = sn_starting(ready_at, K, t + dt), .checked = !P.unplaced,
     };
-    EventScan ev = {0};
+    EventScan ev = {.bad = P.unplaced};
     Py_ssize_t nk = 0, nt = 0;
     {
         const int64_t *live = P.live; /* (locals: no store below reloads them) */

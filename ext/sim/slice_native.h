@@ -158,6 +158,7 @@ typedef struct {
     IVec refilled;      /* requests taken back in this pass: the only ones whose own debt is not 0 */
     int64_t *left_wait; /* K: requests queued and ready at the slice start taken back in this pass */
     double t0;          /* the slice's start */
+    int unplaced;       /* some live request waits with no instance (`sn_slice_lists`; no pass changes that) */
     Order *order;       /* the queued turns by readiness (NULL: none kept) */
     /* the first pass's undo log: each row it writes, as it was, saved before the first write (NULL: none kept) */
     RowVec *undo;
@@ -276,6 +277,8 @@ typedef struct {
     const int64_t *where, *still;
     double t, min_slice, max_slice;
     int have_last;
+    int starting; /* some instance starts after `t` (else no waiting request's instance is read) */
+    int checked;  /* every waiting request is known to have an instance (else each one's is checked) */
 } EventIn;
 
 /* what one scan of the live requests tells `next_event` (bad: a waiting request without a valid instance) */
@@ -283,6 +286,13 @@ typedef struct {
     int any_run, any_tool, any_wait, any_later, bad;
     double tool_min, later_min;
 } EventScan;
+
+/* whether some instance starts after `t` */
+static inline int sn_starting(const double *ready_at, Py_ssize_t K, double t) {
+    for (Py_ssize_t k = 0; k < K; k++)
+        if (ready_at[k] > t) return 1;
+    return 0;
+}
 
 /* note one live request (index checked by the caller); inline: it runs once per live request in each scan */
 static inline void sn_event_note(EventScan *e, const EventIn *in, int64_t r) {
@@ -294,6 +304,7 @@ static inline void sn_event_note(EventScan *e, const EventIn *in, int64_t r) {
         e->any_tool = 1;
     } else if (s == WAIT) {
         e->any_wait = 1;
+        if (!in->starting && in->checked) return;
         int64_t w = in->where[r];
         if (w < 0 || w >= in->K) {
             e->bad = 1;
