@@ -271,7 +271,7 @@ PyObject *sn_admit_slice(PyObject *self, PyObject *args) {
     memset(b, 0, sizeof(b));
     Degree deg[MAX_DEG];
     IVec go = {0};
-    int64_t *waiting = NULL, *run_k = NULL, *seats = NULL, *fk = NULL;
+    int64_t *waiting = NULL, *add = NULL, *run_k = NULL, *seats = NULL, *fk = NULL;
     double *used_k = NULL, *room = NULL, *ft = NULL, *added = NULL;
     uint8_t *open_k = NULL;
     Slot *slots = NULL;
@@ -288,12 +288,24 @@ PyObject *sn_admit_slice(PyObject *self, PyObject *args) {
     int64_t *where = Q(S_WHERE);
     const double *ctx = D(S_CTX);
     waiting = malloc(((size_t)nlive + 1) * sizeof(int64_t));
+    add = malloc(((size_t)nlive + 1) * sizeof(int64_t));
     run_k = calloc((size_t)K + 1, sizeof(int64_t));
     used_k = calloc((size_t)K + 1, sizeof(double));
-    if (!waiting || !run_k || !used_k) goto nomem;
-    /* one pass over the live requests: checked, the waiting listed (`_in_state(WAIT)`), and the running counted
-       with their context per instance (np.bincount, in the order of the running requests) */
-    Py_ssize_t nw = 0;
+    if (!waiting || !add || !run_k || !used_k) goto nomem;
+    /* the kept order of the queued turns under way, its stale entries dropped (they are the same after the scan:
+       it writes nothing) */
+    Order order;
+    const Order *kept = NULL;
+    const uint8_t *fresh_r = U(S_FRESH);
+    if (sn_order_of(&order, &b[S_OIDS], n, "admit_slice") < 0) goto fail;
+    sn_order_drop(&order, state, fresh_r, D(S_READY));
+    /* one pass over the live requests: checked, the waiting listed (`_in_state(WAIT)`) with the queued turns
+       under way the kept order lacks, and the running counted with their context per instance (np.bincount, in
+       the order of the running requests: a stretch of one instance's is summed in a register from the count so
+       far, the same additions in the same order) */
+    Py_ssize_t nw = 0, nadd = 0;
+    int64_t rk = -1, rn = 0;
+    double ru = 0.0;
     for (Py_ssize_t i = 0; i < nlive; i++) {
         int64_t r = live[i];
         if (r < 0 || r >= n || state[r] < WAIT || state[r] > DONE || where[r] < -1 || where[r] >= K ||
@@ -303,26 +315,21 @@ PyObject *sn_admit_slice(PyObject *self, PyObject *args) {
         }
         if (state[r] == WAIT) {
             waiting[nw++] = r;
+            if (!fresh_r[r] && !order.mark[r]) add[nadd++] = r;
         } else if (state[r] == RUN) {
-            run_k[where[r]]++;
-            used_k[where[r]] += ctx[r];
+            if (where[r] != rk) {
+                if (rk >= 0) run_k[rk] = rn, used_k[rk] = ru;
+                rk = where[r], rn = run_k[rk], ru = used_k[rk];
+            }
+            rn++;
+            ru += ctx[r];
         }
     }
+    if (rk >= 0) run_k[rk] = rn, used_k[rk] = ru;
     if (nw == 0) goto done; /* nothing to admit */
-    /* the kept order of the queued turns under way, with the ones queued since the last slice merged in */
-    Order order;
-    const Order *kept = NULL;
-    if (sn_order_of(&order, &b[S_OIDS], n, "admit_slice") < 0) goto fail;
+    /* the queued turns since the last slice merged into the kept order */
     {
-        const uint8_t *fresh_r = U(S_FRESH);
-        Py_ssize_t nadd = 0;
-        int64_t *add = malloc(((size_t)nw + 1) * sizeof(int64_t));
-        if (!add) goto nomem;
-        sn_order_drop(&order, state, fresh_r, D(S_READY));
-        for (Py_ssize_t i = 0; i < nw; i++)
-            if (!fresh_r[waiting[i]] && !order.mark[waiting[i]]) add[nadd++] = waiting[i];
         int got = sn_order_add(&order, add, nadd, D(S_READY));
-        free(add);
         if (got < 0) goto fail;
         if (got == 0) kept = &order;
     }
@@ -399,6 +406,7 @@ out:
     sn_release(b, N_SLICE_ADMIT);
     free(go.p);
     free(waiting);
+    free(add);
     free(run_k);
     free(seats);
     free(used_k);

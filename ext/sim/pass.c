@@ -117,17 +117,23 @@ int sn_slice_lists(Pass *P, int64_t *running, Py_ssize_t *m, int64_t *count_k, i
     const uint8_t *fresh = P->fresh, *mark = P->order ? P->order->mark : NULL;
     const double *ready = P->ready, t0 = P->t0, slice_end = P->slice_end;
     int64_t *q_start = P->q_start, *csr_start = P->csr_start, S = P->S, fw = -1, fq = 0, fn = 0;
-    Py_ssize_t nrun = 0;
+    /* the requests on an instance but the new ones queued (what the lists by instance hold), ascending */
+    int64_t *placed = malloc(((size_t)P->nlive + 1) * sizeof(int64_t));
+    if (!placed) goto nomem;
+    Py_ssize_t nrun = 0, nplaced = 0;
     for (Py_ssize_t i = 0; i < P->nlive; i++) {
         int64_t r = live[i];
-        if (r < 0 || r >= n || where[r] < -1 || where[r] >= K || state[r] < WAIT || state[r] > DONE || turn[r] < 0 ||
-            turn[r] >= S || nseg[r] > S || (state[r] == RUN && where[r] < 0)) {
+        int bad = r < 0 || r >= n;
+        int64_t w = bad ? 0 : where[r];
+        int st = bad ? WAIT : state[r];
+        /* (a new request queued has no segment the passes read: its turn is checked once it runs) */
+        if (bad || w < -1 || w >= K || st < WAIT || st > DONE ||
+            (!(st == WAIT && fresh[r]) && (turn[r] < 0 || turn[r] >= S || nseg[r] > S || (st == RUN && w < 0)))) {
             PyErr_SetString(PyExc_ValueError, "decode_slice: a live request's index, instance, state or turn is out of range");
             free(add.p);
+            free(placed);
             return -1;
         }
-        int64_t w = where[r];
-        int st = state[r];
         if (st == WAIT && fresh[r]) {
             if (w < 0) {
                 P->unplaced = 1;
@@ -143,6 +149,7 @@ int sn_slice_lists(Pass *P, int64_t *running, Py_ssize_t *m, int64_t *count_k, i
         }
         if (mark && st == WAIT && !mark[r] && ivec_push(&add, r) < 0) {
             free(add.p);
+            free(placed);
             goto nomem;
         }
         if (w < 0) {
@@ -158,10 +165,12 @@ int sn_slice_lists(Pass *P, int64_t *running, Py_ssize_t *m, int64_t *count_k, i
         } else if (st == TOOL && ready[r] < slice_end) {
             if (ivec_push(&P->tool0, r) < 0) {
                 free(add.p);
+                free(placed);
                 goto nomem;
             }
         }
         csr_start[w + 1]++;
+        placed[nplaced++] = r;
     }
     *m = nrun;
     if (fw >= 0) queued_k[fw] += fq, P->new_k[fw] += fn;
@@ -169,10 +178,16 @@ int sn_slice_lists(Pass *P, int64_t *running, Py_ssize_t *m, int64_t *count_k, i
     if (P->order) {
         ordered = sn_order_add(P->order, add.p, add.n, P->ready);
         free(add.p);
-        if (ordered < 0) return -1;
+        if (ordered < 0) {
+            free(placed);
+            return -1;
+        }
         ordered = ordered == 0;
     }
-    if (*m == 0) return 0; /* no pass runs */
+    if (*m == 0) { /* no pass runs */
+        free(placed);
+        return 0;
+    }
     for (Py_ssize_t k = 0; k < K; k++) {
         P->csr_start[k + 1] += P->csr_start[k];
         P->q_start[k + 1] += P->q_start[k];
@@ -183,19 +198,17 @@ int sn_slice_lists(Pass *P, int64_t *running, Py_ssize_t *m, int64_t *count_k, i
     int64_t *fill = malloc(2 * ((size_t)K + 1) * sizeof(int64_t)), *qfill = fill + K + 1;
     if (!P->csr || !P->qc || !P->in_tool || !fill) {
         free(fill);
+        free(placed);
         goto nomem;
     }
     memcpy(fill, P->csr_start, (size_t)K * sizeof(int64_t));
     memcpy(qfill, P->q_start, (size_t)K * sizeof(int64_t));
-    for (Py_ssize_t i = 0; i < P->nlive; i++) {
-        int64_t r = P->live[i], w = P->where[r];
-        if (w < 0) continue;
-        if (P->state[r] == WAIT) {
-            if (P->fresh[r]) continue;
-            if (!ordered) P->qc[qfill[w]++] = (Cand){w, r, P->ready[r]};
-        }
+    for (Py_ssize_t i = 0; i < nplaced; i++) {
+        int64_t r = placed[i], w = where[r];
+        if (state[r] == WAIT && !ordered) P->qc[qfill[w]++] = (Cand){w, r, ready[r]};
         P->csr[fill[w]++] = r;
     }
+    free(placed);
     if (ordered) {
         for (Py_ssize_t i = 0; i < (Py_ssize_t)*P->order->len; i++) {
             int64_t r = P->order->ids[i], w = P->where[r];
