@@ -1,8 +1,8 @@
-"""Build of the optional C accelerators: the router's step-end tree update (ext/scheduling) and the simulator's
-slice (ext/sim); the rest of the package's metadata is in pyproject.toml. `optional=True`: without a C
-compiler the package installs and runs on the pure-Python references (libra/scheduling/node.py, tree.py;
-libra/sim/slices.py), with the same results. `-ffp-contract=off` for the decode pass: no fused multiply-add, so
-every float is rounded where numpy rounds it."""
+"""Build of the optional C accelerators: the router's step-end tree update (ext/scheduling), the generators'
+values (ext/workloads) and the simulator's slice (ext/sim); the rest of the package's metadata is in
+pyproject.toml. `optional=True`: without a C compiler the package installs and runs on the pure-Python references
+(libra/scheduling/node.py, tree.py; libra/workloads/trace.py; libra/sim/slices.py), with the same results.
+`-ffp-contract=off` for the decode pass: no fused multiply-add, so every float is rounded where numpy rounds it."""
 
 from setuptools import Extension, setup
 
@@ -16,6 +16,12 @@ setup(
                 "ext/scheduling/replay_native.c",
             ],
             depends=["ext/scheduling/tree_native.h"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
+        Extension(
+            "libra.workloads._slots_native",
+            sources=["ext/workloads/slots_native.c"],
             extra_compile_args=["-O2"],
             optional=True,
         ),

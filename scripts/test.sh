@@ -45,9 +45,9 @@ if not missing:
     from libra.elastic import native
     if native.load() is None:
         missing.append(f"C++ extension libra_ext ({native.load_error()})")
-# the router's and the simulator's C extensions (ext/scheduling, ext/sim, built by `pip install -e .`; the package
-# runs without them)
-for ext in ("libra.scheduling._tree_native", "libra.sim._slice_native"):
+# the router's, the generators' and the simulator's C extensions (ext/scheduling, ext/workloads, ext/sim, built by
+# `pip install -e .`; the package runs without them)
+for ext in ("libra.scheduling._tree_native", "libra.workloads._slots_native", "libra.sim._slice_native"):
     try:
         importlib.import_module(ext)
     except ImportError as exc:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,33 +48,52 @@ class Turn:
     extra: dict[str, Any] = attrs.field(factory=dict, eq=False, hash=False)
 
 
-def trusted_turns(
-    gen_tokens: Iterable[int],
-    tools: Iterable[str | None],
-    statuses: Iterable[str | None],
-    tool_tokens: Iterable[int],
-    extras: Iterable[dict[str, Any]],
-) -> list[Turn]:
-    """`Turn(gen_tokens=g, tool=t, tool_status=s, tool_tokens=n, extra=e)` for each tuple of the iterables, for
-    callers whose values are valid by construction (the synthetic generators make ~100K turns per step). Same
-    values as the constructor; it only skips the keyword handling of the call, which is most of its cost."""
+def _load_slots_native() -> Any:
+    """The optional C maker of slotted values (ext/workloads/slots_native.c), or None where it is not built or
+    `LIBRA_PURE_PYTHON` is set."""
+    if os.environ.get("LIBRA_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from libra.workloads import _slots_native  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _slots_native
+
+
+_SLOTS_NATIVE = _load_slots_native()
+
+
+def trusted_values(cls: type, fields: tuple[str, ...], columns: tuple[Sequence[Any], ...]) -> list[Any]:
+    """`cls(**{f: column[i] for f, column in zip(fields, columns)})` for each row i, for callers whose values are
+    valid by construction and who give every field (a test checks the callers do): `object.__new__(cls)` and each
+    slot's setter, which is what an attrs frozen slotted class's constructor does, without the keyword handling;
+    in C where ext/workloads is built (no Python call per slot: tests/workloads/test_trusted_turns.py)."""
+    if _SLOTS_NATIVE is not None:
+        return _SLOTS_NATIVE.make(cls, fields, columns)
     new = object.__new__
-    set_gen, set_tool, set_status, set_tokens, set_extra = _TURN_SETTERS
-    out = []
-    for g, t, s, n, e in zip(gen_tokens, tools, statuses, tool_tokens, extras):
-        turn = new(Turn)
-        set_gen(turn, g)
-        set_tool(turn, t)
-        set_status(turn, s)
-        set_tokens(turn, n)
-        set_extra(turn, e)
-        out.append(turn)
+    setters = [cls.__dict__[name].__set__ for name in fields]
+    out: list[Any] = [new(cls) for _ in range(len(columns[0]) if columns else 0)]
+    for setter, column in zip(setters, columns, strict=True):
+        for value, row in zip(column, out, strict=True):
+            setter(row, value)
     return out
 
 
-# the slot setters of Turn's fields, in the order trusted_turns takes them (a test checks that they are all of them)
+def trusted_turns(
+    gen_tokens: Sequence[int],
+    tools: Sequence[str | None],
+    statuses: Sequence[str | None],
+    tool_tokens: Sequence[int],
+    extras: Sequence[dict[str, Any]],
+) -> list[Turn]:
+    """`Turn(gen_tokens=g, tool=t, tool_status=s, tool_tokens=n, extra=e)` for each tuple of the sequences, for
+    callers whose values are valid by construction (the synthetic generators make ~100K turns per step): see
+    `trusted_values`."""
+    return trusted_values(Turn, _TURN_FIELDS, (gen_tokens, tools, statuses, tool_tokens, extras))
+
+
+# Turn's fields, in the order trusted_turns takes them (a test checks that they are all of them)
 _TURN_FIELDS = ("gen_tokens", "tool", "tool_status", "tool_tokens", "extra")
-_TURN_SETTERS = tuple(Turn.__dict__[name].__set__ for name in _TURN_FIELDS)
 
 
 @attrs.frozen(kw_only=True)
@@ -300,3 +320,7 @@ def group_by_step(trajectories: list[Trajectory], *, steps_without_label: int = 
     k = max(1, min(steps_without_label, n))
     bounds = [round(i * n / k) for i in range(k + 1)]
     return [trajectories[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+# Trajectory's fields, in the order `trusted_values` callers give them (a test checks that they are all of them)
+TRAJECTORY_FIELDS = ("prompt_id", "prompt_tokens", "turns", "sample", "step", "reward", "extra")

@@ -11,7 +11,7 @@ import gc
 import attrs
 import numpy as np
 
-from libra.workloads.trace import Trajectory, trusted_turns
+from libra.workloads.trace import TRAJECTORY_FIELDS, Trajectory, trusted_turns, trusted_values
 
 NO_TOOL = -1
 STATUS_NAMES = ("ok", "error", "timeout")
@@ -173,10 +173,7 @@ def _build(
     extras = [{} if name is None else {"tool_latency_s": lat} for name, lat in zip(tools, latency)]
     turns = trusted_turns(batch.gen_tokens[valid].tolist(), tools, statuses, tool_tok, extras)
     ends = np.cumsum(batch.num_turns).tolist()
-    starts = [0, *ends[:-1]]
-    return [
-        Trajectory(prompt_id=pid, prompt_tokens=ptok, turns=tuple(turns[a:b]), sample=sample, step=step, reward=reward)
-        for pid, ptok, a, b, sample, reward in zip(
-            prompt_ids, prompt_tokens.tolist(), starts, ends, samples.tolist(), batch.reward.tolist()
-        )
-    ]
+    rows = len(ends)
+    turns_of = [tuple(turns[a:b]) for a, b in zip([0, *ends[:-1]], ends)]
+    columns = (prompt_ids, prompt_tokens.tolist(), turns_of, samples.tolist(), [step] * rows, batch.reward.tolist())
+    return trusted_values(Trajectory, TRAJECTORY_FIELDS, (*columns, [{} for _ in range(rows)]))
