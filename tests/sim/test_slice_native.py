@@ -243,10 +243,13 @@ def test_a_handed_on_next_event_is_dropped_when_the_rollout_changes(monkeypatch)
     assert run._next is not None
     run.rebalance(0)  # the queue spread over the new instance
     assert run._next is None
-    run.advance(1.0, 0.5)
-    assert run._next is not None
+    run.advance(1.0, 0.5)  # the new instance starts at 30 s: the handed time reads its queue's instances
+    assert run._next is not None and run._next[2] == scan(run, 1.5)
     run.lend(np.array([2]))
     assert run._next is None
+    later = RolloutRun(CM, step, routes, Instances([1, 1], [0, 0], [10.0, 10.0]), start=0.0)
+    later.advance(0.0, 0.5)  # every instance starts at 10 s: the next event is then, read from the queue's instances
+    assert later._next is not None and later.next_event(0.5) == later._next[2] == scan(later, 0.5) == 10.0
     bad = RolloutRun(CM, step, routes, Instances([1], [0], [0.0]), start=0.0, steal="off")
     bad.where[-1] = -1  # a waiting request with no instance
     bad.advance(0.0, 0.5)
