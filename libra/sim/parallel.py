@@ -28,22 +28,23 @@ from libra.spec import SpecError
 # Relative CPU cost of the work a group carries, for balancing groups: a policy's simulation, in units of the mean
 # policy, and the prefix tree's step-end work in the group that holds it (the C-MLFQ replay of each step for each
 # bucket set, the tree's update and the step's `Trajectory` values, which only the tree reads). Measured
-# 2026-12-04 (the slice kernel's kept order, the replay in C, the workers' freeze), CPU seconds over the default
-# scenario's 100 steps (48 GPUs, r2e-gym, 8,192 requests a step), each policy alone less the 2.2 s every run pays
-# (the steps' work, the first plans): libra 20.0, libra-cmlfq 18.1, libra-hetero-tp 15.6, colocated 14.8,
-# static-optimal 13.2, libra-homogeneous 12.4, greedy 12.2, static-uniform 10.0; the tree 13.4; mean policy 14.5. At
-# 1,024 GPUs (65,536 requests a step, 3 steps) the policies are closer (0.8-1.0 s each) and the tree is about one.
+# 2026-12-04 afternoon (the slice kernel handing on the next event, the generators' values in C), CPU seconds over
+# the default scenario's 100 steps (48 GPUs, r2e-gym, 8,192 requests a step), each policy alone less the 2.2 s every
+# run pays (the steps' work, the first plans): libra 17.7, libra-cmlfq 15.8, libra-hetero-tp 14.4, colocated 13.7,
+# greedy 11.2, static-optimal 11.1, static-uniform 10.3, libra-homogeneous 10.1; the tree 15.7 (libra and
+# libra-cmlfq alone and together); mean policy 13.0. At 1,024 GPUs (65,536 requests a step, 3 steps) the policies
+# are closer (0.8-1.0 s each) and the tree is about one.
 POLICY_COST = {
-    "libra": 1.38,
-    "libra-cmlfq": 1.24,
-    "libra-hetero-tp": 1.07,
-    "colocated": 1.02,
-    "static-optimal": 0.91,
-    "libra-homogeneous": 0.85,
-    "greedy": 0.84,
-    "static-uniform": 0.69,
+    "libra": 1.36,
+    "libra-cmlfq": 1.21,
+    "libra-hetero-tp": 1.10,
+    "colocated": 1.05,
+    "greedy": 0.86,
+    "static-optimal": 0.85,
+    "static-uniform": 0.79,
+    "libra-homogeneous": 0.77,
 }
-TREE_COST = 0.92
+TREE_COST = 1.20
 POLL_S = 1.0  # how often the parent checks, while no worker reports, that they are all still alive
 
 
