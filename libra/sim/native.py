@@ -142,16 +142,21 @@ def _decode(
     occupancy, decoded_s, span_end, step = np.empty(k_all), np.empty(k_all), np.empty(k_all), np.empty(k_all)
     fk, ft = run._freed
     run._later_debt = np.zeros(k_all)  # sized anew: instances join between slices
-    w, routes, inst, c = run.work, run.routes, run.inst, run.c
+    inst, c = run.inst, run.c
+    rows = run._rows
+    if rows is None:  # the per-request arrays, bound once for the rollout's life (in __init__)
+        w, routes = run.work, run.routes
+        rows = run._rows = (
+            run.rem, run.ctx, run.pending, run.ready, run.finish, run.lag, run._own_debt,
+            run.state, run.turn, run.moved, run.stolen, run.fresh, run.where, w.num_segments,
+            w.tool_end, w.tool_tokens, w.latency, w.gen, routes.carried, routes.bucket,
+        )  # fmt: skip
     arrays = (
-        run.rem, run.ctx, run.pending, run.ready, run.finish, run.lag, run._own_debt,
-        run.state, run.turn, run.moved, run.stolen, run.fresh, run.where, w.num_segments,
-        w.tool_end, w.tool_tokens, w.latency, w.gen, routes.carried, routes.bucket,
-        inst.bucket, inst.tp, cap_k, inst.active, inst.ready_at, run.debt, run._later_debt,
+        *rows, inst.bucket, inst.tp, cap_k, inst.active, inst.ready_at, run.debt, run._later_debt,
         np.ascontiguousarray(run._occupancy, float), occupancy, decoded_s, span_end, step, run._live,
         np.ascontiguousarray(fk, np.int64), np.ascontiguousarray(ft, float), prefill_rows, decode_rows, *run._order,
     )  # fmt: skip
-    n, width = w.gen.shape
+    n, width = run.work.gen.shape
     decoded, busy, capacity, still, fk, ft, touched, left, next_at, in_tool = _NATIVE.decode_slice(
         arrays, n, width, k_all, t, dt, run.decoded, c.kv_headroom_seqs, work0, attn,
         float(c.max_num_seqs), c.preemption_factor, c.max_churn, tolerance, run.min_slice_s, run.max_slice_s,

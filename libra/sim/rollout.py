@@ -189,6 +189,7 @@ class RolloutRun(SliceDecode, Admission):
         # on what its last scan found, for the next boundary; any change to the rollout through its methods drops it,
         # and the next event is not used once an instance was added
         self._next: tuple[float, int, float, np.ndarray] | None = None
+        self._rows: tuple[np.ndarray, ...] | None = None  # the slice kernel's per-request arrays (`native._decode`)
 
     # --- bookkeeping --------------------------------------------------------------------------------------------
     @property
@@ -441,10 +442,10 @@ class RolloutRun(SliceDecode, Admission):
         """The next time something changes (a segment end, a tool return, an instance start), at least
         `min_slice_s` and at most `max_slice_s` ahead. Segment ends use the step times of the last slice. In C with
         the slice (`libra.sim.native`)."""
+        handed = self._next  # (only the kernel hands one on)
+        if handed is not None and handed[0] == t and handed[1] == len(self.inst):
+            return handed[2]  # found by the last slice's decoding, nothing changed since
         if self._kernel_table() is not None:
-            handed = self._next
-            if handed is not None and handed[0] == t and handed[1] == len(self.inst):
-                return handed[2]  # found by the last slice's decoding, nothing changed since
             return native.next_event(self, t)
         nxt = t + self.max_slice_s
         running = self._in_state(RUN)
