@@ -45,31 +45,31 @@ DEFINE_STABLE_SORT(sort_slots, Slot, slot_less)
 int sn_merge_new_slots(Pass *P, Py_ssize_t from) {
     Py_ssize_t n = P->fk.n, m = n - from;
     if (m == 0) return 0;
-    Slot *s = malloc((size_t)n * sizeof(Slot));
+    Slot *s = malloc((size_t)m * sizeof(Slot));
     if (!s) return -1;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        s[i].k = P->fk.p[i];
-        s[i].t = P->ft.p[i];
-    }
-    if (sort_slots(s + from, m) < 0) {
+    for (Py_ssize_t q = 0; q < m; q++) s[q] = (Slot){P->fk.p[from + q], P->ft.p[from + q]};
+    if (sort_slots(s, m) < 0) {
         free(s);
         return -1;
     }
-    Slot *out = malloc((size_t)n * sizeof(Slot));
-    if (!out) {
-        free(s);
-        return -1;
-    }
-    Py_ssize_t i = 0, j = from, o = 0;
-    while (i < from && j < n) out[o++] = slot_less(&s[j], &s[i]) ? s[j++] : s[i++];
-    while (i < from) out[o++] = s[i++];
-    while (j < n) out[o++] = s[j++];
-    for (Py_ssize_t q = 0; q < n; q++) {
-        P->fk.p[q] = out[q].k;
-        P->ft.p[q] = out[q].t;
+    /* merged from the back, in place: the later of the two runs' last slots to the end, the old one on a tie (so
+       the new one stays after it, as a stable sort of them all leaves it); the old slots before the first new one
+       stay where they are */
+    int64_t *fk = P->fk.p;
+    double *ft = P->ft.p;
+    Py_ssize_t i = from - 1, j = m - 1, o = n - 1;
+    while (j >= 0) {
+        Slot old = {i >= 0 ? fk[i] : 0, i >= 0 ? ft[i] : 0.0};
+        if (i >= 0 && slot_less(&s[j], &old)) {
+            fk[o] = old.k, ft[o] = old.t;
+            i--;
+        } else {
+            fk[o] = s[j].k, ft[o] = s[j].t;
+            j--;
+        }
+        o--;
     }
     free(s);
-    free(out);
     return 0;
 }
 
