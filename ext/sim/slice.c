@@ -290,14 +290,16 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
     /* busy_gpu_s += (busy_k * tp).sum() */
     for (Py_ssize_t j = 0; j < K; j++) busy[j] = busy[j] * (double)P.itp[j];
     busy_sum = sn_np_sum(busy, K);
-    /* one scan of the live requests after the passes: their contexts (for the capacity), those not DONE where some
-       finished (`_in_state(DONE, False)`), those in a tool call (all the next slice's returns need read), and what
+    /* one scan of the live requests after the passes: their contexts (for the capacity, where an instance that is
+       up ran nothing: the mean context of all stands in for its own), those not DONE where some finished
+       (`_in_state(DONE, False)`), those in a tool call (all the next slice's returns need read), and what
        `next_event` at the slice end reads of them */
     double *up = busy; /* reused: the seconds each instance is up in the slice */
-    int any = 0, finished = (P.touched & (1 << DONE)) != 0;
+    int any = 0, finished = (P.touched & (1 << DONE)) != 0, need_mean = 0;
     for (Py_ssize_t j = 0; j < K; j++) {
         up[j] = np_max(0.0, (t + dt) - np_max(t, ready_at[j])) * (active[j] ? 1.0 : 0.0);
         if (up[j] != 0.0) any = 1;
+        if (up[j] > 0 && !(ran && count_k[j] > 0)) need_mean = 1;
     }
     live_ctx = malloc(((size_t)P.nlive + 1) * sizeof(double));
     keep = malloc(((size_t)P.nlive + 1) * sizeof(int64_t));
@@ -317,7 +319,7 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
         const int8_t *state = P.state;
         for (Py_ssize_t i = 0; i < P.nlive; i++) {
             int64_t r = live[i];
-            live_ctx[i] = ctx[r];
+            if (need_mean) live_ctx[i] = ctx[r];
             if (finished && state[r] != DONE) keep[nk++] = r;
             if (state[r] == TOOL) tools[nt++] = r;
             sn_event_note(&ev, &ein, r);
@@ -326,7 +328,7 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
     /* `_capacity`: what the started, active instances could decode at their largest batch */
     if (any) {
         double mean_all = 1.0;
-        if (P.nlive) mean_all = sn_np_sum(live_ctx, P.nlive) / (double)P.nlive;
+        if (P.nlive && need_mean) mean_all = sn_np_sum(live_ctx, P.nlive) / (double)P.nlive;
         if (ran) {
             for (Py_ssize_t j = 0; j < K; j++) ctx_k[j] = 0.0;
             for (Py_ssize_t i = 0; i < in.m; i++) ctx_k[P.where[in.running[i]]] += P.ctx[in.running[i]];
