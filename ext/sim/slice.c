@@ -107,6 +107,8 @@ typedef struct {
 
 static int save(Pass *P, Saved *sv, const int64_t *running, Py_ssize_t m) {
     if (!(P->kept = calloc((size_t)P->n + 1, 1))) return -1;
+    sv->rows.cap = m + 64; /* the running rows and room for the turns taken back (it grows beyond) */
+    if (!(sv->rows.p = malloc((size_t)sv->rows.cap * sizeof(Row)))) return -1;
     P->undo = &sv->rows;
     for (Py_ssize_t i = 0; i < m; i++)
         if (sn_keep_row(P, running[i]) < 0) return -1;
