@@ -370,7 +370,7 @@ PyObject *sn_admit_slice(PyObject *self, PyObject *args) {
                 .seats = seats, .where = where, .fresh = U(S_FRESH), .ready = D(S_READY), .ctx = ctx,
                 .pending = D(S_PENDING), .stolen = U(S_STOLEN), .ready_at = ready_at, .ibucket = Q(S_IBUCKET),
                 .itp = Q(S_ITP), .deg = deg, .t = t, .headroom = headroom, .work0 = work0, .attn = attn,
-                .all = steal == 2,
+                .all = steal == 2, .order = kept, .state = state,
             };
             int stole = sn_steal_core(&s, &moved, &tokens);
             if (stole < 0) goto fail;

@@ -264,6 +264,9 @@ typedef struct {
     const Degree *deg;
     double t, headroom, work0, attn;
     int all;
+    /* the queued turns under way by readiness, refreshed this boundary, and the states (NULL: sort them) */
+    const Order *order;
+    const int8_t *state;
 } StealIn;
 
 int sn_steal_core(const StealIn *s, long long *moved, long long *tokens);

@@ -98,7 +98,18 @@ int sn_steal_core(const StealIn *s, long long *moved, long long *tokens) {
         int64_t r = waiting[i];
         if (fresh[r] && ready_at[where[r]] <= t) pool[np_++] = r;
     }
-    if (s->all) {
+    if (s->all && s->order) { /* the kept order lists them by readiness, then index: the stable sort's order */
+        for (Py_ssize_t i = 0; i < (Py_ssize_t)*s->order->len; i++) {
+            int64_t r = s->order->ids[i];
+            if (s->state[r] != WAIT || fresh[r] || where[r] < 0 || where[r] >= K || !(ready_at[where[r]] <= t))
+                continue;
+            if (np_ == nw) { /* (each is one of the waiting: the order holds every queued turn under way once) */
+                PyErr_SetString(PyExc_SystemError, "steal: the kept order of the queued turns is not the queue");
+                goto fail;
+            }
+            pool[np_++] = r;
+        }
+    } else if (s->all) {
         for (Py_ssize_t i = 0; i < nw; i++)
             if (!fresh[waiting[i]]) stuck[ns++] = (Stuck){i, ready[waiting[i]]};
         if (sort_stuck(stuck, ns) < 0) goto nomem;
