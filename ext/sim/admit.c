@@ -89,8 +89,8 @@ int sn_admit_core(const AdmitIn *a, IVec *go, int *touched) {
     Py_ssize_t n = a->n, K = a->K, nw = a->nw, nf = a->nf, ndeg = a->ndeg;
     double t = a->t;
     Adm *c = NULL;
-    double *room = NULL, *within = NULL, *credit = NULL, *secs = NULL;
-    int64_t *rank = NULL, *go_rank = NULL;
+    double *room = NULL, *credit = NULL, *secs = NULL;
+    int64_t *go_rank = NULL;
     int rc = -1;
     for (Py_ssize_t j = 0; j < nf; j++) {
         if (fk[j] < 0 || fk[j] >= K || (j && (fk[j] < fk[j - 1] || (fk[j] == fk[j - 1] && ft[j] < ft[j - 1])))) {
@@ -119,34 +119,30 @@ int sn_admit_core(const AdmitIn *a, IVec *go, int *touched) {
         int sorted = sort_candidates(&c, nc, K, a);
         if (sorted == -2) goto fail;
         if (sorted < 0) goto nomem;
-        within = malloc((size_t)nc * sizeof(double));
-        rank = malloc((size_t)nc * sizeof(int64_t));
-        if (!within || !rank) goto nomem;
-        /* the running sum over all candidates, each one's within its instance; an idle instance keeps headroom in
-           units of its first candidate's context */
+        go_rank = malloc((size_t)nc * sizeof(int64_t));
+        if (!go_rank) goto nomem;
+        /* the running sum over all candidates, each one's within its instance (a difference of two running sums, as
+           the reference's cumsum gives it); an idle instance keeps headroom in units of its first candidate's
+           context; the admitted kept, in order, with their rank */
         double cs = 0.0, base = 0.0;
-        int64_t rk = 0;
+        int64_t rk = 0, prev = -1;
+        Py_ssize_t ng = 0;
         for (Py_ssize_t i = 0; i < nc; i++) {
-            double need = ctx[c[i].r];
+            Adm x = c[i];
+            double need = ctx[x.r];
             cs += need;
-            if (i == 0 || c[i].k != c[i - 1].k) {
+            if (x.k != prev) {
                 rk = 0;
                 base = cs - need;
-                if (run_k[c[i].k] == 0) room[c[i].k] -= a->headroom * need;
+                prev = x.k;
+                if (run_k[x.k] == 0) room[x.k] -= a->headroom * need;
             } else {
                 rk++;
             }
-            rank[i] = rk;
-            within[i] = cs - base;
-        }
-        go_rank = malloc((size_t)nc * sizeof(int64_t));
-        if (!go_rank) goto nomem;
-        Py_ssize_t ng = 0;
-        for (Py_ssize_t i = 0; i < nc; i++) {
-            int64_t k = c[i].k;
-            if ((within[i] <= room[k] && rank[i] < seats[k]) || (rank[i] == 0 && run_k[k] == 0)) {
-                c[ng] = c[i];
-                go_rank[ng] = rank[i];
+            double within = cs - base;
+            if ((within <= room[x.k] && rk < seats[x.k]) || (rk == 0 && run_k[x.k] == 0)) {
+                c[ng] = x; /* (ng <= i: nothing not yet read is written) */
+                go_rank[ng] = rk;
                 ng++;
             }
         }
@@ -216,8 +212,6 @@ fail:
 out:
     free(c);
     free(room);
-    free(within);
-    free(rank);
     free(go_rank);
     free(secs);
     free(credit);
