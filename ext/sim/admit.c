@@ -241,11 +241,19 @@ static const Spec SLICE_ADMIT_SPEC[N_SLICE_ADMIT] = {
     {'q', 'n', 1}, {'d', 'n', 1}, {'?', 'n', 1}, {'q', '*', 1},
 };
 
-/* keeps the requests of `reqs` still in WAIT, in order; their count */
-static Py_ssize_t still_waiting(int64_t *reqs, Py_ssize_t n, const int8_t *state) {
+/* keeps the requests of `reqs` still in WAIT, in order; their count. `queued[k]`: some of them are on instance k;
+   `*bad`: one has no valid instance (the steal, which reads them all, says so) */
+static Py_ssize_t still_waiting(int64_t *reqs, Py_ssize_t n, const int8_t *state, const int64_t *where, Py_ssize_t K,
+                                uint8_t *queued, int *bad) {
     Py_ssize_t kept = 0;
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (state[reqs[i]] == WAIT) reqs[kept++] = reqs[i];
+    for (Py_ssize_t j = 0; j < K; j++) queued[j] = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t r = reqs[i];
+        if (state[r] != WAIT) continue;
+        reqs[kept++] = r;
+        if (where[r] < 0 || where[r] >= K) *bad = 1;
+        else queued[where[r]] = 1;
+    }
     return kept;
 }
 
@@ -267,7 +275,8 @@ PyObject *sn_admit_slice(PyObject *self, PyObject *args) {
     IVec go = {0};
     int64_t *waiting = NULL, *add = NULL, *run_k = NULL, *seats = NULL, *fk = NULL;
     double *used_k = NULL, *room = NULL, *ft = NULL, *added = NULL;
-    uint8_t *open_k = NULL;
+    uint8_t *open_k = NULL, *queued = NULL;
+    int bad = 0;
     Slot *slots = NULL;
     long long moved = 0, tokens = 0;
     int touched = 0;
@@ -331,10 +340,11 @@ PyObject *sn_admit_slice(PyObject *self, PyObject *args) {
     room = malloc(((size_t)K + 1) * sizeof(double));
     added = malloc(((size_t)K + 1) * sizeof(double));
     open_k = malloc((size_t)K + 1);
+    queued = malloc((size_t)K + 1);
     slots = malloc(((size_t)nf + 1) * sizeof(Slot));
     fk = malloc(((size_t)nf + 1) * sizeof(int64_t));
     ft = malloc(((size_t)nf + 1) * sizeof(double));
-    if (!seats || !room || !added || !open_k || !slots || !fk || !ft) goto nomem;
+    if (!seats || !room || !added || !open_k || !queued || !slots || !fk || !ft) goto nomem;
     /* the freed slots by instance, earliest first, once for both passes */
     for (Py_ssize_t j = 0; j < nf; j++) {
         if (Q(S_FK)[j] < 0 || Q(S_FK)[j] >= K) {
@@ -359,6 +369,9 @@ PyObject *sn_admit_slice(PyObject *self, PyObject *args) {
         }
         if (!any_open) break; /* (None: no second pass) */
         if (pass == 1) {
+            int thief = bad; /* an open instance with nothing queued: else the steal has nothing to do */
+            for (Py_ssize_t j = 0; j < K && !thief; j++) thief = open_k[j] && !queued[j];
+            if (!thief) break;
             StealIn s = {
                 .n = n, .K = K, .ndeg = ndeg, .nw = nw, .waiting = waiting, .open_k = open_k, .room = room,
                 .seats = seats, .where = where, .fresh = U(S_FRESH), .ready = D(S_READY), .ctx = ctx,
@@ -387,7 +400,7 @@ PyObject *sn_admit_slice(PyObject *self, PyObject *args) {
             added[where[go.p[i]]] += ctx[go.p[i]];
         }
         for (Py_ssize_t j = 0; j < K; j++) used_k[j] += added[j];
-        nw = still_waiting(waiting, nw, state); /* those the first pass left waiting, still ascending */
+        nw = still_waiting(waiting, nw, state, where, K, queued, &bad); /* the first pass's left, ascending */
         if (nw == 0) break;
     }
 done:
@@ -407,6 +420,7 @@ out:
     free(room);
     free(added);
     free(open_k);
+    free(queued);
     free(slots);
     free(fk);
     free(ft);
