@@ -14,6 +14,7 @@ Where `fork` is not available the caller runs serially.
 from __future__ import annotations
 
 import gc
+import math
 import multiprocessing as mp
 import queue as queue_module
 import traceback
@@ -28,23 +29,24 @@ from libra.spec import SpecError
 # Relative CPU cost of the work a group carries, for balancing groups: a policy's simulation, in units of the mean
 # policy, and the prefix tree's step-end work in the group that holds it (the C-MLFQ replay of each step for each
 # bucket set, the tree's update and the step's `Trajectory` values, which only the tree reads). Measured
-# 2026-12-04 afternoon (the slice kernel handing on the next event, the generators' values in C), CPU seconds over
-# the default scenario's 100 steps (48 GPUs, r2e-gym, 8,192 requests a step), each policy alone less the 2.2 s every
-# run pays (the steps' work, the first plans): libra 17.7, libra-cmlfq 15.8, libra-hetero-tp 14.4, colocated 13.7,
-# greedy 11.2, static-optimal 11.1, static-uniform 10.3, libra-homogeneous 10.1; the tree 15.7 (libra and
-# libra-cmlfq alone and together); mean policy 13.0. At 1,024 GPUs (65,536 requests a step, 3 steps) the policies
-# are closer (0.8-1.0 s each) and the tree is about one.
+# 2026-12-04 afternoon (13:35 and 14:25, after the slice kernel handed on the next event and the generators' values
+# moved to C; the mean of the two), CPU seconds over the default scenario's 100 steps (48 GPUs, r2e-gym, 8,192
+# requests a step), each policy alone less the 2.2 s every run pays (the steps' work, the first plans): libra 16.6,
+# libra-hetero-tp 14.3, libra-cmlfq 14.2, colocated 13.75, greedy 11.4, static-optimal 11.4, libra-homogeneous 10.7,
+# static-uniform 9.95; the tree 16.9 (libra and libra-cmlfq alone and together); mean policy 12.8. A policy's time
+# moved by up to 1.2 s between the two runs (the VM's speed moves by about 5 % from hour to hour). At 1,024 GPUs
+# (65,536 requests a step, 3 steps) the policies are closer (0.8-1.0 s each) and the tree is about one.
 POLICY_COST = {
-    "libra": 1.36,
-    "libra-cmlfq": 1.21,
-    "libra-hetero-tp": 1.10,
-    "colocated": 1.05,
-    "greedy": 0.86,
-    "static-optimal": 0.85,
-    "static-uniform": 0.79,
-    "libra-homogeneous": 0.77,
+    "libra": 1.30,
+    "libra-hetero-tp": 1.12,
+    "libra-cmlfq": 1.11,
+    "colocated": 1.08,
+    "greedy": 0.89,
+    "static-optimal": 0.89,
+    "libra-homogeneous": 0.84,
+    "static-uniform": 0.78,
 }
-TREE_COST = 1.20
+TREE_COST = 1.32
 POLL_S = 1.0  # how often the parent checks, while no worker reports, that they are all still alive
 
 
@@ -52,17 +54,30 @@ def _cost(policy: str) -> float:
     return POLICY_COST.get(policy, 1.0)
 
 
+EXACT_SPLITS = 200_000  # assignments `policy_groups` tries one by one before it falls back to costliest-first
+
+
 def policy_groups(policies: Sequence[str], workers: int) -> list[list[str]]:
     """Split `policies` into at most `workers` non-empty groups of balanced cost; the policies that use the shared
-    prefix tree go together, and their group also carries the tree's work (`TREE_COST`). The costliest first, each
-    to the cheapest group (a new one while there are fewer than `workers`); each group keeps the order of
-    `policies`. Deterministic: that order decides ties."""
+    prefix tree go together, and their group also carries the tree's work (`TREE_COST`). The split with the least
+    cost of its costliest group, of every way to place the other policies (groups that are still empty are alike:
+    one is tried for each); where there are more than `EXACT_SPLITS` ways, the costliest first, each to the cheapest
+    group. Each group keeps the order of `policies`. Deterministic: ties go to the split found first."""
     if workers < 1:
         raise SpecError(f"workers must be >= 1, got {workers}")
     tree = [p for p in policies if uses_shared_tree(p)]
     rest = [p for p in policies if not uses_shared_tree(p)]
     groups: list[list[str]] = [tree] if tree else []
     cost: list[float] = [sum(_cost(p) for p in tree) + TREE_COST] if tree else []
+    if workers ** len(rest) <= EXACT_SPLITS:
+        _best_split(rest, workers, groups, cost)
+    else:
+        _costliest_first(rest, workers, groups, cost)
+    rank = {p: i for i, p in enumerate(policies)}
+    return [sorted(g, key=rank.__getitem__) for g in groups if g]
+
+
+def _costliest_first(rest: list[str], workers: int, groups: list[list[str]], cost: list[float]) -> None:
     for p in sorted(rest, key=lambda q: -_cost(q)):  # stable: equal costs keep their order
         if len(groups) < workers:
             groups.append([p])
@@ -71,8 +86,35 @@ def policy_groups(policies: Sequence[str], workers: int) -> list[list[str]]:
         i = min(range(len(groups)), key=lambda j: (cost[j], j))
         groups[i].append(p)
         cost[i] += _cost(p)
-    rank = {p: i for i, p in enumerate(policies)}
-    return [sorted(g, key=rank.__getitem__) for g in groups if g]
+
+
+def _best_split(rest: list[str], workers: int, groups: list[list[str]], cost: list[float]) -> None:
+    """Place `rest` into `groups` (extended to at most `workers`) so that the costliest group costs least: a depth
+    first search over each policy's group, a new group tried only once per placement."""
+    best_max, best_where = math.inf, tuple[int, ...]()
+    loads = cost + [0.0] * (workers - len(cost))
+    where: list[int] = []
+
+    def place(i: int, used: int) -> None:
+        nonlocal best_max, best_where
+        if max(loads) >= best_max:  # (costs only grow: no better split below)
+            return
+        if i == len(rest):
+            best_max, best_where = max(loads), tuple(where)
+            return
+        for g in range(min(used + 1, workers)):  # the groups in use, and one empty one
+            loads[g] += _cost(rest[i])
+            where.append(g)
+            place(i + 1, max(used, g + 1))
+            where.pop()
+            loads[g] -= _cost(rest[i])
+
+    place(0, len(cost))
+    groups.extend([] for _ in range(max(best_where, default=-1) + 1 - len(groups)))
+    cost.extend(0.0 for _ in range(len(groups) - len(cost)))
+    for p, g in zip(rest, best_where, strict=True):
+        groups[g].append(p)
+        cost[g] += _cost(p)
 
 
 def small_pages() -> bool:

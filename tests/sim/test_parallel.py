@@ -1,9 +1,13 @@
 """Policies in worker processes give the same numbers as one process; groups keep the prefix-tree users together."""
 
+import itertools
 import json
+import math
 
 import pytest
 from conftest import small_scenario
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from libra.sim import POLICY_NAMES, simulate
 from libra.sim import parallel as parallel_module
@@ -43,8 +47,8 @@ def test_groups_cover_every_policy_once_and_keep_tree_users_together():
 
 
 def test_two_workers_balance_the_measured_costs():
-    # the tree's work (1.6 mean policies) and the two costliest policies use it (parallel.py): three policies in
-    # that group, the five cheaper ones in the other
+    # the tree's work and the two costliest policies use it (parallel.py): three policies in that group, the five
+    # cheaper ones in the other
     groups = policy_groups(POLICY_NAMES, 2)
     assert [len(g) for g in groups] == [3, 5]
     assert {"libra", "libra-cmlfq"} <= set(groups[0])
@@ -52,6 +56,44 @@ def test_two_workers_balance_the_measured_costs():
     costs = [sum(parallel_module.POLICY_COST[p] for p in g) for g in groups]
     costs[0] += parallel_module.TREE_COST
     assert abs(costs[0] - costs[1]) <= min(parallel_module.POLICY_COST.values())  # no move would balance better
+
+
+def _costliest(groups: list[list[str]]) -> float:
+    tree = parallel_module.TREE_COST
+    return max(sum(parallel_module._cost(p) for p in g) + tree * any(uses_shared_tree(p) for p in g) for g in groups)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    costs=st.lists(st.integers(1, 40), min_size=len(POLICY_NAMES), max_size=len(POLICY_NAMES)),
+    tree=st.integers(0, 60),
+    workers=st.integers(1, 4),
+    size=st.integers(1, len(POLICY_NAMES)),
+)
+def test_the_split_is_the_best_of_every_way_to_place_the_policies(costs, tree, workers, size):
+    """Brute force: every assignment of the policies that do not use the tree to `workers` groups, the tree's users
+    together; the split's costliest group costs no more than the best of them (costs in quarters: exact sums)."""
+    policies = list(POLICY_NAMES[:size])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(parallel_module, "POLICY_COST", {p: c / 4 for p, c in zip(POLICY_NAMES, costs)})
+        patch.setattr(parallel_module, "TREE_COST", tree / 4)
+        groups = policy_groups(policies, workers)
+        assert sorted(p for g in groups for p in g) == sorted(policies) and len(groups) <= workers
+        tree_users = [p for p in policies if uses_shared_tree(p)]
+        rest = [p for p in policies if not uses_shared_tree(p)]
+        best = math.inf
+        for where in itertools.product(range(workers), repeat=len(rest)):
+            split = [list(tree_users) if g == 0 else [] for g in range(workers)]
+            for p, g in zip(rest, where):
+                split[g].append(p)
+            best = min(best, _costliest([g for g in split if g]))
+        assert _costliest(groups) == best
+
+
+def test_many_policies_fall_back_to_costliest_first(monkeypatch):
+    monkeypatch.setattr(parallel_module, "EXACT_SPLITS", 1)  # (every split is "too many" to try)
+    groups = policy_groups(POLICY_NAMES, 2)
+    assert sorted(p for g in groups for p in g) == sorted(POLICY_NAMES) and len(groups) == 2
 
 
 def test_tree_users_are_the_cmlfq_policies_over_buckets():
