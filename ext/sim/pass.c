@@ -99,6 +99,9 @@ DEFINE_STABLE_SORT(sort_ready, Cand, ready_less)
    and each refill checks the state of what it takes. -1 with an exception set on bad input or no memory. */
 int sn_slice_lists(Pass *P, int64_t *running, Py_ssize_t *m, int64_t *count_k, int64_t *queued_k) {
     Py_ssize_t K = P->K, n = P->n;
+    IVec add = {0}; /* queued turns under way not in the kept order yet */
+    int64_t *placed = NULL, *fill = NULL;
+    int rc = -1;
     P->csr_start = calloc((size_t)K + 1, sizeof(int64_t));
     P->q_start = calloc((size_t)K + 1, sizeof(int64_t));
     P->q_sorted = calloc((size_t)K + 1, 1);
@@ -107,7 +110,6 @@ int sn_slice_lists(Pass *P, int64_t *running, Py_ssize_t *m, int64_t *count_k, i
     if (!P->csr_start || !P->q_start || !P->q_sorted || !P->new_k || !P->left_wait) goto nomem;
     *m = 0;
     for (Py_ssize_t j = 0; j < K; j++) count_k[j] = queued_k[j] = 0;
-    IVec add = {0}; /* queued turns under way not in the kept order yet */
     if (P->order) sn_order_drop(P->order, P->state, P->fresh, P->ready);
     /* new requests, most of the live ones, come in stretches on one instance: a stretch's counts are kept here and
        added once, rather than counters in memory that each wait on the one before; the arrays are read through
@@ -118,7 +120,7 @@ int sn_slice_lists(Pass *P, int64_t *running, Py_ssize_t *m, int64_t *count_k, i
     const double *ready = P->ready, t0 = P->t0, slice_end = P->slice_end;
     int64_t *q_start = P->q_start, *csr_start = P->csr_start, S = P->S, fw = -1, fq = 0, fn = 0;
     /* the requests on an instance but the new ones queued (what the lists by instance hold), ascending */
-    int64_t *placed = malloc(((size_t)P->nlive + 1) * sizeof(int64_t));
+    placed = malloc(((size_t)P->nlive + 1) * sizeof(int64_t));
     if (!placed) goto nomem;
     Py_ssize_t nrun = 0, nplaced = 0;
     for (Py_ssize_t i = 0; i < P->nlive; i++) {
@@ -130,9 +132,7 @@ int sn_slice_lists(Pass *P, int64_t *running, Py_ssize_t *m, int64_t *count_k, i
         if (bad || w < -1 || w >= K || st < WAIT || st > DONE ||
             (!(st == WAIT && fresh[r]) && (turn[r] < 0 || turn[r] >= S || nseg[r] > S || (st == RUN && w < 0)))) {
             PyErr_SetString(PyExc_ValueError, "decode_slice: a live request's index, instance, state or turn is out of range");
-            free(add.p);
-            free(placed);
-            return -1;
+            goto out;
         }
         if (st == WAIT && fresh[r]) {
             if (w < 0) {
@@ -147,11 +147,7 @@ int sn_slice_lists(Pass *P, int64_t *running, Py_ssize_t *m, int64_t *count_k, i
             fn++;
             continue;
         }
-        if (mark && st == WAIT && !mark[r] && ivec_push(&add, r) < 0) {
-            free(add.p);
-            free(placed);
-            goto nomem;
-        }
+        if (mark && st == WAIT && !mark[r] && ivec_push(&add, r) < 0) goto nomem;
         if (w < 0) {
             P->unplaced |= st == WAIT;
             continue;
@@ -163,11 +159,7 @@ int sn_slice_lists(Pass *P, int64_t *running, Py_ssize_t *m, int64_t *count_k, i
             running[nrun++] = r;
             count_k[w]++;
         } else if (st == TOOL && ready[r] < slice_end) {
-            if (ivec_push(&P->tool0, r) < 0) {
-                free(add.p);
-                free(placed);
-                goto nomem;
-            }
+            if (ivec_push(&P->tool0, r) < 0) goto nomem;
         }
         csr_start[w + 1]++;
         placed[nplaced++] = r;
@@ -177,16 +169,12 @@ int sn_slice_lists(Pass *P, int64_t *running, Py_ssize_t *m, int64_t *count_k, i
     int ordered = 0; /* the queued turns' runs from the kept order, already by readiness */
     if (P->order) {
         ordered = sn_order_add(P->order, add.p, add.n, P->ready);
-        free(add.p);
-        if (ordered < 0) {
-            free(placed);
-            return -1;
-        }
+        if (ordered < 0) goto out;
         ordered = ordered == 0;
     }
     if (*m == 0) { /* no pass runs */
-        free(placed);
-        return 0;
+        rc = 0;
+        goto out;
     }
     for (Py_ssize_t k = 0; k < K; k++) {
         P->csr_start[k + 1] += P->csr_start[k];
@@ -195,12 +183,9 @@ int sn_slice_lists(Pass *P, int64_t *running, Py_ssize_t *m, int64_t *count_k, i
     P->csr = malloc(((size_t)P->csr_start[K] + 1) * sizeof(int64_t));
     P->qc = malloc(((size_t)P->q_start[K] + 1) * sizeof(Cand));
     P->in_tool = calloc((size_t)n + 1, 1);
-    int64_t *fill = malloc(2 * ((size_t)K + 1) * sizeof(int64_t)), *qfill = fill + K + 1;
-    if (!P->csr || !P->qc || !P->in_tool || !fill) {
-        free(fill);
-        free(placed);
-        goto nomem;
-    }
+    fill = malloc(2 * ((size_t)K + 1) * sizeof(int64_t));
+    if (!P->csr || !P->qc || !P->in_tool || !fill) goto nomem;
+    int64_t *qfill = fill + K + 1;
     memcpy(fill, P->csr_start, (size_t)K * sizeof(int64_t));
     memcpy(qfill, P->q_start, (size_t)K * sizeof(int64_t));
     for (Py_ssize_t i = 0; i < nplaced; i++) {
@@ -208,7 +193,6 @@ int sn_slice_lists(Pass *P, int64_t *running, Py_ssize_t *m, int64_t *count_k, i
         if (state[r] == WAIT && !ordered) P->qc[qfill[w]++] = (Cand){w, r, ready[r]};
         P->csr[fill[w]++] = r;
     }
-    free(placed);
     if (ordered) {
         for (Py_ssize_t i = 0; i < (Py_ssize_t)*P->order->len; i++) {
             int64_t r = P->order->ids[i], w = P->where[r];
@@ -216,18 +200,21 @@ int sn_slice_lists(Pass *P, int64_t *running, Py_ssize_t *m, int64_t *count_k, i
         }
         for (Py_ssize_t k = 0; k < K; k++) {
             if (qfill[k] != P->q_start[k + 1]) {
-                free(fill);
                 PyErr_SetString(PyExc_SystemError, "decode_slice: the kept order of the queued turns is not the queue");
-                return -1;
+                goto out;
             }
             P->q_sorted[k] = 1;
         }
     }
-    free(fill);
-    return 0;
+    rc = 0;
+    goto out;
 nomem:
     PyErr_NoMemory();
-    return -1;
+out:
+    free(add.p);
+    free(placed);
+    free(fill);
+    return rc;
 }
 
 /* instance k's queued turns by readiness (stable): sorted on first use, and in a pass no queued turn's readiness

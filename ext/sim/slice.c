@@ -364,11 +364,8 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
         }
     }
     for (Py_ssize_t j = 0; j < K; j++) debt[j] = np_max(0.0, debt[j] - dt) + P.later_debt[j];
-    double next_at = NAN; /* (NaN: the caller asks `next_event` itself, which names what is wrong) */
-    if (sn_event_time(ev, ein, &next_at) < 0) {
-        PyErr_Clear();
-        next_at = NAN;
-    }
+    double next_at = NAN; /* (left NaN on a bad row: the caller asks `next_event` itself, which names it) */
+    if (sn_event_time(ev, ein, &next_at) < 0) PyErr_Clear();
     {
         PyObject *s = ran ? sn_to_bytearray(still.p, still.n * (Py_ssize_t)sizeof(int64_t)) : Py_NewRef(Py_None);
         PyObject *f1 = sn_to_bytearray(P.fk.p, P.fk.n * (Py_ssize_t)sizeof(int64_t));

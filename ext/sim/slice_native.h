@@ -318,9 +318,8 @@ static inline void sn_event_note(EventScan *e, const EventIn *in, int64_t r) {
     }
 }
 
-/* the time from a scan of every live request, or -1 with an exception set (event.c; by value, so that the caller's
-   scan keeps both in registers: extensions build with -fno-strict-aliasing, and a struct whose address is passed
-   on is written back to memory at each store of the scan) */
+/* the time from a scan of every live request, or -1 with an exception set (event.c; by value, so that the caller
+   never takes the structs' addresses and its scan may keep their fields in registers) */
 int sn_event_time(EventScan e, EventIn in, double *out);
 
 /* the module's functions */

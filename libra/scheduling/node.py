@@ -9,10 +9,11 @@ import bisect
 import functools
 import itertools
 import math
-import os
 from types import ModuleType
 
 import attrs
+
+from libra._native import optional_extension
 
 
 class Node:
@@ -176,14 +177,10 @@ _INCREMENTAL = 24
 def _load_native() -> ModuleType | None:
     """The C extension (`refresh_all` here, the learners and `_distinct_prefixes` of tree.py, the eviction of
     eviction.py), bound to `Node`; None where it is not built or `LIBRA_PURE_PYTHON` is set."""
-    if os.environ.get("LIBRA_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        from libra.scheduling import _tree_native
-    except ImportError:
-        return None
-    _tree_native.bind(Node)
-    return _tree_native
+    ext = optional_extension("libra.scheduling._tree_native")
+    if ext is not None:
+        ext.bind(Node)
+    return ext
 
 
 _native = _load_native()

@@ -14,12 +14,12 @@ and `decode_step_time`'s on probe values for every degree it runs (`degree_table
 
 from __future__ import annotations
 
-import os
 from types import ModuleType
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from libra._native import optional_extension
 from libra.planning.cost import RolloutCost
 from libra.sim.states import DONE
 
@@ -32,13 +32,7 @@ _PROBES = ((0.0, 0.0), (1.0, 0.5), (137.0, 2048.5), (4096.0, 17_000.25), (32_768
 
 def load() -> ModuleType | None:
     """The extension, or None where it is not built or `LIBRA_PURE_PYTHON` is set."""
-    if os.environ.get("LIBRA_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        from libra.sim import _slice_native  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return _slice_native
+    return optional_extension("libra.sim._slice_native")
 
 
 def _sums_agree(ext: ModuleType | None) -> bool:
@@ -242,8 +236,7 @@ def admit_slice(run: RolloutRun, t: float, table: tuple) -> None:
 
 
 _NO_SLOTS = (np.zeros(0, np.int64), np.zeros(0))  # (read only: every admission hands these on, no one writes them)
-for _a in _NO_SLOTS:
-    _a.flags.writeable = False
+_NO_SLOTS[0].flags.writeable = _NO_SLOTS[1].flags.writeable = False
 
 
 def _admit(run: RolloutRun, t: float, table: tuple, k_all: int, cap_k: np.ndarray) -> int:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import os
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
+
+from libra._native import optional_extension
 
 TOOL_STATUSES = ("ok", "error", "timeout")
 MAX_TOKENS = 10_000_000  # tokens in one trajectory (prompt + generated + tool), 250 x a 40,960-token context
@@ -51,13 +52,7 @@ class Turn:
 def _load_slots_native() -> Any:
     """The optional C maker of slotted values (ext/workloads/slots_native.c), or None where it is not built or
     `LIBRA_PURE_PYTHON` is set."""
-    if os.environ.get("LIBRA_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        from libra.workloads import _slots_native  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return _slots_native
+    return optional_extension("libra.workloads._slots_native")
 
 
 _SLOTS_NATIVE = _load_slots_native()
