@@ -1,8 +1,10 @@
-"""Build of the optional C accelerators: the router's step-end tree update (ext/scheduling), the generators'
-values (ext/workloads) and the simulator's slice (ext/sim); the rest of the package's metadata is in
-pyproject.toml. `optional=True`: without a C compiler the package installs and runs on the pure-Python references
-(libra/scheduling/node.py, tree.py; libra/workloads/trace.py; libra/sim/slices.py), with the same results.
-`-ffp-contract=off` for the decode pass: no fused multiply-add, so every float is rounded where numpy rounds it."""
+"""Build of the optional C accelerators: the router's step-end tree update and the priced rule's tool return
+(ext/scheduling), the generators' values (ext/workloads) and the simulator's slice (ext/sim); the rest of the
+package's metadata is in pyproject.toml. `optional=True`: without a C compiler the package installs and runs on the
+pure-Python references (libra/scheduling/node.py, tree.py, priced.py; libra/workloads/trace.py; libra/sim/slices.py),
+with the same results.
+`-ffp-contract=off` for the decode pass and the priced rule: no fused multiply-add, so every float is rounded where
+numpy or Python rounds it."""
 
 from setuptools import Extension, setup
 
@@ -14,9 +16,10 @@ setup(
                 "ext/scheduling/tree_native.c",
                 "ext/scheduling/evict_native.c",
                 "ext/scheduling/replay_native.c",
+                "ext/scheduling/priced_native.c",
             ],
             depends=["ext/scheduling/tree_native.h"],
-            extra_compile_args=["-O2"],
+            extra_compile_args=["-O2", "-ffp-contract=off"],
             optional=True,
         ),
         Extension(

@@ -20,7 +20,7 @@ Py_ssize_t off_children, off_last_step;
 /* attribute names read from trajectories and turns */
 static PyObject *s_prompt_id, *s_turns, *s_gen_tokens, *s_tool_tokens;
 
-static int slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *out) {
+int tn_slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *out) {
     PyObject *descr = PyObject_GetAttrString((PyObject *)type, name);
     if (descr == NULL) return -1;
     if (!Py_IS_TYPE(descr, &PyMemberDescr_Type) ||
@@ -40,11 +40,11 @@ static PyObject *bind(PyObject *Py_UNUSED(self), PyObject *type) {
         return NULL;
     }
     PyTypeObject *t = (PyTypeObject *)type;
-    if (slot_offset(t, "window", &off_window) || slot_offset(t, "ordered", &off_ordered) ||
-        slot_offset(t, "count", &off_count) || slot_offset(t, "total", &off_total) ||
-        slot_offset(t, "mean", &off_mean) || slot_offset(t, "p50", &off_p50) || slot_offset(t, "p90", &off_p90) ||
-        slot_offset(t, "prefix", &off_prefix) || slot_offset(t, "children", &off_children) ||
-        slot_offset(t, "last_step", &off_last_step))
+    if (tn_slot_offset(t, "window", &off_window) || tn_slot_offset(t, "ordered", &off_ordered) ||
+        tn_slot_offset(t, "count", &off_count) || tn_slot_offset(t, "total", &off_total) ||
+        tn_slot_offset(t, "mean", &off_mean) || tn_slot_offset(t, "p50", &off_p50) || tn_slot_offset(t, "p90", &off_p90) ||
+        tn_slot_offset(t, "prefix", &off_prefix) || tn_slot_offset(t, "children", &off_children) ||
+        tn_slot_offset(t, "last_step", &off_last_step))
         return NULL;
     Py_INCREF(type);
     Py_XSETREF(node_type, t);
@@ -636,6 +636,12 @@ static PyMethodDef methods[] = {
      "predicted, cost_ratio, nseg, gen_ctx, tool_ctx, tool_end, turn_of, bucket, carried): the simulator's replay of "
      "a step through a published-rule CMLFQRouter (libra/sim/routing.py), the same buckets and carried tokens; "
      "NotImplemented where the router's own code must decide."},
+    {"bind_priced", tn_bind_priced, METH_VARARGS,
+     "bind_priced(Walk, Request, RouteDecision, StateCodec, QuantileStateCodec, statuses, majority): the classes and "
+     "values _priced_native reads (after bind(Node))."},
+    {"_priced_native", (PyCFunction)(void (*)(void))tn_priced_call, METH_FASTCALL | METH_KEYWORDS,
+     "_priced_native(router, request_id, *, tool, tool_tokens, status, context_tokens): priced.py's _priced_call on "
+     "its inline path, the same decisions and writes; the router's on_tool_return, bound to it."},
     {"distinct_prefixes", tn_distinct_prefixes, METH_O,
      "distinct_prefixes(paths): tree.py's _distinct_prefixes, the nodes of a tree made from nothing by the paths."},
     {NULL, NULL, 0, NULL},

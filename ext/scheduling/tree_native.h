@@ -12,6 +12,9 @@ extern Py_ssize_t off_children, off_last_step;
 
 #define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 
+/* a slot's byte offset in the instances of `type`: 0, or -1 with TypeError where `name` is not a slot */
+int tn_slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *out);
+
 /* `dst += src[lo:hi]` of two lists: 0, or -1 on error */
 int tn_extend_with(PyObject *dst, PyObject *src, Py_ssize_t lo, Py_ssize_t hi);
 
@@ -21,5 +24,9 @@ PyObject *tn_distinct_prefixes(PyObject *self, PyObject *paths);
 
 /* replay_native.c: the simulator's C-MLFQ replay of a step (libra/sim/routing.py, `CausalRouting._replay`) */
 PyObject *tn_replay(PyObject *self, PyObject *args);
+
+/* priced_native.c: the priced rule's `on_tool_return` (libra/scheduling/priced.py, `PricedRule._priced_call`) */
+PyObject *tn_bind_priced(PyObject *self, PyObject *args);
+PyObject *tn_priced_call(PyObject *self, PyObject *const *args, Py_ssize_t nargsf, PyObject *kwnames);
 
 #endif

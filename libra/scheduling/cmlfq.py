@@ -177,8 +177,8 @@ class CMLFQRouter(PricedRule, MeanP90Rule, ProbabilityRule, Router):
         self.price = float(price)
         self.admit_margin = float(admit_margin)
         self.rule = rule
-        if rule == "priced":  # its own `on_tool_return`: the books, the walk and the rule inline (priced.py)
-            self.on_tool_return = self._priced_call  # type: ignore[method-assign]
+        if rule == "priced":  # its own `on_tool_return`: the books, the walk and the rule inline (priced.py), in C
+            self.on_tool_return = self._priced_native  # type: ignore[method-assign]
         elif rule == "mean-p90":  # the same for the published rule (published.py)
             self.on_tool_return = self._published_call  # type: ignore[method-assign]
         elif rule == "probability" and self._fit is None and not self.shrink and beyond == "promote":

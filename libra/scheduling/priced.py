@@ -11,12 +11,18 @@ are set by `CMLFQRouter.__init__`.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable
 from math import floor
+from types import MethodType, ModuleType
 from typing import TYPE_CHECKING, Any
 
+from libra.scheduling.node import native
 from libra.scheduling.router import Request, RouteDecision, Router
+from libra.scheduling.size_classes import QuantileStateCodec
+from libra.scheduling.states import StateCodec
 from libra.scheduling.tree import Node, PrefixTree
 from libra.scheduling.walk import Walk
+from libra.workloads.trace import TOOL_STATUSES
 
 if TYPE_CHECKING:
     from libra.scheduling.shrinkage import ShrinkFit
@@ -25,6 +31,18 @@ if TYPE_CHECKING:
 # more than half of the (blended) shares: the likeliest bucket, whatever the others hold (they sum to at most 1; the
 # margin covers the rounding of the shares, ~1e-15)
 _MAJORITY = 0.5 + 1e-9
+
+
+def _bind_native() -> ModuleType | None:
+    """The C extension with `_priced_call`'s inline path (ext/scheduling/priced_native.c) bound to the classes it
+    reads, or None where it is not built (or `LIBRA_PURE_PYTHON` is set)."""
+    ext = native()
+    if ext is not None:
+        ext.bind_priced(Walk, Request, RouteDecision, StateCodec, QuantileStateCodec, TOOL_STATUSES, _MAJORITY)
+    return ext
+
+
+_bind_native()
 
 
 class PricedRule:
@@ -71,6 +89,17 @@ class PricedRule:
         def _bucket_probs(self, node: Node, anchor: int, scale: float, ctx: int) -> list[float] | None: ...
 
         def bucket_for(self, length: float) -> int: ...
+
+    @property
+    def _priced_native(self) -> Callable[..., RouteDecision]:
+        """The router's `on_tool_return` with the `priced` rule: `_priced_call`'s inline path in C, bound to this
+        router (`_tree_native._priced_native`: the same decisions and writes; it hands every other case to
+        `_priced_call`, tests/scheduling/test_priced_native.py), or `_priced_call` itself without the extension.
+        (A pickled router's `on_tool_return` is found again by this name.)"""
+        ext = native()
+        if ext is None:
+            return self._priced_call
+        return MethodType(ext._priced_native, self)
 
     def _priced_call(
         self, request_id: Any, *, tool: str, tool_tokens: int, status: str, context_tokens: int

@@ -1,9 +1,11 @@
-"""Hypothesis strategies shared by the scheduling tests: small random trajectories in the trace schema."""
+"""Hypothesis strategies shared by the scheduling tests: small random trajectories in the trace schema, bucket limits,
+and an option set of the priced rule."""
 
 from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from libra.spec import Bucket
 from libra.workloads.trace import Trajectory, Turn
 
 TOOLS = ("search", "bash")
@@ -37,3 +39,41 @@ def trajectories(draw, *, num_prompts: int = 3) -> Trajectory:
 
 def steps_of_trajectories(max_steps: int = 4, max_per_step: int = 8):
     return st.lists(st.lists(trajectories(), max_size=max_per_step), min_size=1, max_size=max_steps)
+
+
+# the priced rule moving on any gain (no price, almost no confidence, no budget): an exit taken where another bucket is
+# the likeliest misses a move, whatever the margin; every share matters to a decision
+EAGER = {
+    "budget": None,
+    "price": 0.0,
+    "confidence": 0.01,
+    "cold": "promote",
+    "budget_mix": False,
+    "repay": None,
+    "ceiling": None,
+    "hold_first": False,
+}
+
+# small windows for the rule's fast paths (test_priced_exits.py, test_published_path.py, test_priced_native.py):
+# three prompts, two tools, up to five returns each, and any bucket limits
+_window_turn = st.builds(
+    Turn,
+    gen_tokens=st.integers(1, 3000),
+    tool=st.sampled_from(["a", "b"]),
+    tool_status=st.sampled_from(["ok", "error"]),
+    tool_tokens=st.integers(0, 4000),
+)
+window_trajectories = st.builds(
+    Trajectory,
+    prompt_id=st.sampled_from(["p0", "p1", "p2"]),
+    prompt_tokens=st.integers(0, 600),
+    turns=st.lists(_window_turn, min_size=0, max_size=5).map(lambda ts: (*ts, Turn(gen_tokens=20))),
+)
+
+
+@st.composite
+def bucket_limits(draw) -> list[Bucket]:
+    """One to four finite limits, then an unbounded last bucket or a finite one."""
+    edges = sorted(draw(st.sets(st.integers(300, 15_000), min_size=1, max_size=4)))
+    last = draw(st.sampled_from([float("inf"), edges[-1] + 5_000]))
+    return [Bucket(tp=2**i, max_tokens=x) for i, x in enumerate([*edges, last])]

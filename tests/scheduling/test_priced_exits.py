@@ -12,26 +12,15 @@ import itertools
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sched_strategies import EAGER, bucket_limits, window_trajectories
 
 from libra.scheduling import CMLFQ_PRESETS, make_router
 from libra.scheduling.evaluate import replay
 from libra.scheduling.router import Router
-from libra.spec import Bucket, parse_buckets
+from libra.spec import parse_buckets
 from libra.workloads import Trajectory, Turn
 from libra.workloads.generators import WorkloadGenerator
 
-# a rule that moves on any gain (no price, almost no confidence, no budget): an exit taken where another bucket is the
-# likeliest misses a move, whatever the margin
-EAGER = {
-    "budget": None,
-    "price": 0.0,
-    "confidence": 0.01,
-    "cold": "promote",
-    "budget_mix": False,
-    "repay": None,
-    "ceiling": None,
-    "hold_first": False,
-}
 CASES = [
     # (workload, buckets, preset options)
     ("search-r1", "1:1500,2:3000,4:6000,8:12000,16:inf", {}),
@@ -109,32 +98,10 @@ def test_exits_decide_as_the_full_rule(case) -> None:
     assert fast == _log(*case, inline=False)
 
 
-_turn = st.builds(
-    Turn,
-    gen_tokens=st.integers(1, 3000),
-    tool=st.sampled_from(["a", "b"]),
-    tool_status=st.sampled_from(["ok", "error"]),
-    tool_tokens=st.integers(0, 4000),
-)
-_traj = st.builds(
-    Trajectory,
-    prompt_id=st.sampled_from(["p0", "p1", "p2"]),
-    prompt_tokens=st.integers(0, 600),
-    turns=st.lists(_turn, min_size=0, max_size=5).map(lambda ts: (*ts, Turn(gen_tokens=20))),
-)
-
-
-@st.composite
-def _limits(draw) -> list[Bucket]:
-    edges = sorted(draw(st.sets(st.integers(300, 15_000), min_size=1, max_size=4)))
-    last = draw(st.sampled_from([float("inf"), edges[-1] + 5_000]))
-    return [Bucket(tp=2**i, max_tokens=x) for i, x in enumerate([*edges, last])]
-
-
 @settings(max_examples=120, deadline=None)
 @given(
-    steps=st.lists(st.lists(_traj, min_size=1, max_size=24), min_size=2, max_size=4),
-    limits=_limits(),
+    steps=st.lists(st.lists(window_trajectories, min_size=1, max_size=24), min_size=2, max_size=4),
+    limits=bucket_limits(),
     shrink=st.sampled_from([0.0, 1.0, 3.0, "auto"]),
     min_count=st.integers(1, 2),
     per_step=st.integers(0, 40),

@@ -10,10 +10,10 @@ import itertools
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sched_strategies import bucket_limits, window_trajectories
 
 from libra.scheduling import CMLFQ_PRESETS, make_router
-from libra.spec import Bucket, parse_buckets
-from libra.workloads import Trajectory, Turn
+from libra.spec import parse_buckets
 from libra.workloads.generators import WorkloadGenerator
 
 
@@ -85,32 +85,10 @@ def test_own_path_decides_as_the_general_one(case, preset) -> None:
     assert fast == _log(buckets, options, False, steps, preset)
 
 
-_turn = st.builds(
-    Turn,
-    gen_tokens=st.integers(1, 3000),
-    tool=st.sampled_from(["a", "b"]),
-    tool_status=st.sampled_from(["ok", "error"]),
-    tool_tokens=st.integers(0, 4000),
-)
-_traj = st.builds(
-    Trajectory,
-    prompt_id=st.sampled_from(["p0", "p1", "p2"]),
-    prompt_tokens=st.integers(0, 600),
-    turns=st.lists(_turn, min_size=0, max_size=5).map(lambda ts: (*ts, Turn(gen_tokens=20))),
-)
-
-
-@st.composite
-def _limits(draw) -> list[Bucket]:
-    edges = sorted(draw(st.sets(st.integers(300, 15_000), min_size=1, max_size=4)))
-    last = draw(st.sampled_from([float("inf"), edges[-1] + 5_000]))
-    return [Bucket(tp=2**i, max_tokens=x) for i, x in enumerate([*edges, last])]
-
-
 @settings(max_examples=120, deadline=None)
 @given(
-    steps=st.lists(st.lists(_traj, min_size=1, max_size=24), min_size=2, max_size=4),
-    limits=_limits(),
+    steps=st.lists(st.lists(window_trajectories, min_size=1, max_size=24), min_size=2, max_size=4),
+    limits=bucket_limits(),
     fallback=st.sampled_from(["parent", "agnostic"]),
     cost_ratio=st.sampled_from([0.0, 0.5, 2.0]),
     overflow=st.booleans(),
