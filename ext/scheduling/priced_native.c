@@ -512,7 +512,10 @@ static int plan(Call *c, Plan *p, PyObject *router, PyObject *request_id, PyObje
     if (!rc) rc = count_of(context_tokens, &c->ctx);
     if (rc) return rc;
     c->dict = PyObject_GenericGetDict(router, NULL);
-    if (c->dict == NULL) return ERR;
+    if (c->dict == NULL) { /* (a router without an instance dict: `_priced_call` reads its attributes) */
+        PyErr_Clear();
+        return DECLINE;
+    }
     PyObject *requests;
     rc = own(c->dict, s_requests, &requests);
     if (rc) return rc;
