@@ -283,8 +283,8 @@ class CMLFQRouter(PricedRule, MeanP90Rule, ProbabilityRule, Router):
                 walk.a_exact = False
             else:
                 walk.a_node, walk.a_ctx = child, ctx
-        if self.rule == "priced":  # (not reached: `__init__` makes `_priced_call` this rule's `on_tool_return`)
-            raise RuntimeError("a priced C-MLFQ router routes tool returns in its own on_tool_return (_priced_call)")
+        if self.rule == "priced":  # (not reached: `__init__` makes `_priced_native` this rule's `on_tool_return`)
+            raise RuntimeError("a priced C-MLFQ router routes tool returns in its own on_tool_return (_priced_native)")
         carried = ctx - tool_tokens
         if self.rule == "probability":  # the rule reads no prediction: one is made only where the cost test needs it
             target, act = self._likeliest(walk, ctx, req.bucket)

@@ -5,7 +5,8 @@ may give up per `T` tokens carried, a request moves to its likeliest bucket `b` 
 pays for the move (`P(b) - P(current) >= price * carried / T`) and it is sure enough or waiting is dear
 (`P(b) >= confidence - price * tool_tokens / T`); at most once; an overflow is priced the same way, and with no
 statistics at all (a cold tree) promoted (cmlfq.py's module docstring has the whole rule). The attributes read here
-are set by `CMLFQRouter.__init__`.
+are set by `CMLFQRouter.__init__`. `_priced_call` is the rule in Python; ext/scheduling/priced_native.c runs its
+inline path in C where the extension is built (`_priced_native`, the router's `on_tool_return`).
 """
 
 from __future__ import annotations
@@ -105,9 +106,10 @@ class PricedRule:
         self, request_id: Any, *, tool: str, tool_tokens: int, status: str, context_tokens: int
     ) -> RouteDecision:
         """`on_tool_return` with the `priced` rule (module docstring): move once, when the gain pays for the carried
-        context and the router is sure enough or waiting would carry the large return just received. It is the
-        router's `on_tool_return` when the rule is `priced` (set in `__init__`): `Router.on_tool_return`'s checks
-        and books, then the rule, written out (no `_tool_return` call, no (bucket, reason) pair).
+        context and the router is sure enough or waiting would carry the large return just received. The router's
+        `on_tool_return` when the rule is `priced` and the C extension is not built, else the reference and the
+        fallback of its C twin (`_priced_native`, which hands it every call it does not take): `Router.on_tool_return`'s
+        checks and books, then the rule, written out (no `_tool_return` call, no (bucket, reason) pair).
 
         The hot path of the default preset (issue 14: under 10 us a call): the walk of `_tool_return`, `_select`,
         `_bucket_probs` (unscaled), the shrinkage blend of `_probabilities` and `_record` are written out here, each
