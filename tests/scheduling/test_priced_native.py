@@ -8,7 +8,10 @@ arguments (the same exception). A router built without the extension uses `_pric
 from __future__ import annotations
 
 import itertools
+import os
 import pickle
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -20,6 +23,7 @@ from libra.scheduling.node import native
 from libra.spec import SpecError, parse_buckets
 from libra.workloads import Trajectory, Turn
 from libra.workloads.generators import WorkloadGenerator
+from tests.limits import scaled
 
 
 def _ext():
@@ -301,3 +305,20 @@ def test_a_pickled_router_keeps_the_c_path() -> None:
     twin = pickle.loads(pickle.dumps(c))
     assert twin.on_tool_return.__func__ is _ext()._priced_native
     assert twin.on_tool_return.__self__ is twin
+
+
+def test_without_the_extension_a_priced_router_routes_by_priced_call() -> None:
+    """`LIBRA_PURE_PYTHON=1` (or no C compiler at install): the same router on the Python reference, and a router
+    pickled with the C path and loaded there falls back to it too."""
+    c, _ = _pair("2:5000,4:15000,8:inf", "adaptive", {})
+    code = (
+        "import pickle, sys; from libra.scheduling import make_router; from libra.spec import parse_buckets; "
+        "r = make_router('cmlfq', parse_buckets('2:5000,8:inf')); twin = pickle.loads(sys.stdin.buffer.read()); "
+        "print(r.on_tool_return.__func__.__name__, twin.on_tool_return.__func__.__name__)"
+    )
+    env = {**os.environ, "LIBRA_PURE_PYTHON": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], input=pickle.dumps(c), capture_output=True, env=env, timeout=scaled(120)
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().split() == ["_priced_call", "_priced_call"]
