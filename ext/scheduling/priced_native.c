@@ -1,5 +1,6 @@
 /* The priced rule's `on_tool_return` in C (libra.scheduling._tree_native._priced_native): `PricedRule._priced_call`
- * of libra/scheduling/priced.py on its inline path, the default preset's hot path (issue 16 row 5a).
+ * of libra/scheduling/priced.py on its inline path, the default preset's hot path (issue 16 row 5a). This file has
+ * the entry point, the arguments, the walk and the writes; priced_shares.c the bucket shares and the decision.
  *
  * A call runs in two phases. The first only reads: the arguments, the request, the walk's next nodes, the node that
  * stands for the request and the bucket shares, then the decision (stay, or a move) and what the call writes. Where
@@ -13,73 +14,27 @@
  * The floats are `_priced_call`'s: every share is `int / int` of exact integers below 2**53 (one double division,
  * CPython's fast path) and the same sums and products in the same order (no contraction: -ffp-contract=off).
  * tests/scheduling/test_priced_native.py compares every decision, point and record with `_priced_call`. */
-#include "tree_native.h"
-
-#include <math.h>
+#include "priced_native.h"
 
 /* bound by `bind_priced` */
 static PyTypeObject *walk_type, *request_type, *state_codec_type, *quantile_codec_type, *decision_type;
 static PyObject *statuses;
-static double majority;
+double majority;
 static PyObject *one; /* the int 1 */
-static Py_ssize_t w_p_node, w_p_ctx, w_p_exact, w_a_node, w_a_ctx, w_a_exact, w_root_ctx, w_admitted, w_points,
-    w_price, w_calib, w_ups, w_ups_of, w_ups_total, w_mean;
+Py_ssize_t w_root_ctx, w_admitted, w_price, w_ups, w_ups_of, w_ups_total, w_mean;
+static Py_ssize_t w_p_node, w_p_ctx, w_p_exact, w_a_node, w_a_ctx, w_a_exact, w_points, w_calib;
 static Py_ssize_t d_request_id, d_bucket, d_migrate, d_from_bucket, d_migrated_tokens, d_reason;
 static Py_ssize_t r_request_id, r_bucket, r_context, r_tool_tokens, r_migrations, r_state, r_stay;
 static PyObject *s_tool, *s_tool_tokens, *s_status, *s_context_tokens, *s_requests, *s_tree, *s_min_count, *s_fit,
     *s_inline, *s_fallback, *s_shrink, *s_floor_limits, *s_limits, *s_confidence, *s_overflow, *s_beyond,
     *s_context_in_flight, *s_codec, *s_agnostic, *s_codes, *s_edges, *s_pooled_edges, *s_size_edges, *s_taken,
-    *s_per_step, *s_per_request, *s_bucket, *s_move, *s_priced_call, *s_stay, *s_tool_return, *s_overflow_reason,
-    *s_scaled_fb, *s_agnostic_fb, *s_root;
+    *s_per_step, *s_per_request, *s_bucket, *s_move, *s_priced_call, *s_stay, *s_scaled_fb, *s_agnostic_fb, *s_root;
+PyObject *s_tool_return, *s_overflow_reason;
 
-enum { OK = 0, ERR = -1, DECLINE = -2 };
-#define MAXB 64 /* buckets the C path takes (more: `_priced_call`) */
-
-/* a plain int in [0, 2**53) (a count), or DECLINE */
-static int count_of(PyObject *x, long long *out) {
-    if (x == NULL || !PyLong_CheckExact(x)) return DECLINE;
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(x, &overflow);
-    if (v == -1 && PyErr_Occurred()) return ERR;
-    if (overflow || v < 0 || v >= (1LL << 53)) return DECLINE;
-    *out = v;
-    return OK;
-}
-
-/* a plain float, or an int below 2**53 in size, as a double (what Python's arithmetic converts it to) */
-static int double_of(PyObject *x, double *out) {
-    if (x == NULL) return DECLINE;
-    if (PyFloat_CheckExact(x)) {
-        *out = PyFloat_AS_DOUBLE(x);
-        return OK;
-    }
-    if (!PyLong_CheckExact(x)) return DECLINE;
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(x, &overflow);
-    if (v == -1 && PyErr_Occurred()) return ERR;
-    if (overflow || v <= -(1LL << 53) || v >= (1LL << 53)) return DECLINE;
-    *out = (double)v;
-    return OK;
-}
-
-/* `bisect_right(ordered, x)` over a list of counts */
-static int bisect_counts(PyObject *ordered, long long x, Py_ssize_t *out) {
-    Py_ssize_t lo = 0, hi = PyList_GET_SIZE(ordered);
-    while (lo < hi) {
-        Py_ssize_t mid = lo + (hi - lo) / 2;
-        long long v;
-        int rc = count_of(PyList_GET_ITEM(ordered, mid), &v);
-        if (rc) return rc;
-        if (x < v) hi = mid;
-        else lo = mid + 1;
-    }
-    *out = lo;
-    return OK;
-}
 
 static int node_count(PyObject *node, long long *out) {
     if (node == NULL || Py_TYPE(node) != node_type) return DECLINE;
-    return count_of(SLOT(node, off_count), out);
+    return tn_count(SLOT(node, off_count), out);
 }
 
 /* the code of a return's state, borrowed from the codec's table (`StateCodec.encode`, or its
@@ -163,31 +118,6 @@ static int step_down(PyObject *node, PyObject *code, long long m, PyObject **chi
     return OK;
 }
 
-enum { STAY, MOVE };
-
-/* what the first phase decided, for the second to write */
-typedef struct {
-    int p_leaves, a_leaves; /* the walk leaves its tree */
-    PyObject *p_child, *a_child; /* or goes down to this node (borrowed) */
-    int pop_point;              /* the points end in a None, taken off */
-    PyObject *points[2];        /* decision points to add (owned) */
-    int npoints;
-    PyObject *record; /* the fit's record (owned) */
-    int outcome;
-    Py_ssize_t target;
-    long long carried;
-    PyObject *reason;
-} Plan;
-
-typedef struct {
-    PyObject *dict, *req, *walk, *tree, *codec, *root, *fit, *points, *calib;
-    long long ctx, tool_tokens, m, migrations, bucket;
-    double confidence, shrink;
-    int overflow, agnostic_fb, beyond_root, record;
-    double limits[MAXB];
-    long long floor_limits[MAXB];
-    Py_ssize_t nb, nfin;
-} Call;
 
 /* the router's attribute from its instance dict (borrowed), DECLINE where it is not there */
 static int own(PyObject *dict, PyObject *name, PyObject **out) {
@@ -199,300 +129,6 @@ static int own(PyObject *dict, PyObject *name, PyObject **out) {
 static int flag_of(PyObject *x, int *out) {
     if (x != Py_True && x != Py_False) return DECLINE;
     *out = x == Py_True;
-    return OK;
-}
-
-/* the shares of the buckets from the node's window (`probs`, and as a list in *made when `make`), as
-   `_priced_call`'s passes without a blend make them; below/i as the request's position in the window */
-static int node_shares(const Call *c, PyObject *ordered, long long anchor, Py_ssize_t i, double *probs,
-                       PyObject **made) {
-    Py_ssize_t n = PyList_GET_SIZE(ordered);
-    double below = (double)i / (double)n, alive = 1.0 - below;
-    for (Py_ssize_t k = 0; k < c->nfin; k++) {
-        Py_ssize_t j;
-        int rc = bisect_counts(ordered, c->floor_limits[k] - anchor, &j);
-        if (rc) return rc;
-        if (j > i) {
-            double upto = (double)j / (double)n;
-            probs[k] = (upto - below) / alive;
-            below = upto, i = j;
-        } else {
-            probs[k] = 0.0;
-        }
-    }
-    if (c->nfin < c->nb) probs[c->nfin] = below < 1.0 ? (1.0 - below) / alive : 0.0;
-    if (made != NULL) {
-        *made = PyList_New(c->nb);
-        if (*made == NULL) return ERR;
-        for (Py_ssize_t k = 0; k < c->nb; k++) {
-            PyObject *f = PyFloat_FromDouble(probs[k]);
-            if (f == NULL) {
-                Py_CLEAR(*made);
-                return ERR;
-            }
-            PyList_SET_ITEM(*made, k, f);
-        }
-    }
-    return OK;
-}
-
-/* the walk's positions of the limits in the root's window (`walk.ups`), as counts */
-static int ups_of(const Call *c, long long *ups) {
-    PyObject *list = SLOT(c->walk, w_ups);
-    if (list == NULL || !PyList_CheckExact(list) || PyList_GET_SIZE(list) != c->nfin) return DECLINE;
-    for (Py_ssize_t k = 0; k < c->nfin; k++) {
-        int rc = count_of(PyList_GET_ITEM(list, k), &ups[k]);
-        if (rc) return rc;
-    }
-    return OK;
-}
-
-/* the decision points end in the mark `_progress` leaves (None), which a tool return takes off */
-static int ends_in_mark(PyObject *points) {
-    Py_ssize_t n = points == Py_None ? 0 : PyList_GET_SIZE(points);
-    return n && PyList_GET_ITEM(points, n - 1) == Py_None;
-}
-
-/* the first phase after the walk: the node's (and root's) shares and the decision, from the node `node` reached
-   at `anchor` */
-static int decide(Call *c, Plan *p, PyObject *node, long long anchor) {
-    PyObject *ordered = node ? SLOT(node, off_ordered) : NULL;
-    if (ordered == NULL || !PyList_CheckExact(ordered) || PyList_GET_SIZE(ordered) == 0)
-        return DECLINE; /* no node, or an empty window: `_probabilities` */
-    PyObject *root = c->root;
-    PyObject *r_ordered = SLOT(root, off_ordered);
-    if (r_ordered == NULL || !PyList_CheckExact(r_ordered)) return DECLINE;
-    long long ups_total, total, root_ctx, t;
-    int rc = count_of(SLOT(c->walk, w_ups_total), &ups_total);
-    if (!rc) rc = count_of(SLOT(root, off_total), &total);
-    if (!rc) rc = count_of(SLOT(c->walk, w_root_ctx), &root_ctx);
-    if (!rc) rc = count_of(SLOT(c->walk, w_admitted), &t);
-    if (rc) return rc;
-    if (SLOT(c->walk, w_ups_of) != r_ordered || ups_total != total) return DECLINE; /* `_root_ups` first */
-    if (t >= c->nb) return DECLINE;
-    double mean, price;
-    rc = double_of(SLOT(c->walk, w_mean), &mean);
-    if (!rc) rc = double_of(SLOT(c->walk, w_price), &price);
-    if (rc) return rc;
-    long long ups[MAXB];
-    rc = ups_of(c, ups);
-    if (rc) return rc;
-    long long ctx = c->ctx;
-    double probs[MAXB];
-    Py_ssize_t n = PyList_GET_SIZE(ordered), rn = PyList_GET_SIZE(r_ordered), i;
-    rc = bisect_counts(ordered, ctx - anchor - 1, &i);
-    if (rc) return rc;
-    int early = c->migrations || t == c->bucket;
-    if (i < n) {
-        double below = (double)i / (double)n, alive = 1.0 - below, survivors = 0.0, w = 0.0, v = 0.0, x = 0.0;
-        Py_ssize_t r_below = -1, r_n = -1; /* no blend (`r_below < r_n`: a blend) */
-        if (c->shrink != 0.0 && node != root) {
-            r_n = rn;
-            rc = bisect_counts(r_ordered, ctx - root_ctx - 1, &r_below);
-            if (rc) return rc;
-            if (r_below < r_n) {
-                survivors = alive * (double)n;
-                w = survivors / (survivors + c->shrink);
-                v = 1.0 - w;
-            }
-        }
-        if (c->record) { /* the node's shares, kept whole for the fit's record */
-            PyObject *made;
-            rc = node_shares(c, ordered, anchor, i, probs, &made);
-            if (rc) return rc;
-            int keep = 0;
-            double weight = 0.0;
-            if (r_below < r_n) {
-                keep = 1, weight = survivors;
-            } else if (node != root && c->shrink == 0.0 && rn) {
-                long long last;
-                rc = count_of(PyList_GET_ITEM(r_ordered, rn - 1), &last);
-                if (rc) {
-                    Py_DECREF(made);
-                    return rc;
-                }
-                if (ctx - root_ctx - 1 < last) keep = 1, weight = alive * (double)n;
-            }
-            if (keep) {
-                PyObject *ctx_obj = PyLong_FromLongLong(ctx), *weight_obj = PyFloat_FromDouble(weight);
-                p->record = ctx_obj && weight_obj ? PyTuple_Pack(3, made, ctx_obj, weight_obj) : NULL;
-                Py_XDECREF(ctx_obj);
-                Py_XDECREF(weight_obj);
-                if (p->record == NULL) {
-                    Py_DECREF(made);
-                    return ERR;
-                }
-            }
-            Py_DECREF(made);
-            x = probs[t];
-        } else if (early) { /* the node's share of the admission bucket alone */
-            Py_ssize_t lo = i, j;
-            if (t) {
-                rc = bisect_counts(ordered, c->floor_limits[t - 1] - anchor, &j);
-                if (rc) return rc;
-                if (j > lo) lo = j;
-            }
-            if (t < c->nfin) {
-                rc = bisect_counts(ordered, c->floor_limits[t] - anchor, &j);
-                if (rc) return rc;
-                x = j > lo ? ((double)j / (double)n - (double)lo / (double)n) / alive : 0.0;
-            } else {
-                x = lo < n ? (1.0 - (double)lo / (double)n) / alive : 0.0;
-            }
-        }
-        if (early) { /* the early exit: bucket t's blended share */
-            if (r_below < r_n) {
-                long long r_lo = r_below;
-                if (t && ups[t - 1] > r_lo) r_lo = ups[t - 1];
-                if (t < c->nfin) {
-                    long long up = ups[t];
-                    if (up > r_lo) x = w * x + v * ((double)(up - r_lo) / (double)(r_n - r_below));
-                    else x = w * x + v * 0.0;
-                } else {
-                    x = w * x + v * ((double)(r_n - r_lo) / (double)(r_n - r_below));
-                }
-            }
-            if (x > majority) {
-                p->pop_point = ends_in_mark(c->points);
-                p->outcome = STAY;
-                return OK;
-            }
-        }
-        if (c->record) {
-            if (r_below < r_n) { /* the blend with the population */
-                double r_alive = (double)(r_n - r_below);
-                long long rb = r_below;
-                Py_ssize_t k = 0;
-                for (; k < c->nfin; k++) {
-                    long long upto = ups[k];
-                    if (upto > rb) {
-                        probs[k] = w * probs[k] + v * ((double)(upto - rb) / r_alive);
-                        rb = upto;
-                    } else {
-                        probs[k] = w * probs[k] + v * 0.0;
-                    }
-                }
-                if (k < c->nb) probs[k] = w * probs[k] + v * ((double)(r_n - rb) / r_alive);
-            }
-        } else if (r_below < r_n) { /* the node's shares and their blend in one pass */
-            double r_alive = (double)(r_n - r_below);
-            long long rb = r_below;
-            for (Py_ssize_t k = 0; k < c->nfin; k++) {
-                Py_ssize_t j;
-                rc = bisect_counts(ordered, c->floor_limits[k] - anchor, &j);
-                if (rc) return rc;
-                if (j > i) {
-                    double upto = (double)j / (double)n;
-                    x = (upto - below) / alive;
-                    below = upto, i = j;
-                } else {
-                    x = 0.0;
-                }
-                long long up = ups[k];
-                if (up > rb) {
-                    probs[k] = w * x + v * ((double)(up - rb) / r_alive);
-                    rb = up;
-                } else {
-                    probs[k] = w * x + v * 0.0;
-                }
-            }
-            if (c->nfin < c->nb) {
-                x = below < 1.0 ? (1.0 - below) / alive : 0.0;
-                probs[c->nfin] = w * x + v * ((double)(r_n - rb) / r_alive);
-            }
-        } else {
-            rc = node_shares(c, ordered, anchor, i, probs, NULL);
-            if (rc) return rc;
-        }
-    } else if (c->beyond_root && SLOT(root, off_count) != NULL) {
-        long long root_count;
-        rc = count_of(SLOT(root, off_count), &root_count);
-        if (rc) return rc;
-        if (!root_count) return DECLINE; /* no shares: `_priced_overflow` */
-        Py_ssize_t r_i;
-        rc = bisect_counts(r_ordered, ctx - root_ctx - 1, &r_i);
-        if (rc) return rc;
-        if (r_i < rn) {
-            double below = (double)r_i / (double)rn, alive = 1.0 - below;
-            if (early) {
-                long long lo = r_i;
-                double x;
-                if (t && ups[t - 1] > lo) lo = ups[t - 1];
-                if (t < c->nfin) {
-                    long long j = ups[t];
-                    x = j > lo ? ((double)j / (double)rn - (double)lo / (double)rn) / alive : 0.0;
-                } else {
-                    x = lo < rn ? (1.0 - (double)lo / (double)rn) / alive : 0.0;
-                }
-                if (x > majority) {
-                    p->pop_point = ends_in_mark(c->points);
-                    p->outcome = STAY;
-                    return OK;
-                }
-            }
-            long long ri = r_i;
-            for (Py_ssize_t k = 0; k < c->nfin; k++) {
-                long long j = ups[k];
-                if (j > ri) {
-                    double upto = (double)j / (double)rn;
-                    probs[k] = (upto - below) / alive;
-                    below = upto, ri = j;
-                } else {
-                    probs[k] = 0.0;
-                }
-            }
-            if (c->nfin < c->nb) probs[c->nfin] = below < 1.0 ? (1.0 - below) / alive : 0.0;
-        } else { /* outlived them all: the bucket of its context (`bucket_for`) */
-            Py_ssize_t b = 0;
-            while (b < c->nb && !((double)ctx <= c->limits[b])) b++;
-            if (b == c->nb) b = c->nb - 1;
-            for (Py_ssize_t k = 0; k < c->nb; k++) probs[k] = 0.0;
-            probs[b] = 1.0;
-        }
-    } else {
-        return DECLINE; /* no shares: `_priced_overflow` */
-    }
-    /* the rule, on the shares */
-    PyObject *points = c->points;
-    p->pop_point = ends_in_mark(points);
-    double top = probs[0];
-    for (Py_ssize_t k = 1; k < c->nb; k++)
-        if (probs[k] > top) top = probs[k];
-    Py_ssize_t best = 0;
-    while (best < c->nb && !(probs[best] == top)) best++;
-    if (best == c->nb) return DECLINE; /* a NaN share */
-    long long carried = ctx - c->tool_tokens, tool_tokens = c->tool_tokens;
-    if (points != Py_None) { /* `_record`: the price interval in which this return would move the request */
-        if (best != t) {
-            double hi = carried > 0 ? (top - probs[t]) * mean / (double)carried : INFINITY;
-            double need = c->confidence - top;
-            double low = need <= 0 ? 0.0 : (tool_tokens > 0 ? need * mean / (double)tool_tokens : INFINITY);
-            if (low <= hi) p->points[p->npoints++] = Py_BuildValue("(ddL)", low, hi, carried);
-            if (c->overflow && best > t && (double)ctx > c->limits[t])
-                p->points[p->npoints++] = Py_BuildValue("(ddL)", 0.0, top * mean / (double)ctx, carried);
-            for (int k = 0; k < p->npoints; k++)
-                if (p->points[k] == NULL) return ERR;
-        }
-    }
-    Py_ssize_t current = (Py_ssize_t)c->bucket;
-    p->carried = carried;
-    if (c->migrations == 0) {
-        double unit = price / mean;
-        if (best != current && top - probs[current] >= unit * (double)carried &&
-            top >= c->confidence - unit * (double)tool_tokens) {
-            p->outcome = MOVE, p->target = best, p->reason = s_tool_return;
-            return OK;
-        }
-    }
-    if (c->migrations || (double)ctx <= c->limits[current] || !c->overflow) {
-        p->outcome = STAY;
-        return OK;
-    }
-    if (best > current && top >= price * (double)ctx / mean) {
-        p->outcome = MOVE, p->target = best, p->reason = s_overflow_reason;
-        return OK;
-    }
-    p->outcome = STAY;
     return OK;
 }
 
@@ -508,8 +144,8 @@ static int plan(Call *c, Plan *p, PyObject *router, PyObject *request_id, PyObje
         known = s == status || PyUnicode_Compare(s, status) == 0;
     }
     if (!known) return DECLINE;
-    int rc = count_of(tool_tokens, &c->tool_tokens);
-    if (!rc) rc = count_of(context_tokens, &c->ctx);
+    int rc = tn_count(tool_tokens, &c->tool_tokens);
+    if (!rc) rc = tn_count(context_tokens, &c->ctx);
     if (rc) return rc;
     c->dict = PyObject_GenericGetDict(router, NULL);
     if (c->dict == NULL) { /* (a router without an instance dict: `_priced_call` reads its attributes) */
@@ -528,8 +164,8 @@ static int plan(Call *c, Plan *p, PyObject *router, PyObject *request_id, PyObje
     c->walk = SLOT(c->req, r_state);
     if (c->walk == NULL || Py_TYPE(c->walk) != walk_type) return DECLINE;
     Py_INCREF(c->walk);
-    rc = count_of(SLOT(c->req, r_migrations), &c->migrations);
-    if (!rc) rc = count_of(SLOT(c->req, r_bucket), &c->bucket);
+    rc = tn_count(SLOT(c->req, r_migrations), &c->migrations);
+    if (!rc) rc = tn_count(SLOT(c->req, r_bucket), &c->bucket);
     if (rc) return rc;
     /* the options */
     PyObject *x;
@@ -545,7 +181,7 @@ static int plan(Call *c, Plan *p, PyObject *router, PyObject *request_id, PyObje
     if ((rc = own(c->dict, s_overflow, &x)) || (rc = flag_of(x, &c->overflow))) return rc;
     if ((rc = own(c->dict, s_confidence, &x)) || (rc = double_of(x, &c->confidence))) return rc;
     if ((rc = own(c->dict, s_shrink, &x)) || (rc = double_of(x, &c->shrink))) return rc;
-    if ((rc = own(c->dict, s_min_count, &x)) || (rc = count_of(x, &c->m))) return rc;
+    if ((rc = own(c->dict, s_min_count, &x)) || (rc = tn_count(x, &c->m))) return rc;
     if ((rc = own(c->dict, s_limits, &x))) return rc;
     if (!PyTuple_CheckExact(x) || PyTuple_GET_SIZE(x) == 0 || PyTuple_GET_SIZE(x) > MAXB) return DECLINE;
     c->nb = PyTuple_GET_SIZE(x);
@@ -556,7 +192,7 @@ static int plan(Call *c, Plan *p, PyObject *router, PyObject *request_id, PyObje
     if (!PyTuple_CheckExact(x) || PyTuple_GET_SIZE(x) > c->nb) return DECLINE;
     c->nfin = PyTuple_GET_SIZE(x);
     for (Py_ssize_t k = 0; k < c->nfin; k++)
-        if ((rc = count_of(PyTuple_GET_ITEM(x, k), &c->floor_limits[k]))) return rc;
+        if ((rc = tn_count(PyTuple_GET_ITEM(x, k), &c->floor_limits[k]))) return rc;
     c->points = SLOT(c->walk, w_points);
     if (c->points == NULL || (c->points != Py_None && !PyList_CheckExact(c->points))) return DECLINE;
     /* the fit's record: taken while it has room this step and for this request */
@@ -567,9 +203,9 @@ static int plan(Call *c, Plan *p, PyObject *router, PyObject *request_id, PyObje
         PyObject *a = PyObject_GetAttr(c->fit, s_taken), *b = PyObject_GetAttr(c->fit, s_per_step),
                  *d = PyObject_GetAttr(c->fit, s_per_request);
         rc = a && b && d ? OK : ERR;
-        if (!rc) rc = count_of(a, &taken);
-        if (!rc) rc = count_of(b, &per_step);
-        if (!rc) rc = count_of(d, &per_request);
+        if (!rc) rc = tn_count(a, &taken);
+        if (!rc) rc = tn_count(b, &per_step);
+        if (!rc) rc = tn_count(d, &per_request);
         Py_XDECREF(a);
         Py_XDECREF(b);
         Py_XDECREF(d);
@@ -602,17 +238,14 @@ static int plan(Call *c, Plan *p, PyObject *router, PyObject *request_id, PyObje
         if ((rc = step_down(SLOT(c->walk, w_a_node), code, c->m, &p->a_child))) return rc;
         p->a_leaves = p->a_child == NULL;
     }
-    if (!c->record && c->migrations && c->points == Py_None) { /* moved already, no decision points to keep */
-        p->outcome = STAY;
-        return OK;
-    }
+    if (!c->record && c->migrations && c->points == Py_None) return stay(c, p); /* moved, no points to keep */
     long long anchor = c->ctx;
     if (node == NULL) { /* `_select`, the prompt's path having left the tree */
         PyObject *p_node = p->p_child ? p->p_child : SLOT(c->walk, w_p_node);
         PyObject *a_node = p->a_child ? p->a_child : SLOT(c->walk, w_a_node);
         long long p_ctx = c->ctx, a_ctx = c->ctx, count;
-        if (!p->p_child && p_node != Py_None && (rc = count_of(SLOT(c->walk, w_p_ctx), &p_ctx))) return rc;
-        if (!p->a_child && (rc = count_of(SLOT(c->walk, w_a_ctx), &a_ctx))) return rc;
+        if (!p->p_child && p_node != Py_None && (rc = tn_count(SLOT(c->walk, w_p_ctx), &p_ctx))) return rc;
+        if (!p->a_child && (rc = tn_count(SLOT(c->walk, w_a_ctx), &a_ctx))) return rc;
         if ((rc = node_count(a_node, &count))) return rc;
         int a_ok = count >= c->m;
         if (a_exact && !p->a_leaves && c->agnostic_fb && a_ok) {

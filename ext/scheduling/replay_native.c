@@ -35,24 +35,13 @@ static Py_ssize_t bucket_for(const Cfg *c, double x) {
     return c->nb - 1;
 }
 
-/* a plain int in [0, 2**53) */
-static int small_int(PyObject *x, long long *out) {
-    if (!PyLong_CheckExact(x)) return NOT_IMPL;
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(x, &overflow);
-    if (v == -1 && PyErr_Occurred()) return ERR;
-    if (overflow || v < 0 || v >= (1LL << 53)) return NOT_IMPL;
-    *out = v;
-    return OK;
-}
-
 static int node_count(PyObject *node, long long *out) {
     PyObject *c = SLOT(node, off_count);
     if (c == NULL) {
         PyErr_SetString(PyExc_AttributeError, "Node.count is not set");
         return ERR;
     }
-    return small_int(c, out);
+    return tn_count(c, out);
 }
 
 typedef struct {
@@ -69,16 +58,10 @@ static int beyond(PyObject *node, long long x, int *has, double *mean, double *p
         if (ordered == NULL) PyErr_SetString(PyExc_AttributeError, "Node.ordered is not set");
         return ordered == NULL ? ERR : NOT_IMPL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(ordered), lo = 0, hi = n;
-    while (lo < hi) { /* bisect_right */
-        Py_ssize_t mid = lo + (hi - lo) / 2;
-        long long v;
-        int rc = small_int(PyList_GET_ITEM(ordered, mid), &v);
-        if (rc) return rc;
-        if (x < v) hi = mid;
-        else lo = mid + 1;
-    }
-    Py_ssize_t i = lo, k = n - i;
+    Py_ssize_t n = PyList_GET_SIZE(ordered), i;
+    int found = tn_bisect_counts(ordered, x, &i);
+    if (found) return found;
+    Py_ssize_t k = n - i;
     *has = k > 0;
     if (k <= 0) return OK;
     PyObject *prefix = SLOT(node, off_prefix);
@@ -89,7 +72,7 @@ static int beyond(PyObject *node, long long x, int *has, double *mean, double *p
         for (Py_ssize_t q = 0; q <= n; q++) {
             if (q) {
                 long long v;
-                int rc = small_int(PyList_GET_ITEM(ordered, q - 1), &v);
+                int rc = tn_count(PyList_GET_ITEM(ordered, q - 1), &v);
                 if (rc == OK && (acc += v) >= (1LL << 53)) rc = NOT_IMPL;
                 if (rc) {
                     Py_DECREF(made);
@@ -110,9 +93,9 @@ static int beyond(PyObject *node, long long x, int *has, double *mean, double *p
     }
     if (!PyList_CheckExact(prefix) || PyList_GET_SIZE(prefix) != n + 1) return NOT_IMPL;
     long long top, bottom, at90;
-    int rc = small_int(PyList_GET_ITEM(prefix, n), &top);
-    if (!rc) rc = small_int(PyList_GET_ITEM(prefix, i), &bottom);
-    if (!rc) rc = small_int(PyList_GET_ITEM(ordered, i + (Py_ssize_t)ceil(0.9 * (double)k) - 1), &at90);
+    int rc = tn_count(PyList_GET_ITEM(prefix, n), &top);
+    if (!rc) rc = tn_count(PyList_GET_ITEM(prefix, i), &bottom);
+    if (!rc) rc = tn_count(PyList_GET_ITEM(ordered, i + (Py_ssize_t)ceil(0.9 * (double)k) - 1), &at90);
     if (rc) return rc;
     *mean = (double)(top - bottom) / (double)k;
     *p90 = (double)at90;
@@ -155,7 +138,7 @@ static int encode(const Cfg *c, PyObject *tool, long long tool_tokens, PyObject 
     while (lo < hi) { /* bisect_right(size_edges, tool_tokens) */
         Py_ssize_t mid = lo + (hi - lo) / 2;
         long long e;
-        int rc = small_int(PyTuple_GET_ITEM(c->edges, mid), &e);
+        int rc = tn_count(PyTuple_GET_ITEM(c->edges, mid), &e);
         if (rc) return rc;
         if (tool_tokens < e) hi = mid;
         else lo = mid + 1;
@@ -225,7 +208,7 @@ static int replay_one(const Cfg *c, PyObject *agnostic, PyObject *prompts, PyObj
     if (!(pid = PyObject_GetAttr(traj, s_prompt_id)) || !(ptok = PyObject_GetAttr(traj, s_prompt_tokens)) ||
         !(turns = PyObject_GetAttr(traj, s_turns)))
         goto out;
-    if ((rc = small_int(ptok, &prompt_tokens)) != OK) goto out;
+    if ((rc = tn_count(ptok, &prompt_tokens)) != OK) goto out;
     rc = ERR;
     if (!(pid_str = PyObject_Str(pid))) goto out;
     /* `Router.admit`, `_admit_bucket` */
@@ -268,7 +251,7 @@ static int replay_one(const Cfg *c, PyObject *agnostic, PyObject *prompts, PyObj
             long long tool_tokens = 0, ctx = tool_ctx[o];
             int step = (tool && tt && status) ? OK : ERR;
             /* `_book_tool_return`'s checks, for plain arguments only: the rest is the reference's */
-            if (step == OK) step = small_int(tt, &tool_tokens);
+            if (step == OK) step = tn_count(tt, &tool_tokens);
             if (step == OK && (!PyUnicode_CheckExact(tool) || PyUnicode_GET_LENGTH(tool) == 0 ||
                                !PyUnicode_CheckExact(status) || ctx < 0))
                 step = NOT_IMPL;

@@ -20,6 +20,30 @@ Py_ssize_t off_children, off_last_step;
 /* attribute names read from trajectories and turns */
 static PyObject *s_prompt_id, *s_turns, *s_gen_tokens, *s_tool_tokens;
 
+int tn_count(PyObject *x, long long *out) {
+    if (x == NULL || !PyLong_CheckExact(x)) return -2;
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(x, &overflow);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (overflow || v < 0 || v >= (1LL << 53)) return -2;
+    *out = v;
+    return 0;
+}
+
+int tn_bisect_counts(PyObject *ordered, long long x, Py_ssize_t *out) {
+    Py_ssize_t lo = 0, hi = PyList_GET_SIZE(ordered);
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        long long v;
+        int rc = tn_count(PyList_GET_ITEM(ordered, mid), &v);
+        if (rc) return rc;
+        if (x < v) hi = mid;
+        else lo = mid + 1;
+    }
+    *out = lo;
+    return 0;
+}
+
 int tn_slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *out) {
     PyObject *descr = PyObject_GetAttrString((PyObject *)type, name);
     if (descr == NULL) return -1;

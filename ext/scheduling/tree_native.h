@@ -12,6 +12,14 @@ extern Py_ssize_t off_children, off_last_step;
 
 #define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 
+/* a plain int in [0, 2**53) (a count of tokens or observations, exact as a double): 0 with its value in *out, -1
+ * with an exception, -2 (no exception) for anything else (NULL included): the caller's Python code decides then */
+int tn_count(PyObject *x, long long *out);
+
+/* `bisect_right(ordered, x)` over a list of counts (`tn_count`): 0 with the position in *out, or what `tn_count`
+ * returned for an item it does not take */
+int tn_bisect_counts(PyObject *ordered, long long x, Py_ssize_t *out);
+
 /* a slot's byte offset in the instances of `type`: 0, or -1 with TypeError where `name` is not a slot */
 int tn_slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *out);
 
