@@ -21,7 +21,7 @@ if ! python -c "import libra, vllm, deepspeed, megatron.core, ray, pytest, mypy"
 fi
 export HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled VLLM_CPU_KVCACHE_SPACE=1 TOKENIZERS_PARALLELISM=false
 # A test skipped because an engine or the C++ extension is missing fails instead (tests/conftest.py): a broken install
-# must not leave CI green. Only the CUDA test may skip, where there is no GPU.
+# must not leave CI green. Only the CUDA tests may skip, where there is no GPU.
 export LIBRA_REQUIRE_ENGINES=1
 # Every time limit a test sets is multiplied by this (tests/limits.py). Default 2: CI runs on a shared developer
 # machine, often at a load average of 8+ on 2 cores, where limits sized on an idle machine killed live processes

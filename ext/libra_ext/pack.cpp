@@ -103,12 +103,13 @@ void unpack(const std::vector<at::Tensor>& buckets, const std::vector<at::Tensor
 #ifdef LIBRA_WITH_CUDA
 namespace {
 std::vector<libra_copy_op> cuda_ops(const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& slot_offset,
-                                    const at::Tensor& device_bucket, const at::Tensor& host) {
+                                    const at::Tensor& device_bucket, const at::Tensor* host) {
   TORCH_CHECK(tensors.size() == slot_offset.size(), "cuda: ", tensors.size(), " tensors but ", slot_offset.size(),
               " offsets");
   TORCH_CHECK(device_bucket.is_cuda() && device_bucket.scalar_type() == at::kByte && device_bucket.is_contiguous(),
               "cuda: device bucket must be a contiguous CUDA uint8 tensor");
-  TORCH_CHECK(host.is_pinned() && host.numel() == device_bucket.numel() && host.scalar_type() == at::kByte,
+  TORCH_CHECK(host == nullptr || (host->is_pinned() && host->numel() == device_bucket.numel() &&
+                                  host->scalar_type() == at::kByte),
               "cuda: host bucket must be pinned uint8 memory of the device bucket's size");
   std::vector<libra_copy_op> ops;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -122,23 +123,22 @@ std::vector<libra_copy_op> cuda_ops(const std::vector<at::Tensor>& tensors, cons
 }
 }  // namespace
 
-// GPU path, one bucket: gather CUDA tensors into `device_bucket` (zeros elsewhere) and copy it into the pinned
-// `host` bucket, all on `stream` (a cudaStream_t
-// as an integer, e.g. torch.cuda.current_stream().cuda_stream). Asynchronous: synchronise before reading `host`.
-void pack_cuda_into(const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& slot_offset,
-                    at::Tensor device_bucket, at::Tensor host, int64_t stream) {
-  auto ops = cuda_ops(tensors, slot_offset, device_bucket, host);
-  cudaError_t err = libra_pack_to_host_async(ops.data(), static_cast<int>(ops.size()),
-                                             device_bucket.data_ptr<uint8_t>(), host.data_ptr<uint8_t>(),
-                                             device_bucket.numel(), reinterpret_cast<cudaStream_t>(stream));
-  TORCH_CHECK(err == cudaSuccess, "pack_cuda_into: ", cudaGetErrorString(err));
+// GPU path, one bucket: zero `device_bucket` and gather the CUDA tensors into their slots, on `stream` (a
+// cudaStream_t as an integer, e.g. torch.cuda.current_stream().cuda_stream). Asynchronous; the caller copies the
+// bucket to the host.
+void gather_cuda_into(const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& slot_offset,
+                      at::Tensor device_bucket, int64_t stream) {
+  auto ops = cuda_ops(tensors, slot_offset, device_bucket, nullptr);
+  cudaError_t err = libra_gather_async(ops.data(), static_cast<int>(ops.size()), device_bucket.data_ptr<uint8_t>(),
+                                       device_bucket.numel(), reinterpret_cast<cudaStream_t>(stream));
+  TORCH_CHECK(err == cudaSuccess, "gather_cuda_into: ", cudaGetErrorString(err));
 }
 
 // GPU path, one bucket: copy the pinned `host` bucket to `device_bucket` and scatter its slots into the CUDA
 // tensors (in place), on `stream`.
 void unpack_cuda_from(at::Tensor host, at::Tensor device_bucket, const std::vector<at::Tensor>& tensors,
                       const std::vector<int64_t>& slot_offset, int64_t stream) {
-  auto ops = cuda_ops(tensors, slot_offset, device_bucket, host);
+  auto ops = cuda_ops(tensors, slot_offset, device_bucket, &host);
   cudaError_t err = libra_unpack_from_host_async(ops.data(), static_cast<int>(ops.size()),
                                                  device_bucket.data_ptr<uint8_t>(), host.data_ptr<uint8_t>(),
                                                  device_bucket.numel(), reinterpret_cast<cudaStream_t>(stream));
@@ -151,7 +151,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "pack CPU tensors into uint8 buckets (layout given)");
   m.def("unpack", &unpack, "unpack uint8 buckets into existing CPU tensors (in place)");
 #ifdef LIBRA_WITH_CUDA
-  m.def("pack_cuda_into", &pack_cuda_into, "gather CUDA tensors into a device bucket and copy to pinned host (async)");
+  m.def("gather_cuda_into", &gather_cuda_into, "zero a device bucket and gather CUDA tensors into it (async)");
   m.def("unpack_cuda_from", &unpack_cuda_from, "copy a pinned host bucket to the device and scatter it (async)");
 #endif
 }

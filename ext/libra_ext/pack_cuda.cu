@@ -1,6 +1,7 @@
 // GPU side of the Libra snapshot buckets: one batched gather/scatter kernel over all tensors of a bucket (a block
-// row per tensor, 16-byte vector copies where alignment allows), plus asynchronous device<->pinned-host copies, all
-// on the caller's stream. The byte layout is the same as the CPU path (pack.cpp) and the Python reference.
+// row per tensor, 16-byte vector copies where alignment allows), plus the unpack's asynchronous pinned-host-to-device
+// copy, all on the caller's stream; the pack's device-to-host copies are the caller's, chunk by chunk. The byte
+// layout is the same as the CPU path (pack.cpp) and the Python reference.
 
 #include "pack_cuda.h"
 
@@ -42,13 +43,11 @@ cudaError_t launch(const libra_copy_op* ops, int num_ops, uint8_t* device_bucket
 
 }  // namespace
 
-extern "C" cudaError_t libra_pack_to_host_async(const libra_copy_op* ops, int num_ops, uint8_t* device_bucket,
-                                                uint8_t* host, int64_t bucket_bytes, cudaStream_t stream) {
+extern "C" cudaError_t libra_gather_async(const libra_copy_op* ops, int num_ops, uint8_t* device_bucket,
+                                          int64_t bucket_bytes, cudaStream_t stream) {
   cudaError_t err = cudaMemsetAsync(device_bucket, 0, bucket_bytes, stream);  // padding bytes are zero, as on CPU
   if (err != cudaSuccess) return err;
-  err = launch(ops, num_ops, device_bucket, /*scatter=*/false, stream);
-  if (err != cudaSuccess) return err;
-  return cudaMemcpyAsync(host, device_bucket, bucket_bytes, cudaMemcpyDeviceToHost, stream);
+  return launch(ops, num_ops, device_bucket, /*scatter=*/false, stream);
 }
 
 extern "C" cudaError_t libra_unpack_from_host_async(const libra_copy_op* ops, int num_ops, uint8_t* device_bucket,

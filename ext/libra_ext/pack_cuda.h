@@ -9,10 +9,10 @@ struct libra_copy_op {
   int64_t nbytes;
 };
 
-// Zero `device_bucket`, gather every op's bytes into it, then copy the bucket into the pinned `host` buffer.
-// All work is enqueued on `stream`; nothing is synchronised.
-extern "C" cudaError_t libra_pack_to_host_async(const libra_copy_op* ops, int num_ops, uint8_t* device_bucket,
-                                                uint8_t* host, int64_t bucket_bytes, cudaStream_t stream);
+// Zero `device_bucket`, then gather every op's bytes into it (the caller copies it to the host, in pieces if it
+// likes). All work is enqueued on `stream`; nothing is synchronised.
+extern "C" cudaError_t libra_gather_async(const libra_copy_op* ops, int num_ops, uint8_t* device_bucket,
+                                          int64_t bucket_bytes, cudaStream_t stream);
 
 // Copy the pinned `host` bucket to `device_bucket`, then scatter every op's slot back into its tensor
 // (ops[i].src is then the destination). Enqueued on `stream`.

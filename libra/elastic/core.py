@@ -93,7 +93,8 @@ class _SnapshotSend:
         self._handle: SendHandle | None = None
         self._error: BaseException | None = None
         self._lock = threading.Lock()
-        if getattr(link, "posts_from_any_thread", False):
+        self._posts_from_any_thread = bool(getattr(link, "posts_from_any_thread", False))
+        if self._posts_from_any_thread:
             pending.add_done_callback(self.start)
 
     def start(self) -> None:
@@ -105,6 +106,15 @@ class _SnapshotSend:
                 self._handle = self._link.send_async(self.pending.wait().to_message(), timeout=self._timeout)
             except Exception as exc:  # reported through error(); the core must not die of a failed pack or send
                 self._error = exc
+
+    def wait_safe(self) -> None:
+        """Wait until the caller may change the state: its bytes copied (a GPU state's checksums may still be
+        computed, and the packing thread posts the send when they are) on a link that posts from any thread; the
+        whole pack on others, whose send only the core's thread can post, at the end of this ``reduce``."""
+        if self._posts_from_any_thread:
+            self.pending.wait_copied()
+        else:
+            self.pending.wait()
 
     def done(self) -> bool:
         return self._error is not None or (self._handle is not None and self._handle.done())
@@ -370,7 +380,7 @@ class CoreExchange:
         for slot in list(self._slots.values()):
             if isinstance(slot.send, _SnapshotSend):
                 with contextlib.suppress(Exception):
-                    slot.send.pending.wait()
+                    slot.send.wait_safe()
                 slot.send.start()
 
     def _progress_fetches(self, step: int) -> None:

@@ -10,6 +10,10 @@ arrived) carries ``verified=True``, and :func:`restore` does not read them a sec
 
 :func:`state_digest` is a content hash of model + optimizer (the checksums of a packed copy): two replicas with
 equal digests hold bitwise-identical state (up to hash collisions; tests also compare tensors).
+
+A state on one GPU (CPU tensors beside it, such as Adam's step counts, are allowed) is packed by the CUDA path into
+pinned host buckets with the same bytes and checksums as the CPU path, and restored into GPU tensors by it; so a
+snapshot moves between a GPU replica and a CPU one either way. Mixing GPUs in one state is refused.
 """
 
 from __future__ import annotations
@@ -28,9 +32,12 @@ from libra.elastic.pack import (
     adopt,
     checksums,
     pack_checksummed,
+    pack_checksummed_cuda,
     plan_layout,
     slot_view,
+    sub_layout,
     unpack,
+    unpack_cuda,
 )
 from libra.elastic.wire import Kind, Message
 
@@ -119,11 +126,19 @@ def _collect(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) ->
             opt["state"].append([pid, slot])
         opt["param_groups"] = sd["param_groups"]
     for t in tensors:
-        if t.device.type != "cpu":
-            raise SnapshotError(f"snapshot of {t.device} tensors needs the CUDA path; move to CPU first")
+        if t.device.type not in ("cpu", "cuda"):
+            raise SnapshotError(f"snapshot of {t.device} tensors: only cpu and cuda tensors are packed")
         if str(t.dtype) not in _DTYPES:
             raise SnapshotError(f"dtype {t.dtype} is not supported; supported: {sorted(_DTYPES)}")
+    if len({t.device for t in tensors if t.device.type == "cuda"}) > 1:
+        raise SnapshotError("snapshot of a state on several GPUs: snapshot each device's part separately")
     return tensors, {"model": model_entries, "optimizer": opt}
+
+
+def _on_gpu(tensors: Sequence[torch.Tensor]) -> torch.device | None:
+    """The GPU a state lives on (None for a CPU state). A GPU state's buckets are pinned host memory, packed by
+    the CUDA path (:func:`~libra.elastic.pack.pack_checksummed_cuda`) with the bytes the CPU path writes."""
+    return next((t.device for t in tensors if t.device.type == "cuda"), None)
 
 
 def _layout(description: dict, nbytes: list[int]) -> Layout:
@@ -150,9 +165,14 @@ class PendingCapture:
     Taken at a step boundary (after ``optimizer.step()`` of the previous step, before the next one): the model's
     buffers (BatchNorm statistics and the like, which a forward pass changes) are copied at once, on the calling
     thread; parameters and optimizer state are packed in the background. The caller must not change parameters or
-    optimizer state until :meth:`wait` returns (the elastic core waits at the end of ``reduce``, before the caller's
-    ``optimizer.step()``), which is what the step protocol already guarantees. ``out``: buckets of an earlier
-    snapshot to overwrite (ignored if the sizes differ), see :func:`~libra.elastic.pack.pack_checksummed`."""
+    optimizer state until :meth:`wait_copied` returns (the elastic core waits at the end of ``reduce``, before the
+    caller's ``optimizer.step()``), which is what the step protocol already guarantees. ``out``: buckets of an earlier
+    snapshot to overwrite (ignored if the sizes differ), see :func:`~libra.elastic.pack.pack_checksummed`.
+
+    A state on a GPU is packed on a CUDA stream of its own, which first waits for everything the calling thread's
+    current stream had enqueued when the capture was taken (the last ``optimizer.step()``): the gather kernels and
+    device-to-host copies run beside the next forward/backward, which reads the parameters but does not write
+    them, and only the hashing of the landed buckets takes a CPU thread."""
 
     def __init__(
         self,
@@ -175,8 +195,14 @@ class PendingCapture:
         if out is not None and [int(b.numel()) for b in out] != list(layout.bucket_sizes):
             out = None  # the state's shapes changed: new buckets
         self._args: tuple | None = (tensors, description, version, backend, out)
+        self._ready: torch.cuda.Event | None = None
+        device = _on_gpu(tensors)
+        if device is not None:  # the pack's stream starts where the caller's stream is now
+            self._ready = torch.cuda.Event()
+            self._ready.record(torch.cuda.current_stream(device))
         self._snapshot: Snapshot | None = None
         self._error: BaseException | None = None
+        self._copied = threading.Event()
         self._done = threading.Event()
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[], None]] = []
@@ -185,11 +211,21 @@ class PendingCapture:
     def _run(self) -> None:
         try:
             assert self._args is not None  # set in __init__, cleared only here
-            self._snapshot = _capture_tensors(*self._args)
+            if self._ready is None:
+                self._snapshot = _capture_tensors(*self._args)
+            else:
+                stream = torch.cuda.Stream(_on_gpu(self._args[0]))
+                stream.wait_event(self._ready)
+                with torch.cuda.stream(stream):
+                    tensors, description, version, backend, out = self._args
+                    self._snapshot = _capture_tensors(
+                        tensors, description, version, backend, out, on_copied=self._copied.set
+                    )
         except BaseException as exc:  # reported by wait()
             self._error = exc
         finally:
             self._args = None
+            self._copied.set()
             with self._lock:
                 self._done.set()
                 callbacks, self._callbacks = self._callbacks, []
@@ -208,6 +244,16 @@ class PendingCapture:
     def done(self) -> bool:
         return self._done.is_set()
 
+    def wait_copied(self, timeout: float | None = None) -> None:
+        """Return once the state's bytes are all in the snapshot's buckets, so that the caller may change the
+        parameters and optimizer state; raises what the packing raised, or TimeoutError. For a state on a GPU that
+        is when the last device-to-host copy has landed, while the checksums may still be computed; on the CPU the
+        copy and its checksum are one pass, so it is when :meth:`wait` would return."""
+        if not self._copied.wait(timeout):
+            raise TimeoutError(f"snapshot v{self.version} not copied within {timeout}s")
+        if self._error is not None:
+            raise self._error
+
     def wait(self, timeout: float | None = None) -> Snapshot:
         """The snapshot, once packed; raises what the packing raised, or TimeoutError."""
         if not self._done.wait(timeout):
@@ -224,9 +270,16 @@ def _capture_tensors(
     version: int,
     backend: str,
     out: Sequence[torch.Tensor] | None = None,
+    on_copied: Callable[[], None] | None = None,
 ) -> Snapshot:
     layout = _layout(description, [t.numel() * t.element_size() for t in tensors])
-    buckets, sums = pack_checksummed(tensors, layout, backend=backend, out=out if backend == "auto" else None)
+    if _on_gpu(tensors) is None:
+        buckets, sums = pack_checksummed(tensors, layout, backend=backend, out=out if backend == "auto" else None)
+    elif backend == "auto":
+        pinned = out is not None and all(b.is_pinned() or not b.numel() for b in out)
+        buckets, sums = pack_checksummed_cuda(tensors, layout, out=out if pinned else None, on_copied=on_copied)
+    else:  # the reference: each tensor copied to the CPU, then packed there
+        buckets, sums = pack_checksummed([t.cpu() for t in tensors], layout, backend=backend)
     return Snapshot(
         version=version, description=description, buckets=tuple(buckets), checksums=tuple(sums), verified=True
     )
@@ -295,12 +348,32 @@ def restore(
         dests[i] if dests[i].is_contiguous() else torch.empty_like(dests[i], memory_format=torch.contiguous_format)
         for i in copied
     ]
+    on_cpu = [k for k, i in enumerate(copied) if staging[k].device.type == "cpu"]
+    on_gpu = [k for k, i in enumerate(copied) if staging[k].device.type == "cuda"]
+    if len(on_cpu) + len(on_gpu) != len(copied):
+        other = next(s.device for s in staging if s.device.type not in ("cpu", "cuda"))
+        raise SnapshotError(f"restore into {other} tensors: only cpu and cuda tensors are restored")
     with torch.no_grad():
-        unpack(snapshot.buckets, staging, _sub_layout(layout, copied), backend=backend)
+        unpack(
+            snapshot.buckets,
+            [staging[k] for k in on_cpu],
+            sub_layout(layout, [copied[k] for k in on_cpu]),
+            backend=backend,
+        )
+        if on_gpu:
+            gpu_layout = sub_layout(layout, [copied[k] for k in on_gpu])
+            gpu_staging = [staging[k] for k in on_gpu]
+            if backend == "auto":
+                unpack_cuda(snapshot.buckets, gpu_staging, gpu_layout)
+            else:  # the reference: unpacked on the CPU, then copied to the GPU
+                cpu_copies = [torch.empty_like(t, device="cpu") for t in gpu_staging]
+                unpack(snapshot.buckets, cpu_copies, gpu_layout, backend=backend)
+                for t, c in zip(gpu_staging, cpu_copies, strict=True):
+                    t.copy_(c)
         for i, s in zip(copied, staging, strict=True):
             if s is not dests[i]:
                 dests[i].copy_(s)
-        adopt(snapshot.buckets, [targets[i] for i in adopted], _sub_layout(layout, adopted))
+        adopt(snapshot.buckets, [targets[i] for i in adopted], sub_layout(layout, adopted))
     if optimizer is not None and desc["optimizer"]["param_groups"] is not None:
         optimizer.load_state_dict({"state": opt_state, "param_groups": desc["optimizer"]["param_groups"]})
 
@@ -321,7 +394,7 @@ def _reusable_state(
                 continue
             shape, dtype = next(specs_iter)
             t = have.get(key)
-            fits = isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.is_contiguous()
+            fits = isinstance(t, torch.Tensor) and t.device.type in ("cpu", "cuda") and t.is_contiguous()
             if fits and list(t.shape) == list(shape) and t.dtype == dtype and not _aliases(t, out):
                 out.append(t)
             else:
@@ -333,16 +406,6 @@ def _aliases(t: torch.Tensor, others: list[torch.Tensor]) -> bool:
     """Whether ``t`` shares memory with a tensor already chosen (two state entries must not land in one tensor)."""
     ptr = t.untyped_storage().data_ptr()
     return t.numel() > 0 and any(o.numel() > 0 and o.untyped_storage().data_ptr() == ptr for o in others)
-
-
-def _sub_layout(layout: Layout, slots: Sequence[int]) -> Layout:
-    """The layout of some of the slots (in the given order) over the same buckets."""
-    return Layout(
-        bucket_sizes=layout.bucket_sizes,
-        slot_bucket=tuple(layout.slot_bucket[i] for i in slots),
-        slot_offset=tuple(layout.slot_offset[i] for i in slots),
-        slot_nbytes=tuple(layout.slot_nbytes[i] for i in slots),
-    )
 
 
 def state_digest(

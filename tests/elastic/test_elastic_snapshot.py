@@ -131,7 +131,10 @@ def test_pending_capture_is_the_state_at_its_start_even_if_a_forward_pass_change
     m.train()
     m(torch.randn(8, 5))  # BatchNorm running statistics change during the pack
     assert not pending.done()
+    with pytest.raises(TimeoutError):  # on the CPU the bytes are copied when the pack is done, not before
+        pending.wait_copied(0.05)
     gate.set()
+    pending.wait_copied(30)
     snap = pending.wait(30)
     assert snap.version == 2 and snap.verified and snap.nbytes == pending.nbytes
     assert snap.checksums == expected != state_digest(m, o)
@@ -140,6 +143,8 @@ def test_pending_capture_is_the_state_at_its_start_even_if_a_forward_pass_change
 def test_pending_capture_reports_a_failed_pack():
     m, o = make(0)
     pending = __import__("libra.elastic.snapshot", fromlist=["x"]).PendingCapture(m, o, version=0, backend="bogus")
+    with pytest.raises(ValueError, match="backend"):
+        pending.wait_copied(30)
     with pytest.raises(ValueError, match="backend"):
         pending.wait(30)
 
