@@ -25,6 +25,7 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 import attrs
 import numpy as np
@@ -380,13 +381,17 @@ CUDA_CHUNK_BYTES = 8 << 20
 CUDA_DIRECT_BYTES = 1 << 20
 
 
+class _Waitable(Protocol):
+    def synchronize(self) -> None: ...
+
+
 @attrs.frozen
 class _BucketCopies:
     """What the GPU pack enqueued for one bucket: ``copies`` are ``(start, stop, event)`` byte ranges copied to
-    the host in stream order (the event passes once that range and everything before it has landed); ``zeros``
-    are ranges no copy writes (padding), which the host fills."""
+    the host in stream order (the event passes once that range and everything enqueued before it have landed);
+    ``zeros`` are ranges no copy writes (padding), which the host fills."""
 
-    copies: tuple[tuple[int, int, torch.cuda.Event], ...]
+    copies: tuple[tuple[int, int, _Waitable], ...]
     zeros: tuple[tuple[int, int], ...]
 
 
@@ -394,75 +399,115 @@ def _pieces(start: int, stop: int) -> range:
     return range(start, stop, CUDA_CHUNK_BYTES)
 
 
-def _enqueue_pack_cuda(
-    tensors: Sequence[torch.Tensor], layout: Layout, hosts: Sequence[torch.Tensor], stream: torch.cuda.Stream
+def _enqueue_copies(
+    tensors: Sequence[torch.Tensor],
+    layout: Layout,
+    hosts: Sequence[torch.Tensor],
+    scratch: torch.Tensor,
+    gather: Callable[[list[torch.Tensor], list[int], torch.Tensor], None],
+    copy: Callable[[torch.Tensor, torch.Tensor], _Waitable],
 ) -> tuple[list[_BucketCopies], list[torch.Tensor]]:
-    """Enqueue the device-to-host copies of every bucket on ``stream``: first the large tensors, straight into
-    their slots in pieces of ``CUDA_CHUNK_BYTES``, then the small ones, gathered by one kernel call into a device
-    buffer (one, of the largest bucket's size, reused bucket after bucket: the stream orders its reuse) and copied
-    as runs of consecutive slots. Returns each bucket's copies and padding, and what must stay alive until the
-    last event has passed."""
-    mod = _cuda_module()
-    device = _cuda_device(tensors)
+    """The GPU pack's plan, enqueued through ``gather(srcs, offsets, device_bucket)`` (zero the bucket, gather the
+    tensors into their slots) and ``copy(host_range, device_range) -> event`` (one asynchronous copy, then an
+    event), both in one stream's order. Per bucket: first the large tensors (``CUDA_DIRECT_BYTES`` or more),
+    straight into their slots in pieces of ``CUDA_CHUNK_BYTES``; then the small ones, gathered into ``scratch``
+    (reused bucket after bucket: the stream orders its reuse) and copied as runs of consecutive slots. Returns each
+    bucket's copies and padding, and what must stay alive until the last event has passed."""
     order = sorted(range(len(tensors)), key=lambda i: (layout.slot_bucket[i], layout.slot_offset[i]))
     per_bucket: list[list[int]] = [[] for _ in layout.bucket_sizes]
     for i in order:
         if layout.slot_nbytes[i]:
             per_bucket[layout.slot_bucket[i]].append(i)
-    needs_scratch = any(n < CUDA_DIRECT_BYTES for n in layout.slot_nbytes if n)
-    scratch_bytes = max(layout.bucket_sizes, default=0) if needs_scratch else 0
-    scratch = torch.empty(scratch_bytes, dtype=torch.uint8, device=device)
     keep: list[torch.Tensor] = [scratch]
     out: list[_BucketCopies] = []
 
-    def copy(host: torch.Tensor, src: torch.Tensor, at: int) -> list[tuple[int, int, torch.cuda.Event]]:
+    def pieces(host: torch.Tensor, src: torch.Tensor, at: int) -> list[tuple[int, int, _Waitable]]:
         """``src``'s bytes to ``host[at:]``, piece by piece, an event after each."""
         done = []
         for s in _pieces(0, src.numel()):
             piece = src[s : s + CUDA_CHUNK_BYTES]
-            host[at + s : at + s + piece.numel()].copy_(piece, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(stream)
-            done.append((at + s, at + s + piece.numel(), event))
+            done.append((at + s, at + s + piece.numel(), copy(host[at + s : at + s + piece.numel()], piece)))
         return done
 
-    with torch.cuda.stream(stream):
-        for b, size in enumerate(layout.bucket_sizes):
-            members = per_bucket[b]
-            big = [i for i in members if layout.slot_nbytes[i] >= CUDA_DIRECT_BYTES]
-            small = [i for i in members if layout.slot_nbytes[i] < CUDA_DIRECT_BYTES]
-            copies = []
-            for i in big:
-                src = tensors[i].contiguous().reshape(-1).view(torch.uint8)
-                keep.append(src)
-                copies += copy(hosts[b], src, layout.slot_offset[i])
-            runs: list[list[int]] = []  # [start, stop) of consecutive small slots (no large slot between)
-            for i in members:
-                off, n = layout.slot_offset[i], layout.slot_nbytes[i]
-                if n >= CUDA_DIRECT_BYTES:
-                    runs.append([])
-                elif runs and runs[-1]:
-                    runs[-1][1] = off + n
-                else:
-                    runs.append([off, off + n])
-            runs = [r for r in runs if r]
-            if small:
-                srcs = [tensors[i].contiguous() for i in small]
-                keep.extend(srcs)
-                mod.gather_cuda_into(srcs, [layout.slot_offset[i] for i in small], scratch[:size], stream.cuda_stream)
-                for lo, hi in runs:
-                    copies += copy(hosts[b], scratch[lo:hi], lo)
-            written = [(layout.slot_offset[i], layout.slot_offset[i] + layout.slot_nbytes[i]) for i in big]
-            written = sorted(written + [(lo, hi) for lo, hi in runs])
-            zeros, cursor = [], 0
-            for lo, hi in written:
-                if lo > cursor:
-                    zeros.append((cursor, lo))
-                cursor = max(cursor, hi)
-            if cursor < size:
-                zeros.append((cursor, size))
-            out.append(_BucketCopies(tuple(copies), tuple(zeros)))
+    for b, size in enumerate(layout.bucket_sizes):
+        members = per_bucket[b]
+        big = [i for i in members if layout.slot_nbytes[i] >= CUDA_DIRECT_BYTES]
+        small = [i for i in members if layout.slot_nbytes[i] < CUDA_DIRECT_BYTES]
+        copies = []
+        for i in big:
+            src = tensors[i].contiguous().reshape(-1).view(torch.uint8)
+            keep.append(src)
+            copies += pieces(hosts[b], src, layout.slot_offset[i])
+        runs: list[list[int]] = []  # [start, stop) of consecutive small slots (no large slot between)
+        for i in members:
+            off, n = layout.slot_offset[i], layout.slot_nbytes[i]
+            if n >= CUDA_DIRECT_BYTES:
+                runs.append([])
+            elif runs and runs[-1]:
+                runs[-1][1] = off + n
+            else:
+                runs.append([off, off + n])
+        runs = [r for r in runs if r]
+        if small:
+            srcs = [tensors[i].contiguous() for i in small]
+            keep.extend(srcs)
+            gather(srcs, [layout.slot_offset[i] for i in small], scratch[:size])
+            for lo, hi in runs:
+                copies += pieces(hosts[b], scratch[lo:hi], lo)
+        written = [(layout.slot_offset[i], layout.slot_offset[i] + layout.slot_nbytes[i]) for i in big]
+        written = sorted(written + [(lo, hi) for lo, hi in runs])
+        zeros, cursor = [], 0
+        for lo, hi in written:
+            if lo > cursor:
+                zeros.append((cursor, lo))
+            cursor = max(cursor, hi)
+        if cursor < size:
+            zeros.append((cursor, size))
+        out.append(_BucketCopies(tuple(copies), tuple(zeros)))
     return out, keep
+
+
+def _land(view: np.ndarray, bucket: _BucketCopies, cpu_slots: Sequence[tuple[int, np.ndarray]]) -> int:
+    """A bucket's checksum, piece by piece as the pieces land: wait for the last copy that writes into the piece,
+    zero its padding, copy the CPU tensors' bytes in (the GPU copies wrote zeros or nothing there), hash it."""
+    hasher = xxhash.xxh3_64()
+    for start in _pieces(0, view.size):
+        stop = min(view.size, start + CUDA_CHUNK_BYTES)
+        last = max((k for k, (lo, hi, _) in enumerate(bucket.copies) if lo < stop and hi > start), default=-1)
+        if last >= 0:
+            bucket.copies[last][2].synchronize()  # it and every copy before it have landed
+        for lo, hi in bucket.zeros:
+            if max(lo, start) < min(hi, stop):
+                view[max(lo, start) : min(hi, stop)] = 0
+        for off, src in cpu_slots:
+            lo, hi = max(off, start), min(off + src.size, stop)
+            if lo < hi:
+                np.copyto(view[lo:hi], src[lo - off : hi - off])
+        hasher.update(view[start:stop].data)
+    return hasher.intdigest()
+
+
+def _enqueue_pack_cuda(
+    tensors: Sequence[torch.Tensor], layout: Layout, hosts: Sequence[torch.Tensor], stream: torch.cuda.Stream
+) -> tuple[list[_BucketCopies], list[torch.Tensor]]:
+    """:func:`_enqueue_copies` on ``stream``: the gather kernel (``gather_cuda_into``) and ``Tensor.copy_``
+    with an event recorded after each copy."""
+    mod = _cuda_module()
+    needs_scratch = any(n < CUDA_DIRECT_BYTES for n in layout.slot_nbytes if n)
+    scratch_bytes = max(layout.bucket_sizes, default=0) if needs_scratch else 0
+    scratch = torch.empty(scratch_bytes, dtype=torch.uint8, device=_cuda_device(tensors))
+
+    def gather(srcs: list[torch.Tensor], offsets: list[int], bucket: torch.Tensor) -> None:
+        mod.gather_cuda_into(srcs, offsets, bucket, stream.cuda_stream)
+
+    def copy(host: torch.Tensor, device: torch.Tensor) -> torch.cuda.Event:
+        host.copy_(device, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(stream)
+        return event
+
+    with torch.cuda.stream(stream):
+        return _enqueue_copies(tensors, layout, hosts, scratch, gather, copy)
 
 
 def pack_cuda(
@@ -519,24 +564,7 @@ def pack_checksummed_cuda(
     views = [_np_bytes(h) for h in hosts]
 
     def land(b: int) -> int:
-        """Bucket ``b``'s checksum, piece by piece as the pieces land: padding zeroed, the CPU tensors' bytes
-        copied in (the GPU copies wrote zeros or nothing there), then hashed."""
-        copies, zeros, view = buckets[b].copies, buckets[b].zeros, views[b]
-        hasher = xxhash.xxh3_64()
-        for start in _pieces(0, view.size):
-            stop = min(view.size, start + CUDA_CHUNK_BYTES)
-            last = max((k for k, (lo, hi, _) in enumerate(copies) if lo < stop and hi > start), default=-1)
-            if last >= 0:
-                copies[last][2].synchronize()  # it and every copy before it have landed
-            for lo, hi in zeros:
-                if max(lo, start) < min(hi, stop):
-                    view[max(lo, start) : min(hi, stop)] = 0
-            for off, src in cpu_slots[b]:
-                lo, hi = max(off, start), min(off + src.size, stop)
-                if lo < hi:
-                    np.copyto(view[lo:hi], src[lo - off : hi - off])
-            hasher.update(view[start:stop].data)
-        return hasher.intdigest()
+        return _land(views[b], buckets[b], cpu_slots[b])
 
     def copied() -> None:
         for bucket in buckets:
