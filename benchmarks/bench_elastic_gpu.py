@@ -34,6 +34,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from benchmarks.bench_elastic import _report  # noqa: E402
 from libra.elastic.pack import layout_of, pack_checksummed_cuda, pack_cuda, unpack_cuda  # noqa: E402
 from libra.elastic.snapshot import PendingCapture  # noqa: E402
 
@@ -58,28 +59,6 @@ def _timed(fn) -> float:
     fn()
     torch.cuda.synchronize()
     return time.perf_counter() - start
-
-
-def _report(benchmark, name: str, baseline_name: str, baseline_s: list[float], nbytes: int, **extra) -> None:
-    stats = benchmark.stats.stats
-    info = {
-        "state_bytes": nbytes,
-        "gb_per_s_best": nbytes / stats.min / 1e9,
-        "baseline": baseline_name,
-        "baseline_s": baseline_s,
-        "baseline_gb_per_s_best": nbytes / min(baseline_s) / 1e9,
-        "ratio": min(baseline_s) / stats.min,
-        "ratio_median": statistics.median(baseline_s) / stats.median,
-        "device": torch.cuda.get_device_name(),
-        **extra,
-    }
-    benchmark.extra_info.update(info)
-    more = " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in extra.items())
-    print(
-        f"\n[{name}] {nbytes / 1e9:.2f} GB: best {stats.min * 1e3:.1f} ms ({info['gb_per_s_best']:.1f} GB/s); "
-        f"{baseline_name} best {min(baseline_s) * 1e3:.1f} ms ({info['baseline_gb_per_s_best']:.1f} GB/s); "
-        f"ratio {info['ratio']:.2f} (medians {info['ratio_median']:.2f}) {more}"
-    )
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +102,7 @@ def test_gpu_pack_checksum(benchmark, gpu_state, variant):
     )
     if sums:
         assert all(s == sums[0] for s in sums)
-    _report(benchmark, f"gpu_pack[{variant}]", "device-to-host copy", baseline, layout.total_bytes)
+    _report(benchmark, f"gpu_pack[{variant}]", "device-to-host copy", baseline, layout.total_bytes, device=_device())
 
 
 def test_gpu_unpack(benchmark, gpu_state):
@@ -138,7 +117,7 @@ def test_gpu_unpack(benchmark, gpu_state):
     )
     unpack_cuda(buckets, outs, layout)
     assert all(torch.equal(a, b) for a, b in zip(tensors, outs, strict=True))
-    _report(benchmark, "gpu_unpack", "host-to-device copy", baseline, layout.total_bytes)
+    _report(benchmark, "gpu_unpack", "host-to-device copy", baseline, layout.total_bytes, device=_device())
 
 
 def _mlp(width: int):
@@ -202,7 +181,7 @@ def test_gpu_step_with_capture(benchmark, batch):
         "ratio_median": stats.median / statistics.median(plain),
         "pack_alone_s": pack_s,
         "copy_alone_s": copy_s,
-        "device": torch.cuda.get_device_name(),
+        "device": _device(),
     }
     benchmark.extra_info.update(info)
     print(
@@ -211,3 +190,7 @@ def test_gpu_step_with_capture(benchmark, batch):
         f"ratio {info['ratio']:.3f} (medians {info['ratio_median']:.3f}); the capture alone {pack_s * 1e3:.1f} ms, "
         f"its copy {copy_s * 1e3:.1f} ms"
     )
+
+
+def _device() -> str:
+    return torch.cuda.get_device_name()
