@@ -7,11 +7,11 @@
 100M) plus Adam's two moments, 1.2 GB in 150 tensors on the GPU, as in ``bench_elastic.py``. Each benchmark measures
 its physical baseline in the same run, round by round (pytest-benchmark's untimed ``setup``), and reports the ratio.
 
-- ``test_gpu_pack_checksum`` (target 1, sender's side): :func:`~libra.elastic.pack.pack_checksummed_cuda` into
+- ``test_gpu_pack_checksum`` (target 1, sender's side): :func:`~libra.elastic.pack_gpu.pack_checksummed_cuda` into
   pinned buckets kept from the round before (gather kernels, device-to-host copies, XXH3 of every bucket as it
   lands) against the plain device-to-host copy of the same tensors into pinned memory (``Tensor.copy_``, one
-  stream): the PCIe link's ceiling. ``nohash`` is :func:`~libra.elastic.pack.pack_cuda` alone.
-- ``test_gpu_unpack`` (target 1, receiver's side): :func:`~libra.elastic.pack.unpack_cuda` of the pinned buckets
+  stream): the PCIe link's ceiling. ``nohash`` is :func:`~libra.elastic.pack_gpu.pack_cuda` alone.
+- ``test_gpu_unpack`` (target 1, receiver's side): :func:`~libra.elastic.pack_gpu.unpack_cuda` of the pinned buckets
   into the state against the plain host-to-device copy of the same bytes.
 - ``test_gpu_step_with_capture`` (target 3): a core step of an MLP of about ``LIBRA_BENCH_PARAMS`` parameters with
   Adam on the GPU (forward, backward, ``optimizer.step()``, synchronised) against the same step with a
@@ -35,7 +35,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from benchmarks.bench_elastic import _report  # noqa: E402
-from libra.elastic.pack import layout_of, pack_checksummed_cuda, pack_cuda, unpack_cuda  # noqa: E402
+from libra.elastic.pack import layout_of  # noqa: E402
+from libra.elastic.pack_gpu import pack_checksummed_cuda, pack_cuda, unpack_cuda  # noqa: E402
 from libra.elastic.snapshot import PendingCapture  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: GPU benchmarks need one")

@@ -32,13 +32,12 @@ from libra.elastic.pack import (
     adopt,
     checksums,
     pack_checksummed,
-    pack_checksummed_cuda,
     plan_layout,
     slot_view,
     sub_layout,
     unpack,
-    unpack_cuda,
 )
+from libra.elastic.pack_gpu import pack_checksummed_cuda, unpack_cuda
 from libra.elastic.wire import Kind, Message
 
 _DTYPES = {
@@ -137,7 +136,7 @@ def _collect(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) ->
 
 def _on_gpu(tensors: Sequence[torch.Tensor]) -> torch.device | None:
     """The GPU a state lives on (None for a CPU state). A GPU state's buckets are pinned host memory, packed by
-    the CUDA path (:func:`~libra.elastic.pack.pack_checksummed_cuda`) with the bytes the CPU path writes."""
+    the CUDA path (:func:`~libra.elastic.pack_gpu.pack_checksummed_cuda`) with the bytes the CPU path writes."""
     return next((t.device for t in tensors if t.device.type == "cuda"), None)
 
 
@@ -195,11 +194,11 @@ class PendingCapture:
         if out is not None and [int(b.numel()) for b in out] != list(layout.bucket_sizes):
             out = None  # the state's shapes changed: new buckets
         self._args: tuple | None = (tensors, description, version, backend, out)
+        self._device = _on_gpu(tensors)
         self._ready: torch.cuda.Event | None = None
-        device = _on_gpu(tensors)
-        if device is not None:  # the pack's stream starts where the caller's stream is now
+        if self._device is not None:  # the pack's stream starts where the caller's stream is now
             self._ready = torch.cuda.Event()
-            self._ready.record(torch.cuda.current_stream(device))
+            self._ready.record(torch.cuda.current_stream(self._device))
         self._snapshot: Snapshot | None = None
         self._error: BaseException | None = None
         self._copied = threading.Event()
@@ -211,13 +210,13 @@ class PendingCapture:
     def _run(self) -> None:
         try:
             assert self._args is not None  # set in __init__, cleared only here
+            tensors, description, version, backend, out = self._args
             if self._ready is None:
-                self._snapshot = _capture_tensors(*self._args)
+                self._snapshot = _capture_tensors(tensors, description, version, backend, out)
             else:
-                stream = torch.cuda.Stream(_on_gpu(self._args[0]))
+                stream = torch.cuda.Stream(self._device)
                 stream.wait_event(self._ready)
                 with torch.cuda.stream(stream):
-                    tensors, description, version, backend, out = self._args
                     self._snapshot = _capture_tensors(
                         tensors, description, version, backend, out, on_copied=self._copied.set
                     )
@@ -348,8 +347,8 @@ def restore(
         dests[i] if dests[i].is_contiguous() else torch.empty_like(dests[i], memory_format=torch.contiguous_format)
         for i in copied
     ]
-    on_cpu = [k for k, i in enumerate(copied) if staging[k].device.type == "cpu"]
-    on_gpu = [k for k, i in enumerate(copied) if staging[k].device.type == "cuda"]
+    on_cpu = [k for k, t in enumerate(staging) if t.device.type == "cpu"]
+    on_gpu = [k for k, t in enumerate(staging) if t.device.type == "cuda"]
     if len(on_cpu) + len(on_gpu) != len(copied):
         other = next(s.device for s in staging if s.device.type not in ("cpu", "cuda"))
         raise SnapshotError(f"restore into {other} tensors: only cpu and cuda tensors are restored")

@@ -8,16 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from libra.elastic import pack as pack_mod  # noqa: E402
-from libra.elastic.pack import (  # noqa: E402
-    layout_of,
-    pack,
-    pack_checksummed,
-    pack_checksummed_cuda,
-    pack_cuda,
-    sub_layout,
-    unpack_cuda,
-)
+from libra.elastic import pack_gpu as pack_mod  # noqa: E402
+from libra.elastic.pack import layout_of, pack, pack_checksummed, sub_layout  # noqa: E402
+from libra.elastic.pack_gpu import pack_checksummed_cuda, pack_cuda, unpack_cuda  # noqa: E402
 from libra.elastic.snapshot import PendingCapture, capture, restore, state_digest  # noqa: E402
 from tests.elastic.test_elastic_pack import random_tensors  # noqa: E402
 

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from libra.elastic import pack as pack_mod  # noqa: E402
-from libra.elastic.pack import layout_of, pack_checksummed, sub_layout  # noqa: E402
+from libra.elastic import pack_gpu as pack_mod  # noqa: E402
+from libra.elastic.pack import _np_bytes, layout_of, pack_checksummed, sub_layout  # noqa: E402
 from tests.elastic.test_elastic_pack import random_tensors  # noqa: E402
 
 
@@ -69,8 +69,8 @@ def fake_pack_checksummed(tensors, on_gpu: set[int], layout):
     cpu_slots: list[list] = [[] for _ in hosts]
     for i, t in enumerate(tensors):
         if i not in on_gpu and layout.slot_nbytes[i]:
-            cpu_slots[layout.slot_bucket[i]].append((layout.slot_offset[i], pack_mod._np_bytes(t)))
-    views = [pack_mod._np_bytes(h) for h in hosts]
+            cpu_slots[layout.slot_bucket[i]].append((layout.slot_offset[i], _np_bytes(t)))
+    views = [_np_bytes(h) for h in hosts]
     sums = [0] * len(hosts)
     order = list(range(len(hosts)))
     random.Random(len(tensors)).shuffle(order)

@@ -256,7 +256,7 @@ def test_cpp_binding_with_cuda_path_passes_a_syntax_check():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the GPU pack/unpack cannot run here")
 def test_cuda_path_writes_the_same_bytes_as_python():
-    from libra.elastic.pack import pack_cuda, unpack_cuda
+    from libra.elastic.pack_gpu import pack_cuda, unpack_cuda
 
     tensors = random_tensors(3)
     lay = layout_of(tensors, bucket_bytes=256)

@@ -77,3 +77,15 @@ def bucket_limits(draw) -> list[Bucket]:
     edges = sorted(draw(st.sets(st.integers(300, 15_000), min_size=1, max_size=4)))
     last = draw(st.sampled_from([float("inf"), edges[-1] + 5_000]))
     return [Bucket(tp=2**i, max_tokens=x) for i, x in enumerate([*edges, last])]
+
+
+#: the priced rule's options and a few steps of small windows, as the tests that compare two paths of the rule draw
+#: them: `@given(**SMALL_WINDOW_CASES)` (a few observations a node, any limits: shares far from 0 and 1)
+SMALL_WINDOW_CASES = {
+    "steps": st.lists(st.lists(window_trajectories, min_size=1, max_size=24), min_size=2, max_size=4),
+    "limits": bucket_limits(),
+    "shrink": st.sampled_from([0.0, 1.0, 3.0, "auto"]),
+    "min_count": st.integers(1, 2),
+    "per_step": st.integers(0, 40),
+    "eager": st.booleans(),
+}

@@ -11,8 +11,7 @@ import itertools
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
-from sched_strategies import EAGER, bucket_limits, window_trajectories
+from sched_strategies import EAGER, SMALL_WINDOW_CASES
 
 from libra.scheduling import CMLFQ_PRESETS, make_router
 from libra.scheduling.evaluate import replay
@@ -99,14 +98,7 @@ def test_exits_decide_as_the_full_rule(case) -> None:
 
 
 @settings(max_examples=120, deadline=None)
-@given(
-    steps=st.lists(st.lists(window_trajectories, min_size=1, max_size=24), min_size=2, max_size=4),
-    limits=bucket_limits(),
-    shrink=st.sampled_from([0.0, 1.0, 3.0, "auto"]),
-    min_count=st.integers(1, 2),
-    per_step=st.integers(0, 40),
-    eager=st.booleans(),
-)
+@given(**SMALL_WINDOW_CASES)
 def test_exits_decide_as_the_full_rule_on_small_windows(steps, limits, shrink, min_count, per_step, eager) -> None:
     """Small windows (a few observations a node), any limits: the exits' shares are exact where one observation
     is a large share, and where the blend's weights are far from 0 and 1."""

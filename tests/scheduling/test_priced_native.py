@@ -16,7 +16,7 @@ import sys
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sched_strategies import EAGER, bucket_limits, window_trajectories
+from sched_strategies import EAGER, SMALL_WINDOW_CASES
 
 from libra.scheduling import CMLFQ_PRESETS, make_router, replay
 from libra.scheduling.node import native
@@ -172,15 +172,7 @@ def test_c_path_takes_nearly_every_return_of_a_learnt_router() -> None:
 
 
 @settings(max_examples=80, deadline=None)
-@given(
-    steps=st.lists(st.lists(window_trajectories, min_size=1, max_size=24), min_size=2, max_size=4),
-    limits=bucket_limits(),
-    shrink=st.sampled_from([0.0, 1.0, 3.0, "auto"]),
-    min_count=st.integers(1, 2),
-    per_step=st.integers(0, 40),
-    eager=st.booleans(),
-    beyond=st.sampled_from(["root", "promote"]),
-)
+@given(**SMALL_WINDOW_CASES, beyond=st.sampled_from(["root", "promote"]))
 def test_c_path_on_small_windows(steps, limits, shrink, min_count, per_step, eager, beyond) -> None:
     """A few observations a node, any limits: shares far from 0 and 1, records taken for part of a step."""
     options = {**(EAGER if eager else {}), "shrink": shrink, "min_count": min_count, "beyond": beyond}
