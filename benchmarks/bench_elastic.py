@@ -6,6 +6,8 @@ ratio in ``extra_info``; a summary line per benchmark is printed (run with ``-s`
     LIBRA_BENCH_PARAMS=10000000 python -m pytest benchmarks/bench_elastic.py ...   # quick: 10M parameters
 
 The state is ``LIBRA_BENCH_PARAMS`` fp32 parameters (default 100M) plus Adam's two moments: 1.2 GB in 150 tensors.
+``test_join`` steps both replicas with torch's fused Adam (``LIBRA_BENCH_ADAM=fused``, the default since 2026-12-04;
+``foreach`` or ``for-loop``, torch's default for CPU tensors and the setting of every earlier result, are the others).
 The machine is shared: run these one at a time (``-k``), and read ratios, not absolute times.
 
 - ``test_pack_checksum_unpack`` (issue 16, target 1): ``pack_checksummed`` + ``unpack`` of the state against a
@@ -69,6 +71,14 @@ ROUNDS = int(os.environ.get("LIBRA_BENCH_ROUNDS", 3))
 MEMORY_ROUNDS = int(os.environ.get("LIBRA_BENCH_ROUNDS", 10))
 #: Core steps measured without a join before each join (the hybrid process started and waiting).
 QUIET_STEPS = 5
+#: torch's Adam in ``test_join``, core and hybrid alike: ``fused`` (one kernel over all tensors, on the CPU since
+#: torch 2.4; 0.07 s a step at 100M parameters here), ``foreach`` (0.36 s) or ``for-loop`` (what
+#: ``torch.optim.Adam(params)`` picks for CPU tensors, 0.53 s; every result in benchmarks/README.md before
+#: 2026-12-04 20:30 UTC).
+ADAM_OPTIONS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
+ADAM = os.environ.get("LIBRA_BENCH_ADAM", "fused")
+if ADAM not in ADAM_OPTIONS:
+    raise SystemExit(f"LIBRA_BENCH_ADAM={ADAM!r}: expected one of {', '.join(ADAM_OPTIONS)}")
 
 
 def _timed(fn, cpu: list[float] | None = None) -> float:
@@ -319,7 +329,7 @@ def _width(num_params: int) -> int:
 def _mlp(width: int):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh(), torch.nn.Linear(width, 4))
-    return model, torch.optim.Adam(model.parameters(), lr=1e-3)
+    return model, torch.optim.Adam(model.parameters(), lr=1e-3, **ADAM_OPTIONS[ADAM])
 
 
 def _hybrid(port: int, width: int, worker: str, control, cpus: set[int] | None, prepare: bool) -> None:
@@ -531,6 +541,7 @@ def test_join(benchmark, world, cpus, hybrid):
     joins = [r["join_s"] for r in runs]
     info = {
         "num_params": NUM_PARAMS_OF(width),
+        "adam": ADAM,
         "join_s": joins,
         "restored_s": [r["restored_s"] for r in runs],
         "core_step_s_without_join_median": statistics.median(quiet),
@@ -549,8 +560,8 @@ def test_join(benchmark, world, cpus, hybrid):
     benchmark.extra_info.update(info)
     cpu_quiet, cpu_during = info["core_step_cpu_s_without_join_median"], info["core_step_cpu_s_during_join_median"]
     print(
-        f"\n[join, {cpus} CPUs, {hybrid} hybrid] {info['num_params']:,} params: "
-        f"join_s median {statistics.median(joins):.2f} (min {min(joins):.2f}); "
+        f"\n[join, {cpus} CPUs, {hybrid} hybrid, {ADAM} Adam] {info['num_params']:,} params: "
+        f"join_s median {statistics.median(joins):.2f} (min {min(joins):.2f}; each {[round(v, 2) for v in joins]}); "
         f"restored_s {[round(v, 2) for v in info['restored_s']]}; "
         f"core step median {info['core_step_s_without_join_median']:.3f} s "
         f"without a join, {info['core_step_s_during_join_median']:.3f} s during one "

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #ifdef LIBRA_WITH_CUDA
@@ -19,6 +21,24 @@
 namespace {
 
 constexpr int64_t kChunk = int64_t(1) << 20;  // 1 MiB: small enough to spread over cores, big enough to amortise
+
+// Error messages are built here from strings and std::to_string, and TORCH_CHECK gets one std::string, which it
+// passes on as it is. Given several arguments, TORCH_CHECK formats them through a std::ostringstream compiled into
+// this extension, and on one lent GPU machine's image (GCC 13.3, Python 3.12, torch 2.11) inserting an integer
+// there crashed the process (SIGSEGV inside libstdc++'s locale code): a rejected layout must raise, not crash.
+std::string piece(const char* s) { return s; }
+std::string piece(const std::string& s) { return s; }
+std::string piece(const c10::Device& d) { return d.str(); }
+template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>
+std::string piece(T v) {
+  return std::to_string(v);
+}
+template <typename... Args>
+std::string msg(const Args&... args) {
+  std::string out;
+  (out += ... += piece(args));
+  return out;
+}
 
 struct Copy {
   uint8_t* dst;
@@ -38,8 +58,8 @@ void add_chunked(std::vector<Copy>& copies, uint8_t* dst, const uint8_t* src, in
 
 void check_layout(size_t num_tensors, const std::vector<int64_t>& slot_bucket, const std::vector<int64_t>& slot_offset) {
   TORCH_CHECK(slot_bucket.size() == num_tensors && slot_offset.size() == num_tensors,
-              "layout has ", slot_bucket.size(), " bucket ids and ", slot_offset.size(), " offsets for ", num_tensors,
-              " tensors");
+              msg("layout has ", slot_bucket.size(), " bucket ids and ", slot_offset.size(), " offsets for ",
+                  num_tensors, " tensors"));
 }
 
 int64_t nbytes_of(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
@@ -59,12 +79,12 @@ std::vector<at::Tensor> pack(const std::vector<at::Tensor>& tensors, const std::
   std::vector<Copy> copies;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
-    TORCH_CHECK(t.device().is_cpu(), "pack: tensor ", i, " is on ", t.device(), "; use the CUDA path");
+    TORCH_CHECK(t.device().is_cpu(), msg("pack: tensor ", i, " is on ", t.device(), "; use the CUDA path"));
     at::Tensor c = t.contiguous();
     keep.push_back(c);
     const int64_t b = slot_bucket[i], off = slot_offset[i], n = nbytes_of(c);
-    TORCH_CHECK(b >= 0 && b < (int64_t)buckets.size() && off >= 0 && off + n <= bucket_sizes[b], "pack: tensor ", i,
-                " (", n, " bytes) does not fit bucket ", b, " at offset ", off);
+    TORCH_CHECK(b >= 0 && b < (int64_t)buckets.size() && off >= 0 && off + n <= bucket_sizes[b],
+                msg("pack: tensor ", i, " (", n, " bytes) does not fit bucket ", b, " at offset ", off));
     used[b].push_back({off, off + n});
     add_chunked(copies, buckets[b].data_ptr<uint8_t>() + off, static_cast<const uint8_t*>(c.data_ptr()), n);
   }
@@ -89,12 +109,13 @@ void unpack(const std::vector<at::Tensor>& buckets, const std::vector<at::Tensor
   std::vector<Copy> copies;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
-    TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), "unpack: tensor ", i, " must be a contiguous CPU tensor");
+    TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(),
+                msg("unpack: tensor ", i, " must be a contiguous CPU tensor"));
     const int64_t b = slot_bucket[i], off = slot_offset[i], n = nbytes_of(t);
-    TORCH_CHECK(b >= 0 && b < (int64_t)buckets.size(), "unpack: bucket id ", b, " out of range");
+    TORCH_CHECK(b >= 0 && b < (int64_t)buckets.size(), msg("unpack: bucket id ", b, " out of range"));
     const at::Tensor& bucket = buckets[b];
     TORCH_CHECK(bucket.scalar_type() == at::kByte && bucket.is_contiguous() && off + n <= bucket.numel(),
-                "unpack: bucket ", b, " is not a contiguous uint8 tensor holding ", off + n, " bytes");
+                msg("unpack: bucket ", b, " is not a contiguous uint8 tensor holding ", off + n, " bytes"));
     add_chunked(copies, static_cast<uint8_t*>(t.data_ptr()), bucket.data_ptr<uint8_t>() + off, n);
   }
   run_copies(copies);
@@ -104,8 +125,8 @@ void unpack(const std::vector<at::Tensor>& buckets, const std::vector<at::Tensor
 namespace {
 std::vector<libra_copy_op> cuda_ops(const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& slot_offset,
                                     const at::Tensor& device_bucket, const at::Tensor* host) {
-  TORCH_CHECK(tensors.size() == slot_offset.size(), "cuda: ", tensors.size(), " tensors but ", slot_offset.size(),
-              " offsets");
+  TORCH_CHECK(tensors.size() == slot_offset.size(),
+              msg("cuda: ", tensors.size(), " tensors but ", slot_offset.size(), " offsets"));
   TORCH_CHECK(device_bucket.is_cuda() && device_bucket.scalar_type() == at::kByte && device_bucket.is_contiguous(),
               "cuda: device bucket must be a contiguous CUDA uint8 tensor");
   TORCH_CHECK(host == nullptr || (host->is_pinned() && host->numel() == device_bucket.numel() &&
@@ -114,9 +135,10 @@ std::vector<libra_copy_op> cuda_ops(const std::vector<at::Tensor>& tensors, cons
   std::vector<libra_copy_op> ops;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
-    TORCH_CHECK(t.is_cuda() && t.is_contiguous() && t.device() == device_bucket.device(), "cuda: tensor ", i,
-                " must be contiguous on ", device_bucket.device());
-    TORCH_CHECK(slot_offset[i] + nbytes_of(t) <= device_bucket.numel(), "cuda: tensor ", i, " overflows the bucket");
+    TORCH_CHECK(t.is_cuda() && t.is_contiguous() && t.device() == device_bucket.device(),
+                msg("cuda: tensor ", i, " must be contiguous on ", device_bucket.device()));
+    TORCH_CHECK(slot_offset[i] + nbytes_of(t) <= device_bucket.numel(),
+                msg("cuda: tensor ", i, " overflows the bucket"));
     ops.push_back({reinterpret_cast<const uint8_t*>(t.data_ptr()), slot_offset[i], nbytes_of(t)});
   }
   return ops;
@@ -131,7 +153,7 @@ void gather_cuda_into(const std::vector<at::Tensor>& tensors, const std::vector<
   auto ops = cuda_ops(tensors, slot_offset, device_bucket, nullptr);
   cudaError_t err = libra_gather_async(ops.data(), static_cast<int>(ops.size()), device_bucket.data_ptr<uint8_t>(),
                                        device_bucket.numel(), reinterpret_cast<cudaStream_t>(stream));
-  TORCH_CHECK(err == cudaSuccess, "gather_cuda_into: ", cudaGetErrorString(err));
+  TORCH_CHECK(err == cudaSuccess, msg("gather_cuda_into: ", cudaGetErrorString(err)));
 }
 
 // GPU path, one bucket: copy the pinned `host` bucket to `device_bucket` and scatter its slots into the CUDA
@@ -142,7 +164,7 @@ void unpack_cuda_from(at::Tensor host, at::Tensor device_bucket, const std::vect
   cudaError_t err = libra_unpack_from_host_async(ops.data(), static_cast<int>(ops.size()),
                                                  device_bucket.data_ptr<uint8_t>(), host.data_ptr<uint8_t>(),
                                                  device_bucket.numel(), reinterpret_cast<cudaStream_t>(stream));
-  TORCH_CHECK(err == cudaSuccess, "unpack_cuda_from: ", cudaGetErrorString(err));
+  TORCH_CHECK(err == cudaSuccess, msg("unpack_cuda_from: ", cudaGetErrorString(err)));
 }
 #endif
 

@@ -245,12 +245,12 @@ def test_the_snapshot_is_sent_as_soon_as_it_is_packed_not_at_the_end_of_reduce(g
     hybrid.close()
 
 
-def _small(warm_step: int | None = None):
+def _small(warm_step: int | None = None, fused: bool = False):
     """A small model and its Adam; ``warm_step``: one optimizer step on that step's batch first, so Adam's state
-    exists (a snapshot's layout then matches the core's)."""
+    exists (a snapshot's layout then matches the core's). ``fused``: torch's one-kernel Adam."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1, fused=fused)
     if warm_step is not None:
         _grads(model, warm_step, slice(0, 8))
         opt.step()
@@ -329,8 +329,10 @@ def _join_once(core, model, opt, hybrid, steps: int) -> tuple[list, dict]:
     return seen, digests
 
 
-@pytest.mark.parametrize("min_placeholder_steps", [0, 1])
-def test_a_joiner_is_active_at_the_boundary_that_reads_its_attach_and_stays_bitwise_equal(group, min_placeholder_steps):
+@pytest.mark.parametrize(("min_placeholder_steps", "fused"), [(0, False), (1, False), (0, True)])
+def test_a_joiner_is_active_at_the_boundary_that_reads_its_attach_and_stays_bitwise_equal(
+    group, min_placeholder_steps, fused
+):
     """By default the STEP message that attaches a hybrid also promotes it: it carries the reduced gradients the
     hybrid missed, which it replays before computing, so it computes that step's gradient on that step's state.
     With ``min_placeholder_steps=1`` it is a placeholder for one step first. Either way every later state is
@@ -338,12 +340,12 @@ def test_a_joiner_is_active_at_the_boundary_that_reads_its_attach_and_stays_bitw
     from libra.elastic.grads import Mode
     from libra.elastic.hybrid import HybridReplica
 
-    model, opt = _small()
+    model, opt = _small(fused=fused)
     extra = {} if min_placeholder_steps == 0 else {"min_placeholder_steps": min_placeholder_steps}
     core = CoreExchange(
         core_group=group, core_rank=0, num_core_replicas=1, model=model, optimizer=opt, timeout_s=scaled(30), **extra
     )
-    h_model, h_opt = _small()
+    h_model, h_opt = _small(fused=fused)
     hybrid = HybridReplica(worker="h", model=h_model, optimizer=h_opt, timeout_s=scaled(30))
     seen, digests = _join_once(core, model, opt, hybrid, 4)
     first_active = 1 + min_placeholder_steps
@@ -356,14 +358,16 @@ def test_a_joiner_is_active_at_the_boundary_that_reads_its_attach_and_stays_bitw
     core.close()
 
 
-def test_a_hybrid_that_joins_again_receives_the_snapshot_into_the_memory_its_state_lives_in(group):
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_hybrid_that_joins_again_receives_the_snapshot_into_the_memory_its_state_lives_in(group, fused):
     """The second join of a hybrid receives its snapshot straight into the buckets of the first (the model's and
-    the optimizer's memory since then): no new memory, and the state is still bitwise the core's."""
+    the optimizer's memory since then): no new memory, and the state is still bitwise the core's. With the fused
+    Adam too, whose one kernel then steps tensors that are views of the buckets."""
     from libra.elastic.hybrid import HybridReplica
 
-    model, opt = _small(warm_step=-1)  # Adam's state exists, so both snapshots have the same layout
+    model, opt = _small(warm_step=-1, fused=fused)  # Adam's state exists, so both snapshots have the same layout
     core = CoreExchange(core_group=group, core_rank=0, num_core_replicas=1, model=model, optimizer=opt, timeout_s=30)
-    h_model, h_opt = _small()
+    h_model, h_opt = _small(fused=fused)
     hybrid = HybridReplica(worker="h", model=h_model, optimizer=h_opt, timeout_s=scaled(30))
     links, joined, seen, memory = [], [threading.Event(), threading.Event()], [], []
     releases = [threading.Event(), threading.Event()]  # each join's ATTACH goes when its step is near

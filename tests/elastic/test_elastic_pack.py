@@ -222,8 +222,20 @@ def test_cpp_multi_chunk_tensors_pack_like_python(ext):
 
 
 def test_cpp_rejects_a_layout_that_does_not_fit(ext):
-    with pytest.raises(RuntimeError, match="does not fit"):
+    with pytest.raises(RuntimeError, match=r"pack: tensor 0 \(40 bytes\) does not fit bucket 0 at offset 0"):
         ext.pack([torch.zeros(10)], [8], [0], [0])
+
+
+def test_cpp_errors_name_the_numbers(ext):
+    """The extension's messages carry their integers (built without iostreams: pack.cpp, `msg`)."""
+    with pytest.raises(RuntimeError, match="layout has 2 bucket ids and 1 offsets for 1 tensors"):
+        ext.pack([torch.zeros(1)], [8], [0, 0], [0])
+    with pytest.raises(RuntimeError, match="pack: tensor 1 \\(4 bytes\\) does not fit bucket 3 at offset 12"):
+        ext.pack([torch.zeros(1), torch.zeros(1)], [8], [0, 3], [0, 12])
+    with pytest.raises(RuntimeError, match="unpack: bucket id -1 out of range"):
+        ext.unpack([torch.zeros(8, dtype=torch.uint8)], [torch.zeros(1)], [-1], [0])
+    with pytest.raises(RuntimeError, match="holding 12 bytes"):
+        ext.unpack([torch.zeros(8, dtype=torch.uint8)], [torch.zeros(1)], [0], [8])
 
 
 def test_native_backend_is_explicit_about_absence(monkeypatch):
