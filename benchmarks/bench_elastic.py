@@ -79,6 +79,9 @@ ADAM_OPTIONS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loo
 ADAM = os.environ.get("LIBRA_BENCH_ADAM", "fused")
 if ADAM not in ADAM_OPTIONS:
     raise SystemExit(f"LIBRA_BENCH_ADAM={ADAM!r}: expected one of {', '.join(ADAM_OPTIONS)}")
+#: ``test_join``'s core calls ``CoreExchange.prepare()`` after its first step (since 2026-12-04 21:00 UTC), so its
+#: first join packs into memory already touched; ``LIBRA_BENCH_PREPARE_CORE=0``: as before, into new memory.
+PREPARE_CORE = os.environ.get("LIBRA_BENCH_PREPARE_CORE", "1") != "0"
 
 
 def _timed(fn, cpu: list[float] | None = None) -> float:
@@ -404,6 +407,9 @@ class _Core:
         )
         self.x, self.y = torch.randn(8, width), torch.randn(8, 4)
         self.next_step = 0
+        if PREPARE_CORE:  # after one step, so that Adam's state exists and the sizes are the snapshots'
+            self.step()
+            self.exchange.prepare()
 
     def step(self) -> tuple[float, float]:
         """One training step: (wall seconds, CPU seconds of this process, every thread: the background pack and
@@ -542,6 +548,7 @@ def test_join(benchmark, world, cpus, hybrid):
     info = {
         "num_params": NUM_PARAMS_OF(width),
         "adam": ADAM,
+        "core_prepared": PREPARE_CORE,
         "join_s": joins,
         "restored_s": [r["restored_s"] for r in runs],
         "core_step_s_without_join_median": statistics.median(quiet),
@@ -560,7 +567,8 @@ def test_join(benchmark, world, cpus, hybrid):
     benchmark.extra_info.update(info)
     cpu_quiet, cpu_during = info["core_step_cpu_s_without_join_median"], info["core_step_cpu_s_during_join_median"]
     print(
-        f"\n[join, {cpus} CPUs, {hybrid} hybrid, {ADAM} Adam] {info['num_params']:,} params: "
+        f"\n[join, {cpus} CPUs, {hybrid} hybrid, {ADAM} Adam, core {'prepared' if PREPARE_CORE else 'not prepared'}] "
+        f"{info['num_params']:,} params: "
         f"join_s median {statistics.median(joins):.2f} (min {min(joins):.2f}; each {[round(v, 2) for v in joins]}); "
         f"restored_s {[round(v, 2) for v in info['restored_s']]}; "
         f"core step median {info['core_step_s_without_join_median']:.3f} s "

@@ -156,9 +156,13 @@ def _land(view: np.ndarray, bucket: _BucketCopies, cpu_slots: Sequence[tuple[int
     """A bucket's checksum, piece by piece as the pieces land: wait for the last copy that writes into the piece,
     zero its padding, copy the CPU tensors' bytes in (the GPU copies wrote zeros or nothing there), hash it."""
     hasher = xxhash.xxh3_64()
-    for start in _pieces(0, view.size):
+    last_copy = [-1] * len(_pieces(0, view.size))  # per piece, the last copy (in stream order) writing into it
+    for k, (lo, hi, _) in enumerate(bucket.copies):
+        for p in range(lo // CUDA_CHUNK_BYTES, (hi - 1) // CUDA_CHUNK_BYTES + 1):
+            last_copy[p] = k
+    for p, start in enumerate(_pieces(0, view.size)):
         stop = min(view.size, start + CUDA_CHUNK_BYTES)
-        last = max((k for k, (lo, hi, _) in enumerate(bucket.copies) if lo < stop and hi > start), default=-1)
+        last = last_copy[p]
         if last >= 0:
             bucket.copies[last][2].synchronize()  # it and every copy before it have landed
         for lo, hi in bucket.zeros:

@@ -426,3 +426,25 @@ def test_a_prepared_hybrid_receives_its_first_snapshot_into_the_buckets_it_prepa
     assert [b.data_ptr() for b in hybrid._kept] == prepared
     assert [s for s, _, _ in seen] == [1, 2] and all(d == digests[s] for s, _, d in seen)
     core.close()
+
+
+def test_a_prepared_core_packs_its_first_snapshot_into_the_buckets_it_prepared(group):
+    """``CoreExchange.prepare`` packs the state once into buckets kept for the first snapshot: the first join packs
+    into that memory (the delivered snapshot's buckets, kept for the next, are the prepared ones), and the joiner's
+    state is the core's after every step. Without ``reuse_snapshot_buffers`` there is nowhere to keep them."""
+    from libra.elastic.hybrid import HybridReplica
+
+    model, opt = _small(warm_step=-1)
+    core = CoreExchange(core_group=group, core_rank=0, num_core_replicas=1, model=model, optimizer=opt, timeout_s=30)
+    core.prepare()
+    prepared = [b.data_ptr() for b in core._spare_buckets or ()]
+    assert prepared
+    h_model, h_opt = _small()
+    hybrid = HybridReplica(worker="h", model=h_model, optimizer=h_opt, timeout_s=scaled(30))
+    seen, digests = _join_once(core, model, opt, hybrid, 3)
+    assert [b.data_ptr() for b in core._spare_buckets or ()] == prepared
+    assert [s for s, _, _ in seen] == [1, 2] and all(d == digests[s] for s, _, d in seen)
+    core.close()
+    core.reuse_snapshot_buffers = False
+    with pytest.raises(ValueError, match="reuse_snapshot_buffers"):
+        core.prepare()
