@@ -38,7 +38,18 @@ from libra.elastic.grads import Mode, StepAssignment, flatten, unflatten_into
 from libra.elastic.pack import checksum
 from libra.elastic.snapshot import PendingCapture, capture
 from libra.elastic.states import JoinEvent, JoinState, Transition, WorkerStates
-from libra.elastic.wire import Kind, Link, LinkError, Message, SendHandle, SideChannelServer, arrives, as_bytes
+from libra.elastic.wire import (
+    Kind,
+    Link,
+    LinkError,
+    Message,
+    ReusedBlobs,
+    SendHandle,
+    SideChannelServer,
+    arrives,
+    as_bytes,
+    recv_reusing,
+)
 
 # Pruned replay copies kept for the next join (each the size of the gradient): a join replays the reduced gradients
 # of the few steps its snapshot takes to arrive, two to four at 100M parameters here.
@@ -79,6 +90,7 @@ class _Slot:
     placeholder_steps: int = 0
     mode: Mode = Mode.PLACEHOLDER
     missed: int = 0  # consecutive steps whose contribution did not arrive in time
+    inbox: ReusedBlobs = attrs.field(factory=ReusedBlobs)  # the memory its gradients are received into
 
 
 class _SnapshotSend:
@@ -429,7 +441,8 @@ class CoreExchange:
                     self._fail(slot, step, f"no contribution for {slot.missed} consecutive steps (last: {step})")
                 return None
             try:
-                msg = slot.link.recv(timeout=max(deadline - time.monotonic(), 0.0))
+                # into the memory of the last contribution: `reduce` adds it to the flat gradient before the next
+                msg = recv_reusing(slot.link, slot.inbox, timeout=max(deadline - time.monotonic(), 0.0))
             except LinkError as exc:
                 self._fail(slot, step, f"no contribution for step {step}: {exc}")
                 return None

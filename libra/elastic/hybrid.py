@@ -40,7 +40,18 @@ import torch
 from libra.elastic.grads import Mode, StepAssignment, flatten, set_grads, unflatten_into
 from libra.elastic.snapshot import Snapshot, capture, restore
 from libra.elastic.states import JoinEvent, JoinState, WorkerStates
-from libra.elastic.wire import FaultHook, Kind, Link, LinkError, Message, _no_fault, arrives, as_bytes
+from libra.elastic.wire import (
+    FaultHook,
+    Kind,
+    Link,
+    LinkError,
+    Message,
+    ReusedBlobs,
+    _no_fault,
+    arrives,
+    as_bytes,
+    recv_reusing,
+)
 
 
 class HybridReplica:
@@ -66,6 +77,9 @@ class HybridReplica:
         self._link: Link | None = None
         self._step = -1
         self._flat: torch.Tensor | None = None  # the last step's flat gradient, reused (`grads.flatten`)
+        # the memory the reduced (and replayed) gradients are received into, message after message: each is used
+        # up before the next arrives
+        self._inbox = ReusedBlobs()
         # the buckets of the last restored snapshot, which the model and optimizer state live in: the next join
         # receives its snapshot into them where the sizes match
         self._kept: tuple[torch.Tensor, ...] | None = None
@@ -212,7 +226,7 @@ class HybridReplica:
         for _ in range(self.max_missed - 1):
             if arrives(link, time.monotonic() + self.timeout_s):
                 break
-        return link.recv(timeout=self.timeout_s)
+        return recv_reusing(link, self._inbox, timeout=self.timeout_s)
 
     def _dtype(self) -> torch.dtype:
         return next(p.dtype for p in self._model.parameters() if p.requires_grad)

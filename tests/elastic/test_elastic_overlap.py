@@ -448,3 +448,31 @@ def test_a_prepared_core_packs_its_first_snapshot_into_the_buckets_it_prepared(g
     core.reuse_snapshot_buffers = False
     with pytest.raises(ValueError, match="reuse_snapshot_buffers"):
         core.prepare()
+
+
+def test_gradients_are_received_into_the_memory_of_the_last_one_on_both_ends(group, monkeypatch):
+    """Every step the core receives the hybrid's gradient and the hybrid the reduced one (100M parameters: 400 MB
+    each): both land in the memory the last one landed in (`ReusedBlobs`), not in new memory, and every state is
+    still the core's. The spy keeps every received blob alive, so new memory could not reuse an old address."""
+    from libra.elastic.hybrid import HybridReplica
+
+    received: dict[Kind, list] = {Kind.GRAD: [], Kind.REDUCED: []}
+    real = TcpLink.recv
+
+    def spy(self, *, timeout, into=None):
+        msg = real(self, timeout=timeout, into=into)
+        if msg.kind in received:
+            received[msg.kind].append(msg.blobs)  # kept alive
+        return msg
+
+    monkeypatch.setattr(TcpLink, "recv", spy)
+    model, opt = _small()
+    core = CoreExchange(core_group=group, core_rank=0, num_core_replicas=1, model=model, optimizer=opt, timeout_s=30)
+    h_model, h_opt = _small()
+    hybrid = HybridReplica(worker="h", model=h_model, optimizer=h_opt, timeout_s=scaled(30))
+    seen, digests = _join_once(core, model, opt, hybrid, 5)
+    assert [s for s, _, _ in seen] == [1, 2, 3, 4] and all(d == digests[s] for s, _, d in seen)
+    for kind in (Kind.GRAD, Kind.REDUCED):
+        memory = {blob.untyped_storage().data_ptr() for blobs in received[kind] for blob in blobs}
+        assert len(received[kind]) >= 3 and len(memory) == 1, (kind, len(received[kind]), len(memory))
+    core.close()
