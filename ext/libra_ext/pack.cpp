@@ -27,7 +27,6 @@ constexpr int64_t kChunk = int64_t(1) << 20;  // 1 MiB: small enough to spread o
 // this extension, and on one lent GPU machine's image (GCC 13.3, Python 3.12, torch 2.11) inserting an integer
 // there crashed the process (SIGSEGV inside libstdc++'s locale code): a rejected layout must raise, not crash.
 std::string piece(const char* s) { return s; }
-std::string piece(const std::string& s) { return s; }
 std::string piece(const c10::Device& d) { return d.str(); }
 template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>
 std::string piece(T v) {

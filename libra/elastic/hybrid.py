@@ -100,16 +100,14 @@ class HybridReplica:
             )
             self._event(JoinEvent.START_FETCH, "JOIN sent")
             self._fault("fetching")
-            kept = self._kept
-            if kept is not None and getattr(link, "receives_into", False):
-                # the state's own memory since the last join: touched already, where new memory this size costs
-                # more in page faults than the transfer (what was there is replaced anyway)
-                msg = link.recv(  # type: ignore[call-arg]
-                    timeout=snapshot_timeout_s,
-                    into=lambda i, n: kept[i] if i < len(kept) and int(kept[i].numel()) == n else None,
-                )
-            else:
-                msg = link.recv(timeout=snapshot_timeout_s)
+            kept = self._kept or ()
+            # into the state's own memory since the last join: touched already, where new memory this size costs
+            # more in page faults than the transfer (what was there is replaced anyway)
+            msg = recv_reusing(
+                link,
+                lambda i, n: kept[i] if i < len(kept) and int(kept[i].numel()) == n else None,
+                timeout=snapshot_timeout_s,
+            )
             snapshot = Snapshot.from_message(msg)
             self._fault("restoring")
             self._live_in(snapshot)

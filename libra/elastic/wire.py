@@ -186,10 +186,11 @@ class ReusedBlobs:
         return self.buffers[index]
 
 
-def recv_reusing(link: Link, inbox: ReusedBlobs, *, timeout: float) -> Message:
-    """``link.recv`` with its blobs received into ``inbox`` where the link can (``receives_into``)."""
+def recv_reusing(link: Link, into: BlobAllocator, *, timeout: float) -> Message:
+    """``link.recv`` with its blobs received into the memory ``into`` gives (a :class:`ReusedBlobs`, say) where the
+    link can (``receives_into``); into new memory where it cannot."""
     if getattr(link, "receives_into", False):
-        return link.recv(timeout=timeout, into=inbox)  # type: ignore[call-arg]
+        return link.recv(timeout=timeout, into=into)  # type: ignore[call-arg]
     return link.recv(timeout=timeout)
 
 
