@@ -3,6 +3,7 @@ the state of its version, because ``reduce`` waits for the pack before the calle
 
 from __future__ import annotations
 
+import queue
 import socket
 import threading
 import time
@@ -369,12 +370,14 @@ def test_a_hybrid_that_joins_again_receives_the_snapshot_into_the_memory_its_sta
     core = CoreExchange(core_group=group, core_rank=0, num_core_replicas=1, model=model, optimizer=opt, timeout_s=30)
     h_model, h_opt = _small(fused=fused)
     hybrid = HybridReplica(worker="h", model=h_model, optimizer=h_opt, timeout_s=scaled(30))
-    links, joined, seen, memory = [], [threading.Event(), threading.Event()], [], []
+    links: queue.Queue = queue.Queue()  # the hybrid may be detached before the core admits its next link
+    joined, seen, memory = [threading.Event(), threading.Event()], [], []
     releases = [threading.Event(), threading.Event()]  # each join's ATTACH goes when its step is near
+    unused_releases = iter(releases)
 
     def run_hybrid() -> None:
         for n in range(2):
-            hybrid.join(links[n], snapshot_timeout_s=scaled(60))
+            hybrid.join(links.get(timeout=scaled(60)), snapshot_timeout_s=scaled(60))
             memory.append(([b.data_ptr() for b in hybrid._kept], [p.data_ptr() for p in h_model.parameters()]))
             joined[n].set()
             _train_hybrid(hybrid, h_model, h_opt, seen)
@@ -382,7 +385,7 @@ def test_a_hybrid_that_joins_again_receives_the_snapshot_into_the_memory_its_sta
     def admit() -> None:
         core_end, hybrid_end = socket.socketpair()
         core.admit(_link(core_end))
-        links.append(_link(hybrid_end, releases[len(links)]))
+        links.put(_link(hybrid_end, next(unused_releases)))
 
     def before(t: int) -> None:
         if t in (1, 4):
