@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import torch
 
-from libra.elastic.grads import Mode, StepAssignment, flatten, unflatten_into
+from libra.elastic.grads import Mode, StepAssignment, flatten, to_device_of, to_host, unflatten_into
 from libra.elastic.pack import checksum
 from libra.elastic.snapshot import PendingCapture, capture
 from libra.elastic.states import JoinEvent, JoinState, Transition, WorkerStates
@@ -50,6 +50,14 @@ from libra.elastic.wire import (
     as_bytes,
     recv_reusing,
 )
+
+
+def _counts_device(group) -> torch.device:
+    """Where the small tensors a replica all-reduces over ``group`` (replica counts) live: the current CUDA device
+    on an NCCL group, which reduces only device memory; else the CPU (gloo reduces either)."""
+    name = group.name() if hasattr(group, "name") else torch.distributed.get_backend(group)
+    return torch.device("cuda", torch.cuda.current_device()) if name == "nccl" else torch.device("cpu")
+
 
 # Pruned replay copies kept for the next join (each the size of the gradient): a join replays the reduced gradients
 # of the few steps its snapshot takes to arrive, two to four at 100M parameters here.
@@ -184,6 +192,11 @@ class CoreExchange:
         # synchronous) and, under ``reuse_snapshot_buffers``, for up to REPLAY_SPARES pruned replay copies.
         self._flat: torch.Tensor | None = None
         self._spare_replay: list[torch.Tensor] = []
+        # A replica on a GPU: messages carry host memory, so the reduced gradient is copied into page-locked host
+        # memory (sent, and kept for replays from there) and each hybrid's gradient into device memory, both reused
+        self._host_flat: torch.Tensor | None = None
+        self._device_in: torch.Tensor | None = None
+        self._counts_device = _counts_device(core_group)
 
     def prepare(self) -> None:
         """Pack the state once now into the buckets that the first join's snapshot will be packed into, so that
@@ -240,7 +253,7 @@ class CoreExchange:
         self._pending.clear()
         self._replay.clear()
         self._spare_buckets = None
-        self._flat = None
+        self._flat = self._host_flat = self._device_in = None
         self._spare_replay.clear()
 
     # -- the step protocol --------------------------------------------------------------------------------------
@@ -261,7 +274,7 @@ class CoreExchange:
                 # before it computes, so it computes this step's gradient on this step's state
                 self._transition(slot, JoinEvent.CAUGHT_UP, step, "holds every reduced gradient before this step")
         active = [s for s in self._live() if s.state == JoinState.ACTIVE]
-        counts = torch.zeros(self.num_core, dtype=torch.int64)
+        counts = torch.zeros(self.num_core, dtype=torch.int64, device=self._counts_device)
         counts[self.core_rank] = len(active)
         torch.distributed.all_reduce(counts, group=self._group)
         num_replicas = self.num_core + int(counts.sum())
@@ -313,17 +326,23 @@ class CoreExchange:
             ):
                 self.stats.skipped += 1
                 continue
-            flat += msg.blobs[0].view(flat.dtype)
+            got = msg.blobs[0].view(flat.dtype)
+            if got.device != flat.device:  # a replica on a GPU: through device memory reused step after step
+                got = self._device_in = to_device_of(got, flat, out=self._device_in)
+            flat += got
             count += 1
             contributors.append(slot.worker)
             self.stats.accepted += 1
-        total = torch.tensor([count], dtype=torch.int64)
+        total = torch.tensor([count], dtype=torch.int64, device=self._counts_device)
         torch.distributed.all_reduce(flat, group=self._group)
         torch.distributed.all_reduce(total, group=self._group)
         flat.div_(int(total))
+        host = flat
+        if flat.device.type != "cpu":
+            host = self._host_flat = to_host(flat, out=self._host_flat)
         if any(s.state == JoinState.FETCHING_STATE for s in self._slots.values()):
-            self._replay[step] = self._replay_copy(flat)
-        reduced = Message(kind=Kind.REDUCED, step=step, version=step, blobs=(as_bytes(flat),))
+            self._replay[step] = self._replay_copy(host)
+        reduced = Message(kind=Kind.REDUCED, step=step, version=step, blobs=(as_bytes(host),))
         if len(self._live()) > 1:  # hash the reduced gradient once, not once per hybrid
             reduced = attrs.evolve(reduced, checksums=(checksum(reduced.blobs[0]),))
         for slot in self._live():

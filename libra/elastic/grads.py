@@ -80,6 +80,40 @@ def flatten(grads: Sequence[torch.Tensor], out: torch.Tensor | None = None) -> t
     return torch.cat(parts)
 
 
+def _fits(out: torch.Tensor | None, like: torch.Tensor, device: torch.device) -> bool:
+    return (
+        out is not None
+        and out.shape == like.shape
+        and out.dtype == like.dtype
+        and out.device == device
+        and out.is_contiguous()
+    )
+
+
+def to_host(t: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``t`` itself when it is in host memory (a CPU replica: nothing is copied); else a copy of it in host memory,
+    written into ``out`` when ``out`` fits (pass the last call's result: page-locked memory, allocated once) and
+    returned. The copy is synchronous, so what returns can be sent at once: messages carry host memory."""
+    if t.device.type == "cpu":
+        return t
+    if not _fits(out, t, torch.device("cpu")):
+        out = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.device.type == "cuda")
+    assert out is not None
+    return out.copy_(t)
+
+
+def to_device_of(t: torch.Tensor, like: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``t`` on ``like``'s device: itself when it is there already, else a copy written into ``out`` when ``out``
+    fits (pass the last call's result: device memory allocated once) and returned. For a gradient received in host
+    memory by a replica on a GPU; the values are the same bits wherever they are added."""
+    if t.device == like.device:
+        return t
+    if not _fits(out, t, like.device):
+        out = torch.empty(t.shape, dtype=t.dtype, device=like.device)
+    assert out is not None
+    return out.copy_(t)
+
+
 def unflatten_into(flat: torch.Tensor, grads: Sequence[torch.Tensor]) -> None:
     """Copy a flat bucket back into the gradient tensors, in place."""
     total = sum(g.numel() for g in grads)

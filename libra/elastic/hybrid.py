@@ -37,7 +37,7 @@ from collections.abc import Sequence
 
 import torch
 
-from libra.elastic.grads import Mode, StepAssignment, flatten, set_grads, unflatten_into
+from libra.elastic.grads import Mode, StepAssignment, flatten, set_grads, to_device_of, to_host, unflatten_into
 from libra.elastic.snapshot import Snapshot, capture, restore
 from libra.elastic.states import JoinEvent, JoinState, WorkerStates
 from libra.elastic.wire import (
@@ -80,6 +80,10 @@ class HybridReplica:
         # the memory the reduced (and replayed) gradients are received into, message after message: each is used
         # up before the next arrives
         self._inbox = ReusedBlobs()
+        # A replica on a GPU: its gradient goes out through page-locked host memory and the reduced ones come in
+        # through device memory, both allocated once
+        self._host_flat: torch.Tensor | None = None
+        self._device_in: torch.Tensor | None = None
         # the buckets of the last restored snapshot, which the model and optimizer state live in: the next join
         # receives its snapshot into them where the sizes match
         self._kept: tuple[torch.Tensor, ...] | None = None
@@ -148,7 +152,7 @@ class HybridReplica:
                 if s != self.version:
                     raise LinkError(f"replay of step {s} but state is at version {self.version}")
                 self._fault("catchup")
-                grads = set_grads(self._model, blob.view(self._dtype()))
+                grads = set_grads(self._model, self._on_device(blob.view(self._dtype())))
                 del grads
                 self._optimizer.step()
                 self.version += 1
@@ -177,6 +181,8 @@ class HybridReplica:
         try:
             if self.mode == Mode.ACTIVE:
                 flat = self._flat = flatten(grads, out=self._flat)  # nothing holds it after the send
+                if flat.device.type != "cpu":
+                    flat = self._host_flat = to_host(flat, out=self._host_flat)
                 self._fault("active")
                 link.send(
                     Message(
@@ -197,7 +203,7 @@ class HybridReplica:
                 raise LinkError("detached by the core during the step")
             if msg.kind != Kind.REDUCED or msg.step != step:
                 raise LinkError(f"expected REDUCED {step}, got {msg.kind.name} {msg.step}")
-            unflatten_into(msg.blobs[0].view(self._dtype()), grads)
+            unflatten_into(self._on_device(msg.blobs[0].view(self._dtype())), grads)
             self.version += 1
             return grads
         except Exception as exc:
@@ -226,6 +232,15 @@ class HybridReplica:
                 break
         return recv_reusing(link, self._inbox, timeout=self.timeout_s)
 
+    def _on_device(self, flat: torch.Tensor) -> torch.Tensor:
+        """A received flat gradient on the device of the model's parameters (itself on a CPU replica): one copy
+        into reused device memory rather than one small copy a tensor."""
+        param = next(p for p in self._model.parameters() if p.requires_grad)
+        if flat.device == param.device:
+            return flat
+        self._device_in = to_device_of(flat, param, out=self._device_in)
+        return self._device_in
+
     def _dtype(self) -> torch.dtype:
         return next(p.dtype for p in self._model.parameters() if p.requires_grad)
 
@@ -250,6 +265,7 @@ class HybridReplica:
             self._link.close()
             self._link = None
         self.mode = None
+        self._device_in = None  # device memory goes back to rollout; the page-locked host copy is kept (slow to make)
 
     def _event(self, event: JoinEvent, why: str) -> None:
         self.states.apply(self.worker, event, step=max(self.version, 0), why=why)

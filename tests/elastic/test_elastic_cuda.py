@@ -12,7 +12,9 @@ from libra.elastic import pack_gpu as pack_mod  # noqa: E402
 from libra.elastic.pack import layout_of, pack, pack_checksummed, sub_layout  # noqa: E402
 from libra.elastic.pack_gpu import pack_checksummed_cuda, pack_cuda, unpack_cuda  # noqa: E402
 from libra.elastic.snapshot import PendingCapture, capture, restore, state_digest  # noqa: E402
+from tests.elastic.test_elastic_overlap import _join_once, _small  # noqa: E402
 from tests.elastic.test_elastic_pack import random_tensors  # noqa: E402
+from tests.limits import scaled  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device: the GPU snapshot path cannot run here"
@@ -164,3 +166,25 @@ def test_a_background_capture_is_the_state_at_its_start_while_forward_and_backwa
     m2, o2 = _make(1, "cuda")
     restore(snap, m2, o2)
     assert capture(m2, o2, version=2, bucket_bytes=4096).checksums == want
+
+
+def test_a_core_and_a_hybrid_on_the_gpu_exchange_gradients_and_stay_bitwise_equal(group):
+    """Both replicas' models and optimizers on the GPU. Messages carry host memory: each sends its flat gradient
+    from page-locked host memory and adds or applies the other's through device memory, both reused step after
+    step; the replica counts are reduced where the core group needs them. The hybrid joins, replays the steps it
+    missed and trains, and its state is bitwise the core's after every step."""
+    from libra.elastic.core import CoreExchange
+    from libra.elastic.grads import Mode
+    from libra.elastic.hybrid import HybridReplica
+
+    model, opt = _small(device="cuda")
+    core = CoreExchange(core_group=group, core_rank=0, num_core_replicas=1, model=model, optimizer=opt, timeout_s=30)
+    h_model, h_opt = _small(device="cuda")
+    hybrid = HybridReplica(worker="h", model=h_model, optimizer=h_opt, timeout_s=scaled(30))
+    seen, digests = _join_once(core, model, opt, hybrid, 5)
+    assert [(s, m) for s, m, _ in seen] == [(1, Mode.ACTIVE), (2, Mode.ACTIVE), (3, Mode.ACTIVE), (4, Mode.ACTIVE)]
+    assert all(d == digests[s] for s, _, d in seen)
+    assert {r.step: r.num_contributed for r in core.records} == {0: 1, 1: 2, 2: 2, 3: 2, 4: 2}
+    assert core._host_flat is not None and core._host_flat.is_pinned() and core._device_in.is_cuda
+    assert hybrid._host_flat is not None and hybrid._host_flat.is_pinned()
+    core.close()

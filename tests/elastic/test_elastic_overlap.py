@@ -16,17 +16,8 @@ from libra.elastic import snapshot as snapshot_mod  # noqa: E402
 from libra.elastic.core import CoreExchange  # noqa: E402
 from libra.elastic.grads import trainable  # noqa: E402
 from libra.elastic.snapshot import Snapshot, state_digest  # noqa: E402
-from libra.elastic.wire import Kind, LinkError, Message, TcpLink, free_port  # noqa: E402
+from libra.elastic.wire import Kind, LinkError, Message, TcpLink  # noqa: E402
 from tests.limits import scaled  # noqa: E402
-
-
-@pytest.fixture
-def group():
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    yield dist.new_group([0])
-    dist.destroy_process_group()
 
 
 class _AttachHeld(TcpLink):
@@ -246,11 +237,11 @@ def test_the_snapshot_is_sent_as_soon_as_it_is_packed_not_at_the_end_of_reduce(g
     hybrid.close()
 
 
-def _small(warm_step: int | None = None, fused: bool = False):
+def _small(warm_step: int | None = None, fused: bool = False, device: str = "cpu"):
     """A small model and its Adam; ``warm_step``: one optimizer step on that step's batch first, so Adam's state
     exists (a snapshot's layout then matches the core's). ``fused``: torch's one-kernel Adam."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=0.1, fused=fused)
     if warm_step is not None:
         _grads(model, warm_step, slice(0, 8))
@@ -262,6 +253,8 @@ def _grads(model, t: int, part: slice) -> list:
     """The gradient of step ``t``'s batch (a different one each step) on ``part`` of it."""
     g = torch.Generator().manual_seed(t)
     x, y = torch.randn(8, 6, generator=g), torch.randn(8, 2, generator=g)
+    device = next(model.parameters()).device
+    x, y = x.to(device), y.to(device)
     for p in model.parameters():
         p.grad = None
     torch.nn.functional.mse_loss(model(x[part]), y[part]).backward()

@@ -1,0 +1,18 @@
+"""Fixtures of the elastic tests."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def group():
+    """A one-member gloo group (this process) for a core replica: the process group is made here and destroyed
+    after the test."""
+    import torch.distributed as dist
+
+    from libra.elastic.wire import free_port
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield dist.new_group([0])
+    dist.destroy_process_group()
