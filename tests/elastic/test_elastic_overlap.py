@@ -288,9 +288,27 @@ def _core_steps(core, model, opt, steps, digests: dict, before=None) -> None:
         digests[t] = state_digest(model, opt)
 
 
-def _until_join_message(core) -> None:
+class _Hybrid(threading.Thread):
+    """The hybrid's side of a test on a thread of its own, keeping the error it ended with (if any) for the test's
+    thread to raise at once rather than wait out its deadline."""
+
+    def __init__(self, target) -> None:
+        super().__init__(daemon=True)
+        self._target_fn, self.error = target, None
+
+    def run(self) -> None:
+        try:
+            self._target_fn()
+        except BaseException as exc:
+            self.error = exc
+            raise
+
+
+def _until_join_message(core, hybrid: _Hybrid) -> None:
     deadline = time.monotonic() + scaled(60)
     while not core.join_message_waiting():
+        if hybrid.error is not None:
+            raise AssertionError(f"the hybrid's thread failed: {hybrid.error!r}") from hybrid.error
         assert time.monotonic() < deadline, f"no JOIN or ATTACH waiting after {scaled(60):.0f} s ({core.workers()})"
         threading.Event().wait(0.01)
 
@@ -311,11 +329,11 @@ def _join_once(core, model, opt, hybrid, steps: int) -> tuple[list, dict]:
         if t == 1:  # snapshot v0 restored; the ATTACH goes now, so step 1 reads it
             release.set()
             assert joined.wait(scaled(60))
-            _until_join_message(core)
+            _until_join_message(core, thread)
 
-    thread = threading.Thread(target=run_hybrid, daemon=True)
+    thread = _Hybrid(run_hybrid)
     thread.start()
-    _until_join_message(core)  # the JOIN is in the socket before step 0 begins
+    _until_join_message(core, thread)  # the JOIN is in the socket before step 0 begins
     digests: dict = {}
     _core_steps(core, model, opt, range(steps), digests, before)
     core.remove("h", step=steps, why="test over")
@@ -384,16 +402,16 @@ def test_a_hybrid_that_joins_again_receives_the_snapshot_into_the_memory_its_sta
         if t in (1, 4):
             releases[t // 4].set()
             assert joined[t // 4].wait(scaled(60))
-            _until_join_message(core)
+            _until_join_message(core, thread)
         if t == 3:
             core.remove("h", step=3, why="released")
             admit()
-            _until_join_message(core)
+            _until_join_message(core, thread)
 
     admit()
-    thread = threading.Thread(target=run_hybrid, daemon=True)
+    thread = _Hybrid(run_hybrid)
     thread.start()
-    _until_join_message(core)
+    _until_join_message(core, thread)
     digests: dict = {}
     _core_steps(core, model, opt, range(6), digests, before)
     core.remove("h", step=6, why="test over")
