@@ -8,6 +8,8 @@ ratio in ``extra_info``; a summary line per benchmark is printed (run with ``-s`
 The state is ``LIBRA_BENCH_PARAMS`` fp32 parameters (default 100M) plus Adam's two moments: 1.2 GB in 150 tensors.
 ``test_join`` steps both replicas with torch's fused Adam (``LIBRA_BENCH_ADAM=fused``, the default since 2026-12-04;
 ``foreach`` or ``for-loop``, torch's default for CPU tensors and the setting of every earlier result, are the others).
+``THP_MEM_ALLOC_ENABLE=1`` (torch's switch, inherited by the spawned processes) backs every large CPU tensor with
+transparent huge pages; the summary line then says "huge pages".
 The machine is shared: run these one at a time (``-k``), and read ratios, not absolute times.
 
 - ``test_pack_checksum_unpack`` (issue 16, target 1): ``pack_checksummed`` + ``unpack`` of the state against a
@@ -82,6 +84,9 @@ if ADAM not in ADAM_OPTIONS:
 #: ``test_join``'s core calls ``CoreExchange.prepare()`` after its first step (since 2026-12-04 21:00 UTC), so its
 #: first join packs into memory already touched; ``LIBRA_BENCH_PREPARE_CORE=0``: as before, into new memory.
 PREPARE_CORE = os.environ.get("LIBRA_BENCH_PREPARE_CORE", "1") != "0"
+#: torch's own switch (read by every process at its first allocation): its CPU allocations of 2 MiB and more are
+#: 2 MiB aligned and advised as transparent huge pages (docs/elastic.md, "Transparent huge pages").
+THP = os.environ.get("THP_MEM_ALLOC_ENABLE", "0") not in ("", "0")
 
 
 def _timed(fn, cpu: list[float] | None = None) -> float:
@@ -549,6 +554,7 @@ def test_join(benchmark, world, cpus, hybrid):
         "num_params": NUM_PARAMS_OF(width),
         "adam": ADAM,
         "core_prepared": PREPARE_CORE,
+        "transparent_huge_pages": THP,
         "join_s": joins,
         "restored_s": [r["restored_s"] for r in runs],
         "core_step_s_without_join_median": statistics.median(quiet),
@@ -567,7 +573,8 @@ def test_join(benchmark, world, cpus, hybrid):
     benchmark.extra_info.update(info)
     cpu_quiet, cpu_during = info["core_step_cpu_s_without_join_median"], info["core_step_cpu_s_during_join_median"]
     print(
-        f"\n[join, {cpus} CPUs, {hybrid} hybrid, {ADAM} Adam, core {'prepared' if PREPARE_CORE else 'not prepared'}] "
+        f"\n[join, {cpus} CPUs, {hybrid} hybrid, {ADAM} Adam, core {'prepared' if PREPARE_CORE else 'not prepared'}"
+        f"{', huge pages' if THP else ''}] "
         f"{info['num_params']:,} params: "
         f"join_s median {statistics.median(joins):.2f} (min {min(joins):.2f}; each {[round(v, 2) for v in joins]}); "
         f"restored_s {[round(v, 2) for v in info['restored_s']]}; "
