@@ -30,6 +30,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 import torch
@@ -148,7 +149,12 @@ class _SnapshotSend:
 
 
 class CoreExchange:
-    """Side channel of one core replica (``core_rank`` of ``num_core_replicas`` in ``core_group``)."""
+    """Side channel of one core replica (``core_rank`` of ``num_core_replicas`` in ``core_group``).
+
+    For a core replica with several model-parallel ranks (TP x PP), each rank runs its own exchange, with
+    ``core_group`` the data-parallel group of its coordinate and ``model_parallel_group`` the replica's own ranks,
+    paired with the same coordinate of every hybrid replica (all of whose ranks use one worker name): the
+    coordinates then promote and detach each hybrid replica together (:meth:`_agree_across_coordinates`)."""
 
     def __init__(
         self,
@@ -168,6 +174,7 @@ class CoreExchange:
         on_transition: Callable[[Transition], None] | None = None,
         history: int = 10_000,
         reuse_snapshot_buffers: bool = True,
+        model_parallel_group=None,
     ) -> None:
         self._group, self.core_rank, self.num_core = core_group, core_rank, num_core_replicas
         self._model, self._optimizer = model, optimizer
@@ -187,6 +194,9 @@ class CoreExchange:
         # Buckets of the last snapshot whose sends all completed, overwritten by the next one: new memory costs a
         # page fault per 4 KiB on first touch, more than the copy itself (1.2 GB: seconds on a loaded VM).
         self.reuse_snapshot_buffers = reuse_snapshot_buffers
+        # A TP x PP core replica: every rank of it runs a CoreExchange for its coordinate, paired with that
+        # coordinate's rank of each hybrid replica (one worker name for all of a hybrid replica's ranks)
+        self._mp_group = model_parallel_group
         self._spare_buckets: list[torch.Tensor] | None = None
         # The same for the flat gradient of every step (nothing holds it once reduce returns: its sends are
         # synchronous) and, under ``reuse_snapshot_buffers``, for up to REPLAY_SPARES pruned replay copies.
@@ -264,15 +274,19 @@ class CoreExchange:
             self._pending.extend(self._server.accept_ready())
         self._admit_pending(step)
         self._progress_fetches(step)
-        for slot in self._live():
-            if (
-                slot.state == JoinState.PLACEHOLDER
-                and slot.placeholder_steps >= self.min_placeholder_steps
-                and all(s in self._replay for s in range(slot.next_replay, step))
-            ):
-                # the STEP message below carries the reduced gradients it has not been sent yet: it replays them
-                # before it computes, so it computes this step's gradient on this step's state
-                self._transition(slot, JoinEvent.CAUGHT_UP, step, "holds every reduced gradient before this step")
+        ready = [
+            slot
+            for slot in self._live()
+            if slot.state == JoinState.PLACEHOLDER
+            and slot.placeholder_steps >= self.min_placeholder_steps
+            and all(s in self._replay for s in range(slot.next_replay, step))
+        ]
+        if self._mp_group is not None:
+            ready = self._agree_across_coordinates(step, ready)
+        for slot in ready:
+            # the STEP message below carries the reduced gradients it has not been sent yet: it replays them
+            # before it computes, so it computes this step's gradient on this step's state
+            self._transition(slot, JoinEvent.CAUGHT_UP, step, "holds every reduced gradient before this step")
         active = [s for s in self._live() if s.state == JoinState.ACTIVE]
         counts = torch.zeros(self.num_core, dtype=torch.int64, device=self._counts_device)
         counts[self.core_rank] = len(active)
@@ -484,6 +498,24 @@ class CoreExchange:
         except LinkError as exc:
             self._fail(slot, step, f"send {msg.kind.name}: {exc}")
             return False
+
+    def _agree_across_coordinates(self, step: int, ready: list[_Slot]) -> list[_Slot]:
+        """Every rank of a hybrid replica must be in one mode at every step: its model-parallel collectives need
+        all of its ranks in the forward and backward pass, or none. So, over the model-parallel group: of the
+        hybrids ready here, those ready at every coordinate are promoted (the others stay placeholders until they
+        are), and a hybrid active here but not at every coordinate (a rank of it left or failed) is detached here
+        too. Worker names identify a hybrid replica across coordinates."""
+        mine = {
+            "ready": sorted(s.worker for s in ready),
+            "active": sorted(s.worker for s in self._live() if s.state == JoinState.ACTIVE),
+        }
+        views: list[Any] = [None] * torch.distributed.get_world_size(self._mp_group)
+        torch.distributed.all_gather_object(views, mine, group=self._mp_group)
+        ready_everywhere = set.intersection(*(set(v["ready"]) for v in views))
+        active_everywhere = set.intersection(*(set(v["active"]) for v in views))
+        for worker in sorted(set(mine["active"]) - active_everywhere):
+            self.remove(worker, step=step, why="a rank of this hybrid replica is not active at every coordinate")
+        return [s for s in ready if s.worker in ready_everywhere]
 
     def _replay_copy(self, flat: torch.Tensor) -> torch.Tensor:
         """A copy of this step's reduced gradient for a joiner's replay, in a pruned copy's memory where one fits."""

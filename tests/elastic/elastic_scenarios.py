@@ -322,3 +322,79 @@ def dist_world(rank: int, port: int, num_cycles: int) -> dict:
     out["new_group_calls"] = counter[0]
     dist.destroy_process_group()
     return out
+
+
+def model_parallel_promotion(rank: int, port: int) -> dict:
+    """Rank ``rank`` is coordinate ``rank`` of one core replica with two model-parallel ranks (TP = 2, DP = 1): a
+    CoreExchange over a data-parallel group of itself, with both ranks as its model-parallel group, paired with
+    that coordinate's rank of one hybrid replica ``h`` (a thread here, over a socketpair). Coordinate 0's hybrid
+    rank attaches at step 1, coordinate 1's holds its ATTACH until step 3; before step 5 coordinate 0 alone
+    detaches ``h``. Returns what each side saw."""
+    import socket
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    from libra.elastic.core import CoreExchange
+    from libra.elastic.hybrid import HybridReplica
+    from tests.elastic.test_elastic_overlap import (
+        _core_steps,
+        _Hybrid,
+        _link,
+        _small,
+        _train_hybrid,
+        _until_join_message,
+    )
+
+    H.init_gloo(rank, 2, port)
+    dp = [dist.new_group([0]), dist.new_group([1])][rank]
+    mp = dist.new_group([0, 1])
+    model, opt = _small()
+    with torch.no_grad():  # each coordinate holds a different shard
+        for p in model.parameters():
+            p.add_(rank)
+    core = CoreExchange(
+        core_group=dp,
+        core_rank=0,
+        num_core_replicas=1,
+        model=model,
+        optimizer=opt,
+        timeout_s=scaled(30),
+        model_parallel_group=mp,
+    )
+    h_model, h_opt = _small()
+    hybrid = HybridReplica(worker="h", model=h_model, optimizer=h_opt, timeout_s=scaled(30))
+    core_end, hybrid_end = socket.socketpair()
+    core.admit(_link(core_end))
+    release, joined, seen = threading.Event(), threading.Event(), []
+
+    def run_hybrid() -> None:
+        hybrid.join(_link(hybrid_end, release), snapshot_timeout_s=scaled(60))
+        joined.set()
+        _train_hybrid(hybrid, h_model, h_opt, seen)
+
+    def before(t: int) -> None:
+        if t == (1 if rank == 0 else 3):
+            release.set()
+            assert joined.wait(scaled(60))
+            _until_join_message(core, thread)
+        if t == 5 and rank == 0:
+            core.remove("h", step=5, why="released at coordinate 0 only")
+
+    thread = _Hybrid(run_hybrid)
+    thread.start()
+    _until_join_message(core, thread)
+    digests: dict = {}
+    _core_steps(core, model, opt, range(7), digests, before)
+    thread.join(scaled(60))
+    out = {
+        "seen": [[s, m.value, list(d)] for s, m, d in seen],
+        "digests": {str(t): list(d) for t, d in digests.items()},
+        "counted": [[r.step, r.num_contributed] for r in core.records],
+        "hybrid_left": not thread.is_alive() and thread.error is None,
+        "transitions": [[t.worker, t.event.value, t.step] for t in core.states.log],
+    }
+    core.close()
+    dist.destroy_process_group()
+    return out

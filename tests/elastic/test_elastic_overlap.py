@@ -490,3 +490,65 @@ def test_gradients_are_received_into_the_memory_of_the_last_one_on_both_ends(gro
         memory = {blob.untyped_storage().data_ptr() for blobs in received[kind] for blob in blobs}
         assert len(received[kind]) >= 3 and len(memory) == 1, (kind, len(received[kind]), len(memory))
     core.close()
+
+
+def test_with_a_model_parallel_group_hybrids_take_replica_indices_in_name_order(group):
+    """The ranks of one hybrid replica join their coordinates in whatever order their JOINs arrive there, so that
+    every coordinate gives a hybrid replica the same shard of the batch, the replica indices follow the worker names
+    (`CoreExchange._live` is in name order), not the order of arrival: ``b`` arrives and is promoted first, yet ``a``
+    takes index 1 once both are active (the core is 0)."""
+    from libra.elastic.hybrid import HybridReplica
+    from libra.elastic.states import JoinState
+
+    model, opt = _small()
+    core = CoreExchange(
+        core_group=group,
+        core_rank=0,
+        num_core_replicas=1,
+        model=model,
+        optimizer=opt,
+        timeout_s=scaled(30),
+        model_parallel_group=group,
+    )
+    a_release, indices, threads = threading.Event(), {"a": {}, "b": {}}, []
+    for name in ("b", "a"):
+        h_model, h_opt = _small()
+        hybrid = HybridReplica(worker=name, model=h_model, optimizer=h_opt, timeout_s=scaled(30))
+        core_end, hybrid_end = socket.socketpair()
+        core.admit(_link(core_end))
+        link = _link(hybrid_end, a_release if name == "a" else None)
+
+        def run(hybrid=hybrid, link=link, name=name, h_model=h_model, h_opt=h_opt) -> None:
+            hybrid.join(link, snapshot_timeout_s=scaled(60))
+            while (a := hybrid.begin_step()) is not None:
+                indices[name][a.step] = (a.mode.value, a.replica_index)
+                g = _grads(h_model, a.step, a.shard(8)) if a.replica_index >= 0 else None
+                hybrid.reduce(a.step, g if g is not None else [torch.zeros_like(p) for p in trainable(h_model)])
+                h_opt.step()
+
+        threads.append(_Hybrid(run))
+        threads[-1].start()
+    both_active_at = None
+    for t in range(40):
+        if "b" in core.workers(JoinState.ACTIVE):
+            a_release.set()  # a's ATTACH goes only once b is active
+        deadline = time.monotonic() + scaled(30)
+        while core.joining + len(core.workers(JoinState.PLACEHOLDER)) and not core.join_message_waiting():
+            assert time.monotonic() < deadline and not any(th.error for th in threads), [th.error for th in threads]
+            threading.Event().wait(0.005)
+        a = core.begin_step(t)
+        core.reduce(t, _grads(model, t, a.shard(8)))
+        opt.step()
+        if both_active_at is None and len(core.workers(JoinState.ACTIVE)) == 2:
+            both_active_at = t
+        if both_active_at is not None and t >= both_active_at + 2:
+            break
+    assert both_active_at is not None
+    first_b = min(s for s, (m, _) in indices["b"].items() if m == "active")
+    first_a = min(s for s, (m, _) in indices["a"].items() if m == "active")
+    assert first_b < first_a and indices["b"][first_b][1] == 1  # alone first, b is replica 1
+    for s in range(first_a, t + 1):
+        assert indices["a"][s] == ("active", 1) and indices["b"][s] == ("active", 2), s
+    core.close()
+    for th in threads:
+        th.join(scaled(30))

@@ -1,0 +1,39 @@
+"""A core replica with two model-parallel ranks (TP = 2): each rank's CoreExchange pairs with the same coordinate
+of a hybrid replica, and the ranks of one hybrid replica are promoted at one boundary and detached together
+(`model_parallel_group`). Two spawned processes over gloo; the hybrid's ranks are threads beside them."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+import elastic_harness as H  # noqa: E402
+import elastic_scenarios as S  # noqa: E402
+
+from libra.elastic.wire import free_port  # noqa: E402
+from tests.limits import scaled  # noqa: E402
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(scaled(300))
+def test_the_ranks_of_a_hybrid_replica_are_promoted_together_and_detached_together(tmp_path):
+    port = free_port()
+    coords = H.run_processes(
+        [(S.model_parallel_promotion, (r, port)) for r in (0, 1)], tmp=tmp_path, timeout_s=scaled(200)
+    )
+    # coordinate 0's rank attached at step 1 but waits as a placeholder until coordinate 1's attaches (step 3);
+    # coordinate 0 alone detached it before step 5, and coordinate 1 followed at that boundary
+    want = {
+        0: [[1, "placeholder"], [2, "placeholder"], [3, "active"], [4, "active"]],
+        1: [[3, "active"], [4, "active"]],
+    }
+    for rank, c in enumerate(coords):
+        assert [[s, m] for s, m, _ in c["seen"]] == want[rank], rank
+        assert all(d == c["digests"][str(s)] for s, _, d in c["seen"]), rank  # bitwise its coordinate's core
+        assert c["counted"] == [[0, 1], [1, 1], [2, 1], [3, 2], [4, 2], [5, 1], [6, 1]], rank
+        assert c["hybrid_left"], rank
+        caught_up = [t for w, e, t in c["transitions"] if e == "caught_up"]
+        assert caught_up == [3], rank
+    left = [(w, e, t) for w, e, t in coords[1]["transitions"] if e in ("leave", "cancel", "fail")]
+    assert left == [("h", "leave", 5)]
