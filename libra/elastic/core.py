@@ -320,6 +320,7 @@ class CoreExchange:
         flat = self._flat = flatten(grads, out=self._flat)
         count = 1
         contributors = []
+        received: list[tuple[str, torch.Tensor]] = []
         waited = 0.0
         for slot in self._live():
             start = time.monotonic()
@@ -340,12 +341,16 @@ class CoreExchange:
             ):
                 self.stats.skipped += 1
                 continue
-            got = msg.blobs[0].view(flat.dtype)
+            received.append((slot.worker, msg.blobs[0]))  # in its slot's own inbox: no later message lands there
+        if self._mp_group is not None:
+            received = self._agree_on_contributions(received)
+        for worker, blob in received:  # added in the order of the slots, as they were received
+            got = blob.view(flat.dtype)
             if got.device != flat.device:  # a replica on a GPU: through device memory reused step after step
                 got = self._device_in = to_device_of(got, flat, out=self._device_in)
             flat += got
             count += 1
-            contributors.append(slot.worker)
+            contributors.append(worker)
             self.stats.accepted += 1
         total = torch.tensor([count], dtype=torch.int64, device=self._counts_device)
         torch.distributed.all_reduce(flat, group=self._group)
@@ -516,6 +521,16 @@ class CoreExchange:
         for worker in sorted(set(mine["active"]) - active_everywhere):
             self.remove(worker, step=step, why="a rank of this hybrid replica is not active at every coordinate")
         return [s for s in ready if s.worker in ready_everywhere]
+
+    def _agree_on_contributions(self, received: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        """Over the model-parallel group: a hybrid replica's gradient counts only where it arrived valid at every
+        coordinate (a rank's late or skipped contribution leaves the others' out too), so every shard of the
+        parameters is averaged over the same replicas. The ones left out count as skipped."""
+        views: list[Any] = [None] * torch.distributed.get_world_size(self._mp_group)
+        torch.distributed.all_gather_object(views, sorted(w for w, _ in received), group=self._mp_group)
+        everywhere = set.intersection(*(set(v) for v in views))
+        self.stats.skipped += sum(1 for w, _ in received if w not in everywhere)
+        return [(w, blob) for w, blob in received if w in everywhere]
 
     def _replay_copy(self, flat: torch.Tensor) -> torch.Tensor:
         """A copy of this step's reduced gradient for a joiner's replay, in a pruned copy's memory where one fits."""

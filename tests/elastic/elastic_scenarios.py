@@ -328,16 +328,19 @@ def model_parallel_promotion(rank: int, port: int) -> dict:
     """Rank ``rank`` is coordinate ``rank`` of one core replica with two model-parallel ranks (TP = 2, DP = 1): a
     CoreExchange over a data-parallel group of itself, with both ranks as its model-parallel group, paired with
     that coordinate's rank of one hybrid replica ``h`` (a thread here, over a socketpair). Coordinate 0's hybrid
-    rank attaches at step 1, coordinate 1's holds its ATTACH until step 3; before step 5 coordinate 0 alone
-    detaches ``h``. Returns what each side saw."""
+    rank attaches at step 1, coordinate 1's holds its ATTACH until step 3; coordinate 1's rank sends a stale
+    gradient at step 4 (which its core skips); before step 5 coordinate 0 alone detaches ``h``. Returns what each
+    side saw."""
     import socket
     import threading
 
+    import attrs
     import torch
     import torch.distributed as dist
 
     from libra.elastic.core import CoreExchange
     from libra.elastic.hybrid import HybridReplica
+    from libra.elastic.wire import Kind, Message
     from tests.elastic.test_elastic_overlap import (
         _core_steps,
         _Hybrid,
@@ -368,9 +371,19 @@ def model_parallel_promotion(rank: int, port: int) -> dict:
     core_end, hybrid_end = socket.socketpair()
     core.admit(_link(core_end))
     release, joined, seen = threading.Event(), threading.Event(), []
+    link = _link(hybrid_end, release)
+    if rank == 1:
+        send = link.send
+
+        def stale_at_step_4(msg: Message, *, timeout: float) -> None:
+            if msg.kind == Kind.GRAD and msg.step == 4:
+                msg = attrs.evolve(msg, version=msg.version - 1)
+            send(msg, timeout=timeout)
+
+        link.send = stale_at_step_4  # type: ignore[method-assign]
 
     def run_hybrid() -> None:
-        hybrid.join(_link(hybrid_end, release), snapshot_timeout_s=scaled(60))
+        hybrid.join(link, snapshot_timeout_s=scaled(60))
         joined.set()
         _train_hybrid(hybrid, h_model, h_opt, seen)
 
@@ -393,6 +406,7 @@ def model_parallel_promotion(rank: int, port: int) -> dict:
         "digests": {str(t): list(d) for t, d in digests.items()},
         "counted": [[r.step, r.num_contributed] for r in core.records],
         "hybrid_left": not thread.is_alive() and thread.error is None,
+        "skipped": core.stats.skipped,
         "transitions": [[t.worker, t.event.value, t.step] for t in core.states.log],
     }
     core.close()

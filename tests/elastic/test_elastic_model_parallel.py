@@ -1,6 +1,7 @@
 """A core replica with two model-parallel ranks (TP = 2): each rank's CoreExchange pairs with the same coordinate
-of a hybrid replica, and the ranks of one hybrid replica are promoted at one boundary and detached together
-(`model_parallel_group`). Two spawned processes over gloo; the hybrid's ranks are threads beside them."""
+of a hybrid replica, the ranks of one hybrid replica are promoted at one boundary and detached together, and a
+gradient counts only where it arrived valid at every coordinate (`model_parallel_group`). Two spawned processes
+over gloo; the hybrid's ranks are threads beside them."""
 
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ from tests.limits import scaled  # noqa: E402
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(scaled(300))
-def test_the_ranks_of_a_hybrid_replica_are_promoted_together_and_detached_together(tmp_path):
+def test_the_ranks_of_a_hybrid_replica_are_promoted_counted_and_detached_together(tmp_path):
     port = free_port()
     coords = H.run_processes(
         [(S.model_parallel_promotion, (r, port)) for r in (0, 1)], tmp=tmp_path, timeout_s=scaled(200)
     )
     # coordinate 0's rank attached at step 1 but waits as a placeholder until coordinate 1's attaches (step 3);
+    # coordinate 1's rank sent a stale gradient at step 4, so neither coordinate counted the hybrid at step 4;
     # coordinate 0 alone detached it before step 5, and coordinate 1 followed at that boundary
     want = {
         0: [[1, "placeholder"], [2, "placeholder"], [3, "active"], [4, "active"]],
@@ -31,7 +33,8 @@ def test_the_ranks_of_a_hybrid_replica_are_promoted_together_and_detached_togeth
     for rank, c in enumerate(coords):
         assert [[s, m] for s, m, _ in c["seen"]] == want[rank], rank
         assert all(d == c["digests"][str(s)] for s, _, d in c["seen"]), rank  # bitwise its coordinate's core
-        assert c["counted"] == [[0, 1], [1, 1], [2, 1], [3, 2], [4, 2], [5, 1], [6, 1]], rank
+        assert c["counted"] == [[0, 1], [1, 1], [2, 1], [3, 2], [4, 1], [5, 1], [6, 1]], rank
+        assert c["skipped"] == 1, rank  # coordinate 1: the stale one; coordinate 0: the valid one left out
         assert c["hybrid_left"], rank
         caught_up = [t for w, e, t in c["transitions"] if e == "caught_up"]
         assert caught_up == [3], rank
