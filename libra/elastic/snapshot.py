@@ -108,6 +108,11 @@ def _collect(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) ->
     tensors: list[torch.Tensor] = []
     model_entries = []
     for name, t in model.state_dict().items():
+        if t is None:  # a module's empty extra state (Megatron-core's `_extra_state` without Transformer Engine)
+            model_entries.append([name, None, None])
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise SnapshotError(f"model state {name!r} is a {type(t).__name__}, not a tensor: a snapshot holds tensors")
         model_entries.append([name, *_entry(t)])
         tensors.append(t.detach())
     opt: dict[str, Any] = {"state": [], "param_groups": None}
@@ -185,7 +190,7 @@ class PendingCapture:
     ) -> None:
         tensors, description = _collect(model, optimizer)
         params = {p.data_ptr() for p in model.parameters()}
-        count = len(description["model"])
+        count = sum(1 for _, shape, _ in description["model"] if shape is not None)  # the model's tensors
         tensors = [t.clone() if i < count and t.data_ptr() not in params else t for i, t in enumerate(tensors)]
         description["bucket_bytes"] = bucket_bytes
         self.version = version
@@ -310,6 +315,10 @@ def restore(
     targets: list[torch.Tensor] = []
     for name, shape, dtype in desc["model"]:
         t = state.get(name)
+        if shape is None:  # an empty extra state: nothing to restore, as long as the model's is empty too
+            if t is not None:
+                raise SnapshotError(f"model state {name!r}: the snapshot's is empty, the model's is {type(t).__name__}")
+            continue
         if t is None or list(t.shape) != shape or str(t.dtype) != dtype:
             have = None if t is None else _entry(t)
             raise SnapshotError(f"model tensor {name!r}: snapshot has {[shape, dtype]}, model has {have}")

@@ -186,6 +186,28 @@ def ddp_core(rank: int, steps: int, port: int, side_port: int) -> dict:
     return core_with_hybrid(rank, make, steps, port, side_port)
 
 
+def _megatron_tp2_gpt(seed: int):
+    """A two-layer GPT over this process's TP = 2 world (gloo, the CPU shim), without Megatron's optimizer."""
+    import torch
+
+    from libra.adapters.megatron_trainer import MegatronTrainer, gpt_config
+    from libra.spec import TrainConfig
+
+    train = TrainConfig(num_gpus=2, tp=2, pp=1, dp=1)
+    config = gpt_config(train, num_layers=2, hidden_size=64, num_attention_heads=2, cpu_init=True)
+    torch.manual_seed(seed)
+    return MegatronTrainer(
+        train=train,
+        config=config,
+        vocab_size=128,
+        max_sequence_length=32,
+        lr=1e-3,
+        use_distributed_optimizer=False,
+        with_optimizer=False,
+        seed=seed,
+    )
+
+
 def megatron_tp2(rank: int, port: int) -> dict:
     """TP=2 on gloo with the test-only CPU shim: groups, sharded GPTModel, Megatron DDP, the gradient hook."""
     import megatron_shim
@@ -197,21 +219,7 @@ def megatron_tp2(rank: int, port: int) -> dict:
     dist.init_process_group("gloo", rank=rank, world_size=2)
     from megatron.core import parallel_state as ps
 
-    from libra.adapters.megatron_trainer import MegatronTrainer, gpt_config
-    from libra.spec import TrainConfig
-
-    train = TrainConfig(num_gpus=2, tp=2, pp=1, dp=1)
-    config = gpt_config(train, num_layers=2, hidden_size=64, num_attention_heads=2, cpu_init=True)
-    torch.manual_seed(0)
-    trainer = MegatronTrainer(
-        train=train,
-        config=config,
-        vocab_size=128,
-        max_sequence_length=32,
-        lr=1e-3,
-        use_distributed_optimizer=False,
-        with_optimizer=False,
-    )
+    trainer = _megatron_tp2_gpt(seed=0)
     tokens = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
     batch = {"tokens": tokens, "labels": torch.roll(tokens, -1, 1)}
     loss = trainer.train_step(batch)
@@ -241,3 +249,94 @@ def megatron_tp2(rank: int, port: int) -> dict:
         "hook_vs_plain": worst,
         "grad_norm": float(sum(float(p.norm()) for p in plain)),
     }
+
+
+def megatron_tp2_pool(proc: int, world_ports: tuple[int, int], side_ports: tuple[int, int], steps: int) -> dict:
+    """A Megatron-core GPT with TP = 2 as the core replica (processes 0 and 1, one gloo world) and another as a
+    hybrid replica (processes 2 and 3, a world of their own), on the test-only CPU shim. Each core rank runs a
+    CoreExchange for its coordinate (its data-parallel group of one, the replica's model-parallel group) with
+    Megatron's gradient buffers as the hook's gradients; each hybrid rank joins the core rank of its coordinate
+    over TCP under one worker name and trains its shard of the batch. torch's Adam steps on the gradient buffers
+    (Megatron's own optimizers allocate on CUDA)."""
+    import megatron_shim
+    import torch
+    import torch.distributed as dist
+
+    megatron_shim.install()
+    core, coord = proc < 2, proc % 2
+    P.init_env(coord, 2, world_ports[proc // 2])
+    dist.init_process_group("gloo", rank=coord, world_size=2)
+    from megatron.core import parallel_state as ps
+
+    from libra.adapters.grpo import shard_batch
+    from libra.elastic.core import CoreExchange
+    from libra.elastic.grads import Mode
+    from libra.elastic.hybrid import HybridReplica
+    from libra.elastic.snapshot import state_digest
+    from libra.elastic.wire import LinkError, SideChannelServer, TcpLink
+
+    trainer = _megatron_tp2_gpt(seed=0 if core else 5)
+    params = [p for p in trainer.module.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=1e-3)
+
+    def batch(t: int, rows: slice) -> dict:
+        tokens = torch.randint(0, 128, (4, 16), generator=torch.Generator().manual_seed(t))
+        return shard_batch({"tokens": tokens, "labels": torch.roll(tokens, -1, 1)}, rows)
+
+    def optimizer_step() -> None:
+        for p in params:
+            p.grad = p.main_grad
+        opt.step()
+
+    digests, modes, losses = {}, {}, {}
+    if core:
+        ex = CoreExchange(
+            core_group=ps.get_data_parallel_group(),
+            core_rank=0,
+            num_core_replicas=1,
+            model=trainer.module,
+            optimizer=opt,
+            timeout_s=scaled(30.0),
+            model_parallel_group=ps.get_model_parallel_group(),
+        )
+        server = SideChannelServer(host="127.0.0.1", port=side_ports[coord])
+        deadline = time.monotonic() + scaled(120)  # the hybrid's processes start slower than a test step
+        while not (links := server.accept_ready()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for link in links:
+            ex.admit(link)
+        for t in range(steps):
+            _pace(ex)
+            a = ex.begin_step(t)
+            losses[t] = trainer.train_step(batch(t, a.shard(4)), grad_hook=ex.reduce, step=t)
+            optimizer_step()
+            digests[t] = list(state_digest(trainer.module, opt))
+        ex.remove(HYBRID, step=steps, why="test over")
+        counted = [[r.step, r.num_contributed] for r in ex.records]
+        ex.close()
+        server.close()
+    else:
+        hy = HybridReplica(worker=HYBRID, model=trainer.module, optimizer=opt, timeout_s=scaled(30.0))
+        deadline = time.monotonic() + scaled(120)
+        while True:
+            try:
+                link = TcpLink.connect("127.0.0.1", side_ports[coord], timeout=scaled(5.0))
+                break
+            except LinkError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        hy.join(link, snapshot_timeout_s=scaled(60))
+        while (a := hy.begin_step()) is not None:
+            modes[a.step] = a.mode.value
+            if a.mode == Mode.ACTIVE:  # the forward and backward pass with its TP peer, the hook sends the gradient
+                losses[a.step] = trainer.train_step(batch(a.step, a.shard(4)), grad_hook=hy.reduce, step=a.step)
+            else:
+                trainer.model.zero_grad_buffer()
+                hy.reduce(a.step, trainer.local_grads())
+            optimizer_step()
+            digests[a.step] = list(state_digest(trainer.module, opt))
+        counted = []
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"core": core, "digests": digests, "modes": modes, "losses": losses, "counted": counted}

@@ -49,3 +49,28 @@ def test_tp2_groups_sharded_model_and_gradient_hook(tmp_path):
         assert r["hook_vs_plain"] == 0.0 and r["grad_norm"] > 0  # the hook's output is the synced gradient
         assert r["hooked_loss"] == r["loss"]
     assert r0["losses"][0] == r0["losses"][1]  # TP ranks agree on the loss
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(scaled(300))
+def test_a_tp2_hybrid_replica_joins_a_tp2_core_replica_and_stays_bitwise_equal_per_coordinate(tmp_path):
+    """Megatron-core TP = 2 on both sides: each coordinate's hybrid rank restores its shard from its core rank, the
+    two coordinates promote the hybrid replica at one boundary (its TP forward needs both ranks), and from then on
+    every step counts two replicas and each hybrid rank's state is bitwise its core rank's."""
+    pytest.importorskip("megatron.core")
+    world_ports, side_ports = (P.free_port(), P.free_port()), (P.free_port(), P.free_port())
+    procs = P.run_processes(
+        [(S.megatron_tp2_pool, (i, world_ports, side_ports, 6)) for i in range(4)],
+        tmp=tmp_path,
+        timeout_s=scaled(240),
+    )
+    cores, hybrids = procs[:2], procs[2:]
+    for coord in (0, 1):
+        core, hybrid = cores[coord], hybrids[coord]
+        active = [int(s) for s, m in hybrid["modes"].items() if m == "active"]
+        assert active and active == list(range(min(active), 6)), hybrid["modes"]
+        for s in hybrid["digests"]:
+            assert hybrid["digests"][s] == core["digests"][s], (coord, s)
+        assert all(n == (2 if s >= min(active) else 1) for s, n in core["counted"]), core["counted"]
+    assert hybrids[0]["modes"] == hybrids[1]["modes"]  # one mode for both ranks of the hybrid replica, every step
+    assert hybrids[0]["losses"] == hybrids[1]["losses"] and cores[0]["losses"] == cores[1]["losses"]

@@ -60,6 +60,43 @@ def test_corrupted_bucket_is_rejected_before_anything_is_written():
     assert all(torch.equal(a, b) for a, b in zip(before, target.state_dict().values()))
 
 
+class _WithExtraState(torch.nn.Linear):
+    """A layer whose `get_extra_state` returns ``extra``: its state_dict has an ``_extra_state`` entry, which for
+    Megatron-core's layers without Transformer Engine is None."""
+
+    extra = None
+
+    def get_extra_state(self):
+        return self.extra
+
+    def set_extra_state(self, state) -> None:
+        pass
+
+
+@pytest.mark.parametrize("share_buckets", [False, True])
+def test_an_empty_extra_state_is_carried_and_any_other_non_tensor_state_is_refused(share_buckets):
+    def make_extra(seed):
+        torch.manual_seed(seed)
+        m = torch.nn.Sequential(_WithExtraState(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
+        return m, torch.optim.Adam(m.parameters(), lr=1e-2)
+
+    m, o = make_extra(0)
+    assert m.state_dict()["0._extra_state"] is None
+    train(m, o, 2)
+    m2, o2 = make_extra(1)
+    restore(capture(m, o, version=2, bucket_bytes=256), m2, o2, share_buckets=share_buckets)
+    assert state_digest(m2, o2) == state_digest(m, o)
+    train(m, o, 2, seed=5)
+    train(m2, o2, 2, seed=5)
+    assert state_digest(m2, o2) == state_digest(m, o)
+    m2[0].extra = {"fp8": 1}
+    with pytest.raises(SnapshotError, match=r"model state '0._extra_state' is a dict, not a tensor"):
+        capture(m2, o2, version=4)
+    snap = capture(m, o, version=4)
+    with pytest.raises(SnapshotError, match=r"'0._extra_state': the snapshot's is empty, the model's is dict"):
+        restore(snap, m2, o2)
+
+
 def test_shape_mismatch_is_an_error():
     m, o = make(0)
     snap = capture(m, o, version=0)
