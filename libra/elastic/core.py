@@ -99,6 +99,7 @@ class _Slot:
     placeholder_steps: int = 0
     mode: Mode = Mode.PLACEHOLDER
     missed: int = 0  # consecutive steps whose contribution did not arrive in time
+    alone: int = 0  # with a model-parallel group: consecutive boundaries at which some coordinate had no such worker
     inbox: ReusedBlobs = attrs.field(factory=ReusedBlobs)  # the memory its gradients are received into
 
 
@@ -509,18 +510,27 @@ class CoreExchange:
         all of its ranks in the forward and backward pass, or none. So, over the model-parallel group: of the
         hybrids ready here, those ready at every coordinate are promoted (the others stay placeholders until they
         are), and a hybrid active here but not at every coordinate (a rank of it left or failed) is detached here
-        too. Worker names identify a hybrid replica across coordinates."""
+        too. A placeholder whose replica has no rank at some coordinate (never joined there, or failed and did not
+        join again) is detached after ``max_catchup_steps`` such boundaries, as a joiner that never catches up is.
+        Worker names identify a hybrid replica across coordinates."""
         mine = {
             "ready": sorted(s.worker for s in ready),
             "active": sorted(s.worker for s in self._live() if s.state == JoinState.ACTIVE),
+            "known": sorted(self._slots),
         }
         views: list[Any] = [None] * torch.distributed.get_world_size(self._mp_group)
         torch.distributed.all_gather_object(views, mine, group=self._mp_group)
         ready_everywhere = set.intersection(*(set(v["ready"]) for v in views))
         active_everywhere = set.intersection(*(set(v["active"]) for v in views))
+        known_everywhere = set.intersection(*(set(v["known"]) for v in views))
         for worker in sorted(set(mine["active"]) - active_everywhere):
             self.remove(worker, step=step, why="a rank of this hybrid replica is not active at every coordinate")
-        return [s for s in ready if s.worker in ready_everywhere]
+        for slot in [s for s in self._live() if s.state == JoinState.PLACEHOLDER]:
+            slot.alone = 0 if slot.worker in known_everywhere else slot.alone + 1
+            if slot.alone > self.max_catchup_steps:
+                why = f"no rank of this hybrid replica at some coordinate for {slot.alone} steps"
+                self.remove(slot.worker, step=step, why=why)
+        return [s for s in ready if s.worker in ready_everywhere and s.worker in self._slots]
 
     def _agree_on_contributions(self, received: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
         """Over the model-parallel group: a hybrid replica's gradient counts only where it arrived valid at every

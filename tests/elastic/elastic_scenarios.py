@@ -324,6 +324,36 @@ def dist_world(rank: int, port: int, num_cycles: int) -> dict:
     return out
 
 
+def _model_parallel_core(rank: int, port: int, **options):
+    """Coordinate ``rank`` of a core replica with two model-parallel ranks (this process in a gloo world of two):
+    its CoreExchange over a data-parallel group of itself, with both ranks as its model-parallel group, and its
+    model (a shard of its own: the weights offset by ``rank``) and Adam."""
+    import torch
+    import torch.distributed as dist
+
+    from libra.elastic.core import CoreExchange
+    from tests.elastic.test_elastic_overlap import _small
+
+    H.init_gloo(rank, 2, port)
+    dp = [dist.new_group([0]), dist.new_group([1])][rank]
+    mp = dist.new_group([0, 1])
+    model, opt = _small()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(rank)
+    core = CoreExchange(
+        core_group=dp,
+        core_rank=0,
+        num_core_replicas=1,
+        model=model,
+        optimizer=opt,
+        timeout_s=scaled(30),
+        model_parallel_group=mp,
+        **options,
+    )
+    return core, model, opt
+
+
 def model_parallel_promotion(rank: int, port: int) -> dict:
     """Rank ``rank`` is coordinate ``rank`` of one core replica with two model-parallel ranks (TP = 2, DP = 1): a
     CoreExchange over a data-parallel group of itself, with both ranks as its model-parallel group, paired with
@@ -335,10 +365,8 @@ def model_parallel_promotion(rank: int, port: int) -> dict:
     import threading
 
     import attrs
-    import torch
     import torch.distributed as dist
 
-    from libra.elastic.core import CoreExchange
     from libra.elastic.hybrid import HybridReplica
     from libra.elastic.wire import Kind, Message
     from tests.elastic.test_elastic_overlap import (
@@ -350,22 +378,7 @@ def model_parallel_promotion(rank: int, port: int) -> dict:
         _until_join_message,
     )
 
-    H.init_gloo(rank, 2, port)
-    dp = [dist.new_group([0]), dist.new_group([1])][rank]
-    mp = dist.new_group([0, 1])
-    model, opt = _small()
-    with torch.no_grad():  # each coordinate holds a different shard
-        for p in model.parameters():
-            p.add_(rank)
-    core = CoreExchange(
-        core_group=dp,
-        core_rank=0,
-        num_core_replicas=1,
-        model=model,
-        optimizer=opt,
-        timeout_s=scaled(30),
-        model_parallel_group=mp,
-    )
+    core, model, opt = _model_parallel_core(rank, port)
     h_model, h_opt = _small()
     hybrid = HybridReplica(worker="h", model=h_model, optimizer=h_opt, timeout_s=scaled(30))
     core_end, hybrid_end = socket.socketpair()
@@ -408,6 +421,63 @@ def model_parallel_promotion(rank: int, port: int) -> dict:
         "hybrid_left": not thread.is_alive() and thread.error is None,
         "skipped": core.stats.skipped,
         "transitions": [[t.worker, t.event.value, t.step] for t in core.states.log],
+    }
+    core.close()
+    dist.destroy_process_group()
+    return out
+
+
+def model_parallel_rank_missing(rank: int, port: int) -> dict:
+    """As `model_parallel_promotion`, but only coordinate 0 has a rank of the hybrid replica ``h`` (coordinate 1's
+    never joins) and ``max_catchup_steps=3``: the rank that did join waits as a placeholder, then is detached."""
+    import socket
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    from libra.elastic.hybrid import HybridReplica
+    from tests.elastic.test_elastic_overlap import _core_steps, _Hybrid, _link, _small, _train_hybrid
+
+    core, model, opt = _model_parallel_core(rank, port, max_catchup_steps=3)
+    seen: list = []
+    thread = None
+    if rank == 0:
+        h_model, h_opt = _small()
+        hybrid = HybridReplica(worker="h", model=h_model, optimizer=h_opt, timeout_s=scaled(30))
+        core_end, hybrid_end = socket.socketpair()
+        core.admit(_link(core_end))
+        joined = threading.Event()
+
+        def run_hybrid() -> None:
+            hybrid.join(_link(hybrid_end), snapshot_timeout_s=scaled(60))
+            joined.set()
+            _train_hybrid(hybrid, h_model, h_opt, seen)
+
+        thread = _Hybrid(run_hybrid)
+        thread.start()
+
+    def until_message() -> None:
+        deadline = time.monotonic() + scaled(60)
+        while not core.join_message_waiting():
+            assert time.monotonic() < deadline and thread.error is None, thread.error
+            time.sleep(0.005)
+
+    def before(t: int) -> None:
+        if t == 0 and thread is not None:  # boundary 0 reads the JOIN and sends the snapshot
+            until_message()
+        if t == 1 and thread is not None:  # restored and attached before boundary 1 reads the ATTACH
+            assert joined.wait(scaled(60))
+            until_message()
+
+    _core_steps(core, model, opt, range(8), {}, before)
+    if thread is not None:
+        thread.join(scaled(60))
+    out = {
+        "seen": [[s, m.value] for s, m, _ in seen],
+        "counted": [[r.step, r.num_contributed] for r in core.records],
+        "transitions": [[t.worker, t.event.value, t.step, t.why] for t in core.states.log],
+        "hybrid_left": thread is None or (not thread.is_alive() and thread.error is None),
     }
     core.close()
     dist.destroy_process_group()

@@ -40,3 +40,20 @@ def test_the_ranks_of_a_hybrid_replica_are_promoted_counted_and_detached_togethe
         assert caught_up == [3], rank
     left = [(w, e, t) for w, e, t in coords[1]["transitions"] if e in ("leave", "cancel", "fail")]
     assert left == [("h", "leave", 5)]
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(scaled(300))
+def test_a_rank_whose_replica_never_joins_at_another_coordinate_is_detached_after_the_catchup_bound(tmp_path):
+    port = free_port()
+    coords = H.run_processes(
+        [(S.model_parallel_rank_missing, (r, port)) for r in (0, 1)], tmp=tmp_path, timeout_s=scaled(200)
+    )
+    first, second = coords
+    # restored and attached at boundary 1, a placeholder while coordinate 1 has no rank of it: 1, 2 and 3 within
+    # max_catchup_steps=3, detached at the fourth such boundary (step 4)
+    assert first["seen"] == [[1, "placeholder"], [2, "placeholder"], [3, "placeholder"]]
+    left = [(w, e, t) for w, e, t, _ in first["transitions"] if e in ("leave", "cancel", "fail")]
+    assert left == [("h", "cancel", 4)] and first["hybrid_left"]
+    assert all(n == 1 for _, n in first["counted"]) and all(n == 1 for _, n in second["counted"])
+    assert second["transitions"] == []
