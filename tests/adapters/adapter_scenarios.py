@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import adapter_procs as P
 
@@ -251,13 +252,17 @@ def megatron_tp2(rank: int, port: int) -> dict:
     }
 
 
-def megatron_tp2_pool(proc: int, world_ports: tuple[int, int], side_ports: tuple[int, int], steps: int) -> dict:
+def megatron_tp2_pool(
+    proc: int, world_ports: tuple[int, int], side_ports: tuple[int, int], steps: int, signal_dir: str
+) -> dict:
     """A Megatron-core GPT with TP = 2 as the core replica (processes 0 and 1, one gloo world) and another as a
     hybrid replica (processes 2 and 3, a world of their own), on the test-only CPU shim. Each core rank runs a
     CoreExchange for its coordinate (its data-parallel group of one, the replica's model-parallel group) with
     Megatron's gradient buffers as the hook's gradients; each hybrid rank joins the core rank of its coordinate
     over TCP under one worker name and trains its shard of the batch. torch's Adam steps on the gradient buffers
-    (Megatron's own optimizers allocate on CUDA)."""
+    (Megatron's own optimizers allocate on CUDA). The hybrid's rank at coordinate 1 restores its snapshot only
+    after the rank at coordinate 0 has stepped once as a placeholder (a file in ``signal_dir``), so the two ranks
+    attach at different boundaries and the coordinates must agree to promote them together."""
     import megatron_shim
     import torch
     import torch.distributed as dist
@@ -306,7 +311,7 @@ def megatron_tp2_pool(proc: int, world_ports: tuple[int, int], side_ports: tuple
         for link in links:
             ex.admit(link)
         for t in range(steps):
-            _pace(ex)
+            _pace(ex, cap_s=20.0 if coord == 0 else 0.2)  # coordinate 1's rank restores late: step on meanwhile
             a = ex.begin_step(t)
             losses[t] = trainer.train_step(batch(t, a.shard(4)), grad_hook=ex.reduce, step=t)
             optimizer_step()
@@ -316,7 +321,18 @@ def megatron_tp2_pool(proc: int, world_ports: tuple[int, int], side_ports: tuple
         ex.close()
         server.close()
     else:
-        hy = HybridReplica(worker=HYBRID, model=trainer.module, optimizer=opt, timeout_s=scaled(30.0))
+        signal = Path(signal_dir) / "placeholder-step-done"
+
+        def late_restore(point: str) -> None:
+            if point == "restoring" and coord == 1:
+                deadline = time.monotonic() + scaled(120)
+                while not signal.exists():
+                    assert time.monotonic() < deadline, "coordinate 0's hybrid rank never stepped as a placeholder"
+                    time.sleep(0.02)
+
+        hy = HybridReplica(
+            worker=HYBRID, model=trainer.module, optimizer=opt, timeout_s=scaled(30.0), fault=late_restore
+        )
         deadline = time.monotonic() + scaled(120)
         while True:
             try:
@@ -336,6 +352,8 @@ def megatron_tp2_pool(proc: int, world_ports: tuple[int, int], side_ports: tuple
                 hy.reduce(a.step, trainer.local_grads())
             optimizer_step()
             digests[a.step] = list(state_digest(trainer.module, opt))
+            if a.mode == Mode.PLACEHOLDER:
+                signal.touch()
         counted = []
     dist.barrier()
     dist.destroy_process_group()
