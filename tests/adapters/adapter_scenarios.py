@@ -25,6 +25,30 @@ def _state(module, optimizer) -> dict:
     return {"model": copy.deepcopy(module.state_dict()), "optimizer": copy.deepcopy(optimizer.state_dict())}
 
 
+def _admit_first_hybrid(ex, server) -> None:
+    """The hybrid's process starts slower than a test step: wait (up to 120 s, scaled) until it has connected to
+    ``server`` and admit its link before the first step."""
+    deadline = time.monotonic() + scaled(120)
+    while not (links := server.accept_ready()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for link in links:
+        ex.admit(link)
+
+
+def _connect(side_port: int):
+    """A hybrid's link to the core's side-channel server, retried until the server listens (up to 120 s, scaled)."""
+    from libra.elastic.wire import LinkError, TcpLink
+
+    deadline = time.monotonic() + scaled(120)
+    while True:
+        try:
+            return TcpLink.connect("127.0.0.1", side_port, timeout=scaled(5.0))
+        except LinkError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def core_with_hybrid(rank: int, make_trainer, steps: int, port: int, side_port: int) -> dict:
     """A core replica (rank 0 or 1 of a 2-rank world) training with the elastic side channel as its grad hook;
     rank 0 serves the hybrid's join. Rank 0 checks every 3-replica step against one-process 3-replica DP."""
@@ -44,12 +68,8 @@ def core_with_hybrid(rank: int, make_trainer, steps: int, port: int, side_port: 
         optimizer=trainer.optimizer,
         timeout_s=scaled(30.0),
     )
-    if server is not None:  # the hybrid process starts slower than a test step: let it connect first
-        deadline = time.monotonic() + scaled(120)
-        while not (links := server.accept_ready()) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        for link in links:
-            ex.admit(link)
+    if server is not None:
+        _admit_first_hybrid(ex, server)
     before, after, members = {}, {}, {}
     for t in range(steps):
         if sum(n == 3 for n in members.values()) >= 2:
@@ -78,7 +98,6 @@ def hybrid(side_port: int) -> dict:
     from libra.adapters.torch_ddp import TorchDDPTrainer
     from libra.elastic.grads import Mode
     from libra.elastic.hybrid import HybridReplica
-    from libra.elastic.wire import LinkError, TcpLink
 
     trainer = TorchDDPTrainer(
         model=P.make_mlp(seed=7),
@@ -87,16 +106,7 @@ def hybrid(side_port: int) -> dict:
         optimizer_factory=lambda ps: torch.optim.Adam(ps, lr=P.LR),
     )
     hy = HybridReplica(worker=HYBRID, model=trainer.module, optimizer=trainer.optimizer, timeout_s=scaled(30.0))
-    deadline = time.monotonic() + scaled(120)
-    while True:
-        try:
-            link = TcpLink.connect("127.0.0.1", side_port, timeout=scaled(5.0))
-            break
-        except LinkError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-    hy.join(link)
+    hy.join(_connect(side_port))
     active = 0
     while (a := hy.begin_step()) is not None:
         if a.mode == Mode.ACTIVE:
@@ -278,7 +288,7 @@ def megatron_tp2_pool(
     from libra.elastic.grads import Mode
     from libra.elastic.hybrid import HybridReplica
     from libra.elastic.snapshot import state_digest
-    from libra.elastic.wire import LinkError, SideChannelServer, TcpLink
+    from libra.elastic.wire import SideChannelServer
 
     trainer = _megatron_tp2_gpt(seed=0 if core else 5)
     params = [p for p in trainer.module.parameters() if p.requires_grad]
@@ -305,11 +315,7 @@ def megatron_tp2_pool(
             model_parallel_group=ps.get_model_parallel_group(),
         )
         server = SideChannelServer(host="127.0.0.1", port=side_ports[coord])
-        deadline = time.monotonic() + scaled(120)  # the hybrid's processes start slower than a test step
-        while not (links := server.accept_ready()) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        for link in links:
-            ex.admit(link)
+        _admit_first_hybrid(ex, server)
         for t in range(steps):
             _pace(ex, cap_s=20.0 if coord == 0 else 0.2)  # coordinate 1's rank restores late: step on meanwhile
             a = ex.begin_step(t)
@@ -333,16 +339,7 @@ def megatron_tp2_pool(
         hy = HybridReplica(
             worker=HYBRID, model=trainer.module, optimizer=opt, timeout_s=scaled(30.0), fault=late_restore
         )
-        deadline = time.monotonic() + scaled(120)
-        while True:
-            try:
-                link = TcpLink.connect("127.0.0.1", side_ports[coord], timeout=scaled(5.0))
-                break
-            except LinkError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-        hy.join(link, snapshot_timeout_s=scaled(60))
+        hy.join(_connect(side_ports[coord]), snapshot_timeout_s=scaled(60))
         while (a := hy.begin_step()) is not None:
             modes[a.step] = a.mode.value
             if a.mode == Mode.ACTIVE:  # the forward and backward pass with its TP peer, the hook sends the gradient

@@ -432,12 +432,18 @@ def model_parallel_rank_missing(rank: int, port: int) -> dict:
     never joins) and ``max_catchup_steps=3``: the rank that did join waits as a placeholder, then is detached."""
     import socket
     import threading
-    import time
 
     import torch.distributed as dist
 
     from libra.elastic.hybrid import HybridReplica
-    from tests.elastic.test_elastic_overlap import _core_steps, _Hybrid, _link, _small, _train_hybrid
+    from tests.elastic.test_elastic_overlap import (
+        _core_steps,
+        _Hybrid,
+        _link,
+        _small,
+        _train_hybrid,
+        _until_join_message,
+    )
 
     core, model, opt = _model_parallel_core(rank, port, max_catchup_steps=3)
     seen: list = []
@@ -457,18 +463,12 @@ def model_parallel_rank_missing(rank: int, port: int) -> dict:
         thread = _Hybrid(run_hybrid)
         thread.start()
 
-    def until_message() -> None:
-        deadline = time.monotonic() + scaled(60)
-        while not core.join_message_waiting():
-            assert time.monotonic() < deadline and thread.error is None, thread.error
-            time.sleep(0.005)
-
     def before(t: int) -> None:
         if t == 0 and thread is not None:  # boundary 0 reads the JOIN and sends the snapshot
-            until_message()
+            _until_join_message(core, thread)
         if t == 1 and thread is not None:  # restored and attached before boundary 1 reads the ATTACH
             assert joined.wait(scaled(60))
-            until_message()
+            _until_join_message(core, thread)
 
     _core_steps(core, model, opt, range(8), {}, before)
     if thread is not None:

@@ -16,13 +16,16 @@ from libra.elastic.wire import free_port  # noqa: E402
 from tests.limits import scaled  # noqa: E402
 
 
+def _two_coordinates(scenario, tmp_path) -> list:
+    """``scenario(rank, port)`` in two spawned processes (the two coordinates, a gloo world on ``port``)."""
+    port = free_port()
+    return H.run_processes([(scenario, (r, port)) for r in (0, 1)], tmp=tmp_path, timeout_s=scaled(200))
+
+
 @pytest.mark.multiproc
 @pytest.mark.timeout(scaled(300))
 def test_the_ranks_of_a_hybrid_replica_are_promoted_counted_and_detached_together(tmp_path):
-    port = free_port()
-    coords = H.run_processes(
-        [(S.model_parallel_promotion, (r, port)) for r in (0, 1)], tmp=tmp_path, timeout_s=scaled(200)
-    )
+    coords = _two_coordinates(S.model_parallel_promotion, tmp_path)
     # coordinate 0's rank attached at step 1 but waits as a placeholder until coordinate 1's attaches (step 3);
     # coordinate 1's rank sent a stale gradient at step 4, so neither coordinate counted the hybrid at step 4;
     # coordinate 0 alone detached it before step 5, and coordinate 1 followed at that boundary
@@ -45,10 +48,7 @@ def test_the_ranks_of_a_hybrid_replica_are_promoted_counted_and_detached_togethe
 @pytest.mark.multiproc
 @pytest.mark.timeout(scaled(300))
 def test_a_rank_whose_replica_never_joins_at_another_coordinate_is_detached_after_the_catchup_bound(tmp_path):
-    port = free_port()
-    coords = H.run_processes(
-        [(S.model_parallel_rank_missing, (r, port)) for r in (0, 1)], tmp=tmp_path, timeout_s=scaled(200)
-    )
+    coords = _two_coordinates(S.model_parallel_rank_missing, tmp_path)
     first, second = coords
     # restored and attached at boundary 1, a placeholder while coordinate 1 has no rank of it: 1, 2 and 3 within
     # max_catchup_steps=3, detached at the fourth such boundary (step 4)
