@@ -205,6 +205,7 @@ class CoreExchange:
         self._spare_replay: list[torch.Tensor] = []
         # A replica on a GPU: messages carry host memory, so the reduced gradient is copied into page-locked host
         # memory (sent, and kept for replays from there) and each hybrid's gradient into device memory, both reused
+        # (on a CPU replica these are the flat gradient and the last received blob themselves: nothing is copied)
         self._host_flat: torch.Tensor | None = None
         self._device_in: torch.Tensor | None = None
         self._counts_device = _counts_device(core_group)
@@ -346,9 +347,8 @@ class CoreExchange:
         if self._mp_group is not None:
             received = self._agree_on_contributions(received)
         for worker, blob in received:  # added in the order of the slots, as they were received
-            got = blob.view(flat.dtype)
-            if got.device != flat.device:  # a replica on a GPU: through device memory reused step after step
-                got = self._device_in = to_device_of(got, flat, out=self._device_in)
+            # on a GPU replica through device memory reused step after step; on a CPU one the blob itself
+            got = self._device_in = to_device_of(blob.view(flat.dtype), flat, out=self._device_in)
             flat += got
             count += 1
             contributors.append(worker)
@@ -357,9 +357,7 @@ class CoreExchange:
         torch.distributed.all_reduce(flat, group=self._group)
         torch.distributed.all_reduce(total, group=self._group)
         flat.div_(int(total))
-        host = flat
-        if flat.device.type != "cpu":
-            host = self._host_flat = to_host(flat, out=self._host_flat)
+        host = self._host_flat = to_host(flat, out=self._host_flat)  # ``flat`` itself on a CPU replica
         if any(s.state == JoinState.FETCHING_STATE for s in self._slots.values()):
             self._replay[step] = self._replay_copy(host)
         reduced = Message(kind=Kind.REDUCED, step=step, version=step, blobs=(as_bytes(host),))

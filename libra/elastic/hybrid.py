@@ -180,9 +180,8 @@ class HybridReplica:
             raise RuntimeError(f"reduce({step}) but the current step is {self._step}")
         try:
             if self.mode == Mode.ACTIVE:
-                flat = self._flat = flatten(grads, out=self._flat)  # nothing holds it after the send
-                if flat.device.type != "cpu":
-                    flat = self._host_flat = to_host(flat, out=self._host_flat)
+                self._flat = flatten(grads, out=self._flat)  # nothing holds it after the send
+                flat = self._host_flat = to_host(self._flat, out=self._host_flat)  # itself on a CPU replica
                 self._fault("active")
                 link.send(
                     Message(
@@ -236,8 +235,6 @@ class HybridReplica:
         """A received flat gradient on the device of the model's parameters (itself on a CPU replica): one copy
         into reused device memory rather than one small copy a tensor."""
         param = next(p for p in self._model.parameters() if p.requires_grad)
-        if flat.device == param.device:
-            return flat
         self._device_in = to_device_of(flat, param, out=self._device_in)
         return self._device_in
 
