@@ -261,11 +261,14 @@ def _grads(model, t: int, part: slice) -> list:
     return [p.grad for p in trainable(model)]
 
 
-def _train_hybrid(hybrid, model, opt, seen: list) -> None:
-    """Step ``hybrid`` until the core detaches it, noting (step, mode, state digest after the step)."""
+def _train_hybrid(hybrid, model, opt, seen: list, indices: dict | None = None) -> None:
+    """Step ``hybrid`` until the core detaches it, noting (step, mode, state digest after the step) in ``seen`` and,
+    with ``indices``, step -> (mode, replica index)."""
     from libra.elastic.grads import Mode
 
     while (a := hybrid.begin_step()) is not None:
+        if indices is not None:
+            indices[a.step] = (a.mode.value, a.replica_index)
         g = (
             _grads(model, a.step, a.shard(8))
             if a.mode == Mode.ACTIVE
@@ -520,11 +523,7 @@ def test_with_a_model_parallel_group_hybrids_take_replica_indices_in_name_order(
 
         def run(hybrid=hybrid, link=link, name=name, h_model=h_model, h_opt=h_opt) -> None:
             hybrid.join(link, snapshot_timeout_s=scaled(60))
-            while (a := hybrid.begin_step()) is not None:
-                indices[name][a.step] = (a.mode.value, a.replica_index)
-                g = _grads(h_model, a.step, a.shard(8)) if a.replica_index >= 0 else None
-                hybrid.reduce(a.step, g if g is not None else [torch.zeros_like(p) for p in trainable(h_model)])
-                h_opt.step()
+            _train_hybrid(hybrid, h_model, h_opt, [], indices[name])
 
         threads.append(_Hybrid(run))
         threads[-1].start()
