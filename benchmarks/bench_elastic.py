@@ -39,7 +39,10 @@ The machine is shared: run these one at a time (``-k``), and read ratios, not ab
   ``[prepared]``: the same, but the process lays its state out in buckets at start (``HybridReplica.prepare``, not
   timed) and receives into them; ``[kept]``: one hybrid process joins, leaves and joins again, as a worker borrowed
   again (from its second join on the snapshot arrives in the memory its state lives in). One core serves every join of
-  a run.
+  a run. ``[separate]`` also measures target 3's ceiling here (``step_ratio_floor``): the CPU a plain ``sendall`` of
+  one gradient's bytes costs the core's CPU, to a process on the hybrid's, over a quiet core step. Every step of a
+  join sends the joiner at least that much (the state, or a step's gradient to replay), so no join over loopback
+  from the core's one CPU has a smaller step ratio.
 
 Nothing here asserts a time.
 """
@@ -491,6 +494,51 @@ def _join_once(core: _Core, control, out: dict) -> None:
     )
 
 
+def _raw_sink(port: int, cpus: set[int], nbytes: int) -> None:
+    """The receiving end of ``_send_floor``: on ``cpus``, ``recv_into`` one preallocated buffer until ``nbytes``
+    arrived, a one-byte reply, again until the sender closes."""
+    os.sched_setaffinity(0, cpus)
+    sock = socket.create_connection(("127.0.0.1", port))
+    view = memoryview(bytearray(nbytes))
+    while True:
+        got = 0
+        while got < nbytes:
+            n = sock.recv_into(view[got:])
+            if n == 0:
+                sock.close()
+                return
+            got += n
+        sock.sendall(b"k")
+
+
+def _send_floor(hybrid_cpus: set[int], sizes: dict[str, int], rounds: int = 3) -> dict[str, float]:
+    """The least CPU time this process spends to move ``sizes[name]`` bytes to a process on ``hybrid_cpus`` over
+    loopback: a plain ``sendall`` from memory already touched (no pack, no hash, no protocol), the best of
+    ``rounds``. Run with the core's CPU pinning (``_cpus("separate")``)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    out = {}
+    for name, nbytes in sizes.items():
+        proc = mp.get_context("spawn").Process(
+            target=_raw_sink, args=(listener.getsockname()[1], hybrid_cpus, nbytes), daemon=True
+        )
+        proc.start()
+        conn, _ = listener.accept()
+        data = memoryview(np.ones(nbytes, dtype=np.uint8)).cast("B")
+        cpu: list[float] = []
+        for _ in range(rounds + 1):  # (the first round warms the connection)
+            start = time.process_time()
+            conn.sendall(data)
+            conn.recv(1)
+            cpu.append(time.process_time() - start)
+        conn.close()
+        proc.join(60)
+        out[name] = min(cpu[1:])
+    listener.close()
+    return out
+
+
 @contextlib.contextmanager
 def _cpus(layout: str):
     """``shared``: both replicas may run anywhere, the core with torch's default threads (on two cores, the hybrid's
@@ -546,6 +594,11 @@ def test_join(benchmark, world, cpus, hybrid):
         if kept:
             _stop_hybrid(*kept)
         core.close()
+    floor: dict[str, float] = {}
+    if cpus == "separate":  # the ceiling of target 3 on this machine, measured in the same run (docs/elastic.md)
+        num_params = NUM_PARAMS_OF(width)
+        with _cpus(cpus) as hybrid_cpus:
+            floor = _send_floor(hybrid_cpus, {"gradient": 4 * num_params, "state": 12 * num_params})
     quiet = [t for r in runs for t in r["quiet"]]
     during = [t for r in runs for p, ts in r["phases"].items() if p != "requested" for t in ts]
     fetching = [t for r in runs for t in r["phases"]["fetching"]]
@@ -567,6 +620,12 @@ def test_join(benchmark, world, cpus, hybrid):
         "phases": [{k: v for k, v in r["phases"].items()} for r in runs],
         "quiet": [r["quiet"] for r in runs],
     }
+    if floor:
+        # every step from the one that reads the JOIN to the one that makes the hybrid active costs the core at
+        # least one gradient's send (the replay, or the state itself, three gradients' worth with Adam), so no
+        # join that replays gradients over loopback from the core's one CPU has a smaller step ratio than this
+        info["send_cpu_s_floor"] = floor
+        info["step_ratio_floor"] = 1 + floor["gradient"] / info["core_step_s_without_join_median"]
     later = [t for r in runs[1:] for p, ts in r["phases"].items() if p != "requested" for t in ts]  # buckets reused
     if later:
         info["step_ratio_during_later_joins"] = statistics.median(later) / statistics.median(quiet)
@@ -585,4 +644,10 @@ def test_join(benchmark, world, cpus, hybrid):
         f"CPU per core step median {cpu_quiet:.3f} s without, "
         f"{cpu_during:.3f} s during (ratio {cpu_during / cpu_quiet:.2f}); "
         f"join in core steps {[round(v, 1) for v in info['join_in_core_steps']]}; phases {info['phases']}"
+        + (
+            f"; floor: a raw send from the core's CPU takes {floor['gradient']:.3f} s of CPU for one gradient, "
+            f"{floor['state']:.3f} s for the state, so the step ratio is at least {info['step_ratio_floor']:.2f}"
+            if floor
+            else ""
+        )
     )
