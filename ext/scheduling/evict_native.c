@@ -270,8 +270,20 @@ PyObject *tn_evict(PyObject *Py_UNUSED(self), PyObject *args) {
     if (cut != NULL && PyDict_SetItem(index, cut, rest) < 0) goto fail;
     if (pop_victims(victims) < 0) goto fail;
     Py_ssize_t evicted = PyList_GET_SIZE(victims);
+    /* the victims' nodes, held here while their entries go; those nothing else holds then are kept as spares */
+    PyObject **nodes = PyMem_New(PyObject *, evicted > 0 ? evicted : 1);
+    if (nodes == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < evicted; i++) {
+        nodes[i] = PyTuple_GET_ITEM(PyList_GET_ITEM(victims, i), 0);
+        Py_INCREF(nodes[i]);
+    }
     Py_DECREF(steps);
     Py_DECREF(victims);
+    for (Py_ssize_t i = 0; i < evicted; i++) tn_keep_spare(nodes[i]);
+    PyMem_Free(nodes);
     Py_DECREF(done);
     Py_XDECREF(rest);
     return PyLong_FromSsize_t(evicted);

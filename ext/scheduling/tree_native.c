@@ -282,8 +282,88 @@ static long long turn_tokens(PyObject *turn) {
     return sum;
 }
 
+/* Spare nodes: evicted nodes that nothing else held (`tn_keep_spare`, called by evict_native.c once a victim's
+ * entry is gone), kept to be built again as the next update's new leaves (`new_leaf`). A full tree's update makes
+ * tens of thousands of leaves and evicts as many made a few updates before; a node built again in the memory of one
+ * that left skips its deallocation (the collector's unlinking, its dict, window list and item array freed) and the
+ * allocation of the new one. Bounded; per process, shared by every tree (GIL-held). */
+#define SPARE_MAX 65536
+static PyObject *spare[SPARE_MAX];
+static Py_ssize_t n_spare = 0;
+
+void tn_keep_spare(PyObject *node) {
+    if (n_spare < SPARE_MAX && node_type != NULL && Py_TYPE(node) == node_type && Py_REFCNT(node) == 1)
+        spare[n_spare++] = node;
+    else
+        Py_DECREF(node);
+}
+
+/* a spare node built again as `leaf(first, step)`: every slot set as `new_leaf` sets it; its children dict and
+ * window list are reused where nothing else holds them (else new ones); NULL on error */
+static PyObject *reused_leaf(PyObject *first, PyObject *step) {
+    PyObject *node = spare[--n_spare];
+    PyObject *value = PyNumber_Float(first);
+    if (value == NULL) goto fail;
+    PyObject *children = SLOT(node, off_children);
+    if (children != NULL && PyDict_CheckExact(children) && Py_REFCNT(children) == 1) {
+        PyDict_Clear(children); /* (nothing to do for a dict that never held a key) */
+    } else {
+        PyObject *fresh = PyDict_New();
+        if (fresh == NULL) goto fail;
+        set_slot(node, off_children, fresh);
+    }
+    PyObject *window = SLOT(node, off_window), *ordered = SLOT(node, off_ordered);
+    Py_ssize_t holders = 1 + (ordered == window);
+    if (window != NULL && PyList_CheckExact(window) && Py_REFCNT(window) == holders && Py_SIZE(window) >= 1 &&
+        ((PyListObject *)window)->allocated <= 8) {
+        PyObject **items = ((PyListObject *)window)->ob_item;
+        Py_ssize_t n = Py_SIZE(window);
+        PyObject *old = items[0];
+        Py_INCREF(first);
+        items[0] = first;
+        Py_SET_SIZE(window, 1);
+        for (Py_ssize_t i = 1; i < n; i++) Py_DECREF(items[i]);
+        Py_DECREF(old);
+        Py_INCREF(window);
+    } else {
+        window = PyList_New(1);
+        if (window == NULL) goto fail;
+        Py_INCREF(first);
+        PyList_SET_ITEM(window, 0, first);
+        Py_INCREF(window);
+        set_slot(node, off_window, window);
+    }
+    set_slot(node, off_ordered, window); /* (a window of one is its own sorted copy) */
+    Py_INCREF(step);
+    set_slot(node, off_last_step, step);
+    set_slot(node, off_total, PyLong_FromLong(1));
+    set_slot(node, off_count, PyLong_FromLong(1));
+    Py_INCREF(value);
+    Py_INCREF(value);
+    set_slot(node, off_mean, value);
+    set_slot(node, off_p50, value);
+    set_slot(node, off_p90, value);
+    Py_INCREF(Py_None);
+    set_slot(node, off_prefix, Py_None);
+    return node;
+fail:
+    Py_DECREF(node);
+    return NULL;
+}
+
+/* spare() -> the number of spare nodes held; drop_spare() frees them */
+static PyObject *spare_count(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
+    return PyLong_FromSsize_t(n_spare);
+}
+
+static PyObject *drop_spare(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
+    while (n_spare > 0) Py_DECREF(spare[--n_spare]);
+    Py_RETURN_NONE;
+}
+
 /* `leaf(first, step)` of node.py: a node that recorded one observation at update `step`, already refreshed */
 static PyObject *new_leaf(PyObject *first, PyObject *step) {
+    if (n_spare > 0) return reused_leaf(first, step);
     PyObject *node = node_type->tp_alloc(node_type, 0);
     if (node == NULL) return NULL;
     PyObject *children = PyDict_New();
@@ -666,6 +746,8 @@ static PyMethodDef methods[] = {
     {"_priced_native", (PyCFunction)(void (*)(void))tn_priced_call, METH_FASTCALL | METH_KEYWORDS,
      "_priced_native(router, request_id, *, tool, tool_tokens, status, context_tokens): priced.py's _priced_call on "
      "its inline path, the same decisions and writes; the router's on_tool_return, bound to it."},
+    {"spare", spare_count, METH_NOARGS, "spare(): the number of evicted nodes kept to be built again as new leaves."},
+    {"drop_spare", drop_spare, METH_NOARGS, "drop_spare(): free the spare nodes."},
     {"distinct_prefixes", tn_distinct_prefixes, METH_O,
      "distinct_prefixes(paths): tree.py's _distinct_prefixes, the nodes of a tree made from nothing by the paths."},
     {NULL, NULL, 0, NULL},

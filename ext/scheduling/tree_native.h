@@ -26,6 +26,10 @@ int tn_slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *out);
 /* `dst += src[lo:hi]` of two lists: 0, or -1 on error */
 int tn_extend_with(PyObject *dst, PyObject *src, Py_ssize_t lo, Py_ssize_t hi);
 
+/* keep an evicted node (a reference the caller gives up) to be built again as a new leaf, where nothing else holds
+ * it and there is room; else release it */
+void tn_keep_spare(PyObject *node);
+
 /* evict_native.c: `evict_from_index_py` (eviction.py) and `_distinct_prefixes` (tree.py) */
 PyObject *tn_evict(PyObject *self, PyObject *args);
 PyObject *tn_distinct_prefixes(PyObject *self, PyObject *paths);

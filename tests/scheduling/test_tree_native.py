@@ -187,6 +187,73 @@ def test_trees_updated_in_c_equal_the_reference(monkeypatch, max_nodes) -> None:
     _same_trees(fast, plain)
 
 
+def _evicting_steps() -> list:
+    gen = WorkloadGenerator("r2e-gym", seed=5, num_prompts=48)
+    return [gen.step(s) for s in range(8)]
+
+
+def _agnostic_nodes(tree: PrefixTree) -> list[Node]:
+    return [node for prompt, _, node in tree.iter_nodes() if prompt is None]
+
+
+def test_evicted_nodes_are_built_again_as_the_next_updates_leaves(monkeypatch) -> None:
+    """The C eviction keeps the agnostic nodes nothing else holds (`spare`) and later updates build new leaves in
+    them: new nodes are nodes an earlier update evicted (held in `spare` until then, so their ids name no other
+    object), and the tree still equals the reference."""
+    native = _native()
+    native.drop_spare()
+    monkeypatch.setattr(node_module, "_native", native)
+    steps = _evicting_steps()
+    tree = PrefixTree(window=20, max_nodes=300)
+    evicted: set[int] = set()
+    reused = 0
+    for batch in steps:
+        before = {id(n) for n in _agnostic_nodes(tree)}
+        tree.update(batch)
+        after = {id(n) for n in _agnostic_nodes(tree)}
+        reused += len((after - before) & evicted)
+        evicted = (evicted - after) | (before - after)
+    assert reused > 0 and native.spare() > 0
+    _same_trees(tree, _tree_after(steps, None, monkeypatch, 300))
+    native.drop_spare()
+    assert native.spare() == 0
+
+
+def test_an_evicted_node_or_its_parts_held_elsewhere_are_not_built_again(monkeypatch) -> None:
+    """A node that something else still holds when it is evicted is not kept as a spare (its values stay as they
+    were), nor are the window or children dict of a spare node that something else holds (the leaf built in the
+    node gets new ones): here every other agnostic node is held, and the others' windows and children dicts."""
+    native = _native()
+    native.drop_spare()
+    monkeypatch.setattr(node_module, "_native", native)
+    steps = _evicting_steps()
+    tree = PrefixTree(window=20, max_nodes=300)
+    tree.update(steps[0])
+    held_nodes, held_parts = [], []
+    for k, node in enumerate(_agnostic_nodes(tree)[1:]):  # (not the root)
+        if k % 2:
+            held_nodes.append(node)
+        else:
+            held_parts.append((node.window, node.children))
+    gone: dict[int, tuple] = {}  # a held node's state when it was evicted
+    left: dict[int, list] = {}  # a held window's values when its node was evicted
+    for batch in steps[1:]:
+        tree.update(batch)
+        live = _agnostic_nodes(tree)
+        live_ids = {id(n) for n in live}
+        windows = {id(n.window) for n in live} | {id(n.ordered) for n in live}
+        children = {id(n.children) for n in live}
+        for node in held_nodes:
+            if id(node) not in live_ids:
+                assert _state(node) == gone.setdefault(id(node), _state(node))
+        for window, owner in held_parts:
+            if id(window) in left or id(window) not in windows:
+                assert id(window) not in windows and id(owner) not in children and not owner
+                assert window == left.setdefault(id(window), list(window))
+    assert gone and left and tree.evicted > 0
+    native.drop_spare()
+
+
 def test_a_batch_with_a_count_c_does_not_take_goes_to_python_whole(monkeypatch) -> None:
     """A token count past 2**40 (or not an int): the C code finds it before writing anything and answers
     NotImplemented; the update then runs in Python and gives the reference tree."""
