@@ -38,7 +38,7 @@ from collections.abc import Sequence
 import torch
 
 from libra.elastic.grads import Mode, StepAssignment, flatten, set_grads, to_device_of, to_host, unflatten_into
-from libra.elastic.snapshot import Snapshot, capture, restore
+from libra.elastic.snapshot import Snapshot, capture, restore, state_tensors
 from libra.elastic.states import JoinEvent, JoinState, WorkerStates
 from libra.elastic.wire import (
     FaultHook,
@@ -87,6 +87,9 @@ class HybridReplica:
         # the buckets of the last restored snapshot, which the model and optimizer state live in: the next join
         # receives its snapshot into them where the sizes match
         self._kept: tuple[torch.Tensor, ...] | None = None
+        #: the last join's snapshot: (buckets received into the state's own memory, buckets); a first join that
+        #: was not prepared receives all of them into new memory
+        self.in_place: tuple[int, int] = (0, 0)
 
     @property
     def state(self) -> JoinState:
@@ -105,14 +108,19 @@ class HybridReplica:
             self._event(JoinEvent.START_FETCH, "JOIN sent")
             self._fault("fetching")
             kept = self._kept or ()
-            # into the state's own memory since the last join: touched already, where new memory this size costs
-            # more in page faults than the transfer (what was there is replaced anyway)
-            msg = recv_reusing(
-                link,
-                lambda i, n: kept[i] if i < len(kept) and int(kept[i].numel()) == n else None,
-                timeout=snapshot_timeout_s,
-            )
+            reused: list[int] = []
+
+            def into(i: int, n: int) -> torch.Tensor | None:
+                # into the state's own memory since the last join: touched already, where new memory this size
+                # costs more in page faults than the transfer (what was there is replaced anyway)
+                if i < len(kept) and int(kept[i].numel()) == n:
+                    reused.append(i)
+                    return kept[i]
+                return None
+
+            msg = recv_reusing(link, into, timeout=snapshot_timeout_s)
             snapshot = Snapshot.from_message(msg)
+            self.in_place = (len(reused), len(msg.blobs))
             self._fault("restoring")
             self._live_in(snapshot)
             self.version = snapshot.version
@@ -128,8 +136,25 @@ class HybridReplica:
         the old memory is released), so that the first join receives its snapshot straight into memory already
         touched, as a later join does. Worth it where touching new memory is slow (page faults) and the worker
         starts well before it is borrowed. The optimizer needs its state already (after one step, say, as the
-        core's has): otherwise the sizes differ and the join receives into new memory, as without this."""
+        core's has): otherwise the sizes differ and the join receives into new memory, as without this.
+
+        Nothing is copied where the state lives in the buckets already (after a join whose layout is the state's
+        own). After a stay that began from a snapshot without the optimizer's state (a core's step 0), the
+        optimizer's state lives outside them: called then, as the worker goes back to rollout, it lays the state
+        out again so that the next join lands in place."""
+        if self._lives_in_kept():
+            return
         self._live_in(capture(self._model, self._optimizer, version=self.version))
+
+    def _lives_in_kept(self) -> bool:
+        """Every tensor of the state lies in the kept buckets."""
+        if not self._kept:
+            return False
+        spans = [(b.data_ptr(), b.data_ptr() + b.numel()) for b in self._kept]
+        return all(
+            any(lo <= t.data_ptr() and t.data_ptr() + t.numel() * t.element_size() <= hi for lo, hi in spans)
+            for t in state_tensors(self._model, self._optimizer)
+        )
 
     def _live_in(self, snapshot: Snapshot) -> None:
         """Restore ``snapshot`` with the model and the optimizer state living in its buckets (memory nothing else

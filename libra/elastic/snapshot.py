@@ -149,6 +149,11 @@ def _layout(description: dict, nbytes: list[int]) -> Layout:
     return plan_layout(nbytes, bucket_bytes=description["bucket_bytes"])
 
 
+def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    """The tensors a snapshot of this model and optimizer holds, in its order."""
+    return _collect(model, optimizer)[0]
+
+
 def capture(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None,

@@ -56,12 +56,15 @@ def batch_tokens(batch: dict[str, Any]) -> Any:
 
 
 def hybrid_main(conn: Any, settings: dict[str, Any]) -> None:
-    """Body of a hybrid worker process: load the model, then serve ``("join", host, port)`` commands until
-    ``("exit",)``. Reports over ``conn``: ready, join_sent, restored, loss (step, part), left, failed."""
+    """Body of a hybrid worker process: load the model, lay its state out for a first join (``prepare``), then
+    serve ``("join", host, port)`` commands until ``("exit",)``, every stay through one :class:`HybridReplica`, so
+    that each join receives its snapshot into the memory the state lives in. Reports over ``conn``: ready,
+    join_sent, restored (version, buckets received in place, buckets), loss (step, part), left, failed."""
     import torch
     from transformers import LlamaForCausalLM
 
     from libra.adapters.torch_ddp import TorchDDPTrainer
+    from libra.elastic.hybrid import HybridReplica
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the orchestrator's: it tells this worker to exit
     torch.manual_seed(settings["seed"])
@@ -71,31 +74,7 @@ def hybrid_main(conn: Any, settings: dict[str, Any]) -> None:
         distributed=False,
         optimizer_factory=lambda ps: torch.optim.Adam(ps, lr=settings["lr"]),
     )
-    try:
-        conn.send(("ready", os.getpid()))
-        while True:
-            cmd = conn.recv()
-            if cmd[0] == "exit":
-                return
-            try:
-                conn.send(("left", _serve_join(conn, trainer, cmd[1], cmd[2], settings)))
-            except (EOFError, BrokenPipeError):
-                raise
-            except Exception as exc:  # noqa: BLE001 - reported to the orchestrator; the process waits for a new join
-                conn.send(("failed", f"{type(exc).__name__}: {exc}"[:300]))
-    except (EOFError, BrokenPipeError, ConnectionResetError):
-        return  # the orchestrator is gone: so is this worker
-
-
-def _serve_join(conn: Any, trainer: Any, host: str, port: int, settings: dict[str, Any]) -> int:
-    """One stay in training: join, train until the core detaches this worker; returns the state version."""
-    from libra.adapters.grpo import shard_batch
-    from libra.elastic.grads import Mode
-    from libra.elastic.hybrid import HybridReplica
-    from libra.elastic.wire import TcpLink
-
-    timeout_s, kill_at = settings["timeout_s"], settings.get("kill_at_step")
-    current = {"step": -1}
+    kill_at, current = settings.get("kill_at_step"), {"step": -1}
 
     def fault(point: str) -> None:
         if point == "fetching":
@@ -107,12 +86,45 @@ def _serve_join(conn: Any, trainer: Any, host: str, port: int, settings: dict[st
         worker=settings["worker"],
         model=trainer.module,
         optimizer=trainer.optimizer,
-        timeout_s=timeout_s,
+        timeout_s=settings["timeout_s"],
         max_missed=settings["max_missed"],
         fault=fault,
     )
+    if settings.get("prepare", True):
+        # the optimizer's state first (a step of zero gradients; the snapshot replaces it), so that the layout is
+        # the core's and the first join receives into the buckets laid out here, touched while the worker waits
+        for g in trainer.local_grads():
+            g.zero_()
+        trainer.optimizer.step()
+        hy.prepare()
+    try:
+        conn.send(("ready", os.getpid()))
+        while True:
+            cmd = conn.recv()
+            if cmd[0] == "exit":
+                return
+            try:
+                conn.send(("left", _serve_join(conn, trainer, hy, current, cmd[1], cmd[2], settings)))
+            except (EOFError, BrokenPipeError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - reported to the orchestrator; the process waits for a new join
+                conn.send(("failed", f"{type(exc).__name__}: {exc}"[:300]))
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return  # the orchestrator is gone: so is this worker
+
+
+def _serve_join(
+    conn: Any, trainer: Any, hy: Any, current: dict[str, int], host: str, port: int, settings: dict[str, Any]
+) -> int:
+    """One stay in training: join, train until the core detaches this worker; returns the state version."""
+    from libra.adapters.grpo import shard_batch
+    from libra.elastic.grads import Mode
+    from libra.elastic.wire import TcpLink
+
+    timeout_s = settings["timeout_s"]
+    current["step"] = -1
     hy.join(TcpLink.connect(host, port, timeout=timeout_s), snapshot_timeout_s=timeout_s)
-    conn.send(("restored", hy.version))
+    conn.send(("restored", hy.version, *hy.in_place))
     part: dict[str, float] = {}
 
     def hook(step: int, grads: Any) -> None:
@@ -132,6 +144,8 @@ def _serve_join(conn: Any, trainer: Any, host: str, port: int, settings: dict[st
         batch = data["batch"]
         trainer.loss_fn = _scaled_loss(data["tokens"], a.num_replicas, part)
         trainer.train_step(shard_batch(batch, a.shard(len(batch["advantages"]))), grad_hook=hook, step=a.step)
+    if settings.get("prepare", True):
+        hy.prepare()  # (a copy only where the stay left state outside the buckets: it began at the core's step 0)
     return hy.version
 
 
@@ -367,6 +381,7 @@ class HybridPool:
         os.replace(tmp, self.batch_dir / f"step-{step}.pt")
 
     def take_events(self, upto: int) -> list[dict[str, Any]]:
+        self._note_restores(upto)
         with self._lock:
             out = [e for e in self._events if e["step"] <= upto]
             self._events = [e for e in self._events if e["step"] > upto]
@@ -378,6 +393,22 @@ class HybridPool:
         self.workers.clear()
         self.exchange.close()
         self.server.close()
+
+    def _note_restores(self, step: int) -> None:
+        """A ``HybridRestored`` event for each restore a worker reported since: the snapshot's version and how many
+        of its buckets landed in the memory the worker's state already lived in (all of them: no new memory)."""
+        for name, worker in list(self.workers.items()):
+            with worker.cond:
+                restored = [m for m in worker.inbox if m[0] == "restored"]
+                worker.inbox[:] = [m for m in worker.inbox if m[0] != "restored"]
+            for _, version, in_place, buckets in restored:
+                where = (
+                    f"into the memory its state lives in ({in_place} of {buckets} buckets)"
+                    if in_place == buckets
+                    else f"with {buckets - in_place} of {buckets} buckets in new memory"
+                )
+                why = f"snapshot v{version} restored {where}"
+                self._event("HybridRestored", step, name, why, version=version, in_place=in_place, buckets=buckets)
 
     def _worker(self, name: str) -> _Worker:
         worker = self.workers.get(name)

@@ -385,7 +385,7 @@ def test_a_hybrid_that_joins_again_receives_the_snapshot_into_the_memory_its_sta
     h_model, h_opt = _small(fused=fused)
     hybrid = HybridReplica(worker="h", model=h_model, optimizer=h_opt, timeout_s=scaled(30))
     links: queue.Queue = queue.Queue()  # the hybrid may be detached before the core admits its next link
-    joined, seen, memory = [threading.Event(), threading.Event()], [], []
+    joined, seen, memory, in_place = [threading.Event(), threading.Event()], [], [], []
     releases = [threading.Event(), threading.Event()]  # each join's ATTACH goes when its step is near
     unused_releases = iter(releases)
 
@@ -393,6 +393,7 @@ def test_a_hybrid_that_joins_again_receives_the_snapshot_into_the_memory_its_sta
         for n in range(2):
             hybrid.join(links.get(timeout=scaled(60)), snapshot_timeout_s=scaled(60))
             memory.append(([b.data_ptr() for b in hybrid._kept], [p.data_ptr() for p in h_model.parameters()]))
+            in_place.append(hybrid.in_place)
             joined[n].set()
             _train_hybrid(hybrid, h_model, h_opt, seen)
 
@@ -423,6 +424,8 @@ def test_a_hybrid_that_joins_again_receives_the_snapshot_into_the_memory_its_sta
     assert all(d == digests[s] for s, _, d in seen)
     (first_buckets, first_params), (second_buckets, second_params) = memory
     assert second_buckets == first_buckets and second_params == first_params
+    buckets = len(first_buckets)
+    assert in_place == [(0, buckets), (buckets, buckets)]  # (the first join, not prepared, into new memory)
     core.close()
 
 
@@ -440,6 +443,9 @@ def test_a_prepared_hybrid_receives_its_first_snapshot_into_the_buckets_it_prepa
     spans = [(b.data_ptr(), b.data_ptr() + b.numel()) for b in hybrid._kept]
     assert all(any(lo <= p.data_ptr() < hi for lo, hi in spans) for p in h_model.parameters())
     seen, digests = _join_once(core, model, opt, hybrid, 3)
+    assert [b.data_ptr() for b in hybrid._kept] == prepared
+    assert hybrid.in_place == (len(prepared), len(prepared))
+    hybrid.prepare()  # the state lives in the buckets already: nothing to lay out again
     assert [b.data_ptr() for b in hybrid._kept] == prepared
     assert [s for s, _, _ in seen] == [1, 2] and all(d == digests[s] for s, _, d in seen)
     core.close()

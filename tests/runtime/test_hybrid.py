@@ -81,8 +81,11 @@ def model_dir(tmp_path_factory) -> str:
     return str(path)
 
 
-def _run(model_dir: str, out, batches: list[dict], *, lend_steps: int, kill_at: int | None) -> tuple[list, list, list]:
-    """The core with one hybrid lent from step 0 (max_staleness 0: the rollout always waits for training)."""
+def _run(
+    model_dir: str, out, batches: list[dict], *, lend_steps: int, kill_at: int | None, first_lend: int = 0
+) -> tuple[list, list, list]:
+    """The core with one hybrid lent from step ``first_lend`` (max_staleness 0: the rollout always waits for
+    training)."""
     from libra.runtime.hybrid import HybridPool
 
     trainer, clock = _trainer(model_dir), _Clock()
@@ -102,7 +105,8 @@ def _run(model_dir: str, out, batches: list[dict], *, lend_steps: int, kill_at: 
     try:
         for step, batch in enumerate(batches):
             _pace(pool.exchange)
-            pool.decide(step)
+            if step >= first_lend:
+                pool.decide(step)
             pool.before_train(step, batch)
             loss, hybrids = pool.core_step(batch, step)
             assert trainer.version == step + 1  # one optimizer step per training step, hybrids or not
@@ -138,6 +142,26 @@ def test_a_hybrid_joins_leaves_rejoins_and_is_killed_and_every_loss_stays_the_co
     assert len(lost) == 1 and lost[0]["step"] == 6 and lost[0]["from"] == "active"
     assert lost[0].get("process_exit") == -9  # SIGKILL
     assert [e["step"] for e in events if e["kind"] == "ShardRecovered"] == [6]
+    # the core's snapshot at step 0 has no optimizer state (unlike the worker's prepared layout): new memory; the
+    # worker keeps one replica and lays its state out again as it goes back to rollout, so the second stay's
+    # snapshot lands in the memory its state lives in
+    restored = [(e["version"], e["in_place"], e["buckets"]) for e in events if e["kind"] == "HybridRestored"]
+    assert restored == [(0, 0, 1), (4, 1, 1)]
+
+
+def test_a_worker_lent_after_the_cores_first_step_receives_its_first_snapshot_into_the_memory_it_prepared(
+    model_dir, tmp_path
+) -> None:
+    # the worker laid its state out at start (the optimizer's state included, as the core's is from its first
+    # step on): lent at step 2, its first snapshot lands in that memory, and every loss is still the core's alone
+    batches = _batches(4)
+    alone = _trainer(model_dir)
+    plain = [alone.train_step(b) for b in batches]
+    losses, events, contributors = _run(model_dir, tmp_path, batches, lend_steps=10, kill_at=None, first_lend=2)
+    assert losses == pytest.approx(plain, abs=1e-6)
+    assert [bool(c) for c in contributors] == [False, False, False, True]
+    restored = [(e["step"], e["version"], e["in_place"], e["buckets"]) for e in events if e["kind"] == "HybridRestored"]
+    assert [(v, n, b) for _, v, n, b in restored] == [(2, 1, 1)]
 
 
 def test_a_hung_training_step_is_reported_after_its_missed_checks(model_dir) -> None:
