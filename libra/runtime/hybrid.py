@@ -289,6 +289,7 @@ class HybridPool:
         self._active_failed: list[str] = []
         self._lost: dict[str, int] = {}  # worker -> training step at which it was lost
         self._left: dict[str, int] = {}  # worker -> training step at which it was handed back
+        self._core_prepared = False  # the core's snapshot buckets laid out (`CoreExchange.prepare`)
         self.server = SideChannelServer(host="127.0.0.1", port=0)
         self.exchange = CoreExchange(
             core_group=dist.ProcessGroupGloo(dist.HashStore(), 0, 1),
@@ -537,6 +538,11 @@ class HybridPool:
             trainer.train_step(shard_batch(batch, a.shard(n)), grad_hook=hook, step=step)
         finally:
             trainer.loss_fn = core_loss_fn
+        if not self._core_prepared and not ex.workers():
+            # after the core's first optimizer step (Adam's state exists) and before any join: the first join's
+            # snapshot is packed into memory touched now rather than into new pages during the step that reads it
+            ex.prepare()
+            self._core_prepared = True
         contributors = ex.records[-1].hybrid_contributors
         for w in contributors:
             msg = self.workers[w].wait_for("loss", self.settings.timeout_s, match=lambda m: m[1] == step)

@@ -82,10 +82,17 @@ def model_dir(tmp_path_factory) -> str:
 
 
 def _run(
-    model_dir: str, out, batches: list[dict], *, lend_steps: int, kill_at: int | None, first_lend: int = 0
+    model_dir: str,
+    out,
+    batches: list[dict],
+    *,
+    lend_steps: int,
+    kill_at: int | None,
+    first_lend: int = 0,
+    probe=lambda step, pool: None,
 ) -> tuple[list, list, list]:
     """The core with one hybrid lent from step ``first_lend`` (max_staleness 0: the rollout always waits for
-    training)."""
+    training); ``probe(step, pool)`` after each step."""
     from libra.runtime.hybrid import HybridPool
 
     trainer, clock = _trainer(model_dir), _Clock()
@@ -113,6 +120,7 @@ def _run(
             losses.append(loss)
             contributors.append(hybrids)
             events += pool.take_events(step)
+            probe(step, pool)
     finally:
         pool.close()
     return losses, events, contributors
@@ -153,11 +161,20 @@ def test_a_worker_lent_after_the_cores_first_step_receives_its_first_snapshot_in
     model_dir, tmp_path
 ) -> None:
     # the worker laid its state out at start (the optimizer's state included, as the core's is from its first
-    # step on): lent at step 2, its first snapshot lands in that memory, and every loss is still the core's alone
+    # step on): lent at step 2, its first snapshot lands in that memory, and every loss is still the core's alone;
+    # the core laid its snapshot buckets out after its first step and packs that snapshot into them
     batches = _batches(4)
     alone = _trainer(model_dir)
     plain = [alone.train_step(b) for b in batches]
-    losses, events, contributors = _run(model_dir, tmp_path, batches, lend_steps=10, kill_at=None, first_lend=2)
+    spare: list = []
+
+    def probe(step: int, pool) -> None:
+        spare.append([b.data_ptr() for b in pool.exchange._spare_buckets or ()])
+
+    losses, events, contributors = _run(
+        model_dir, tmp_path, batches, lend_steps=10, kill_at=None, first_lend=2, probe=probe
+    )
+    assert spare[0] and spare[-1] == spare[0]  # (prepared after step 0; the delivered snapshot's, kept again)
     assert losses == pytest.approx(plain, abs=1e-6)
     assert [bool(c) for c in contributors] == [False, False, False, True]
     restored = [(e["step"], e["version"], e["in_place"], e["buckets"]) for e in events if e["kind"] == "HybridRestored"]
