@@ -164,7 +164,7 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
     memset(&sv, 0, sizeof(sv));
     IVec still = {0};
     PassIn in = {0};
-    int64_t *count_k = NULL, *queued_k = NULL, *keep = NULL, *tools = NULL;
+    int64_t *count_k = NULL, *queued_k = NULL, *keep = NULL, *tools = NULL, *live_k = NULL;
     double *used = NULL, *ctx_k = NULL, *step2 = NULL, *real = NULL, *busy = NULL, *cap_ctx = NULL, *live_ctx = NULL;
     double busy_sum = 0.0, capacity = 0.0;
     if (sn_acquire(arrays, SPEC, N_ARRAYS, b, n, S, K, &m) < 0) goto fail;
@@ -306,7 +306,8 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
     live_ctx = malloc(((size_t)P.nlive + 1) * sizeof(double));
     keep = malloc(((size_t)P.nlive + 1) * sizeof(int64_t));
     tools = malloc(((size_t)P.nlive + 1) * sizeof(int64_t));
-    if (!live_ctx || !keep || !tools) goto nomem;
+    live_k = calloc((size_t)K + 1, sizeof(int64_t)); /* `RolloutRun.load()`: requests not DONE per instance */
+    if (!live_ctx || !keep || !tools || !live_k) goto nomem;
     EventIn ein = {
         .n = n, .K = K, .state = P.state, .ready = P.ready, .where = P.where, .ready_at = ready_at, .debt = debt,
         .rem = P.rem, .still = ran ? still.p : NULL, .nstill = ran ? still.n : 0, .step = step, .nstep = K,
@@ -315,14 +316,21 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
     };
     EventScan ev = {.bad = P.unplaced};
     Py_ssize_t nk = 0, nt = 0;
+    int load_ok = 1; /* every placed request's instance is one of the K (else `load()` counts them itself) */
     {
         const int64_t *live = P.live; /* (locals: no store below reloads them) */
         const double *ctx = P.ctx;
         const int8_t *state = P.state;
+        const int64_t *where = P.where;
         for (Py_ssize_t i = 0; i < P.nlive; i++) {
             int64_t r = live[i];
             if (need_mean) live_ctx[i] = ctx[r];
-            if (finished && state[r] != DONE) keep[nk++] = r;
+            if (state[r] != DONE) {
+                if (finished) keep[nk++] = r;
+                int64_t k = where[r];
+                if (k >= K) load_ok = 0;
+                else if (k >= 0) live_k[k]++;
+            }
             if (state[r] == TOOL) tools[nt++] = r;
             sn_event_note(&ev, &ein, r);
         }
@@ -372,15 +380,17 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
         PyObject *f2 = sn_to_bytearray(P.ft.p, P.ft.n * (Py_ssize_t)sizeof(double));
         PyObject *left = finished ? sn_to_bytearray(keep, nk * (Py_ssize_t)sizeof(int64_t)) : Py_NewRef(Py_None);
         PyObject *in_tool = sn_to_bytearray(tools, nt * (Py_ssize_t)sizeof(int64_t));
-        if (s && f1 && f2 && left && in_tool)
-            result = Py_BuildValue("dddNNNiNdN", P.decoded, busy_sum, capacity, s, f1, f2, P.touched, left, next_at,
-                                   in_tool);
+        PyObject *loads = load_ok ? sn_to_bytearray(live_k, K * (Py_ssize_t)sizeof(int64_t)) : Py_NewRef(Py_None);
+        if (s && f1 && f2 && left && in_tool && loads)
+            result = Py_BuildValue("dddNNNiNdNN", P.decoded, busy_sum, capacity, s, f1, f2, P.touched, left, next_at,
+                                   in_tool, loads);
         else {
             Py_XDECREF(s);
             Py_XDECREF(f1);
             Py_XDECREF(f2);
             Py_XDECREF(left);
             Py_XDECREF(in_tool);
+            Py_XDECREF(loads);
         }
     }
     goto out;
@@ -416,6 +426,7 @@ out:
     free(live_ctx);
     free(keep);
     free(tools);
+    free(live_k);
     return result;
 }
 

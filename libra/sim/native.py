@@ -151,7 +151,7 @@ def _decode(
         np.ascontiguousarray(fk, np.int64), np.ascontiguousarray(ft, float), prefill_rows, decode_rows, *run._order,
     )  # fmt: skip
     n, width = run.work.gen.shape
-    decoded, busy, capacity, still, fk, ft, touched, left, next_at, in_tool = _NATIVE.decode_slice(
+    decoded, busy, capacity, still, fk, ft, touched, left, next_at, in_tool, loads = _NATIVE.decode_slice(
         arrays, n, width, k_all, t, dt, run.decoded, c.kv_headroom_seqs, work0, attn,
         float(c.max_num_seqs), c.preemption_factor, c.max_churn, tolerance, run.min_slice_s, run.max_slice_s,
     )  # fmt: skip
@@ -166,8 +166,10 @@ def _decode(
         run._last = (np.frombuffer(still, np.int64), step)
         run._occupancy, run._decoded_s, run._span_end = occupancy, decoded_s, span_end
     if next_at == next_at:  # (NaN where the scan met a bad row: `next_event` then asks again, and says what)
-        # `next_event(t + dt)` and the requests in a tool call, as the kernel found them in its last scan
-        run._next = (t + dt, k_all, next_at, np.frombuffer(in_tool, np.int64))
+        # `next_event(t + dt)`, the requests in a tool call and `load()` (None where the scan could not count
+        # it), as the kernel found them in its last scan
+        load = None if loads is None else np.frombuffer(loads, np.int64)
+        run._next = (t + dt, k_all, next_at, np.frombuffer(in_tool, np.int64), load)
     return touched, left
 
 

@@ -188,7 +188,7 @@ class RolloutRun(SliceDecode, Admission):
         # (slice end, instances, `next_event` there, the requests in a tool call): the slice kernel's decoding hands
         # on what its last scan found, for the next boundary; any change to the rollout through its methods drops it,
         # and the next event is not used once an instance was added
-        self._next: tuple[float, int, float, np.ndarray] | None = None
+        self._next: tuple[float, int, float, np.ndarray, np.ndarray | None] | None = None
         self._rows: tuple[np.ndarray, ...] | None = None  # the slice kernel's per-request arrays (`native._decode`)
 
     # --- bookkeeping --------------------------------------------------------------------------------------------
@@ -207,7 +207,11 @@ class RolloutRun(SliceDecode, Admission):
             self.debt = np.concatenate([self.debt, np.zeros(extra)])
 
     def load(self) -> np.ndarray:
-        """Requests assigned to each instance and not finished."""
+        """Requests assigned to each instance and not finished. Counted by the last slice's decoding in C where
+        nothing changed since (`_next`, dropped by every change of a request's state or instance)."""
+        handed = self._next
+        if handed is not None and handed[4] is not None and handed[1] == len(self.inst):
+            return handed[4].copy()
         live = self._in_state(DONE, equal=False)
         return np.bincount(self.where[live[self.where[live] >= 0]], minlength=len(self.inst))
 

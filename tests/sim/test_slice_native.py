@@ -13,7 +13,7 @@ from libra.planning.cost import CostCoefficients, CostModel
 from libra.sim import native
 from libra.sim.rollout import Instances, RolloutRun
 from libra.sim.routing import routes_for
-from libra.sim.states import TOOL
+from libra.sim.states import DONE, TOOL
 from libra.sim.workload import WorkSource
 from libra.spec import ClusterSpec, get_gpu, get_model, parse_buckets
 
@@ -80,6 +80,11 @@ def _lockstep(work, routes, tps, buckets, cm=CM, lent=(), **options) -> int:
             assert handed is not None and handed[0] == t, f"no next event handed on after slice {slices - 1}"
             assert handed[2] == native.next_event(fast, t)  # the same time as a scan of its own
             np.testing.assert_array_equal(handed[3], np.flatnonzero(fast.state == TOOL))  # all the returns read
+            live = np.flatnonzero(fast.state != DONE)  # `load()` as its own scan counts it
+            counted = np.bincount(fast.where[live[fast.where[live] >= 0]], minlength=len(fast.inst))
+            assert handed[4] is not None
+            np.testing.assert_array_equal(handed[4], counted)
+            np.testing.assert_array_equal(fast.load(), ref.load())
         fast.advance(t, dt)
         ref.advance(t, dt)
         _same(fast, ref, f"after slice {slices} at t={t}")
@@ -239,6 +244,7 @@ def test_a_handed_on_next_event_is_dropped_when_the_rollout_changes(monkeypatch)
     run.inst.add(1, 0, 30.0, 1)  # an instance added (the elastic pool borrows), the debts not grown yet
     run.debt = np.append(run.debt, 0.0)
     assert run._next is not None and run.next_event(0.5) == scan(run, 0.5) and scans == [0.75, 0.5]
+    np.testing.assert_array_equal(run.load(), [*run._next[4], 0])  # counted again, over the three instances
     run.advance(0.5, 0.5)
     assert run._next is not None
     run.rebalance(0)  # the queue spread over the new instance
