@@ -298,10 +298,22 @@ void tn_keep_spare(PyObject *node) {
         Py_DECREF(node);
 }
 
-/* a spare node built again as `leaf(first, step)`: every slot set as `new_leaf` sets it; its children dict and
- * window list are reused where nothing else holds them (else new ones); NULL on error */
-static PyObject *reused_leaf(PyObject *first, PyObject *step) {
-    PyObject *node = spare[--n_spare];
+/* spare() -> the number of spare nodes held; drop_spare() frees them */
+static PyObject *spare_count(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
+    return PyLong_FromSsize_t(n_spare);
+}
+
+static PyObject *drop_spare(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
+    while (n_spare > 0) Py_DECREF(spare[--n_spare]);
+    Py_RETURN_NONE;
+}
+
+/* `leaf(first, step)` of node.py: a node that recorded one observation at update `step`, already refreshed. Built
+ * in a spare node where there is one (its children dict and window list reused where nothing else holds them),
+ * else in a new node (whose slots are all NULL: each gets a new object); NULL on error */
+static PyObject *new_leaf(PyObject *first, PyObject *step) {
+    PyObject *node = n_spare > 0 ? spare[--n_spare] : node_type->tp_alloc(node_type, 0);
+    if (node == NULL) return NULL;
     PyObject *value = PyNumber_Float(first);
     if (value == NULL) goto fail;
     PyObject *children = SLOT(node, off_children);
@@ -347,54 +359,9 @@ static PyObject *reused_leaf(PyObject *first, PyObject *step) {
     set_slot(node, off_prefix, Py_None);
     return node;
 fail:
+    Py_XDECREF(value);
     Py_DECREF(node);
     return NULL;
-}
-
-/* spare() -> the number of spare nodes held; drop_spare() frees them */
-static PyObject *spare_count(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
-    return PyLong_FromSsize_t(n_spare);
-}
-
-static PyObject *drop_spare(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
-    while (n_spare > 0) Py_DECREF(spare[--n_spare]);
-    Py_RETURN_NONE;
-}
-
-/* `leaf(first, step)` of node.py: a node that recorded one observation at update `step`, already refreshed */
-static PyObject *new_leaf(PyObject *first, PyObject *step) {
-    if (n_spare > 0) return reused_leaf(first, step);
-    PyObject *node = node_type->tp_alloc(node_type, 0);
-    if (node == NULL) return NULL;
-    PyObject *children = PyDict_New();
-    PyObject *window = children == NULL ? NULL : PyList_New(1);
-    PyObject *value = window == NULL ? NULL : PyNumber_Float(first);
-    if (value == NULL) {
-        Py_XDECREF(children);
-        Py_XDECREF(window);
-        Py_DECREF(node);
-        return NULL;
-    }
-    Py_INCREF(first);
-    PyList_SET_ITEM(window, 0, first);
-    SLOT(node, off_children) = children;
-    Py_INCREF(step);
-    SLOT(node, off_last_step) = step;
-    SLOT(node, off_window) = window;
-    Py_INCREF(window);
-    SLOT(node, off_ordered) = window; /* (a window of one is its own sorted copy) */
-    PyObject *one = PyLong_FromLong(1);
-    SLOT(node, off_total) = one;
-    Py_INCREF(one);
-    SLOT(node, off_count) = one;
-    SLOT(node, off_mean) = value;
-    Py_INCREF(value);
-    SLOT(node, off_p50) = value;
-    Py_INCREF(value);
-    SLOT(node, off_p90) = value;
-    Py_INCREF(Py_None);
-    SLOT(node, off_prefix) = Py_None;
-    return node;
 }
 
 /* a node the update reaches: marked with `step` and listed in `touched` the first time (returns 1 then, 0 if it

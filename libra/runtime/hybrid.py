@@ -90,13 +90,12 @@ def hybrid_main(conn: Any, settings: dict[str, Any]) -> None:
         max_missed=settings["max_missed"],
         fault=fault,
     )
-    if settings.get("prepare", True):
-        # the optimizer's state first (a step of zero gradients; the snapshot replaces it), so that the layout is
-        # the core's and the first join receives into the buckets laid out here, touched while the worker waits
-        for g in trainer.local_grads():
-            g.zero_()
-        trainer.optimizer.step()
-        hy.prepare()
+    # the optimizer's state first (a step of zero gradients; the snapshot replaces it), so that the layout is the
+    # core's and the first join receives into the buckets laid out here, touched while the worker waits
+    for g in trainer.local_grads():
+        g.zero_()
+    trainer.optimizer.step()
+    hy.prepare()
     try:
         conn.send(("ready", os.getpid()))
         while True:
@@ -144,8 +143,7 @@ def _serve_join(
         batch = data["batch"]
         trainer.loss_fn = _scaled_loss(data["tokens"], a.num_replicas, part)
         trainer.train_step(shard_batch(batch, a.shard(len(batch["advantages"]))), grad_hook=hook, step=a.step)
-    if settings.get("prepare", True):
-        hy.prepare()  # (a copy only where the stay left state outside the buckets: it began at the core's step 0)
+    hy.prepare()  # (a copy only where the stay left state outside the buckets: it began at the core's step 0)
     return hy.version
 
 
