@@ -21,8 +21,10 @@ from libra.cli._common import (
 )
 
 DEFAULT_STEPS = 3
+DEFAULT_PROMPTS = 512
 _COLUMNS = (
     ("throughput_tok_s", "tok/s"),
+    ("steady_throughput_tok_s", "steady tok/s"),
     ("mean_step_s", "step s"),
     ("gpu_idle_fraction", "idle"),
     ("reconfigurations", "reconfigs"),
@@ -38,8 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Discrete-event simulation of rollout (instances, KV-limited continuous batching, tool calls, "
         "migrations) and training, with the planner's cost model, for each policy. Defaults: 48 x "
         f"A800-80GB, Qwen3-14B, r2e-gym, 512 prompts x 16 samples, {DEFAULT_STEPS} steps (a quick "
-        "look; --steps 100 shows the drift over a run, about an hour of CPU for r2e-gym, split over --workers; "
-        "docs/sim.md, Speed). With --trace: every step of the trace.",
+        "look; --steps 100 shows the drift over a run, about 2 minutes of CPU for r2e-gym, split over --workers; "
+        "docs/sim.md, Speed). With --trace: every step of the trace; with --trace and --resample, --steps steps "
+        'drawn from it (a trace of one step shows no pipeline overlap: docs/sim.md, "A short trace").',
     )
     add_setup_args(p)
     src = p.add_mutually_exclusive_group()
@@ -55,8 +58,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help=f"RL steps to simulate (default {DEFAULT_STEPS}; with --trace, every step of the trace)",
     )
+    p.add_argument(
+        "--resample",
+        action="store_true",
+        help="with --trace: simulate --steps steps (default 3) of --prompts prompt groups each (default: as many as "
+        "the trace's first step has), drawn with replacement from the trace's prompts, each copy under a new "
+        "prompt id: the steady state of a short trace, which one step never reaches",
+    )
     p.add_argument("--policy", default="all", help="all, or a comma-separated list of policy names")
-    p.add_argument("--prompts", type=int, default=512, help="prompts per step (default 512)")
+    p.add_argument(
+        "--prompts", type=int, default=None, help="prompts per step (default 512; with --resample, see there)"
+    )
     p.add_argument("--samples", type=int, default=16, help="samples per prompt (default 16)")
     p.add_argument("--max-len", type=int, default=40960, help="maximum model length (default 40960)")
     p.add_argument("--drift-steps", type=int, default=100, help="steps over which the synthetic workload drifts")
@@ -155,9 +167,13 @@ def run(args: argparse.Namespace) -> int:
     from libra.spec import RLSettings
     from libra.spec.cluster import MAX_GPUS, MAX_GPUS_PER_NODE
 
-    steps_given = args.steps is not None
+    steps_given, prompts_given = args.steps is not None, args.prompts is not None
     if not steps_given:
         args.steps = DEFAULT_STEPS  # (with --trace: the trace's step count, once it is read)
+    if not prompts_given:
+        args.prompts = DEFAULT_PROMPTS  # (with --resample: the trace's first step's, once it is read)
+    if args.resample and not args.trace:
+        raise CLIError("--resample draws steps from a trace: give --trace FILE")
     for name in ("steps", "prompts", "samples", "max_len", "slices", "drift_steps", "workers"):
         if getattr(args, name) < 1:
             raise CLIError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -181,14 +197,23 @@ def run(args: argparse.Namespace) -> int:
     policies = _policies(args.policy)
     cluster, model, coeffs = setup_from_args(args)
     coeffs = _colocated(args, coeffs)
-    if args.trace:
+    if args.trace and args.resample:
+        source = WorkSource.resampled(
+            args.trace, num_steps=args.steps, num_prompts=args.prompts if prompts_given else None, seed=args.seed
+        )
+        drawn = source.step(0).trajectories
+        groups = len({t.prompt_id for t in drawn})
+        prompts, samples = (groups, len(drawn) // groups) if len(drawn) % groups == 0 else (len(drawn), 1)
+    elif args.trace:
         source = WorkSource.from_trace(args.trace, seed=args.seed)
         trace_steps = source.num_steps
         assert trace_steps is not None  # (a trace knows how many steps it holds)
         if not steps_given:
             args.steps = trace_steps
         if args.steps > trace_steps:
-            raise CLIError(f"--steps {args.steps} but the trace has {_steps(trace_steps)}")
+            raise CLIError(
+                f"--steps {args.steps} but the trace has {_steps(trace_steps)} (--resample draws steps from it)"
+            )
         first = len(source.step(0).trajectories)
         prompts, samples = max(1, first // args.samples), args.samples
         if prompts * samples != first:
@@ -248,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
             }
         )
         return 0
-    rows = [[name] + [s[key] for key, _ in _COLUMNS] for name, s in summary.items()]
+    rows = [[name] + ["-" if s[key] is None else s[key] for key, _ in _COLUMNS] for name, s in summary.items()]
     print(
         table(
             ["policy"] + [h for _, h in _COLUMNS],
@@ -258,10 +283,14 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     base = summary.get("colocated")
-    if base and base["throughput_tok_s"] > 0:
-        print(
-            "\nthroughput vs colocated: "
-            + ", ".join(f"{n} {s['throughput_tok_s'] / base['throughput_tok_s']:.2f}x" for n, s in summary.items())
+    for key, what in (("throughput_tok_s", "throughput"), ("steady_throughput_tok_s", "steady throughput")):
+        if base and base[key] and all(s[key] is not None for s in summary.values()):
+            print(f"\n{what} vs colocated: " + ", ".join(f"{n} {s[key] / base[key]:.2f}x" for n, s in summary.items()))
+    if report.num_steps == 1:
+        log(
+            "note: one step is the pipeline's fill, not its steady state: the asynchronous policies train it only "
+            "after its rollout, with nothing to overlap (no 'steady tok/s'); --resample --steps 5 draws more steps "
+            'from a trace (docs/sim.md, "A short trace")'
         )
     print("\nwrote " + ", ".join(str(f) for f in files))
     return 0

@@ -73,10 +73,11 @@ def many_turn_pool(
 
 def resample_steps(pool: Sequence[Trajectory], num_steps: int, num_prompts: int, *, seed: int = 0) -> list[Trajectory]:
     """`num_steps` steps of `num_prompts` prompt groups each, drawn with replacement from the pool's prompts (a
-    group keeps all its samples): statistically identical steps, labelled 0..num_steps-1."""
-    groups: dict[str, list[Trajectory]] = {}
+    group keeps all its samples; a prompt in several steps of the pool is a group in each): statistically identical
+    steps, labelled 0..num_steps-1."""
+    groups: dict[tuple[int, str], list[Trajectory]] = {}
     for t in pool:
-        groups.setdefault(t.prompt_id, []).append(t)
+        groups.setdefault((-1 if t.step is None else t.step, t.prompt_id), []).append(t)
     ids = sorted(groups)
     if not ids or num_steps < 1 or num_prompts < 1:
         raise SpecError("resample_steps needs a non-empty pool, num_steps >= 1 and num_prompts >= 1")

@@ -65,8 +65,11 @@ class PolicyResult:
         available = sum(x.available_gpu_s for x in r)
         trained = [x for x in r if x.trained]
         capacity = sum(x.decode_capacity_tokens for x in r)
+        full = [x for x in steps if x.step > 0]  # the pipeline full: the fill (step 0) and the drain left out
+        full_s = sum(x.duration for x in full)
         return {
             "throughput_tok_s": tokens / wall if wall > 0 else 0.0,
+            "steady_throughput_tok_s": sum(x.tokens for x in full) / full_s if full_s > 0 else None,
             "gen_throughput_tok_s": sum(x.gen_tokens for x in r) / wall if wall > 0 else 0.0,
             "mean_step_s": wall / max(1, len(steps)),
             "gpu_idle_fraction": 1.0 - busy / available if available > 0 else 0.0,

@@ -301,6 +301,32 @@ class WorkSource:
         name = Path(Path(path).name.removesuffix(".gz")).stem  # (t.jsonl.gz and t.jsonl are both "t")
         return cls(name, lambda s: steps[s], len(steps), latency or ToolLatency(), seed)
 
+    @classmethod
+    def resampled(
+        cls,
+        path: str | Path,
+        *,
+        num_steps: int,
+        num_prompts: int | None = None,
+        seed: int = 0,
+        latency: ToolLatency | None = None,
+    ) -> WorkSource:
+        """`num_steps` steps of `num_prompts` prompt groups each (default: as many as the trace's first step has),
+        drawn with replacement from all the trace's prompts, a group keeping every sample the trace has of it
+        (`resample_steps`, seeded by `seed`). A drawn prompt gets a new id in each step, so nothing the router
+        learns of a prompt's earlier runs carries over to its copies: what carries over is what a real run's next
+        steps share with its first, the population. The way to see a short trace (an agent's logs of one batch,
+        one step) in the steady state of an asynchronous pipeline, which a single step never reaches."""
+        from libra.sim.manyturn import resample_steps
+
+        pool = load_trace(path)
+        if num_prompts is None:
+            first = group_by_step(pool)[0]
+            num_prompts = len({t.prompt_id for t in first})
+        steps = group_by_step(resample_steps(pool, num_steps, num_prompts, seed=seed))
+        name = Path(Path(path).name.removesuffix(".gz")).stem + " (resampled)"
+        return cls(name, lambda s: steps[s], len(steps), latency or ToolLatency(), seed)
+
     def step(self, step: int) -> StepWork:
         if self.num_steps is not None and step >= self.num_steps:
             raise SpecError(f"the trace has {self.num_steps} steps; step {step} asked for")

@@ -253,3 +253,37 @@ def test_a_trace_is_simulated_over_all_its_steps_by_default(tmp_path, capsys):
         args = ["simulate", "--trace", str(trace), "--gpus", "16", "--samples", "4", "--policy", "static-uniform"]
         assert main([*args, "--out", str(out_dir), "--json", "--no-plots"]) == 0
         assert json.loads(capsys.readouterr().out)["policies"]["static-uniform"]["steps"] == steps
+
+
+def test_a_one_step_trace_is_resampled_into_its_steady_state(tmp_path, capsys):
+    """An agent's logs of one batch are one step: the asynchronous policies have nothing to overlap, so the run
+    says so and shows no steady throughput; `--resample` draws `--steps` steps of `--prompts` groups from it."""
+    from libra.workloads import generate, write_trace
+
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, generate("search-r1", num_steps=1, seed=1, num_prompts=8, samples_per_prompt=4))
+    args = ["simulate", "--trace", str(trace), "--gpus", "16", "--policy", "colocated,static-uniform", "--no-plots"]
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    out, err = capsys.readouterr()
+    assert "steady tok/s" in out and "steady throughput vs colocated" not in out
+    assert "one step is the pipeline's fill" in err and "--resample" in err
+    assert main([*args, "--steps", "3", "--out", str(tmp_path / "x")]) == 2
+    want = "--steps 3 but the trace has 1 step (--resample draws steps from it)"
+    assert capsys.readouterr().err.strip().endswith(want)
+    runs = []
+    for i, seed in enumerate(("0", "0", "1")):
+        more = ["--resample", "--steps", "3", "--prompts", "6", "--seed", seed, "--json"]
+        assert main([*args, *more, "--out", str(tmp_path / f"r{i}")]) == 0
+        runs.append(json.loads(capsys.readouterr().out))
+        steps = json.loads((tmp_path / f"r{i}" / "report.json").read_text())["runs"]["static-uniform"]["steps"]
+        assert [x["trajectories"] for x in steps if x["trajectories"]] == [24, 24, 24]  # 6 groups of 4 samples
+        for s in runs[-1]["policies"].values():
+            assert s["steps"] == 3 and s["steady_throughput_tok_s"] > 0
+    assert runs[0]["workload"] == "t (resampled)"
+    assert runs[0]["policies"] == runs[1]["policies"] != runs[2]["policies"]
+    assert main([*args, "--resample", "--steps", "2", "--out", str(tmp_path / "r3")]) == 0
+    steps = json.loads((tmp_path / "r3" / "report.json").read_text())["runs"]["colocated"]["steps"]
+    assert [x["trajectories"] for x in steps] == [32, 32]  # by default as many groups as the trace's step: 8 x 4
+    assert "steady throughput vs colocated" in capsys.readouterr().out
+    assert main(["simulate", "--resample", "--out", str(tmp_path / "r4")]) == 2
+    assert capsys.readouterr().err.strip() == "libra: error: --resample draws steps from a trace: give --trace FILE"
