@@ -2,20 +2,26 @@
 
     python examples/plan_vs_sim.py                     # the three workloads, 48 x A800, Qwen3-14B, 512 x 16
     python examples/plan_vs_sim.py --workloads r2e-gym --coeffs examples/coeffs/fast_tp.yaml
+    python examples/plan_vs_sim.py --corpus            # every real source of data/corpus (and held-out/)
+    python examples/plan_vs_sim.py --trace a.jsonl --prompts 2048   # a step of 2,048 prompt groups drawn from it
 
 For each workload: plan on step 0's profile under each routing model (`start-small`, the default, and
 `final-length`, perfect routing), then run step 0 alone through the simulator's timed rollout on the plan's
 instances (overflow routing: start in the smallest bucket, move up when the context outgrows it), and the same
 for colocated's 24 x TP-2. docs/sim.md (item 3 of "Why the simulated picture differs") has the table this prints;
-`tests/sim/test_fidelity.py` checks that the default plans agree within 15 %.
+`tests/sim/test_fidelity.py` checks that the default plans agree within 15 %. With `--trace` or `--corpus` the step
+is drawn from a trace instead (`WorkSource.resampled`: `--prompts` prompt groups, default the trace's own count;
+docs/sim.md, "The planner against the simulator on real agents").
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import attrs
+from tqdm import tqdm
 
 from libra.planning import GlobalPlanner, PlannerOptions
 from libra.planning.cost import CostCoefficients, load_coefficients
@@ -24,6 +30,7 @@ from libra.sim.rollout import Instances, RolloutRun
 from libra.sim.routing import routes_for
 from libra.sim.workload import StepWork, WorkSource
 from libra.spec import Bucket, ClusterSpec, InstanceGroup, RLSettings, SpecError, get_gpu, get_model
+from libra.workloads.corpus import DEFAULT_CORPUS, load_manifest
 
 
 @attrs.frozen(kw_only=True)
@@ -62,17 +69,26 @@ def agreements(
     workload: str,
     *,
     gpus: int = 48,
-    prompts: int = 512,
+    prompts: int | None = 512,
     samples: int = 16,
     coeffs: CostCoefficients | None = None,
     routings: tuple[str, ...] = ("start-small", "final-length"),
     colocated_tp: int = 2,
+    trace: str | Path | None = None,
 ) -> list[Agreement]:
+    """`workload` names a synthetic workload, or with `trace` the trace's rows; `prompts` None with a trace: as many
+    prompt groups as its first step."""
     cluster = ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=gpus, gpus_per_node=8)
-    model, rl = get_model("Qwen3-14B"), RLSettings(num_prompts=prompts, samples_per_prompt=samples)
-    work = WorkSource.from_generator(
-        workload, seed=0, num_prompts=prompts, samples_per_prompt=samples, max_model_len=rl.max_model_len
-    ).step(0)
+    model = get_model("Qwen3-14B")
+    if trace is not None:
+        work = WorkSource.resampled(trace, num_steps=1, num_prompts=prompts, seed=0).step(0)
+        rl = RLSettings(num_prompts=work.num_requests, samples_per_prompt=1)
+    else:
+        prompts = 512 if prompts is None else prompts
+        rl = RLSettings(num_prompts=prompts, samples_per_prompt=samples)
+        work = WorkSource.from_generator(
+            workload, seed=0, num_prompts=prompts, samples_per_prompt=samples, max_model_len=rl.max_model_len
+        ).step(0)
     profile = profile_of([work], workload, rl.global_batch)
     out = []
     for routing in routings:
@@ -108,12 +124,25 @@ def agreements(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workloads", default="r2e-gym,search-r1,dapo-math", help="comma-separated workload names")
-    p.add_argument("--prompts", type=int, default=512, help="prompts per step (default 512)")
+    p.add_argument("--prompts", type=int, default=None, help="prompts per step (default 512; a trace's own count)")
     p.add_argument("--coeffs", metavar="FILE", help="YAML/JSON file of cost-model coefficients")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--trace", nargs="+", metavar="FILE", help="draw the step from these traces instead")
+    src.add_argument("--corpus", action="store_true", help="every source of data/corpus and data/corpus/held-out")
     args = p.parse_args(argv)
     try:
         coeffs = load_coefficients(args.coeffs) if args.coeffs else None
-        rows = [a for w in args.workloads.split(",") for a in agreements(w, prompts=args.prompts, coeffs=coeffs)]
+        if args.corpus:
+            roots = (DEFAULT_CORPUS, DEFAULT_CORPUS / "held-out")
+            args.trace = [root / src["file"] for root in roots for src in load_manifest(root)["sources"]]
+        if args.trace:
+            rows = []
+            for path in tqdm(args.trace, desc="traces", leave=False):
+                name = Path(Path(path).name.removesuffix(".gz")).stem
+                rows += agreements(name, prompts=args.prompts, coeffs=coeffs, trace=path)
+        else:
+            prompts = 512 if args.prompts is None else args.prompts
+            rows = [a for w in args.workloads.split(",") for a in agreements(w, prompts=prompts, coeffs=coeffs)]
     except SpecError as exc:
         print(f"plan_vs_sim: error: {exc}", file=sys.stderr)
         return 2

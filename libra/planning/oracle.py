@@ -104,6 +104,10 @@ def bucket_time(
     fresh = (n if start == 0 else 0.0) if flow else n
     last = groups[stop - 1]
     max_gen, max_turns = last.tail_gen, last.tail_turns  # the whole chain of the longest request
+    tool_tail = None  # (tool seconds of the longest decoder, tokens and seconds of the request longest in tools)
+    if all(g.max_tool_s is not None and g.max_gen_tool_s is not None for g in groups):
+        most = max(groups[start:stop], key=lambda g: g.max_tool_s or 0.0)  # the first of ties
+        tool_tail = (last.max_gen_tool_s, most.max_tool_gen, most.max_tool_s)
     best = math.inf
     for c in range(1, count + 1):
         t = cm.rollout.instance_time(
@@ -117,6 +121,7 @@ def bucket_time(
             tool_latency_s=tool_latency_s,
             new_requests=fresh / c,
             queued_share=admission_delay if flow and start > 0 else 0.0,
+            tool_tail=tool_tail,
         )
         best = min(best, float(t))
     return best

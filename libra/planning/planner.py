@@ -285,6 +285,7 @@ class GlobalPlanner:
         total = np.asarray(profile.total_lengths, dtype=float)
         gen = np.asarray(profile.gen_tokens, dtype=float)
         turns = np.asarray(profile.turns, dtype=float) if profile.turns else np.ones(total.size)
+        tool_s = np.asarray(profile.tool_s, dtype=float) if profile.tool_s else None
         ratio = gen / np.maximum(total, 1e-9)
         home = np.searchsorted(limits, total, side="left")  # the bucket of each request's final length
         flow = self.options.routing == "start-small"
@@ -315,6 +316,16 @@ class GlobalPlanner:
                 tool_latency_s=profile.mean_tool_time_s,
                 new_requests=fresh,
                 queued_share=self.options.admission_delay if flow and k > 0 else 0.0,
+                tool_tail=None if tool_s is None else _tool_tail(gen[ending], tool_s[ending]),
             )
             worst = max(worst, float(t))
         return worst
+
+
+def _tool_tail(gen: np.ndarray, tool_s: np.ndarray) -> tuple[float, float, float]:
+    """(tool seconds of the request decoding the most, tokens and tool seconds of the request longest in tool
+    calls; the first of ties), `RolloutCost.instance_time`'s `tool_tail`; zeros where there is none."""
+    if not gen.size:
+        return 0.0, 0.0, 0.0
+    most_gen, most_tool = int(np.argmax(gen)), int(np.argmax(tool_s))
+    return float(tool_s[most_gen]), float(gen[most_tool]), float(tool_s[most_tool])

@@ -146,6 +146,10 @@ class RolloutTable:
         # the part decoded in smaller buckets included (taken at this bucket's step time)
         max_gen = np.array([g.tail_gen for g in groups])[stops - 1]
         max_turns = np.array([g.tail_turns for g in groups])[stops - 1]
+        # where the profile knows each request's seconds in tool calls, the chain is the longer of two requests':
+        # the last group's longest decoder, with its tool seconds, and the request longest in tool calls of any
+        # group of the range (tool time follows no length); else the most turns at the mean call (`tool_latency_s`)
+        tool_tail = _tool_tail(groups, starts, stops)
         self.tp_degrees = tuple(tp for tp in tp_degrees if tp <= max_gpus)
         self.times: dict[int, np.ndarray] = {}  # tp -> flat running-min times
         self.offsets: dict[int, np.ndarray] = {}  # tp -> start offset of each range in the flat array
@@ -175,6 +179,7 @@ class RolloutTable:
                     tool_latency_s=tool_latency_s,
                     new_requests=fresh[rows],
                     queued_share=queued[rows],
+                    tool_tail=None if tool_tail is None else tuple(x[rows] for x in tool_tail),
                 )
                 np.minimum.accumulate(tm, axis=1, out=tm)
                 entries = tm.ravel() if cap.min() == width else tm[np.arange(width)[None, :] < cap[:, None]]
@@ -307,6 +312,27 @@ class RolloutTable:
             high = math.inf if k == len(buckets) - 1 else self.groups[b.stop - 1].max_total
             out.append(InstanceGroup(tp=b.tp, count=b.count, max_tokens=high, min_tokens=low))
         return tuple(out)
+
+
+def _tool_tail(
+    groups: tuple[LengthGroup, ...], starts: np.ndarray, stops: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Per range [start, stop): the tool seconds of the last group's longest decoder, and the tokens and tool
+    seconds of the range's request longest in tool calls (the first group of ties); None where a group has no tool
+    seconds (`RolloutCost.instance_time`'s `tool_tail`)."""
+    if any(g.max_tool_s is None or g.max_gen_tool_s is None for g in groups):
+        return None
+    most = np.array([g.max_tool_s for g in groups], dtype=float)
+    at = np.zeros((len(groups), len(groups)), dtype=np.int64)  # at[s, e]: the group of max(most[s:e + 1])
+    for s in range(len(groups)):
+        best = s
+        for e in range(s, len(groups)):
+            if most[e] > most[best]:
+                best = e
+            at[s, e] = best
+    pick = at[starts, stops - 1]
+    gen_tools = np.array([g.max_gen_tool_s for g in groups], dtype=float)[stops - 1]
+    return gen_tools, np.array([g.max_tool_gen for g in groups], dtype=float)[pick], most[pick]
 
 
 def _row_blocks(caps: np.ndarray, size: int) -> list[slice]:

@@ -437,6 +437,7 @@ def profile_of(works: list[StepWork], name: str, global_batch: int) -> WorkloadP
     gen = np.concatenate([w.gen_tokens for w in works]).astype(float)
     turns = np.concatenate([w.num_turns for w in works]).astype(float)
     lat = np.concatenate([w.latency[w.latency > 0] for w in works])
+    tool_s = np.concatenate([w.tool_seconds for w in works])  # each trajectory's seconds in tool calls
     order = np.lexsort((turns, gen, total))
     return WorkloadProfile(
         name=name,
@@ -445,4 +446,5 @@ def profile_of(works: list[StepWork], name: str, global_batch: int) -> WorkloadP
         turns=tuple(turns[order].tolist()),
         requests_per_step=global_batch,
         mean_tool_time_s=float(lat.mean()) if lat.size else 0.0,
+        tool_s=tuple(tool_s[order].tolist()),
     )

@@ -7,6 +7,7 @@ The planner groups the sample into length quantiles, so a profile of 8,192 traje
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -17,7 +18,10 @@ from libra.spec.errors import SpecError
 @attrs.frozen(kw_only=True)
 class LengthGroup:
     """`count` trajectories with these mean shapes; `max_total` is the longest in the group, `max_gen` and
-    `max_turns` the most tokens decoded and turns taken by one of them (0: unknown, estimated from the means)."""
+    `max_turns` the most tokens decoded and turns taken by one of them (0: unknown, estimated from the means);
+    `max_tool_s` the most seconds one of them spent in tool calls, `max_tool_gen` that one's decoded tokens and
+    `max_gen_tool_s` the seconds in tool calls of the one decoding `max_gen` (None: unknown, the planner takes the
+    most turns times the mean tool call)."""
 
     count: int
     mean_total: float
@@ -26,6 +30,9 @@ class LengthGroup:
     mean_turns: float = 1.0
     max_gen: float = 0.0
     max_turns: float = 0.0
+    max_tool_s: float | None = None
+    max_tool_gen: float = 0.0
+    max_gen_tool_s: float | None = None
 
     @property
     def tail_gen(self) -> float:
@@ -41,7 +48,9 @@ class LengthGroup:
 class WorkloadProfile:
     """One step's trajectories. `total_lengths[i]` = prompt + generated + tool tokens of trajectory i and
     `gen_tokens[i]` its decoded tokens; both sorted by total length. `requests_per_step` is how many trajectories
-    one step generates (the sample may be smaller or larger; the planner scales it)."""
+    one step generates (the sample may be smaller or larger; the planner scales it). `tool_s[i]`, where known,
+    is the seconds trajectory i spent in tool calls (empty: unknown; the planner then prices a chain of turns at
+    `mean_tool_time_s` a call)."""
 
     name: str
     total_lengths: tuple[float, ...]
@@ -49,6 +58,7 @@ class WorkloadProfile:
     turns: tuple[float, ...] = attrs.field(default=())
     requests_per_step: int = 8192
     mean_tool_time_s: float = 0.0
+    tool_s: tuple[float, ...] = attrs.field(default=())
 
     def __attrs_post_init__(self) -> None:
         if not self.total_lengths:
@@ -57,6 +67,10 @@ class WorkloadProfile:
             raise SpecError("WorkloadProfile.gen_tokens must have one entry per trajectory")
         if self.turns and len(self.turns) != len(self.total_lengths):
             raise SpecError("WorkloadProfile.turns must be empty or have one entry per trajectory")
+        if self.tool_s and len(self.tool_s) != len(self.total_lengths):
+            raise SpecError("WorkloadProfile.tool_s must be empty or have one entry per trajectory")
+        if self.tool_s and not all(math.isfinite(x) and x >= 0 for x in self.tool_s):
+            raise SpecError("WorkloadProfile.tool_s must be finite seconds >= 0")
         if any(b < a for a, b in zip(self.total_lengths, self.total_lengths[1:])):
             raise SpecError("WorkloadProfile.total_lengths must be sorted ascending (use WorkloadProfile.build)")
         if self.requests_per_step < 1:
@@ -67,21 +81,25 @@ class WorkloadProfile:
         cls,
         *,
         name: str,
-        shapes: list[tuple[float, float, float]],
+        shapes: Sequence[tuple[float, ...]],
         requests_per_step: int | None = None,
         mean_tool_time_s: float = 0.0,
     ) -> WorkloadProfile:
-        """From unsorted `(total_tokens, gen_tokens, turns)` triples."""
+        """From unsorted `(total_tokens, gen_tokens, turns)` triples, or `(..., tool_s)` quadruples where each
+        trajectory's seconds in tool calls are known."""
         if not shapes:
             raise SpecError(f"WorkloadProfile {name!r} has no trajectories")
-        shapes = sorted(shapes)
+        if len({len(s) for s in shapes}) != 1 or len(shapes[0]) not in (3, 4):
+            raise SpecError(f"WorkloadProfile {name!r}: shapes must all be triples or all quadruples")
+        ordered = sorted(shapes)
         return cls(
             name=name,
-            total_lengths=tuple(float(s[0]) for s in shapes),
-            gen_tokens=tuple(float(s[1]) for s in shapes),
-            turns=tuple(float(s[2]) for s in shapes),
-            requests_per_step=requests_per_step or len(shapes),
+            total_lengths=tuple(float(s[0]) for s in ordered),
+            gen_tokens=tuple(float(s[1]) for s in ordered),
+            turns=tuple(float(s[2]) for s in ordered),
+            requests_per_step=requests_per_step or len(ordered),
             mean_tool_time_s=mean_tool_time_s,
+            tool_s=tuple(float(s[3]) for s in ordered) if len(ordered[0]) > 3 else (),
         )
 
     @property
@@ -115,6 +133,15 @@ class WorkloadProfile:
                 continue
             size = hi - lo
             turns = self.turns[lo:hi] if self.turns else (1.0,) * size
+            tools: dict[str, float | None] = {"max_tool_s": None, "max_gen_tool_s": None}
+            if self.tool_s:  # the request decoding the most, and the one longest in tool calls (the first of ties)
+                most_gen = max(range(lo, hi), key=self.gen_tokens.__getitem__)
+                most_tool = max(range(lo, hi), key=self.tool_s.__getitem__)
+                tools = {
+                    "max_tool_s": self.tool_s[most_tool],
+                    "max_tool_gen": self.gen_tokens[most_tool],
+                    "max_gen_tool_s": self.tool_s[most_gen],
+                }
             out.append(
                 LengthGroup(
                     count=max(1, round(size * scale)) if scale != 1 else size,
@@ -124,6 +151,7 @@ class WorkloadProfile:
                     mean_turns=sum(turns) / size,
                     max_gen=max(self.gen_tokens[lo:hi]),
                     max_turns=max(turns),
+                    **tools,  # type: ignore[arg-type]
                 )
             )
         return tuple(out)

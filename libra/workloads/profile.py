@@ -26,9 +26,14 @@ def profile_from_trajectories(
             raise SpecError(f"window_steps must be >= 1, got {window_steps}")
         steps = steps[-window_steps:]
     chosen = [t for step in steps for t in step]
-    shapes = [(float(t.total_tokens), float(t.gen_tokens), float(len(t.turns))) for t in chosen]
     per_step = requests_per_step or max(1, round(len(chosen) / len(steps)))
-    if not mean_tool_time_s:  # traces may record each tool call's wall time as `tool_latency_s`
+    # traces may record each tool call's wall time as `tool_latency_s`: where every tool call of the window does,
+    # each trajectory's seconds in tool calls are known (the tail the planner prices), and their mean per call
+    recorded = [_recorded_tool_s(t) for t in chosen]
+    tool_s = [s for s in recorded if s is not None]
+    known = len(tool_s) == len(chosen)
+    calls = sum(1 for t in chosen for u in t.turns if u.tool is not None)
+    if not mean_tool_time_s:
         latencies = [
             float(u.extra["tool_latency_s"])
             for t in chosen
@@ -36,9 +41,30 @@ def profile_from_trajectories(
             if u.tool is not None and isinstance(u.extra.get("tool_latency_s"), int | float)
         ]
         mean_tool_time_s = sum(latencies) / len(latencies) if latencies else 0.0
+    shapes: list[tuple[float, ...]] = [
+        (float(t.total_tokens), float(t.gen_tokens), float(len(t.turns))) for t in chosen
+    ]
+    if known and calls:
+        shapes = [(*b, s) for b, s in zip(shapes, tool_s, strict=True)]
     return WorkloadProfile.build(
-        name=name, shapes=shapes, requests_per_step=per_step, mean_tool_time_s=mean_tool_time_s
+        name=name,
+        shapes=shapes,
+        requests_per_step=per_step,
+        mean_tool_time_s=mean_tool_time_s,
     )
+
+
+def _recorded_tool_s(t: Trajectory) -> float | None:
+    """Seconds `t` spent in tool calls, where each of its tool calls records `tool_latency_s`; else None."""
+    total = 0.0
+    for u in t.turns:
+        if u.tool is None:
+            continue
+        x = u.extra.get("tool_latency_s")
+        if not isinstance(x, int | float) or isinstance(x, bool) or not 0 <= x < float("inf"):
+            return None
+        total += float(x)
+    return total
 
 
 def profiles_over_steps(

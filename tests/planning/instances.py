@@ -129,3 +129,22 @@ def skewed_groups(
         )
         low = top
     return tuple(out)
+
+
+def with_tool_tails(groups: tuple[LengthGroup, ...], rng: np.random.Generator) -> tuple[LengthGroup, ...]:
+    """The groups with each request's seconds in tool calls known, as a profile with `tool_s` makes them: the
+    request longest in tool calls (lognormal, heavy-tailed: sometimes far above the most turns at a 2 s call) with
+    its decoded tokens, and the tool seconds of the longest decoder. Drawn from their own `rng`, so the instances
+    drawn before them stay what they were."""
+    out = []
+    for g in groups:
+        most = float(g.tail_turns * 2.0 * rng.lognormal(0.0, 1.2))
+        out.append(
+            attrs.evolve(
+                g,
+                max_tool_s=most,
+                max_tool_gen=float(rng.uniform(0.0, g.tail_gen)),
+                max_gen_tool_s=float(rng.uniform(0.0, most)),
+            )
+        )
+    return tuple(out)

@@ -11,8 +11,13 @@ from tests.planning.instances import random_cost_model
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 10_000), tp=st.sampled_from([1, 2, 4, 8]), tool=st.sampled_from([0.0, 0.7, 3.0]))
-def test_grid_equals_per_entry(seed: int, tp: int, tool: float) -> None:
+@given(
+    seed=st.integers(0, 10_000),
+    tp=st.sampled_from([1, 2, 4, 8]),
+    tool=st.sampled_from([0.0, 0.7, 3.0]),
+    tails=st.booleans(),
+)
+def test_grid_equals_per_entry(seed: int, tp: int, tool: float, tails: bool) -> None:
     cm, rng = random_cost_model(seed, memory_gb=(16, 40, 80))
     rows, width = int(rng.integers(1, 12)), int(rng.integers(1, 9))
     per_row = dict(
@@ -25,11 +30,16 @@ def test_grid_equals_per_entry(seed: int, tp: int, tool: float) -> None:
         new_requests=rng.uniform(0, 300, rows) * (rng.random(rows) < 0.7),
         queued_share=np.where(rng.random(rows) < 0.5, rng.uniform(0, 0.9, rows), 0.0),
     )
+    if tails:  # each request's tool seconds known: the chain of the longest decoder or of the longest in tools
+        most = rng.lognormal(1.0, 1.5, rows)
+        per_row["tool_tail"] = (rng.uniform(0, 1, rows) * most, rng.uniform(0, 8000, rows), most)
     shares = np.arange(1, width + 1, dtype=float)
     grid = cm.rollout.instance_time_grid(tp, shares, tool_latency_s=tool, **per_row)
     assert grid.shape == (rows, width)
     row, k = np.repeat(np.arange(rows), width), np.tile(shares, rows)
     divided = ("num_requests", "decode_tokens", "prefill_tokens", "new_requests")
-    expanded = {name: (v[row] / k if name in divided else v[row]) for name, v in per_row.items()}
+    expanded = {name: (v[row] / k if name in divided else v[row]) for name, v in per_row.items() if name != "tool_tail"}
+    if tails:
+        expanded["tool_tail"] = tuple(x[row] for x in per_row["tool_tail"])
     slow = cm.rollout.instance_time(tp, tool_latency_s=tool, **expanded)
     assert np.array_equal(grid.ravel(), slow)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import attrs
+import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -12,7 +14,14 @@ from libra.planning import GlobalPlanner, PlannerOptions
 from libra.planning.oracle import bucket_time, plan_optimum, rollout_optimum
 from libra.planning.rollout_dp import ROUTINGS, RolloutTable, bisect_min
 from libra.spec import RLSettings, SpecError, WorkloadProfile
-from tests.planning.instances import ORACLE_INSTANCES, random_cost_model, random_groups, sized_cost_model, skewed_groups
+from tests.planning.instances import (
+    ORACLE_INSTANCES,
+    random_cost_model,
+    random_groups,
+    sized_cost_model,
+    skewed_groups,
+    with_tool_tails,
+)
 
 TPS = (1, 2, 4, 8)
 
@@ -38,6 +47,8 @@ def test_rollout_dp_equals_brute_force_on_1000_instances() -> None:
     for seed in range(ORACLE_INSTANCES):
         cm, rng = sized_cost_model(seed, max_gpus=12)
         groups = skewed_groups(rng, longest=cm.rollout.kv_capacity_tokens(1) * float(rng.uniform(0.3, 2.5)))
+        if seed % 4 >= 2:  # each request's seconds in tool calls known: the chain of two requests (both routings)
+            groups = with_tool_tails(groups, np.random.default_rng([seed, 5]))
         gpus = int(rng.integers(max(2, cm.cluster.num_gpus // 2), cm.cluster.num_gpus + 1))
         tps = tuple(tp for tp in TPS if tp <= cm.cluster.gpus_per_node)
         latency = float(rng.choice([0.0, 2.0]))
@@ -78,6 +89,9 @@ def _planner_instance(seed: int, routing: str, max_gpus: int = 8, num_groups: in
     cm, rng = sized_cost_model(seed, max_gpus=max_gpus)
     longest = cm.rollout.kv_capacity_tokens(1) * float(rng.uniform(0.3, 2.5))
     profile = _profile_from_groups(skewed_groups(rng, max_groups=num_groups, longest=longest), rng)
+    if seed % 4 >= 2:  # each trajectory's seconds in tool calls known (both routings): the chain of two requests
+        tools = np.random.default_rng([seed, 6]).lognormal(1.0, 1.2, profile.num_samples)
+        profile = attrs.evolve(profile, tool_s=tuple(float(x) for x in tools))
     rl = RLSettings(num_prompts=int(rng.choice([8, 12, 16, 24])), samples_per_prompt=2, max_model_len=8192)
     tps = tuple(tp for tp in TPS if tp <= cm.cluster.gpus_per_node)
     return cm, profile, rl, tps

@@ -11,13 +11,17 @@ weighted by decode tokens (per request: total - gen / 2); B = concurrent sequenc
     tp_comm    = 2 * layers * (2 (tp-1) * latency + 2 (tp-1)/tp * B * hidden * bytes / (nvlink * link_eff))
     overhead   = step + [tp > 1] * tp_step + per_seq * B
     thr        = D / B * t_step(B)                                               (throughput phase)
-    chain      = max_gen * t_step(B) + max_turns * tool_latency                  (the longest request, at that pace)
-    T_instance = prefill + thr                                       if chain <= thr
-               = prefill + thr + (1 - thr / chain) * (max_gen * t_step(1) + max_turns * tool_latency)   otherwise
+    chain(t)   = max_gen * t + max_turns * tool_latency                          (the longest request, at pace t)
+    T_instance = prefill + thr                                       if chain(t_step(B)) <= thr
+               = prefill + thr + (1 - thr / chain(t_step(B))) * chain(t_step(1))                        otherwise
 
 with D the decode tokens of the instance and `prefill` the prompt and tool tokens at prefill speed. The tail: the
 longest request keeps pace with the batch while the throughput phase lasts, then finishes what is left of its
-chain nearly alone, at the step time of a batch of one (no churn).
+chain nearly alone, at the step time of a batch of one (no churn). Where each request's seconds in tool calls are
+known (`tool_tail`), the chain is the longer of two requests' own: the one that decodes the most (`max_gen` tokens
+and its tool seconds) and the one that spends the most seconds in tool calls (its tokens and seconds). Tool
+latencies are heavy-tailed: a 2 s median call of a lognormal spread takes 20-60 s once in a few thousand calls, so
+in a step of short runs one slow call, not the most turns at the mean call, sets the tail.
 Every function broadcasts over numpy arrays so the rollout DP evaluates whole tables at once.
 """
 
@@ -195,20 +199,30 @@ class RolloutCost:
         tool_latency_s: float = 0.0,
         new_requests=None,
         queued_share=0.0,
+        tool_tail=None,
     ):
         """Seconds for one instance to serve `num_requests` requests (totals over the instance), continuous
         batching; `max_gen` / `max_turns` describe the longest request (the tail). `new_requests` of them pay the
         per-request engine cost (all by default; a request migrated in from another instance paid it there).
         `queued_share` > 0: the longest request first queued elsewhere for that share of the result, so its chain
-        at the batch's pace must fit in the rest (the instance takes at least chain / (1 - queued_share))."""
+        at the batch's pace must fit in the rest (the instance takes at least chain / (1 - queued_share)).
+        `tool_tail` = (seconds in tool calls of the request decoding `max_gen`, tokens decoded by the request
+        longest in tool calls, its seconds in them) where known; else the chain's tools are `max_turns` calls of
+        `tool_latency_s`."""
         batch = self.concurrency(tp, resident_context, num_requests)
         fresh = num_requests if new_requests is None else new_requests
         step = self.effective_step_time(tp, batch, resident_context, num_requests)
         throughput = decode_tokens / batch * step
-        tools = max_turns * tool_latency_s
-        chain = max_gen * step + tools
+        step1 = self.decode_step_time(tp, 1.0, resident_context)
+        if tool_tail is None:
+            tools = max_turns * tool_latency_s
+            chain, chain1 = max_gen * step + tools, max_gen * step1 + tools
+        else:
+            gen_tools, tool_gen, tool_most = (np.asarray(x, dtype=float) for x in tool_tail)
+            chain = np.maximum(max_gen * step + gen_tools, tool_gen * step + tool_most)
+            chain1 = np.maximum(max_gen * step1 + gen_tools, tool_gen * step1 + tool_most)
         left = np.where(chain > throughput, 1.0 - throughput / np.maximum(chain, 1e-12), 0.0)
-        tail = left * (max_gen * self.decode_step_time(tp, 1.0, resident_context) + tools)
+        tail = left * chain1
         prefill = self.prefill_time(tp, prefill_tokens, resident_context / 2.0)
         total = prefill + fresh * self.c.per_request_overhead_s + throughput + tail
         share = np.asarray(queued_share, dtype=float)
@@ -230,6 +244,7 @@ class RolloutCost:
         tool_latency_s: float,
         new_requests,
         queued_share,
+        tool_tail=None,
     ):
         """`instance_time` for every row and every k of `shares` at once: a (rows, len(shares)) array whose entry
         [r, j] is row r's work (per-row totals, as for `instance_time`) shared evenly by shares[j] instances; bit for
@@ -251,6 +266,7 @@ class RolloutCost:
             tool_latency_s=tool_latency_s,
             new_requests=new_requests,
             queued_share=queued_share,
+            tool_tail=tool_tail,
         )
 
     def _shared_time(
@@ -269,6 +285,7 @@ class RolloutCost:
         tool_latency_s: float,
         new_requests,
         queued_share,
+        tool_tail=None,
     ):
         """`instance_time_grid`'s body: `expand` lays a per-row array out as a column that broadcasts against the
         row of shares. Each grid-sized term is computed into a buffer that later terms overwrite (`out=`), with
@@ -296,14 +313,25 @@ class RolloutCost:
         throughput = np.divide(ex(decode_tokens), shares, out=churn)
         throughput /= batch
         throughput *= step
-        tools = per_row(max_turns) * tool_latency_s
-        chain = np.multiply(ex(max_gen), step, out=step)
-        chain += ex(tools)
+        step1 = self.decode_step_time(tp, 1.0, resident)
+        if tool_tail is None:
+            tools = per_row(max_turns) * tool_latency_s
+            chain = np.multiply(ex(max_gen), step, out=step)
+            chain += ex(tools)
+            chain1 = per_row(max_gen) * step1 + tools
+        else:
+            gen_tools, tool_gen, tool_most = (per_row(x) for x in tool_tail)
+            other = np.multiply(ex(tool_gen), step)
+            other += ex(tool_most)
+            chain = np.multiply(ex(max_gen), step, out=step)
+            chain += ex(gen_tools)
+            np.maximum(chain, other, out=chain)
+            chain1 = np.maximum(per_row(max_gen) * step1 + gen_tools, tool_gen * step1 + tool_most)
         left = np.maximum(chain, 1e-12)
         np.divide(throughput, left, out=left)
         np.subtract(1.0, left, out=left)
         np.copyto(left, 0.0, where=~(chain > throughput))  # np.where(chain > throughput, 1 - thr / chain, 0)
-        tail = np.multiply(left, ex(per_row(max_gen) * self.decode_step_time(tp, 1.0, resident) + tools), out=left)
+        tail = np.multiply(left, ex(chain1), out=left)
         prefill_work = 2.0 * m.active_params + 4.0 * m.num_layers * m.num_heads * m.head_dim * (resident / 2.0)
         tokens = np.divide(ex(prefill_tokens), shares, out=batch)
         total = self._tp_comm_grid(tp, tokens)  # _prefill: compute + weights + tp_comm_time
