@@ -225,7 +225,8 @@ def run(args: argparse.Namespace) -> int:
                 (
                     "workload",
                     f"{profile.name}: {rl.global_batch} trajectories/step, mean "
-                    f"{profile.mean_length:,.0f} tokens, p90 {profile.quantile(0.9):,.0f}",
+                    f"{profile.mean_length:,.0f} tokens, p90 {profile.quantile(0.9):,.0f}"
+                    + (f", up to {max(profile.tool_s):,.1f} s of tool calls in one" if profile.tool_s else ""),
                 ),
             ],
             title="Libra plan",

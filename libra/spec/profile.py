@@ -166,4 +166,7 @@ class WorkloadProfile:
             "p90_tokens": self.quantile(0.9),
             "p99_tokens": self.quantile(0.99),
             "max_tokens": self.total_lengths[-1],
+            "mean_tool_call_s": self.mean_tool_time_s,
+            # each trajectory's seconds in tool calls, where known (None: unknown, priced at the mean call)
+            "max_tool_s": max(self.tool_s) if self.tool_s else None,
         }
