@@ -74,6 +74,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--drift-steps", type=int, default=100, help="steps over which the synthetic workload drifts")
     p.add_argument("--seed", type=int, default=0, help="seed of the workload and tool latencies (default 0)")
     p.add_argument(
+        "--tool-latency",
+        metavar="SPEC",
+        default=None,
+        help="median seconds of a tool call where the trace records none (`tool_latency_s`): a number, or "
+        "TOOL=SECONDS pairs with an optional *=SECONDS for the other tools, e.g. python=0.3,search=4 (default 2; "
+        "calls are drawn lognormal around it, --tool-latency-sigma; the generators record every call)",
+    )
+    p.add_argument(
+        "--tool-latency-sigma",
+        type=float,
+        default=None,
+        metavar="S",
+        help="log-spread of the drawn tool calls (default 0.8: one call in a thousand takes about 12x the median)",
+    )
+    p.add_argument(
         "--colocated-switch-s",
         type=float,
         metavar="S",
@@ -134,6 +149,37 @@ def _policies(text: str) -> list[str]:
     if bad or not names:
         raise CLIError(f"unknown policy {', '.join(bad) or repr(text)}; expected all or {', '.join(POLICY_NAMES)}")
     return names
+
+
+def _tool_latency(args: argparse.Namespace):
+    """`ToolLatency` from --tool-latency and --tool-latency-sigma, or None for the default (checked: finite
+    seconds in (0, 3600], a spread in [0, 3], non-empty tool names)."""
+    import math
+
+    from libra.sim import ToolLatency
+
+    if args.tool_latency is None and args.tool_latency_sigma is None:
+        return None
+    default = ToolLatency()
+    sigma = default.sigma if args.tool_latency_sigma is None else args.tool_latency_sigma
+    if not math.isfinite(sigma) or not 0 <= sigma <= 3:
+        raise CLIError(f"--tool-latency-sigma must be in [0, 3], got {sigma}")
+    median, per_tool = default.median_s, {}
+    for item in (args.tool_latency or "").split(",") if args.tool_latency is not None else []:
+        name, sep, value = item.strip().rpartition("=")
+        if sep and not name.strip():
+            raise CLIError(f"--tool-latency: {item.strip()!r} names no tool; expected TOOL=SECONDS or *=SECONDS")
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise CLIError(f"--tool-latency: {item.strip()!r} is not SECONDS or TOOL=SECONDS") from None
+        if not math.isfinite(seconds) or not 0 < seconds <= 3600:
+            raise CLIError(f"--tool-latency: seconds must be in (0, 3600], got {value.strip()}")
+        if not sep or name.strip() == "*":
+            median = seconds
+        else:
+            per_tool[name.strip()] = seconds
+    return ToolLatency(median_s=median, sigma=sigma, per_tool_median_s=per_tool)
 
 
 def _colocated(args: argparse.Namespace, coeffs):
@@ -197,15 +243,22 @@ def run(args: argparse.Namespace) -> int:
     policies = _policies(args.policy)
     cluster, model, coeffs = setup_from_args(args)
     coeffs = _colocated(args, coeffs)
+    latency = _tool_latency(args)
+    if latency is not None and not args.trace:
+        raise CLIError("--tool-latency sets the calls a trace does not time; the synthetic workloads time every call")
     if args.trace and args.resample:
         source = WorkSource.resampled(
-            args.trace, num_steps=args.steps, num_prompts=args.prompts if prompts_given else None, seed=args.seed
+            args.trace,
+            num_steps=args.steps,
+            num_prompts=args.prompts if prompts_given else None,
+            seed=args.seed,
+            latency=latency,
         )
         drawn = source.step(0).trajectories
         groups = len({t.prompt_id for t in drawn})
         prompts, samples = (groups, len(drawn) // groups) if len(drawn) % groups == 0 else (len(drawn), 1)
     elif args.trace:
-        source = WorkSource.from_trace(args.trace, seed=args.seed)
+        source = WorkSource.from_trace(args.trace, seed=args.seed, latency=latency)
         trace_steps = source.num_steps
         assert trace_steps is not None  # (a trace knows how many steps it holds)
         if not steps_given:

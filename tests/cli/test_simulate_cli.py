@@ -287,3 +287,43 @@ def test_a_one_step_trace_is_resampled_into_its_steady_state(tmp_path, capsys):
     assert "steady throughput vs colocated" in capsys.readouterr().out
     assert main(["simulate", "--resample", "--out", str(tmp_path / "r4")]) == 2
     assert capsys.readouterr().err.strip() == "libra: error: --resample draws steps from a trace: give --trace FILE"
+
+
+def test_tool_latency_sets_the_calls_a_trace_does_not_time(tmp_path, capsys):
+    """A trace without `tool_latency_s` (as every corpus source): its calls are drawn around --tool-latency, per
+    tool where named; the default is 2 s; the generators time every call, so it is refused there."""
+    import attrs
+
+    from libra.workloads import generate, write_trace
+
+    steps = generate("search-r1", num_steps=1, seed=1, num_prompts=8, samples_per_prompt=4)
+    untimed = [attrs.evolve(t, turns=tuple(attrs.evolve(u, extra={}) for u in t.turns)) for t in steps]
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, untimed)
+    base = ["simulate", "--trace", str(trace), "--gpus", "16", "--policy", "colocated", "--json", "--no-plots"]
+
+    def step_s(*more: str) -> float:
+        assert main([*base, *more, "--out", str(tmp_path / f"o{len(list(tmp_path.iterdir()))}")]) == 0
+        return json.loads(capsys.readouterr().out)["policies"]["colocated"]["mean_step_s"]
+
+    default, two = step_s(), step_s("--tool-latency", "2")
+    assert default == two
+    slow, fast = step_s("--tool-latency", "60"), step_s("--tool-latency", "0.05")
+    assert fast < default < slow
+    assert step_s("--tool-latency", "search=60") == slow  # search-r1 calls only `search`
+    assert step_s("--tool-latency", "python=60") == default
+    assert step_s("--tool-latency", "search=60,*=0.05") == slow
+    assert step_s("--tool-latency", "60", "--tool-latency-sigma", "0") != slow
+    for bad, says in (
+        ("=3", "names no tool"),
+        ("x=abc", "is not SECONDS"),
+        ("0", "(0, 3600]"),
+        ("nan", "(0, 3600]"),
+    ):
+        assert main([*base, "--tool-latency", bad, "--out", str(tmp_path / "bad")]) == 2
+        assert says in capsys.readouterr().err
+    assert main([*base, "--tool-latency-sigma", "4", "--out", str(tmp_path / "bad")]) == 2
+    assert "--tool-latency-sigma must be in [0, 3]" in capsys.readouterr().err
+    assert main(["simulate", "--tool-latency", "1", "--out", str(tmp_path / "bad")]) == 2
+    assert "the synthetic workloads time every call" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
