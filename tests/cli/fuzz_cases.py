@@ -241,10 +241,23 @@ def _route_case(rng: random.Random) -> Case:
 def _simulate_case(rng: random.Random) -> Case:
     argv = ["simulate", "--json", "--no-plots", "--policy", "colocated", "--workers", "1", *_SMALL_SIM]
     files: tuple = ()
-    choice = rng.randrange(4)
+    choice = rng.randrange(6)
     if choice == 0:
         path, files = _path_or_file(rng, _trace_file)
         argv += ["--trace", path, "--samples", "2"]
+    elif choice == 4:  # steps drawn from a trace (the synthetic defaults' --steps 1 replaced)
+        path, files = _path_or_file(rng, _trace_file)
+        argv = [a for a in argv if a not in ("--steps", "1")] if rng.random() < 0.5 else argv
+        argv += ["--trace", path, "--resample", rng.choice(["--steps", "--prompts"]), rng.choice(_INTS)]
+    elif choice == 5:  # the calls a trace does not time
+        path, files = _path_or_file(rng, _trace_file)
+        spec = rng.choice(["2", "0", "-1", "nan", "inf", "x", "", "=", "*=1", "a=1,b=x", "a=1,,b=2", "1e9", "t=0.5"])
+        argv += ["--trace", path, "--tool-latency", spec]
+        argv += (
+            ["--tool-latency-sigma", rng.choice(["0", "0.8", "3", "3.1", "-1", "nan", "x"])]
+            if rng.random() < 0.5
+            else []
+        )
     elif choice == 1:
         argv += [rng.choice(["--slices", "--workers", "--drift-steps", "--max-len", "--seed"]), rng.choice(_INTS)]
     elif choice == 2:
