@@ -123,3 +123,51 @@ def key_values(pairs: Sequence[tuple[str, Any]], *, title: str | None = None) ->
     out = [title] if title else []
     out.extend(f"{k.ljust(width)}  {fmt(v)}" for k, v in pairs)
     return "\n".join(out)
+
+
+def add_tool_latency_args(p: argparse.ArgumentParser) -> None:
+    """The options for the tool calls a trace does not time, which `plan` and `simulate` share."""
+    p.add_argument(
+        "--tool-latency",
+        metavar="SPEC",
+        default=None,
+        help="median seconds of a tool call where the trace records none (`tool_latency_s`): a number, or "
+        "TOOL=SECONDS pairs with an optional *=SECONDS for the other tools, e.g. python=0.3,search=4 (default 2; "
+        "calls are drawn lognormal around it, --tool-latency-sigma; the generators record every call)",
+    )
+    p.add_argument(
+        "--tool-latency-sigma",
+        type=float,
+        default=None,
+        metavar="S",
+        help="log-spread of the drawn tool calls (default 0.8: one call in a thousand takes about 12x the median)",
+    )
+
+
+def tool_latency_from_args(args: argparse.Namespace):
+    """`ToolLatency` from --tool-latency and --tool-latency-sigma, or None for the default (checked: finite
+    seconds in (0, 3600], a spread in [0, 3], non-empty tool names)."""
+    from libra.sim import ToolLatency
+
+    if args.tool_latency is None and args.tool_latency_sigma is None:
+        return None
+    default = ToolLatency()
+    sigma = default.sigma if args.tool_latency_sigma is None else args.tool_latency_sigma
+    if not math.isfinite(sigma) or not 0 <= sigma <= 3:
+        raise CLIError(f"--tool-latency-sigma must be in [0, 3], got {sigma}")
+    median, per_tool = default.median_s, {}
+    for item in (args.tool_latency or "").split(",") if args.tool_latency is not None else []:
+        name, sep, value = item.strip().rpartition("=")
+        if sep and not name.strip():
+            raise CLIError(f"--tool-latency: {item.strip()!r} names no tool; expected TOOL=SECONDS or *=SECONDS")
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise CLIError(f"--tool-latency: {item.strip()!r} is not SECONDS or TOOL=SECONDS") from None
+        if not math.isfinite(seconds) or not 0 < seconds <= 3600:
+            raise CLIError(f"--tool-latency: seconds must be in (0, 3600], got {value.strip()}")
+        if not sep or name.strip() == "*":
+            median = seconds
+        else:
+            per_tool[name.strip()] = seconds
+    return ToolLatency(median_s=median, sigma=sigma, per_tool_median_s=per_tool)

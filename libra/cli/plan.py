@@ -13,6 +13,7 @@ from libra.cli._common import (
     MAX_TRAJECTORIES_PER_STEP,
     CLIError,
     add_setup_args,
+    add_tool_latency_args,
     check_batch,
     check_ranges,
     emit_json,
@@ -20,6 +21,7 @@ from libra.cli._common import (
     log,
     setup_from_args,
     table,
+    tool_latency_from_args,
 )
 
 DEFAULT_WORKLOAD = "r2e-gym"
@@ -53,7 +55,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--tp-degrees", default=None, help="rollout TP degrees to consider (default 1,2,4,8, those that fit in a node)"
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload")
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the synthetic workload, or of a trace's untimed tool calls"
+    )
+    add_tool_latency_args(p)
     p.add_argument(
         "--routing",
         default="start-small",
@@ -87,9 +92,10 @@ def _profile(args: argparse.Namespace, rl, trajectories):
     from libra.workloads import profile_from_trajectories
 
     if trajectories is not None:
-        return profile_from_trajectories(
+        profile = profile_from_trajectories(
             trajectories, name=args.trace, window_steps=args.window_steps, requests_per_step=rl.global_batch
         )
+        return profile if profile.tool_s else _untimed(args, rl, trajectories, profile)
     from libra.workloads.generators import WorkloadGenerator
 
     gen = WorkloadGenerator(
@@ -104,6 +110,22 @@ def _profile(args: argparse.Namespace, rl, trajectories):
     if longest > args.max_len:
         raise CLIError(f"--max-len {args.max_len} is shorter than the workload's prompts ({longest:,} tokens)")
     return profile_from_trajectories(step, name=args.workload, requests_per_step=rl.global_batch)
+
+
+def _untimed(args: argparse.Namespace, rl, trajectories, profile):
+    """A trace whose tool calls are not all timed: the profile with each call drawn as `libra simulate` draws it
+    (`ToolLatency`, --tool-latency, --seed; the draw is a function of the trajectory's content), so that plan and
+    simulation price a call alike; as it is where the window makes no tool call."""
+    from libra.sim.engine import profile_of
+    from libra.sim.workload import step_work
+    from libra.workloads import group_by_step
+
+    steps = group_by_step(list(trajectories))
+    chosen = [t for step in steps[-args.window_steps if args.window_steps else 0 :] for t in step]
+    if not any(u.tool is not None for t in chosen for u in t.turns):
+        return profile
+    work = step_work(0, chosen, latency=tool_latency_from_args(args), seed=args.seed)
+    return profile_of([work], profile.name, rl.global_batch)
 
 
 def _tp_degrees(text: str) -> tuple[int, ...]:
@@ -163,6 +185,9 @@ def run(args: argparse.Namespace) -> int:
         },
     )
     cluster, model, coeffs = setup_from_args(args)
+    tool_latency_from_args(args)  # (checked before the work; the draw reads it again)
+    if (args.tool_latency is not None or args.tool_latency_sigma is not None) and not args.trace:
+        raise CLIError("--tool-latency sets the calls a trace does not time; the synthetic workloads time every call")
     trajectories = None
     if args.trace:
         from libra.workloads import load_trace

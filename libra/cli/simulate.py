@@ -11,6 +11,7 @@ from libra.cli._common import (
     MAX_TRAJECTORIES_PER_STEP,
     CLIError,
     add_setup_args,
+    add_tool_latency_args,
     check_batch,
     check_new_output,
     check_ranges,
@@ -18,6 +19,7 @@ from libra.cli._common import (
     log,
     setup_from_args,
     table,
+    tool_latency_from_args,
 )
 
 DEFAULT_STEPS = 3
@@ -73,21 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-len", type=int, default=40960, help="maximum model length (default 40960)")
     p.add_argument("--drift-steps", type=int, default=100, help="steps over which the synthetic workload drifts")
     p.add_argument("--seed", type=int, default=0, help="seed of the workload and tool latencies (default 0)")
-    p.add_argument(
-        "--tool-latency",
-        metavar="SPEC",
-        default=None,
-        help="median seconds of a tool call where the trace records none (`tool_latency_s`): a number, or "
-        "TOOL=SECONDS pairs with an optional *=SECONDS for the other tools, e.g. python=0.3,search=4 (default 2; "
-        "calls are drawn lognormal around it, --tool-latency-sigma; the generators record every call)",
-    )
-    p.add_argument(
-        "--tool-latency-sigma",
-        type=float,
-        default=None,
-        metavar="S",
-        help="log-spread of the drawn tool calls (default 0.8: one call in a thousand takes about 12x the median)",
-    )
+    add_tool_latency_args(p)
     p.add_argument(
         "--colocated-switch-s",
         type=float,
@@ -151,37 +139,6 @@ def _policies(text: str) -> list[str]:
     return names
 
 
-def _tool_latency(args: argparse.Namespace):
-    """`ToolLatency` from --tool-latency and --tool-latency-sigma, or None for the default (checked: finite
-    seconds in (0, 3600], a spread in [0, 3], non-empty tool names)."""
-    import math
-
-    from libra.sim import ToolLatency
-
-    if args.tool_latency is None and args.tool_latency_sigma is None:
-        return None
-    default = ToolLatency()
-    sigma = default.sigma if args.tool_latency_sigma is None else args.tool_latency_sigma
-    if not math.isfinite(sigma) or not 0 <= sigma <= 3:
-        raise CLIError(f"--tool-latency-sigma must be in [0, 3], got {sigma}")
-    median, per_tool = default.median_s, {}
-    for item in (args.tool_latency or "").split(",") if args.tool_latency is not None else []:
-        name, sep, value = item.strip().rpartition("=")
-        if sep and not name.strip():
-            raise CLIError(f"--tool-latency: {item.strip()!r} names no tool; expected TOOL=SECONDS or *=SECONDS")
-        try:
-            seconds = float(value)
-        except ValueError:
-            raise CLIError(f"--tool-latency: {item.strip()!r} is not SECONDS or TOOL=SECONDS") from None
-        if not math.isfinite(seconds) or not 0 < seconds <= 3600:
-            raise CLIError(f"--tool-latency: seconds must be in (0, 3600], got {value.strip()}")
-        if not sep or name.strip() == "*":
-            median = seconds
-        else:
-            per_tool[name.strip()] = seconds
-    return ToolLatency(median_s=median, sigma=sigma, per_tool_median_s=per_tool)
-
-
 def _colocated(args: argparse.Namespace, coeffs):
     """The coefficients with the colocated options applied (checked: finite, switch >= 0, fraction in (0, 1])."""
     import math
@@ -243,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
     policies = _policies(args.policy)
     cluster, model, coeffs = setup_from_args(args)
     coeffs = _colocated(args, coeffs)
-    latency = _tool_latency(args)
+    latency = tool_latency_from_args(args)
     if latency is not None and not args.trace:
         raise CLIError("--tool-latency sets the calls a trace does not time; the synthetic workloads time every call")
     if args.trace and args.resample:

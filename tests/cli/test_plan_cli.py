@@ -40,6 +40,38 @@ def test_plan_from_a_trace(tmp_path, capsys) -> None:
     assert json.loads(capsys.readouterr().out)["makespan_s"] > 0
 
 
+def test_plan_and_simulate_price_an_untimed_trace_alike(tmp_path, capsys) -> None:
+    """A trace whose calls record no `tool_latency_s` (every corpus source): `plan` draws them as `simulate` does
+    (--tool-latency, --seed), so the planner's profile is the one the simulator's policies plan on."""
+    import attrs
+
+    from libra.sim.engine import profile_of
+    from libra.sim.workload import ToolLatency, step_work
+    from libra.workloads import generate, write_trace
+
+    steps = generate("search-r1", num_steps=1, seed=1, num_prompts=16, samples_per_prompt=4)
+    untimed = [attrs.evolve(t, turns=tuple(attrs.evolve(u, extra={}) for u in t.turns)) for t in steps]
+    path = tmp_path / "t.jsonl"
+    write_trace(path, untimed)
+
+    def rollout_s(*more: str) -> float:
+        assert main(["plan", "--trace", str(path), "--gpus", "16", "--json", *more]) == 0
+        return json.loads(capsys.readouterr().out)["rollout"]["time_s"]
+
+    default, slow = rollout_s(), rollout_s("--tool-latency", "search=120")
+    assert default < slow
+    assert rollout_s("--tool-latency", "2") == default and rollout_s("--tool-latency", "python=120") == default
+    assert rollout_s("--seed", "3") != default  # other draws
+    assert main(["plan", "--trace", str(path), "--gpus", "16", "--json"]) == 0
+    workload = json.loads(capsys.readouterr().out)["workload"]
+    drawn = profile_of([step_work(0, untimed, latency=ToolLatency(), seed=0)], "t", len(untimed))
+    assert workload["max_tool_s"] == max(drawn.tool_s) and workload["mean_tool_call_s"] == drawn.mean_tool_time_s
+    assert main(["plan", "--tool-latency", "3"]) == 2
+    assert "the synthetic workloads time every call" in capsys.readouterr().err
+    assert main(["plan", "--trace", str(path), "--tool-latency-sigma", "-1"]) == 2
+    assert "--tool-latency-sigma must be in [0, 3]" in capsys.readouterr().err
+
+
 def test_plan_with_placement(capsys) -> None:
     assert main(["plan", "--gpus", "16", "--place", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
