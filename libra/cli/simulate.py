@@ -71,7 +71,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--prompts", type=int, default=None, help="prompts per step (default 512; with --resample, see there)"
     )
-    p.add_argument("--samples", type=int, default=16, help="samples per prompt (default 16)")
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=16,
+        help="samples per prompt (default 16; with --trace, how its steps split into prompts for the training batch; "
+        "with --resample, each drawn group keeps the trace's own samples)",
+    )
     p.add_argument("--max-len", type=int, default=40960, help="maximum model length (default 40960)")
     p.add_argument("--drift-steps", type=int, default=100, help="steps over which the synthetic workload drifts")
     p.add_argument("--seed", type=int, default=0, help="seed of the workload and tool latencies (default 0)")
