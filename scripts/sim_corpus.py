@@ -1,13 +1,14 @@
 """Every policy on every source of the real-trajectory corpus: one step as recorded against the steady state.
 
-    python scripts/sim_corpus.py [--steps 5] [--prompts N] [--seed 0] [--corpus DIR ...]
+    python scripts/sim_corpus.py [--steps 5] [--prompts N] [--seed 0] [--corpus DIR ...] [--plot FILE.png]
 
 Each source is one batch of agent runs, so `libra simulate --trace` gives one step: the asynchronous policies then
 roll it out with no training step to overlap. For each source this runs `libra simulate` twice on the default
 cluster (48 x A800-80GB, Qwen3-14B), once on the trace as it is and once with `--resample --steps STEPS` (and
 `--prompts N` where given: N prompt groups a step, drawn with replacement), and prints one markdown row per source:
 each policy's throughput over colocated's as "one step / resampled, all steps / resampled, steady" (the steady
-throughput leaves out the pipeline's fill, step 0, and its drain). docs/sim.md, "A short trace".
+throughput leaves out the pipeline's fill, step 0, and its drain). `--plot` also draws `libra`'s three numbers per
+source as bars against colocated's 1.0. docs/sim.md, "A short trace".
 """
 
 from __future__ import annotations
@@ -44,10 +45,12 @@ def main() -> int:
     ap.add_argument(
         "--corpus", nargs="+", default=[str(DEFAULT_CORPUS), str(DEFAULT_CORPUS / "held-out")], help="corpus folders"
     )
+    ap.add_argument("--plot", metavar="FILE", default=None, help="also draw libra's ratios per source (PNG)")
     args = ap.parse_args()
     sources = [(Path(root), src) for root in args.corpus for src in load_manifest(root)["sources"]]
     resample = ["--resample", "--steps", str(args.steps), "--seed", str(args.seed)]
     resample += ["--prompts", str(args.prompts)] if args.prompts else []
+    drawn: list[tuple[str, list[float]]] = []  # (source, libra's three ratios)
     print("| source | trajectories a step | " + " | ".join(SHOWN) + " |")
     print("|---|---:|" + "---:|" * len(SHOWN))
     with tempfile.TemporaryDirectory() as tmp:
@@ -60,10 +63,38 @@ def main() -> int:
             cells = []
             for p in SHOWN:
                 got = [one[p]["throughput_tok_s"], more[p]["throughput_tok_s"], more[p]["steady_throughput_tok_s"]]
-                cells.append(" / ".join(f"{g / b:.2f}" for g, b in zip(got, base, strict=True)))
+                ratios = [g / b for g, b in zip(got, base, strict=True)]
+                cells.append(" / ".join(f"{r:.2f}" for r in ratios))
+                if p == "libra":
+                    drawn.append((src["name"], ratios))
             per_step = _trajectories(Path(tmp) / f"more{i}")[0]
             print(f"| {src['name']} | {per_step} | " + " | ".join(cells) + " |", flush=True)
+    if args.plot:
+        _plot(drawn, Path(args.plot), args.steps)
     return 0
+
+
+def _plot(drawn: list[tuple[str, list[float]]], path: Path, steps: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    x = np.arange(len(drawn))
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.9 * len(drawn)), 4.5))
+    labels = ("one step as recorded", f"resampled, {steps} steps", "resampled, steady")
+    for k, label in enumerate(labels):
+        ax.bar(x + (k - 1) * 0.27, [r[k] for _, r in drawn], width=0.27, label=label)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(x, [name for name, _ in drawn], rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("libra throughput / colocated")
+    ax.set_title("libra against colocated on every corpus source")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path}")
 
 
 def _trajectories(out: Path) -> list[int]:
