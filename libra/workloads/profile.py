@@ -55,9 +55,10 @@ def profile_from_trajectories(
 
 
 def _recorded_tool_s(t: Trajectory) -> float | None:
-    """Seconds `t` spent in tool calls, where each of its tool calls records `tool_latency_s`; else None."""
+    """Seconds `t` spent in tool calls, where each of its tool calls records `tool_latency_s`; else None. A call on
+    the last turn (a run cut off there) returns to nothing and is not counted, as the simulator never runs it."""
     total = 0.0
-    for u in t.turns:
+    for u in t.turns[:-1]:
         if u.tool is None:
             continue
         x = u.extra.get("tool_latency_s")

@@ -90,6 +90,10 @@ def test_a_trace_that_records_every_tool_call_gives_each_trajectorys_seconds() -
     assert sorted(recorded.tool_s) == [3.5, 40.0] and recorded.mean_tool_time_s == pytest.approx(43.5 / 3)
     partly = profile_from_trajectories([_trajectory("a", [1.0, None]), _trajectory("b", [40.0])])
     assert partly.tool_s == () and partly.mean_tool_time_s == pytest.approx(41.0 / 2)
+    # a run cut off on a tool call: that call returns to nothing (the simulator never runs it), so it is not counted
+    cut = _trajectory("c", [3.0, 500.0])
+    cut = attrs.evolve(cut, turns=cut.turns[:-1])
+    assert profile_from_trajectories([cut]).tool_s == (3.0,)
 
 
 def test_the_planner_prices_the_slow_call_only_where_it_is_known() -> None:
