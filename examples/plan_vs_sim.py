@@ -28,7 +28,7 @@ from libra.planning.cost import CostCoefficients, load_coefficients
 from libra.sim.engine import profile_of
 from libra.sim.rollout import Instances, RolloutRun
 from libra.sim.routing import routes_for
-from libra.sim.workload import StepWork, WorkSource
+from libra.sim.workload import StepWork, WorkSource, trace_name
 from libra.spec import Bucket, ClusterSpec, InstanceGroup, RLSettings, SpecError, get_gpu, get_model
 from libra.workloads.corpus import DEFAULT_CORPUS, load_manifest
 
@@ -138,8 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.trace:
             rows = []
             for path in tqdm(args.trace, desc="traces", leave=False):
-                name = Path(Path(path).name.removesuffix(".gz")).stem
-                rows += agreements(name, prompts=args.prompts, coeffs=coeffs, trace=path)
+                rows += agreements(trace_name(path), prompts=args.prompts, coeffs=coeffs, trace=path)
         else:
             prompts = 512 if args.prompts is None else args.prompts
             rows = [a for w in args.workloads.split(",") for a in agreements(w, prompts=prompts, coeffs=coeffs)]

@@ -146,11 +146,13 @@ def add_tool_latency_args(p: argparse.ArgumentParser) -> None:
 
 def tool_latency_from_args(args: argparse.Namespace):
     """`ToolLatency` from --tool-latency and --tool-latency-sigma, or None for the default (checked: finite
-    seconds in (0, 3600], a spread in [0, 3], non-empty tool names)."""
+    seconds in (0, 3600], a spread in [0, 3], non-empty tool names; refused without --trace)."""
     from libra.sim import ToolLatency
 
     if args.tool_latency is None and args.tool_latency_sigma is None:
         return None
+    if not args.trace:
+        raise CLIError("--tool-latency sets the calls a trace does not time; the synthetic workloads time every call")
     default = ToolLatency()
     sigma = default.sigma if args.tool_latency_sigma is None else args.tool_latency_sigma
     if not math.isfinite(sigma) or not 0 <= sigma <= 3:

@@ -79,23 +79,21 @@ def _trace_batch(args: argparse.Namespace, trajectories) -> tuple[int, int]:
     """(prompts, samples) of one step of a trace, unless given: the mean trajectories per step of the window."""
     if args.prompts is not None or args.samples is not None:
         return args.prompts or 512, args.samples or 1
-    from libra.workloads import group_by_step
+    from libra.workloads.profile import steps_in_window
 
-    steps = group_by_step(trajectories)
-    if args.window_steps:
-        steps = steps[-args.window_steps :]
+    steps = steps_in_window(trajectories, args.window_steps)
     per_step = round(sum(len(s) for s in steps) / len(steps))
     return max(1, per_step), 1
 
 
-def _profile(args: argparse.Namespace, rl, trajectories):
+def _profile(args: argparse.Namespace, rl, trajectories, latency):
     from libra.workloads import profile_from_trajectories
 
     if trajectories is not None:
         profile = profile_from_trajectories(
             trajectories, name=args.trace, window_steps=args.window_steps, requests_per_step=rl.global_batch
         )
-        return profile if profile.tool_s else _untimed(args, rl, trajectories, profile)
+        return profile if profile.tool_s else _untimed(args, rl, trajectories, profile, latency)
     from libra.workloads.generators import WorkloadGenerator
 
     gen = WorkloadGenerator(
@@ -112,19 +110,18 @@ def _profile(args: argparse.Namespace, rl, trajectories):
     return profile_from_trajectories(step, name=args.workload, requests_per_step=rl.global_batch)
 
 
-def _untimed(args: argparse.Namespace, rl, trajectories, profile):
+def _untimed(args: argparse.Namespace, rl, trajectories, profile, latency):
     """A trace whose tool calls are not all timed: the profile with each call drawn as `libra simulate` draws it
-    (`ToolLatency`, --tool-latency, --seed; the draw is a function of the trajectory's content), so that plan and
+    (`latency`, from --tool-latency; --seed; the draw is a function of the trajectory's content), so that plan and
     simulation price a call alike; as it is where the window makes no tool call."""
     from libra.sim.engine import profile_of
     from libra.sim.workload import step_work
-    from libra.workloads import group_by_step
+    from libra.workloads.profile import steps_in_window
 
-    steps = group_by_step(list(trajectories))
-    chosen = [t for step in steps[-args.window_steps if args.window_steps else 0 :] for t in step]
+    chosen = [t for step in steps_in_window(trajectories, args.window_steps) for t in step]
     if not any(u.tool is not None for t in chosen for u in t.turns):
         return profile
-    work = step_work(0, chosen, latency=tool_latency_from_args(args), seed=args.seed)
+    work = step_work(0, chosen, latency=latency, seed=args.seed)
     return profile_of([work], profile.name, rl.global_batch)
 
 
@@ -185,9 +182,7 @@ def run(args: argparse.Namespace) -> int:
         },
     )
     cluster, model, coeffs = setup_from_args(args)
-    tool_latency_from_args(args)  # (checked before the work; the draw reads it again)
-    if (args.tool_latency is not None or args.tool_latency_sigma is not None) and not args.trace:
-        raise CLIError("--tool-latency sets the calls a trace does not time; the synthetic workloads time every call")
+    latency = tool_latency_from_args(args)
     trajectories = None
     if args.trace:
         from libra.workloads import load_trace
@@ -198,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
         prompts, samples = args.prompts or 512, args.samples or 16
     check_batch(prompts, samples)
     rl = RLSettings(num_prompts=prompts, samples_per_prompt=samples, max_model_len=args.max_len)
-    profile = _profile(args, rl, trajectories)
+    profile = _profile(args, rl, trajectories, latency)
     options = PlannerOptions(routing=args.routing)
     if args.tp_degrees is not None:
         options = attrs.evolve(options, tp_degrees=_tp_degrees(args.tp_degrees))

@@ -207,8 +207,6 @@ def run(args: argparse.Namespace) -> int:
     cluster, model, coeffs = setup_from_args(args)
     coeffs = _colocated(args, coeffs)
     latency = tool_latency_from_args(args)
-    if latency is not None and not args.trace:
-        raise CLIError("--tool-latency sets the calls a trace does not time; the synthetic workloads time every call")
     if args.trace and args.resample:
         source = WorkSource.resampled(
             args.trace,

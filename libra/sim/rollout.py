@@ -185,9 +185,9 @@ class RolloutRun(SliceDecode, Admission):
         self._cap = np.zeros(0)
         self._kernel: tuple | None = None  # `SliceDecode._kernel_table`, for `_kernel_key` instances
         self._kernel_key = -1
-        # (slice end, instances, `next_event` there, the requests in a tool call): the slice kernel's decoding hands
-        # on what its last scan found, for the next boundary; any change to the rollout through its methods drops it,
-        # and the next event is not used once an instance was added
+        # (slice end, instances, `next_event` there, the requests in a tool call, `load()` or None): the slice
+        # kernel's decoding hands on what its last scan found, for the next boundary; any change to the rollout
+        # through its methods drops it, and the next event is not used once an instance was added
         self._next: tuple[float, int, float, np.ndarray, np.ndarray | None] | None = None
         self._rows: tuple[np.ndarray, ...] | None = None  # the slice kernel's per-request arrays (`native._decode`)
 

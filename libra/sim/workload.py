@@ -256,6 +256,11 @@ def _segments(
     )
 
 
+def trace_name(path: str | Path) -> str:
+    """A trace file's name without its suffixes: t.jsonl.gz and t.jsonl are both "t"."""
+    return Path(Path(path).name.removesuffix(".gz")).stem
+
+
 class WorkSource:
     """Steps of work, from a synthetic workload (`from_generator`) or a trace file (`from_trace`)."""
 
@@ -298,8 +303,7 @@ class WorkSource:
     @classmethod
     def from_trace(cls, path: str | Path, *, seed: int = 0, latency: ToolLatency | None = None) -> WorkSource:
         steps = group_by_step(load_trace(path))
-        name = Path(Path(path).name.removesuffix(".gz")).stem  # (t.jsonl.gz and t.jsonl are both "t")
-        return cls(name, lambda s: steps[s], len(steps), latency or ToolLatency(), seed)
+        return cls(trace_name(path), lambda s: steps[s], len(steps), latency or ToolLatency(), seed)
 
     @classmethod
     def resampled(
@@ -324,8 +328,7 @@ class WorkSource:
             first = group_by_step(pool)[0]
             num_prompts = len({t.prompt_id for t in first})
         steps = group_by_step(resample_steps(pool, num_steps, num_prompts, seed=seed))
-        name = Path(Path(path).name.removesuffix(".gz")).stem + " (resampled)"
-        return cls(name, lambda s: steps[s], len(steps), latency or ToolLatency(), seed)
+        return cls(f"{trace_name(path)} (resampled)", lambda s: steps[s], len(steps), latency or ToolLatency(), seed)
 
     def step(self, step: int) -> StepWork:
         if self.num_steps is not None and step >= self.num_steps:

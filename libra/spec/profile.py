@@ -133,15 +133,9 @@ class WorkloadProfile:
                 continue
             size = hi - lo
             turns = self.turns[lo:hi] if self.turns else (1.0,) * size
-            tools: dict[str, float | None] = {"max_tool_s": None, "max_gen_tool_s": None}
-            if self.tool_s:  # the request decoding the most, and the one longest in tool calls (the first of ties)
-                most_gen = max(range(lo, hi), key=self.gen_tokens.__getitem__)
-                most_tool = max(range(lo, hi), key=self.tool_s.__getitem__)
-                tools = {
-                    "max_tool_s": self.tool_s[most_tool],
-                    "max_tool_gen": self.gen_tokens[most_tool],
-                    "max_gen_tool_s": self.tool_s[most_gen],
-                }
+            # the request decoding the most, and the one longest in tool calls (the first of ties), where known
+            most_gen = max(range(lo, hi), key=self.gen_tokens.__getitem__)
+            most_tool = max(range(lo, hi), key=self.tool_s.__getitem__) if self.tool_s else None
             out.append(
                 LengthGroup(
                     count=max(1, round(size * scale)) if scale != 1 else size,
@@ -149,9 +143,11 @@ class WorkloadProfile:
                     mean_gen=sum(self.gen_tokens[lo:hi]) / size,
                     max_total=self.total_lengths[hi - 1],
                     mean_turns=sum(turns) / size,
-                    max_gen=max(self.gen_tokens[lo:hi]),
+                    max_gen=self.gen_tokens[most_gen],
                     max_turns=max(turns),
-                    **tools,  # type: ignore[arg-type]
+                    max_tool_s=None if most_tool is None else self.tool_s[most_tool],
+                    max_tool_gen=0.0 if most_tool is None else self.gen_tokens[most_tool],
+                    max_gen_tool_s=self.tool_s[most_gen] if self.tool_s else None,
                 )
             )
         return tuple(out)

@@ -20,11 +20,7 @@ def profile_from_trajectories(
     `requests_per_step` defaults to the mean number of trajectories per step in the window."""
     if not trajectories:
         raise SpecError("cannot build a workload profile from zero trajectories")
-    steps = group_by_step(list(trajectories))
-    if window_steps is not None:
-        if window_steps < 1:
-            raise SpecError(f"window_steps must be >= 1, got {window_steps}")
-        steps = steps[-window_steps:]
+    steps = steps_in_window(trajectories, window_steps)
     chosen = [t for step in steps for t in step]
     per_step = requests_per_step or max(1, round(len(chosen) / len(steps)))
     # traces may record each tool call's wall time as `tool_latency_s`: where every tool call of the window does,
@@ -52,6 +48,16 @@ def profile_from_trajectories(
         requests_per_step=per_step,
         mean_tool_time_s=mean_tool_time_s,
     )
+
+
+def steps_in_window(trajectories: Sequence[Trajectory], window_steps: int | None) -> list[list[Trajectory]]:
+    """The trajectories grouped by step (`group_by_step`), the last `window_steps` of them (all when None)."""
+    steps = group_by_step(list(trajectories))
+    if window_steps is None:
+        return steps
+    if window_steps < 1:
+        raise SpecError(f"window_steps must be >= 1, got {window_steps}")
+    return steps[-window_steps:]
 
 
 def _recorded_tool_s(t: Trajectory) -> float | None:

@@ -247,7 +247,9 @@ def _simulate_case(rng: random.Random) -> Case:
         argv += ["--trace", path, "--samples", "2"]
     elif choice == 4:  # steps drawn from a trace (the synthetic defaults' --steps 1 replaced)
         path, files = _path_or_file(rng, _trace_file)
-        argv = [a for a in argv if a not in ("--steps", "1")] if rng.random() < 0.5 else argv
+        if rng.random() < 0.5:  # --resample's own default of 3 steps
+            at = argv.index("--steps")
+            argv = argv[:at] + argv[at + 2 :]
         argv += ["--trace", path, "--resample", rng.choice(["--steps", "--prompts"]), rng.choice(_INTS)]
     elif choice == 5:  # the calls a trace does not time
         path, files = _path_or_file(rng, _trace_file)
