@@ -9,9 +9,11 @@ idle) and T_rollout*(g) the rollout optimum with g GPUs (`RolloutTable`). Both a
 over T answers the joint search exactly (to float precision) without enumerating splits. Training times and
 bucket tables are memoised per profile, so replanning with another budget costs a few milliseconds.
 
-The fluid lower bound is `(W_train + W_rollout) / G`, with W the least GPU-seconds of each side (training at
-its most efficient layout, each length group on its most efficient TP degree at full concurrency): the
-makespan if both sides scaled perfectly with GPUs.
+The lower bound is the larger of two. The fluid bound `(W_train + W_rollout) / G`, with W the least GPU-seconds
+of each side (training at its most efficient layout, each length group on its most efficient TP degree at full
+concurrency): the makespan if both sides scaled perfectly with GPUs. The chain bound
+(`RolloutTable.chain_bound_s`): the longest chains of turns alone, each at a batch of one on the fastest degree
+that holds it, which no GPU count shortens (at scale the fluid bound falls toward 0 and this one sets the step).
 """
 
 from __future__ import annotations
@@ -187,12 +189,15 @@ class GlobalPlanner:
             buckets = self._fill_spares(tab.rollout, buckets, rollout_gpus)
         t_roll = max(b.time_s for b in buckets)
         lower = float(np.min(tab.train_times[1:budget] * np.arange(1, budget))) + tab.rollout.fluid_gpu_seconds()
+        fluid, chain = lower / budget, tab.rollout.chain_bound_s()
         rollout = RolloutConfig(num_gpus=rollout_gpus, time_s=t_roll, instances=tab.rollout.instance_groups(buckets))
         return Plan(
             train=train,
             rollout=rollout,
             makespan_s=max(train.time_s, t_roll),
-            lower_bound_s=lower / budget,
+            lower_bound_s=max(fluid, chain),
+            fluid_bound_s=fluid,
+            chain_bound_s=chain,
             solve_time_s=time.perf_counter() - start,
         )
 

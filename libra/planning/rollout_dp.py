@@ -100,6 +100,7 @@ class RolloutTable:
         if not 0.0 <= admission_delay < 1.0:
             raise SpecError(f"admission_delay must be in [0, 1), got {admission_delay}")
         self.cost, self.groups, self.max_gpus, self.routing = cost, groups, max_gpus, routing
+        self.tool_latency_s = tool_latency_s
         q = len(groups)
         self.num_groups = q
         c = np.array([g.count for g in groups], dtype=float)
@@ -289,6 +290,43 @@ class RolloutTable:
             )
             best = np.minimum(best, np.where(max_total <= self.cost.kv_capacity_tokens(tp), work, np.inf))
         return float(best.sum())
+
+    def chain_bound_s(self) -> float:
+        """A lower bound on any plan's rollout time under this model, from its longest chains alone (0 where
+        nothing fits).
+        Every plan has a last bucket, which lives through the last group's longest decoder's chain, and a bucket
+        holding the request longest in tool calls (where tool seconds are known), which lives through that one's;
+        a bucket takes at least its chain at the step time of a batch of one (`RolloutCost.instance_time`: what the
+        throughput phase leaves of the chain finishes at that pace, and the batch's pace is no faster), and that
+        step is at least the fastest fitting degree's at an empty context. The fluid bound ignores this: more GPUs
+        shorten the throughput phase, never one request's own turns and tool calls."""
+        g = self.groups
+        if not g:
+            return 0.0
+
+        def fastest_step(tokens: float) -> float:  # a batch of one, empty context, the fastest degree holding it
+            steps = [
+                float(self.cost.decode_step_time(tp, 1.0, 0.0))
+                for tp in self.tp_degrees
+                if tokens <= self.cost.kv_capacity_tokens(tp)
+            ]
+            return min(steps, default=math.inf)
+
+        last = g[-1]
+        step = fastest_step(last.max_total)
+        if math.isinf(step):
+            return 0.0
+        known = all(x.max_tool_s is not None and x.max_gen_tool_s is not None for x in g)  # as `_tool_tail`
+        gen_tools = last.max_gen_tool_s
+        tools = gen_tools if known and gen_tools is not None else last.tail_turns * self.tool_latency_s
+        bound = last.tail_gen * step + tools
+        if known:  # the request longest in tool calls: whichever bucket holds it lives through its chain
+            most = max(x.max_tool_s or 0.0 for x in g)
+            ties = [x for x in g if (x.max_tool_s or 0.0) == most]
+            step = min(fastest_step(x.max_total) for x in ties)
+            if not math.isinf(step):
+                bound = max(bound, min(x.max_tool_gen for x in ties) * step + most)
+        return bound
 
     def candidates(self, lo: float, hi: float, bracket: CountBracket | None = None) -> np.ndarray:
         """Every bucket time in (lo, hi]: the optimum lies among them or among the training times. With a

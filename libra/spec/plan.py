@@ -156,13 +156,17 @@ class RolloutConfig:
 
 @attrs.frozen(kw_only=True)
 class Plan:
-    """A complete decision for one GPU budget. `lower_bound_s` is the fluid bound: the makespan if training and
-    rollout both scaled perfectly with GPUs, so `makespan_s / lower_bound_s` says how far from ideal a plan is."""
+    """A complete decision for one GPU budget. `lower_bound_s` is a makespan no plan can beat, so
+    `makespan_s / lower_bound_s` says how far from ideal a plan is: the larger of `fluid_bound_s` (the makespan if
+    training and rollout both scaled perfectly with GPUs) and `chain_bound_s` (the longest chains of turns alone,
+    each at a batch of one on the fastest instance that holds it, which no GPU count shortens)."""
 
     train: TrainConfig
     rollout: RolloutConfig
     makespan_s: float
     lower_bound_s: float = 0.0
+    fluid_bound_s: float = 0.0
+    chain_bound_s: float = 0.0
     solve_time_s: float = attrs.field(default=0.0, eq=False)  # how long the search took: not part of the plan
 
     @property
@@ -173,6 +177,8 @@ class Plan:
         return {
             "makespan_s": self.makespan_s,
             "lower_bound_s": self.lower_bound_s,
+            "fluid_bound_s": self.fluid_bound_s,
+            "chain_bound_s": self.chain_bound_s,
             "solve_time_s": self.solve_time_s,
             "train": self.train.to_dict(),
             "rollout": self.rollout.to_dict(),

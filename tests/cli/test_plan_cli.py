@@ -15,7 +15,7 @@ from tests.limits import scaled
 def test_plan_defaults_print_a_table(capsys) -> None:
     assert main(["plan"]) == 0
     out = capsys.readouterr().out
-    for word in ("Training", "Rollout", "makespan", "fluid lower bound", "single-TP", "solve time"):
+    for word in ("Training", "Rollout", "makespan", "lower bound", "fluid", "longest chain", "single-TP", "solve time"):
         assert word in out
 
 
@@ -28,6 +28,7 @@ def test_plan_json_has_the_documented_keys(capsys) -> None:
     assert data["train"]["gpus"] + data["rollout"]["gpus"] == 16
     assert all({"tp", "count", "max_tokens"} <= set(i) for i in data["rollout"]["instances"])
     assert data["makespan_s"] >= data["lower_bound_s"] > 0
+    assert data["lower_bound_s"] == max(data["fluid_bound_s"], data["chain_bound_s"])
 
 
 def test_plan_from_a_trace(tmp_path, capsys) -> None:

@@ -3,12 +3,14 @@ limits, divisibility and KV capacity all bite)."""
 
 from __future__ import annotations
 
+import math
 import os
 
 import attrs
 import numpy as np
 
 from libra.planning.cost import BatchStats, CostCoefficients, CostModel
+from libra.planning.rollout_dp import bisect_min
 from libra.spec import ClusterSpec, GPUSpec, LengthGroup, ModelSpec
 
 # instances per oracle test; scripts/mutation.sh lowers it (the share thresholds are asserted at >= 1,000 only)
@@ -148,3 +150,18 @@ def with_tool_tails(groups: tuple[LengthGroup, ...], rng: np.random.Generator) -
             )
         )
     return tuple(out)
+
+
+def table_optimum(table, gpus: int) -> float:
+    """The least rollout time of a `RolloutTable`'s plans on `gpus` GPUs: the smallest limit whose fewest GPUs fit
+    (inf when no limit does)."""
+
+    def feasible(limit: float) -> bool:
+        return table.min_gpus(limit)[0] <= gpus
+
+    hi = 1.0
+    while not feasible(hi):
+        hi *= 4.0
+        if hi > 1e30:
+            return math.inf
+    return bisect_min(feasible, 0.0, hi, candidates=table.candidates)

@@ -225,9 +225,10 @@ def test_requests_shorter_than_one_token_are_scored_as_the_dp_scores_them() -> N
 
 
 def test_the_lower_bound_is_both_sides_least_gpu_seconds_over_the_budget() -> None:
-    """`lower_bound_s` is (W_train + W_rollout) / G (the module's definition): W_train the least GPU-seconds of any
+    """`fluid_bound_s` is (W_train + W_rollout) / G (the module's definition): W_train the least GPU-seconds of any
     training layout on fewer than G GPUs (each GPU count's best layout from the tree search, not the frontier the
-    planner reads), W_rollout the rollout's fluid bound; and no plan beats it."""
+    planner reads), W_rollout the rollout's fluid bound; `lower_bound_s` the larger of it and the chain bound; and
+    no plan beats it."""
     checked = 0
     for planner, profile, plan in _plans("start-small", range(10)):
         budget = plan.num_gpus
@@ -235,7 +236,9 @@ def test_the_lower_bound_is_both_sides_least_gpu_seconds_over_the_budget() -> No
         layouts = [tab.search.best(g) for g in range(1, budget)]
         train = min(c.num_gpus * c.time_s for c in layouts if c is not None)
         expected = (train + tab.rollout.fluid_gpu_seconds()) / budget
-        assert plan.lower_bound_s == pytest.approx(expected, rel=1e-12)
+        assert plan.fluid_bound_s == pytest.approx(expected, rel=1e-12)
+        assert plan.chain_bound_s == tab.rollout.chain_bound_s()
+        assert plan.lower_bound_s == max(plan.fluid_bound_s, plan.chain_bound_s)
         assert plan.lower_bound_s <= plan.makespan_s
         checked += 1
     assert checked >= 5, checked

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from libra.planning import GlobalPlanner, PlannerOptions
 from libra.planning.oracle import bucket_time, plan_optimum, rollout_optimum
-from libra.planning.rollout_dp import ROUTINGS, RolloutTable, bisect_min
+from libra.planning.rollout_dp import ROUTINGS, RolloutTable
 from libra.spec import RLSettings, SpecError, WorkloadProfile
 from tests.planning.instances import (
     ORACLE_INSTANCES,
@@ -20,22 +20,11 @@ from tests.planning.instances import (
     random_groups,
     sized_cost_model,
     skewed_groups,
+    table_optimum,
     with_tool_tails,
 )
 
 TPS = (1, 2, 4, 8)
-
-
-def _rollout_optimum(table: RolloutTable, gpus: int) -> float:
-    def feasible(limit: float) -> bool:
-        return table.min_gpus(limit)[0] <= gpus
-
-    hi = 1.0
-    while not feasible(hi):
-        hi *= 4.0
-        if hi > 1e30:
-            return math.inf
-    return bisect_min(feasible, 0.0, hi, candidates=table.candidates)
 
 
 @pytest.mark.slow  # 1-4 CPU-minutes each on the 2-core machine, 3-11 wall-minutes when it is loaded
@@ -54,7 +43,7 @@ def test_rollout_dp_equals_brute_force_on_1000_instances() -> None:
         latency = float(rng.choice([0.0, 2.0]))
         routing = ROUTINGS[seed % 2]
         table = RolloutTable(cm.rollout, groups, tp_degrees=tps, max_gpus=gpus, tool_latency_s=latency, routing=routing)
-        got = _rollout_optimum(table, gpus)
+        got = table_optimum(table, gpus)
         oracle = rollout_optimum(cm, groups, gpus, tps, latency, routing)
         expected = oracle.time_s
         feasible += math.isfinite(expected)
