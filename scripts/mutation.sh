@@ -4,7 +4,8 @@
 # count). Not part of scripts/test.sh: it takes tens of minutes (docs/testing.md has the numbers).
 #
 #   bash scripts/mutation.sh                 # all solver files
-#   bash scripts/mutation.sh replan          # one file (train_tree, rollout_dp, planner, replan, cmlfq, priced)
+#   bash scripts/mutation.sh replan          # one file (train_tree, rollout_dp, planner, replan, rollout_cost, cmlfq,
+#                                            # priced); workloads: the profile, a step's work, the resampling
 #   bash scripts/mutation.sh placement       # the placement solver's five files together
 #   LIBRA_MUTATION_SAMPLE=60 bash scripts/mutation.sh planner   # a seeded random sample of 60 of its mutants
 #   LIBRA_MUTATION_RESUME=1 bash scripts/mutation.sh train_tree  # go on with a stopped run (SIGINT to mutmut run)
@@ -24,6 +25,8 @@ declare -A files=(
   [rollout_dp]=libra/planning/rollout_dp.py
   [planner]=libra/planning/planner.py
   [replan]=libra/planning/replan.py
+  [rollout_cost]=libra/planning/cost/rollout.py
+  [workloads]="libra/workloads/profile.py libra/sim/workload.py libra/sim/manyturn.py"
   [cmlfq]=libra/scheduling/cmlfq.py
   [priced]=libra/scheduling/priced.py
   [placement]="libra/planning/placement/model.py libra/planning/placement/patterns.py libra/planning/placement/assign.py libra/planning/placement/problem.py libra/planning/placement/place.py"
@@ -33,12 +36,14 @@ declare -A tests=(
   [rollout_dp]="tests/planning/test_rollout_and_planner.py tests/planning/test_rollout_bounds.py tests/planning/test_rollout_table.py tests/planning/test_mutation_rollout_dp.py"
   [planner]="tests/planning/test_rollout_and_planner.py tests/planning/test_planner_details.py tests/planning/test_mutation_planner.py"
   [replan]="tests/planning/test_replan.py tests/planning/test_rollout_and_planner.py"
+  [rollout_cost]="tests/planning/test_cost.py tests/planning/test_cost_anchors.py tests/planning/test_cost_moe.py tests/planning/test_instance_time_shared.py tests/planning/test_tool_tail.py tests/sim/test_slice_native.py::test_the_kernel_prefill_and_decode_step_are_the_cost_models"  # not the golden plans: they fail on any change, right or wrong
+  [workloads]="tests/workloads/test_trace_loader.py tests/planning/test_tool_tail.py tests/sim/test_resampled.py tests/sim/test_many_turn.py tests/sim/test_real_steps.py tests/sim/test_step_arrays.py"
   [cmlfq]="tests/scheduling/test_router.py tests/scheduling/test_cmlfq_decisions.py tests/scheduling/test_golden.py"  # test_evaluate.py: 200 s per mutant
   [priced]="tests/scheduling/test_router.py tests/scheduling/test_cmlfq_decisions.py tests/scheduling/test_golden.py tests/scheduling/test_fast_paths.py tests/scheduling/test_priced_exits.py"
   [placement]="tests/planning/test_placement_errors.py tests/planning/test_placement_moves.py tests/planning/test_placement_oracle.py tests/planning/test_placement_properties.py tests/planning/test_mutation_placement.py"
 )
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(train_tree rollout_dp planner replan cmlfq priced placement)
+[ ${#targets[@]} -gt 0 ] || targets=(train_tree rollout_dp planner replan rollout_cost workloads cmlfq priced placement)
 
 total_killed=0
 total_all=0
@@ -51,7 +56,7 @@ for target in "${targets[@]}"; do
   else
     rm -rf "$work"
     mkdir -p "$work"
-    cp -r "$root/libra" "$root/tests" "$work/"
+    cp -r "$root/libra" "$root/tests" "$root/examples" "$work/"  # examples: the coefficient files some tests read
     find "$work" -name __pycache__ -prune -exec rm -rf {} +
     test_list=$(printf '"%s", ' ${tests[$target]})
     source_list=$(printf '"%s", ' ${files[$target]})
@@ -59,7 +64,7 @@ for target in "${targets[@]}"; do
 [tool.mutmut]
 source_paths = [${source_list%, }]
 pytest_add_cli_args_test_selection = [${test_list%, }]
-also_copy = ["libra", "tests"]
+also_copy = ["libra", "tests", "examples"]
 pytest_add_cli_args = ["-x", "-q", "-p", "no:cacheprovider", "-p", "no:benchmark"]
 
 [tool.pytest.ini_options]

@@ -74,6 +74,45 @@ def test_kv_capacity_grows_with_tp_and_bounds_concurrency() -> None:
     assert not r.fits(1, 1e9)
 
 
+def test_kv_capacity_is_what_the_engine_leaves_of_the_gpu() -> None:
+    """Each GB of the activation reserve, and each share point of the memory the engine may use, moves the KV
+    capacity by exactly its bytes over the KV bytes per token (units: a reserve in GB is 1e9 bytes)."""
+    cm = _node()
+    for tp in (1, 2, 4, 8):
+        base = cm.rollout.kv_capacity_tokens(tp)
+        per_token = cm.model.kv_bytes_per_token(tp)
+        more_reserve = attrs.evolve(cm.coeffs, activation_reserve_gb=cm.coeffs.activation_reserve_gb + 1.0)
+        less = CostModel(cm.cluster, cm.model, more_reserve).rollout.kv_capacity_tokens(tp)
+        assert base - less == pytest.approx(1e9 / per_token, rel=1e-9)
+        more_memory = attrs.evolve(cm.coeffs, gpu_memory_utilization=cm.coeffs.gpu_memory_utilization + 0.01)
+        more = CostModel(cm.cluster, cm.model, more_memory).rollout.kv_capacity_tokens(tp)
+        assert more - base == pytest.approx(0.01 * cm.cluster.gpu.memory_bytes / per_token, rel=1e-9)
+
+
+def test_an_instance_holding_exactly_its_kv_pool_costs_the_fluid_bound() -> None:
+    """The fluid bound is attained: one instance whose requests are exactly the sequences its KV pool holds (no
+    queue, so no preemption churn) and whose longest chain ends inside the throughput phase spends, in GPU-seconds,
+    what `fluid_gpu_seconds` charges for the same work: decoding at that batch, prefill at half the resident
+    context, the per-request cost."""
+    r = _node().rollout
+    for tp in (1, 2, 4, 8):
+        resident = 24_000.0
+        n = float(r.kv_limit(tp, resident))
+        assert 1.0 < n < r.c.max_num_seqs
+        work = dict(num_requests=n, decode_tokens=n * 4_000.0, prefill_tokens=n * 20_000.0, resident_context=resident)
+        spent = tp * float(r.instance_time(tp, max_gen=10.0, **work))
+        assert spent == pytest.approx(float(r.fluid_gpu_seconds(tp, **work)), rel=1e-12)
+
+
+def test_without_a_tool_latency_a_chain_has_no_tool_time() -> None:
+    """`tool_latency_s` defaults to 0: the most turns add nothing to the chain unless a latency is given."""
+    r = _node().rollout
+    work = dict(num_requests=4.0, decode_tokens=400.0, prefill_tokens=4_000.0, resident_context=2_000.0, max_gen=300.0)
+    plain = float(r.instance_time(1, **work))
+    assert float(r.instance_time(1, max_turns=20.0, **work)) == plain
+    assert float(r.instance_time(1, max_turns=20.0, tool_latency_s=2.0, **work)) > plain + 20.0
+
+
 def test_training_memory_falls_with_more_parallelism() -> None:
     t = _node().training
     batch = BatchStats.uniform(num_sequences=64, length=8192)

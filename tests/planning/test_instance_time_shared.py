@@ -3,10 +3,12 @@ expanded per-entry arrays bit for bit, for random models (dense and MoE), GPUs a
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from libra.planning.cost import CostModel
 from tests.planning.instances import random_cost_model
 
 
@@ -19,6 +21,17 @@ from tests.planning.instances import random_cost_model
 )
 def test_grid_equals_per_entry(seed: int, tp: int, tool: float, tails: bool) -> None:
     cm, rng = random_cost_model(seed, memory_gb=(16, 40, 80))
+    # every engine term switched on (the default TP step overhead is 0, which hid a grid that dropped it for TP-2),
+    # drawn from their own generator so the workload drawn below stays what it was
+    extra = np.random.default_rng([seed, 3])
+    coeffs = attrs.evolve(
+        cm.coeffs,
+        tp_step_overhead_s=float(extra.uniform(1e-4, 3e-3)),
+        step_overhead_s=float(extra.uniform(1e-4, 3e-3)),
+        per_seq_overhead_s=float(extra.uniform(1e-6, 1e-4)),
+        allreduce_latency_s=float(extra.uniform(1e-6, 3e-5)),
+    )
+    cm = CostModel(cm.cluster, cm.model, coeffs)
     rows, width = int(rng.integers(1, 12)), int(rng.integers(1, 9))
     per_row = dict(
         num_requests=rng.uniform(1, 300, rows),
