@@ -426,9 +426,11 @@ class PolicyRun:
         self.records.append(rec)
         return rec
 
-    def observation(self, profile_fn) -> Observation:
+    def observation(self, profile_fn, step_profile_fn=None) -> Observation:
         r = self.records[-1]
-        return Observation(step=r.step, rollout_s=r.rollout_s, train_s=r.train_s, profile=profile_fn)
+        return Observation(
+            step=r.step, rollout_s=r.rollout_s, train_s=r.train_s, profile=profile_fn, step_profile=step_profile_fn
+        )
 
 
 def profile_of(works: list[StepWork], name: str, global_batch: int) -> WorkloadProfile:

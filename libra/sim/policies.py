@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import attrs
+import numpy as np
 
 from libra.planning import GlobalPlanner, ReplanGate
 from libra.planning.cost import BatchStats, CostModel
@@ -114,6 +115,7 @@ class Observation:
     rollout_s: float
     train_s: float
     profile: Callable[[], WorkloadProfile]  # lengths of recently finished steps only (no future)
+    step_profile: Callable[[], WorkloadProfile] | None = None  # the step just rolled out alone (None: `profile`)
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -265,21 +267,45 @@ class StaticOptimal(Policy):
         )
 
 
+def plan_kind(plan: Plan) -> str:
+    """ "single" for one TP degree in one bucket, "mixed" for several buckets: the two kinds of rollout whose
+    measured times `Libra` keeps apart (the cost model errs differently on them)."""
+    return "single" if len(plan.rollout.instances) == 1 else "mixed"
+
+
 class Libra(Policy):
-    """Replan every `replan_every` steps on the profile of recently finished steps; apply through the gate."""
+    """Replan every `replan_every` steps on the profile of recently finished steps; apply through the gate.
+
+    With `measured` (the default for `libra` itself, off for its ablations), the policy trusts what it measured:
+    after every step it keeps the ratio of the rollout time it saw to the time the planner predicts for the plan
+    it ran (`evaluate` on that step's own work), by plan kind (`plan_kind`), and at a replan it scores the planner's
+    optimum and the best single-degree plan alike, each predicted rollout times the median of its kind's last
+    `replan_every` ratios (1 for a kind not run yet), so a kind of plan that ran slower than predicted is not kept
+    on the model's word. The same correction scores the running plan for the gate."""
 
     name = "libra"
     elastic = True
     homogeneous: ClassVar[bool] = False
     routing: ClassVar[str] = "cmlfq"
+    measures: ClassVar[bool] = True
 
     def __init__(
-        self, env: PolicyEnv, *, replan_every: int = 10, min_relative_gain: float = 0.05, admit: str = "smallest"
+        self,
+        env: PolicyEnv,
+        *,
+        replan_every: int = 10,
+        min_relative_gain: float = 0.05,
+        admit: str = "smallest",
+        measured: bool | None = None,
     ) -> None:
         super().__init__(env)
         if admit not in ("smallest", "predicted"):
             raise SpecError(f"admit must be 'smallest' or 'predicted', got {admit!r}")
+        if replan_every < 1:
+            raise SpecError(f"replan_every must be >= 1, got {replan_every}")
         self.admit = admit  # where C-MLFQ starts a request (the published rule: the smallest bucket)
+        self.measured = self.measures if measured is None else bool(measured)
+        self.ratios: dict[str, list[float]] = {"single": [], "mixed": []}  # measured / predicted rollout, by kind
         self.replan_every = replan_every
         self.gate = ReplanGate(
             to_rollout_s=env.to_rollout_s,
@@ -290,9 +316,11 @@ class Libra(Policy):
         self.plan: Plan | None = None
 
     def _plan(self, profile: WorkloadProfile) -> Plan:
+        return self._single_degree(profile) if self.homogeneous else self.env.planner.plan(profile)
+
+    def _single_degree(self, profile: WorkloadProfile) -> Plan:
+        """The best plan on one TP degree (ties to the smaller degree)."""
         planner = self.env.planner
-        if not self.homogeneous:
-            return planner.plan(profile)
         plans = []
         for tp in (1, 2, 4, 8):
             if tp <= self.env.cluster.gpus_per_node and self.env.cost_model.rollout.fits(tp, profile.total_lengths[-1]):
@@ -315,12 +343,39 @@ class Libra(Policy):
             reason=f"initial plan ({self.plan.makespan_s:.0f} s predicted)",
         )
 
+    def correction(self, kind: str) -> float:
+        """Measured over predicted rollout time for plans of `kind`: the median of its last `replan_every` steps
+        (1 before any)."""
+        last = self.ratios[kind][-self.replan_every :]
+        return float(np.median(last)) if last else 1.0
+
+    def _scored(self, plan: Plan, profile: WorkloadProfile) -> float:
+        """A plan's makespan on `profile`, its rollout corrected by what plans of its kind measured."""
+        train, rollout = self.env.planner.evaluate(plan, profile)
+        return max(train, rollout * self.correction(plan_kind(plan)))
+
     def after_step(self, obs: Observation) -> Decision | None:
-        if (obs.step + 1) % self.replan_every or self.plan is None:
+        if self.plan is None:
+            return None
+        planner = self.env.planner
+        if self.measured:  # against the prediction for the work that step rolled out
+            predicted = planner.evaluate(self.plan, (obs.step_profile or obs.profile)())[1]
+            if 0.0 < predicted < math.inf and obs.rollout_s > 0.0:
+                self.ratios[plan_kind(self.plan)].append(obs.rollout_s / predicted)
+        if (obs.step + 1) % self.replan_every:
             return None
         profile = obs.profile()
-        planner = self.env.planner
-        if not self.homogeneous:  # the planner's own replan: both plans scored by `evaluate` on the newest profile
+        if self.measured and not self.homogeneous:  # the optimum and the best single degree, both as measured
+            candidates = [planner.plan(profile, num_gpus=self.plan.num_gpus), self._single_degree(profile)]
+            candidate = min(candidates, key=lambda p: self._scored(p, profile))
+            verdict = self.gate.decide(
+                current=self.plan,
+                candidate=candidate,
+                horizon_steps=self.replan_every,
+                current_makespan_s=self._scored(self.plan, profile),
+                candidate_makespan_s=self._scored(candidate, profile),
+            )
+        elif not self.homogeneous:  # the planner's own replan: both plans scored by `evaluate` on the newest profile
             candidate, verdict = planner.replan(self.plan, profile, gate=self.gate, horizon_steps=self.replan_every)
         else:  # the best single degree, scored the same way as `GlobalPlanner.replan` scores (no phantom gain)
             candidate = self._plan(profile)
@@ -348,18 +403,21 @@ class LibraHomogeneous(Libra):
     name = "libra-homogeneous"
     elastic = False
     homogeneous = True
+    measures = False
 
 
 class LibraHeteroTP(Libra):
     name = "libra-hetero-tp"
     elastic = False
     routing = "overflow"
+    measures = False
 
 
 class LibraCMLFQ(Libra):
     name = "libra-cmlfq"
     elastic = False
     routing = "cmlfq"
+    measures = False
 
 
 _REGISTRY: dict[str, type[Policy]] = {

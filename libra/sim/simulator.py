@@ -160,9 +160,14 @@ def _simulate(
                 cache["p"] = profile_of(list(ws), f"{name}@{step}", gb)
             return cache["p"]
 
+        def step_profile(w=work, cache=cached, step=k):  # the step just rolled out alone
+            if "s" not in cache:
+                cache["s"] = profile_of([w], f"{name}@{step} alone", gb)
+            return cache["s"]
+
         if k + 1 < num_steps:
             for run in runs:
-                decision = run.policy.after_step(run.observation(profile))
+                decision = run.policy.after_step(run.observation(profile, step_profile))
                 if decision is not None:
                     run.decide(decision)
         if causal is not None:
