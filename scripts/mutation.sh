@@ -56,7 +56,7 @@ for target in "${targets[@]}"; do
   else
     rm -rf "$work"
     mkdir -p "$work"
-    cp -r "$root/libra" "$root/tests" "$root/examples" "$work/"  # examples: the coefficient files some tests read
+    cp -r "$root/libra" "$root/tests" "$root/examples" "$root/data" "$work/"  # the coefficients and corpus tests read
     find "$work" -name __pycache__ -prune -exec rm -rf {} +
     test_list=$(printf '"%s", ' ${tests[$target]})
     source_list=$(printf '"%s", ' ${files[$target]})
@@ -64,7 +64,7 @@ for target in "${targets[@]}"; do
 [tool.mutmut]
 source_paths = [${source_list%, }]
 pytest_add_cli_args_test_selection = [${test_list%, }]
-also_copy = ["libra", "tests", "examples"]
+also_copy = ["libra", "tests", "examples", "data"]
 pytest_add_cli_args = ["-x", "-q", "-p", "no:cacheprovider", "-p", "no:benchmark"]
 
 [tool.pytest.ini_options]
