@@ -268,8 +268,8 @@ class StaticOptimal(Policy):
 
 
 def plan_kind(plan: Plan) -> str:
-    """ "single" for one TP degree in one bucket, "mixed" for several buckets: the two kinds of rollout whose
-    measured times `Libra` keeps apart (the cost model errs differently on them)."""
+    """The kind of a plan's rollout: "single" for one TP degree in one bucket, "mixed" for several buckets. `Libra`
+    keeps their measured times apart (the cost model errs differently on them)."""
     return "single" if len(plan.rollout.instances) == 1 else "mixed"
 
 
