@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Mutation testing (mutmut 3) of the solvers: the training tree, the rollout DP, the global planner, the replan gate
-# and the C-MLFQ decision rule, each against its fastest relevant tests (the oracle tests at a reduced instance
+# Mutation testing (mutmut 3) of the solvers (the training tree, the rollout DP, the global planner, the replan gate,
+# the C-MLFQ decision rule) and of the cost model's rollout side, a step's work and the router's learnt parts, each
+# against its fastest relevant tests (the oracle tests at a reduced instance
 # count). Not part of scripts/test.sh: it takes tens of minutes (docs/testing.md has the numbers).
 #
 #   bash scripts/mutation.sh                 # all solver files

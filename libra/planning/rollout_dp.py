@@ -316,7 +316,7 @@ class RolloutTable:
         step = fastest_step(last.max_total)
         if math.isinf(step):
             return 0.0
-        known = all(x.max_tool_s is not None and x.max_gen_tool_s is not None for x in g)  # as `_tool_tail`
+        known = _tool_seconds_known(g)
         gen_tools = last.max_gen_tool_s
         tools = gen_tools if known and gen_tools is not None else last.tail_turns * self.tool_latency_s
         bound = last.tail_gen * step + tools
@@ -352,13 +352,18 @@ class RolloutTable:
         return tuple(out)
 
 
+def _tool_seconds_known(groups: tuple[LengthGroup, ...]) -> bool:
+    """Every group knows its requests' seconds in tool calls (the profile had `tool_s`)."""
+    return all(g.max_tool_s is not None and g.max_gen_tool_s is not None for g in groups)
+
+
 def _tool_tail(
     groups: tuple[LengthGroup, ...], starts: np.ndarray, stops: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Per range [start, stop): the tool seconds of the last group's longest decoder, and the tokens and tool
     seconds of the range's request longest in tool calls (the first group of ties); None where a group has no tool
     seconds (`RolloutCost.instance_time`'s `tool_tail`)."""
-    if any(g.max_tool_s is None or g.max_gen_tool_s is None for g in groups):
+    if not _tool_seconds_known(groups):
         return None
     most = np.array([g.max_tool_s for g in groups], dtype=float)
     at = np.zeros((len(groups), len(groups)), dtype=np.int64)  # at[s, e]: the group of max(most[s:e + 1])

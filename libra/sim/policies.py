@@ -367,13 +367,13 @@ class Libra(Policy):
         profile = obs.profile()
         if self.measured and not self.homogeneous:  # the optimum and the best single degree, both as measured
             candidates = [planner.plan(profile, num_gpus=self.plan.num_gpus), self._single_degree(profile)]
-            candidate = min(candidates, key=lambda p: self._scored(p, profile))
+            score, candidate = min(((self._scored(p, profile), p) for p in candidates), key=lambda x: x[0])
             verdict = self.gate.decide(
                 current=self.plan,
                 candidate=candidate,
                 horizon_steps=self.replan_every,
                 current_makespan_s=self._scored(self.plan, profile),
-                candidate_makespan_s=self._scored(candidate, profile),
+                candidate_makespan_s=score,
             )
         elif not self.homogeneous:  # the planner's own replan: both plans scored by `evaluate` on the newest profile
             candidate, verdict = planner.replan(self.plan, profile, gate=self.gate, horizon_steps=self.replan_every)
