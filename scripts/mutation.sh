@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Mutation testing (mutmut 3) of the solvers (the training tree, the rollout DP, the global planner, the replan gate,
-# the C-MLFQ decision rule) and of the cost model's rollout side, a step's work and the router's learnt parts, each
-# against its fastest relevant tests (the oracle tests at a reduced instance
+# the C-MLFQ decision rule) and of the cost model's rollout side, a step's work, the router's learnt parts and the
+# simulator's policies and stages, each against its fastest relevant tests (the oracle tests at a reduced instance
 # count). Not part of scripts/test.sh: it takes tens of minutes (docs/testing.md has the numbers).
 #
 #   bash scripts/mutation.sh                 # all solver files
 #   bash scripts/mutation.sh replan          # one file (train_tree, rollout_dp, planner, replan, rollout_cost, cmlfq,
 #                                            # priced); workloads: the profile, a step's work, the resampling;
-#                                            # router_parts: the default router's experts, budget, size classes, prior
+#                                            # router_parts: the default router's experts, budget, size classes, prior;
+#                                            # sim_policies: the simulator's policies and its stages (engine.py)
 #   bash scripts/mutation.sh placement       # the placement solver's five files together
 #   LIBRA_MUTATION_SAMPLE=60 bash scripts/mutation.sh planner   # a seeded random sample of 60 of its mutants
 #   LIBRA_MUTATION_RESUME=1 bash scripts/mutation.sh train_tree  # go on with a stopped run (SIGINT to mutmut run)
@@ -30,6 +31,7 @@ declare -A files=(
   [rollout_cost]=libra/planning/cost/rollout.py
   [workloads]="libra/workloads/profile.py libra/sim/workload.py libra/sim/manyturn.py"
   [router_parts]="libra/scheduling/experts.py libra/scheduling/budget.py libra/scheduling/size_classes.py libra/scheduling/probability.py"
+  [sim_policies]="libra/sim/policies.py libra/sim/engine.py"
   [cmlfq]=libra/scheduling/cmlfq.py
   [priced]=libra/scheduling/priced.py
   [placement]="libra/planning/placement/model.py libra/planning/placement/patterns.py libra/planning/placement/assign.py libra/planning/placement/problem.py libra/planning/placement/place.py"
@@ -42,12 +44,13 @@ declare -A tests=(
   [rollout_cost]="tests/planning/test_cost.py tests/planning/test_cost_anchors.py tests/planning/test_cost_moe.py tests/planning/test_instance_time_shared.py tests/planning/test_tool_tail.py tests/sim/test_slice_native.py::test_the_kernel_prefill_and_decode_step_are_the_cost_models"  # not the golden plans: they fail on any change, right or wrong
   [workloads]="tests/sim/test_step_work_details.py tests/workloads/test_trace_loader.py tests/planning/test_tool_tail.py tests/sim/test_resampled.py tests/sim/test_many_turn.py tests/sim/test_real_steps.py tests/sim/test_step_arrays.py"
   [router_parts]="tests/scheduling/test_router_parts.py tests/scheduling/test_adaptive.py tests/scheduling/test_states.py tests/scheduling/test_router.py tests/scheduling/test_published_path.py"
+  [sim_policies]="tests/sim/test_engine_stages.py tests/sim/test_simulator.py tests/sim/test_measured_replan.py tests/sim/test_idle_bounds.py tests/sim/test_fidelity.py"  # not the golden reports: they fail on any change, right or wrong
   [cmlfq]="tests/scheduling/test_router.py tests/scheduling/test_cmlfq_decisions.py tests/scheduling/test_golden.py"  # test_evaluate.py: 200 s per mutant
   [priced]="tests/scheduling/test_router.py tests/scheduling/test_cmlfq_decisions.py tests/scheduling/test_golden.py tests/scheduling/test_fast_paths.py tests/scheduling/test_priced_exits.py"
   [placement]="tests/planning/test_placement_errors.py tests/planning/test_placement_moves.py tests/planning/test_placement_oracle.py tests/planning/test_placement_properties.py tests/planning/test_mutation_placement.py"
 )
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(train_tree rollout_dp planner replan rollout_cost workloads router_parts cmlfq priced placement)
+[ ${#targets[@]} -gt 0 ] || targets=(train_tree rollout_dp planner replan rollout_cost workloads router_parts sim_policies cmlfq priced placement)
 
 total_killed=0
 total_all=0
