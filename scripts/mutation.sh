@@ -9,6 +9,7 @@
 #                                            # priced); workloads: the profile, a step's work, the resampling;
 #                                            # router_parts: the default router's experts, budget, size classes, prior;
 #                                            # sim_policies: the simulator's policies and its stages (engine.py);
+#                                            # sim_routing: a step's routes, the records and the report's summary;
 #                                            # training_cost: the training cost model, the colocated switch, a job
 #   bash scripts/mutation.sh placement       # the placement solver's five files together
 #   LIBRA_MUTATION_SAMPLE=60 bash scripts/mutation.sh planner   # a seeded random sample of 60 of its mutants
@@ -33,6 +34,7 @@ declare -A files=(
   [workloads]="libra/workloads/profile.py libra/sim/workload.py libra/sim/manyturn.py"
   [router_parts]="libra/scheduling/experts.py libra/scheduling/budget.py libra/scheduling/size_classes.py libra/scheduling/probability.py"
   [sim_policies]="libra/sim/policies.py libra/sim/engine.py"
+  [sim_routing]="libra/sim/routing.py libra/sim/records.py libra/sim/report.py"
   [training_cost]="libra/planning/cost/training.py libra/planning/cost/switch.py libra/sim/training.py"
   [cmlfq]=libra/scheduling/cmlfq.py
   [priced]=libra/scheduling/priced.py
@@ -48,12 +50,13 @@ declare -A tests=(
   [router_parts]="tests/scheduling/test_router_parts.py tests/scheduling/test_adaptive.py tests/scheduling/test_states.py tests/scheduling/test_router.py tests/scheduling/test_published_path.py"
   [sim_policies]="tests/sim/test_engine_stages.py tests/sim/test_simulator.py tests/sim/test_measured_replan.py tests/sim/test_idle_bounds.py tests/sim/test_fidelity.py"  # not the golden reports: they fail on any change, right or wrong
   [training_cost]="tests/planning/test_training_terms.py tests/planning/test_cost.py tests/planning/test_cost_moe.py tests/planning/test_cost_anchors.py tests/planning/test_switch.py tests/planning/test_cost_profile_fit.py tests/sim/test_engine_stages.py tests/sim/test_simulator.py"  # not the golden plans
+  [sim_routing]="tests/sim/test_report_summary.py tests/sim/test_engine_stages.py tests/sim/test_simulator.py tests/sim/test_idle_bounds.py tests/sim/test_rollout.py tests/sim/test_replay_native.py tests/sim/test_step_arrays.py tests/sim/test_fidelity.py tests/cli/test_simulate_cli.py"
   [cmlfq]="tests/scheduling/test_router.py tests/scheduling/test_cmlfq_decisions.py tests/scheduling/test_golden.py"  # test_evaluate.py: 200 s per mutant
   [priced]="tests/scheduling/test_router.py tests/scheduling/test_cmlfq_decisions.py tests/scheduling/test_golden.py tests/scheduling/test_fast_paths.py tests/scheduling/test_priced_exits.py"
   [placement]="tests/planning/test_placement_errors.py tests/planning/test_placement_moves.py tests/planning/test_placement_oracle.py tests/planning/test_placement_properties.py tests/planning/test_mutation_placement.py"
 )
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(train_tree rollout_dp planner replan rollout_cost workloads router_parts sim_policies training_cost cmlfq priced placement)
+[ ${#targets[@]} -gt 0 ] || targets=(train_tree rollout_dp planner replan rollout_cost workloads router_parts sim_policies sim_routing training_cost cmlfq priced placement)
 
 total_killed=0
 total_all=0

@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+from libra.sim.records import PolicyResult
 from libra.sim.simulator import SimReport
 from libra.spec.jsonable import jsonable
 
@@ -13,6 +14,33 @@ from libra.spec.jsonable import jsonable
 def write_json(report: SimReport, path: Path) -> Path:
     path.write_text(json.dumps(jsonable(report.to_dict()), indent=1))
     return path
+
+
+def throughput_series(r: PolicyResult) -> tuple[list[int], list[float]]:
+    """What throughput.png draws for one policy: each stage that rolled out, its tokens over its duration."""
+    stages = [x for x in r.records if x.trajectories]
+    return [x.step for x in stages], [x.tokens / x.duration if x.duration > 0 else 0.0 for x in stages]
+
+
+def gpu_series(r: PolicyResult) -> tuple[list[int], list[float], list[float]]:
+    """What allocation.png draws for one policy: per stage, the GPUs training and rolling out on average over the
+    stage, counting the workers the elastic pool moved across (lent to training, borrowed back to rollout)."""
+    steps = [x.step for x in r.records]
+    shift = [(x.lent_gpu_s - x.borrowed_gpu_s) / x.duration if x.duration > 0 else 0.0 for x in r.records]
+    train = [x.train_gpus + d for x, d in zip(r.records, shift, strict=True)]
+    roll = [x.rollout_gpus - d for x, d in zip(r.records, shift, strict=True)]
+    return steps, train, roll
+
+
+def breakdown_series(report: SimReport) -> dict[str, list]:
+    """What breakdown.png draws: per policy, its mean rollout, training and stage (wall) seconds."""
+    summ = [r.summary() for r in report.results]
+    return {
+        "policy": [r.name for r in report.results],
+        "rollout": [s["mean_rollout_s"] for s in summ],
+        "training": [s["mean_train_s"] for s in summ],
+        "step (wall)": [s["mean_step_s"] for s in summ],
+    }
 
 
 def write_plots(report: SimReport, out: Path) -> list[Path]:
@@ -26,10 +54,7 @@ def write_plots(report: SimReport, out: Path) -> list[Path]:
     paths = []
     fig, ax = plt.subplots(figsize=(9, 5))
     for r in report.results:
-        stages = [x for x in r.records if x.trajectories]
-        ax.plot(
-            [x.step for x in stages], [x.tokens / x.duration if x.duration > 0 else 0 for x in stages], label=r.name
-        )
+        ax.plot(*throughput_series(r), label=r.name)
     ax.set_xlabel("step")
     ax.set_ylabel("tokens / s (stage)")
     ax.set_title(f"{report.workload}, {report.num_gpus} GPUs: throughput per step")
@@ -43,11 +68,7 @@ def write_plots(report: SimReport, out: Path) -> list[Path]:
     rows = math.ceil(n / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False, sharey=True)
     for ax, r in zip(axes.flat, report.results):
-        steps = [x.step for x in r.records]
-        # GPUs on average over each stage, counting workers the elastic pool moved across
-        shift = [(x.lent_gpu_s - x.borrowed_gpu_s) / x.duration if x.duration > 0 else 0.0 for x in r.records]
-        train = [x.train_gpus + d for x, d in zip(r.records, shift)]
-        roll = [x.rollout_gpus - d for x, d in zip(r.records, shift)]
+        steps, train, roll = gpu_series(r)
         if any(x.train_gpus + x.rollout_gpus > r.num_gpus for x in r.records):  # time-shared (colocated)
             ax.step(steps, train, where="post", label="training")
             ax.step(steps, roll, where="post", label="rollout")
@@ -66,14 +87,12 @@ def write_plots(report: SimReport, out: Path) -> list[Path]:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(9, 5))
-    names = [r.name for r in report.results]
-    summ = [r.summary() for r in report.results]
-    xs = range(len(names))
+    bars = breakdown_series(report)
+    names = bars.pop("policy")
     width = 0.27
-    ax.bar([x - width for x in xs], [s["mean_rollout_s"] for s in summ], width, label="rollout")
-    ax.bar(list(xs), [s["mean_train_s"] for s in summ], width, label="training")
-    ax.bar([x + width for x in xs], [s["mean_step_s"] for s in summ], width, label="step (wall)")
-    ax.set_xticks(list(xs))
+    for offset, (label, heights) in zip((-width, 0.0, width), bars.items(), strict=True):
+        ax.bar([x + offset for x in range(len(names))], heights, width, label=label)
+    ax.set_xticks(list(range(len(names))))
     ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("seconds")
     ax.set_title("Step-time breakdown (asynchronous: step = max of both sides; colocated: their sum)")

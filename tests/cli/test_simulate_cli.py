@@ -32,6 +32,18 @@ def test_table_and_plots(tmp_path, capsys):
         assert (tmp_path / name).stat().st_size > 0
 
 
+def test_plots_of_five_policies_in_a_new_nested_folder(tmp_path, capsys):
+    """The allocation plot lays five policies out on a 2 x 4 grid (three cells left empty); `--out` may name folders
+    that do not exist yet."""
+    out = tmp_path / "runs" / "five"
+    policies = "colocated,static-uniform,greedy,static-optimal,libra-homogeneous"
+    rc = main([*SMALL, "--steps", "1", "--policy", policies, "--out", str(out)])
+    assert rc == 0
+    for name in ("report.json", "throughput.png", "allocation.png", "breakdown.png"):
+        assert (out / name).stat().st_size > 0
+    assert set(json.loads((out / "report.json").read_text())["policies"]) == set(policies.split(","))
+
+
 def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     assert main([*SMALL, "--policy", "nope", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
