@@ -3,7 +3,8 @@
 Steps are replayed in order (a trace without `step` labels is cut into `num_chunks` consecutive chunks of file
 order). Within a step every trajectory is admitted, driven turn by turn (`on_progress` every `progress_every`
 generated tokens and at the end of each generation, `on_tool_return` after each tool call) and finished; then
-`end_step()` lets the router learn. So routing of step s uses only trajectories of earlier steps.
+`end_step()` lets the router learn. So routing of step s uses only trajectories of earlier steps. A tool call
+without a status is replayed as "ok".
 
 Metrics (over all replayed trajectories):
 - `routing_accuracy` (single-shot): the trajectory ends in the bucket its final length belongs to, reached with
@@ -60,7 +61,7 @@ def replay(
         raise SpecError("route evaluation needs at least one trajectory")
     if progress_every < 1:
         raise SpecError(f"progress_every must be >= 1, got {progress_every}")
-    steps = group_by_step(list(trajectories), steps_without_label=num_chunks)
+    steps = group_by_step([_with_status(t) for t in trajectories], steps_without_label=num_chunks)
     if not 0 <= warmup_steps < len(steps):
         raise SpecError(
             f"warmup_steps must be in 0..{len(steps) - 1} for a trace of {len(steps)} steps, got {warmup_steps}"
@@ -102,6 +103,18 @@ def replay(
     )
 
 
+def _with_status(traj: Trajectory) -> Trajectory:
+    """The trajectory with "ok" for the status of a tool call that has none (a `Turn` built in code may leave it
+    out; a trace file may not), so the router's tool return and what it learns at the step's end agree."""
+    if all(turn.tool is None or turn.tool_status is not None for turn in traj.turns):
+        return traj
+    turns = tuple(
+        attrs.evolve(turn, tool_status="ok") if turn.tool is not None and turn.tool_status is None else turn
+        for turn in traj.turns
+    )
+    return attrs.evolve(traj, turns=turns)
+
+
 def _drive(router: Router, rid: int, traj: Trajectory, progress_every: int) -> tuple[int, int, int]:
     """One request from admission to finish; returns (migrations, migrated tokens, final bucket)."""
     d = router.admit(rid, prompt_id=traj.prompt_id, prompt_tokens=traj.prompt_tokens, final_tokens=traj.total_tokens)
@@ -122,12 +135,13 @@ def _drive(router: Router, rid: int, traj: Trajectory, progress_every: int) -> t
         note(router.on_progress(rid, context_tokens=end))
         context = end + turn.tool_tokens
         if turn.tool is not None:
+            assert turn.tool_status is not None  # (`_with_status` set every missing one)
             note(
                 router.on_tool_return(
                     rid,
                     tool=turn.tool,
                     tool_tokens=turn.tool_tokens,
-                    status=turn.tool_status or "ok",
+                    status=turn.tool_status,
                     context_tokens=context,
                 )
             )
