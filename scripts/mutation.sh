@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Mutation testing (mutmut 3) of the solvers (the training tree, the rollout DP, the global planner, the replan gate,
-# the C-MLFQ decision rule) and of the cost model's rollout side, a step's work, the router's learnt parts and the
-# simulator's policies and stages, each against its fastest relevant tests (the oracle tests at a reduced instance
-# count). Not part of scripts/test.sh: it takes tens of minutes (docs/testing.md has the numbers).
+# the C-MLFQ decision rule) and of the other targets listed below (cost models, workloads, router, simulator,
+# runtime), each against its fastest relevant tests (the oracle tests at a reduced instance count). Not part of
+# scripts/test.sh: it takes tens of minutes (docs/testing.md has the numbers).
 #
-#   bash scripts/mutation.sh                 # all solver files
+#   bash scripts/mutation.sh                 # every target
 #   bash scripts/mutation.sh replan          # one file (train_tree, rollout_dp, planner, replan, rollout_cost, cmlfq,
 #                                            # priced); workloads: the profile, a step's work, the resampling;
 #                                            # router_parts: the default router's experts, budget, size classes, prior;

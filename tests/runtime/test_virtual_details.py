@@ -114,7 +114,7 @@ def test_real_bucket_limits_stay_strictly_increasing_after_scaling_down() -> Non
     assert summary["rollout"]["gpus"] == tight.rollout.num_gpus and summary["makespan_s"] == tight.makespan_s
 
 
-def test_a_bucket_of_a_degree_with_no_instance_placed_maps_to_none() -> None:
+def test_a_bucket_of_a_degree_with_no_instance_placed_maps_to_no_instance() -> None:
     cfg = RunConfig()
     planner, cluster = virtual.virtual_planner(cfg), virtual.virtual_cluster(cfg)
     plan = planner.plan(virtual.prior_profile(cfg, [5, 6, 6, 5]))

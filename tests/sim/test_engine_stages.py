@@ -286,16 +286,15 @@ def test_first_decisions_are_data_a_report_can_show(report) -> None:
         assert isinstance(first["reason"], str) and first["reason"], r.name
         assert set(first["allocation"]) == {"train", "rollout", "routing", "predicted_s"}
         assert first["allocation"]["rollout"] and all(g["count"] >= 1 for g in first["allocation"]["rollout"])
-        want = {"colocated": "single", "static-uniform": "single", "greedy": "single", "libra-homogeneous": "single"}
-        assert first["allocation"]["routing"] == want.get(r.name, first["allocation"]["routing"]), r.name
-        assert first["allocation"]["routing"] in ("single", "overflow", "cmlfq")
-    hetero = {r.name: r.decisions[0]["allocation"]["routing"] for r in report.results}
-    assert (hetero["static-optimal"], hetero["libra-hetero-tp"], hetero["libra-cmlfq"], hetero["libra"]) == (
-        "overflow",
-        "overflow",
-        "cmlfq",
-        "cmlfq",
-    )
+    routing = {r.name: r.decisions[0]["allocation"]["routing"] for r in report.results}
+    single = ("colocated", "static-uniform", "greedy", "libra-homogeneous")
+    assert routing == {
+        **dict.fromkeys(single, "single"),
+        "static-optimal": "overflow",
+        "libra-hetero-tp": "overflow",
+        "libra-cmlfq": "cmlfq",
+        "libra": "cmlfq",
+    }
 
 
 def test_a_policy_option_it_lacks_is_named_in_the_error() -> None:
