@@ -13,6 +13,8 @@
 #                                            # sim_policies: the simulator's policies and its stages (engine.py);
 #                                            # sim_routing: a step's routes, the records and the report's summary;
 #                                            # training_cost: the training cost model, the colocated switch, a job
+#                                            # elastic_control: the elastic controller, its decisions, the state log
+#                                            # elastic_bytes: the snapshot, its packing and the wire format
 #   bash scripts/mutation.sh placement       # the placement solver's five files together
 #   LIBRA_MUTATION_SAMPLE=60 bash scripts/mutation.sh planner   # a seeded random sample of 60 of its mutants
 #   LIBRA_MUTATION_RESUME=1 bash scripts/mutation.sh train_tree  # go on with a stopped run (SIGINT to mutmut run)
@@ -39,6 +41,8 @@ declare -A files=(
   [sim_routing]="libra/sim/routing.py libra/sim/records.py libra/sim/report.py"
   [training_cost]="libra/planning/cost/training.py libra/planning/cost/switch.py libra/sim/training.py"
   [runtime_plan]="libra/runtime/virtual.py libra/runtime/records.py"
+  [elastic_control]="libra/elastic/controller.py libra/elastic/decisions.py libra/elastic/states.py"
+  [elastic_bytes]="libra/elastic/snapshot.py libra/elastic/pack.py libra/elastic/wire.py"
   [router_core]="libra/scheduling/router.py libra/scheduling/baselines.py libra/scheduling/evaluate.py"
   [cmlfq]=libra/scheduling/cmlfq.py
   [priced]=libra/scheduling/priced.py
@@ -55,6 +59,8 @@ declare -A tests=(
   [sim_policies]="tests/sim/test_engine_stages.py tests/sim/test_simulator.py tests/sim/test_measured_replan.py tests/sim/test_idle_bounds.py tests/sim/test_fidelity.py"  # not the golden reports: they fail on any change, right or wrong
   [training_cost]="tests/planning/test_training_terms.py tests/planning/test_cost.py tests/planning/test_cost_moe.py tests/planning/test_cost_anchors.py tests/planning/test_switch.py tests/planning/test_cost_profile_fit.py tests/sim/test_engine_stages.py tests/sim/test_simulator.py"  # not the golden plans
   [sim_routing]="tests/sim/test_report_summary.py tests/sim/test_engine_stages.py tests/sim/test_simulator.py tests/sim/test_idle_bounds.py tests/sim/test_rollout.py tests/sim/test_replay_native.py tests/sim/test_step_arrays.py tests/sim/test_fidelity.py tests/cli/test_simulate_cli.py"
+  [elastic_control]="tests/elastic/test_controller_worked.py tests/elastic/test_elastic_controller.py tests/elastic/test_elastic_states.py"
+  [elastic_bytes]="tests/elastic/test_elastic_pack.py tests/elastic/test_elastic_snapshot.py tests/elastic/test_elastic_wire.py"
   [runtime_plan]="tests/runtime/test_virtual_details.py tests/runtime/test_virtual.py tests/runtime/test_records.py tests/runtime/test_config.py"
   [router_core]="tests/scheduling/test_replay_worked.py tests/scheduling/test_router.py tests/scheduling/test_route_decision.py tests/scheduling/test_router_copy.py tests/scheduling/test_evaluate.py tests/scheduling/test_adaptive.py tests/cli/test_route_eval_cli.py"
   [cmlfq]="tests/scheduling/test_router.py tests/scheduling/test_cmlfq_decisions.py tests/scheduling/test_golden.py"  # test_evaluate.py: 200 s per mutant
@@ -62,7 +68,7 @@ declare -A tests=(
   [placement]="tests/planning/test_placement_errors.py tests/planning/test_placement_moves.py tests/planning/test_placement_oracle.py tests/planning/test_placement_properties.py tests/planning/test_mutation_placement.py"
 )
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(train_tree rollout_dp planner replan rollout_cost workloads router_parts router_core runtime_plan sim_policies sim_routing training_cost cmlfq priced placement)
+[ ${#targets[@]} -gt 0 ] || targets=(train_tree rollout_dp planner replan rollout_cost workloads router_parts router_core runtime_plan elastic_control elastic_bytes sim_policies sim_routing training_cost cmlfq priced placement)
 
 total_killed=0
 total_all=0

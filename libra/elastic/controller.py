@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 
 from libra.elastic.decisions import CancelJoin, Decision, JoinTraining, LeaveTraining, StartInstance, StopInstance
-from libra.elastic.states import TRAINING_STATES, JoinEvent, JoinState, Transition, WorkerStates
+from libra.elastic.states import TRAINING_STATES, JoinEvent, JoinState, Transition, WorkerStates, next_state
 from libra.spec.placement import Placement, Pool, Role, WorkerPlacement
 
 log = logging.getLogger(__name__)
@@ -56,9 +56,10 @@ class ElasticController:
     # -- plan diffs -------------------------------------------------------------------------------------------
 
     def apply_plan(self, new: Placement, *, step: int, why: str) -> tuple[Decision, ...]:
-        """Decisions that turn the current placement into ``new``; the controller then holds ``new``."""
+        """Decisions that turn the current placement into ``new``; the controller then holds ``new``. A plan it
+        cannot carry out raises before anything changes (no state, pairing or placement is touched)."""
         old_by, new_by = self.placement.by_name(), new.by_name()
-        self._check_core_unchanged(old_by, new_by)
+        self._check_plan(old_by, new_by, step=step)
         decisions: list[Decision] = []
         for name in sorted(set(old_by) | set(new_by)):
             old, cur = old_by.get(name), new_by.get(name)
@@ -66,8 +67,6 @@ class ElasticController:
                 continue
             was_train = old is not None and old.role == Role.TRAIN_REPLICA
             is_train = cur is not None and cur.role == Role.TRAIN_REPLICA
-            if cur is not None and is_train and cur.pool != Pool.HYBRID:
-                raise CoreTopologyChange(f"worker {name!r} would train in pool {cur.pool.value!r}; only hybrids join")
             if not was_train and is_train:
                 assert cur is not None
                 if old is not None:
@@ -77,7 +76,7 @@ class ElasticController:
                 decisions.extend(self._release(name, step=step, why=why))
                 if cur is not None:
                     decisions.append(self._start(cur, step=step, why=f"back to rollout: {why}"))
-            elif not was_train and not is_train:
+            elif not was_train:  # rollout in both (or in the one plan that has it)
                 if old is not None and (cur is None or (old.tp, old.gpu_ids) != (cur.tp, cur.gpu_ids)):
                     decisions.append(StopInstance(worker=name, step=step, why=why))
                 if cur is not None and (old is None or (old.tp, old.gpu_ids) != (cur.tp, cur.gpu_ids)):
@@ -184,6 +183,25 @@ class ElasticController:
         return Placement(
             workers=tuple(attrs.evolve(w, role=role) if w.name == worker else w for w in self.placement.workers)
         )
+
+    def _check_plan(self, old_by: dict[str, WorkerPlacement], new_by: dict[str, WorkerPlacement], *, step: int) -> None:
+        """What `apply_plan` refuses: a change to the core training pool, training outside the hybrid pool, a
+        training hybrid moved to other GPUs, a join that the worker's state does not allow."""
+        self._check_core_unchanged(old_by, new_by)
+        for name, cur in sorted(new_by.items()):
+            old = old_by.get(name)
+            if cur.role != Role.TRAIN_REPLICA or (old is not None and old.pool == Pool.CORE_TRAIN):
+                continue
+            if cur.pool != Pool.HYBRID:
+                raise CoreTopologyChange(f"worker {name!r} would train in pool {cur.pool.value!r}; only hybrids join")
+            if old is not None and old.role == Role.TRAIN_REPLICA:
+                if (old.tp, old.gpu_ids) != (cur.tp, cur.gpu_ids):  # a replica's GPUs hold its state
+                    raise ValueError(
+                        f"worker {name!r} trains on GPUs {old.gpu_ids} (TP {old.tp}); the new plan puts it on "
+                        f"{cur.gpu_ids} (TP {cur.tp}): release it first"
+                    )
+            else:
+                next_state(self.states.state(name), JoinEvent.REQUEST, worker=name, step=step)
 
     @staticmethod
     def _check_core_unchanged(old_by: dict[str, WorkerPlacement], new_by: dict[str, WorkerPlacement]) -> None:
