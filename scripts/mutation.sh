@@ -60,7 +60,7 @@ declare -A tests=(
   [training_cost]="tests/planning/test_training_terms.py tests/planning/test_cost.py tests/planning/test_cost_moe.py tests/planning/test_cost_anchors.py tests/planning/test_switch.py tests/planning/test_cost_profile_fit.py tests/sim/test_engine_stages.py tests/sim/test_simulator.py"  # not the golden plans
   [sim_routing]="tests/sim/test_report_summary.py tests/sim/test_engine_stages.py tests/sim/test_simulator.py tests/sim/test_idle_bounds.py tests/sim/test_rollout.py tests/sim/test_replay_native.py tests/sim/test_step_arrays.py tests/sim/test_fidelity.py tests/cli/test_simulate_cli.py"
   [elastic_control]="tests/elastic/test_controller_worked.py tests/elastic/test_elastic_controller.py tests/elastic/test_elastic_states.py"
-  [elastic_bytes]="tests/elastic/test_elastic_pack.py tests/elastic/test_elastic_snapshot.py tests/elastic/test_elastic_wire.py"
+  [elastic_bytes]="tests/elastic/test_bytes_worked.py tests/elastic/test_elastic_pack.py tests/elastic/test_elastic_snapshot.py tests/elastic/test_elastic_wire.py"
   [runtime_plan]="tests/runtime/test_virtual_details.py tests/runtime/test_virtual.py tests/runtime/test_records.py tests/runtime/test_config.py"
   [router_core]="tests/scheduling/test_replay_worked.py tests/scheduling/test_router.py tests/scheduling/test_route_decision.py tests/scheduling/test_router_copy.py tests/scheduling/test_evaluate.py tests/scheduling/test_adaptive.py tests/cli/test_route_eval_cli.py"
   [cmlfq]="tests/scheduling/test_router.py tests/scheduling/test_cmlfq_decisions.py tests/scheduling/test_golden.py"  # test_evaluate.py: 200 s per mutant
@@ -81,7 +81,7 @@ for target in "${targets[@]}"; do
   else
     rm -rf "$work"
     mkdir -p "$work"
-    cp -r "$root/libra" "$root/tests" "$root/examples" "$root/data" "$work/"  # the coefficients and corpus tests read
+    cp -r "$root/libra" "$root/tests" "$root/examples" "$root/data" "$root/ext" "$work/"  # the coefficients and corpus tests read; ext: the C++ sources the elastic tests build
     find "$work" -name __pycache__ -prune -exec rm -rf {} +
     test_list=$(printf '"%s", ' ${tests[$target]})
     source_list=$(printf '"%s", ' ${files[$target]})
@@ -89,7 +89,7 @@ for target in "${targets[@]}"; do
 [tool.mutmut]
 source_paths = [${source_list%, }]
 pytest_add_cli_args_test_selection = [${test_list%, }]
-also_copy = ["libra", "tests", "examples", "data"]
+also_copy = ["libra", "tests", "examples", "data", "ext"]
 pytest_add_cli_args = ["-x", "-q", "-p", "no:cacheprovider", "-p", "no:benchmark"]
 
 [tool.pytest.ini_options]
@@ -101,7 +101,9 @@ TOML
   echo "== $target: mutating ${files[$target]} against ${tests[$target]}" >&2
   (
     cd "$work"
-    export LIBRA_ORACLE_INSTANCES=${LIBRA_ORACLE_INSTANCES:-60} PYTHONPATH=$work
+    # OMP_NUM_THREADS=1: mutmut forks a child per mutant from a parent that ran the tests once; a child of a parent
+    # whose OpenMP pool (torch) had started hangs in its first parallel op (the elastic targets timed out, not failed)
+    export LIBRA_ORACLE_INSTANCES=${LIBRA_ORACLE_INSTANCES:-60} PYTHONPATH=$work OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
     names=()
     if [ -n "${LIBRA_MUTATION_SAMPLE:-}" ]; then
       # generate the mutants and collect the test statistics (the filter matches nothing, so nothing runs yet)

@@ -26,17 +26,6 @@ from libra.elastic.wire import (  # noqa: E402
 from tests.limits import scaled  # noqa: E402
 
 
-@pytest.fixture
-def pair():
-    a, b = socket.socketpair()
-    la, lb = TcpLink.__new__(TcpLink), TcpLink.__new__(TcpLink)
-    for link, sock in ((la, a), (lb, b)):  # socketpair is AF_UNIX: skip the TCP_NODELAY of __init__
-        link._sock, link._fault, link._send_lock, link.backend = sock, (lambda _: None), threading.Lock(), "auto"
-    yield la, lb
-    la.close()
-    lb.close()
-
-
 def test_roundtrip_with_blobs(pair):
     a, b = pair
     g = torch.randn(1000)
