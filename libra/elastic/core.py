@@ -500,8 +500,23 @@ class CoreExchange:
             slot.link.send(msg, timeout=self.timeout_s)
             return True
         except LinkError as exc:
-            self._fail(slot, step, f"send {msg.kind.name}: {exc}")
+            left = self._leave_waiting(slot)
+            if left is not None:  # it left between two steps: a leave, not a failure
+                self.remove(slot.worker, step=step, why=f"hybrid left: {left.info.get('why', '')}")
+            else:
+                self._fail(slot, step, f"send {msg.kind.name}: {exc}")
             return False
+
+    def _leave_waiting(self, slot: _Slot) -> Message | None:
+        """The LEAVE a hybrid sent before it closed its end, if it is still to be read. A hybrid that leaves between
+        two steps closes its link after its best-effort LEAVE, so the core's next send to it can fail (at once on a
+        local socket) before the core reads that LEAVE in ``reduce``; late contributions before it are dropped."""
+        with contextlib.suppress(LinkError):
+            while slot.link.poll():
+                msg = slot.link.recv(timeout=self.timeout_s)
+                if msg.kind == Kind.LEAVE:
+                    return msg
+        return None
 
     def _agree_across_coordinates(self, step: int, ready: list[_Slot]) -> list[_Slot]:
         """Every rank of a hybrid replica must be in one mode at every step: its model-parallel collectives need

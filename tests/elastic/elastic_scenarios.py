@@ -421,6 +421,7 @@ def model_parallel_promotion(rank: int, port: int) -> dict:
         "hybrid_left": not thread.is_alive() and thread.error is None,
         "skipped": core.stats.skipped,
         "transitions": [[t.worker, t.event.value, t.step] for t in core.states.log],
+        "whys": [t.why for t in core.states.log],
     }
     core.close()
     dist.destroy_process_group()

@@ -41,8 +41,12 @@ def test_the_ranks_of_a_hybrid_replica_are_promoted_counted_and_detached_togethe
         assert c["hybrid_left"], rank
         caught_up = [t for w, e, t in c["transitions"] if e == "caught_up"]
         assert caught_up == [3], rank
-    left = [(w, e, t) for w, e, t in coords[1]["transitions"] if e in ("leave", "cancel", "fail")]
-    assert left == [("h", "leave", 5)]
+    left = [
+        (w, e, t, why)
+        for (w, e, t), why in zip(coords[1]["transitions"], coords[1]["whys"], strict=True)
+        if e in ("leave", "cancel", "fail")
+    ]
+    assert left == [("h", "leave", 5, "a rank of this hybrid replica is not active at every coordinate")]
 
 
 @pytest.mark.multiproc
