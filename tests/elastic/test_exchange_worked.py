@@ -47,30 +47,41 @@ def _log(states) -> list[tuple]:
     return [(t.worker, t.step, t.src.value, t.dst.value, t.why) for t in states.log]
 
 
-def test_a_hybrid_played_message_by_message(group):
+def _core(group, **kw) -> CoreExchange:
+    """An exchange over a 1x2 weight whose optimizer never moves it: only the exchange is under test."""
     model = torch.nn.Linear(2, 1, bias=False)
-    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # the state stays put: only the exchange is under test
-    core = _exchange(group, model, opt, timeout_s=0.3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    return _exchange(group, model, opt, **kw)
+
+
+def _played(core: CoreExchange, name: str) -> TcpLink:
+    """A hand-played hybrid `name` whose JOIN waits for the core's next boundary."""
     core_end, hybrid_end = socket.socketpair()
     core.admit(_link(core_end))
     h = _link(hybrid_end)
+    h.send(Message(kind=Kind.JOIN, step=-1, version=-1, info={"worker": name}), timeout=scaled(30))
+    return h
+
+
+def _core_step(core: CoreExchange, t: int, grad) -> list[float]:
+    core.begin_step(t)
+    (g,) = core.reduce(t, [_flat(grad).reshape(1, 2)])
+    return g.reshape(-1).tolist()
+
+
+def test_a_hybrid_played_message_by_message(group):
+    core = _core(group, timeout_s=0.3)
+    h = _played(core, "h")
     wait = scaled(30)
-    h.send(Message(kind=Kind.JOIN, step=-1, version=-1, info={"worker": "h"}), timeout=wait)
-
-    def core_step(t: int, grad) -> torch.Tensor:
-        core.begin_step(t)
-        (g,) = core.reduce(t, [_flat(grad).reshape(1, 2)])
-        return g.reshape(-1).clone()
-
     # step 0: the JOIN is read, the snapshot of version 0 packed and sent; the core reduces alone
-    assert core_step(0, [3.0, 5.0]).tolist() == [3.0, 5.0]
+    assert _core_step(core, 0, [3.0, 5.0]) == [3.0, 5.0]
     snap = h.recv(timeout=wait)
     assert (snap.kind, snap.version) == (Kind.SNAPSHOT, 0)
     h.send(Message(kind=Kind.ATTACH, step=0, version=0), timeout=wait)
     # step 1: the ATTACH is read; the hybrid holds no reduced gradient it has not had but step 0's, which the STEP
     # carries: it is active at once, replica 1 of 2
     h.send(_grad(1, [1.0, 3.0]), timeout=wait)
-    assert core_step(1, [3.0, 5.0]).tolist() == [2.0, 4.0]  # (3 + 1) / 2, (5 + 3) / 2
+    assert _core_step(core, 1, [3.0, 5.0]) == [2.0, 4.0]  # (3 + 1) / 2, (5 + 3) / 2
     step1 = h.recv(timeout=wait)
     assert (step1.kind, step1.step, step1.info) == (
         Kind.STEP,
@@ -86,13 +97,13 @@ def test_a_hybrid_played_message_by_message(group):
     )
     # step 2: a stale GRAD (for step 1) is skipped, then nothing comes within the timeout: a miss, not a failure
     h.send(_grad(1, [9.0, 9.0]), timeout=wait)
-    assert core_step(2, [3.0, 5.0]).tolist() == [3.0, 5.0]
+    assert _core_step(core, 2, [3.0, 5.0]) == [3.0, 5.0]
     # steps 3 and 4: placeholders (nothing counted), then a LEAVE during step 5
     for t in (3, 4):
         h.send(Message(kind=Kind.PLACEHOLDER, step=t, version=t), timeout=wait)
-        assert core_step(t, [1.0, 1.0]).tolist() == [1.0, 1.0]
+        assert _core_step(core, t, [1.0, 1.0]) == [1.0, 1.0]
     h.send(Message(kind=Kind.LEAVE, step=5, version=5, info={"why": "done"}), timeout=wait)
-    assert core_step(5, [1.0, 1.0]).tolist() == [1.0, 1.0]
+    assert _core_step(core, 5, [1.0, 1.0]) == [1.0, 1.0]
     assert core.workers() == ()
     assert core.stats == ExchangeStats(accepted=1, placeholders=2, skipped=1, missed=1, failures=0, leaves=1)
     assert [(r.step, r.num_replicas, r.num_contributed, r.hybrid_contributors) for r in core.records] == [
@@ -261,27 +272,6 @@ def test_to_device_of_copies_into_memory_that_fits_on_the_other_device():
     assert made.device.type == "meta" and made.shape == (3,) and made.dtype == torch.float32
     assert to_device_of(t, like, out=made) is made  # fits: reused
     assert to_device_of(t, like, out=torch.empty(4, device="meta")) is not made
-
-
-def _core(group, **kw) -> CoreExchange:
-    model = torch.nn.Linear(2, 1, bias=False)
-    opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    return _exchange(group, model, opt, **kw)
-
-
-def _played(core: CoreExchange, name: str) -> TcpLink:
-    """A hand-played hybrid `name` whose JOIN waits for the core's next boundary."""
-    core_end, hybrid_end = socket.socketpair()
-    core.admit(_link(core_end))
-    h = _link(hybrid_end)
-    h.send(Message(kind=Kind.JOIN, step=-1, version=-1, info={"worker": name}), timeout=scaled(30))
-    return h
-
-
-def _core_step(core: CoreExchange, t: int, grad) -> list[float]:
-    core.begin_step(t)
-    (g,) = core.reduce(t, [_flat(grad).reshape(1, 2)])
-    return g.reshape(-1).tolist()
 
 
 def test_two_hybrids_played_by_hand_each_judged_on_its_own(group):
