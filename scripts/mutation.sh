@@ -17,6 +17,7 @@
 #                                            # elastic_bytes: the snapshot, its packing and the wire format
 #                                            # elastic_core: the exchange of the core and the hybrid, the gradients
 #                                            # cost_fit: calibrate() and the profile's fit
+#                                            # importers: `libra trace import`'s readers of agent logs
 #   bash scripts/mutation.sh placement       # the placement solver's five files together
 #   LIBRA_MUTATION_SAMPLE=60 bash scripts/mutation.sh planner   # a seeded random sample of 60 of its mutants
 #   LIBRA_MUTATION_RESUME=1 bash scripts/mutation.sh train_tree  # go on with a stopped run (SIGINT to mutmut run)
@@ -47,6 +48,7 @@ declare -A files=(
   [elastic_bytes]="libra/elastic/snapshot.py libra/elastic/pack.py libra/elastic/wire.py"
   [elastic_core]="libra/elastic/core.py libra/elastic/hybrid.py libra/elastic/grads.py"
   [cost_fit]="libra/planning/cost/calibrate.py libra/planning/cost/profile_fit.py"
+  [importers]="libra/workloads/importers/common.py libra/workloads/importers/openai_chat.py libra/workloads/importers/swe_agents.py libra/workloads/importers/verl_rollouts.py libra/workloads/importers/dialects.py libra/workloads/importers/frameworks.py libra/workloads/importers/atif.py libra/workloads/importers/gemini_cli.py libra/workloads/importers/inspect_logs.py libra/workloads/importers/__init__.py"
   [router_core]="libra/scheduling/router.py libra/scheduling/baselines.py libra/scheduling/evaluate.py"
   [cmlfq]=libra/scheduling/cmlfq.py
   [priced]=libra/scheduling/priced.py
@@ -67,6 +69,7 @@ declare -A tests=(
   [elastic_bytes]="tests/elastic/test_bytes_worked.py tests/elastic/test_elastic_pack.py tests/elastic/test_elastic_snapshot.py tests/elastic/test_elastic_wire.py"
   [elastic_core]="tests/elastic/test_exchange_worked.py tests/elastic/test_elastic_overlap.py tests/elastic/test_elastic_grace.py tests/elastic/test_elastic_model_parallel.py tests/elastic/test_elastic_multiproc_dist.py tests/elastic/test_elastic_wire.py"
   [cost_fit]="tests/planning/test_cost_fit_worked.py tests/planning/test_cost_profile_fit.py tests/planning/test_cost.py"
+  [importers]="tests/workloads/test_import_worked.py tests/workloads/test_importers.py tests/workloads/test_import_frameworks.py tests/workloads/test_import_gemini_cli.py tests/workloads/test_import_atif.py tests/workloads/test_import_dialects.py tests/workloads/test_import_inspect.py tests/cli/test_trace_cli.py"
   [runtime_plan]="tests/runtime/test_virtual_details.py tests/runtime/test_virtual.py tests/runtime/test_records.py tests/runtime/test_config.py"
   [router_core]="tests/scheduling/test_replay_worked.py tests/scheduling/test_router.py tests/scheduling/test_route_decision.py tests/scheduling/test_router_copy.py tests/scheduling/test_evaluate.py tests/scheduling/test_adaptive.py tests/cli/test_route_eval_cli.py"
   [cmlfq]="tests/scheduling/test_router.py tests/scheduling/test_cmlfq_decisions.py tests/scheduling/test_golden.py"  # test_evaluate.py: 200 s per mutant
@@ -74,7 +77,7 @@ declare -A tests=(
   [placement]="tests/planning/test_placement_errors.py tests/planning/test_placement_moves.py tests/planning/test_placement_oracle.py tests/planning/test_placement_properties.py tests/planning/test_mutation_placement.py"
 )
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(train_tree rollout_dp planner replan rollout_cost workloads router_parts router_core runtime_plan elastic_control elastic_bytes elastic_core cost_fit sim_policies sim_routing training_cost cmlfq priced placement)
+[ ${#targets[@]} -gt 0 ] || targets=(train_tree rollout_dp planner replan rollout_cost workloads router_parts router_core runtime_plan elastic_control elastic_bytes elastic_core cost_fit importers sim_policies sim_routing training_cost cmlfq priced placement)
 
 total_killed=0
 total_all=0
