@@ -192,3 +192,25 @@ def test_a_gemini_cli_conversation_becomes_a_record_without_its_session_key():
 
     out = record({"sessionId": "s-1", "projectHash": "p", "messages": [{"type": "user", "content": "hi"}]})
     assert out["prompt_id"] == "s-1" and out["projectHash"] == "p" and "sessionId" not in out
+
+
+def test_a_gemini_call_without_an_id_has_an_empty_one():
+    from libra.workloads.importers.gemini_cli import _generation
+
+    msg = _generation({"content": [{"functionCall": {"name": "ls", "args": {"path": "."}}}]})
+    assert msg["tool_calls"] == [
+        {"id": "", "type": "function", "function": {"name": "ls", "arguments": '{"path": "."}'}}
+    ]
+
+
+def test_an_inspect_archive_without_samples_says_so(tmp_path):
+    import zipfile
+
+    from libra.workloads.importers.inspect_logs import archive_records
+
+    path = tmp_path / "run.eval"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("header.json", "{}")
+    with pytest.raises(TraceError) as e:
+        list(archive_records(path))
+    assert str(e.value) == f"{path}: an Inspect .eval archive without samples (no samples/*.json member)"
