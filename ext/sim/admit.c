@@ -5,9 +5,10 @@
 
 /* --- admission: `Admission._admit_queued` after the steal ------------------------------------------------ */
 typedef struct {
-    int64_t k, r;
+    int32_t k; /* (an instance's index: K is far below 2**31, checked by the caller) */
     uint8_t fresh;
-    double ready;
+    int64_t r;
+    double ready, ctx; /* the request's, copied as it is listed: the sums below then read the candidates in order */
 } Adm;
 
 /* a candidate's run in the counting sort: 2k, instance k's turns under way; 2k + 1, its new requests */
@@ -52,7 +53,7 @@ static int sort_candidates(Adm **cp, Py_ssize_t nc, Py_ssize_t K, const AdmitIn 
             int64_t r = a->order->ids[i], w = a->where[r];
             if (a->state[r] != WAIT || a->fresh[r] || w < 0 || !a->open_k[w]) continue; /* (not a candidate) */
             if (cur[w] == at[2 * w]) fits = 0;
-            else c[cur[w]++] = (Adm){w, r, 0, a->ready[r]};
+            else c[cur[w]++] = (Adm){(int32_t)w, 0, r, a->ready[r], a->ctx[r]};
         }
         for (Py_ssize_t k = 0; k < K && fits; k++) fits = cur[k] == at[2 * k];
         free(cur);
@@ -92,6 +93,10 @@ int sn_admit_core(const AdmitIn *a, IVec *go, int *touched) {
     double *room = NULL, *credit = NULL, *secs = NULL;
     int64_t *go_rank = NULL;
     int rc = -1;
+    if (K > INT32_MAX) { /* (a candidate keeps its instance in 32 bits) */
+        PyErr_SetString(PyExc_ValueError, "admit: too many instances");
+        goto fail;
+    }
     for (Py_ssize_t j = 0; j < nf; j++) {
         if (fk[j] < 0 || fk[j] >= K || (j && (fk[j] < fk[j - 1] || (fk[j] == fk[j - 1] && ft[j] < ft[j - 1])))) {
             PyErr_SetString(PyExc_ValueError, "admit: the freed slots must be sorted by (instance, time)");
@@ -111,7 +116,7 @@ int sn_admit_core(const AdmitIn *a, IVec *go, int *touched) {
         }
         int64_t w = where[r];
         if (w >= 0 && open_k[w]) {
-            c[nc] = (Adm){w, r, fresh[r], ready[r]};
+            c[nc] = (Adm){(int32_t)w, fresh[r], r, ready[r], ctx[r]};
             nc++;
         }
     }
@@ -129,7 +134,7 @@ int sn_admit_core(const AdmitIn *a, IVec *go, int *touched) {
         Py_ssize_t ng = 0;
         for (Py_ssize_t i = 0; i < nc; i++) {
             Adm x = c[i];
-            double need = ctx[x.r];
+            double need = x.ctx;
             cs += need;
             if (x.k != prev) {
                 rk = 0;
@@ -312,10 +317,8 @@ PyObject *sn_admit_slice(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < nlive; i++) {
         int64_t r = live[i];
         if (r < 0 || r >= n || state[r] < WAIT || state[r] > DONE || where[r] < -1 || where[r] >= K ||
-            (state[r] == RUN && where[r] < 0)) {
-            PyErr_SetString(PyExc_ValueError, "admit_slice: a live request's index, state or instance is out of range");
-            goto fail;
-        }
+            (state[r] == RUN && where[r] < 0))
+            goto bad_row;
         if (state[r] == WAIT) {
             waiting[nw++] = r;
             if (!fresh_r[r] && !order.mark[r]) add[nadd++] = r;
@@ -406,6 +409,9 @@ PyObject *sn_admit_slice(PyObject *self, PyObject *args) {
 done:
     result = Py_BuildValue("iLL", touched, moved, tokens);
     goto out;
+bad_row:
+    PyErr_SetString(PyExc_ValueError, "admit_slice: a live request's index, state or instance is out of range");
+    goto fail;
 nomem:
     PyErr_NoMemory();
 fail:

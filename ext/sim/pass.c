@@ -76,7 +76,8 @@ int sn_merge_new_slots(Pass *P, Py_ssize_t from) {
 /* --- the slice's lists ----------------------------------------------------------------------------------- */
 typedef struct Cand_ {
     int64_t k, r;
-    double ready;
+    double ready, ctx; /* ctx: the request's, copied as it is listed (no pass writes a queued request's context,
+                          and a turn back from its tool is listed after its tool's tokens were added) */
 } Cand;
 
 /* np.lexsort((ready, k)): by instance, then readiness, stable */
@@ -188,15 +189,22 @@ int sn_slice_lists(Pass *P, int64_t *running, Py_ssize_t *m, int64_t *count_k, i
     int64_t *qfill = fill + K + 1;
     memcpy(fill, P->csr_start, (size_t)K * sizeof(int64_t));
     memcpy(qfill, P->q_start, (size_t)K * sizeof(int64_t));
+    /* (an instance's requests come in stretches: their places are kept in registers while a stretch lasts) */
+    int64_t pw = -1, at_c = 0, at_q = 0;
     for (Py_ssize_t i = 0; i < nplaced; i++) {
         int64_t r = placed[i], w = where[r];
-        if (state[r] == WAIT && !ordered) P->qc[qfill[w]++] = (Cand){w, r, ready[r]};
-        P->csr[fill[w]++] = r;
+        if (w != pw) {
+            if (pw >= 0) fill[pw] = at_c, qfill[pw] = at_q;
+            pw = w, at_c = fill[w], at_q = qfill[w];
+        }
+        if (state[r] == WAIT && !ordered) P->qc[at_q++] = (Cand){w, r, ready[r], P->ctx[r]};
+        P->csr[at_c++] = r;
     }
+    if (pw >= 0) fill[pw] = at_c, qfill[pw] = at_q;
     if (ordered) {
         for (Py_ssize_t i = 0; i < (Py_ssize_t)*P->order->len; i++) {
             int64_t r = P->order->ids[i], w = P->where[r];
-            if (w >= 0) P->qc[qfill[w]++] = (Cand){w, r, P->ready[r]};
+            if (w >= 0) P->qc[qfill[w]++] = (Cand){w, r, P->ready[r], P->ctx[r]};
         }
         for (Py_ssize_t k = 0; k < K; k++) {
             if (qfill[k] != P->q_start[k + 1]) {
@@ -275,7 +283,7 @@ static int refill(Pass *P, IVec *out, DVec *out_start) {
         if (P->state[r] != TOOL || !(P->ready[r] < P->slice_end)) continue;
         int64_t tu = P->turn[r];
         if (!(P->moved[r] || covered(P, r, tu) || P->carried[r * P->S + tu] == 0)) continue;
-        if (slots_k[P->where[r]] > 0) tc[nt++] = (Cand){P->where[r], r, P->ready[r]};
+        if (slots_k[P->where[r]] > 0) tc[nt++] = (Cand){P->where[r], r, P->ready[r], P->ctx[r]};
     }
     if (nt > 1 && sort_cands(tc, nt) < 0) goto done;
     Py_ssize_t nc = 0, ti = 0;
@@ -305,7 +313,7 @@ static int refill(Pass *P, IVec *out, DVec *out_start) {
     double cs = 0.0, base = 0.0, room = 0.0;
     int64_t runs = 0;
     for (Py_ssize_t i = 0; i < nc; i++) {
-        double need = P->ctx[c[i].r];
+        double need = c[i].ctx;
         cs += need;
         if (i == 0 || c[i].k != c[i - 1].k) {
             rank[i] = 0;
@@ -593,27 +601,35 @@ int sn_run_pass(Pass *P, const PassIn *in, double t, double dt, double *span_end
         P->dec_s[j] = 0.0;
         span_end[j] = t;
     }
+    /* each running request decodes what its instance's step time lets it in the slice; a stretch of one
+       instance's requests sums its decode seconds in a register from the sum so far (the same additions in the
+       same order as `np.add.at`) */
+    int64_t sum_k = -1;
+    double sum = 0.0;
     for (Py_ssize_t i = 0; i < m; i++) {
         int64_t r = in->running[i], k = in->k[i];
-        double sk = P->step[k];
-        double tk = np_min(in->go_s[i] / sk, in->rem0[i]);
-        P->dec_s[k] += tk * sk;
-        P->rem[r] = in->rem0[i] - tk;
+        double sk = P->step[k], fits = in->go_s[i] / sk, rem0 = in->rem0[i];
+        double tk = np_min(fits, rem0);
+        if (k != sum_k) {
+            if (sum_k >= 0) P->dec_s[sum_k] = sum;
+            sum_k = k;
+            sum = P->dec_s[k];
+        }
+        sum += tk * sk;
+        P->rem[r] = rem0 - tk;
         P->ctx[r] += tk;
         took[i] = tk;
-    }
-    P->decoded += sn_np_sum(took, m);
-    for (Py_ssize_t i = 0; i < m; i++) {
-        int64_t r = in->running[i], k = in->k[i];
         P->lag[r] = 0.0;
-        if (in->rem0[i] <= in->go_s[i] / P->step[k]) {
-            double when = in->t_delay[i] + in->rem0[i] * P->step[k];
+        if (rem0 <= fits) {
+            double when = in->t_delay[i] + rem0 * sk;
             if (ivec_push(&ended, r) < 0 || dvec_push(&at, when) < 0) goto done;
             span_end[k] = np_max(span_end[k], when);
         } else if (ivec_push(still, r) < 0) {
             goto done;
         }
     }
+    if (sum_k >= 0) P->dec_s[sum_k] = sum;
+    P->decoded += sn_np_sum(took, m);
     while (ended.n) { /* _continue_in_slice */
         if (end_segments(P, &ended, &at, &cont, &start) < 0) goto done;
         if (cont.n == 0) break;

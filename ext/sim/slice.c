@@ -91,8 +91,23 @@ static int step_times(const Steps *st, const Pass *P, const double *batch, const
 /* `_step_inputs`, its first half: the running contexts' sum per instance, in `running`'s order (the requests
    queued and ready come from `sn_slice_lists`) */
 static void running_ctx(const Pass *P, const int64_t *running, Py_ssize_t m, double *ctx_k) {
+    const int64_t *where = P->where;
+    const double *ctx = P->ctx;
     for (Py_ssize_t j = 0; j < P->K; j++) ctx_k[j] = 0.0;
-    for (Py_ssize_t i = 0; i < m; i++) ctx_k[P->where[running[i]]] += P->ctx[running[i]];
+    /* a stretch of one instance's requests (they come together) is summed in a register from the sum so far: the
+       same additions in the same order as one sum in memory per request, without each waiting on the last */
+    int64_t k = -1;
+    double sum = 0.0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t w = where[running[i]];
+        if (w != k) {
+            if (k >= 0) ctx_k[k] = sum;
+            k = w;
+            sum = ctx_k[w];
+        }
+        sum += ctx[running[i]];
+    }
+    if (k >= 0) ctx_k[k] = sum;
 }
 
 /* What a second pass starts from: the rows the first one wrote (its undo log: the running requests, saved before
@@ -322,6 +337,7 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
         const double *ctx = P.ctx;
         const int8_t *state = P.state;
         const int64_t *where = P.where;
+        int64_t lk = -1, ln = 0; /* a stretch of one instance's count, in a register (as `running_ctx` sums) */
         for (Py_ssize_t i = 0; i < P.nlive; i++) {
             int64_t r = live[i];
             if (need_mean) live_ctx[i] = ctx[r];
@@ -329,20 +345,26 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
                 if (finished) keep[nk++] = r;
                 int64_t k = where[r];
                 if (k >= K) load_ok = 0;
-                else if (k >= 0) live_k[k]++;
+                else if (k >= 0) {
+                    if (k != lk) {
+                        if (lk >= 0) live_k[lk] = ln;
+                        lk = k;
+                        ln = live_k[k];
+                    }
+                    ln++;
+                }
             }
-            if (state[r] == TOOL) tools[nt++] = r;
+            tools[nt] = r; /* (kept where it is in a tool call: no branch on the state) */
+            nt += state[r] == TOOL;
             sn_event_note(&ev, &ein, r);
         }
+        if (lk >= 0) live_k[lk] = ln;
     }
     /* `_capacity`: what the started, active instances could decode at their largest batch */
     if (any) {
         double mean_all = 1.0;
         if (P.nlive && need_mean) mean_all = sn_np_sum(live_ctx, P.nlive) / (double)P.nlive;
-        if (ran) {
-            for (Py_ssize_t j = 0; j < K; j++) ctx_k[j] = 0.0;
-            for (Py_ssize_t i = 0; i < in.m; i++) ctx_k[P.where[in.running[i]]] += P.ctx[in.running[i]];
-        }
+        if (ran) running_ctx(&P, in.running, in.m, ctx_k);
         for (Py_ssize_t j = 0; j < K; j++) {
             double c = mean_all;
             if (ran && count_k[j] > 0) c = ctx_k[j] / (double)(count_k[j] > 1 ? count_k[j] : 1);

@@ -300,14 +300,14 @@ static inline int sn_starting(const double *ready_at, Py_ssize_t K, double t) {
 /* note one live request (index checked by the caller); inline: it runs once per live request in each scan */
 static inline void sn_event_note(EventScan *e, const EventIn *in, int64_t r) {
     int s = in->state[r];
-    if (s == RUN) {
-        e->any_run = 1;
-    } else if (s == TOOL) {
+    /* (the live requests' states follow no pattern a branch predictor could learn: the common ones are noted
+       without a branch) */
+    e->any_run |= s == RUN;
+    e->any_wait |= s == WAIT;
+    if (s == TOOL) {
         e->tool_min = e->any_tool ? np_min(e->tool_min, in->ready[r]) : in->ready[r];
         e->any_tool = 1;
-    } else if (s == WAIT) {
-        e->any_wait = 1;
-        if (!in->starting && in->checked) return;
+    } else if ((in->starting || !in->checked) && s == WAIT) {
         int64_t w = in->where[r];
         if (w < 0 || w >= in->K) {
             e->bad = 1;
