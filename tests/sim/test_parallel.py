@@ -143,6 +143,28 @@ def test_workers_ask_numpy_for_small_pages_and_the_parent_keeps_its_setting():
         switch(before)
 
 
+def _collector_state(group, progress):
+    import gc
+
+    return gc.isenabled()
+
+
+@pytest.mark.skipif(not fork_available(), reason="worker processes need the fork start method")
+def test_workers_run_without_the_cyclic_collectors_automatic_passes_and_the_parent_keeps_its_own():
+    import gc
+
+    from libra.sim.parallel import run_groups
+
+    was = gc.isenabled()
+    gc.enable()
+    try:
+        assert run_groups(_collector_state, [["a"], ["b"]]) == [False, False]
+        assert gc.isenabled()  # the parent's is untouched
+    finally:
+        if not was:
+            gc.disable()
+
+
 def test_workers_freeze_their_long_lived_state_at_each_step_end_and_a_serial_run_does_not(monkeypatch):
     """`simulate(workers=2)` has each group's `_simulate` call `freeze_long_lived` once per step, after the tree
     learnt it; a run in the caller's own process never freezes it. (The groups run in this process here, so the
