@@ -29,24 +29,24 @@ from libra.spec import SpecError
 # Relative CPU cost of the work a group carries, for balancing groups: a policy's simulation, in units of the mean
 # policy, and the prefix tree's step-end work in the group that holds it (the C-MLFQ replay of each step for each
 # bucket set, the tree's update and the step's `Trajectory` values, which only the tree reads). Measured
-# 2026-12-04 afternoon (13:35 and 14:25, after the slice kernel handed on the next event and the generators' values
-# moved to C; the mean of the two), CPU seconds over the default scenario's 100 steps (48 GPUs, r2e-gym, 8,192
-# requests a step), each policy alone less the 2.2 s every run pays (the steps' work, the first plans): libra 16.6,
-# libra-hetero-tp 14.3, libra-cmlfq 14.2, colocated 13.75, greedy 11.4, static-optimal 11.4, libra-homogeneous 10.7,
-# static-uniform 9.95; the tree 16.9 (libra and libra-cmlfq alone and together); mean policy 12.8. A policy's time
-# moved by up to 1.2 s between the two runs (the VM's speed moves by about 5 % from hour to hour). At 1,024 GPUs
-# (65,536 requests a step, 3 steps) the policies are closer (0.8-1.0 s each) and the tree is about one.
+# 2026-12-05 17:05-17:20 UTC (after the slice kernels' gathers and the workers' collector change), CPU seconds over
+# the default scenario's 100 steps (48 GPUs, r2e-gym, 8,192 requests a step), each policy alone in a worker process
+# (`run_groups`, two rounds, the mean), less the 2.67 s every run pays (building the 100 steps): colocated 12.28,
+# static-uniform 8.49, greedy 10.15, static-optimal 10.21, libra-homogeneous 10.06, libra-hetero-tp 13.10;
+# libra-cmlfq 15.34 and libra 10.64 (each: the pair together less the other alone), the tree 13.46 (each alone, added,
+# less the pair, less the steps); mean policy 11.28. A policy's time moved by up to 0.9 s between the two rounds.
+# At 1,024 GPUs (65,536 requests a step, 3 steps) the policies are closer (0.8-1.0 s each) and the tree is about one.
 POLICY_COST = {
-    "libra": 1.30,
-    "libra-hetero-tp": 1.12,
-    "libra-cmlfq": 1.11,
-    "colocated": 1.08,
-    "greedy": 0.89,
-    "static-optimal": 0.89,
-    "libra-homogeneous": 0.84,
-    "static-uniform": 0.78,
+    "libra": 0.94,
+    "libra-hetero-tp": 1.16,
+    "libra-cmlfq": 1.36,
+    "colocated": 1.09,
+    "greedy": 0.90,
+    "static-optimal": 0.91,
+    "libra-homogeneous": 0.89,
+    "static-uniform": 0.75,
 }
-TREE_COST = 1.32
+TREE_COST = 1.19
 POLL_S = 1.0  # how often the parent checks, while no worker reports, that they are all still alive
 
 
