@@ -12,7 +12,7 @@ typedef struct {
 } Adm;
 
 /* a candidate's run in the counting sort: 2k, instance k's turns under way; 2k + 1, its new requests */
-static inline Py_ssize_t run_of(const Adm *x) { return 2 * x->k + (x->fresh != 0); }
+static inline Py_ssize_t run_of(const Adm *x) { return 2 * (Py_ssize_t)x->k + (x->fresh != 0); }
 
 /* readiness, for a run of one instance and one class */
 static inline int adm_ready_less(const Adm *a, const Adm *b) { return a->ready < b->ready; }
