@@ -334,3 +334,19 @@ def test_a_fraction_that_starts_at_one_is_searched_from_just_inside_its_bounds()
     points = _rollout_points(truth)
     result = calibrate(CLUSTER, MODEL, points, fit=("hbm_efficiency",), start=CostCoefficients(hbm_efficiency=1.0))
     assert result.coeffs.hbm_efficiency == pytest.approx(0.62, rel=1e-4) and result.iterations > 1
+
+
+def test_a_fraction_that_starts_below_one_in_a_million_is_searched_from_one_in_a_million():
+    """An efficiency may start as low as anything above 0; the search starts no lower than 1e-6 (its logit, -13.8,
+    against -20.7 at 1e-9). Where the start is the truth, the start is the best point of the first simplex, which a
+    search of no iterations returns: 1e-6 for a truth of 1e-9, and a start of 3e-6 as it is. A whole fit from 1e-9
+    still reaches a truth of 0.62."""
+    tiny = CostCoefficients(hbm_efficiency=1e-9)
+    low = calibrate(CLUSTER, MODEL, _rollout_points(tiny), fit=("hbm_efficiency",), start=tiny, iterations=0)
+    assert low.coeffs.hbm_efficiency == pytest.approx(1e-6, rel=1e-9)
+    small = CostCoefficients(hbm_efficiency=3e-6)
+    kept = calibrate(CLUSTER, MODEL, _rollout_points(small), fit=("hbm_efficiency",), start=small, iterations=0)
+    assert kept.coeffs.hbm_efficiency == pytest.approx(3e-6, rel=1e-9)
+    truth = CostCoefficients(hbm_efficiency=0.62)
+    result = calibrate(CLUSTER, MODEL, _rollout_points(truth), fit=("hbm_efficiency",), start=tiny)
+    assert result.coeffs.hbm_efficiency == pytest.approx(0.62, rel=1e-4)
