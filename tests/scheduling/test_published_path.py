@@ -103,3 +103,35 @@ def test_own_path_on_small_windows(
     if preset == "accuracy":
         options["confidence"] = confidence
     assert _log(limits, options, True, steps, preset) == _log(limits, options, False, steps, preset)
+
+
+def test_a_request_admitted_above_its_need_moves_down_where_every_run_like_it_ended_in_the_smaller_bucket() -> None:
+    """The `probability` rule's own path where the request sits in the unbounded last bucket and every trajectory
+    of its node ended within the bucket below: that bucket holds all the shares, so the rule moves the request down
+    (as the general path does), not because its own bucket holds a majority. Prompt p ran four times with a search
+    and a long answer (535 tokens) and twice with a python call and a short one (75 tokens): a new run of p is
+    admitted to the unbounded bucket by its prompt's history; after its python call (context 35) the two runs like
+    it had 40 tokens to go, both within the first bucket (100)."""
+    from libra.scheduling.cmlfq import CMLFQRouter
+    from libra.workloads.trace import Trajectory, Turn
+
+    def run(short: bool) -> Trajectory:
+        first = Turn(gen_tokens=20, tool="python" if short else "search", tool_tokens=5, tool_status="ok")
+        return Trajectory(prompt_id="p", prompt_tokens=10, turns=(first, Turn(gen_tokens=40 if short else 500)))
+
+    decisions = []
+    for inline in (True, False):
+        router = CMLFQRouter(
+            parse_buckets("1:100,2:inf"), rule="probability", admit="predicted", cost_ratio=0.0, min_count=1
+        )
+        assert router.on_tool_return.__func__.__name__ == "_probability_call"
+        router._inline = inline
+        for r, short in enumerate((False, False, False, False, True, True)):
+            router.admit(r, prompt_id="p", prompt_tokens=10)
+            router.finish(r, run(short))
+        router.end_step()
+        assert router.admit(99, prompt_id="p", prompt_tokens=10).bucket == 1
+        assert router.on_progress(99, context_tokens=30).bucket == 1
+        d = router.on_tool_return(99, tool="python", tool_tokens=5, status="ok", context_tokens=35)
+        decisions.append((d.bucket, d.migrate, d.migrated_tokens, d.reason))
+    assert decisions[0] == decisions[1] == (0, True, 30, "tool-return")
