@@ -8,7 +8,9 @@ one group, so the tree is updated (and each step's C-MLFQ replay done) in one pr
 step's work itself (sending 8,192 trajectories through a pipe costs about as much as generating them).
 
 Forked, not spawned: the scenario (its work source may hold a closure over a trace) is inherited, not pickled.
-Where `fork` is not available the caller runs serially.
+Where `fork` is not available the caller runs serially. A worker asks numpy for small pages (`small_pages`), runs
+without the cyclic collector's automatic passes (`no_cycle_collection`) and freezes what is alive at each step end
+(`freeze_long_lived`); the caller's process keeps its own settings.
 """
 
 from __future__ import annotations
