@@ -58,7 +58,7 @@ def test_the_allocation_plot_stacks_each_side_or_draws_turns_as_steps(figures) -
     report, figs = figures
     fig = figs["allocation.png"]
     assert len(fig.axes) == 8  # 4 columns, 2 rows
-    assert fig._suptitle.get_text() == "GPUs training vs rolling out per step (colocated: the same GPUs take turns)"
+    assert fig.get_suptitle() == "GPUs training vs rolling out per step (colocated: the same GPUs take turns)"
     shown, spare = fig.axes[:5], fig.axes[5:]
     assert [ax.get_title() for ax in shown] == ["p0", "p1", "p2", "p3", "shared"]
     assert all(ax.get_xlabel() == "step" for ax in shown) and all(ax.axison for ax in shown)
