@@ -5,7 +5,7 @@
 
 /* --- admission: `Admission._admit_queued` after the steal ------------------------------------------------ */
 typedef struct {
-    int32_t k; /* (an instance's index: K is far below 2**31, checked by the caller) */
+    int32_t k; /* (an instance's index: K is far below 2**31, checked where `sn_admit_core` starts) */
     uint8_t fresh;
     int64_t r;
     double ready, ctx; /* the request's, copied as it is listed: the sums below then read the candidates in order */

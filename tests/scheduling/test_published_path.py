@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 from sched_strategies import bucket_limits, window_trajectories
 
 from libra.scheduling import CMLFQ_PRESETS, make_router
+from libra.scheduling.cmlfq import CMLFQRouter
 from libra.spec import parse_buckets
 from libra.workloads.generators import WorkloadGenerator
+from libra.workloads.trace import Trajectory, Turn
 
 
 def _log(buckets, options: dict, inline: bool, steps, preset: str = "published") -> list:
@@ -112,8 +114,6 @@ def test_a_request_admitted_above_its_need_moves_down_where_every_run_like_it_en
     and a long answer (535 tokens) and twice with a python call and a short one (75 tokens): a new run of p is
     admitted to the unbounded bucket by its prompt's history; after its python call (context 35) the two runs like
     it had 40 tokens to go, both within the first bucket (100)."""
-    from libra.scheduling.cmlfq import CMLFQRouter
-    from libra.workloads.trace import Trajectory, Turn
 
     def run(short: bool) -> Trajectory:
         first = Turn(gen_tokens=20, tool="python" if short else "search", tool_tokens=5, tool_status="ok")
