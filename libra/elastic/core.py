@@ -192,6 +192,7 @@ class CoreExchange:
         self._slots: dict[str, _Slot] = {}
         self._replay: dict[int, torch.Tensor] = {}  # step -> reduced flat gradient, kept while a hybrid needs it
         self._assignment: StepAssignment | None = None
+        self._last_step = -1  # the last step begun: what a close records (-1 before the first)
         # Buckets of the last snapshot whose sends all completed, overwritten by the next one: new memory costs a
         # page fault per 4 KiB on first touch, more than the copy itself (1.2 GB: seconds on a loaded VM).
         self.reuse_snapshot_buffers = reuse_snapshot_buffers
@@ -259,7 +260,7 @@ class CoreExchange:
 
     def close(self) -> None:
         for worker in list(self._slots):
-            self.remove(worker, step=-1, why="exchange closed")
+            self.remove(worker, step=self._last_step, why="exchange closed")
         for link in self._pending:
             link.close()
         self._pending.clear()
@@ -272,6 +273,7 @@ class CoreExchange:
 
     def begin_step(self, step: int) -> StepAssignment:
         """Admit joiners, serve snapshots, promote caught-up placeholders, agree on membership for ``step``."""
+        self._last_step = step
         if self._server is not None:
             self._pending.extend(self._server.accept_ready())
         self._admit_pending(step)

@@ -302,8 +302,8 @@ def test_two_hybrids_played_by_hand_each_judged_on_its_own(group):
     ]
     core.close()
     assert _log(core.states)[-2:] == [
-        ("h", -1, "active", "rollout", "exchange closed"),
-        ("k", -1, "active", "rollout", "exchange closed"),
+        ("h", 2, "active", "rollout", "exchange closed"),
+        ("k", 2, "active", "rollout", "exchange closed"),
     ]
     assert core.stats.leaves == 2
 
