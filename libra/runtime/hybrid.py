@@ -179,6 +179,7 @@ class _Worker:
 
         ctx = mp.get_context("spawn")
         self.name = name
+        self.exit_timeout_s = settings["timeout_s"]  # a stay ended by the core's LEAVE, then the process's exit
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=hybrid_main, args=(child, settings), name=f"libra-{name}", daemon=True)
         self.proc.start()
@@ -229,7 +230,7 @@ class _Worker:
         if self.proc.is_alive():
             with contextlib.suppress(OSError):
                 self.conn.send(("exit",))
-            self.proc.join(10.0)
+            self.proc.join(self.exit_timeout_s)
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join(5.0)
@@ -387,10 +388,12 @@ class HybridPool:
         return out
 
     def close(self) -> None:
+        # the exchange first: it sends LEAVE to every worker in a stay, which then ends it and reads "exit" (a
+        # worker closed first sat in its stay, waiting for the core's next step, until the 10 s join gave up)
+        self.exchange.close()
         for worker in self.workers.values():
             worker.close()
         self.workers.clear()
-        self.exchange.close()
         self.server.close()
 
     def _note_restores(self, step: int) -> None:

@@ -167,9 +167,11 @@ def test_a_worker_lent_after_the_cores_first_step_receives_its_first_snapshot_in
     alone = _trainer(model_dir)
     plain = [alone.train_step(b) for b in batches]
     spare: list = []
+    workers: dict = {}
 
     def probe(step: int, pool) -> None:
         spare.append([b.data_ptr() for b in pool.exchange._spare_buckets or ()])
+        workers.update(pool.workers)
 
     losses, events, contributors = _run(
         model_dir, tmp_path, batches, lend_steps=10, kill_at=None, first_lend=2, probe=probe
@@ -179,6 +181,11 @@ def test_a_worker_lent_after_the_cores_first_step_receives_its_first_snapshot_in
     assert [bool(c) for c in contributors] == [False, False, False, True]
     restored = [(e["step"], e["version"], e["in_place"], e["buckets"]) for e in events if e["kind"] == "HybridRestored"]
     assert [(v, n, b) for _, v, n, b in restored] == [(2, 1, 1)]
+    # closed while the worker is still active: the core's LEAVE ends its stay, and it exits on its own (not
+    # killed after waiting in its stay for a step that never comes)
+    worker = workers["hybrid-0"]
+    assert [m[0] for m in worker.inbox if m[0] in ("left", "failed")] == ["left"]
+    assert worker.proc.exitcode == 0
 
 
 def test_a_hung_training_step_is_reported_after_its_missed_checks(model_dir) -> None:
