@@ -9,7 +9,7 @@ Request life cycle on a rollout backend (one agentic trajectory)::
     release(rid)                                 -> the trajectory is done; the backend forgets it
 
 A backend never loses a request silently: if an engine dies, each of its requests is either REQUEUED on a live
-instance (re-prefilled from the context the backend keeps) or ends with a FAILED event and `result()` raises
+instance (re-prefilled from the context the backend keeps) or ends with a FAILED event and `release()` raises
 `RequestFailedError`.
 """
 

@@ -166,8 +166,11 @@ class RunConfig:
             raise RunConfigError("prompts must hold at least one prompt")
         if self.temperature < 0:
             raise RunConfigError(f"temperature must be >= 0, got {self.temperature!r}")
-        if self.samples_per_prompt < 2 and self.temperature > 0:
-            pass  # GRPO with one sample has zero advantages; allowed, but the loss is then 0
+        # (one sample per prompt is allowed: GRPO's advantages are then zero, and so is the loss)
+        from libra.scheduling.router import router_names
+
+        if self.router not in router_names():
+            raise RunConfigError(f"router must be one of {', '.join(router_names())}, got {self.router!r}")
 
     @property
     def batch_size(self) -> int:

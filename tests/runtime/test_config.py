@@ -32,6 +32,8 @@ def test_sections_and_overrides() -> None:
         ({"engine": 3}, "engine must be a mapping"),
         ({"hybrid": {"min_idle_fraction": 2}}, "min_idle_fraction must be in [0, 1]"),
         ({"waits": {"engine_missed_checks": 0}}, "engine_missed_checks must be a positive number"),
+        # refused when read, not when the orchestrator builds the router after the engines started
+        ({"router": "round-robin"}, "router must be one of fcfs, mlfq, predictor, oracle, cmlfq, got 'round-robin'"),
     ],
 )
 def test_bad_settings_name_the_setting(raw, needle) -> None:
