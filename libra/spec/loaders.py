@@ -81,6 +81,10 @@ def construct(cls: type, data: dict[str, Any], path: Path) -> Any:
         return cls(**data)
     except TypeError as exc:
         raise SpecError(f"{path}: {exc}") from None
+    except SpecError as exc:  # a value out of range: the field's own message, with the file that holds it
+        if str(exc).startswith(f"{path}: "):
+            raise
+        raise SpecError(f"{path}: {exc}") from None
 
 
 def load_model(name_or_path: str) -> ModelSpec:

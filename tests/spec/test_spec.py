@@ -146,6 +146,30 @@ def test_models_and_clusters_load_from_files(tmp_path) -> None:
         load_model(str(tmp_path / "missing.yaml"))
 
 
+def test_a_value_out_of_range_in_a_file_names_the_file_and_the_field(tmp_path) -> None:
+    mf = tmp_path / "m.yaml"
+    mf.write_text(
+        "num_layers: 0\nhidden_size: 256\nnum_heads: 4\nnum_kv_heads: 2\nhead_dim: 64\n"
+        "ffn_hidden_size: 512\nvocab_size: 1000\n"
+    )
+    with pytest.raises(SpecError) as err:
+        load_model(str(mf))
+    assert str(err.value).startswith(f"{mf}: ModelSpec.num_layers must be an integer in [1, 10,000], got 0")
+    cf = tmp_path / "c.yaml"
+    cf.write_text("gpu: H100-80GB\nnum_nodes: 0\ngpus_per_node: 8\n")
+    with pytest.raises(SpecError, match=r"^" + str(cf).replace(".", r"\.") + r": .*num_nodes") as err:
+        load_cluster(str(cf))
+    assert str(err.value).count(str(cf)) == 1  # named once, not once per layer it passed through
+    gf = tmp_path / "g.yaml"
+    gf.write_text(
+        "gpu: {name: X, memory_gb: -1, bf16_tflops: 900, hbm_bandwidth_gbs: 3000, nvlink_bandwidth_gbs: 400,"
+        " network_bandwidth_gbs: 50}\nnum_nodes: 1\ngpus_per_node: 8\n"
+    )
+    with pytest.raises(SpecError) as err:
+        load_cluster(str(gf))
+    assert str(err.value).startswith(f"{gf}: GPUSpec.memory_gb") and str(err.value).count(str(gf)) == 1
+
+
 def test_jsonable_makes_plain_json() -> None:
     import numpy as np
 
