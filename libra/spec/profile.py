@@ -121,16 +121,17 @@ class WorkloadProfile:
         return self.total_lengths[idx]
 
     def groups(self, num_groups: int) -> tuple[LengthGroup, ...]:
-        """Split the sorted sample into at most `num_groups` contiguous groups of (nearly) equal count, scaled so
-        that the counts add up to `requests_per_step`."""
-        n = self.num_samples
-        k = max(1, min(num_groups, n))
-        scale = self.requests_per_step / n
+        """Split the sorted sample into at most `num_groups` contiguous groups of (nearly) equal count, and at most
+        one group a request, whose counts add up to exactly `requests_per_step`: each group one request plus its
+        share of the rest, by cumulative rounding. (Rounding each group's share alone gave every group at least
+        one: a step of one request was planned as 32, and the counts drifted from the step's.) Unscaled (a step of
+        the sample's size), a group's count is its size."""
+        n, requests = self.num_samples, self.requests_per_step
+        k = max(1, min(num_groups, n, requests))
+        bounds = [round(i * n / k) for i in range(k + 1)]  # k <= n: no group is empty
+        shares = [round(b * (requests - k) / n) for b in bounds]
         out = []
-        bounds = [round(i * n / k) for i in range(k + 1)]
-        for lo, hi in zip(bounds, bounds[1:]):
-            if hi <= lo:
-                continue
+        for lo, hi, a, b in zip(bounds, bounds[1:], shares, shares[1:]):
             size = hi - lo
             turns = self.turns[lo:hi] if self.turns else (1.0,) * size
             # the request decoding the most, and the one longest in tool calls (the first of ties), where known
@@ -138,7 +139,7 @@ class WorkloadProfile:
             most_tool = max(range(lo, hi), key=self.tool_s.__getitem__) if self.tool_s else None
             out.append(
                 LengthGroup(
-                    count=max(1, round(size * scale)) if scale != 1 else size,
+                    count=size if requests == n else 1 + b - a,
                     mean_total=sum(self.total_lengths[lo:hi]) / size,
                     mean_gen=sum(self.gen_tokens[lo:hi]) / size,
                     max_total=self.total_lengths[hi - 1],

@@ -179,7 +179,7 @@ def _parse_turn(raw: Any, index: int, path: Path, line: int) -> Turn:
     if latency is not None and not (
         isinstance(latency, int | float)
         and not isinstance(latency, bool)
-        and math.isfinite(latency)
+        and _finite(latency)
         and 0 <= latency <= MAX_TOOL_LATENCY_S
     ):
         raise TraceError(
@@ -189,6 +189,14 @@ def _parse_turn(raw: Any, index: int, path: Path, line: int) -> Turn:
             f"must be a number of seconds in [0, {MAX_TOOL_LATENCY_S:g}], got {latency!r}",
         )
     return Turn(gen_tokens=gen, tool=tool, tool_status=status, tool_tokens=tool_tokens, extra=extra)
+
+
+def _finite(value: int | float) -> bool:
+    """A finite number that a float holds (JSON's integers have no bound: 1e400 written out is not one)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _no_constant(name: str) -> Any:
@@ -227,9 +235,7 @@ def parse_line(text: str, path: Path, line: int) -> Trajectory:
     sample = _int_field(obj, "sample", path, line, required=False, default=-1)
     step = _int_field(obj, "step", path, line, required=False, default=-1)
     reward = obj.get("reward")
-    if reward is not None and (
-        isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward)
-    ):
+    if reward is not None and (isinstance(reward, bool) or not isinstance(reward, int | float) or not _finite(reward)):
         raise TraceError(path, line, "reward", f"must be a finite number or null, got {reward!r}")
     extra = {k: v for k, v in obj.items() if k not in _KNOWN_KEYS}
     return Trajectory(

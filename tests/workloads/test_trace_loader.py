@@ -58,6 +58,12 @@ def test_round_trip_keeps_unknown_keys_and_lengths(tmp_path) -> None:
         ),
         ({k: v for k, v in GOOD.items() if k != "prompt_id"}, "prompt_id"),
         ({**GOOD, "reward": "high"}, "reward"),
+        # integers beyond any float: one clear error, not an OverflowError from the finiteness check
+        ({**GOOD, "reward": 10**400}, "reward"),
+        (
+            {**GOOD, "turns": [{"gen_tokens": 5, "tool": "bash", "tool_status": "ok", "tool_latency_s": -(10**400)}]},
+            "turns[0].tool_latency_s",
+        ),
     ],
 )
 def test_bad_lines_name_file_line_and_field(tmp_path, line, field) -> None:
