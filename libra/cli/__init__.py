@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from libra.cli._common import CLIError
+from libra.cli._common import CLIError, one_line
 
 _SUBCOMMANDS = ("plan", "trace", "route_eval", "simulate", "estimate", "profile", "run")
 
@@ -50,7 +50,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, with its errors on one line (no usage block) like every other `libra` error."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,12 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except (CLIError, SpecError, TraceError) as exc:
-        print(f"libra: error: {exc}", file=sys.stderr)
+        print(f"libra: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:  # an optional engine (torch, vllm, ray, ...) the command needs is not installed
         extra = _EXTRA_OF.get((exc.name or "").split(".")[0])
         if extra is None:  # not an optional package: a broken install or a bug
-            print(f"libra: internal error: {type(exc).__name__}: {exc} (please report it)", file=sys.stderr)
+            print(
+                f"libra: internal error: {type(exc).__name__}: {one_line(str(exc))} (please report it)", file=sys.stderr
+            )
             return 1
         print(
             f"libra: error: this command needs {exc.name!r}, which is not installed here "
@@ -96,9 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except Exception as exc:  # noqa: BLE001 - the contract is one line, never a traceback
         if _is_user_error(exc):
-            print(f"libra: error: {exc}", file=sys.stderr)
+            print(f"libra: error: {one_line(str(exc))}", file=sys.stderr)
             return 2
-        print(f"libra: internal error: {type(exc).__name__}: {exc} (please report it)", file=sys.stderr)
+        print(f"libra: internal error: {type(exc).__name__}: {one_line(str(exc))} (please report it)", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("libra: interrupted", file=sys.stderr)

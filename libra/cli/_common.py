@@ -47,18 +47,29 @@ def check_batch(prompts: int, samples: int) -> None:
 
 def check_new_output(path: Path, *, directory: bool) -> None:
     """Fail before the work when an output path cannot be written: a folder named by an existing file (or the
-    reverse), or a parent folder that does not exist."""
+    reverse), a parent folder that does not exist, or (for a folder, whose missing parents are created) a file
+    where a parent folder would go."""
     if directory and path.exists() and not path.is_dir():
         raise CLIError(f"--out {path}: exists and is not a folder")
+    if directory:
+        above = next(p for p in (path, *path.parents) if p.exists())  # ('.' or '/' at the latest)
+        if not above.is_dir():
+            raise CLIError(f"--out {path}: {above} is not a folder")
     if not directory and path.is_dir():
         raise CLIError(f"--out {path}: is a folder; name a file")
     if not directory and not path.parent.is_dir():
         raise CLIError(f"--out {path}: folder {path.parent} does not exist")
 
 
-def add_setup_args(p: argparse.ArgumentParser) -> None:
-    """The cluster, model and cost-model options that `plan` and `simulate` share."""
-    p.add_argument("--gpus", type=int, default=48, help="total GPUs (default 48)")
+def one_line(text: str) -> str:
+    """A message on one line: a library's message over several lines, or a file name holding a newline, must not
+    break the contract of one error line."""
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def add_setup_args(p: argparse.ArgumentParser, *, gpus: int = 48) -> None:
+    """The cluster, model and cost-model options that `plan`, `simulate` and `estimate` share."""
+    p.add_argument("--gpus", type=int, default=gpus, help=f"total GPUs (default {gpus})")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node, joined by NVLink (default 8)")
     p.add_argument("--gpu", default="A800-80GB", help="GPU preset (A800-80GB, A100-80GB, H100-80GB, H200)")
     p.add_argument("--cluster", metavar="FILE", help="YAML/JSON cluster file (overrides --gpus/--gpus-per-node/--gpu)")

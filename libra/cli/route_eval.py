@@ -31,10 +31,11 @@ DEFAULT_BUCKETS = "2:5000,4:15000,8:inf"  # the published Search-R1 buckets (doc
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("route-eval", help="score a request-routing policy on a trace")
-    p.add_argument(
+    src = p.add_mutually_exclusive_group()
+    src.add_argument(
         "--trace", default=None, help="trace file (JSON Lines, or .gz); default: a synthetic --workload in memory"
     )
-    p.add_argument(
+    src.add_argument(
         "--workload",
         default="search-r1",
         help=f"synthetic workload when no --trace: {', '.join(WORKLOAD_NAMES)} (default search-r1)",

@@ -10,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-from libra.cli._common import CLIError, emit_json, log, table
+from libra.cli._common import CLIError, check_new_output, emit_json, log, table
 
 DEFAULT_OUT = "libra-run"
 
@@ -57,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and args.out and Path(args.out) != Path(args.resume):
         raise CLIError("--resume DIR continues in DIR; do not also give a different --out")
     out = Path(args.resume or args.out or DEFAULT_OUT)
+    if not args.resume:
+        check_new_output(out, directory=True)
     if args.resume:
         config_file = out / "config.json"
         if not config_file.is_file():
@@ -94,8 +96,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.resume:
         if (out / "run.jsonl").exists():
             raise CLIError(f"{str(out)!r} already holds a run; use --resume {out} or another --out")
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+        except OSError as exc:
+            raise CLIError(f"cannot write {out}: {exc.strerror or exc}") from None
     return _execute(config, out, resume=bool(args.resume), as_json=args.json, quiet=args.quiet)
 
 

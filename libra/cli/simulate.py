@@ -172,7 +172,6 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from libra.sim import Scenario, SimOptions, WorkSource, simulate
-    from libra.sim.report import write_report
     from libra.spec import RLSettings
     from libra.spec.cluster import MAX_GPUS, MAX_GPUS_PER_NODE
 
@@ -242,6 +241,7 @@ def run(args: argparse.Namespace) -> int:
             max_model_len=args.max_len,
             drift_steps=args.drift_steps,
         )
+        _check_prompts_fit(source, args.max_len)
     rl = RLSettings(num_prompts=prompts, samples_per_prompt=samples, max_model_len=args.max_len)
     scenario = Scenario(
         cluster=cluster,
@@ -265,14 +265,7 @@ def run(args: argparse.Namespace) -> int:
         report = simulate(scenario, num_steps=args.steps, policies=policies, progress=progress, workers=args.workers)
     finally:
         bar.close()
-    out = Path(args.out)
-    if args.no_plots:
-        from libra.sim.report import write_json
-
-        out.mkdir(parents=True, exist_ok=True)
-        files = [write_json(report, out / "report.json")]
-    else:
-        files = write_report(report, out)
+    files = _write(report, Path(args.out), plots=not args.no_plots)
     summary = report.summary()
     if args.json:
         emit_json(
@@ -308,6 +301,40 @@ def run(args: argparse.Namespace) -> int:
         )
     print("\nwrote " + ", ".join(str(f) for f in files))
     return 0
+
+
+def _check_prompts_fit(source, max_len: int) -> None:
+    """A synthetic workload's trajectories are cut at --max-len, its prompts are not: refused as `libra plan`
+    refuses it, rather than simulated with trajectories longer than the model's length."""
+    longest = int(source.step(0).total_tokens.max())
+    if longest > max_len:
+        raise CLIError(f"--max-len {max_len} is shorter than the workload's prompts ({longest:,} tokens)")
+
+
+def _write(report, out: Path, *, plots: bool) -> list[Path]:
+    """report.json (and the plots) in `out`, each file whole or not at all: written in a temporary folder inside
+    `out`, then renamed into place, so that a full disk or a failed plot leaves no half-written file behind, nor
+    the folders this run would have created."""
+    import shutil
+    import tempfile
+
+    from libra.sim.report import write_json, write_report
+
+    created = [p for p in (out, *out.parents) if not p.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out, prefix=".partial-"))
+        try:
+            written = write_report(report, tmp) if plots else [write_json(report, tmp / "report.json")]
+            for f in written:
+                f.replace(out / f.name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as exc:
+        if created:
+            shutil.rmtree(created[-1], ignore_errors=True)
+        raise CLIError(f"cannot write {out}: {exc.strerror or exc}") from None
+    return [out / f.name for f in written]
 
 
 def _steps(n: int) -> str:

@@ -173,6 +173,18 @@ class _Stderr(logging.Handler):
         log(f"warning: {record.getMessage()}")
 
 
+def _check_patterns(args: argparse.Namespace) -> None:
+    """Each pattern given is a regular expression; the error names it (not the whole list of defaults)."""
+    import re
+
+    for flag, patterns in (("--error-pattern", args.error_pattern), ("--timeout-pattern", args.timeout_pattern)):
+        for pattern in patterns:
+            try:
+                re.compile(f"(?:{pattern})", re.I | re.M)  # as the importers join them
+            except re.error as exc:
+                raise CLIError(f"{flag} {pattern!r} is not a regular expression: {exc}") from None
+
+
 def run_import(args: argparse.Namespace) -> int:
     from libra.workloads.importers import (
         DEFAULT_ERROR_PATTERNS,
@@ -187,6 +199,7 @@ def run_import(args: argparse.Namespace) -> int:
         raise CLIError("trace import needs at least one SRC file (e.g. libra trace import --format openai log.jsonl)")
     base_err = () if args.no_default_patterns else DEFAULT_ERROR_PATTERNS
     base_tmo = () if args.no_default_patterns else DEFAULT_TIMEOUT_PATTERNS
+    _check_patterns(args)
     try:
         rules = StatusRules(base_err + tuple(args.error_pattern), base_tmo + tuple(args.timeout_pattern))
     except ValueError as exc:

@@ -94,3 +94,12 @@ def test_devices_and_proc_files_are_refused(capsys) -> None:
     assert "not a regular file" in _error(capsys)
     assert main(["plan", "--trace", "/proc/self/mem"]) == 2
     assert "cannot read trace" in _error(capsys)
+
+
+def test_run_out_onto_a_file_is_one_line(tmp_path, capsys) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("x")
+    for out, message in ((taken, "exists and is not a folder"), (taken / "run", f"{taken} is not a folder")):
+        assert main(["run", "--out", str(out)]) == 2
+        assert message in _error(capsys)
+    assert taken.read_text() == "x"

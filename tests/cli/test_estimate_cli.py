@@ -57,9 +57,28 @@ def test_estimate_given_training_layout(capsys) -> None:
         (["--batch", "0"], "--batch needs"),
         (["--train-layout", "2,2,3"], "--train-layout"),
         (["--model", "nope"], "unknown model"),
+        (["--train-seqs", "-5"], "--train-seqs must be between 1"),
+        (["--train-seqs", "0"], "--train-seqs must be between 1"),
+        (["--train-len", "0"], "--train-len must be between 1"),
+        (["--batch", "99999999999999999999"], "--batch needs integers <= 1,048,576"),
+        (["--context", "99999999999999"], "--context needs integers <= 10,000,000"),
+        (["--train-layout", "1,1,8,1,1,maybe"], "recompute is one of"),
+        (["--train-layout", "3,1,8", "--gpus", "24"], "tp 3 does not fit Qwen3-14B"),
+        (["--train-layout", "1,3,8", "--gpus", "24"], "pp 3 does not fit Qwen3-14B"),
+        (["--train-layout", "1,1,8,8"], "ep 8 does not fit Qwen3-14B"),
+        (["--train-layout", "1,1,8,1,100"], "micro-batch 100 exceeds the 64 sequences of a replica"),
     ],
 )
 def test_estimate_bad_input_is_one_line(argv, message, capsys) -> None:
     assert main(["estimate", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_help_states_the_default_gpus_it_uses(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["estimate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--gpus GPUS total GPUs (default 8)" in text
+    assert main(["estimate", "--tp", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["training"]["gpus"] == 8

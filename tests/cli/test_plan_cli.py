@@ -150,3 +150,36 @@ def test_a_closed_pipe_is_not_an_internal_error() -> None:
     err = child.stderr.read()
     child.wait(timeout=scaled(120))
     assert "internal error" not in err and "Traceback" not in err, err
+
+
+def test_emit_verl_onto_a_file_is_one_line_before_planning(tmp_path, capsys) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("x")
+    for out, message in ((taken, "exists and is not a folder"), (taken / "sub", f"{taken} is not a folder")):
+        assert main(["plan", "--gpus", "16", "--emit", "verl", "--out", str(out)]) == 2
+        captured = capsys.readouterr()
+        assert message in captured.err and len(captured.err.strip().splitlines()) == 1
+        assert "planned in" not in captured.err and "internal error" not in captured.err
+    assert taken.read_text() == "x"
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--out", "somewhere"], "--out goes with --emit verl"),
+        (["--model-path", "Qwen/Qwen3-14B"], "--model-path goes with --emit verl"),
+        (["--window-steps", "2"], "--window-steps profiles the last steps of a trace"),
+    ],
+)
+def test_an_option_that_needs_another_is_refused_not_ignored(args, message, tmp_path, capsys) -> None:
+    assert main(["plan", "--gpus", "16", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "somewhere").exists()
+
+
+def test_a_message_holding_a_newline_is_printed_on_one_line(tmp_path, capsys) -> None:
+    """A file name with a newline in it (or a library's message over several lines) still makes one error line."""
+    assert main(["plan", "--trace", str(tmp_path / "no\nsuch.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("libra: error: ") and "cannot open trace" in err

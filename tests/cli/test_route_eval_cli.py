@@ -136,3 +136,13 @@ def test_unknown_tool_for_a_closed_tool_set(trace_file, capsys) -> None:
     assert main(["route-eval", "--trace", str(trace_file), "--option", "tools=bash,python"]) == 2
     err = capsys.readouterr().err.strip()
     assert "unknown tool 'search'" in err and one_error_line(err)
+
+
+def test_a_trace_and_a_workload_are_refused_together(trace_file, capsys) -> None:
+    """--workload names the synthetic trace used without --trace: given with one it is refused, as in `plan` and
+    `simulate`, not ignored."""
+    with pytest.raises(SystemExit) as exc:
+        main(["route-eval", "--trace", str(trace_file), "--workload", "r2e-gym"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "not allowed with argument --trace" in err and len(err.splitlines()) == 1

@@ -339,3 +339,45 @@ def test_tool_latency_sets_the_calls_a_trace_does_not_time(tmp_path, capsys):
     assert main(["simulate", "--tool-latency", "1", "--out", str(tmp_path / "bad")]) == 2
     assert "the synthetic workloads time every call" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_out_below_a_file_is_refused_before_the_simulation(tmp_path, capsys):
+    taken = tmp_path / "taken"
+    taken.write_text("x")
+    assert main([*SMALL, "--policy", "colocated", "--out", str(taken / "sub")]) == 2
+    captured = capsys.readouterr()
+    assert f"{taken} is not a folder" in captured.err and "simulating" not in captured.err
+    assert "internal error" not in captured.err and len(captured.err.strip().splitlines()) == 1
+
+
+def test_max_len_shorter_than_the_prompts_is_refused_as_plan_refuses_it(tmp_path, capsys):
+    assert main([*SMALL, "--policy", "colocated", "--max-len", "10", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--max-len 10 is shorter than the workload's prompts" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_write_that_fails_leaves_no_half_written_file(tmp_path):
+    """A full disk (here: a file-size limit of 12 KiB, which a plot passes) is one error line, and leaves neither
+    a truncated file nor the folders the run would have created; a folder that was there keeps what it held."""
+    import resource
+    import subprocess
+    import sys
+
+    from tests.limits import scaled
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (12 * 1024, 12 * 1024))
+
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "report.json").write_text("{}")
+    for out in (tmp_path / "new" / "sim", kept):
+        argv = [sys.executable, "-m", "libra", *SMALL, "--steps", "1", "--policy", "colocated", "--out", str(out)]
+        done = subprocess.run(
+            argv, capture_output=True, text=True, preexec_fn=small_files, timeout=scaled(300), check=False
+        )
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert done.stderr.strip().splitlines()[-1].endswith(f"cannot write {out}: File too large")
+    assert not (tmp_path / "new").exists()
+    assert [p.name for p in kept.iterdir()] == ["report.json"] and (kept / "report.json").read_text() == "{}"

@@ -62,3 +62,18 @@ def test_errors_are_one_line(tmp_path, capsys) -> None:
     assert "--steps must be between 1" in capsys.readouterr().err
     assert main(["trace", "generate", "--out", str(tmp_path / "missing-dir" / "x.jsonl")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_bad_status_pattern_names_itself_only(tmp_path, capsys) -> None:
+    log = tmp_path / "chat.jsonl"
+    log.write_text(
+        json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]})
+    )
+    argv = ["trace", "import", str(log), "--out", str(tmp_path / "t.jsonl"), "--error-pattern", "("]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err == "libra: error: --error-pattern '(' is not a regular expression: missing ), unterminated subpattern "
+        "at position 0"
+    )
+    assert not (tmp_path / "t.jsonl").exists()
