@@ -80,11 +80,16 @@ def measure_vllm(
     need = max([*grid.contexts, *grid.prefill_tokens]) + grid.decode_tokens + 2
     if need > max_model_len:
         raise ProfileError(f"the grid needs {need} tokens of context, the engine allows {max_model_len}")
-    backend.start_instance(
-        InstanceSpec(
-            name="profile", tp=1, max_num_seqs=max(max(grid.batches), grid.burst_requests), max_model_len=max_model_len
-        )
+    spec = InstanceSpec(
+        name="profile", tp=1, max_num_seqs=max(max(grid.batches), grid.burst_requests), max_model_len=max_model_len
     )
+    try:
+        backend.start_instance(spec)
+    except RuntimeError as exc:  # vLLM's own cause is in its engine's log above
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise ProfileError(
+            f"the vLLM engine did not start ({first}); on CPU, VLLM_CPU_KVCACHE_SPACE (GiB) sizes its KV cache"
+        ) from None
     ids = iter(range(1 << 30))
 
     def prompt(n: int) -> list[int]:

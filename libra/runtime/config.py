@@ -8,6 +8,7 @@ shift the planner must react to). The planner plans a scaled-down *virtual* clus
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,18 @@ DEFAULT_PROMPTS = (
 
 
 def _positive(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
         raise RunConfigError(f"{attribute.name} must be a positive number, got {value!r}")
+
+
+def _positive_int(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RunConfigError(f"{attribute.name} must be a whole number >= 1, got {value!r}")
+
+
+def _model_dir(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise RunConfigError(f"{attribute.name} must be a model directory (a path) or null, got {value!r}")
 
 
 def _non_negative_int(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -44,13 +55,13 @@ class VirtualSettings:
     (a preset name). Real token counts are multiplied by `token_scale` and the real batch by `batch_scale` before
     planning, so that the tiny run's trajectories stand for a realistic step."""
 
-    gpus: int = attrs.field(default=6, validator=_positive)
-    gpus_per_node: int = attrs.field(default=6, validator=_positive)
+    gpus: int = attrs.field(default=6, validator=_positive_int)
+    gpus_per_node: int = attrs.field(default=6, validator=_positive_int)
     gpu: str = "A800-80GB"
     model: str = "Qwen3-14B"
     token_scale: float = attrs.field(default=32.0, validator=_positive)
-    batch_scale: int = attrs.field(default=16, validator=_positive)
-    max_model_len: int = attrs.field(default=131072, validator=_positive)
+    batch_scale: int = attrs.field(default=16, validator=_positive_int)
+    max_model_len: int = attrs.field(default=131072, validator=_positive_int)
     tp_degrees: tuple[int, ...] = attrs.field(default=(1, 2), converter=tuple)
 
 
@@ -59,8 +70,8 @@ class EngineSettings:
     """How a virtual rollout instance becomes a vLLM engine here: every engine runs with TP 1 on CPU; an instance
     of plan TP `tp` gets `seqs_per_tp * tp` concurrent sequences; every engine holds `max_model_len` tokens."""
 
-    seqs_per_tp: int = attrs.field(default=4, validator=_positive)
-    max_model_len: int = attrs.field(default=1024, validator=_positive)
+    seqs_per_tp: int = attrs.field(default=4, validator=_positive_int)
+    max_model_len: int = attrs.field(default=1024, validator=_positive_int)
     dtype: str = "float32"
 
 
@@ -84,8 +95,8 @@ class ReplanSettings:
     `horizon_steps` steps against the reconfiguration cost, and at least `min_relative_gain`)."""
 
     enabled: bool = True
-    window_steps: int = attrs.field(default=1, validator=_positive)
-    horizon_steps: int = attrs.field(default=10, validator=_positive)
+    window_steps: int = attrs.field(default=1, validator=_positive_int)
+    horizon_steps: int = attrs.field(default=10, validator=_positive_int)
     min_relative_gain: float = 0.05
     to_rollout_s: float = 10.8
 
@@ -96,8 +107,8 @@ class WorkloadShift:
     `max_tool_tokens` tokens): longer contexts, as when an agent starts reading whole files."""
 
     from_step: int = attrs.field(default=2, validator=_non_negative_int)
-    tool_growth: int = attrs.field(default=6, validator=_positive)
-    max_tool_tokens: int = attrs.field(default=160, validator=_positive)
+    tool_growth: int = attrs.field(default=6, validator=_positive_int)
+    max_tool_tokens: int = attrs.field(default=160, validator=_positive_int)
 
 
 @attrs.frozen(kw_only=True)
@@ -115,9 +126,9 @@ class HybridSettings:
 
     workers: int = attrs.field(default=1, validator=_non_negative_int)
     min_idle_fraction: float = 0.25
-    lend_steps: int = attrs.field(default=4, validator=_positive)
+    lend_steps: int = attrs.field(default=4, validator=_positive_int)
     timeout_s: float = attrs.field(default=120.0, validator=_positive)
-    max_missed: int = attrs.field(default=3, validator=_positive)
+    max_missed: int = attrs.field(default=3, validator=_positive_int)
     start_timeout_s: float = attrs.field(default=600.0, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
@@ -134,21 +145,23 @@ class WaitSettings:
     and one slow reply is not a hang."""
 
     engine_check_s: float = attrs.field(default=30.0, validator=_positive)
-    engine_missed_checks: int = attrs.field(default=6, validator=_positive)
+    engine_missed_checks: int = attrs.field(default=6, validator=_positive_int)
     trainer_check_s: float = attrs.field(default=60.0, validator=_positive)
-    trainer_missed_checks: int = attrs.field(default=20, validator=_positive)
+    trainer_missed_checks: int = attrs.field(default=20, validator=_positive_int)
 
 
 @attrs.frozen(kw_only=True)
 class RunConfig:
     seed: int = attrs.field(default=0, validator=_non_negative_int)
-    steps: int = attrs.field(default=4, validator=_positive)
+    steps: int = attrs.field(default=4, validator=_positive_int)
     max_staleness: int = attrs.field(default=1, validator=_non_negative_int)
-    model: str | None = None  # a Hugging Face model directory; None builds the tiny local model
+    model: str | None = attrs.field(
+        default=None, validator=_model_dir
+    )  # a Hugging Face model directory; None: the tiny local model
     prompts: tuple[str, ...] = attrs.field(default=DEFAULT_PROMPTS, converter=tuple)
-    samples_per_prompt: int = attrs.field(default=4, validator=_positive)
-    max_turns: int = attrs.field(default=4, validator=_positive)
-    max_tokens: int = attrs.field(default=12, validator=_positive)
+    samples_per_prompt: int = attrs.field(default=4, validator=_positive_int)
+    max_turns: int = attrs.field(default=4, validator=_positive_int)
+    max_tokens: int = attrs.field(default=12, validator=_positive_int)
     temperature: float = 1.0
     lr: float = attrs.field(default=1e-3, validator=_positive)
     router: str = "cmlfq"
@@ -164,8 +177,9 @@ class RunConfig:
     def __attrs_post_init__(self) -> None:
         if not self.prompts:
             raise RunConfigError("prompts must hold at least one prompt")
-        if self.temperature < 0:
-            raise RunConfigError(f"temperature must be >= 0, got {self.temperature!r}")
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t < math.inf:
+            raise RunConfigError(f"temperature must be a number >= 0, got {t!r}")
         # (one sample per prompt is allowed: GRPO's advantages are then zero, and so is the loss)
         from libra.scheduling.router import router_names
 
@@ -230,10 +244,14 @@ def load_config(path: str | Path) -> RunConfig:
     import yaml
 
     p = Path(path)
+    if p.is_dir():
+        raise RunConfigError(f"config file {str(p)!r} is a folder")
     if not p.is_file():
         raise RunConfigError(f"config file {str(p)!r} does not exist")
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
+        raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise RunConfigError(f"{p}: not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
     except yaml.YAMLError as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise RunConfigError(f"{p}: not valid YAML ({first})") from None

@@ -27,11 +27,17 @@ def test_sections_and_overrides() -> None:
         ({"max_stalenes": 1}, "unknown setting(s) ['max_stalenes']"),
         ({"virtual": {"gpu_count": 4}}, "virtual.gpu_count"),
         ({"max_staleness": -1}, "max_staleness must be an integer >= 0"),
-        ({"samples_per_prompt": 0}, "samples_per_prompt must be a positive number"),
+        ({"samples_per_prompt": 0}, "samples_per_prompt must be a whole number >= 1"),
+        ({"steps": float("nan")}, "steps must be a whole number >= 1, got nan"),
+        ({"steps": 2.0}, "steps must be a whole number >= 1, got 2.0"),
+        ({"lr": float("inf")}, "lr must be a positive number, got inf"),
+        ({"temperature": float("nan")}, "temperature must be a number >= 0, got nan"),
+        ({"model": {}}, "model must be a model directory (a path) or null, got {}"),
         ({"prompts": []}, "at least one prompt"),
         ({"engine": 3}, "engine must be a mapping"),
         ({"hybrid": {"min_idle_fraction": 2}}, "min_idle_fraction must be in [0, 1]"),
-        ({"waits": {"engine_missed_checks": 0}}, "engine_missed_checks must be a positive number"),
+        ({"waits": {"engine_missed_checks": 0}}, "engine_missed_checks must be a whole number >= 1"),
+        ({"waits": {"engine_check_s": float("nan")}}, "engine_check_s must be a positive number, got nan"),
         # refused when read, not when the orchestrator builds the router after the engines started
         ({"router": "round-robin"}, "router must be one of fcfs, mlfq, predictor, oracle, cmlfq, got 'round-robin'"),
     ],
@@ -50,9 +56,15 @@ def test_cli_errors_are_one_line(tmp_path, capsys) -> None:
     assert len(err) == 1 and err[0].startswith("libra: error:") and "not valid YAML" in err[0]
     bad.write_text("virtual: {gpus: 0}\n")
     assert main(["run", "--config", str(bad), "--out", str(tmp_path / "o")]) == 2
-    assert "gpus must be a positive number" in capsys.readouterr().err
+    assert "gpus must be a whole number >= 1" in capsys.readouterr().err
     assert main(["run", "--resume", str(tmp_path / "nothing")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nothing to resume" in err[0]
     assert main(["run", "--config", str(tmp_path / "missing.yaml")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    assert main(["run", "--config", str(tmp_path)]) == 2
+    assert "is a folder" in capsys.readouterr().err
+    bad.write_bytes(b"steps: 2\n\xff\n")
+    assert main(["run", "--config", str(bad), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not UTF-8 (byte 0xff at offset 9)" in err[0]
