@@ -72,23 +72,15 @@ def _stdout_to_stderr():
 
 
 def _write_yaml(path: Path, coeffs: dict[str, float], header: list[str]) -> None:
-    """Atomically: a temporary file in the same folder, then rename; with the permissions of any new file (a
-    temporary file is private to its owner)."""
+    """Whole or not at all (`atomic_open`), with the permissions of any new file."""
     import yaml
+
+    from libra.spec.files import atomic_open
 
     path.parent.mkdir(parents=True, exist_ok=True)
     text = "".join(f"# {line}\n" for line in header) + yaml.safe_dump(coeffs, sort_keys=False)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        with os.fdopen(fd, "w") as f:
-            os.fchmod(f.fileno(), 0o666 & ~umask)
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path) as f:
+        f.write(text)
 
 
 def _check_options(args: argparse.Namespace) -> None:

@@ -138,12 +138,9 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(
             f"--max-model-len {args.max_model_len} is shorter than the workload's prompts ({longest:,} tokens)"
         )
-    partial = out.with_name(f".{out.name}.partial")
     try:
-        written = write_trace(partial, trajectories)
-        partial.replace(out)  # atomic: a reader never sees half a trace
+        written = write_trace(out, trajectories)  # whole or not at all: a reader never sees half a trace
     except OSError as exc:
-        partial.unlink(missing_ok=True)
         raise CLIError(f"cannot write {out}: {exc.strerror}") from None
     lengths = np.array([t.total_tokens for t in trajectories], float)
     summary = {

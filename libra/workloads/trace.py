@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 
 from libra._native import optional_extension
+from libra.spec.files import atomic_open
 
 TOOL_STATUSES = ("ok", "error", "timeout")
 MAX_TOKENS = 10_000_000  # tokens in one trajectory (prompt + generated + tool), 250 x a 40,960-token context
@@ -300,12 +301,17 @@ def load_trace(path: str | Path) -> list[Trajectory]:
 
 
 def write_trace(path: str | Path, trajectories: Iterable[Trajectory]) -> int:
-    """Write trajectories as JSON Lines; returns how many were written."""
+    """Write trajectories as JSON Lines, gzipped where the name ends in ".gz", whole or not at all (a temporary
+    file renamed over `path`: `atomic_open`); returns how many were written."""
+    path = Path(path)
     count = 0
-    with Path(path).open("w") as out:
+    with atomic_open(path, "wb") as raw:
+        out = gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) if path.name.endswith(".gz") else raw
         for traj in trajectories:
-            out.write(json.dumps(traj.to_json(), separators=(",", ":")) + "\n")
+            out.write(json.dumps(traj.to_json(), separators=(",", ":")).encode() + b"\n")
             count += 1
+        if out is not raw:
+            out.close()  # (the gzip trailer; `raw` stays open for the rename)
     return count
 
 

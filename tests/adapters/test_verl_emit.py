@@ -40,6 +40,20 @@ def test_plan_emit_verl_writes_overrides_router_and_agent_loop_yaml(tmp_path, ca
     assert data["verl"]["trainer_mode"] == ("libra_separate_async" if len(tps) > 1 else "separate_async")
 
 
+def test_emitted_files_have_a_new_files_permissions_and_the_launch_script_runs(tmp_path, capsys) -> None:
+    import os
+
+    out = tmp_path / "verl"
+    umask = os.umask(0o022)
+    try:
+        assert main(["plan", "--workload", "search-r1", "--emit", "verl", "--out", str(out), "--json"]) == 0
+    finally:
+        os.umask(umask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert modes.pop("run_verl.sh") == 0o755  # ./run_verl.sh, as its first line says
+    assert set(modes.values()) == {0o644} and len(modes) == 4  # readable by the job's other users, no temporaries
+
+
 @pytest.mark.parametrize(
     "args, words",
     [

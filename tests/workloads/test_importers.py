@@ -253,6 +253,29 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path, monkeypatch) -> None:
     assert out.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "out.jsonl"]
 
 
+def test_a_gzipped_log_is_imported_and_a_gz_output_is_gzipped_with_a_new_files_permissions(tmp_path) -> None:
+    import gzip
+    import os
+
+    plain = _write(tmp_path, "a.jsonl", [_chat("t-0", 0), _chat("t-1", 1)])
+    packed = tmp_path / "a.jsonl.gz"
+    packed.write_bytes(gzip.compress((tmp_path / "a.jsonl").read_bytes()))
+    trajs = import_files("openai", [str(packed)], tokenizer=B4)
+    assert trajs == import_files("openai", [plain], tokenizer=B4)
+    out = tmp_path / "out.jsonl.gz"
+    umask = os.umask(0o022)
+    try:
+        assert write_trace_atomic(out, trajs) == 2
+    finally:
+        os.umask(umask)
+    assert out.read_bytes()[:2] == b"\x1f\x8b" and load_trace(out) == trajs
+    assert out.stat().st_mode & 0o777 == 0o644  # not the temporary file's 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "a.jsonl.gz", "out.jsonl.gz"]
+    packed.write_bytes(packed.read_bytes()[:-9])  # cut inside the trailer
+    with pytest.raises(TraceError, match="not a whole gzip file"):
+        import_files("openai", [str(packed)], tokenizer=B4)
+
+
 @pytest.mark.slow
 def test_imported_trace_round_trips_through_the_cli(tmp_path, capsys) -> None:
     records = [_chat(f"t-{i % 7}", i // 7, error_tool=i % 3 == 0) for i in range(42)]

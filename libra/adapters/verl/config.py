@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ import attrs
 import yaml
 
 from libra.spec import ClusterSpec, Plan, RLSettings, SpecError
+from libra.spec.files import atomic_open
 
 VERL_VERSION = "0.9.1"
 STRATEGIES = ("megatron", "fsdp")
@@ -118,7 +117,8 @@ class VerlConfig:
         paths = []
         for name, text in files.items():
             path = out / name
-            _write_atomic(path, text)
+            with atomic_open(path, executable=name.endswith(".sh")) as f:
+                f.write(text)
             paths.append(path)
         return paths
 
@@ -132,17 +132,6 @@ class VerlConfig:
             "buckets": [b.to_dict() for b in self.buckets],
             "overrides": list(self.overrides),
         }
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _shell_quote(text: str) -> str:

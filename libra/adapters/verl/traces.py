@@ -10,12 +10,11 @@ trace JSONL that `libra plan --trace` and `libra route-eval --trace` read (and t
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from libra.spec.files import atomic_open
 from libra.workloads.trace import TOOL_STATUSES, TraceError, parse_line
 
 TRACE_KEY = "libra_trace"
@@ -93,17 +92,11 @@ def write_trace(path: str | Path, records: Iterable[dict[str, Any]]) -> int:
     """Write records as trace JSONL atomically; returns the number written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     n = 0
-    try:
-        with os.fdopen(fd, "w") as f:
-            for rec in records:
-                f.write(json.dumps(rec) + "\n")
-                n += 1
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path) as f:
+        for rec in records:
+            f.write(json.dumps(rec) + "\n")
+            n += 1
     return n
 
 

@@ -12,8 +12,6 @@ file behind.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -64,17 +62,8 @@ def import_files(
 
 
 def write_trace_atomic(path: str | Path, trajectories: Iterable[Trajectory]) -> int:
-    """`write_trace` into a temporary file beside `path`, renamed over it only when complete."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
-    os.close(fd)
-    try:
-        n = write_trace(tmp, trajectories)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return n
+    """`write_trace`, which writes a trace whole or not at all (kept under this name for callers of it)."""
+    return write_trace(path, trajectories)
 
 
 __all__ = [

@@ -12,8 +12,10 @@ verdict, not in the middle of a file listing that happens to contain the word "E
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
+import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -87,11 +89,17 @@ def _edges(text: str) -> str:
 
 
 def read_text(path: Path) -> str:
-    """The file as text: must exist, be UTF-8 and hold something."""
+    """The file as text: must exist, be UTF-8 (gzipped or not: told by its first two bytes, as traces are) and hold
+    something."""
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise TraceError(path, None, None, f"cannot read: {exc.strerror}") from None
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:  # (gzip.BadGzipFile is an OSError)
+            raise TraceError(path, None, None, f"not a whole gzip file ({exc})") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
