@@ -285,6 +285,22 @@ def router_names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
+def _option_names(cls: type[Router]) -> set[str] | None:
+    """The keyword options a policy takes: its constructor's and those `create` reads itself (which hands the
+    rest to the constructor); None where the constructor takes any keyword."""
+    import inspect
+
+    names: set[str] = set()
+    for fn, skip in ((cls.__init__, {"self", "buckets"}), (cls.create, {"buckets"})):
+        for p in inspect.signature(fn).parameters.values():
+            if p.kind == p.VAR_KEYWORD:
+                if fn is cls.__init__:
+                    return None
+            elif p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in skip:
+                names.add(p.name)
+    return names
+
+
 def make_router(name: str, buckets: Sequence[Bucket], **options: Any) -> Router:
     """A router by policy name (`cmlfq`, `mlfq`, `predictor`, `oracle`, `fcfs`); options go to its constructor
     (through `cls.create`: `cmlfq` takes `preset=NAME`, default its default preset). An unknown name or option
@@ -292,6 +308,13 @@ def make_router(name: str, buckets: Sequence[Bucket], **options: Any) -> Router:
     cls = _REGISTRY.get(name)
     if cls is None:
         raise SpecError(f"unknown routing policy {name!r}; expected one of {', '.join(_REGISTRY)}")
+    known = _option_names(cls)
+    unknown = sorted(set(options) - known) if known is not None else []
+    if unknown:
+        raise SpecError(
+            f"policy {name!r}: unknown option(s) {', '.join(unknown)}; "
+            f"its options: {', '.join(sorted(known)) if known else 'none'}"
+        )
     try:
         return cls.create(buckets, **options)
     except TypeError as exc:

@@ -56,8 +56,14 @@ def test_registry() -> None:
     assert set(POLICIES) <= set(router_names())
     with pytest.raises(SpecError, match="unknown routing policy 'sjf'.*cmlfq"):
         make_router("sjf", BUCKETS)
-    with pytest.raises(SpecError, match="policy 'fcfs'"):
+    with pytest.raises(SpecError, match=r"^policy 'fcfs': unknown option\(s\) no_such_option; its options: bucket$"):
         make_router("fcfs", BUCKETS, no_such_option=1)
+    # the default router's options are its constructor's and the preset `create` reads
+    with pytest.raises(SpecError, match=r"unknown option\(s\) foo; its options: admit, .*preset, price, .*window$"):
+        make_router("cmlfq", BUCKETS, foo=1, preset="priced")
+    with pytest.raises(SpecError, match="its options: none"):
+        make_router("oracle", BUCKETS, window=3)
+    assert make_router("cmlfq", BUCKETS, preset="priced", window=50).tree.window == 50
 
 
 @pytest.mark.parametrize("name", POLICIES)
