@@ -111,11 +111,33 @@ def fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def _decimals(column: Sequence[Any]) -> int | None:
+    """Decimals that show every float of a column to about four significant digits (at most 3), the same for all
+    of its numbers so that their points line up; None where `fmt` is kept (no floats, or one it writes as 1e+06)."""
+    floats = [v for v in column if isinstance(v, float) and math.isfinite(v)]
+    if not floats or any(v != 0 and not 1e-3 <= abs(v) < 1e6 for v in floats):
+        return None
+    if all(v.is_integer() for v in floats):
+        return 0
+    return max(min(3, max(0, 3 - math.floor(math.log10(abs(v))))) if v else 0 for v in floats)
+
+
+def _cell(value: Any, decimals: int | None) -> str:
+    if decimals is None or isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return fmt(value)
+    return f"{value:,.{decimals}f}"
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str | None = None) -> str:
-    """A plain-text table with right-aligned numbers."""
-    cells = [[fmt(c) for c in row] for row in rows]
+    """A plain-text table; numbers right-aligned, a column's floats with the same decimals ("-" stands for none)."""
+    decimals = [_decimals([row[i] for row in rows]) for i in range(len(headers))]
+    cells = [[_cell(c, d) for c, d in zip(row, decimals)] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    numeric = [all(isinstance(row[i], int | float) for row in rows) if rows else False for i in range(len(headers))]
+    numeric = [
+        any(isinstance(row[i], int | float) for row in rows)
+        and all(isinstance(row[i], int | float) or row[i] == "-" for row in rows)
+        for i in range(len(headers))
+    ]
 
     def line(items: Sequence[str]) -> str:
         return "  ".join(s.rjust(w) if num else s.ljust(w) for s, w, num in zip(items, widths, numeric)).rstrip()

@@ -46,6 +46,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
+def staleness_cell(histogram: dict[str, int]) -> str:
+    """`run.jsonl`'s staleness histogram as `staleness:trajectories` pairs, least stale first ("0:12 1:4")."""
+    return " ".join(f"{s}:{n}" for s, n in sorted(histogram.items(), key=lambda kv: int(kv[0]))) or "-"
+
+
 def run(args: argparse.Namespace) -> int:
     import attrs
 
@@ -165,7 +170,7 @@ def _execute(config, out: Path, *, resume: bool, as_json: bool, quiet: bool) -> 
             r["step"],
             r["loss"],
             r["weight_version"],
-            json.dumps(r["staleness"]),
+            staleness_cell(r["staleness"]),
             r["trajectories"]["finished"],
             r["trajectories"]["lost"],
             sum(1 for d in r["decisions"] if d["source"] == "planner" and d["kind"] != "plan"),
@@ -187,7 +192,17 @@ def _execute(config, out: Path, *, resume: bool, as_json: bool, quiet: bool) -> 
     else:
         print(
             table(
-                ["step", "loss", "version", "staleness", "finished", "lost", "engine changes", "rollout s", "train s"],
+                [
+                    "step",
+                    "loss",
+                    "version",
+                    "staleness:trajs",
+                    "finished",
+                    "lost",
+                    "engine changes",
+                    "rollout s",
+                    "train s",
+                ],
                 rows,
                 title=f"libra run: {done} steps in {out}",
             )

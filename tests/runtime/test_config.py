@@ -68,3 +68,10 @@ def test_cli_errors_are_one_line(tmp_path, capsys) -> None:
     assert main(["run", "--config", str(bad), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not UTF-8 (byte 0xff at offset 9)" in err[0]
+
+
+def test_the_run_table_writes_staleness_as_pairs_least_stale_first() -> None:
+    from libra.cli.run import staleness_cell
+
+    assert staleness_cell({"10": 1, "1": 3, "0": 13}) == "0:13 1:3 10:1"
+    assert staleness_cell({}) == "-"
