@@ -199,7 +199,12 @@ class HybridReplica:
 
     def reduce(self, step: int, grads: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
         """Send this step's gradient (placeholder: nothing), receive the reduced gradient into ``grads``.
-        Call ``optimizer.step()`` once afterwards."""
+        Call ``optimizer.step()`` once afterwards.
+
+        ``grads`` must be the tensors the optimizer reads (``[p.grad for p in model.parameters() if
+        p.requires_grad]``), in a placeholder step too: there, give zero tensors bound as ``p.grad`` (e.g.
+        ``p.grad = torch.zeros_like(p)``), since the reduced gradient is written into them. A LEAVE from the core
+        during this call raises ``LinkError`` (the worker is then back in rollout)."""
         link = self._require_link()
         if step != self._step:
             raise RuntimeError(f"reduce({step}) but the current step is {self._step}")

@@ -158,7 +158,13 @@ class GlobalPlanner:
     def plan(
         self, profile: WorkloadProfile, *, num_gpus: int | None = None, tp_degrees: tuple[int, ...] | None = None
     ) -> Plan:
-        """The optimal plan for `profile` on `num_gpus` GPUs (all of the cluster by default)."""
+        """The optimal plan for `profile` on `num_gpus` GPUs (all of the cluster by default).
+
+        The step is sized by the planner's `rl.global_batch` (`RLSettings`: prompts x samples), not by
+        `profile.requests_per_step`: the profile's trajectories are a sample of lengths, scaled to that batch. Plan
+        for a step of N trajectories with `RLSettings(num_prompts=..., samples_per_prompt=...)` whose product is N.
+        Times are seconds per step; `plan.rollout.num_gpus` may exceed the GPUs its instances use (a TP degree
+        that does not fit the remainder leaves it idle)."""
         start = time.perf_counter()
         budget = self.cluster.num_gpus if num_gpus is None else num_gpus
         if not 2 <= budget <= self.cluster.num_gpus:
@@ -254,7 +260,13 @@ class GlobalPlanner:
         self, current: Plan, profile: WorkloadProfile, *, gate: ReplanGate | None = None, horizon_steps: int = 10
     ) -> tuple[Plan, ReplanDecision]:
         """Plan for the newest profile and ask the gate whether to switch. Both plans are scored the same way
-        (`evaluate` on the newest profile), so identical allocations never show a phantom saving."""
+        (`evaluate` on the newest profile), so identical allocations never show a phantom saving.
+
+        The candidate is a whole new plan: its training layout may differ from `current`'s, and so may the
+        training workers of its placement, which `libra.elastic.ElasticController.apply_plan` refuses
+        (`CoreTopologyChange`: the core training pool is fixed). A current plan that no longer fits the newest
+        profile (training memory, or no instance holding the longest request) scores `inf`, and any candidate is
+        then applied with `saving_s=inf`."""
         candidate = self.plan(profile, num_gpus=current.num_gpus)
         now = max(self.evaluate(current, profile))
         new = max(self.evaluate(candidate, profile))

@@ -12,11 +12,12 @@ least 5 %.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import attrs
 
-from libra.spec import Plan
+from libra.spec import Plan, SpecError
 
 
 @attrs.frozen(kw_only=True)
@@ -33,11 +34,19 @@ class ReplanDecision:
     reason: str
 
 
+def _finite_at_least(low: float):
+    def check(instance: object, attribute: attrs.Attribute, value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value < math.inf:
+            raise SpecError(f"ReplanGate.{attribute.name} must be a number >= {low:g}, got {value!r}")
+
+    return check
+
+
 @attrs.frozen(kw_only=True)
 class ReplanGate:
-    to_rollout_s: float = 10.8
-    to_training_s: float = 8.0
-    min_relative_gain: float = 0.05
+    to_rollout_s: float = attrs.field(default=10.8, validator=_finite_at_least(0.0))
+    to_training_s: float = attrs.field(default=8.0, validator=_finite_at_least(0.0))
+    min_relative_gain: float = attrs.field(default=0.05, validator=_finite_at_least(0.0))
     nonblocking_join: bool = False  # elastic pool: a joining replica syncs while the core trains
 
     def reconfiguration_cost(self, current: Plan, candidate: Plan) -> tuple[float, int, int]:
@@ -70,7 +79,15 @@ class ReplanGate:
         gain = t_cur - t_new
         saving = gain * horizon_steps
         relative = gain / t_cur if t_cur > 0 else 0.0
-        if gain <= 0:
+        if not t_new < math.inf:  # (inf, or NaN: nothing compares true against it, so it must not fall through)
+            apply, reason = False, "the candidate does not fit the newest profile either"
+            saving = 0.0
+        elif t_cur == math.inf:
+            apply, reason = (
+                True,
+                f"the current plan no longer fits the newest profile; the candidate takes {t_new:.1f} s",
+            )
+        elif gain <= 0:
             apply, reason = False, f"candidate is not faster ({t_new:.1f} s vs {t_cur:.1f} s per step)"
         elif relative < self.min_relative_gain:
             apply, reason = False, f"gain {relative:.1%} below the {self.min_relative_gain:.0%} threshold"

@@ -502,7 +502,7 @@ class CMLFQRouter(PricedRule, MeanP90Rule, ProbabilityRule, Router):
         return super()._move(req, target, carried, reason)
 
     def finish(self, request_id, trajectory: Trajectory) -> None:
-        req = self._requests.get(request_id)
+        req = self._check_finish(request_id, trajectory)  # before any book: a refused finish changes nothing
         self._finished_total += trajectory.total_tokens
         if self.cold == "budget" and req is not None and not req.state.warm:
             self._cold_finished += trajectory.total_tokens

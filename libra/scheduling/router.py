@@ -99,6 +99,8 @@ class Request:
 
 def _check_count(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not isinstance(value, bool | int) and hasattr(value, "__index__"):  # numpy's and torch's integers
+            raise SpecError(f"{name} must be a Python int (convert with int(...)), got {value!r}")
         raise SpecError(f"{name} must be a non-negative integer, got {value!r}")
     return value
 
@@ -143,7 +145,9 @@ class Router(ABC):
     ) -> RouteDecision:
         """A tool call of the request returned `tool_tokens` tokens with `status` (ok/error/timeout);
         `context_tokens` is the context including that return. A migration here carries the context already in KV
-        cache, `context_tokens - tool_tokens`: the tool return is prefilled at the destination either way."""
+        cache, `context_tokens - tool_tokens`: the tool return is prefilled at the destination either way. Counts
+        are Python `int`s (a numpy or torch integer raises SpecError: convert with `int(...)`); every argument
+        after `request_id` is keyword-only."""
         req = self._book_tool_return(request_id, tool, tool_tokens, status, context_tokens)
         target, reason = self._tool_return(req, tool, tool_tokens, status)
         stay = req.stay
@@ -197,11 +201,19 @@ class Router(ABC):
         return self._move(req, target, context_tokens, reason)
 
     def finish(self, request_id: Any, trajectory: Trajectory) -> None:
-        """The request is done; its trajectory is kept for `end_step`. Finishing twice is an error."""
-        req = self._get(request_id)
+        """The request is done; its trajectory is kept for `end_step` (the tree learns it under the trajectory's
+        own `prompt_id`). Finishing twice is an error."""
+        req = self._check_finish(request_id, trajectory)
         del self._requests[request_id]
         self._context_in_flight -= req.context
         self._finished.append(trajectory)
+
+    def _check_finish(self, request_id: Any, trajectory: object) -> Request:
+        """The request in flight that `trajectory` finishes; SpecError for anything else (before any book)."""
+        req = self._get(request_id)
+        if not isinstance(trajectory, Trajectory):
+            raise SpecError(f"finish({request_id!r}, ...) needs its Trajectory, got {type(trajectory).__name__}")
+        return req
 
     def end_step(self) -> None:
         """Step boundary: learn from the trajectories finished since the last boundary."""

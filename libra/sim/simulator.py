@@ -28,6 +28,11 @@ from libra.spec import ClusterSpec, ModelSpec, RLSettings, SpecError
 
 @attrs.frozen(kw_only=True, eq=False)
 class Scenario:
+    """What to simulate. The rollout runs each step's trajectories of `source` as they are, while training (and
+    every policy's plan) is sized by `rl.global_batch`: for a trace, set `rl` to its step size
+    (`num_prompts * samples_per_prompt` = trajectories per step, as `libra simulate --trace` does); the default
+    `RLSettings()` (512 x 16) trains 8,192 sequences after rolling out however many the trace holds."""
+
     cluster: ClusterSpec
     model: ModelSpec
     rl: RLSettings

@@ -16,8 +16,15 @@ def profile_from_trajectories(
     requests_per_step: int | None = None,
     mean_tool_time_s: float = 0.0,
 ) -> WorkloadProfile:
-    """Profile of the last `window_steps` steps (all of them when None). Without step labels the file is one step.
-    `requests_per_step` defaults to the mean number of trajectories per step in the window."""
+    """Profile of the last `window_steps` steps (all of them when None). Without step labels the file is one step
+    (so is a list in which any trajectory lacks `step`). `requests_per_step` defaults to the mean number of
+    trajectories per step in the window; `GlobalPlanner` does not read it (it scales to its `rl.global_batch`).
+
+    Tool seconds come from each tool turn's `extra["tool_latency_s"]`: where any call of the window has none, the
+    profile keeps no per-trajectory tool seconds and, with none recorded at all, `mean_tool_time_s` is 0, so the
+    planner prices tool calls at 0 s, while `libra.sim` draws untimed calls from `ToolLatency` (median 2 s): record
+    latencies, or pass `mean_tool_time_s`, to compare a plan with a simulation. Trajectories built in code are not
+    validated here (negative or NaN counts pass); `load_trace` validates what it reads."""
     if not trajectories:
         raise SpecError("cannot build a workload profile from zero trajectories")
     steps = steps_in_window(trajectories, window_steps)

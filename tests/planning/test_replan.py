@@ -116,3 +116,28 @@ def test_gate_boundaries() -> None:
     assert not zero.apply and zero.saving_s == 0.0
     with pytest.raises(ValueError, match="horizon_steps must be >= 1, got 0"):
         decide(100.0, 50.0, 0)
+
+
+def test_a_candidate_that_does_not_fit_is_never_applied_and_an_unfit_current_plan_is_replaced() -> None:
+    """Both plans infinite (neither fits the newest profile): inf - inf is NaN, which every comparison let through
+    to "apply"; a current plan that no longer fits is replaced by any candidate that does, with that reason."""
+    inf = float("inf")
+    gate = ReplanGate()
+    current, candidate = _plan(8, 100.0), _plan(4, 80.0, mix=((1, 8), (4, 1)))
+    for cur in (inf, 100.0, float("nan")):
+        for new in (inf, float("nan")):
+            d = gate.decide(
+                current=current, candidate=candidate, horizon_steps=10, current_makespan_s=cur, candidate_makespan_s=new
+            )
+            assert not d.apply and d.reason == "the candidate does not fit the newest profile either"
+    d = gate.decide(current=current, candidate=candidate, horizon_steps=10, current_makespan_s=inf)
+    assert d.apply and d.reason == "the current plan no longer fits the newest profile; the candidate takes 80.0 s"
+
+
+@pytest.mark.parametrize("field", ["to_rollout_s", "to_training_s", "min_relative_gain"])
+@pytest.mark.parametrize("value", [-5.0, float("nan"), float("inf"), "8", True])
+def test_gate_costs_are_finite_non_negative_numbers(field: str, value) -> None:
+    from libra.spec import SpecError
+
+    with pytest.raises(SpecError, match=f"ReplanGate.{field} must be a number >= 0"):
+        ReplanGate(**{field: value})

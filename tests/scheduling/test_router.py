@@ -374,3 +374,24 @@ def test_bucket_for_is_the_first_limit_that_holds_the_length(limits, unbounded, 
     assert router.bucket_for(length) == first
     for i, limit in enumerate(router.limits):
         assert router.bucket_for(limit) == i
+
+
+def test_a_refused_finish_changes_nothing_and_names_what_is_wrong() -> None:
+    """A finish the router refuses (a request not in flight, not a Trajectory) leaves every book as it was: the
+    default router's token total, which bounds its migrations, did grow before."""
+    import numpy as np
+
+    t = Trajectory(prompt_id="p", prompt_tokens=100, turns=(Turn(gen_tokens=50),))
+    router = make_router("cmlfq", BUCKETS)
+    router.admit("a", prompt_id="p", prompt_tokens=100)
+    with pytest.raises(SpecError, match=r"needs its Trajectory, got dict"):
+        router.finish("a", {"prompt_id": "p"})
+    assert router._finished_total == 0 and router.num_active == 1
+    router.finish("a", t)
+    for _ in range(3):
+        with pytest.raises(SpecError, match="not in flight"):
+            router.finish("a", t)
+    assert router._finished_total == t.total_tokens
+    router.admit("b", prompt_id="p", prompt_tokens=100)
+    with pytest.raises(SpecError, match=r"tool_tokens must be a Python int \(convert with int\(\.\.\.\)\), got"):
+        router.on_tool_return("b", tool="bash", tool_tokens=np.int64(5), status="ok", context_tokens=205)
