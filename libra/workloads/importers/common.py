@@ -48,6 +48,11 @@ _EDGE_LINES = 3  # lines looked at, at each end of a return
 CALL_NAMES = "_libra_call_names"
 # the key under which a rewritten tool result states a status its text does not (a Gemini code deadline: timeout)
 STATUS = "_libra_status"
+# the key under which a rewritten assistant message names the model response it is part of, where a log writes one
+# response as several messages with returns between them (OpenHands runs a response's tool calls one at a time,
+# each action followed by its observation; Claude Code writes each content block on a line of its own): the parts
+# of one response are one generation (`openai_chat.convert_messages`)
+RESPONSE = "_libra_response"
 
 
 @attrs.frozen
@@ -206,8 +211,8 @@ def json_text(value: Any) -> str:
 
 
 def text_of(content: Any) -> str:
-    """The text of a message's content: a string, a list of parts (`{"type": "text", "text": ...}` or strings),
-    or None."""
+    """The text of a message's content: a string, a list of parts (`{"type": "text", "text": ...}`, OpenAI's
+    `{"type": "refusal", "refusal": ...}`, or strings), or None."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -218,7 +223,7 @@ def text_of(content: Any) -> str:
             if isinstance(part, str):
                 parts.append(part)
             elif isinstance(part, dict):
-                value = part.get("text", part.get("content"))
+                value = part.get("text", part.get("content", part.get("refusal")))  # (an assistant's refusal part)
                 if isinstance(value, str):
                     parts.append(value)
                 elif value is not None:

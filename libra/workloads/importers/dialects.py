@@ -37,7 +37,7 @@ import json
 from typing import Any
 
 from libra.workloads.importers import frameworks, inspect_logs
-from libra.workloads.importers.common import CALL_NAMES, STATUS, json_text, text_of
+from libra.workloads.importers.common import CALL_NAMES, RESPONSE, STATUS, json_text, text_of
 
 _ROLE_ALIASES = {
     "human": "user",
@@ -109,12 +109,21 @@ def _rewrite(m: dict) -> list[dict]:
     blocks = m.get("parts") if "parts" in m else m.get("content")
     if not isinstance(blocks, list):
         return [{**m, "role": role}]
-    return _blocks(role, blocks)
+    out = _blocks(role, blocks)
+    if role == "assistant" and isinstance(m.get("id"), str) and m["id"] and out[0].get("role") == "assistant":
+        # an Anthropic response's id (`msg_...`): Claude Code writes one response as several lines, a content
+        # block each, its tool results possibly between them; they are one generation. (Only its first part
+        # here: a server tool's result inside the message starts a generation of its own.)
+        out[0][RESPONSE] = m["id"]
+    return out
 
 
 def _sharegpt(m: dict) -> list[dict]:
     who, value = m.get("from"), m.get("value")
     text = value if isinstance(value, str) else text_of(value)
+    if who in _SHAREGPT_CALLS or who in _SHAREGPT_RESULTS:
+        # a call or result stored as data (`{"name", "arguments"}`, a list of them, a result object): its JSON text
+        text = text if isinstance(value, str) or value is None else json_text(value)
     if who in _SHAREGPT_CALLS:
         return [{"role": "assistant", "content": text, CALL_NAMES: _call_names(value)}]
     if who in _SHAREGPT_RESULTS:

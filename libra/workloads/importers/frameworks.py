@@ -30,7 +30,7 @@ import ast
 import re
 from typing import Any
 
-from libra.workloads.importers.common import CALL_NAMES, STATUS, json_text, text_of
+from libra.workloads.importers.common import CALL_NAMES, RESPONSE, STATUS, json_text, text_of
 
 _OH_SKIP_ACTIONS = {
     "change_agent_state",
@@ -141,7 +141,18 @@ def _oh_action(m: dict) -> list[dict]:
     if arguments is None and kind != "think":
         arguments = {k: v for k, v in args.items() if k not in _OH_BOOKKEEPING and v not in (None, False, "", [], {})}
     call = {"id": str(m.get("id", "")), "function": {"name": kind, "arguments": json_text(arguments or "")}}
-    return [{"role": "assistant", "content": thought, "tool_calls": [call]}]
+    msg: dict[str, Any] = {"role": "assistant", "content": thought, "tool_calls": [call]}
+    response = _oh_response_id(m.get("tool_call_metadata"))
+    if response:  # the actions of one model response (run one at a time, each observed) are one generation
+        msg[RESPONSE] = response
+    return [msg]
+
+
+def _oh_response_id(meta: Any) -> str | None:
+    """The id of the model response an action's tool call came from (`tool_call_metadata.model_response.id`)."""
+    response = meta.get("model_response") if isinstance(meta, dict) else None
+    rid = response.get("id") if isinstance(response, dict) else None
+    return rid if isinstance(rid, str) and rid else None
 
 
 def _oh_called_arguments(meta: Any) -> str | None:

@@ -1,18 +1,22 @@
 """OpenAI chat-completions message lists (with `tool_calls` and `tool` messages) to Libra trajectories.
 
 Accepted files (JSON or JSON Lines): a message list; an object with `messages` (or `traj`, `conversation`,
-`conversations`); a list of such objects; an object whose `simulations`, `results` or `data` is such a list (the
-result files of tau-bench-style harnesses). Per record, `id` / `task_id` / `instance_id` / `prompt_id` names the
-prompt, `trial` / `sample` the sample, and `reward` (or `reward_info.reward`) the reward; other scalar fields are
-kept under `meta`.
+`conversations`, a Gemini request's `contents`, a message list under `trajectory`); a list of such objects; an
+object whose `simulations`, `results` or `data` is such a list (the result files of tau-bench-style harnesses).
+Per record, `id` / `task_id` / `instance_id` / `prompt_id` names the prompt, `trial` / `sample` the sample, and
+`reward` (or `reward_info.reward`) the reward; other scalar fields are kept under `meta`.
 
 Messages before the first assistant message (system, developer, user) are the prompt. Each assistant message is
-one generation: its content, reasoning (`reasoning_content`, `reasoning`) and tool calls (name and arguments).
-Every later non-assistant message is a return that goes back into the context: `tool` / `function` messages are
-tool results (the tool's name from the matching call, `name`, or "tool"), `user` messages the user's (or a user
-simulator's) reply, tool "user". Message contents may be strings or lists of text parts. A `system` field beside
-the messages (when no message is a system message) is part of the prompt. Counts are of the text only (a chat
-template adds a few tokens per message).
+one generation: its content, reasoning (`reasoning_content`, `reasoning`, `thinking`; one text under two keys
+counted once), refusal and tool calls (name and arguments). Every later non-assistant message is a return that
+goes back into the context: `tool` / `function` messages are tool results (the tool's name from the matching
+call, `name`, or "tool"), `user` messages the user's (or a user simulator's) reply, tool "user"; a tool result's
+`status` (`error`, `timeout`), `is_error` / `error` (a flag, or the message of what failed) and exit code set its
+status before its text does. The parts of one model response written as several assistant messages with results
+between them (OpenHands actions, Claude Code lines: the response id they share) are one generation. Message
+contents may be strings or lists of text parts. A `system` field beside the messages (Gemini's
+`systemInstruction`; when no message is a system message) is part of the prompt. Counts are of the text only (a
+chat template adds a few tokens per message).
 
 A JSON Lines file of one event per line (a session log: Claude Code transcripts, Codex CLI rollouts) is one
 conversation per session, its messages in file order (dialects.py, `message_of`). Other dialects are read too
@@ -41,6 +45,7 @@ from typing import Any
 from libra.workloads.importers import gemini_cli, inspect_logs
 from libra.workloads.importers.common import (
     CALL_NAMES,
+    RESPONSE,
     STATUS,
     Return,
     Segment,
@@ -52,11 +57,21 @@ from libra.workloads.importers.common import (
 from libra.workloads.importers.dialects import expand, is_message, message_of
 from libra.workloads.trace import TOOL_STATUSES, TraceError, Trajectory
 
-# `history`: OpenHands trajectories and evaluation outputs; `steps`: smolagents memory steps
-_MESSAGE_KEYS = ("messages", "traj", "conversation", "conversations", "history", "steps")
+# `history`: OpenHands trajectories and evaluation outputs; `steps`: smolagents memory steps; `contents`: a Gemini
+# request; `trajectory`: only a message list (a SWE-agent `.traj`'s steps are read by swe_agents.py)
+_MESSAGE_KEYS = ("messages", "traj", "conversation", "conversations", "history", "steps", "contents", "trajectory")
+# a system prompt stated beside the messages: Anthropic's and ShareGPT's `system`, Gemini's `systemInstruction`
+_SYSTEM_KEYS = ("system", "systemInstruction", "system_instruction")
 _CONTAINER_KEYS = ("simulations", "results", "data", "trajectories")
 _ID_KEYS = ("prompt_id", "task_id", "instance_id", "id", "uid")
 _SAMPLE_KEYS = ("sample", "trial")
+# a tool message's `status` (LangChain's ToolMessage and other loggers): these two set it; `success` and the like
+# leave it to the other fields and the text
+_ERROR_STATUSES = ("error", "failed", "failure")
+_TIMEOUT_STATUSES = ("timeout", "timed_out")
+# an assistant message's reasoning: vLLM / DeepSeek `reasoning_content`, OpenRouter and later vLLM `reasoning`,
+# Ollama `thinking`
+_REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 _EXIT_RE = re.compile(r"<returncode>\s*(-?\d+)\s*</returncode>|\bexit(?:_| )code:?\s*(-?\d+)", re.I)
 
 
@@ -100,7 +115,7 @@ def _records(value: Any, path: Path, line: int) -> Iterator[tuple[str, dict | li
         if gemini_cli.is_conversation(value):  # a Gemini CLI session file (JSON)
             yield "", gemini_cli.record(value)
             return
-        if any(isinstance(value.get(k), list) for k in _MESSAGE_KEYS):
+        if _message_key(value) is not None:
             yield "", value
             return
         if inspect_logs.is_log(value):  # an Inspect JSON log: one record per sample
@@ -128,23 +143,27 @@ def _as_record(record: dict | list) -> dict:
     return {"messages": record} if isinstance(record, list) else record
 
 
+def _message_key(record: dict) -> str | None:
+    """The key of a record's message list (the first of `_MESSAGE_KEYS` holding a list), else None."""
+    for key in _MESSAGE_KEYS:
+        value = record.get(key)
+        if isinstance(value, list) and (key != "trajectory" or (value and all(is_message(m) for m in value))):
+            return key
+    return None
+
+
 def _messages(record: dict | list) -> tuple[list, dict]:
     if isinstance(record, list):
         return record, {}
-    for key in _MESSAGE_KEYS:
-        if isinstance(record.get(key), list):
-            if key == "history":  # older OpenHands outputs: [action, observation] pairs
-                return [e for item in record[key] for e in (item if isinstance(item, list) else [item])], record
-            return record[key], record
-    return [], record
+    key = _message_key(record)
+    if key == "history":  # older OpenHands outputs: [action, observation] pairs
+        return [e for item in record[key] for e in (item if isinstance(item, list) else [item])], record
+    return (record[key] if key is not None else []), record
 
 
 def _from_history(record: dict | list) -> bool:
     """Whether a record's messages are an OpenHands `history`."""
-    return (
-        isinstance(record, dict)
-        and next((k for k in _MESSAGE_KEYS if isinstance(record.get(k), list)), "") == "history"
-    )
+    return isinstance(record, dict) and _message_key(record) == "history"
 
 
 def _user_before_first_generation(messages: list) -> bool:
@@ -163,9 +182,14 @@ def _user_before_first_generation(messages: list) -> bool:
 def _gen_text(msg: dict) -> tuple[str, list[tuple[str, str]]]:
     """The generated text of an assistant message and its tool calls `(id, name)`."""
     parts = [text_of(msg.get("content"))]
-    for key in ("reasoning_content", "reasoning"):
-        if isinstance(msg.get(key), str):
-            parts.append(msg[key])
+    reasoning: list[str] = []
+    for key in _REASONING_KEYS:
+        value = msg.get(key)
+        if isinstance(value, str) and value not in reasoning:  # vLLM states one text under two keys: counted once
+            reasoning.append(value)
+    parts += reasoning
+    if isinstance(msg.get("refusal"), str):  # what the model wrote instead of an answer (content is then null)
+        parts.append(msg["refusal"])
     calls = []
     for call in msg.get("tool_calls") or ():
         if not isinstance(call, dict):
@@ -204,6 +228,7 @@ def convert_messages(
     returns: list[Return] = []
     names: dict[str, str] = {}
     last_calls: list[str] = []
+    response: Any = None  # the model response the open generation is part of (`RESPONSE`), if stated
     for i, raw in enumerate(messages):
         for msg in expand(raw):
             if not isinstance(msg, dict):
@@ -212,11 +237,16 @@ def convert_messages(
             if not isinstance(role, str):
                 raise TraceError(path, line, f"{where}messages[{i}].role", f"must be a string, got {role!r}")
             if role == "assistant":
+                text, calls = _gen_text(msg)
+                names.update((cid, name) for cid, name in calls if cid)
+                part_of = msg.get(RESPONSE)
+                if gen is not None and isinstance(part_of, str) and part_of and part_of == response:
+                    gen += count(text)  # another part of the open generation's response: the same generation
+                    last_calls += [name for _, name in calls]
+                    continue
                 if gen is not None:
                     segments.append(Segment(gen, tuple(returns)))
-                text, calls = _gen_text(msg)
-                gen, returns = count(text), []
-                names.update((cid, name) for cid, name in calls if cid)
+                gen, returns, response = count(text), [], part_of
                 last_calls = [name for _, name in calls]
                 continue
             text = text_of(msg.get("content"))
@@ -248,13 +278,28 @@ def _tool_name(msg: dict, names: dict[str, str], last_calls: list[str], position
 
 
 def _status(msg: dict, text: str, rules: StatusRules) -> str:
+    """A tool result's status: one a rewritten dialect states, else its `status` (`error`, `timeout`), error flag
+    (`is_error`, else `error`: a flag, or a message or object that says what failed) and exit code, then its
+    text (`StatusRules`)."""
     stated = msg.get(STATUS)
     if stated in TOOL_STATUSES:
         return stated
-    err = msg.get("error", msg.get("is_error"))
+    if msg.get("status") in _TIMEOUT_STATUSES:
+        return "timeout"
+    err = next((f for f in (_flag(msg.get("is_error")), _flag(msg.get("error"))) if f is not None), None)
+    if err is None and msg.get("status") in _ERROR_STATUSES:
+        err = True
     code = msg.get("exit_code", msg.get("returncode"))
     code = code if isinstance(code, int) and not isinstance(code, bool) else exit_code_in(text)
-    return rules.classify(text, error=err if isinstance(err, bool) else None, exit_code=code)
+    return rules.classify(text, error=err, exit_code=code)
+
+
+def _flag(value: Any) -> bool | None:
+    """An error field read as a flag: a boolean as it is, a non-empty message or object (what failed) True,
+    anything else (null, empty) None: not stated."""
+    if isinstance(value, bool):
+        return value
+    return True if isinstance(value, str | dict) and value else None
 
 
 def _reward(record: dict) -> float | None:
@@ -337,7 +382,10 @@ def _trajectory(
     shared = rec.get("__shared_prompt__") if isinstance(rec, dict) else None
     if shared:
         prompt += count(shared)
-    system = rec.get("system") if isinstance(rec, dict) else None
+    key = next((k for k in _SYSTEM_KEYS if isinstance(rec, dict) and rec.get(k) is not None), None)
+    system = rec[key] if key is not None else None
+    if isinstance(system, dict) and isinstance(system.get("parts"), list):
+        system = system["parts"]  # Gemini: a content of text parts
     if isinstance(system, str | list) and not any(isinstance(m, dict) and m.get("role") == "system" for m in messages):
         prompt += count(text_of(system))  # a system prompt stated beside the messages (Anthropic's, ShareGPT's)
     openhands = _from_history(rec)
@@ -347,7 +395,7 @@ def _trajectory(
     key = next((k for k in _ID_KEYS if isinstance(rec.get(k), str | int) and rec.get(k) != ""), None)
     pid = rec[key] if key else None
     sample = next((rec[k] for k in _SAMPLE_KEYS if isinstance(rec.get(k), int)), None)
-    used = ("system", "instruction") if openhands else ("system",)
+    used = (*_SYSTEM_KEYS, "instruction") if openhands else _SYSTEM_KEYS
     meta = _meta(rec, (key, *used) if key else used)
     return build_trajectory(
         prompt_id=str(pid) if pid is not None else f"{path.stem}-{n}",
@@ -363,7 +411,11 @@ def _trajectory(
 
 def _is_event(value: Any) -> bool:
     """Whether a record is a line of a session log (an event), not a trajectory: an object holding no message list."""
-    return isinstance(value, dict) and not any(isinstance(value.get(k), list) for k in _MESSAGE_KEYS + _CONTAINER_KEYS)
+    return (
+        isinstance(value, dict)
+        and _message_key(value) is None
+        and not any(isinstance(value.get(k), list) for k in _CONTAINER_KEYS)
+    )
 
 
 def _sessions(

@@ -2,7 +2,8 @@
 
 SWE-agent: the file's `history` is the model's context in order. Messages before the first assistant message
 (system prompt, demonstrations, the issue) are the prompt; each assistant message is a generation (content and
-tool calls); the messages after it (the environment's observation, as `user` or `tool`) are its tool return. The
+tool calls); the messages after it (the environment's observation, as `user` or `tool`) are its tool return (a
+command cancelled for its time, 1.x's "was cancelled because it took more than N seconds", a timeout). The
 tool is the first word of the step's `action` in `trajectory` (`edit`, `python`, `str_replace_editor`, ...). A file
 without `history` is read from `trajectory` alone (`response` as the generation, `observation` as the return, the
 prompt unknown: 0). A run whose `info.exit_status` starts with "submitted" ends on its `submit` step, whose
@@ -25,6 +26,8 @@ from libra.workloads.trace import TraceError, Trajectory
 
 _SUBMIT_MARK = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 MINI_FORMAT_ERRORS = (r"EXACTLY ONE action", r"format error")
+# SWE-agent 1.x's `command_cancelled_timeout_template` (0.x wrote "EXECUTION TIMED OUT", a default pattern)
+SWE_AGENT_TIMEOUTS = (r"was cancelled because it took more than \S+ seconds",)
 
 
 def _tool_of(action: Any) -> str:
@@ -83,6 +86,7 @@ def _swe_segments(
 
 def import_swe_agent(path: Path, *, count: Callable[[str], int], rules: StatusRules) -> Iterator[Trajectory]:
     """Trajectories of one SWE-agent `.traj` file (or a JSON Lines file of them); module docstring."""
+    rules = StatusRules(rules.error_patterns, rules.timeout_patterns + SWE_AGENT_TIMEOUTS)
     for line, record in iter_records(path):
         if not isinstance(record, dict) or "trajectory" not in record:
             raise TraceError(path, line, "trajectory", "missing: not a SWE-agent trajectory")

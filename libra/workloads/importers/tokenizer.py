@@ -25,8 +25,37 @@ class TokenizerError(ValueError):
     """The tokenizer asked for cannot be loaded."""
 
 
+def _well_formed(text: str) -> str:
+    """`text` with each lone UTF-16 surrogate (JSON allows `"\\ud83d"` alone: a string cut inside an emoji by a
+    JavaScript tool) replaced by U+FFFD, as bpe-openai and tiktoken do before they count; UTF-8 cannot encode one."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
 def _bytes4(text: str) -> int:
-    return -(-len(text.encode("utf-8")) // 4)
+    return -(-len(_well_formed(text).encode("utf-8")) // 4)
+
+
+_PIECE = 40_000  # characters: at most 4 bytes, so at most 160,000 tokens, each
+
+
+def _pieces(text: str, size: int = _PIECE) -> list[str]:
+    """`text` whole when it has at most `size` characters, else cut into pieces of at most `size`, each ending at
+    the last line end (else space) of its second half where there is one, so that no token is cut but a few."""
+    pieces = []
+    start = 0
+    while len(text) - start > size:
+        end = start + size
+        cut = text.rfind("\n", start + size // 2, end)
+        cut = cut if cut != -1 else text.rfind(" ", start + size // 2, end)
+        end = cut + 1 if cut != -1 else end
+        pieces.append(text[start:end])
+        start = end
+    pieces.append(text[start:])
+    return pieces
 
 
 @lru_cache(maxsize=8)
@@ -45,7 +74,9 @@ def get_counter(name: str = DEFAULT_TOKENIZER) -> Callable[[str], int]:
         enc = bpe_openai.get_encoding(name)
 
         def count(text: str) -> int:
-            return len(enc.encode(text, disallowed_special=())) if text else 0
+            # bpe-openai refuses a text of 1,000,000 characters or 200,000 tokens in one call: a long one (a tool
+            # that printed a large file) is counted in pieces cut at line ends
+            return sum(len(enc.encode(piece, disallowed_special=())) for piece in _pieces(text)) if text else 0
 
         return count
     path = Path(name)
@@ -62,7 +93,7 @@ def get_counter(name: str = DEFAULT_TOKENIZER) -> Callable[[str], int]:
             raise TokenizerError(f"cannot load tokenizer {name!r}: {exc}") from None
 
         def count_hf(text: str) -> int:
-            return len(tok.encode(text, add_special_tokens=False).ids) if text else 0
+            return len(tok.encode(_well_formed(text), add_special_tokens=False).ids) if text else 0
 
         return count_hf
     raise TokenizerError(

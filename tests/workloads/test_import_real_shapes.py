@@ -1,0 +1,218 @@
+"""`libra trace import` on shapes real agent logs take that the format tests do not write: tool results' status
+fields as loggers set them, refusals and duplicated reasoning, a Gemini request, ShareGPT calls stored as data, one
+model response written around its tool results (Claude Code, OpenHands), SWE-agent 1.x's timeout notice, texts
+beyond the BPE library's limits and lone UTF-16 surrogates."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from libra.workloads.importers import StatusRules, get_counter, import_files
+from libra.workloads.importers.openai_chat import import_openai
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+def _import(tmp_path, record, name="log.json", *, lines: bool = False) -> list:
+    path = tmp_path / name
+    path.write_text("\n".join(json.dumps(r) for r in record) + "\n" if lines else json.dumps(record))
+    return list(import_openai(path, count=words, rules=StatusRules()))
+
+
+def _call(cid: str, name: str = "f") -> dict:
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": "{}"}}
+
+
+@pytest.mark.parametrize(
+    ("fields", "status"),
+    [
+        ({"status": "error"}, "error"),  # a ToolMessage-like status on an OpenAI-form message
+        ({"status": "timeout"}, "timeout"),
+        ({"status": "success"}, "ok"),
+        ({"error": None, "is_error": True}, "error"),  # a null `error` does not hide `is_error`
+        ({"error": "ValueError: bad input"}, "error"),  # an error stated as its message
+        ({"error": {"type": "RuntimeError", "message": "x"}}, "error"),
+        ({"error": ""}, "ok"),
+        ({"error": False}, "ok"),  # tau2-bench: a flag on every tool message
+    ],
+)
+def test_a_tool_results_own_status_fields(tmp_path, fields, status) -> None:
+    messages = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": None, "tool_calls": [_call("a")]},
+        {"role": "tool", "tool_call_id": "a", "content": "some output", **fields},
+        {"role": "assistant", "content": "done"},
+    ]
+    (t,) = _import(tmp_path, {"messages": messages})
+    assert (t.turns[0].tool, t.turns[0].tool_status) == ("f", status)
+
+
+def test_refusals_are_generated_and_one_reasoning_under_two_keys_is_counted_once(tmp_path) -> None:
+    messages = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I cannot help"}]},
+        {"role": "user", "content": "please"},
+        {"role": "assistant", "content": None, "refusal": "Still no"},
+        {"role": "user", "content": "why"},
+        # vLLM states its reasoning under both keys; Ollama under `thinking`
+        {"role": "assistant", "content": "because", "reasoning_content": "think hard", "reasoning": "think hard"},
+        {"role": "user", "content": "ok"},
+        {"role": "assistant", "content": "bye", "thinking": "one more thought"},
+    ]
+    (t,) = _import(tmp_path, {"messages": messages})
+    assert [x.gen_tokens for x in t.turns] == [3, 2, 3, 4]
+
+
+def test_a_gemini_request_with_contents_and_a_system_instruction(tmp_path) -> None:
+    record = {
+        "systemInstruction": {"parts": [{"text": "You are a weather bot"}]},
+        "contents": [
+            {"role": "user", "parts": [{"text": "weather in Paris?"}]},
+            {"role": "model", "parts": [{"functionCall": {"name": "get_weather", "args": {"city": "Paris"}}}]},
+            {"role": "user", "parts": [{"functionResponse": {"name": "get_weather", "response": {"error": "down"}}}]},
+            {"role": "model", "parts": [{"text": "The service is down."}]},
+        ],
+        "generationConfig": {"temperature": 0},
+    }
+    (t,) = _import(tmp_path, record)
+    assert t.prompt_tokens == words("You are a weather bot") + words("weather in Paris?")
+    assert (t.turns[0].tool, t.turns[0].tool_status) == ("get_weather", "error") and len(t.turns) == 2
+
+
+def test_a_message_list_under_trajectory(tmp_path) -> None:
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a b"}]
+    (t,) = _import(tmp_path, {"instance_id": "i-1", "trajectory": messages})
+    assert t.prompt_id == "i-1" and t.turns[0].gen_tokens == 2
+
+
+def test_sharegpt_calls_and_results_stored_as_data_are_counted(tmp_path) -> None:
+    calls = [{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]
+    conv = [
+        {"from": "human", "value": "q"},
+        {"from": "function_call", "value": calls},
+        {"from": "observation", "value": {"temp": 20}},
+        {"from": "observation", "value": "r2"},
+        {"from": "gpt", "value": "done"},
+    ]
+    (t,) = _import(tmp_path, {"conversations": conv})
+    first = t.turns[0]
+    assert first.gen_tokens == words(json.dumps(calls)) and first.extra == {"tools": ["a", "b"]}
+    assert first.tool_tokens == words(json.dumps({"temp": 20})) + 1
+
+
+def _cc(kind: str, message: dict) -> dict:
+    return {"type": kind, "sessionId": "s-1", "isSidechain": False, "uuid": "u", "message": message}
+
+
+def test_a_claude_code_response_written_around_its_tool_results_is_one_generation(tmp_path) -> None:
+    def part(block: dict) -> dict:
+        return _cc("assistant", {"id": "msg_1", "type": "message", "role": "assistant", "content": [block]})
+
+    def result(tid: str, text: str, error: bool = False) -> dict:
+        block = {"type": "tool_result", "tool_use_id": tid, "content": text, "is_error": error}
+        return _cc("user", {"role": "user", "content": [block]})
+
+    lines = [
+        _cc("user", {"role": "user", "content": "fix it"}),
+        part({"type": "text", "text": "two tools"}),
+        part({"type": "tool_use", "id": "t1", "name": "Read", "input": {}}),
+        result("t1", "file text"),
+        part({"type": "tool_use", "id": "t2", "name": "Bash", "input": {}}),
+        result("t2", "1 failed", error=True),
+        _cc(
+            "assistant",
+            {"id": "msg_2", "type": "message", "role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+        ),
+    ]
+    (t,) = _import(tmp_path, lines, "s.jsonl", lines=True)
+    first, last = t.turns
+    assert first.gen_tokens == words("two tools Read {} Bash {}") and first.extra == {"tools": ["Read", "Bash"]}
+    assert (first.tool_status, first.tool_tokens, last.gen_tokens) == ("error", 4, 1)
+
+
+def test_openhands_actions_of_one_model_response_are_one_generation(tmp_path) -> None:
+    def meta(rid: str) -> dict:
+        return {"function_name": "execute_bash", "tool_call_id": "x", "model_response": {"id": rid}}
+
+    def action(i: int, cmd: str, thought: str, rid: str) -> dict:
+        args = {"command": cmd, "thought": thought, "is_input": False}
+        return {"id": i, "source": "agent", "action": "run", "args": args, "tool_call_metadata": meta(rid)}
+
+    def observation(i: int, cause: int, text: str, code: int) -> dict:
+        extras = {"command": "c", "metadata": {"exit_code": code}}
+        return {"id": i, "source": "agent", "observation": "run", "cause": cause, "content": text, "extras": extras}
+
+    events = [
+        {"id": 0, "source": "user", "action": "message", "args": {"content": "do it"}},
+        action(1, "ls", "I run two", "chatcmpl-1"),  # OpenHands runs a response's calls one at a time
+        observation(2, 1, "a b", 0),
+        action(3, "pwd", "", "chatcmpl-1"),
+        observation(4, 3, "no such dir", 1),
+        {"id": 5, "source": "agent", "action": "finish", "args": {"thought": "done"}},
+    ]
+    (t,) = _import(tmp_path, events)
+    first, last = t.turns
+    assert first.extra == {"tools": ["run", "run"]} and first.tool_status == "error" and first.tool_tokens == 5
+    assert first.gen_tokens == words('I run two run {"command": "ls"} run {"command": "pwd"}')
+    assert last.tool is None
+
+
+def test_swe_agent_1x_cancelled_command_is_a_timeout(tmp_path) -> None:
+    notice = (
+        "The command 'sleep 9999' was cancelled because it took more than 1800 seconds. Please try a different "
+        "command that completes more quickly."
+    )
+    record = {
+        "environment": "main",
+        "history": [
+            {"role": "system", "content": "You are a programmer."},
+            {"role": "assistant", "content": "wait", "action": "sleep 9999"},
+            {"role": "tool", "content": [{"type": "text", "text": notice}], "tool_call_ids": ["c1"]},
+            {"role": "assistant", "content": "stop", "action": "exit"},
+        ],
+        "trajectory": [{"action": "sleep 9999", "observation": notice}, {"action": "exit", "observation": ""}],
+        "info": {"exit_status": "exit_cost"},
+    }
+    path = tmp_path / "i.traj"
+    path.write_text(json.dumps(record))
+    (t,) = import_files("swe-agent", [path], tokenizer="bytes4")
+    assert (t.turns[0].tool, t.turns[0].tool_status) == ("sleep", "timeout")
+
+
+def test_a_return_beyond_the_bpe_librarys_limits_is_counted(tmp_path) -> None:
+    """bpe-openai refuses 200,000 tokens (or 1,000,000 characters) in one call: a long tool output is counted in
+    pieces, to the same count."""
+    line = "x " * 99 + "x\n"  # 101 tokens in o200k_base, the same in any text of such lines
+    output = line * 3000  # 303,000 tokens
+    messages = [
+        {"role": "user", "content": "cat the log"},
+        {"role": "assistant", "content": None, "tool_calls": [_call("a", "bash")]},
+        {"role": "tool", "tool_call_id": "a", "content": output},
+        {"role": "assistant", "content": "done"},
+    ]
+    path = tmp_path / "long.json"
+    path.write_text(json.dumps({"messages": messages}))
+    (t,) = import_files("openai", [path])
+    count = get_counter("o200k_base")
+    assert t.turns[0].tool_tokens == 3000 * count(line) == 303_000
+    assert count("é" * 1_000_001) > 0  # 1,000,001 characters
+
+
+def test_a_lone_surrogate_is_counted_by_every_tokenizer(tmp_path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"hello": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    # JSON allows a lone surrogate: a JavaScript tool cut a string inside an emoji
+    path = tmp_path / "s.json"
+    path.write_text(
+        '{"messages": [{"role": "user", "content": "hello \\ud83d"}, {"role": "assistant", "content": "ok"}]}'
+    )
+    for name in ("bytes4", "o200k_base", str(tmp_path / "tokenizer.json")):
+        (t,) = import_files("openai", [path], tokenizer=name)
+        assert t.prompt_tokens >= 2
