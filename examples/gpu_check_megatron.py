@@ -21,17 +21,29 @@ import sys
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tp", type=int, default=2, help="tensor-parallel size, divides the world size (default 2)")
+    parser.add_argument("--steps", type=int, default=3, help="optimizer steps on the fixed batch (default 3, >= 2)")
+    args = parser.parse_args()
+    if args.tp < 1 or args.steps < 2:
+        parser.error("--tp must be >= 1 and --steps >= 2 (the check compares the first and last loss)")
+    world = int(os.environ.get("WORLD_SIZE", "0"))
+    if world < 1:
+        parser.error("start it with torchrun (torchrun --nproc-per-node N examples/gpu_check_megatron.py --tp T)")
+    if world % args.tp:
+        parser.error(f"--tp {args.tp} does not divide the {world} processes torchrun started")
+
     import torch
     import torch.distributed as dist
+
+    if not torch.cuda.is_available():
+        print("gpu_check_megatron: error: no CUDA GPU here (the CPU tests cover the rest)", file=sys.stderr)
+        return 2
     from megatron.core import parallel_state as ps
 
     from libra.adapters.megatron_trainer import MegatronTrainer, gpt_config
     from libra.spec import TrainConfig
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--tp", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=3)
-    args = parser.parse_args()
     dist.init_process_group("nccl")
     world, rank = dist.get_world_size(), dist.get_rank()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))

@@ -31,6 +31,7 @@ from libra.sim.routing import routes_for
 from libra.sim.workload import StepWork, WorkSource, trace_name
 from libra.spec import Bucket, ClusterSpec, InstanceGroup, RLSettings, SpecError, get_gpu, get_model
 from libra.workloads.corpus import DEFAULT_CORPUS, load_manifest
+from libra.workloads.trace import TraceError
 
 
 @attrs.frozen(kw_only=True)
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             prompts = 512 if args.prompts is None else args.prompts
             rows = [a for w in args.workloads.split(",") for a in agreements(w, prompts=prompts, coeffs=coeffs)]
-    except SpecError as exc:
+    except (SpecError, TraceError) as exc:
         print(f"plan_vs_sim: error: {exc}", file=sys.stderr)
         return 2
     print("| workload | routing model | rollout instances | predicted s | simulated s | simulated / predicted |")

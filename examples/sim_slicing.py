@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     floor = rollout_floor_s(cm, work, Instances([2] * 12, [0] * 12, [0.0] * 12)) / 300
     print(f"default slice {floor:.2f} s")
     print("| steal | " + " | ".join(f"x{f:g} ({floor * f:.2f} s)" for f in factors) + " |")
+    print("|---|" + "---:|" * len(factors))
     for steal in steals:
         row = [rollout_s(cm, work, floor * f, steal) for f in factors]
         print(f"| {steal} | " + " | ".join(f"{x:,.1f} s" for x in row) + " |", flush=True)

@@ -35,17 +35,27 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workloads", default="r2e-gym,search-r1,dapo-math", help="comma-separated workload names")
     p.add_argument("--prompts", type=_ints, default=[64, 128, 256], help="prompts per step, comma-separated")
-    p.add_argument("--samples", type=int, default=16, help="samples per prompt (default 16)")
-    p.add_argument("--steps", type=int, default=None, help="steps per run (default 100 r2e-gym, 40 the others)")
+    p.add_argument("--samples", type=_positive, default=16, help="samples per prompt (default 16)")
+    p.add_argument("--steps", type=_positive, default=None, help="steps per run (default 100 r2e-gym, 40 the others)")
     p.add_argument("--gpus", type=int, default=48, help="total GPUs (default 48, 8 per node, A800-80GB)")
     p.add_argument("--model", default="Qwen3-14B", help="model preset name or YAML/JSON file")
     p.add_argument("--coeffs", metavar="FILE", help="YAML/JSON file of cost-model coefficients")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=2, help="worker processes per run (same numbers as 1)")
+    p.add_argument("--workers", type=_positive, default=2, help="worker processes per run (same numbers as 1)")
     return p.parse_args(argv)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -27,13 +28,13 @@ def main(argv: list[str] | None = None) -> int:
     import attrs
 
     from libra.runtime import Orchestrator, RunConfig, load_config
+    from libra.spec import SpecError
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", nargs="?", default=None)
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("out", nargs="?", default=None, help="records folder (default: a new temporary folder)")
+    parser.add_argument("--steps", type=int, default=4, help="RL steps (default 4)")
     parser.add_argument("--config", default=None, help="a run configuration (YAML); default: the embedded one")
     args = parser.parse_args(argv)
-    out = args.out or tempfile.mkdtemp(prefix="libra-tiny-run-")
 
     def report(record: dict) -> None:
         changes = [
@@ -46,8 +47,14 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
-    config = load_config(args.config) if args.config else RunConfig(max_staleness=1)
-    orchestrator = Orchestrator(attrs.evolve(config, steps=args.steps), out, on_step=report)
+    try:
+        config = load_config(args.config) if args.config else RunConfig(max_staleness=1)
+        config = attrs.evolve(config, steps=args.steps)
+    except SpecError as exc:  # a bad configuration or --steps: one line, before any engine starts
+        print(f"tiny_rl_loop: error: {exc}", file=sys.stderr)
+        return 2
+    out = args.out or tempfile.mkdtemp(prefix="libra-tiny-run-")
+    orchestrator = Orchestrator(config, out, on_step=report)
     try:
         orchestrator.run()
     finally:

@@ -341,6 +341,7 @@ def _files(repo: Path, commit: str | None, globs: list[str]) -> list[tuple[str, 
     return list(seen.values())
 
 
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus"  # the default --out, wherever it is run from
 HELD_OUT = "held-out"
 HELD_OUT_NOTE = (
     "Held-out sources: never used to choose or tune anything; the tests that gate the default router read "
@@ -362,6 +363,11 @@ def build(mirrors: Path, out: Path, only: list[str] | None = None) -> dict:
     unknown = set(only or ()) - {s["name"] for s in SOURCES}
     if unknown:
         raise SystemExit(f"unknown source(s): {', '.join(sorted(unknown))}")
+    missing = {s["repo"] for s in SOURCES if not only or s["name"] in only} - {
+        s["repo"] for s in SOURCES if (mirrors / s["repo"].replace("/", "+") / "repo").is_dir()
+    }
+    if missing:
+        raise SystemExit(f"no mirror of {', '.join(sorted(missing))} in {mirrors} (expected DIR/<owner>+<name>/repo)")
     manifests: dict[bool, dict] = {
         False: {"tokenizer": "o200k_base", "sources": []},
         True: {"tokenizer": "o200k_base", "note": HELD_OUT_NOTE, "sources": []},
@@ -420,8 +426,10 @@ def build(mirrors: Path, out: Path, only: list[str] | None = None) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--mirrors", required=True, type=Path)
-    p.add_argument("--out", default=Path("data/corpus"), type=Path)
+    p.add_argument(
+        "--mirrors", required=True, type=Path, metavar="DIR", help="bare git snapshots, DIR/<owner>+<name>/repo"
+    )
+    p.add_argument("--out", default=CORPUS, type=Path, help="corpus folder (default: the repository's data/corpus)")
     p.add_argument("--only", action="append", default=None, help="rebuild only this source (repeatable)")
     args = p.parse_args()
     build(args.mirrors, args.out, args.only)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -52,11 +53,17 @@ MIN_SELECT = 100
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--corpus", default=str(DEFAULT_CORPUS))
-    p.add_argument("--json", default=None)
+    p.add_argument("--corpus", default=str(DEFAULT_CORPUS), help="corpus folder (default data/corpus)")
+    p.add_argument("--json", default=None, metavar="FILE", help="also write every result as JSON")
     args = p.parse_args()
-    corpus = load_corpus(args.corpus)
-    kinds = {s["name"]: s["kind"] for s in load_manifest(args.corpus)["sources"]}
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        p.error(f"--json {args.json}: its folder does not exist")
+    try:
+        corpus = load_corpus(args.corpus)
+        kinds = {s["name"]: s["kind"] for s in load_manifest(args.corpus)["sources"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"eval_corpus: error: cannot read the corpus in {args.corpus}: {exc}", file=sys.stderr)
+        return 2
     units: dict[str, list[tuple[str, dict]]] = {}  # source -> [(buckets, results)]
     for name, trajs in corpus.items():
         bucket_sets = [quantile_buckets(trajs)]
@@ -77,6 +84,9 @@ def main() -> int:
         # sources of fewer than MIN_SELECT trajectories are reported, not used to choose: one trajectory moves
         # their accuracy by 5 points
         others = [s for s in units if s != held and len(corpus[s]) >= MIN_SELECT]
+        if not others:  # nothing to choose on
+            print(f"| {held} | | no other source of >= {MIN_SELECT} trajectories | | | |")
+            continue
         # the bound is a constraint: candidates over 12 % migrated tokens on any unit of the others are out
         feasible = [
             c

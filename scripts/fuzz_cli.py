@@ -21,13 +21,18 @@ BAD = ("traceback", "internal", "crash", "hang", "several-lines")
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cases", type=int, default=3000)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", type=int, default=3000, help="number of cases (default 3000)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds per case")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per case (default 60)")
     p.add_argument("--memory-gib", type=float, default=3.0, help="address space per case above the parent's")
-    p.add_argument("--kinds", default=",".join(_MAKERS), help="commands to fuzz")
+    p.add_argument("--kinds", default=",".join(_MAKERS), help="commands to fuzz, comma-separated (default all)")
     args = p.parse_args()
+    unknown = sorted(set(args.kinds.split(",")) - set(_MAKERS))
+    if unknown:
+        p.error(f"unknown kind(s) {', '.join(unknown)}; known: {', '.join(_MAKERS)}")
+    if args.cases < 1 or not args.timeout > 0 or not args.memory_gib > 0:
+        p.error("--cases must be >= 1, --timeout and --memory-gib > 0")
     from tqdm import tqdm
 
     import libra.cli  # noqa: F401 - imported once, before the forks

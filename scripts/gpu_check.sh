@@ -8,8 +8,9 @@
 # pytest-benchmark, pytest-timeout, hypothesis, attrs, numpy, xxhash; megatron-core for the last part. It runs from
 # the source tree (PYTHONPATH), so no install is needed. Exit status 1 if any part fails; every part runs.
 set -uo pipefail
-cd "$(dirname "$0")/.."
 out="${1:-${OUT:-/tmp/libra-gpu-check}}"
+case "$out" in /*) ;; *) out="$PWD/$out" ;; esac   # relative to the folder it is run from, not the repository
+cd "$(dirname "$0")/.."
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export LIBRA_EXT_BUILD_DIR="${LIBRA_EXT_BUILD_DIR:-/tmp/libra-ext}"

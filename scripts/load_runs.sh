@@ -8,6 +8,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 runs="${1:-3}"
 loops="${2:-4}"
+case "$runs" in '' | *[!0-9]* | 0) echo "load_runs.sh: N must be a whole number >= 1, got '$runs'" >&2; exit 2 ;; esac
+case "$loops" in '' | *[!0-9]*) echo "load_runs.sh: LOOPS must be a whole number >= 0, got '$loops'" >&2; exit 2 ;; esac
 out=build/load_runs
 mkdir -p "$out"
 pids=()

