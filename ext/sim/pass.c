@@ -584,10 +584,11 @@ void sn_free_lists(Pass *P) {
     P->tool0 = P->tool = P->refilled = (IVec){0};
 }
 
-/* `_decode_pass` with the step times `P->step`: writes the request state, `dec_s`, `span_end`, `occ`, `real`
-   and the requests still decoding at the slice end */
-int sn_run_pass(Pass *P, const PassIn *in, double t, double dt, double *span_end, double *occ, double *real,
-                    IVec *still) {
+/* `_decode_pass` with the step times `P->step`: writes the request state, `dec_s`, `span_end`, `busy_end` (the
+   end of each instance's last segment in the slice, those continued inside it included), `occ`, `real` and the
+   requests still decoding at the slice end */
+int sn_run_pass(Pass *P, const PassIn *in, double t, double dt, double *span_end, double *busy_end, double *occ,
+                double *real, IVec *still) {
     int rc = -1;
     IVec ended = {0}, cont = {0};
     DVec at = {0}, start = {0};
@@ -599,7 +600,7 @@ int sn_run_pass(Pass *P, const PassIn *in, double t, double dt, double *span_end
     if (!took || !sums || !added || pass_lists(P) < 0) goto done;
     for (Py_ssize_t j = 0; j < K; j++) {
         P->dec_s[j] = 0.0;
-        span_end[j] = t;
+        span_end[j] = busy_end[j] = t;
     }
     /* each running request decodes what its instance's step time lets it in the slice; a stretch of one
        instance's requests sums its decode seconds in a register from the sum so far (the same additions in the
@@ -624,6 +625,7 @@ int sn_run_pass(Pass *P, const PassIn *in, double t, double dt, double *span_end
             double when = in->t_delay[i] + rem0 * sk;
             if (ivec_push(&ended, r) < 0 || dvec_push(&at, when) < 0) goto done;
             span_end[k] = np_max(span_end[k], when);
+            busy_end[k] = np_max(busy_end[k], when);
         } else if (ivec_push(still, r) < 0) {
             goto done;
         }
@@ -634,8 +636,15 @@ int sn_run_pass(Pass *P, const PassIn *in, double t, double dt, double *span_end
         if (end_segments(P, &ended, &at, &cont, &start) < 0) goto done;
         if (cont.n == 0) break;
         if (decode_from(P, &cont, &start, took, sums, added, still, &ended, &at) < 0) goto done;
+        for (Py_ssize_t i = 0; i < ended.n; i++) {
+            int64_t k = P->where[ended.p[i]];
+            busy_end[k] = np_max(busy_end[k], at.p[i]);
+        }
     }
-    for (Py_ssize_t i = 0; i < still->n; i++) span_end[P->where[still->p[i]]] = t + dt;
+    for (Py_ssize_t i = 0; i < still->n; i++) {
+        int64_t k = P->where[still->p[i]];
+        span_end[k] = busy_end[k] = t + dt;
+    }
     for (Py_ssize_t j = 0; j < K; j++) occ[j] = np_min(1.0, in->occupied[j] ? P->dec_s[j] / in->open_s[j] : 1.0);
     for (Py_ssize_t i = 0; i < still->n; i++) P->lag[still->p[i]] = -P->own[still->p[i]];
     /* `_own_debt[:] = 0.0`: it is 0 at every pass start, and only the requests taken back added to it */

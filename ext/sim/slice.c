@@ -8,8 +8,8 @@
 enum {
     A_REM, A_CTX, A_PENDING, A_READY, A_FINISH, A_LAG, A_OWN, A_STATE, A_TURN, A_MOVED, A_STOLEN, A_FRESH,
     A_WHERE, A_NSEG, A_TOOL_END, A_TOOL_TOK, A_LATENCY, A_GEN, A_CARRIED, A_RBUCKET, A_IBUCKET, A_ITP, A_CAP,
-    A_ACTIVE, A_READY_AT, A_DEBT, A_LATER_DEBT, A_OCC_BEFORE, A_OCCUPANCY, A_DEC_S, A_SPAN_END, A_STEP_OUT, A_LIVE,
-    A_FK, A_FT, A_DEGREES, A_DECODE, A_OIDS, A_OREADY, A_OMARK, A_OLEN, N_ARRAYS
+    A_ACTIVE, A_READY_AT, A_DEBT, A_LATER_DEBT, A_BUSY_UNTIL, A_OCC_BEFORE, A_OCCUPANCY, A_DEC_S, A_SPAN_END,
+    A_STEP_OUT, A_LIVE, A_FK, A_FT, A_DEGREES, A_DECODE, A_OIDS, A_OREADY, A_OMARK, A_OLEN, N_ARRAYS
 };
 
 /* kind: 'd' float64, 'q' int64, 'b' int8, '?' bool; size: 'n' requests, 'w' requests x width, 'K' instances,
@@ -18,9 +18,9 @@ static const Spec SPEC[N_ARRAYS] = {
     {'d', 'n', 1}, {'d', 'n', 1}, {'d', 'n', 1}, {'d', 'n', 1}, {'d', 'n', 1}, {'d', 'n', 1}, {'d', 'n', 1},
     {'b', 'n', 1}, {'q', 'n', 1}, {'?', 'n', 1}, {'?', 'n', 0}, {'?', 'n', 0}, {'q', 'n', 0}, {'q', 'n', 0},
     {'?', 'w', 0}, {'q', 'w', 0}, {'d', 'w', 0}, {'q', 'w', 0}, {'q', 'w', 0}, {'q', 'w', 0}, {'q', 'K', 0},
-    {'q', 'K', 0}, {'d', 'K', 0}, {'?', 'K', 0}, {'d', 'K', 0}, {'d', 'K', 1}, {'d', 'K', 1}, {'d', '*', 0},
-    {'d', 'K', 1}, {'d', 'K', 1}, {'d', 'K', 1}, {'d', 'K', 1}, {'q', '*', 0}, {'q', '*', 0}, {'d', '*', 0},
-    {'d', '*', 0}, {'d', '*', 0}, {'q', 'n', 1}, {'d', 'n', 1}, {'?', 'n', 1}, {'q', '*', 1},
+    {'q', 'K', 0}, {'d', 'K', 0}, {'?', 'K', 0}, {'d', 'K', 0}, {'d', 'K', 1}, {'d', 'K', 1}, {'d', 'K', 1},
+    {'d', '*', 0}, {'d', 'K', 1}, {'d', 'K', 1}, {'d', 'K', 1}, {'d', 'K', 1}, {'q', '*', 0}, {'q', '*', 0},
+    {'d', '*', 0}, {'d', '*', 0}, {'d', '*', 0}, {'q', 'n', 1}, {'d', 'n', 1}, {'?', 'n', 1}, {'q', '*', 1},
 };
 
 /* --- the step time of a decode iteration: RolloutCost.decode_step_time ------------------------------------- */
@@ -181,6 +181,7 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
     PassIn in = {0};
     int64_t *count_k = NULL, *queued_k = NULL, *keep = NULL, *tools = NULL, *live_k = NULL;
     double *used = NULL, *ctx_k = NULL, *step2 = NULL, *real = NULL, *busy = NULL, *cap_ctx = NULL, *live_ctx = NULL;
+    double *busy_end = NULL, *busy_start = NULL;
     double busy_sum = 0.0, capacity = 0.0;
     if (sn_acquire(arrays, SPEC, N_ARRAYS, b, n, S, K, &m) < 0) goto fail;
     if (LEN(A_FK) != LEN(A_FT) || LEN(A_DEGREES) % DEG_FIELDS || LEN(A_DEGREES) / DEG_FIELDS > MAX_DEG ||
@@ -221,9 +222,12 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
     step2 = malloc(((size_t)K + 1) * sizeof(double));
     real = malloc(((size_t)K + 1) * sizeof(double));
     busy = malloc(((size_t)K + 1) * sizeof(double));
+    busy_end = malloc(((size_t)K + 1) * sizeof(double));
+    busy_start = malloc(((size_t)K + 1) * sizeof(double));
     cap_ctx = malloc(((size_t)K + 1) * sizeof(double));
     in.running = malloc(((size_t)P.nlive + 1) * sizeof(int64_t));
-    if (!count_k || !queued_k || !used || !ctx_k || !step2 || !real || !busy || !cap_ctx || !in.running)
+    if (!count_k || !queued_k || !used || !ctx_k || !step2 || !real || !busy || !busy_end || !busy_start || !cap_ctx ||
+        !in.running)
         goto nomem;
     P.t0 = t;
     Order order;
@@ -260,6 +264,7 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
             in.has[j] = count_k[j] > 0;
             in.open_s[j] = np_max(1e-9, avail * (double)count_k[j]);
             in.occupied[j] = in.has[j] && avail > 0;
+            busy_start[j] = 0.0;
         }
         for (Py_ssize_t i = 0; i < mm; i++) {
             int64_t r = in.running[i], k = P.where[r];
@@ -270,10 +275,11 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
             in.t_delay[i] = t + delay;
             in.go_s[i] = np_max(0.0, dt - delay);
             in.rem0[i] = P.rem[r];
+            busy_start[k] = np_min(busy_start[k], lag); /* `_decode`'s `start` */
         }
         if (step_times(&st, &P, used, ctx_k, queued_k, step) < 0) goto fail;
         P.step = step;
-        if (sn_run_pass(&P, &in, t, dt, span_end, occ, real, &still) < 0) goto fail_or_nomem;
+        if (sn_run_pass(&P, &in, t, dt, span_end, busy_end, occ, real, &still) < 0) goto fail_or_nomem;
         /* the batch each instance really ran at; decoded again where it moves the step time past the tolerance */
         for (Py_ssize_t j = 0; j < K; j++) real[j] = real[j] > 0 ? real[j] : used[j];
         int64_t *queued_now = malloc(((size_t)K + 1) * sizeof(int64_t));
@@ -298,11 +304,22 @@ PyObject *sn_decode_slice(PyObject *self, PyObject *args) {
         if (off) {
             if (restore(&P, &sv) < 0) goto nomem;
             if (step_times(&st, &P, real, ctx_k, queued_k, step) < 0) goto fail;
-            if (sn_run_pass(&P, &in, t, dt, span_end, occ, real, &still) < 0) goto fail_or_nomem;
+            if (sn_run_pass(&P, &in, t, dt, span_end, busy_end, occ, real, &still) < 0) goto fail_or_nomem;
         }
-        for (Py_ssize_t j = 0; j < K; j++) busy[j] = count_k[j] > 0 ? dt : np_min(debt[j], dt);
-    } else {
-        for (Py_ssize_t j = 0; j < K; j++) busy[j] = np_min(debt[j], dt);
+    }
+    /* `_busy`: per instance, seconds into the slice from its first request's work (where that is before the
+       slice start) to its last segment's end, at least its owed prefill, less what an earlier slice counted */
+    double *busy_until = D(A_BUSY_UNTIL);
+    for (Py_ssize_t j = 0; j < K; j++) {
+        double end = 0.0, start = 0.0;
+        if (ran) {
+            end = busy_end[j] >= t + dt ? dt : busy_end[j] - t;
+            start = busy_start[j];
+        }
+        end = np_max(np_min(debt[j], dt), end);
+        start = np_max(start, busy_until[j] - t);
+        busy[j] = np_max(0.0, end - start);
+        busy_until[j] = np_max(busy_until[j], t + end);
     }
     /* busy_gpu_s += (busy_k * tp).sum() */
     for (Py_ssize_t j = 0; j < K; j++) busy[j] = busy[j] * (double)P.itp[j];
@@ -444,6 +461,8 @@ out:
     free(step2);
     free(real);
     free(busy);
+    free(busy_end);
+    free(busy_start);
     free(cap_ctx);
     free(live_ctx);
     free(keep);

@@ -215,8 +215,8 @@ static inline int sn_keep_row(Pass *P, int64_t r) {
 int sn_slice_lists(Pass *P, int64_t *running, Py_ssize_t *m, int64_t *count_k, int64_t *queued_k);
 void sn_free_lists(Pass *P); /* at the slice's end */
 int sn_merge_new_slots(Pass *P, Py_ssize_t from);
-int sn_run_pass(Pass *P, const PassIn *in, double t, double dt, double *span_end, double *occ, double *real,
-                IVec *still);
+int sn_run_pass(Pass *P, const PassIn *in, double t, double dt, double *span_end, double *busy_end, double *occ,
+                double *real, IVec *still);
 
 /* the rows of a degree table (RolloutCost.prefill_terms, `native.degree_table`) into `out`: their count, or -1
    when malformed (slice_native.c) */

@@ -147,8 +147,9 @@ def _decode(
         )  # fmt: skip
     arrays = (
         *rows, inst.bucket, inst.tp, cap_k, inst.active, inst.ready_at, run.debt, run._later_debt,
-        np.ascontiguousarray(run._occupancy, float), occupancy, decoded_s, span_end, step, run._live,
-        np.ascontiguousarray(fk, np.int64), np.ascontiguousarray(ft, float), prefill_rows, decode_rows, *run._order,
+        run._busy_until_of(k_all), np.ascontiguousarray(run._occupancy, float), occupancy, decoded_s, span_end, step,
+        run._live, np.ascontiguousarray(fk, np.int64), np.ascontiguousarray(ft, float), prefill_rows, decode_rows,
+        *run._order,
     )  # fmt: skip
     n, width = run.work.gen.shape
     decoded, busy, capacity, still, fk, ft, touched, left, next_at, in_tool, loads = _NATIVE.decode_slice(

@@ -152,6 +152,8 @@ class RolloutRun(SliceDecode, Admission):
         self.moved = np.zeros(n, bool)  # the migration before the current segment is done
         self.stolen = np.zeros(n, bool)  # started on a larger bucket's idle instance (work-conserving admission)
         self.debt = np.zeros(len(instances))  # seconds of prefill/admission work owed by each instance
+        # per instance, the time up to which its busy GPU-seconds are counted (`SliceDecode._busy`)
+        self._busy_until = np.full(len(instances), -np.inf)
         self.migrations = 0
         self.migrated_tokens = 0
         self.rebalanced = 0  # requests under way moved to an idle instance because theirs had no KV room

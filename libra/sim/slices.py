@@ -45,8 +45,8 @@ def _grouped(items: np.ndarray, k: np.ndarray, order: np.ndarray) -> tuple[np.nd
 _KERNEL_STEPS = (
     "_decode", "_decode_pass", "_continue_in_slice", "_end_segments", "_refill", "_slice_queues",
     "_note_freed", "_covered", "_set_state", "_prefill_s", "_cap_k", "_admit", "_admit_queued", "_credit", "_steal",
-    "_save", "_restore", "_pass_inputs", "_pass_arrays", "step_batch", "step_times", "_step_inputs", "_capacity",
-    "_in_state", "_degrees", "_degree_masks", "next_event", "_returns",
+    "_save", "_restore", "_pass_inputs", "_busy", "_pass_arrays", "step_batch", "step_times", "_step_inputs",
+    "_capacity", "_in_state", "_degrees", "_degree_masks", "next_event", "_returns",
 )  # fmt: skip
 _KERNEL_MODULES = ("libra.sim.slices", "libra.sim.admission", "libra.sim.rollout")
 
@@ -93,6 +93,8 @@ class SliceDecode:
     _by_state: dict
     _decoded_s: np.ndarray
     _span_end: np.ndarray
+    _busy_end: np.ndarray
+    _busy_until: np.ndarray
     _queues: tuple[np.ndarray, np.ndarray] | None
     _kernel: tuple | None
     _kernel_key: int
@@ -138,6 +140,11 @@ class SliceDecode:
             saved = self._save()
             k = self.where[running]
             count_k = np.bincount(k, minlength=k_all)
+            # per instance, seconds into the slice its first request's work starts where that is before the slice
+            # start (a slot freed in the last slice refilled as of when it came free, `_credit`; read before the
+            # passes write `lag`)
+            start = np.zeros(k_all)
+            np.minimum.at(start, k, self.lag[running])
             used = self.step_batch(running, count_k)
             inputs = self._step_inputs(running)
             fixed = self._pass_inputs(t, dt, running, k, count_k)
@@ -149,13 +156,33 @@ class SliceDecode:
             if off.any():
                 self._restore(saved)  # the state `inputs` read, as it was
                 self._decode_pass(t, dt, running, real, inputs, fixed)
-            busy_k = np.where(count_k > 0, dt, np.minimum(self.debt, dt))
+            # seconds into the slice where the instance's last segment in it ends (the slice end where one still runs)
+            end = np.where(self._busy_end >= t + dt, dt, self._busy_end - t)
         else:
-            busy_k = np.minimum(self.debt, dt)
+            end = start = np.zeros(k_all)
             count_k = None
-        self.busy_gpu_s += float((busy_k * self.inst.tp).sum())
+        self._busy(t, dt, start, end)
         self.capacity_tokens += self._capacity(t, dt, running, count_k)
         self.debt = np.maximum(0.0, self.debt - dt) + self._later_debt
+
+    def _busy(self, t: float, dt: float, start: np.ndarray, end: np.ndarray) -> None:
+        """Add the slice's busy GPU-seconds: per instance, from the slice start (or `start`, seconds into the
+        slice, where its work starts before it) to `end` (where its last segment in the slice ends), at least its
+        owed prefill, less what an earlier slice counted already (`_busy_until`). An instance whose requests all
+        finished or left for tools early in the slice (the last slice of a rollout runs past the rollout's end) is
+        idle for the rest of it."""
+        end = np.maximum(np.minimum(self.debt, dt), end)
+        start = np.maximum(start, self._busy_until_of(len(end)) - t)
+        busy_k = np.maximum(0.0, end - start)
+        self.busy_gpu_s += float((busy_k * self.inst.tp).sum())
+        self._busy_until = np.maximum(self._busy_until, t + end)
+
+    def _busy_until_of(self, k_all: int) -> np.ndarray:
+        """`_busy_until` over `k_all` instances: one added since the last slice has nothing counted yet."""
+        extra = k_all - self._busy_until.size
+        if extra > 0:
+            self._busy_until = np.concatenate([self._busy_until, np.full(extra, -np.inf)])
+        return self._busy_until
 
     def _pass_inputs(self, t: float, dt: float, running: np.ndarray, k: np.ndarray, count_k: np.ndarray) -> tuple:
         """What both decode passes of a slice read and neither writes (the passes restore `lag` and `rem` in
@@ -224,17 +251,22 @@ class SliceDecode:
         end = rem0 <= advance
         self.lag[running] = 0.0
         self._span_end = np.full(k_all, t)
+        # the end of each instance's last segment in the slice, those continued inside it included (the busy time;
+        # `_span_end`, which sets the batch the slice ran at, has only the first segments' ends)
+        self._busy_end = np.full(k_all, t)
         if end.any():
             still = running[~end]
             ended = running[end]
             at = t_delay[end] + rem0[end] * step_k[end]
             np.maximum.at(self._span_end, k[end], at)
+            np.maximum.at(self._busy_end, k[end], at)
             more = self._continue_in_slice(ended, at, t + dt, step)
             if more.size:
                 still = np.concatenate([still, more])
         else:
             still = running
         self._span_end[self.where[still]] = t + dt
+        self._busy_end[self.where[still]] = t + dt
         occ = np.ones(k_all)
         np.divide(self._decoded_s, open_s, out=occ, where=occupied)
         self._occupancy = np.minimum(1.0, occ)
@@ -268,6 +300,7 @@ class SliceDecode:
             end = rem0 <= advance
             still.append(cont[~end])
             ended, at = cont[end], start[end] + rem0[end] * step_k[end]
+            np.maximum.at(self._busy_end, k[end], at)
         return np.concatenate(still) if still else ended[:0]
 
     def _end_segments(self, ended: np.ndarray, at: np.ndarray, slice_end: float) -> tuple[np.ndarray, np.ndarray]:

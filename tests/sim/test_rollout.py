@@ -276,3 +276,25 @@ def test_a_turn_back_inside_a_slice_takes_a_slot_of_its_own_instance():
     run.run_to_end()
     assert run.takes > 500
     assert (run.state == DONE).all()
+
+
+def test_busy_time_ends_with_the_last_segment_of_a_slice():
+    """A slice counts an instance busy up to the end of its last segment in it, turns taken back inside the slice
+    included, not to the slice end: one request of three turns, all inside one long slice, on one instance busy
+    from its admission to its finish (the tool calls are inside that span). It used to count the whole slice."""
+    run, t = _run([_traj(0, 500, [(1000, 50, 0.5), (1000, 50, 0.5), (1000, 0, 0.0)])], [1], min_slice=1e5)
+    assert t == 1e5 and run.busy_gpu_s == pytest.approx(run.end_time, rel=1e-12)
+
+
+@pytest.mark.parametrize("min_slice", [5.0, 20.0, 50.0])
+@pytest.mark.parametrize("gens", [(2000, 2000), (1000, 3000, 2500)], ids=["one-at-a-time", "two-at-a-time"])
+def test_busy_time_counts_a_refilled_slot_once_from_when_it_came_free(gens, min_slice):
+    """Requests whose contexts do not all fit in one instance's KV: the one queued is admitted at the boundary after
+    one finishes, as of when its slot came free (`_credit`), so the instance works without a break from the start
+    to the last finish, and is busy exactly that long however the slices fall: the time before the boundary that
+    the refill decoded counts (it did not where the instance had nothing else running), once (not again where
+    another request ran on)."""
+    prompt = 120_000 if len(gens) == 2 else 27_000  # one, or two, fit in the KV cache at a time
+    run, t = _run([_traj(i, prompt, [(gen, 0, 0.0)]) for i, gen in enumerate(gens)], [1], min_slice=min_slice)
+    assert run.finish[0] < run.finish[-1] < t  # the first finishes first; the last slice runs past the end
+    assert run.busy_gpu_s == pytest.approx(run.end_time, rel=1e-12)

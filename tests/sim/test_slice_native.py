@@ -19,7 +19,9 @@ from libra.spec import ClusterSpec, get_gpu, get_model, parse_buckets
 
 CLUSTER = ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=16, gpus_per_node=8)
 CM = CostModel(CLUSTER, get_model("Qwen3-14B"))
-FLOATS = ("rem", "ctx", "pending", "ready", "finish", "lag", "_own_debt", "debt", "_later_debt", "_occupancy")
+FLOATS = (
+    "rem", "ctx", "pending", "ready", "finish", "lag", "_own_debt", "debt", "_later_debt", "_occupancy", "_busy_until",
+)  # fmt: skip
 OTHERS = ("state", "turn", "where", "moved", "stolen", "fresh")
 # (instance degrees, buckets): one instance, two alike, and two or three degrees with length buckets
 LAYOUTS = [([1], "1:inf"), ([1, 1], "1:inf"), ([1, 2, 2], "1:2000,2:inf"), ([1, 2, 4], "1:1500,2:6000,4:inf")]
@@ -207,10 +209,10 @@ def test_bad_arrays_are_refused_with_an_error():
     run = RolloutRun(CM, work.step(0), routes_for("single", work.step(0), parse_buckets("1:inf"), None),
                      Instances([1], [0], [0.0]), start=0.0)  # fmt: skip
     ext = native.load()
-    with pytest.raises(ValueError, match="needs 41 arrays"):
+    with pytest.raises(ValueError, match="needs 42 arrays"):
         ext.decode_slice((), 1, 1, 1, 0.0, 1.0, 0.0, 4.0, 1.0, 1.0, 512.0, 1.0, 2.0, 0.01, 0.5, 60.0)
     with pytest.raises(TypeError, match="format"):
-        ext.decode_slice((np.zeros(1),) * 41, 1, 1, 1, 0.0, 1.0, 0.0, 4.0, 1.0, 1.0, 512.0, 1.0, 2.0, 0.01, 0.5, 60.0)
+        ext.decode_slice((np.zeros(1),) * 42, 1, 1, 1, 0.0, 1.0, 0.0, 4.0, 1.0, 1.0, 512.0, 1.0, 2.0, 0.01, 0.5, 60.0)
     with pytest.raises(ValueError, match="needs 23 arrays"):
         ext.admit_slice((), 1, 1, 0.0, 4.0, 0.3, 512, 2, 1.0, 1.0)
     with pytest.raises(ValueError, match="needs 14 arrays"):
