@@ -30,8 +30,8 @@ from libra.spec import ClusterSpec, ModelSpec, RLSettings, SpecError
 class Scenario:
     """What to simulate. The rollout runs each step's trajectories of `source` as they are, while training (and
     every policy's plan) is sized by `rl.global_batch`: for a trace, set `rl` to its step size
-    (`num_prompts * samples_per_prompt` = trajectories per step, as `libra simulate --trace` does); the default
-    `RLSettings()` (512 x 16) trains 8,192 sequences after rolling out however many the trace holds."""
+    (`num_prompts * samples_per_prompt` = trajectories per step, as `libra simulate --trace` does); `simulate`
+    refuses a trace whose first step is another size."""
 
     cluster: ClusterSpec
     model: ModelSpec
@@ -67,6 +67,21 @@ class SimReport:
         }
 
 
+def _check_step_size(scenario: Scenario) -> None:
+    """A trace's first step must be the step `rl` trains: the rollout runs the trace's trajectories as they are,
+    while training and every policy's plan are sized by `rl.global_batch` (a silent mismatch trained 8,192
+    sequences after rolling out 64)."""
+    if scenario.source.num_steps is None:  # a generator: it makes steps of the size it was given
+        return
+    first = scenario.source.step(0).num_requests
+    if first != scenario.rl.global_batch:
+        raise SpecError(
+            f"the trace's first step holds {first} trajectories but rl trains {scenario.rl.global_batch} "
+            f"({scenario.rl.num_prompts} x {scenario.rl.samples_per_prompt}): set RLSettings(num_prompts=..., "
+            "samples_per_prompt=...) to the trace's step, as `libra simulate --trace` does"
+        )
+
+
 def simulate(
     scenario: Scenario,
     *,
@@ -85,6 +100,7 @@ def simulate(
         raise SpecError("simulate needs at least one policy")
     if workers < 1:
         raise SpecError(f"workers must be >= 1, got {workers}")
+    _check_step_size(scenario)
     started = time.perf_counter()
     groups = policy_groups(policies, workers) if workers > 1 and fork_available() else [list(policies)]
     if len(groups) > 1:

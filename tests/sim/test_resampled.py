@@ -76,3 +76,25 @@ def test_steady_throughput_leaves_out_the_fill_and_the_drain(tmp_path):
     )
     for s in simulate(one, num_steps=1, policies=["colocated", "static-uniform"]).summary().values():
         assert s["steady_throughput_tok_s"] is None and s["throughput_tok_s"] > 0
+
+
+def test_a_trace_whose_step_is_not_the_step_rl_trains_is_refused(tmp_path):
+    """The rollout runs a trace's 32 trajectories as they are; training and the plans are sized by `rl`: the
+    default RLSettings (512 x 16) trained 8,192 sequences after rolling out 32, silently."""
+    from libra.spec import SpecError
+
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, generate("search-r1", num_steps=1, seed=1, num_prompts=8, samples_per_prompt=4))
+    cluster = ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=16, gpus_per_node=8)
+    wrong = Scenario(
+        cluster=cluster, model=get_model("Qwen3-14B"), rl=RLSettings(), source=WorkSource.from_trace(trace)
+    )
+    with pytest.raises(SpecError, match=r"first step holds 32 trajectories but rl trains 8192 \(512 x 16\)"):
+        simulate(wrong, num_steps=1, policies=["colocated"])
+    right = Scenario(
+        cluster=cluster,
+        model=get_model("Qwen3-14B"),
+        rl=RLSettings(num_prompts=8, samples_per_prompt=4),
+        source=WorkSource.from_trace(trace),
+    )
+    assert simulate(right, num_steps=1, policies=["colocated"]).results[0].records[0].trajectories == 32
