@@ -264,9 +264,9 @@ class GlobalPlanner:
 
         The candidate is a whole new plan: its training layout may differ from `current`'s, and so may the
         training workers of its placement, which `libra.elastic.ElasticController.apply_plan` refuses
-        (`CoreTopologyChange`: the core training pool is fixed). A current plan that no longer fits the newest
-        profile (training memory, or no instance holding the longest request) scores `inf`, and any candidate is
-        then applied with `saving_s=inf`."""
+        (`CoreTopologyChange`: the core training pool is fixed): a running job replans with `replan_rollout`. A
+        current plan that no longer fits the newest profile (training memory, or no instance holding the longest
+        request) scores `inf`, and a candidate that fits is then applied."""
         candidate = self.plan(profile, num_gpus=current.num_gpus)
         now = max(self.evaluate(current, profile))
         new = max(self.evaluate(candidate, profile))
@@ -277,6 +277,46 @@ class GlobalPlanner:
             current_makespan_s=now,
             candidate_makespan_s=new,
         )
+        return candidate, decision
+
+    def plan_rollout(self, current: Plan, profile: WorkloadProfile) -> Plan:
+        """The best rollout side for `profile` on the rollout GPUs of `current`, its training layout kept: what a
+        running job can switch to without touching its core training pool (a new training layout is refused by
+        `libra.elastic.ElasticController.apply_plan`: `CoreTopologyChange`)."""
+        tab = self.tables(profile)
+        gpus = current.rollout.num_gpus
+        feasible = lambda limit: tab.rollout.min_gpus(limit)[0] <= gpus  # noqa: E731
+        hi = 1.0
+        for _ in range(80):
+            if feasible(hi):
+                break
+            hi *= 4.0
+        best = bisect_min(feasible, 0.0, hi, candidates=tab.rollout.candidates)
+        _, buckets = tab.rollout.min_gpus(best)
+        buckets = self._fill_spares(tab.rollout, buckets, gpus)
+        t_roll = max(b.time_s for b in buckets)
+        rollout = RolloutConfig(num_gpus=gpus, time_s=t_roll, instances=tab.rollout.instance_groups(buckets))
+        return attrs.evolve(current, rollout=rollout, makespan_s=max(current.train.time_s, t_roll), solve_time_s=0.0)
+
+    def replan_rollout(
+        self, current: Plan, profile: WorkloadProfile, *, gate: ReplanGate | None = None, horizon_steps: int = 10
+    ) -> tuple[Plan, ReplanDecision]:
+        """`replan` of the rollout side alone (`plan_rollout`): the candidate and the gate's verdict, both rollout
+        sides timed on the newest profile (`rollout_time`) against the training step `current` predicts (its
+        layout and so its step are kept). A current instance mix that cannot hold the new lengths is replaced."""
+        candidate = self.plan_rollout(current, profile)
+        now = self.rollout_time(current.rollout.instances, profile)
+        new = self.rollout_time(candidate.rollout.instances, profile)
+        t_train = current.train.time_s
+        decision = (gate or ReplanGate()).decide(
+            current=current,
+            candidate=candidate,
+            horizon_steps=horizon_steps,
+            current_makespan_s=max(now, t_train) if math.isfinite(now) else now,
+            candidate_makespan_s=max(new, t_train),
+        )
+        if not math.isfinite(now) and math.isfinite(new):  # the current mix cannot serve the new lengths at all
+            decision = attrs.evolve(decision, apply=True, reason="the current instance mix cannot hold the new lengths")
         return candidate, decision
 
     # --- evaluation -------------------------------------------------------------------------------------------

@@ -17,12 +17,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import attrs
-
 from libra.adapters.types import InstanceSpec
 from libra.planning import GlobalPlanner, ReplanDecision, ReplanGate
 from libra.planning.planner import PlannerOptions
-from libra.planning.rollout_dp import bisect_min
 from libra.runtime.config import RunConfig
 from libra.spec import (
     Bucket,
@@ -31,7 +28,6 @@ from libra.spec import (
     Plan,
     RLSettings,
     Role,
-    RolloutConfig,
     WorkloadProfile,
     get_gpu,
     get_model,
@@ -90,40 +86,14 @@ def prior_profile(config: RunConfig, prompt_tokens: Sequence[int]) -> WorkloadPr
 
 def rollout_candidate(planner: GlobalPlanner, current: Plan, profile: WorkloadProfile) -> Plan:
     """The best rollout side on the rollout GPUs of `current`, its training layout kept (the core pool is fixed)."""
-    tab = planner.tables(profile)
-    gpus = current.rollout.num_gpus
-    feasible = lambda limit: tab.rollout.min_gpus(limit)[0] <= gpus  # noqa: E731
-    hi = 1.0
-    for _ in range(80):
-        if feasible(hi):
-            break
-        hi *= 4.0
-    best = bisect_min(feasible, 0.0, hi, candidates=tab.rollout.candidates)
-    _, buckets = tab.rollout.min_gpus(best)
-    buckets = planner._fill_spares(tab.rollout, buckets, gpus)  # noqa: SLF001 - the planner's own spare filling
-    t_roll = max(b.time_s for b in buckets)
-    rollout = RolloutConfig(num_gpus=gpus, time_s=t_roll, instances=tab.rollout.instance_groups(buckets))
-    return attrs.evolve(current, rollout=rollout, makespan_s=max(current.train.time_s, t_roll), solve_time_s=0.0)
+    return planner.plan_rollout(current, profile)
 
 
 def replan_rollout(
     planner: GlobalPlanner, current: Plan, profile: WorkloadProfile, gate: ReplanGate, horizon_steps: int
 ) -> tuple[Plan, ReplanDecision]:
     """Candidate rollout side for the newest profile and the gate's verdict; both scored on that profile."""
-    candidate = rollout_candidate(planner, current, profile)
-    now = planner.rollout_time(current.rollout.instances, profile)
-    new = planner.rollout_time(candidate.rollout.instances, profile)
-    t_train = current.train.time_s
-    decision = gate.decide(
-        current=current,
-        candidate=candidate,
-        horizon_steps=horizon_steps,
-        current_makespan_s=max(now, t_train) if math.isfinite(now) else now,
-        candidate_makespan_s=max(new, t_train),
-    )
-    if not math.isfinite(now) and math.isfinite(new):  # the current mix cannot serve the new lengths at all
-        decision = attrs.evolve(decision, apply=True, reason="the current instance mix cannot hold the new lengths")
-    return candidate, decision
+    return planner.replan_rollout(current, profile, gate=gate, horizon_steps=horizon_steps)
 
 
 def instance_specs(placement: Placement, config: RunConfig) -> dict[str, InstanceSpec]:
