@@ -53,12 +53,12 @@ class WorkloadProfile:
     `mean_tool_time_s` a call)."""
 
     name: str
-    total_lengths: tuple[float, ...]
-    gen_tokens: tuple[float, ...]
-    turns: tuple[float, ...] = attrs.field(default=())
+    total_lengths: tuple[float, ...] = attrs.field(converter=tuple)  # (a tuple given is kept as it is)
+    gen_tokens: tuple[float, ...] = attrs.field(converter=tuple)
+    turns: tuple[float, ...] = attrs.field(default=(), converter=tuple)
     requests_per_step: int = 8192
     mean_tool_time_s: float = 0.0
-    tool_s: tuple[float, ...] = attrs.field(default=())
+    tool_s: tuple[float, ...] = attrs.field(default=(), converter=tuple)
 
     def __attrs_post_init__(self) -> None:
         if not self.total_lengths:
@@ -71,8 +71,16 @@ class WorkloadProfile:
             raise SpecError("WorkloadProfile.tool_s must be empty or have one entry per trajectory")
         if self.tool_s and not all(math.isfinite(x) and x >= 0 for x in self.tool_s):
             raise SpecError("WorkloadProfile.tool_s must be finite seconds >= 0")
-        if any(b < a for a, b in zip(self.total_lengths, self.total_lengths[1:])):
+        if any(not a <= b for a, b in zip(self.total_lengths, self.total_lengths[1:])):  # (NaN fails too)
             raise SpecError("WorkloadProfile.total_lengths must be sorted ascending (use WorkloadProfile.build)")
+        if not 0 <= self.total_lengths[0] <= self.total_lengths[-1] < math.inf:
+            raise SpecError("WorkloadProfile.total_lengths must be finite token counts >= 0")
+        if not (math.isfinite(sum(self.gen_tokens)) and min(self.gen_tokens) >= 0):  # (a NaN or inf makes the sum so)
+            raise SpecError("WorkloadProfile.gen_tokens must be finite token counts >= 0")
+        if not 0 <= self.mean_tool_time_s < math.inf:
+            raise SpecError(
+                f"WorkloadProfile.mean_tool_time_s must be finite seconds >= 0, got {self.mean_tool_time_s}"
+            )
         if self.requests_per_step < 1:
             raise SpecError(f"WorkloadProfile.requests_per_step must be >= 1, got {self.requests_per_step}")
 

@@ -186,3 +186,30 @@ def test_jsonable_makes_plain_json() -> None:
     )
     assert out == {"a": 1.5, "b": [1, 2], "c": [None, None], "d": [0, 1, 2], "e": {"f": 2.0}}
     assert json.loads(json.dumps(out)) == out
+
+
+@pytest.mark.parametrize(
+    "shapes, kw, message",
+    [
+        ([(float("nan"), 1.0, 1.0)], {}, "total_lengths must be finite token counts >= 0"),
+        ([(-5000.0, 1.0, 1.0), (10.0, 1.0, 1.0)], {}, "total_lengths must be finite token counts >= 0"),
+        ([(10.0, 1.0, 1.0), (float("inf"), 1.0, 1.0)], {}, "total_lengths must be finite token counts >= 0"),
+        ([(100.0, -10.0, 1.0)], {}, "gen_tokens must be finite token counts >= 0"),
+        ([(100.0, float("nan"), 1.0)], {}, "gen_tokens must be finite token counts >= 0"),
+        ([(100.0, 1.0, 1.0)], {"mean_tool_time_s": -1.0}, "mean_tool_time_s must be finite seconds >= 0"),
+    ],
+)
+def test_a_profile_of_negative_or_non_finite_lengths_is_refused(shapes, kw, message) -> None:
+    """Trajectories built in code are not validated (`load_trace` validates what it reads): a profile of negative
+    token counts planned a negative makespan."""
+    with pytest.raises(SpecError, match=message):
+        WorkloadProfile.build(name="x", shapes=shapes, **kw)
+
+
+def test_a_profile_keeps_its_lengths_as_tuples() -> None:
+    """Lists given are copied into tuples: a caller changing its list afterwards changes nothing (the planner's
+    tables are memoised per profile)."""
+    lengths, gen = [1000.0, 2000.0], [500.0, 900.0]
+    p = WorkloadProfile(name="x", total_lengths=lengths, gen_tokens=gen, requests_per_step=2)
+    lengths[1], gen[1] = 35000.0, 20000.0
+    assert p.total_lengths == (1000.0, 2000.0) and p.gen_tokens == (500.0, 900.0)
