@@ -7,7 +7,7 @@ The planner groups the sample into length quantiles, so a profile of 8,192 traje
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -44,6 +44,11 @@ class LengthGroup:
         return self.max_turns or self.mean_turns
 
 
+def _floats(values: Iterable[float]) -> tuple[float, ...]:
+    """A tuple of the values (a tuple given is kept as it is: no copy)."""
+    return values if isinstance(values, tuple) else tuple(values)
+
+
 @attrs.frozen(kw_only=True)
 class WorkloadProfile:
     """One step's trajectories. `total_lengths[i]` = prompt + generated + tool tokens of trajectory i and
@@ -53,12 +58,12 @@ class WorkloadProfile:
     `mean_tool_time_s` a call)."""
 
     name: str
-    total_lengths: tuple[float, ...] = attrs.field(converter=tuple)  # (a tuple given is kept as it is)
-    gen_tokens: tuple[float, ...] = attrs.field(converter=tuple)
-    turns: tuple[float, ...] = attrs.field(default=(), converter=tuple)
+    total_lengths: tuple[float, ...] = attrs.field(converter=_floats)
+    gen_tokens: tuple[float, ...] = attrs.field(converter=_floats)
+    turns: tuple[float, ...] = attrs.field(default=(), converter=_floats)
     requests_per_step: int = 8192
     mean_tool_time_s: float = 0.0
-    tool_s: tuple[float, ...] = attrs.field(default=(), converter=tuple)
+    tool_s: tuple[float, ...] = attrs.field(default=(), converter=_floats)
 
     def __attrs_post_init__(self) -> None:
         if not self.total_lengths:
