@@ -34,10 +34,18 @@ class UnknownWorker(KeyError):
     """A borrow/release/event names a worker that is not in the current placement (or not in the hybrid pool)."""
 
 
+def _check_exclusive(placement: Placement) -> None:
+    shared = placement.shared_gpus()
+    if shared:
+        g, names = next(iter(shared.items()))
+        raise ValueError(f"GPU {g} is placed under several workers {list(names)}: a placement holds each GPU once")
+
+
 class ElasticController:
     """Keeps the current placement, the join state of every hybrid worker and its paired core replica."""
 
     def __init__(self, *, placement: Placement) -> None:
+        _check_exclusive(placement)
         self.placement = placement
         self.states = WorkerStates()
         self.pairs: dict[str, str] = {}  # hybrid worker -> paired core replica, while in a training state
@@ -188,6 +196,7 @@ class ElasticController:
         """What `apply_plan` refuses: a change to the core training pool, training outside the hybrid pool, a
         training hybrid moved to other GPUs, a join that the worker's state does not allow."""
         self._check_core_unchanged(old_by, new_by)
+        _check_exclusive(Placement(workers=tuple(new_by.values())))
         for name, cur in sorted(new_by.items()):
             old = old_by.get(name)
             if cur.role != Role.TRAIN_REPLICA or (old is not None and old.pool == Pool.CORE_TRAIN):

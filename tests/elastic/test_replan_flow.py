@@ -39,3 +39,25 @@ def test_a_rollout_replan_keeps_the_training_layout_and_the_controller_carries_i
     assert decisions and all(isinstance(d, StartInstance | StopInstance) for d in decisions)
     started = sum(d.tp for d in decisions if isinstance(d, StartInstance))
     assert started == sum(g.tp * g.count for g in candidate.rollout.instances)  # this drift replaces every instance
+
+
+def test_the_controller_refuses_a_placement_that_holds_a_gpu_twice() -> None:
+    from libra.spec.placement import Placement, Pool, Role, WorkerPlacement
+
+    core = WorkerPlacement(name="train-0", role=Role.TRAIN_REPLICA, tp=1, gpu_ids=(0, 1), pool=Pool.CORE_TRAIN)
+    r0 = WorkerPlacement(name="rollout-tp1-0", role=Role.ROLLOUT_INSTANCE, tp=1, gpu_ids=(2,))
+    with pytest.raises(ValueError, match=r"GPU 1 is placed under several workers \['train-0', 'rollout-tp1-1'\]"):
+        ElasticController(
+            placement=Placement(
+                workers=(
+                    core,
+                    r0,
+                    WorkerPlacement(name="rollout-tp1-1", role=Role.ROLLOUT_INSTANCE, tp=1, gpu_ids=(1,)),
+                )
+            )
+        )
+    ctl = ElasticController(placement=Placement(workers=(core, r0)))
+    clash = WorkerPlacement(name="rollout-tp1-1", role=Role.ROLLOUT_INSTANCE, tp=1, gpu_ids=(2,))
+    with pytest.raises(ValueError, match="GPU 2 is placed under several workers"):
+        ctl.apply_plan(Placement(workers=(core, r0, clash)), step=1, why="")
+    assert ctl.placement == Placement(workers=(core, r0))  # refused before anything changed

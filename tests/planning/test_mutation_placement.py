@@ -255,7 +255,7 @@ def test_a_current_gpu_id_just_past_the_cluster_is_not_keepable() -> None:
 def test_a_role_or_tp_change_alone_is_a_move() -> None:
     same_gpus_other_role = replica_at("w", 2, 0, 1)
     assert moved(rollout_at("w", 0, 1), same_gpus_other_role)
-    assert moved(rollout_at("w", 0, 1), attrs.evolve(rollout_at("w", 0, 1), tp=1))
+    assert moved(replica_at("w", 2, 0, 1), replica_at("w", 1, 0, 1))  # TP 2 -> TP 1 x PP 2 on the same GPUs
     assert not moved(rollout_at("w", 0, 1), rollout_at("w", 1, 0))
 
 

@@ -213,3 +213,30 @@ def test_a_profile_keeps_its_lengths_as_tuples() -> None:
     p = WorkloadProfile(name="x", total_lengths=lengths, gen_tokens=gen, requests_per_step=2)
     lengths[1], gen[1] = 35000.0, 20000.0
     assert p.total_lengths == (1000.0, 2000.0) and p.gen_tokens == (500.0, 900.0)
+
+
+def test_placements_name_each_worker_once_and_give_each_its_gpus() -> None:
+    from libra.spec.placement import Placement, Pool, Role, WorkerPlacement
+
+    def rollout(name: str, tp: int, ids, **kw) -> WorkerPlacement:
+        return WorkerPlacement(name=name, role=Role.ROLLOUT_INSTANCE, tp=tp, gpu_ids=ids, **kw)
+
+    ok = rollout("r0", 2, (0, 1))
+    for bad, message in (
+        (lambda: rollout("r0", 4, (0,)), "1 GPU ids for a rollout_instance of TP 4"),
+        (lambda: rollout("r0", 2, [0, 1]), "gpu_ids must be a tuple, got list"),
+        (lambda: rollout("r0", 2, (0, 0)), "gpu_ids must be distinct GPU ids >= 0"),
+        (lambda: rollout("r0", 0, ()), "tp must be a whole number >= 1"),
+        (lambda: rollout("", 1, (0,)), "name must be a non-empty string"),
+        (lambda: rollout("r0", 1, (0,), pool="hybrid"), "pool must be one of Pool.CORE_TRAIN"),
+        (lambda: WorkerPlacement(name="t", role="train", tp=2, gpu_ids=(0, 1)), "role must be one of Role."),
+        (lambda: WorkerPlacement(name="t", role=Role.TRAIN_REPLICA, tp=2, gpu_ids=(0, 1, 2)), "3 GPU ids for a"),
+        (lambda: Placement(workers=(ok, ok)), r"worker names must be unique; \['r0'\] repeat"),
+        (lambda: Placement(workers=[ok]), "workers must be a tuple of WorkerPlacement"),
+    ):
+        with pytest.raises(SpecError, match=message):
+            bad()
+    replica = WorkerPlacement(name="t", role=Role.TRAIN_REPLICA, tp=2, gpu_ids=(2, 3, 4, 5), pool=Pool.CORE_TRAIN)
+    both = Placement(workers=(ok, replica, rollout("r1", 1, (1,))))
+    assert both.shared_gpus() == {1: ("r0", "r1")}  # allowed in the value (a solver's input), refused by its users
+    assert Placement(workers=(ok, replica)).shared_gpus() == {}
