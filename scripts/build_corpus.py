@@ -385,7 +385,8 @@ def build(mirrors: Path, out: Path, only: list[str] | None = None) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             for i, (commit, path, blob) in enumerate(files):
                 data = _git(repo, "cat-file", "-p", blob)
-                local = Path(tmp) / f"{i:04d}{Path(path).suffix}"
+                local = Path(tmp) / f"{i:04d}" / Path(path).name  # its own name: an importer may name the task by it
+                local.parent.mkdir()
                 if "context" in src:  # files the converter needs besides the data, read at the same commit
                     context = {c: _git(repo, "show", f"{commit}:{c}") for c in src["context"]}
                     local.write_bytes(CONVERTERS[src["convert"]](data, context))

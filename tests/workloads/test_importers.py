@@ -117,7 +117,7 @@ def test_result_files_with_a_shared_policy(tmp_path) -> None:
 
 def test_swe_agent_history_and_submit(tmp_path) -> None:
     record = {
-        "environment": "repo__issue-1",
+        "environment": "swe_main",  # the environment's name, which every task of a run shares
         "history": [
             {"role": "system", "content": "You are an autonomous programmer."},
             {"role": "user", "content": "Fix the issue.", "message_type": "observation"},
@@ -135,8 +135,12 @@ def test_swe_agent_history_and_submit(tmp_path) -> None:
         ],
         "info": {"exit_status": "submitted", "submission": "diff ...", "model_stats": {"api_calls": 3}},
     }
-    (t,) = import_files("swe-agent", [_write(tmp_path, "x.traj", record, lines=False)], tokenizer=B4)
-    assert t.prompt_id == "repo__issue-1"
+    (t,) = import_files("swe-agent", [_write(tmp_path, "repo__issue-1.traj", record, lines=False)], tokenizer=B4)
+    assert t.prompt_id == "repo__issue-1"  # the task, from the file's name (not the environment's)
+    runs = _write(tmp_path, "runs.jsonl", [record, record], lines=True)  # several runs of a file: one id each
+    assert [t.prompt_id for t in import_files("swe-agent", [runs], tokenizer=B4)] == ["runs", "runs-2"]
+    named = _write(tmp_path, "z.traj", {**record, "instance_id": "repo__issue-9"}, lines=False)
+    assert import_files("swe-agent", [named], tokenizer=B4)[0].prompt_id == "repo__issue-9"
     assert [(x.tool, x.tool_status) for x in t.turns] == [("open", "ok"), ("python", "error"), (None, None)]
     assert t.prompt_tokens == _b4("You are an autonomous programmer.") + _b4("Fix the issue.")
     assert t.extra["meta"] == {"exit_status": "submitted"}  # the patch itself is not kept

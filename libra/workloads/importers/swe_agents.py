@@ -92,8 +92,9 @@ def import_swe_agent(path: Path, *, count: Callable[[str], int], rules: StatusRu
             raise TraceError(path, line, "trajectory", "missing: not a SWE-agent trajectory")
         prompt, segments = _swe_segments(record, count=count, rules=rules, path=path, line=line)
         info: dict = record["info"] if isinstance(record.get("info"), dict) else {}
-        env = record.get("environment")
-        pid = record.get("instance_id") or (env if isinstance(env, str) and env else None) or path.stem
+        # the task: `instance_id`, else the file's name (a `.traj` file is one task's run, named after it); not
+        # `environment`, the environment's name ("main", "swe_main"), which every task of a run shares
+        pid = record.get("instance_id") or (path.stem if line == 1 else f"{path.stem}-{line}")
         meta = _meta(info)
         meta.pop("submission", None)
         yield build_trajectory(
