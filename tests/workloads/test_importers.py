@@ -133,12 +133,18 @@ def test_swe_agent_history_and_submit(tmp_path) -> None:
             {"action": "python a.py\n", "observation": "Traceback ...", "response": "Run it."},
             {"action": "submit\n", "observation": "diff --git a/a.py b/a.py", "response": "Submit."},
         ],
-        "info": {"exit_status": "submitted", "submission": "diff ...", "model_stats": {"api_calls": 3}},
+        "info": {
+            "exit_status": "submitted",
+            "submission": "diff ...",
+            "edited_files30": "[File: a.py]\n 1: x = 1",
+            "model_stats": {"api_calls": 3},
+        },
     }
     (t,) = import_files("swe-agent", [_write(tmp_path, "repo__issue-1.traj", record, lines=False)], tokenizer=B4)
     assert t.prompt_id == "repo__issue-1"  # the task, from the file's name (not the environment's)
     runs = _write(tmp_path, "runs.jsonl", [record, record], lines=True)  # several runs of a file: one id each
     assert [t.prompt_id for t in import_files("swe-agent", [runs], tokenizer=B4)] == ["runs", "runs-2"]
+    assert t.extra["meta"] == {"exit_status": "submitted"}  # counts, not content: no patch, no edited lines
     named = _write(tmp_path, "z.traj", {**record, "instance_id": "repo__issue-9"}, lines=False)
     assert import_files("swe-agent", [named], tokenizer=B4)[0].prompt_id == "repo__issue-9"
     assert [(x.tool, x.tool_status) for x in t.turns] == [("open", "ok"), ("python", "error"), (None, None)]

@@ -84,6 +84,12 @@ def _swe_segments(
     return prompt, segments
 
 
+def _counts_only(meta: dict[str, Any]) -> dict[str, Any]:
+    """A run's `info` less what holds the task's content (a trace holds counts, not text): the submitted patch and
+    SWE-agent's `edited_files30/50/70` (the edited files' lines around each edit)."""
+    return {k: v for k, v in meta.items() if k != "submission" and not k.startswith("edited_files")}
+
+
 def import_swe_agent(path: Path, *, count: Callable[[str], int], rules: StatusRules) -> Iterator[Trajectory]:
     """Trajectories of one SWE-agent `.traj` file (or a JSON Lines file of them); module docstring."""
     rules = StatusRules(rules.error_patterns, rules.timeout_patterns + SWE_AGENT_TIMEOUTS)
@@ -95,8 +101,7 @@ def import_swe_agent(path: Path, *, count: Callable[[str], int], rules: StatusRu
         # the task: `instance_id`, else the file's name (a `.traj` file is one task's run, named after it); not
         # `environment`, the environment's name ("main", "swe_main"), which every task of a run shares
         pid = record.get("instance_id") or (path.stem if line == 1 else f"{path.stem}-{line}")
-        meta = _meta(info)
-        meta.pop("submission", None)
+        meta = _counts_only(_meta(info))
         yield build_trajectory(
             prompt_id=str(pid).removesuffix(".traj"),
             prompt_tokens=prompt,
@@ -141,7 +146,7 @@ def import_mini_swe_agent(path: Path, *, count: Callable[[str], int], rules: Sta
             user_exit_codes=True,
         )
         pid = rec.get("instance_id") or path.name.removesuffix(".json").removesuffix(".traj")
-        meta = {k: v for k, v in _meta(info).items() if k != "submission"}
+        meta = _counts_only(_meta(info))
         if isinstance(rec.get("trajectory_format"), str):
             meta["trajectory_format"] = rec["trajectory_format"]
         yield build_trajectory(
