@@ -363,3 +363,28 @@ def test_the_default_format_reads_swe_agent_and_mini_swe_agent_files_as_their_ow
         assert default == own
         assert default.turns[0].tool == ("python" if fmt == "swe-agent" else "bash")
         assert default.turns[-1].tool is None  # the submitted patch is no return
+
+
+def test_a_run_that_failed_before_any_generation_is_skipped_with_one_warning(tmp_path, caplog) -> None:
+    """A directory of runs in which one environment never started: that run is skipped and said once, the others
+    import; a run with no generation and no failure status is still an error."""
+    import logging
+
+    ok = {"info": {"exit_status": "Submitted"}, "messages": [
+        {"role": "system", "content": "You can run bash."},
+        {"role": "user", "content": "Please solve this issue."},
+        {"role": "assistant", "content": "```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"},
+    ]}  # fmt: skip
+    broken = {"info": {"exit_status": "RuntimeError"}, "messages": [{"role": "system", "content": "You can run bash."}]}
+    good, bad = _write(tmp_path, "a.traj.json", ok, lines=False), _write(tmp_path, "b.traj.json", broken, lines=False)
+    with caplog.at_level(logging.WARNING, logger="libra.workloads.importers"):
+        got = import_files("mini-swe-agent", [good, bad], tokenizer=B4)
+    assert [t.prompt_id for t in got] == ["a"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{bad}: skipped 1 run(s) that ended before any model generation: line 1 (RuntimeError)"
+    ]
+    swe = {"environment": "swe_main", "history": [], "trajectory": [], "info": {"exit_status": "early_exit"}}
+    with pytest.raises(TraceError, match="no trajectories found"):  # the only run skipped: nothing to write
+        import_files("swe-agent", [_write(tmp_path, "c.traj", swe, lines=False)], tokenizer=B4)
+    with pytest.raises(TraceError, match="no model generation"):  # no failure status: an error, as before
+        import_files("swe-agent", [_write(tmp_path, "d.traj", {**swe, "info": {}}, lines=False)], tokenizer=B4)

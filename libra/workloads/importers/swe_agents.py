@@ -12,10 +12,16 @@ output (the patch) goes back to no model: that step is the final turn, with no t
 mini-swe-agent: `messages` (or a bare message list) in the OpenAI layout; the environment answers as the user with
 `<returncode>N</returncode>` (tool `bash`, status from the exit code). The message after the final submission
 (`COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`, or `info.exit_status` "Submitted") is the patch, not context: dropped.
+
+Both: the task (prompt id) is `instance_id`, else the file's name. A run that ended before any model generation
+with an `info.exit_status` other than a submission (an environment that did not start, say) holds no trajectory:
+it is skipped, with one warning per file on stderr (the `libra.workloads.importers` logger), so that one of them
+does not stop the import of a directory of runs; a run without a generation and without such a status is an error.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +29,8 @@ from typing import Any
 from libra.workloads.importers.common import Return, Segment, StatusRules, build_trajectory, iter_records, text_of
 from libra.workloads.importers.openai_chat import _gen_text, _meta, _reward, convert_messages, exit_code_in
 from libra.workloads.trace import TraceError, Trajectory
+
+_log = logging.getLogger("libra.workloads.importers")
 
 _SUBMIT_MARK = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 MINI_FORMAT_ERRORS = (r"EXACTLY ONE action", r"format error")
@@ -33,6 +41,20 @@ SWE_AGENT_TIMEOUTS = (r"was cancelled because it took more than \S+ seconds",)
 def _tool_of(action: Any) -> str:
     words = str(action or "").split()
     return words[0][:64] if words else "shell"
+
+
+def _failed(info: dict) -> bool:
+    """Whether the run says it ended without a submission (`exit_status` set: an error, a limit, a cost cap)."""
+    status = info.get("exit_status")
+    return isinstance(status, str) and bool(status) and not _submitted(info)
+
+
+def _warn_skipped(path: Path, skipped: list[str]) -> None:
+    """One warning per file for the runs that ended before any model generation (a sandbox that did not start,
+    say): skipped, so that one of them does not stop the import of a directory of runs."""
+    if skipped:
+        shown = ", ".join(skipped[:5]) + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")
+        _log.warning(f"{path}: skipped {len(skipped)} run(s) that ended before any model generation: {shown}")
 
 
 def _submitted(info: dict) -> bool:
@@ -93,11 +115,15 @@ def _counts_only(meta: dict[str, Any]) -> dict[str, Any]:
 def import_swe_agent(path: Path, *, count: Callable[[str], int], rules: StatusRules) -> Iterator[Trajectory]:
     """Trajectories of one SWE-agent `.traj` file (or a JSON Lines file of them); module docstring."""
     rules = StatusRules(rules.error_patterns, rules.timeout_patterns + SWE_AGENT_TIMEOUTS)
+    skipped: list[str] = []
     for line, record in iter_records(path):
         if not isinstance(record, dict) or "trajectory" not in record:
             raise TraceError(path, line, "trajectory", "missing: not a SWE-agent trajectory")
         prompt, segments = _swe_segments(record, count=count, rules=rules, path=path, line=line)
         info: dict = record["info"] if isinstance(record.get("info"), dict) else {}
+        if not segments and _failed(info):
+            skipped.append(f"line {line} ({info['exit_status']})")
+            continue
         # the task: `instance_id`, else the file's name (a `.traj` file is one task's run, named after it); not
         # `environment`, the environment's name ("main", "swe_main"), which every task of a run shares
         pid = record.get("instance_id") or (path.stem if line == 1 else f"{path.stem}-{line}")
@@ -111,11 +137,13 @@ def import_swe_agent(path: Path, *, count: Callable[[str], int], rules: StatusRu
             reward=_reward(record),
             extra={"meta": meta} if meta else None,
         )
+    _warn_skipped(path, skipped)
 
 
 def import_mini_swe_agent(path: Path, *, count: Callable[[str], int], rules: StatusRules) -> Iterator[Trajectory]:
     """Trajectories of one mini-swe-agent `.traj.json` file (or a JSON Lines file of them); module docstring."""
     rules = StatusRules(rules.error_patterns + MINI_FORMAT_ERRORS, rules.timeout_patterns)
+    skipped: list[str] = []
     for line, record in iter_records(path):
         info: dict
         if isinstance(record, list):
@@ -125,6 +153,9 @@ def import_mini_swe_agent(path: Path, *, count: Callable[[str], int], rules: Sta
             info = record["info"] if isinstance(record.get("info"), dict) else {}
         else:
             raise TraceError(path, line, "messages", "missing: not a mini-swe-agent trajectory")
+        if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages) and _failed(info):
+            skipped.append(f"line {line} ({info['exit_status']})")
+            continue
         if not messages:
             raise TraceError(path, line, "messages", "is empty")
         last = max(
@@ -157,3 +188,4 @@ def import_mini_swe_agent(path: Path, *, count: Callable[[str], int], rules: Sta
             line=line,
             extra={"meta": meta} if meta else None,
         )
+    _warn_skipped(path, skipped)
