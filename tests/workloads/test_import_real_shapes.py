@@ -216,3 +216,41 @@ def test_a_lone_surrogate_is_counted_by_every_tokenizer(tmp_path) -> None:
     for name in ("bytes4", "o200k_base", str(tmp_path / "tokenizer.json")):
         (t,) = import_files("openai", [path], tokenizer=name)
         assert t.prompt_tokens >= 2
+
+
+def test_codex_exec_json_items_are_generations_calls_and_their_results(tmp_path) -> None:
+    """`codex exec --json`: thread items in `item.completed` events (the `item.started` copy of a command is not a
+    second call); reasoning and the command of one step are one generation; the exit code and a failed status set
+    the result's status; the prompt is not logged. Before, only a 1-token generation was left of such a run."""
+
+    def item(kind: str, **fields) -> dict:
+        return {"type": "item.completed", "item": {"id": f"item_{kind}", "type": kind, **fields}}
+
+    lines = [
+        {"type": "thread.started", "thread_id": "t-1"},
+        {"type": "turn.started"},
+        item("reasoning", text="look at the repo first"),
+        {"type": "item.started", "item": {"id": "c0", "type": "command_execution", "command": "bash -lc ls",
+                                          "aggregated_output": "", "exit_code": None, "status": "in_progress"}},
+        item("command_execution", command="bash -lc ls", aggregated_output="README.md src\n", exit_code=0,
+             status="completed"),
+        item("command_execution", command="pytest -q", aggregated_output="1 failed", exit_code=1, status="failed"),
+        item("mcp_tool_call", server="docs", tool="search", arguments={"q": "x"}, result={"content": "a b"},
+             status="completed"),
+        item("file_change", changes=[{"path": "src/a.py", "kind": "update"}], status="completed"),
+        item("web_search", query="python sort stable"),
+        item("agent_message", text="fixed the failing test"),
+        {"type": "turn.completed", "usage": {"input_tokens": 1200, "output_tokens": 85}},
+    ]  # fmt: skip
+    (t,) = _import(tmp_path, lines, "run.jsonl", lines=True)
+    assert t.prompt_tokens == 0
+    assert [(u.tool, u.tool_status) for u in t.turns] == [
+        ("shell", "ok"),
+        ("shell", "error"),
+        ("docs.search", "ok"),
+        ("apply_patch", "ok"),
+        ("web_search", "ok"),
+        (None, None),
+    ]
+    assert t.turns[0].gen_tokens == words("look at the repo first") + words("shell bash -lc ls")
+    assert t.turns[0].tool_tokens == 2 and t.turns[-1].gen_tokens == 4

@@ -19,7 +19,10 @@ Agent logs come in a few shapes besides OpenAI's `role` / `content` / `tool_call
 Session logs, JSON Lines with one event per line (Claude Code transcripts, Codex CLI rollouts, any log that writes
 a message per line), are read by `message_of`: a line's message is the line itself or what it carries under
 `message` / `payload` / `item`; other lines (summaries, token counts, metadata) carry none. Codex's tool outputs
-`{"output": ..., "metadata": {"exit_code": N}}` give their text and exit code.
+`{"output": ..., "metadata": {"exit_code": N}}` give their text and exit code. `codex exec --json` writes thread
+items (`item.completed`; its `item.started` / `item.updated` lines repeat them unfinished and are skipped): the
+agent's messages and reasoning are generated, a command (`aggregated_output`, `exit_code`), a file change, an MCP
+tool call or a web search is a call and its result (`status` "failed" an error). It does not log the prompt (0).
 
 The logs of agent frameworks (OpenHands event streams, LangChain serialized messages, smolagents messages and
 memory steps) are rewritten by frameworks.py, which says what each reads; `expand` tries them first. Inspect AI's
@@ -53,6 +56,8 @@ _ROLE_ALIASES = {
 _SHAREGPT_CALLS = {"function_call", "tool_call", "tool_calls"}
 _SHAREGPT_RESULTS = {"observation", "function", "tool", "function_response", "tool_response", "ipython"}
 _RESPONSE_ITEMS = {"message", "reasoning"}
+# `codex exec --json`'s thread items (`item.completed` events; `reasoning` is one of the Responses items above)
+_CODEX_ITEMS = {"agent_message", "command_execution", "file_change", "mcp_tool_call", "web_search"}
 _GEMINI_KEYS = (
     ("functionCall", "function_call"),
     ("functionResponse", "function_response"),
@@ -69,7 +74,9 @@ def is_message(m: Any) -> bool:
     if "role" in m or ("from" in m and "value" in m) or frameworks.is_framework_item(m):
         return True
     kind = m.get("type")
-    return isinstance(kind, str) and (kind in _RESPONSE_ITEMS or kind.endswith(("_call", "_call_output")))
+    return isinstance(kind, str) and (
+        kind in _RESPONSE_ITEMS or kind in _CODEX_ITEMS or kind.endswith(("_call", "_call_output"))
+    )
 
 
 def expand(m: Any) -> tuple[Any, ...] | list[dict]:
@@ -145,8 +152,36 @@ def _call_names(value: Any) -> list[str]:
     return names or ["tool"]
 
 
+def _codex_item(m: dict) -> list[dict]:
+    """A `codex exec --json` thread item: the agent's message; a command, a file change, an MCP tool call or a web
+    search as a call (generated) and its result (a tool message: output, exit code, status)."""
+    kind, cid = m["type"], str(m.get("id", ""))
+    if kind == "agent_message":
+        return [{"role": "assistant", "content": text_of(m.get("text"))}]
+    if kind == "command_execution":
+        name, args, output = "shell", m.get("command", ""), m.get("aggregated_output", "")
+    elif kind == "file_change":
+        name, args, output = "apply_patch", m.get("changes", []), ""
+    elif kind == "mcp_tool_call":
+        tool: str = m["tool"] if isinstance(m.get("tool"), str) else "tool"
+        name = f"{m['server']}.{tool}" if isinstance(m.get("server"), str) else tool
+        args, output = m.get("arguments", ""), m.get("error") or m.get("result") or ""
+    else:  # web_search
+        name, args, output = "web_search", m.get("query", ""), ""
+    call = {"id": cid, "function": {"name": name, "arguments": json_text(args)}}
+    result: dict[str, Any] = {"role": "tool", "tool_call_id": cid, "content": json_text(output)}
+    code = m.get("exit_code")
+    if isinstance(code, int) and not isinstance(code, bool):
+        result["exit_code"] = code
+    if m.get("status") in ("failed", "declined") or (kind == "mcp_tool_call" and m.get("error")):
+        result["is_error"] = True
+    return [{"role": "assistant", "content": "", "tool_calls": [call]}, result]
+
+
 def _responses_item(m: dict) -> list[dict]:
     kind = m.get("type")
+    if kind in _CODEX_ITEMS:
+        return _codex_item(m)
     if kind == "message":
         role = m.get("role")
         return [
@@ -156,6 +191,8 @@ def _responses_item(m: dict) -> list[dict]:
             }
         ]
     if kind == "reasoning":
+        if "summary" not in m and "content" not in m and "text" in m:  # `codex exec --json`'s reasoning
+            return [{"role": "assistant", "content": text_of(m["text"])}]
         return [{"role": "assistant", "content": "\n".join(text_of(m.get(k)) for k in ("summary", "content"))}]
     if isinstance(kind, str) and kind.endswith("_call_output"):
         result: dict[str, Any] = {"role": "tool", "tool_call_id": str(m.get("call_id", ""))}
@@ -199,6 +236,8 @@ def message_of(event: Any) -> dict | None:
     message, or carries one under `message`, `payload` or `item`. A subagent's line (Claude Code's
     `isSidechain`) is not the session's own conversation: None."""
     if not isinstance(event, dict) or event.get("isSidechain") is True:
+        return None
+    if event.get("type") in ("item.started", "item.updated"):  # `codex exec --json`: the item again when completed
         return None
     for key in _ENVELOPES:
         inner = event.get(key)
