@@ -254,3 +254,29 @@ def test_codex_exec_json_items_are_generations_calls_and_their_results(tmp_path)
     ]
     assert t.turns[0].gen_tokens == words("look at the repo first") + words("shell bash -lc ls")
     assert t.turns[0].tool_tokens == 2 and t.turns[-1].gen_tokens == 4
+
+
+def test_a_bedrock_converse_conversation(tmp_path) -> None:
+    """Bedrock Converse blocks are keyed by their kind (no `type`): `toolUse` is a call, `toolResult` a result
+    whose `status` "error" sets it, `reasoningContent` generated text; the `system` blocks are the prompt's."""
+    record = {
+        "system": [{"text": "you are a helpful agent"}],
+        "messages": [
+            {"role": "user", "content": [{"text": "what is the weather in paris"}]},
+            {"role": "assistant", "content": [
+                {"reasoningContent": {"reasoningText": {"text": "call the weather tool"}}},
+                {"text": "let me check"},
+                {"toolUse": {"toolUseId": "t1", "name": "weather", "input": {"city": "paris"}}},
+            ]},
+            {"role": "user", "content": [{"toolResult": {"toolUseId": "t1", "content": [{"text": "service down"}],
+                                                         "status": "error"}}]},
+            {"role": "assistant", "content": [{"toolUse": {"toolUseId": "t2", "name": "weather", "input": {}}}]},
+            {"role": "user", "content": [{"toolResult": {"toolUseId": "t2", "content": [{"json": {"temp": 21}}]}}]},
+            {"role": "assistant", "content": [{"text": "it is 21 degrees"}]},
+        ],
+    }  # fmt: skip
+    (t,) = _import(tmp_path, record)
+    assert t.prompt_tokens == words("you are a helpful agent") + words("what is the weather in paris")
+    assert [(u.tool, u.tool_status) for u in t.turns] == [("weather", "error"), ("weather", "ok"), (None, None)]
+    assert t.turns[0].tool_tokens == 2 and t.turns[-1].gen_tokens == 4
+    assert t.turns[0].gen_tokens > words("call the weather tool let me check")  # the call's name and input too

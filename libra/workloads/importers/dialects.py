@@ -13,6 +13,8 @@ Agent logs come in a few shapes besides OpenAI's `role` / `content` / `tool_call
   generated; `functionResponse` (its `output`, or the whole response; an `error` in it is an error) and
   `codeExecutionResult` (an outcome other than OK is an error, a deadline a timeout) are tool results. camelCase and
   snake_case keys both.
+- **Bedrock Converse** (content blocks keyed by their kind): `text`, `reasoningContent` and `toolUse` are
+  generated; `toolResult` (its `text` / `json` parts; `status` "error" is an error) is a tool result.
 - **OpenAI Responses items** (`{"type": ...}` without a role): `message`, `reasoning`, `function_call` and other
   `*_call` items are generated; `function_call_output` and other `*_call_output` items are tool results.
 
@@ -65,6 +67,8 @@ _GEMINI_KEYS = (
     ("codeExecutionResult", "code_execution_result"),
 )
 _ANTHROPIC_BLOCKS = {"tool_use", "server_tool_use", "tool_result", "thinking", "redacted_thinking"}
+# Bedrock Converse's content blocks are keyed by their kind (no `type`)
+_CONVERSE_BLOCKS = ("toolUse", "toolResult", "reasoningContent")
 
 
 def is_message(m: Any) -> bool:
@@ -97,7 +101,12 @@ def _foreign(m: Any) -> bool:
         return True
     content = m.get("content")
     return isinstance(content, list) and any(
-        isinstance(b, dict) and (b.get("type") in _ANTHROPIC_BLOCKS or str(b.get("type", "")).endswith("_tool_result"))
+        isinstance(b, dict)
+        and (
+            b.get("type") in _ANTHROPIC_BLOCKS
+            or str(b.get("type", "")).endswith("_tool_result")
+            or any(k in b for k in _CONVERSE_BLOCKS)
+        )
         for b in content
     )
 
@@ -282,6 +291,26 @@ def _blocks(role: str, blocks: list) -> list[dict]:
             if isinstance(b.get("is_error"), bool):
                 result["is_error"] = b["is_error"]
             out.append(result)
+        elif isinstance(b.get("toolUse"), dict):  # Bedrock Converse: {"toolUse": {toolUseId, name, input}}
+            use = b["toolUse"]
+            fn = {"name": str(use.get("name") or "tool"), "arguments": json_text(use.get("input", ""))}
+            calls.append({"id": str(use.get("toolUseId", "")), "function": fn})
+        elif isinstance(b.get("toolResult"), dict):  # {"toolResult": {toolUseId, content: [{text} | {json}], status}}
+            flush()
+            res = b["toolResult"]
+            parts = res.get("content") if isinstance(res.get("content"), list) else []
+            text = "\n".join(
+                text_of(p["text"]) if "text" in p else json_text(p.get("json", ""))
+                for p in parts
+                if isinstance(p, dict)
+            )
+            result = {"role": "tool", "tool_call_id": str(res.get("toolUseId", "")), "content": text}
+            if res.get("status") == "error":
+                result["is_error"] = True
+            out.append(result)
+        elif isinstance(b.get("reasoningContent"), dict):  # Converse's reasoning: {reasoningText: {text}}
+            reasoning = b["reasoningContent"].get("reasoningText")
+            texts.append(text_of(reasoning.get("text")) if isinstance(reasoning, dict) else "")
         elif kind == "thinking":
             texts.append(str(b.get("thinking", "")))
         elif kind == "redacted_thinking":
