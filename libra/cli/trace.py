@@ -68,8 +68,9 @@ def _add_import_args(p: argparse.ArgumentParser) -> None:
         "--format",
         default="openai",
         choices=IMPORT_FORMATS,
-        help="log format (default openai, which also reads ShareGPT, Anthropic, Gemini and OpenAI Responses logs, "
-        "Claude Code / Codex CLI / Gemini CLI / Qwen Code session logs, OpenHands event streams and outputs, "
+        help="log format (default openai, which also reads ShareGPT, Anthropic, Gemini, Bedrock Converse and OpenAI "
+        "Responses logs, Claude Code / Codex CLI / Gemini CLI / Qwen Code session logs, codex exec --json output, "
+        "OpenHands event streams and outputs, "
         "LangChain serialized messages, smolagents messages and memory steps, and Inspect AI evaluation logs, "
         "JSON or .eval archives)",
     )
