@@ -110,7 +110,7 @@ class WorkloadProfile:
             total_lengths=tuple(float(s[0]) for s in ordered),
             gen_tokens=tuple(float(s[1]) for s in ordered),
             turns=tuple(float(s[2]) for s in ordered),
-            requests_per_step=requests_per_step or len(ordered),
+            requests_per_step=requests_per_step if requests_per_step is not None else len(ordered),
             mean_tool_time_s=mean_tool_time_s,
             tool_s=tuple(float(s[3]) for s in ordered) if len(ordered[0]) > 3 else (),
         )

@@ -24,12 +24,13 @@ def profile_from_trajectories(
     profile keeps no per-trajectory tool seconds and, with none recorded at all, `mean_tool_time_s` is 0, so the
     planner prices tool calls at 0 s, while `libra.sim` draws untimed calls from `ToolLatency` (median 2 s): record
     latencies, or pass `mean_tool_time_s`, to compare a plan with a simulation. Trajectories built in code are not
-    validated here (negative or NaN counts pass); `load_trace` validates what it reads."""
+    validated one by one (`load_trace` validates what it reads), but negative or non-finite lengths are refused by
+    `WorkloadProfile`, and so is a `requests_per_step` below 1."""
     if not trajectories:
         raise SpecError("cannot build a workload profile from zero trajectories")
     steps = steps_in_window(trajectories, window_steps)
     chosen = [t for step in steps for t in step]
-    per_step = requests_per_step or max(1, round(len(chosen) / len(steps)))
+    per_step = requests_per_step if requests_per_step is not None else max(1, round(len(chosen) / len(steps)))
     # traces may record each tool call's wall time as `tool_latency_s`: where every tool call of the window does,
     # each trajectory's seconds in tool calls are known (the tail the planner prices), and their mean per call
     recorded = [_recorded_tool_s(t) for t in chosen]

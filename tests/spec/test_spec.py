@@ -240,3 +240,9 @@ def test_placements_name_each_worker_once_and_give_each_its_gpus() -> None:
     both = Placement(workers=(ok, replica, rollout("r1", 1, (1,))))
     assert both.shared_gpus() == {1: ("r0", "r1")}  # allowed in the value (a solver's input), refused by its users
     assert Placement(workers=(ok, replica)).shared_gpus() == {}
+
+
+def test_a_profile_of_zero_requests_a_step_is_refused_not_defaulted() -> None:
+    with pytest.raises(SpecError, match="requests_per_step must be >= 1, got 0"):
+        WorkloadProfile.build(name="x", shapes=[(100.0, 10.0, 1.0)], requests_per_step=0)
+    assert WorkloadProfile.build(name="x", shapes=[(100.0, 10.0, 1.0)] * 3).requests_per_step == 3
