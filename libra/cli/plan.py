@@ -72,7 +72,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--emit", choices=("verl",), default=None, help="also write the plan as a framework config (verl)")
     p.add_argument("--out", metavar="DIR", default=None, help="with --emit: the folder to write it to")
-    p.add_argument("--verl-strategy", choices=("megatron", "fsdp"), default="megatron", help="verl actor (--emit verl)")
+    p.add_argument(
+        "--verl-strategy", choices=("megatron", "fsdp"), default=None, help="verl actor (--emit verl; default megatron)"
+    )
     p.add_argument("--model-path", default=None, help="with --emit verl: the model's HF path (default: --model)")
     p.set_defaults(run=run)
 
@@ -82,8 +84,9 @@ def _check_combination(args: argparse.Namespace) -> None:
     checked before the plan is made."""
     if args.window_steps is not None and not args.trace:
         raise CLIError("--window-steps profiles the last steps of a trace: give --trace FILE")
-    if args.emit is None and (args.out is not None or args.model_path is not None):
-        raise CLIError(f"{'--out' if args.out is not None else '--model-path'} goes with --emit verl")
+    if args.emit is None and (args.out is not None or args.model_path is not None or args.verl_strategy is not None):
+        flag = "--out" if args.out is not None else "--model-path" if args.model_path is not None else "--verl-strategy"
+        raise CLIError(f"{flag} goes with --emit verl")
     if args.emit is not None and args.out:
         check_new_output(Path(args.out), directory=True)
 
@@ -164,7 +167,7 @@ def _emit_verl(args: argparse.Namespace, plan, cluster, rl, model) -> dict[str, 
             cluster=cluster,
             rl=rl,
             model_path=args.model_path or model.name,
-            strategy=args.verl_strategy,
+            strategy=args.verl_strategy or "megatron",
             config_dir=args.out,
         )
     except VerlConfigError as exc:

@@ -40,10 +40,10 @@ def register(subparsers) -> None:
         default="search-r1",
         help=f"synthetic workload when no --trace: {', '.join(WORKLOAD_NAMES)} (default search-r1)",
     )
-    p.add_argument("--steps", type=int, default=20, help="steps to generate when no --trace (default 20)")
-    p.add_argument("--seed", type=int, default=0, help="seed when no --trace (default 0)")
-    p.add_argument("--prompts", type=int, default=64, help="prompts per step when no --trace (default 64)")
-    p.add_argument("--samples", type=int, default=16, help="samples per prompt when no --trace (default 16)")
+    p.add_argument("--steps", type=int, default=None, help="steps to generate when no --trace (default 20)")
+    p.add_argument("--seed", type=int, default=None, help="seed when no --trace (default 0)")
+    p.add_argument("--prompts", type=int, default=None, help="prompts per step when no --trace (default 64)")
+    p.add_argument("--samples", type=int, default=None, help="samples per prompt when no --trace (default 16)")
     p.add_argument("--policy", default="cmlfq", help=f"{'|'.join(POLICIES)}|all (default cmlfq)")
     p.add_argument(
         "--buckets",
@@ -104,7 +104,16 @@ def parse_options(items: list[str]) -> dict[str, Any]:
     return out
 
 
+_GENERATION = {"steps": 20, "seed": 0, "prompts": 64, "samples": 16}  # the synthetic workload's, without --trace
+
+
 def run(args: argparse.Namespace) -> int:
+    given = [name for name in _GENERATION if getattr(args, name) is not None]
+    if args.trace and given:  # refused, not ignored
+        raise CLIError(f"--{given[0]} shapes the synthetic workload; with --trace the trace is replayed as it is")
+    for name, default in _GENERATION.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     check_ranges(
         args,
         {

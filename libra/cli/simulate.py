@@ -79,7 +79,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "with --resample, each drawn group keeps the trace's own samples)",
     )
     p.add_argument("--max-len", type=int, default=40960, help="maximum model length (default 40960)")
-    p.add_argument("--drift-steps", type=int, default=100, help="steps over which the synthetic workload drifts")
+    p.add_argument(
+        "--drift-steps", type=int, default=None, help="steps over which the synthetic workload drifts (default 100)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the workload and tool latencies (default 0)")
     add_tool_latency_args(p)
     p.add_argument(
@@ -182,6 +184,12 @@ def run(args: argparse.Namespace) -> int:
         args.prompts = DEFAULT_PROMPTS  # (with --resample: the trace's first step's, once it is read)
     if args.resample and not args.trace:
         raise CLIError("--resample draws steps from a trace: give --trace FILE")
+    if args.trace and prompts_given and not args.resample:  # refused, not ignored
+        raise CLIError("--prompts with --trace needs --resample (a trace's steps hold the prompts they hold)")
+    if args.trace and args.drift_steps is not None:
+        raise CLIError("--drift-steps shapes a synthetic workload's drift; a trace drifts as it was recorded")
+    if args.drift_steps is None:
+        args.drift_steps = 100
     for name in ("steps", "prompts", "samples", "max_len", "slices", "drift_steps", "workers"):
         if getattr(args, name) < 1:
             raise CLIError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

@@ -103,3 +103,24 @@ def test_run_out_onto_a_file_is_one_line(tmp_path, capsys) -> None:
         assert main(["run", "--out", str(out)]) == 2
         assert message in _error(capsys)
     assert taken.read_text() == "x"
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["route-eval", "--trace", "{trace}", "--steps", "3"], "--steps shapes the synthetic workload"),
+        (["route-eval", "--trace", "{trace}", "--seed", "1"], "--seed shapes the synthetic workload"),
+        (["simulate", "--trace", "{trace}", "--prompts", "3"], "--prompts with --trace needs --resample"),
+        (["simulate", "--trace", "{trace}", "--drift-steps", "3"], "--drift-steps shapes a synthetic workload's"),
+        (["plan", "--verl-strategy", "fsdp"], "--verl-strategy goes with --emit verl"),
+    ],
+)
+def test_an_option_the_run_would_ignore_is_refused(argv, message, capsys, tmp_path) -> None:
+    """Options that shape what another source would make (a synthetic workload, an emitted config) are refused
+    beside the source they do not apply to, rather than silently ignored."""
+    from libra.workloads import generate, write_trace
+
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, generate("search-r1", num_steps=1, seed=1, num_prompts=4, samples_per_prompt=2))
+    assert _run([a.replace("{trace}", str(trace)) for a in argv]) == 2
+    assert message in _error(capsys)
