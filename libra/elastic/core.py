@@ -35,7 +35,7 @@ from typing import Any
 import attrs
 import torch
 
-from libra.elastic.grads import Mode, StepAssignment, flatten, to_device_of, to_host, unflatten_into
+from libra.elastic.grads import Mode, StepAssignment, flatten, to_device_of, to_host, trainable, unflatten_into
 from libra.elastic.pack import checksum
 from libra.elastic.snapshot import PendingCapture, capture
 from libra.elastic.states import JoinEvent, JoinState, Transition, WorkerStates
@@ -321,6 +321,12 @@ class CoreExchange:
         afterwards. ``grads`` is this replica's gradient for ``step`` (see :mod:`libra.elastic.grads` for order)."""
         if self._assignment is None or self._assignment.step != step:
             raise RuntimeError(f"reduce({step}) without begin_step({step})")
+        size, expected = sum(g.numel() for g in grads), sum(p.numel() for p in trainable(self._model))
+        if size != expected:  # before the step is used up: the caller can reduce the right gradients then
+            raise ValueError(
+                f"reduce({step}): {len(grads)} gradients of {size:,} values, but the model's trainable parameters "
+                f"hold {expected:,} (give [p.grad for p in model.parameters() if p.requires_grad])"
+            )
         flat = self._flat = flatten(grads, out=self._flat)
         count = 1
         contributors = []

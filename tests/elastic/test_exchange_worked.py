@@ -411,3 +411,14 @@ def test_the_hybrid_names_its_fault_points_and_what_the_core_told_it(group):
     assert (left.kind, left.step, left.version, left.info) == (Kind.LEAVE, 0, 1, {"why": "released to rollout"})
     assert points == ["placeholder", "leave"]
     assert [(t.event.value, t.why) for t in hybrid.states.log][-1] == ("cancel", "released to rollout")
+
+
+def test_gradients_of_another_size_than_the_models_are_refused_and_the_step_is_not_used_up(group):
+    """Three values for a 1x2 weight (no hybrid attached, so no message would have told): one line, and the same
+    step then reduces the right gradients."""
+    core = _core(group, timeout_s=scaled(30))
+    core.begin_step(0)
+    with pytest.raises(ValueError, match=r"reduce\(0\): 1 gradients of 3 values, but the model's trainable"):
+        core.reduce(0, [torch.zeros(3)])
+    assert [float(x) for x in core.reduce(0, [torch.tensor([[1.0, 2.0]])])[0].flatten()] == [1.0, 2.0]
+    core.close()
