@@ -10,9 +10,30 @@ from libra.sim.records import PolicyResult
 from libra.sim.simulator import SimReport
 from libra.spec.jsonable import jsonable
 
+FILL_NOTE = (
+    "asynchronous policies: step 0 is the pipeline's fill (rollout only); the drain (training only) is not drawn"
+)
+
+
+def same_results(report: SimReport) -> list[list[str]]:
+    """Groups of two or more policies whose every stage record is the same, in the report's order: the planner's
+    ablations often run one plan (one TP degree, nothing to route), so their numbers are identical. report.json lists
+    them under `same_results`; the plots draw each group once and name every member."""
+    groups: dict[tuple, list[str]] = {}
+    for r in report.results:
+        groups.setdefault(r.records, []).append(r.name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
+def _same_as(report: SimReport) -> dict[str, str]:
+    """Each policy that repeats an earlier one's results -> the first of its group."""
+    return {name: group[0] for group in same_results(report) for name in group[1:]}
+
 
 def write_json(report: SimReport, path: Path) -> Path:
-    path.write_text(json.dumps(jsonable(report.to_dict()), indent=1))
+    d = report.to_dict()
+    d["same_results"] = same_results(report)
+    path.write_text(json.dumps(jsonable(d), indent=1))
     return path
 
 
@@ -32,33 +53,61 @@ def gpu_series(r: PolicyResult) -> tuple[list[int], list[float], list[float]]:
     return steps, train, roll
 
 
+def _held(steps: list[int], *values: list[float]) -> tuple[list, ...]:
+    """A step plot's points with the last stage held to its end: stage k spans [k, k + 1), so the last one gets a
+    width too (drawn with `where="post"`, a series ending at its last point shows the last stage as nothing)."""
+    if not steps:
+        return (steps, *values)
+    return ([*steps, steps[-1] + 1], *([*v, v[-1]] for v in values))
+
+
 def breakdown_series(report: SimReport) -> dict[str, list]:
-    """What breakdown.png draws: per policy, its mean rollout, training and stage (wall) seconds."""
+    """What breakdown.png draws: per policy, its mean rollout and training seconds, its mean steady stage (the
+    stages after the first that rolled out, the time `steady_throughput_tok_s` divides by; None for one step) and
+    its run's wall time over its steps (`mean_step_s`, the table's "step s": the fill and the drain included)."""
     summ = [r.summary() for r in report.results]
+    steady = []
+    for r in report.results:
+        full = [x.duration for x in r.records if x.trajectories and x.step > 0]
+        steady.append(sum(full) / len(full) if full else None)
     return {
         "policy": [r.name for r in report.results],
         "rollout": [s["mean_rollout_s"] for s in summ],
         "training": [s["mean_train_s"] for s in summ],
-        "step (wall)": [s["mean_step_s"] for s in summ],
+        "steady stage (wall)": steady,
+        "run wall / steps": [s["mean_step_s"] for s in summ],
     }
+
+
+def _integer_steps(ax) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def write_plots(report: SimReport, out: Path) -> list[Path]:
     """throughput.png (tokens/s per step, per policy), allocation.png (training vs rollout GPUs per step),
-    breakdown.png (mean rollout, training and stage time per policy)."""
+    breakdown.png (mean rollout, training and stage time per policy). Policies with the same results are drawn
+    once, under all their names."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    same = _same_as(report)
+    groups = {g[0]: g for g in same_results(report)}
     paths = []
     fig, ax = plt.subplots(figsize=(9, 5))
     for r in report.results:
-        ax.plot(*throughput_series(r), label=r.name)
-    ax.set_xlabel("step")
-    ax.set_ylabel("tokens / s (stage)")
+        if r.name in same:
+            continue
+        ax.plot(*throughput_series(r), marker="o", markersize=4, label=" = ".join(groups.get(r.name, [r.name])))
+    ax.set_xlabel(f"step\n({FILL_NOTE})")
+    ax.set_ylabel("throughput (tokens / s over each stage)")
+    ax.set_ylim(bottom=0)
+    _integer_steps(ax)
     ax.set_title(f"{report.workload}, {report.num_gpus} GPUs: throughput per step")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     paths.append(out / "throughput.png")
     fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -68,35 +117,53 @@ def write_plots(report: SimReport, out: Path) -> list[Path]:
     rows = math.ceil(n / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False, sharey=True)
     for ax, r in zip(axes.flat, report.results):
-        steps, train, roll = gpu_series(r)
+        steps, train, roll = _held(*gpu_series(r))
         if any(x.train_gpus + x.rollout_gpus > r.num_gpus for x in r.records):  # time-shared (colocated)
             ax.step(steps, train, where="post", label="training")
             ax.step(steps, roll, where="post", label="rollout")
         else:
             ax.stackplot(steps, train, roll, labels=["training", "rollout"], step="post")
-        ax.set_title(r.name, fontsize=9)
+        ax.axhline(r.num_gpus, color="grey", linestyle=":", linewidth=1, label="all GPUs")
+        ax.set_title(r.name + (f" (= {same[r.name]})" if r.name in same else ""), fontsize=9)
         ax.set_xlabel("step", fontsize=8)
+        _integer_steps(ax)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     axes[0][0].set_ylabel("GPUs")
     axes[0][0].legend(fontsize=7, loc="lower left")
-    fig.suptitle("GPUs training vs rolling out per step (colocated: the same GPUs take turns)", fontsize=10)
+    fig.suptitle(
+        "GPUs training vs rolling out per step, mean over each stage\n(colocated: the same GPUs take turns; "
+        "below the dotted line: GPUs no side holds)",
+        fontsize=10,
+    )
     fig.tight_layout()
     paths.append(out / "allocation.png")
     fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(9, 5))
+    fig, ax = plt.subplots(figsize=(10, 5))
     bars = breakdown_series(report)
     names = bars.pop("policy")
-    width = 0.27
-    for offset, (label, heights) in zip((-width, 0.0, width), bars.items(), strict=True):
-        ax.bar([x + offset for x in range(len(names))], heights, width, label=label)
+    width = 0.2
+    offsets = (-1.5 * width, -0.5 * width, 0.5 * width, 1.5 * width)
+    for offset, (label, heights) in zip(offsets, bars.items(), strict=True):
+        ax.bar(
+            [x + offset for x in range(len(names))],
+            [math.nan if h is None else h for h in heights],
+            width,
+            label=label,
+        )
     ax.set_xticks(list(range(len(names))))
-    ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+    ax.set_xticklabels(
+        [n + (f"\n(= {same[n]})" if n in same else "") for n in names], rotation=30, ha="right", fontsize=8
+    )
     ax.set_ylabel("seconds")
-    ax.set_title("Step-time breakdown (asynchronous: step = max of both sides; colocated: their sum)")
-    ax.legend(fontsize=8)
+    ax.set_title(
+        "Mean seconds per step: each side; the steady stage (asynchronous: the longer side, colocated: both);\n"
+        "the run's wall time over its steps (the table's 'step s': the pipeline's fill and drain included)",
+        fontsize=10,
+    )
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     paths.append(out / "breakdown.png")
     fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
     plt.close(fig)

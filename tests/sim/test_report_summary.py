@@ -120,7 +120,8 @@ def test_the_breakdown_plot_draws_each_policy_mean_times() -> None:
         "policy": ["p"],
         "rollout": [125.0],
         "training": [85.0],
-        "step (wall)": [150.0],
+        "steady stage (wall)": [150.0],  # stage 1 alone: the fill (stage 0) and the drain (stage 2) left out
+        "run wall / steps": [150.0],  # mean_step_s: 300 s of wall time over 2 steps
     }
 
 
