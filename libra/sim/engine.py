@@ -85,8 +85,10 @@ class SimOptions:
         check_dispatch(self.dispatch)
 
 
-def batch_stats(work: StepWork, global_batch: int, max_len: int) -> BatchStats:
-    return BatchStats.from_lengths(np.minimum(work.total_tokens, max_len), num_sequences=global_batch)
+def batch_stats(work: StepWork, max_len: int) -> BatchStats:
+    """The training batch of a step: the trajectories it rolled out, however many (a resampled trace's steps vary;
+    a generator's all hold the global batch), cut at `max_len`."""
+    return BatchStats.from_lengths(np.minimum(work.total_tokens, max_len), num_sequences=work.num_requests)
 
 
 def rollout_floor_s(cm: CostModel, work: StepWork, inst: Instances) -> float:
@@ -263,7 +265,7 @@ class PolicyRun:
             roll.advance(t, dt)
             t += dt
         b = roll.end_time
-        batch = batch_stats(work, self.global_batch, self.max_len)
+        batch = batch_stats(work, self.max_len)
         job = TrainingJob(self.cm, self.alloc.train, batch, start=b + sw.to_training_s, replicas=self.alloc.train.dp)
         end = job.run_to_end()
         rec = self._record(work, roll, job, t0, end, b - t0, end - b, staleness=0, lent=0.0, borrowed=0.0)
@@ -326,7 +328,7 @@ class PolicyRun:
             reconfig=max(restart_s, block),
         )
         if work is not None:
-            self.prev_batch = batch_stats(work, self.global_batch, self.max_len)
+            self.prev_batch = batch_stats(work, self.max_len)
         self.clock = end
         return rec
 

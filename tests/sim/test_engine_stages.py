@@ -162,7 +162,7 @@ def test_instances_that_trained_last_stage_start_their_engines_again() -> None:
 def _training_only(run: PolicyRun, sc, train: TrainConfig, *, rejoin: int) -> float:
     """A training-only stage of `run` on `train` after a rolled-out step, `rejoin` hybrid replicas to align again;
     its training seconds."""
-    run.prev_batch = batch_stats(sc.source.step(0), sc.rl.global_batch, sc.rl.max_model_len)
+    run.prev_batch = batch_stats(sc.source.step(0), sc.rl.max_model_len)
     run.rejoin = rejoin
     assert run.alloc is not None
     run.decide(Decision(step=1, allocation=attrs.evolve(run.alloc, train=train), reason="test"))
@@ -180,7 +180,7 @@ def test_hybrid_replicas_back_from_rollout_align_before_they_train() -> None:
     assert run.alloc is not None
     train = run.alloc.train
     assert train.dp >= 2
-    batch = batch_stats(sc.source.step(0), sc.rl.global_batch, sc.rl.max_model_len)
+    batch = batch_stats(sc.source.step(0), sc.rl.max_model_len)
 
     def job(replicas: int, joining: int) -> float:
         j = TrainingJob(run.cm, train, batch, start=0.0, replicas=replicas)
@@ -209,7 +209,7 @@ def test_a_training_layout_without_a_core_left_is_rebuilt() -> None:
     large = TrainConfig(num_gpus=8, tp=4, pp=1, dp=2)
     _training_only(run, sc, small, rejoin=0)
     seconds = _training_only(run, sc, large, rejoin=1)  # one joining, one aligning: none of the core left
-    batch = batch_stats(sc.source.step(0), sc.rl.global_batch, sc.rl.max_model_len)
+    batch = batch_stats(sc.source.step(0), sc.rl.max_model_len)
     j = TrainingJob(run.cm, large, batch, start=sc.costs.to_training_s, replicas=2)
     j.clock = j.start
     assert seconds == pytest.approx(j.run_to_end(), rel=1e-12)

@@ -3,6 +3,7 @@ summary's steady throughput leaves out the pipeline's fill and drain (docs/sim.m
 
 from collections import Counter
 
+import attrs
 import pytest
 
 from libra.sim import POLICY_NAMES, Scenario, SimOptions, WorkSource, simulate
@@ -98,3 +99,23 @@ def test_a_trace_whose_step_is_not_the_step_rl_trains_is_refused(tmp_path):
         source=WorkSource.from_trace(trace),
     )
     assert simulate(right, num_steps=1, policies=["colocated"]).results[0].records[0].trajectories == 32
+
+
+def test_a_step_of_more_trajectories_trains_them_all(tmp_path):
+    """Training prices the trajectories a step rolled out, not the first step's count: a resampled trace's steps
+    vary in size (before, a step of 16 trained as fast as one of 8)."""
+    pool = generate("search-r1", num_steps=1, seed=1, num_prompts=8, samples_per_prompt=1)
+    steps = [*(attrs.evolve(t, step=0) for t in pool)]
+    steps += [attrs.evolve(t, step=1, prompt_id=f"{t.prompt_id}-{k}") for t in pool for k in range(2)]
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, steps)
+    sc = Scenario(
+        cluster=ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=16, gpus_per_node=8),
+        model=get_model("Qwen3-14B"),
+        rl=RLSettings(num_prompts=8, samples_per_prompt=1),
+        source=WorkSource.from_trace(trace),
+    )
+    (result,) = simulate(sc, num_steps=2, policies=["colocated"]).results
+    first, second = (r.train_s for r in result.records[:2])
+    assert [r.trajectories for r in result.records[:2]] == [8, 16]
+    assert second > 1.3 * first  # 1.58x here: a step also pays costs that do not grow with it
