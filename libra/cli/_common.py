@@ -108,6 +108,8 @@ def fmt(value: Any, digits: int = 3) -> str:
         if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
             return f"{value:.{digits}g}"
         return f"{value:,.{digits}f}".rstrip("0").rstrip(".") if "." in f"{value:.{digits}f}" else f"{value:,}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
     return str(value)
 
 
@@ -123,6 +125,8 @@ def _decimals(column: Sequence[Any]) -> int | None:
 
 
 def _cell(value: Any, decimals: int | None) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and decimals is None:
+        return f"{value:,}"  # (23,654 migrations)
     if decimals is None or isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return fmt(value)
     return f"{value:,.{decimals}f}"
