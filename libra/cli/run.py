@@ -61,6 +61,12 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.resume and args.out and Path(args.out) != Path(args.resume):
         raise CLIError("--resume DIR continues in DIR; do not also give a different --out")
+    if args.resume and (args.config or args.seed is not None):  # the run goes on with its own config.json
+        given = "--config" if args.config else "--seed"
+        raise CLIError(
+            f"--resume DIR continues the run with DIR's config.json; {given} would be ignored: leave it out "
+            "(only --steps, --max-staleness and --ray change a resumed run)"
+        )
     out = Path(args.resume or args.out or DEFAULT_OUT)
     if not args.resume:
         check_new_output(out, directory=True)
@@ -76,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         overrides["steps"] = args.steps
     if args.max_staleness is not None:
         overrides["max_staleness"] = args.max_staleness
-    if args.seed is not None and not args.resume:
+    if args.seed is not None:
         overrides["seed"] = args.seed
     if args.ray or args.ray_address is not None:
         from libra.runtime.config import RaySettings
@@ -113,6 +119,7 @@ def _execute(config, out: Path, *, resume: bool, as_json: bool, quiet: bool) -> 
     from tqdm import tqdm
 
     from libra.runtime import Orchestrator
+    from libra.runtime.signals import Terminated, stop_on_sigterm
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S"))
@@ -121,7 +128,8 @@ def _execute(config, out: Path, *, resume: bool, as_json: bool, quiet: bool) -> 
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
     records: list[dict] = []
-    bar = tqdm(total=config.steps, desc="libra run", unit="step", file=sys.stderr, disable=quiet)
+    # leave=False: the bar is cleared when it closes, so an error or the interrupt message is the one line left
+    bar = tqdm(total=config.steps, desc="libra run", unit="step", file=sys.stderr, disable=quiet, leave=False)
 
     def on_step(record: dict) -> None:
         records.append(record)
@@ -130,18 +138,19 @@ def _execute(config, out: Path, *, resume: bool, as_json: bool, quiet: bool) -> 
         bar.refresh()
 
     orch = Orchestrator(config, out, resume=resume, on_step=on_step)
-    interrupted = False
+    stop: KeyboardInterrupt | None = None
     # engines (and their worker processes, which inherit it) log to stdout: send fd 1 to stderr during the run,
     # so that stdout holds only the table or the one JSON object
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C -> KeyboardInterrupt -> clean stop
+    stop_on_sigterm()  # SIGTERM (kill, a scheduler, timeout) -> Terminated, a KeyboardInterrupt: the same stop
     sys.stdout.flush()
     saved_stdout = os.dup(1)
     os.dup2(2, 1)
+    summary = None
     try:
         summary = orch.run()
-    except KeyboardInterrupt:
-        interrupted = True
-        summary = None
+    except KeyboardInterrupt as exc:
+        stop = exc
     except Exception as exc:
         from libra.adapters.ray_rollout import RayUnavailable
 
@@ -151,19 +160,21 @@ def _execute(config, out: Path, *, resume: bool, as_json: bool, quiet: bool) -> 
     finally:
         try:
             bar.close()
-            orch.close()
+            try:
+                orch.close()
+            except KeyboardInterrupt as exc:  # held while the engines stopped: the run stops all the same
+                stop = stop or exc
         finally:
             logger.removeHandler(handler)
             sys.stdout.flush()
             os.dup2(saved_stdout, 1)
             os.close(saved_stdout)
     done = orch.step
-    if interrupted:
-        log(
-            f"libra: interrupted; {done} step(s) completed and recorded in {out / 'run.jsonl'}; "
-            f"continue with: libra run --resume {out}"
-        )
-        return 130
+    if stop is not None:
+        what = "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
+        rest = f"; continue with: libra run --resume {out}" if done < config.steps else ""
+        log(f"libra: {what}; {done} step(s) completed and recorded in {out / 'run.jsonl'}{rest}")
+        return 128 + int(Terminated.signum) if isinstance(stop, Terminated) else 130
     assert summary is not None
     rows = [
         [

@@ -15,6 +15,8 @@ from libra.runtime.config import RunConfigError
 from libra.runtime.records import write_atomic
 
 DIR, FILE = "checkpoint", "state.pt"
+# what a resume reads from the checkpoint
+KEYS = frozenset({"next_step", "trainer", "router", "plan", "placement", "history", "trained", "losses"})
 
 
 def save_in_background(out: Path, state: dict[str, Any]) -> threading.Thread:
@@ -60,4 +62,15 @@ def load(out: Path) -> dict[str, Any]:
     path = out / DIR / FILE
     if not path.is_file():
         raise RunConfigError(f"nothing to resume in {str(out)!r}: no {DIR}/{FILE}")
-    return torch.load(path, weights_only=False)
+    try:
+        state = torch.load(path, weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - truncated, overwritten or not a checkpoint at all: one line
+        why = (str(exc).strip().splitlines() or [""])[0].split(". ")[0][:200]  # torch's first sentence
+        raise RunConfigError(
+            f"cannot resume from {path}: the checkpoint is unreadable ({type(exc).__name__}: {why}); nothing was "
+            "changed"
+        ) from None
+    missing = sorted(KEYS - set(state)) if isinstance(state, dict) else sorted(KEYS)
+    if missing:
+        raise RunConfigError(f"cannot resume from {path}: not a checkpoint of a run (no {', '.join(missing)})")
+    return state

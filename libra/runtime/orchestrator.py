@@ -95,7 +95,7 @@ class Orchestrator:
 
     # -- setup ----------------------------------------------------------------------------------------------------
 
-    def _setup(self) -> None:
+    def _setup(self, target: int) -> None:
         import torch
         from transformers import AutoTokenizer, LlamaForCausalLM
 
@@ -106,6 +106,16 @@ class Orchestrator:
         state = checkpoint.load(self.out) if self.resume and checkpoint.exists(self.out) else None
         if self.resume and state is None:  # killed before the first checkpoint: start again from step 0
             log.info("no checkpoint in %s: the run starts again from step 0", self.out)
+        if state is not None and int(state["next_step"]) >= target:  # before any engine starts
+            done = int(state["next_step"])
+            raise RunConfigError(
+                f"the run in {str(self.out)!r} already completed {done} step(s) and {target} were asked: nothing to "
+                f"do (libra run --resume {self.out} --steps N, N > {done}, continues it)"
+            )
+        # the records of the completed steps, checked against the checkpoint before anything is built
+        self.records = RunRecords(
+            self.out, resume=self.resume, keep_steps=int(state["next_step"]) if state is not None else 0
+        )
         self.out.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(cfg.seed)
         model_dir = cfg.model or str(self.out / "model")
@@ -150,12 +160,9 @@ class Orchestrator:
             self._decide(
                 "elastic", "resume", step=self.step, why=f"resumed from the checkpoint after step {self.step - 1}"
             )
-        self.records = RunRecords(self.out, resume=self.resume, keep_steps=self.step)
         self.controller = ElasticController(placement=self.placement)
         self._open_backend(model_dir)
-        self.routed = LiveRoutedRollout(
-            backend=self.backend, router=router, bucket_instances=virtual.bucket_instances(self.plan, self.placement)
-        )
+        self.routed = self._live_routed(router)
         self._push(self.trainer.export_weights(bucket_bytes=1 << 20), step=self.step)
         self.watch = EngineWatch(
             self.backend, check_s=cfg.waits.engine_check_s, missed_checks=cfg.waits.engine_missed_checks
@@ -223,7 +230,9 @@ class Orchestrator:
     def _start_instance(self, spec: Any, *, step: int, source: str, why: str) -> None:
         start = self.clock.now()
         handler = signal.getsignal(signal.SIGINT)
-        with self.clock.span("switching"):
+        # a Ctrl-C or SIGTERM inside vLLM's engine start left the start waiting for a handshake that never came (or
+        # the half-started engine behind): it is held until the instance is up, then stops the run (close() stops it)
+        with self.clock.span("switching"), deferred_sigint():
             self.backend.start_instance(spec)
         reinstall(handler)
         self.clock.mark(spec.name, "switching", start, self.clock.now(), step)
@@ -248,9 +257,8 @@ class Orchestrator:
             source, "StopInstance", step=step, why=why, worker=name, seconds=round(self.clock.now() - start, 3)
         )
 
-    def _boundary(self, k: int) -> None:
-        """Before rollout k: recover dead engines, then replan through the gate and carry the plan out."""
-        cfg = self.config
+    def _recover(self, k: int, why: str) -> None:
+        """Record the engine deaths seen since the last call, restart the placement's instances that are gone."""
         for death in self.backend.deaths[self._deaths_seen :]:
             hung = self.watch.cause(death.instance) if self.watch is not None else None
             self._decide(
@@ -263,9 +271,27 @@ class Orchestrator:
                 failed=len(death.failed),
             )
         self._deaths_seen = len(self.backend.deaths)
-        specs = virtual.instance_specs(self.placement, cfg)
+        specs = virtual.instance_specs(self.placement, self.config)
         for name in sorted(set(specs) - set(self.backend.instances())):
-            self._start_instance(specs[name], step=k, source="elastic", why="its engine died: restart it")
+            self._start_instance(specs[name], step=k, source="elastic", why=why)
+
+    def _revive(self) -> None:
+        """Mid-rollout, no instance left alive (the only engine died): restart them now, not at the next boundary."""
+        k = self.rolling_step if self.rolling_step is not None else self.step
+        self._recover(k, "every rollout instance died mid-rollout: restart them now")
+
+    def _live_routed(self, router: Any) -> LiveRoutedRollout:
+        return LiveRoutedRollout(
+            backend=self.backend,
+            router=router,
+            bucket_instances=virtual.bucket_instances(self.plan, self.placement),
+            revive=self._revive,
+        )
+
+    def _boundary(self, k: int) -> None:
+        """Before rollout k: recover dead engines, then replan through the gate and carry the plan out."""
+        cfg = self.config
+        self._recover(k, "its engine died: restart it")
         window = [t for s in sorted(self.history)[-cfg.replan.window_steps :] for t in self.history[s]]
         if not (cfg.replan.enabled and window):
             return
@@ -315,11 +341,7 @@ class Orchestrator:
                 self._start_instance(specs[d.worker], step=k, source="planner", why=d.why)
             else:
                 raise RuntimeError(f"the rollout-only replan produced an unexpected decision {d!r}")
-        self.routed = LiveRoutedRollout(
-            backend=self.backend,
-            router=self._new_router(self.routed.router),
-            bucket_instances=virtual.bucket_instances(self.plan, self.placement),
-        )
+        self.routed = self._live_routed(self._new_router(self.routed.router))
 
     # -- weights --------------------------------------------------------------------------------------------------
 
@@ -334,7 +356,7 @@ class Orchestrator:
     def run(self, steps: int | None = None) -> RunSummary:
         target = self.config.steps if steps is None else steps
         if self.backend is None:
-            self._setup()
+            self._setup(target)
         first = self.step
         self.rollout_next = self.step
         self.ready: dict[int, tuple[dict[str, Any], dict[str, TrajectoryRecord], dict[str, Any]]] = {}
@@ -494,28 +516,35 @@ class Orchestrator:
         self._writer.save(state)
 
     def close(self) -> None:
-        """Stop the engines and draw the timeline (safe to call twice, and after an interrupt)."""
-        self._writer.wait()
-        if self.watch is not None:
-            self.watch.close()
-            self.watch = None
-        if self.hybrids is not None:
-            self.hybrids.close()
-            self.hybrids = None
-        if self.clock.spans:
-            try:
-                from libra.runtime.timeline import draw_timeline
+        """Stop the engines and draw the timeline (safe to call twice, and after an interrupt). A Ctrl-C or SIGTERM
+        while closing is held until the engines are stopped (every part of closing is bounded), then raised."""
+        with deferred_sigint():
+            self._close()
 
-                draw_timeline(
-                    self.clock.spans,
-                    self.out / TIMELINE_FILE,
-                    title=f"libra run: max_staleness {self.config.max_staleness}",
-                )
-            except Exception as exc:  # noqa: BLE001 - a missing plot must not hide the run's result
-                log.warning("timeline not drawn: %s", exc)
-        if self.backend is not None and self._owns_backend:
-            self.backend.shutdown()
-        self.backend = None
+    def _close(self) -> None:
+        try:
+            self._writer.wait()
+            if self.watch is not None:
+                self.watch.close()
+                self.watch = None
+            if self.hybrids is not None:
+                hybrids, self.hybrids = self.hybrids, None
+                hybrids.close()
+            if self.clock.spans:
+                try:
+                    from libra.runtime.timeline import draw_timeline
+
+                    draw_timeline(
+                        self.clock.spans,
+                        self.out / TIMELINE_FILE,
+                        title=f"libra run: max_staleness {self.config.max_staleness}",
+                    )
+                except Exception as exc:  # noqa: BLE001 - a missing plot must not hide the run's result
+                    log.warning("timeline not drawn: %s", exc)
+        finally:  # whatever failed above, the engines this run started are stopped
+            backend, self.backend = self.backend, None
+            if backend is not None and self._owns_backend:
+                backend.shutdown()
 
 
 __all__ = ["Orchestrator", "RunSummary"]

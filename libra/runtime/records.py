@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from libra.runtime.config import RunConfigError
 from libra.spec.jsonable import jsonable
 from libra.workloads.trace import Trajectory
 
@@ -40,6 +41,22 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a run being resumed: each line one JSON object with an integer `step` (one-line error)."""
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines() if path.is_file() else [], 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise RunConfigError(f"cannot resume: {path} line {n} is not JSON ({exc}); nothing was changed") from None
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+            raise RunConfigError(f"cannot resume: {path} line {n} is not a record with a step; nothing was changed")
+        rows.append(row)
+    return rows
+
+
 def staleness_histogram(trained_version: int, trajectories: Sequence[Trajectory]) -> dict[str, int]:
     """How many trajectories were trained `s` versions after their oldest turn's weights (key: s)."""
     counts = Counter(
@@ -59,8 +76,16 @@ class RunRecords:
         self.steps: list[dict[str, Any]] = []
         self.trace: list[dict[str, Any]] = []
         if resume:
-            self.steps = [r for r in read_jsonl(self.dir / RUN_FILE) if keep_steps is None or r["step"] < keep_steps]
-            self.trace = [t for t in read_jsonl(self.dir / TRACE_FILE) if keep_steps is None or t["step"] < keep_steps]
+            self.steps = [r for r in _read_records(self.dir / RUN_FILE) if keep_steps is None or r["step"] < keep_steps]
+            self.trace = [
+                t for t in _read_records(self.dir / TRACE_FILE) if keep_steps is None or t["step"] < keep_steps
+            ]
+            kept = [r["step"] for r in self.steps]
+            if keep_steps is not None and kept != list(range(keep_steps)):
+                raise RunConfigError(
+                    f"cannot resume {str(self.dir)!r}: its checkpoint is after step {keep_steps - 1} but {RUN_FILE} "
+                    f"holds steps {kept}; nothing was changed"
+                )
 
     def add_step(self, record: dict[str, Any], trajectories: Sequence[Trajectory]) -> None:
         self.steps.append(record)

@@ -26,10 +26,19 @@ from libra.workloads.trace import Trajectory, Turn
 
 class LiveRoutedRollout(RoutedRollout):
     """Routes to a bucket's live instances; when none of a bucket's instances is alive (its engine died), to the
-    least-loaded live instance of any bucket (the request still runs; the router keeps its bucket)."""
+    least-loaded live instance of any bucket (the request still runs; the router keeps its bucket). When no
+    instance at all is alive (the only engine died mid-rollout), `revive()` restarts the placement's instances
+    first, so the failed requests are retried there instead of the rollout failing."""
+
+    def __init__(self, *, revive: Callable[[], Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.revive = revive
 
     def pick(self, bucket: int) -> str:
         live = set(self.backend.instances())
+        if not live and self.revive is not None:
+            self.revive()
+            live = set(self.backend.instances())
         names = [n for n in self.bucket_instances.get(bucket, ()) if n in live]
         if not names:
             names = sorted(live)
