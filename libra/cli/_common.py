@@ -125,8 +125,6 @@ def _decimals(column: Sequence[Any]) -> int | None:
 
 
 def _cell(value: Any, decimals: int | None) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and decimals is None:
-        return f"{value:,}"  # (23,654 migrations)
     if decimals is None or isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return fmt(value)
     return f"{value:,.{decimals}f}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import re
 import zlib
 from collections.abc import Iterator, Sequence
@@ -232,3 +233,11 @@ def text_of(content: Any) -> str:
     if isinstance(content, dict):
         return text_of(content.get("text", content.get("content")))
     return str(content)
+
+
+def warn_skipped(path: Path, skipped: list[str], what: str) -> None:
+    """One warning for a file's skipped records (`what`: what they were), the first five named, on the importers'
+    logger (`libra trace import` prints it on stderr)."""
+    if skipped:
+        shown = ", ".join(skipped[:5]) + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")
+        logging.getLogger("libra.workloads.importers").warning(f"{path}: skipped {len(skipped)} {what}: {shown}")

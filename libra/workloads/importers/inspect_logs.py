@@ -35,7 +35,6 @@ of a large log. A sample without an error and without a generation is still an e
 from __future__ import annotations
 
 import json
-import logging
 import re
 import zipfile
 import zlib
@@ -43,14 +42,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from libra.workloads.importers.common import STATUS, json_text, text_of
+from libra.workloads.importers.common import STATUS, json_text, text_of, warn_skipped
 from libra.workloads.trace import TraceError
 
 _ZIP_SIGNATURES = (b"PK\x03\x04", b"PK\x05\x06")  # a local file header; the end record of an empty archive
 _SAMPLE_MEMBER = re.compile(r"\Asamples/(.+)_epoch_(\d+)\.json\Z")
 _HEADERS = ("header.json", "_journal/start.json")
 _ATTACHMENT = "attachment://"
-_log = logging.getLogger("libra.workloads.importers")
 _SCORE_WORDS = {"c": 1.0, "i": 0.0, "p": 0.5, "n": 0.0, "yes": 1.0, "true": 1.0, "no": 0.0, "false": 0.0}
 
 
@@ -89,11 +87,7 @@ def failed_before_generation(sample: Any) -> bool:
 
 
 def _warn_skipped(path: Path, skipped: list[str]) -> None:
-    if skipped:
-        shown = ", ".join(skipped[:5]) + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")
-        _log.warning(
-            f"{path}: skipped {len(skipped)} Inspect sample(s) that failed before any model generation: {shown}"
-        )
+    warn_skipped(path, skipped, "Inspect sample(s) that failed before any model generation")
 
 
 def archive_records(path: Path) -> Iterator[tuple[str, dict]]:

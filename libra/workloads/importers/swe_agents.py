@@ -21,16 +21,21 @@ does not stop the import of a directory of runs; a run without a generation and 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from libra.workloads.importers.common import Return, Segment, StatusRules, build_trajectory, iter_records, text_of
+from libra.workloads.importers.common import (
+    Return,
+    Segment,
+    StatusRules,
+    build_trajectory,
+    iter_records,
+    text_of,
+    warn_skipped,
+)
 from libra.workloads.importers.openai_chat import _gen_text, _meta, _reward, convert_messages, exit_code_in
 from libra.workloads.trace import TraceError, Trajectory
-
-_log = logging.getLogger("libra.workloads.importers")
 
 _SUBMIT_MARK = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 MINI_FORMAT_ERRORS = (r"EXACTLY ONE action", r"format error")
@@ -52,9 +57,7 @@ def _failed(info: dict) -> bool:
 def _warn_skipped(path: Path, skipped: list[str]) -> None:
     """One warning per file for the runs that ended before any model generation (a sandbox that did not start,
     say): skipped, so that one of them does not stop the import of a directory of runs."""
-    if skipped:
-        shown = ", ".join(skipped[:5]) + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")
-        _log.warning(f"{path}: skipped {len(skipped)} run(s) that ended before any model generation: {shown}")
+    warn_skipped(path, skipped, "run(s) that ended before any model generation")
 
 
 def _submitted(info: dict) -> bool:
