@@ -23,6 +23,7 @@ from typing import Any, Literal
 import attrs
 
 from libra.adapters.errors import InstanceNotFound, RequestFailedError, UnsupportedConfig
+from libra.adapters.reaper import EngineReaper
 from libra.adapters.rollout_book import BookRequest, RequestBook
 from libra.adapters.types import EventKind, InstanceSpec, Migration, StreamEvent, WeightUpdate
 from libra.adapters.vllm_engine import dead_reason, guarded_call, guarded_step, sleep_supported
@@ -74,6 +75,8 @@ class VLLMRolloutBackend(RequestBook):
         self.stepping: tuple[str, int] | None = None
         self._step_ids = itertools.count()
         self._backlog: list[StreamEvent] = []  # events of deaths seen outside poll(), returned by the next poll
+        # stops the engine-core processes if this process dies without stopping them (SIGKILL, OOM killer)
+        self._reaper = EngineReaper()
 
     # -- instances ----------------------------------------------------------------------------------------------
 
@@ -102,11 +105,19 @@ class VLLMRolloutBackend(RequestBook):
             worker_extension_cls=_EXTENSION,
             **options,
         )
-        return LLMEngine.from_engine_args(args)
+        engine = LLMEngine.from_engine_args(args)
+        for pid in _engine_pids(engine):
+            self._reaper.watch(pid)
+        return engine
+
+    def _stop_engine(self, engine: Any) -> None:
+        for pid in _engine_pids(engine):
+            self._reaper.forget(pid)
+        shutdown_engine(engine)
 
     def stop_instance(self, name: str, *, migrate_to: str | None = None) -> tuple[Migration, ...]:
         moved = self._move_off(name, migrate_to)
-        shutdown_engine(self._instances.pop(name).engine)
+        self._stop_engine(self._instances.pop(name).engine)
         return moved
 
     # -- requests -----------------------------------------------------------------------------------------------
@@ -229,7 +240,7 @@ class VLLMRolloutBackend(RequestBook):
             raise ValueError(f"instance {name!r} still generates requests; migrate them before it sleeps")
         mode = self._effective_sleep_mode()
         if mode == "restart":
-            shutdown_engine(inst.engine)
+            self._stop_engine(inst.engine)
             inst.engine = None
         else:
             inst.engine.sleep(level=1 if mode == "auto" else 0)
@@ -255,13 +266,13 @@ class VLLMRolloutBackend(RequestBook):
     def shutdown(self) -> None:
         for inst in self._instances.values():
             if inst.engine is not None:
-                shutdown_engine(inst.engine)
+                self._stop_engine(inst.engine)
         self._instances.clear()
+        self._reaper.close()
 
     def engine_pids(self, name: str) -> tuple[int, ...]:
         """Process ids of the engine-core processes of an instance (best effort, for crash-injection tests)."""
-        manager = getattr(getattr(self._get(name).engine.engine_core, "resources", None), "engine_manager", None)
-        return tuple(p.pid for p in getattr(manager, "processes", ()))
+        return _engine_pids(self._get(name).engine)
 
     # -- internals ----------------------------------------------------------------------------------------------
 
@@ -306,7 +317,13 @@ class VLLMRolloutBackend(RequestBook):
         req.running = False
 
     def _remove_dead(self, name: str) -> None:
-        shutdown_engine(self._instances.pop(name).engine)
+        self._stop_engine(self._instances.pop(name).engine)
+
+
+def _engine_pids(engine: Any) -> tuple[int, ...]:
+    """Process ids of an engine's engine-core processes (none for an in-process engine core)."""
+    manager = getattr(getattr(engine.engine_core, "resources", None), "engine_manager", None)
+    return tuple(p.pid for p in getattr(manager, "processes", ()))
 
 
 def _died(inst: _Instance, exc: BaseException) -> bool:
