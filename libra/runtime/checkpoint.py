@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from libra.runtime.config import RunConfigError
-from libra.runtime.records import write_atomic
+from libra.spec.files import write_whole
 
 DIR, FILE = "checkpoint", "state.pt"
 # what a resume reads from the checkpoint
@@ -27,7 +27,7 @@ def save_in_background(out: Path, state: dict[str, Any]) -> threading.Thread:
         buf = io.BytesIO()
         torch.save(state, buf)
         (out / DIR).mkdir(exist_ok=True)
-        write_atomic(out / DIR / FILE, buf.getvalue())
+        write_whole(out / DIR / FILE, buf.getvalue())
 
     thread = threading.Thread(target=write, name="libra-checkpoint", daemon=False)
     thread.start()

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from libra.runtime.config import HybridSettings
+from libra.spec.files import atomic_open
 
 log = logging.getLogger("libra.runtime")
 
@@ -376,9 +377,8 @@ class HybridPool:
                 old.unlink(missing_ok=True)
         if not self.lent:
             return
-        tmp = self.batch_dir / f".step-{step}.pt.tmp"
-        torch.save({"batch": batch, "tokens": batch_tokens(batch)}, tmp)
-        os.replace(tmp, self.batch_dir / f"step-{step}.pt")
+        with atomic_open(self.batch_dir / f"step-{step}.pt", "wb") as f:
+            torch.save({"batch": batch, "tokens": batch_tokens(batch)}, f)
 
     def take_events(self, upto: int) -> list[dict[str, Any]]:
         self._note_restores(upto)

@@ -1,19 +1,20 @@
 """The run's records: `run.jsonl` (one record per completed step), `trace.jsonl` (every trained trajectory in
 Libra's trace schema: `libra plan --trace` and `libra simulate --trace` read it) and `timeline.png`.
 
-Each file is rewritten whole through a temporary file and `os.replace` after every step, so whatever stops the
-run (Ctrl-C, SIGKILL), the files on disk hold exactly the completed steps."""
+Each file is rewritten whole (`write_whole`: a temporary file, flushed to disk and renamed over it) after every
+step, so whatever stops the run (Ctrl-C, SIGKILL, a power loss), the files on disk hold exactly the completed
+steps."""
 
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from libra.runtime.config import RunConfigError
+from libra.spec.files import write_whole
 from libra.spec.jsonable import jsonable
 from libra.workloads.trace import Trajectory
 
@@ -22,17 +23,8 @@ RUN_FILE, TRACE_FILE, TIMELINE_FILE = "run.jsonl", "trace.jsonl", "timeline.png"
 OUTSIDE = ("engine", "tools", "train_wait", "weights", "switching")
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
-    write_atomic(path, "".join(json.dumps(jsonable(r), sort_keys=True) + "\n" for r in rows).encode())
+    write_whole(path, "".join(json.dumps(jsonable(r), sort_keys=True) + "\n" for r in rows).encode())
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

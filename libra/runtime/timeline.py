@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from libra.runtime.clock import Span
-from libra.runtime.records import write_atomic
+from libra.spec.files import write_whole
 
 COLOURS = {"rollout": "#4c72b0", "train": "#dd8452", "switching": "#c44e52", "weights": "#8172b3"}
 
@@ -41,4 +41,4 @@ def draw_timeline(spans: Sequence[Span], path: Path, *, title: str = "libra run"
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
-    write_atomic(path, buf.getvalue())
+    write_whole(path, buf.getvalue())
