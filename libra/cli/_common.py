@@ -45,6 +45,14 @@ def check_batch(prompts: int, samples: int) -> None:
         )
 
 
+def check_prompts_fit(longest: int, max_len: int, option: str) -> None:
+    """A synthetic workload's trajectories are cut at the model's length, its prompts are not: a workload whose
+    longest trajectory (`longest` tokens, after the cut) is still longer than `max_len` has prompts that do not fit,
+    refused rather than planned or simulated with trajectories longer than the model's length."""
+    if longest > max_len:
+        raise CLIError(f"{option} {max_len} is shorter than the workload's prompts ({longest:,} tokens)")
+
+
 def check_new_output(path: Path, *, directory: bool) -> None:
     """Fail before the work when an output path cannot be written: a folder named by an existing file (or the
     reverse), a parent folder that does not exist, or (for a folder, whose missing parents are created) a file

@@ -17,6 +17,7 @@ from libra.cli._common import (
     add_tool_latency_args,
     check_batch,
     check_new_output,
+    check_prompts_fit,
     check_ranges,
     emit_json,
     key_values,
@@ -120,9 +121,7 @@ def _profile(args: argparse.Namespace, rl, trajectories, latency):
         max_model_len=args.max_len,
     )
     step = gen.step(args.step)
-    longest = max(t.total_tokens for t in step)
-    if longest > args.max_len:
-        raise CLIError(f"--max-len {args.max_len} is shorter than the workload's prompts ({longest:,} tokens)")
+    check_prompts_fit(max(t.total_tokens for t in step), args.max_len, "--max-len")
     return profile_from_trajectories(step, name=args.workload, requests_per_step=rl.global_batch)
 
 

@@ -14,6 +14,7 @@ from libra.cli._common import (
     add_tool_latency_args,
     check_batch,
     check_new_output,
+    check_prompts_fit,
     check_ranges,
     emit_json,
     log,
@@ -249,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
             max_model_len=args.max_len,
             drift_steps=args.drift_steps,
         )
-        _check_prompts_fit(source, args.max_len)
+        check_prompts_fit(int(source.step(0).total_tokens.max()), args.max_len, "--max-len")
     rl = RLSettings(num_prompts=prompts, samples_per_prompt=samples, max_model_len=args.max_len)
     scenario = Scenario(
         cluster=cluster,
@@ -309,14 +310,6 @@ def run(args: argparse.Namespace) -> int:
         )
     print("\nwrote " + ", ".join(str(f) for f in files))
     return 0
-
-
-def _check_prompts_fit(source, max_len: int) -> None:
-    """A synthetic workload's trajectories are cut at --max-len, its prompts are not: refused as `libra plan`
-    refuses it, rather than simulated with trajectories longer than the model's length."""
-    longest = int(source.step(0).total_tokens.max())
-    if longest > max_len:
-        raise CLIError(f"--max-len {max_len} is shorter than the workload's prompts ({longest:,} tokens)")
 
 
 def _write(report, out: Path, *, plots: bool) -> list[Path]:

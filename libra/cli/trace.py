@@ -16,6 +16,7 @@ from libra.cli._common import (
     CLIError,
     check_generation,
     check_new_output,
+    check_prompts_fit,
     check_ranges,
     emit_json,
     key_values,
@@ -134,11 +135,7 @@ def run(args: argparse.Namespace) -> int:
         drift_steps=args.drift_steps,
         max_model_len=args.max_model_len,
     )
-    longest = max(t.total_tokens for t in trajectories)
-    if longest > args.max_model_len:
-        raise CLIError(
-            f"--max-model-len {args.max_model_len} is shorter than the workload's prompts ({longest:,} tokens)"
-        )
+    check_prompts_fit(max(t.total_tokens for t in trajectories), args.max_model_len, "--max-model-len")
     try:
         written = write_trace(out, trajectories)  # whole or not at all: a reader never sees half a trace
     except OSError as exc:
