@@ -6,6 +6,8 @@ import json
 
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from libra.planning.cost import CostCoefficients, load_coefficients
 from libra.spec import SpecError
@@ -57,3 +59,23 @@ def test_exponents_without_a_dot_load_as_numbers(tmp_path) -> None:
     path.write_text("allreduce_latency_s: 3e-6\nstep_overhead_s: 4E-3\ndp_overlap: 0.5\n")
     loaded = load_coefficients(path)
     assert loaded.allreduce_latency_s == 3e-6 and loaded.step_overhead_s == 4e-3
+
+
+_FIELDS = sorted(f.name for f in attrs.fields(CostCoefficients))
+_NOT_A_NUMBER = st.one_of(
+    st.sampled_from([float("nan"), float("inf"), float("-inf"), None, True, False, "0.5", [0.5], {"v": 1}]),
+    st.floats(max_value=-1e-9),
+)
+
+
+@settings(max_examples=150)
+@given(st.sampled_from(_FIELDS), _NOT_A_NUMBER, st.sampled_from([".json", ".yaml"]))
+def test_no_field_accepts_a_value_that_is_not_a_number_in_range(tmp_path_factory, field, value, suffix) -> None:
+    """NaN, infinities, negatives, booleans, strings, null or containers in any field of a calibration file are a
+    one-line error naming the file and the field, never a coefficient that poisons every prediction."""
+    path = tmp_path_factory.mktemp("coeffs") / f"c{suffix}"
+    path.write_text(json.dumps({field: value}))  # JSON is YAML too (NaN and Infinity aside: yaml reads them as text)
+    with pytest.raises(SpecError) as err:
+        load_coefficients(path)
+    line = str(err.value)
+    assert line.startswith(f"{path}: {field} must be") and "\n" not in line, line

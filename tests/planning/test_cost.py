@@ -177,6 +177,15 @@ def test_calibrate_rejects_bad_input() -> None:
         calibrate(cluster, model, [attrs.evolve(measurements[0], time_s=0.0)])
 
 
+@pytest.mark.parametrize("time_s", [float("inf"), float("nan"), -1.0])
+def test_calibrate_rejects_a_measured_time_that_is_not_a_finite_positive_number(time_s: float) -> None:
+    """An infinite time (a timed-out measurement written as inf) made every candidate's loss infinite, so the fit
+    returned its start with an infinite MAPE instead of saying what was wrong."""
+    cluster, model, measurements = _synthetic_measurements(CostCoefficients(), seed=3, noise=0.0)
+    with pytest.raises(SpecError, match="measured time must be a finite number > 0"):
+        calibrate(cluster, model, [*measurements[:3], attrs.evolve(measurements[3], time_s=time_s)])
+
+
 def test_batch_one_decode_latency_of_the_two_coefficient_sets() -> None:
     """Anchored defaults (gpt-fast batch-1 decode against TP, anchors.yaml): each doubling of TP shortens one long
     request's decode, TP-2 to at most 0.7x and TP-8 to at most 0.55x of TP-1 (issue 13); the older what-if file

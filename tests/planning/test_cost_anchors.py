@@ -8,8 +8,9 @@ import attrs
 import pytest
 
 from libra.planning.cost import CostCoefficients
-from libra.planning.cost.anchors import ANCHOR_FIT, family_errors, load_anchors
+from libra.planning.cost.anchors import ANCHOR_FIT, ANCHORS_FILE, family_errors, load_anchors
 from libra.planning.cost.coefficients import _FRACTIONS
+from libra.spec import SpecError
 
 ANCHORS = load_anchors()
 FAMILIES = sorted({a.family for a in ANCHORS})
@@ -51,3 +52,51 @@ def test_the_anchors_discriminate_the_coefficients_they_fit() -> None:
         after = family_errors(ANCHORS, attrs.evolve(base, **{name: moved}))
         rise = max(e.mape_all - before[e.family] for e in after)
         assert rise >= 2.0, (name, rise)
+
+
+# (what to replace in anchors.yaml, what to put there, what the one-line error must say)
+_BAD_ANCHORS = [
+    ("published: 104.9", "published: .nan", "anchor 'gptfast-7b-tp1': published must be a finite number > 0, got nan"),
+    ("published: 104.9", "published: -104.9", "anchor 'gptfast-7b-tp1': published must be a finite number > 0"),
+    ("published: 104.9", "published: 0", "anchor 'gptfast-7b-tp1': published must be a finite number > 0, got 0"),
+    ("published: 104.9", 'published: "fast"', "anchor 'gptfast-7b-tp1': published must be a finite number > 0"),
+    ("tp: 1, context: 5,", "tp: 1, context: .inf,", "anchor 'gptfast-7b-tp1': context must be a finite number > 0"),
+    ("tp: 1, context: 5,", "context: 5,", "anchor 'gptfast-7b-tp1': missing field(s) tp for kind decode_batch1"),
+    ("tp: 1, context: 5,", "tp: 1.5, context: 5,", "anchor 'gptfast-7b-tp1': tp must be a whole number >= 1"),
+    ("unit: tokens/s, split: fit}", "unit: tokens/s, split: train}", "split must be fit or check, got 'train'"),
+    ("unit: tokens/s/GPU, note", "unit: tok/s, note", "unit must be one of s, tokens/s, tokens/s/GPU"),
+    ("input: 128, published: 16, unit: ms", "input: 128, published: 16, unit: s", "unit must be one of ms"),
+    (
+        "source: gpt-fast, gpu: A100-80GB, model: Llama-2-7B,\n     tp: 1",
+        "source: gptfast, gpu: A100-80GB, model: Llama-2-7B,\n     tp: 1",
+        "anchor 'gptfast-7b-tp1': source 'gptfast' is not one of the sources",
+    ),
+    ("micro_batch: 64, recompute: true", "micro_batchs: 64, recompute: true", "missing field(s) micro_batch"),
+    ("micro_batch: 64, recompute: true", "micro_batch: 64, recompute: 1", "recompute must be true or false"),
+    (
+        "gpus: 64, pp: 4, ep: 8, seq_len: 4096, global_batch: 1280",
+        "gpus: 60, pp: 4, ep: 8, seq_len: 4096, global_batch: 1280",
+        "gpus(60) must be a multiple of tp(1) * pp(4) * ep(8)",
+    ),
+    ("id: gptfast-7b-tp2", "id: gptfast-7b-tp1", "anchor 'gptfast-7b-tp1': the id is used twice"),
+    (
+        "num_layers: 32, hidden_size: 4096, num_heads: 32",
+        "num_layers: 0, hidden_size: 4096, num_heads: 32",
+        "model 'Llama-2-7B': ModelSpec.num_layers must be",
+    ),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "message"), _BAD_ANCHORS)
+def test_a_bad_anchors_file_is_a_one_line_error_naming_the_file_and_field(tmp_path, old, new, message) -> None:
+    """A table of measurements the defaults are fitted to must not load NaN, a negative or a mistyped number, an
+    unknown unit or split, or a missing field as if it were data (before: NaN errors, silent unit mix-ups, a
+    `split` outside fit/check in neither set, KeyError tracebacks)."""
+    text = ANCHORS_FILE.read_text()
+    assert old in text
+    path = tmp_path / "anchors.yaml"
+    path.write_text(text.replace(old, new, 1))
+    with pytest.raises(SpecError) as err:
+        load_anchors(path)
+    line = str(err.value)
+    assert line.startswith(f"{path}: ") and message in line and "\n" not in line, line

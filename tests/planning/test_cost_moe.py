@@ -42,3 +42,15 @@ def test_ep_does_not_fit_on_one_node_without_sharding_the_rest() -> None:
     model (NeMo AutoModel's 8-GPU EP-8 anchor also shards them with FSDP), so the search uses TP/PP instead."""
     best = _search("H100-80GB", 2048).best(8)
     assert best is not None and best.ep == 1
+
+
+@pytest.mark.parametrize("ep", [1, 8])
+def test_an_moe_step_of_zero_tokens_costs_no_more_than_one_of_one_token(ep: int) -> None:
+    """At zero tokens the expert GEMMs' efficiency is 0 and their work 0: the step time was 0 / 0
+    (ZeroDivisionError); no tokens means no expert GEMMs, and more tokens never cost less."""
+    tc = _search("H100-80GB", 4096).cm.training
+    times = [
+        float(tc.step_time(1, 1, 16, ep, 1, False, BatchStats.uniform(num_sequences=64, length=n)))
+        for n in (0.0, 1.0, 100.0)
+    ]
+    assert all(t > 0 for t in times) and times == sorted(times), times

@@ -1,8 +1,10 @@
 """The generators' output, byte for byte: a speed-up or a refactor must not change the random stream.
 
 The digests are sha256 of the JSON Lines trace of 2 steps x 4 prompts x 16 samples (seed 0), early in the drift and
-late with a cap that cuts trajectories. A change meant to alter a workload updates them, and says so in its commit.
-(They assume numpy's `Generator` streams, which numpy keeps stable within a major version.)
+late with a cap that cuts trajectories, each line without its synthetic label (the trailing `"source":
+"synthetic:NAME"`, which the test checks is on every line: the digests predate the label and pin the random stream
+alone). A change meant to alter a workload updates them, and says so in its commit. (They assume numpy's
+`Generator` streams, which numpy keeps stable within a major version.)
 """
 
 from __future__ import annotations
@@ -41,4 +43,8 @@ def test_output_matches_the_stored_fingerprint(name, start_step, max_model_len, 
         assert any(t.total_tokens == max_model_len for t in trajectories), "the cap must cut some trajectories"
     path = tmp_path / "trace.jsonl"
     write_trace(path, trajectories)
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == FINGERPRINTS[name, start_step, max_model_len]
+    label = f',"source":"synthetic:{name}"}}'.encode()
+    lines = path.read_bytes().splitlines(keepends=True)
+    assert lines and all(line.rstrip(b"\n").endswith(label) for line in lines), "every line says it is synthetic"
+    unlabelled = b"".join(line.rstrip(b"\n")[: -len(label)] + b"}\n" for line in lines)
+    assert hashlib.sha256(unlabelled).hexdigest() == FINGERPRINTS[name, start_step, max_model_len]

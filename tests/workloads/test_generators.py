@@ -41,6 +41,19 @@ def test_bad_step() -> None:
         generate("search-r1", num_steps=0, seed=0)
 
 
+def test_a_step_past_the_last_prompt_position_is_a_one_line_error() -> None:
+    """A step's prompts are positions step * num_prompts + i (int64): past them a step was an IndexError or a numpy
+    casting TypeError from deep inside, now it says which steps exist (the last one still works)."""
+    gen = WorkloadGenerator("dapo-math", seed=0, num_prompts=4, samples_per_prompt=1)
+    last = (2**63 - 1) // 4 - 1
+    assert len(gen.step(last)) == 4
+    for step in (last + 1, 2**61, 2**70):
+        with pytest.raises(SpecError, match=f"step must be at most {last:,} with 4 prompts per step"):
+            gen.step(step)
+        with pytest.raises(SpecError, match="step must be at most"):
+            gen.prompt_indices(step)
+
+
 @pytest.mark.parametrize("name", WORKLOAD_NAMES)
 def test_deterministic_whatever_the_call_order(name) -> None:
     a = WorkloadGenerator(name, seed=7, num_prompts=8, samples_per_prompt=4)
@@ -77,6 +90,18 @@ def test_schema_and_cap(name, tmp_path) -> None:
     path = tmp_path / "trace.jsonl"
     write_trace(path, trajectories)
     assert load_trace(path) == trajectories
+
+
+@pytest.mark.parametrize("name", WORKLOAD_NAMES)
+def test_every_generated_trajectory_says_it_is_synthetic(name, tmp_path) -> None:
+    """docs/design.md: generated data is called synthetic. Before, a generated trajectory had no `source` (real
+    imported ones do), so a trace written by `libra trace generate` and read back looked like real data."""
+    trajectories = generate(name, num_steps=2, seed=1, num_prompts=1, samples_per_prompt=3)
+    assert len(trajectories) == 6 and all(t.extra == {"source": f"synthetic:{name}"} for t in trajectories)
+    assert len({id(t.extra) for t in trajectories}) == 6  # each its own: a reader may add keys to one
+    path = tmp_path / "trace.jsonl"
+    write_trace(path, trajectories)
+    assert [t.extra for t in load_trace(path)] == [{"source": f"synthetic:{name}"}] * 6
 
 
 def test_samples_per_prompt_layout() -> None:

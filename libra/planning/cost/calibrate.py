@@ -7,6 +7,7 @@ chosen coefficients (all positive, so the search runs in log space) with Nelder-
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -148,8 +149,8 @@ def calibrate(
     if not measurements:
         raise SpecError("calibrate needs at least one measurement")
     for m in measurements:
-        if not m.time_s > 0:
-            raise SpecError(f"measured time must be > 0, got {m.time_s!r} in {m}")
+        if not (m.time_s > 0 and math.isfinite(m.time_s)):  # inf would make every fit equally bad
+            raise SpecError(f"measured time must be a finite number > 0, got {m.time_s!r} in {m}")
     start = start or CostCoefficients()
     known = {f.name for f in attrs.fields(CostCoefficients)}
     unknown = [name for name in fit if name not in known]

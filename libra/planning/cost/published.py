@@ -1,4 +1,4 @@
-"""The published measurements (docs/design.md) as scenarios the cost model is checked against.
+"""The published measurements (docs/paper.md) as scenarios the cost model is checked against.
 
 Qwen3-14B on one node of 8 A800-80GB, a batch of 512 requests:
 - 0-2K tokens: eight TP-1 instances 1852 tok/s against one TP-8 instance 591 tok/s (ratio 3.13);

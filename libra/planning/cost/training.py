@@ -117,7 +117,9 @@ class TrainingCost:
         f = passes if passes is not None else 3.0 + (1.0 if recompute else 0.0)
         expert_active = m.num_layers * m.experts_per_token * m.expert_params if m.is_moe else 0.0
         dense = micro_batch * batch.mean_len * 2.0 * (m.active_params - expert_active)
-        experts = micro_batch * batch.mean_len * 2.0 * expert_active / self.expert_efficiency(ep, micro_batch, batch)
+        experts = micro_batch * batch.mean_len * 2.0 * expert_active
+        if experts:  # no tokens, no expert GEMMs (their efficiency at 0 tokens is 0: 0 / 0)
+            experts /= self.expert_efficiency(ep, micro_batch, batch)
         attention = micro_batch * batch.mean_sq_len * 2.0 * m.num_layers * m.num_heads * m.head_dim
         compute = f * (dense + experts + attention / c.train_attention_efficiency) / (pp * tp * g.flops * c.train_mfu)
         layers = m.num_layers / pp

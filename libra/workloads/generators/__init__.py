@@ -6,6 +6,7 @@ Every prompt has latent traits (difficulty, verbosity) that its samples share; t
 fix, how long a trajectory goes on. Lengths drift with the step: `progress = min(1, step / drift_steps)`.
 
 `WorkloadGenerator.step(s)` depends only on (name, seed, sizes, s): any call order gives the same trajectories.
+Every trajectory says it is synthetic: `extra["source"] == "synthetic:<name>"` (written to a trace and read back).
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ class WorkloadGenerator:
     """Trajectories of one synthetic workload, step by step.
 
     `num_dataset_prompts` defaults to 4 x `num_prompts` (each prompt comes back about every fourth step).
-    Trajectories are cut at `max_model_len` total tokens. Each tool turn carries `tool_latency_s` in `extra`.
+    Trajectories are cut at `max_model_len` total tokens; prompts are not: a prompt longer than `max_model_len` gives
+    a trajectory of the prompt and one empty turn (the CLI refuses such a length). Each tool turn carries
+    `tool_latency_s` in `extra`, each trajectory `extra["source"] = "synthetic:<name>"`.
     """
 
     def __init__(
@@ -87,9 +90,18 @@ class WorkloadGenerator:
             )
         return self._epochs[epoch]
 
+    def _check_step(self, step: object) -> int:
+        if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+            raise SpecError(f"step must be a non-negative integer, got {step!r}")
+        # the prompts of a step are positions step * num_prompts + i in the run's sequence of prompts (int64)
+        highest = (2**63 - 1) // self.num_prompts - 1
+        if step > highest:
+            raise SpecError(f"step must be at most {highest:,} with {self.num_prompts} prompts per step, got {step}")
+        return int(step)
+
     def prompt_indices(self, step: int) -> np.ndarray:
         """Data-set indices of the prompts of `step`: consecutive slices of seeded per-epoch permutations."""
-        start = step * self.num_prompts
+        start = self._check_step(step) * self.num_prompts
         positions = np.arange(start, start + self.num_prompts)
         epochs, offsets = np.divmod(positions, self.num_dataset_prompts)
         return np.array([self._epoch(int(e))[o] for e, o in zip(epochs, offsets)], np.int64)
@@ -100,9 +112,7 @@ class WorkloadGenerator:
 
     def step_arrays(self, step: int) -> GeneratedStep:
         """`step(step)` as arrays, with the trajectories made only when asked (`GeneratedStep.trajectories`)."""
-        if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
-            raise SpecError(f"step must be a non-negative integer, got {step!r}")
-        step = int(step)
+        step = self._check_step(step)
         prompts = np.repeat(self.prompt_indices(step), self.samples_per_prompt)
         rng = np.random.default_rng([self.seed, self._tag, 1, step])
         ptoks = self._pool.prompt_tokens[prompts]

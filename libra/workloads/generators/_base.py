@@ -15,6 +15,14 @@ from libra.workloads.trace import TRAJECTORY_FIELDS, Trajectory, trusted_turns, 
 
 NO_TOOL = -1
 STATUS_NAMES = ("ok", "error", "timeout")
+SYNTHETIC = "synthetic:"  # every generated trajectory's `extra["source"]` is this + the workload's name
+
+
+def synthetic_source(workload: str) -> str:
+    """The `source` a generated trajectory carries (real traces carry the name their importer was given), so that
+    a generated trace, written and read back, still says it is synthetic (docs/design.md: generated data is
+    called synthetic)."""
+    return SYNTHETIC + workload
 
 
 @attrs.frozen(kw_only=True)
@@ -115,6 +123,7 @@ class GeneratedStep:
             prompt_tokens=self.prompt_tokens,
             samples=self.samples,
             step=self.step,
+            source=synthetic_source(self.workload),
         )
 
     def turns(self) -> TurnFields:
@@ -141,13 +150,15 @@ def to_trajectories(
     prompt_tokens: np.ndarray,
     samples: np.ndarray,
     step: int,
+    source: str,
 ) -> list[Trajectory]:
-    """Trajectory values, one per row. Each tool turn carries `tool_latency_s` in its `extra`."""
+    """Trajectory values, one per row, each with `extra["source"] = source`. Each tool turn carries
+    `tool_latency_s` in its `extra`."""
     # ~100K acyclic objects: pause the cyclic collector, which would otherwise rescan them as they are made
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _build(batch, tool_names, prompt_ids, prompt_tokens, samples, step)
+        return _build(batch, tool_names, prompt_ids, prompt_tokens, samples, step, source)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -160,6 +171,7 @@ def _build(
     prompt_tokens: np.ndarray,
     samples: np.ndarray,
     step: int,
+    source: str,
 ) -> list[Trajectory]:
     valid = np.arange(batch.gen_tokens.shape[1])[None, :] < batch.num_turns[:, None]
     # every valid turn, row-major (the turns of row 0, then of row 1, ...), as python values; the names are looked
@@ -176,4 +188,4 @@ def _build(
     rows = len(ends)
     turns_of = [tuple(turns[a:b]) for a, b in zip([0, *ends[:-1]], ends)]
     columns = (prompt_ids, prompt_tokens.tolist(), turns_of, samples.tolist(), [step] * rows, batch.reward.tolist())
-    return trusted_values(Trajectory, TRAJECTORY_FIELDS, (*columns, [{} for _ in range(rows)]))
+    return trusted_values(Trajectory, TRAJECTORY_FIELDS, (*columns, [{"source": source} for _ in range(rows)]))

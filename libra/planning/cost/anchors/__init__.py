@@ -1,24 +1,28 @@
 """Published measurements (anchors.yaml) as data, what the cost model predicts for each, and the fit of the defaults.
 
-`load_anchors()` reads the table; each `Anchor` knows its setup (GPU, model, layout, batch) and the measured time in
-seconds derived from the number as published (tokens/s, ms, tokens/s/GPU). `Anchor.predict(cm)` is the cost model's
-time for the same setup with `cm.coeffs` (the anchor's own GPU and model, whatever `cm` was built for), so the
-anchors go straight into `calibrate()`. `fit_defaults()` fits on the `split: fit` anchors and `family_errors()`
-reports the held-out and overall MAPE per family (docs/cost-model.md; tests/planning/test_cost_anchors.py).
+`load_anchors()` reads the table and checks every row (a bad value, unit, split, source or setup field is a one-line
+SpecError naming the file, the anchor and the field); each `Anchor` knows its setup (GPU, model, layout, batch) and
+the measured time in seconds derived from the number as published (tokens/s, ms, tokens/s/GPU).
+`Anchor.predict(cm)` is the cost model's time for the same setup with `cm.coeffs` (the anchor's own GPU and model,
+whatever `cm` was built for), so the anchors go straight into `calibrate()`. `fit_defaults()` fits on the
+`split: fit` anchors and `family_errors()` reports the held-out and overall MAPE per family (docs/cost-model.md;
+tests/planning/test_cost_anchors.py).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
+from typing import cast
 
 import attrs
 import numpy as np
 
 from libra.planning.cost import BatchStats, CostCoefficients, CostModel
 from libra.spec import ClusterSpec, ModelSpec, SpecError, get_gpu, get_model
-from libra.spec.loaders import read_mapping
+from libra.spec.loaders import construct, read_mapping
 
 ANCHORS_FILE = Path(__file__).with_name("anchors.yaml")
 KINDS = ("decode_batch1", "static_batch", "prefill", "train_step")
@@ -94,26 +98,121 @@ class Anchor:
         return float(prefill + n_out * rc.decode_step_time(tp, requests, n_in + n_out / 2.0))
 
 
-def _model(name: str, models: dict) -> ModelSpec:
-    if name in models:
-        return ModelSpec(name=name, **models[name])
-    return get_model(name)
+# What each kind's published number is in (Anchor.time_s converts it) and its setup: required fields, then
+# optional ones; every setup value is a positive number (a whole number where marked), `recompute` a boolean.
+_UNITS = {
+    "decode_batch1": ("tokens/s",),
+    "static_batch": ("output tokens/s",),
+    "prefill": ("ms",),
+    "train_step": ("s", "tokens/s", "tokens/s/GPU"),
+}
+_WHOLE = ("tp", "pp", "ep", "gpus", "batch", "input", "output", "seq_len", "global_batch", "micro_batch")
+_SETUP: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "decode_batch1": (("tp", "context"), ()),
+    "static_batch": (("tp", "batch", "input", "output"), ()),
+    "prefill": (("tp", "input"), ()),
+    "train_step": (("gpus", "seq_len", "global_batch", "micro_batch", "recompute"), ("tp", "pp", "ep")),
+}
+_SPLITS = ("fit", "check")
+_FIXED = ("id", "family", "kind", "source", "gpu", "published", "unit", "split")
+
+
+def _number(raw: object) -> bool:
+    return not isinstance(raw, bool) and isinstance(raw, int | float) and math.isfinite(raw) and raw > 0
+
+
+def _check_setup(where: str, kind: str, setup: dict) -> None:
+    """One-line SpecError for a missing, unknown or bad setup field of an anchor of `kind`."""
+    required, optional = _SETUP[kind]
+    missing = [k for k in required if k not in setup]
+    if missing:
+        raise SpecError(f"{where}: missing field(s) {', '.join(missing)} for kind {kind}")
+    unknown = sorted(set(setup) - set(required) - set(optional))
+    if unknown:
+        known = ", ".join((*required, *optional))
+        raise SpecError(f"{where}: unknown field(s) {', '.join(unknown)} for kind {kind}; known: {known}")
+    for key, raw in setup.items():
+        if key == "recompute":
+            if not isinstance(raw, bool):
+                raise SpecError(f"{where}: recompute must be true or false, got {raw!r}")
+        elif key in _WHOLE:
+            if not (_number(raw) and float(cast(float, raw)).is_integer()):
+                raise SpecError(f"{where}: {key} must be a whole number >= 1, got {raw!r}")
+        elif not _number(raw):
+            raise SpecError(f"{where}: {key} must be a finite number > 0, got {raw!r}")
+    if kind == "train_step":
+        tp, pp, ep = setup.get("tp", 1), setup.get("pp", 1), setup.get("ep", 1)
+        if setup["gpus"] % (tp * pp) or (setup["gpus"] // (tp * pp)) % ep:
+            raise SpecError(f"{where}: gpus({setup['gpus']}) must be a multiple of tp({tp}) * pp({pp}) * ep({ep})")
+
+
+def _anchor(path: str, row: object, models: dict[str, ModelSpec], sources: dict) -> Anchor:
+    """One row of the table, checked: a one-line SpecError naming the file, the anchor and the field."""
+    if not isinstance(row, dict):
+        raise SpecError(f"{path}: each anchor must be a mapping, got {row!r}")
+    where = f"{path}: anchor {row.get('id')!r}"
+    row = dict(row)
+    row.pop("note", None)
+    missing = [k for k in (*_FIXED, "model") if k not in row]
+    if missing:
+        raise SpecError(f"{where}: missing field(s) {', '.join(missing)}")
+    fixed = {k: row.pop(k) for k in _FIXED}
+    if not isinstance(fixed["id"], str) or not fixed["id"]:
+        raise SpecError(f"{where}: id must be a non-empty string")
+    if fixed["kind"] not in KINDS:
+        raise SpecError(f"{where}: unknown kind {fixed['kind']!r}; known: {', '.join(KINDS)}")
+    kind = fixed["kind"]
+    if not isinstance(fixed["family"], str) or not fixed["family"]:
+        raise SpecError(f"{where}: family must be a non-empty string, got {fixed['family']!r}")
+    if not _number(fixed["published"]):
+        raise SpecError(f"{where}: published must be a finite number > 0, got {fixed['published']!r}")
+    if fixed["unit"] not in _UNITS[kind]:
+        raise SpecError(
+            f"{where}: unit must be one of {', '.join(_UNITS[kind])} for kind {kind}, got {fixed['unit']!r}"
+        )
+    if fixed["split"] not in _SPLITS:
+        raise SpecError(f"{where}: split must be fit or check, got {fixed['split']!r}")
+    source = sources.get(fixed["source"]) if isinstance(fixed["source"], str) else None
+    if (
+        not isinstance(source, dict)
+        or not isinstance(source.get("url"), str)
+        or not isinstance(source.get("where"), str)
+    ):
+        raise SpecError(f"{where}: source {fixed['source']!r} is not one of the sources with a url and a where")
+    name = row.pop("model")
+    if not isinstance(name, str) or not isinstance(fixed["gpu"], str):
+        raise SpecError(f"{where}: model and gpu must be names, got {name!r} and {fixed['gpu']!r}")
+    try:
+        model = models[name] if name in models else get_model(name)
+        get_gpu(fixed["gpu"])
+    except SpecError as exc:
+        raise SpecError(f"{where}: {exc}") from None
+    _check_setup(where, kind, row)
+    return Anchor(**fixed, url=source["url"], where=source["where"], model=model, setup=row)
 
 
 @cache
 def _load(path: str) -> tuple[Anchor, ...]:
     data = read_mapping(Path(path))
-    models, sources = data.get("models", {}), data.get("sources", {})
-    out = []
-    for row in data["anchors"]:
-        row = dict(row)
-        if row["kind"] not in KINDS:
-            raise SpecError(f"{path}: anchor {row.get('id')}: unknown kind {row['kind']!r}; known: {KINDS}")
-        source = sources[row["source"]]
-        fixed = {k: row.pop(k) for k in ("id", "family", "kind", "source", "gpu", "published", "unit", "split")}
-        model = _model(row.pop("model"), models)
-        row.pop("note", None)
-        out.append(Anchor(**fixed, url=source["url"], where=source["where"], model=model, setup=row))
+    models, sources, rows = data.get("models") or {}, data.get("sources") or {}, data.get("anchors")
+    if not isinstance(models, dict) or not isinstance(sources, dict):
+        raise SpecError(f"{path}: models and sources must be mappings")
+    if not isinstance(rows, list) or not rows:
+        raise SpecError(f"{path}: anchors must be a non-empty list of anchors")
+    specs = {}
+    for name, fields in models.items():
+        if not isinstance(fields, dict):
+            raise SpecError(f"{path}: model {name!r} must be a mapping of ModelSpec fields")
+        try:
+            specs[name] = construct(ModelSpec, {"name": name, **fields}, Path(path))
+        except SpecError as exc:
+            raise SpecError(f"{path}: model {name!r}: {str(exc).removeprefix(f'{path}: ')}") from None
+    out = [_anchor(path, row, specs, sources) for row in rows]
+    seen: set[str] = set()
+    for a in out:
+        if a.id in seen:
+            raise SpecError(f"{path}: anchor {a.id!r}: the id is used twice")
+        seen.add(a.id)
     return tuple(out)
 
 
