@@ -2,10 +2,10 @@
 
 `many_turn_pool` draws trajectories shaped like recorded software-engineering agents: a median of ~35 turns and up
 to ~145, ~70 generated tokens per turn, tool returns of hundreds to thousands of tokens, ~21K tokens per trajectory
-on average, and a tool wall time on every turn (`extra["tool_latency_s"]`). It is **synthetic**: the numbers are
-the shape the simulator must hold on (docs/sim.md, "Many-turn agents"), not a recording. `resample_steps` builds
-statistically identical steps from one pool (prompt groups drawn with replacement), the check that a simulated
-step does not depend on the step before it.
+on average, and a tool wall time on every turn (`extra["tool_latency_s"]`). It is **synthetic** (each trajectory's
+`extra["source"]` says so): the numbers are the shape the simulator must hold on (docs/sim.md, "Many-turn agents"),
+not a recording. `resample_steps` builds statistically identical steps from one pool (prompt groups drawn with
+replacement), the check that a simulated step does not depend on the step before it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from libra.workloads.trace import Trajectory, Turn
 __all__ = ["many_turn_pool", "resample_steps"]
 
 _TOOLS = ("bash", "edit", "view", "search", "run_tests")
+_SOURCE = {"source": "synthetic:many-turn"}  # written to a trace and read back, it still says it is synthetic
 
 
 def many_turn_pool(
@@ -67,14 +68,19 @@ def many_turn_pool(
                         extra={} if last else {"tool_latency_s": round(float(lat[j]), 3)},
                     )
                 )
-            out.append(Trajectory(prompt_id=f"swe-{p}", sample=s, prompt_tokens=prompt, turns=tuple(turns), extra={}))
+            out.append(
+                Trajectory(
+                    prompt_id=f"swe-{p}", sample=s, prompt_tokens=prompt, turns=tuple(turns), extra=dict(_SOURCE)
+                )
+            )
     return out
 
 
 def resample_steps(pool: Sequence[Trajectory], num_steps: int, num_prompts: int, *, seed: int = 0) -> list[Trajectory]:
     """`num_steps` steps of `num_prompts` prompt groups each, drawn with replacement from the pool's prompts (a
     group keeps all its samples; a prompt in several steps of the pool is a group in each): statistically identical
-    steps, labelled 0..num_steps-1."""
+    steps, labelled 0..num_steps-1. Each keeps its trajectory's `source` (a real trace's, or synthetic), nothing
+    else of its `extra`."""
     groups: dict[tuple[int, str], list[Trajectory]] = {}
     for t in pool:
         groups.setdefault((-1 if t.step is None else t.step, t.prompt_id), []).append(t)
@@ -93,7 +99,7 @@ def resample_steps(pool: Sequence[Trajectory], num_steps: int, num_prompts: int,
                         step=step,
                         prompt_tokens=t.prompt_tokens,
                         turns=t.turns,
-                        extra={},
+                        extra={"source": t.extra["source"]} if "source" in t.extra else {},
                     )
                 )
     return out

@@ -8,7 +8,7 @@ import pytest
 from libra.planning.cost import CostModel
 from libra.sim import POLICY_NAMES, Scenario, SimOptions, WorkSource, simulate
 from libra.sim.engine import rollout_floor_s
-from libra.sim.manyturn import many_turn_pool
+from libra.sim.manyturn import many_turn_pool, resample_steps
 from libra.sim.policies import uses_shared_tree
 from libra.sim.rollout import DONE, Instances, RolloutRun
 from libra.sim.routing import routes_for
@@ -93,3 +93,15 @@ def test_identical_steps_simulate_alike_for_every_policy(tmp_path):
             same = [x.rollout_s for x in r.records if x.trajectories and x.step >= max(changed, first)]
         assert max(same) <= 1.05 * min(same), (r.name, same)
         assert 0 < r.summary()["utilisation"] <= 1
+
+
+def test_the_pool_says_it_is_synthetic_and_resampled_steps_keep_each_source():
+    """Written to a trace and read back, generated trajectories must still say they are synthetic; a resampled step
+    of a real trace keeps the trace's source."""
+    pool = many_turn_pool(3, 2, seed=1)
+    assert {t.extra["source"] for t in pool} == {"synthetic:many-turn"}
+    real = [attrs.evolve(t, extra={"source": "tau2", "task": 7}) for t in pool[:2]]
+    steps = resample_steps([*real, *pool[2:]], num_steps=2, num_prompts=3, seed=0)
+    assert {t.extra.get("source") for t in steps} <= {"tau2", "synthetic:many-turn"}
+    assert all("task" not in t.extra for t in steps)
+    assert any(t.extra["source"] == "tau2" for t in steps)
