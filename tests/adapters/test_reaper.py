@@ -205,3 +205,28 @@ def test_a_sigkilled_vllm_backend_leaves_no_engine_behind(tmp_path, tiny_model_d
     finally:
         owner.kill()
         kill_all([*engines, *descendants(engines)])
+
+
+class _Core:
+    """An engine core client's shutdown as vLLM 0.32 has it (`timeout`) or as an older one (none)."""
+
+    def __init__(self, takes_timeout: bool) -> None:
+        self.calls: list[float | None] = []
+        self.takes_timeout = takes_timeout
+
+    def shutdown(self, *args: float, **kwargs: float) -> None:
+        if kwargs and not self.takes_timeout:
+            raise TypeError("shutdown() got an unexpected keyword argument 'timeout'")
+        self.calls.append(kwargs.get("timeout"))
+
+
+@pytest.mark.parametrize("takes_timeout", [True, False])
+def test_an_engine_is_stopped_after_a_short_grace_not_vllms_five_seconds(takes_timeout) -> None:
+    """vLLM waits 5 s by default for its engine core, whose CPU worker outlasts that in its last garbage collection:
+    every stop of an engine took 5 s and ended in a kill anyway."""
+    from libra.adapters.vllm_engine import SHUTDOWN_GRACE_S, shutdown
+
+    core = _Core(takes_timeout)
+    shutdown(type("Engine", (), {"engine_core": core})())
+    assert core.calls == ([SHUTDOWN_GRACE_S] if takes_timeout else [None])
+    assert SHUTDOWN_GRACE_S < 5.0
