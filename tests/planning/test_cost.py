@@ -200,3 +200,21 @@ def test_batch_one_decode_latency_of_the_two_coefficient_sets() -> None:
     assert d[2] <= 0.7 * d[1] and d[8] <= 0.55 * d[1]
     assert f[1] > 2 * f[8]
     assert d[1] == pytest.approx(f[1])  # TP-1 has no TP overheads
+
+
+def test_batch_stats_count_what_they_are_given_and_refuse_what_means_nothing() -> None:
+    assert BatchStats.from_lengths([100, 300], num_sequences=0).num_sequences == 0  # was read as "not given": 2
+    assert BatchStats.from_lengths([100, 300]).num_sequences == 2
+    with pytest.raises(SpecError, match="at least one length"):
+        BatchStats.from_lengths([])  # was a batch of NaN lengths
+    for bad in ({"num_sequences": -1}, {"num_sequences": 2.5}, {"mean_len": float("nan")}, {"max_len": -3.0}):
+        with pytest.raises(SpecError, match="BatchStats"):
+            BatchStats(**{"num_sequences": 4, "mean_len": 10.0, "mean_sq_len": 100.0, "max_len": 10.0, **bad})
+
+
+def test_no_request_fits_an_instance_whose_weights_leave_no_room_for_kv() -> None:
+    cluster = ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=8, gpus_per_node=8)
+    cm = CostModel(cluster, get_model("Llama-3-70B"))
+    assert cm.rollout.kv_capacity_tokens(1) == 0.0  # 140 GB of weights on one 80 GB GPU
+    assert not cm.rollout.fits(1, 0)  # was True: 0 >= 0
+    assert not cm.rollout.fits(1, 1)

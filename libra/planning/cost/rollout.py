@@ -67,8 +67,10 @@ class RolloutCost:
         return max(0.0, free / m.kv_bytes_per_token(tp))
 
     def fits(self, tp: int, max_total_tokens: float) -> bool:
-        """One instance of degree `tp` can hold a request of `max_total_tokens` tokens."""
-        return self.kv_capacity_tokens(tp) >= max_total_tokens
+        """One instance of degree `tp` can hold a request of `max_total_tokens` tokens (none where the weights leave
+        no room for any KV cache)."""
+        capacity = self.kv_capacity_tokens(tp)
+        return capacity > 0 and capacity >= max_total_tokens
 
     def kv_limit(self, tp: int, resident_context):
         """Sequences the KV pool holds at once, after the headroom kept for their growth."""

@@ -21,12 +21,14 @@ Everything broadcasts over numpy arrays of `dp` so the planner tabulates all GPU
 
 from __future__ import annotations
 
+import math
+
 import attrs
 import numpy as np
 
 from libra.planning.cost.coefficients import CostCoefficients
 from libra.planning.cost.rollout import allreduce_latency
-from libra.spec import ClusterSpec, ModelSpec
+from libra.spec import ClusterSpec, ModelSpec, SpecError
 
 
 @attrs.frozen(kw_only=True)
@@ -38,11 +40,24 @@ class BatchStats:
     mean_sq_len: float
     max_len: float
 
+    def __attrs_post_init__(self) -> None:
+        if isinstance(self.num_sequences, bool) or not isinstance(self.num_sequences, int | np.integer):
+            raise SpecError(f"BatchStats: num_sequences must be a whole number, got {self.num_sequences!r}")
+        if self.num_sequences < 0:
+            raise SpecError(f"BatchStats: num_sequences must be >= 0, got {self.num_sequences}")
+        for name in ("mean_len", "mean_sq_len", "max_len"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float | np.number) and math.isfinite(value) and value >= 0):
+                raise SpecError(f"BatchStats: {name} must be a finite number >= 0, got {value!r}")
+
     @classmethod
     def from_lengths(cls, lengths, *, num_sequences: int | None = None) -> BatchStats:
+        """The statistics of `lengths`, for a step of `num_sequences` sequences (default: one per length)."""
         arr = np.asarray(lengths, dtype=float)
+        if arr.size == 0:
+            raise SpecError("BatchStats.from_lengths needs at least one length")
         return cls(
-            num_sequences=int(num_sequences or len(arr)),
+            num_sequences=int(len(arr) if num_sequences is None else num_sequences),
             mean_len=float(arr.mean()),
             mean_sq_len=float((arr**2).mean()),
             max_len=float(arr.max()),
