@@ -34,7 +34,13 @@ class UnknownWorker(KeyError):
     """A borrow/release/event names a worker that is not in the current placement (or not in the hybrid pool)."""
 
 
+def _check_is_placement(placement: object) -> None:
+    if not isinstance(placement, Placement):
+        raise TypeError(f"a plan is a libra.spec.placement.Placement, got {type(placement).__name__}: {placement!r}")
+
+
 def _check_exclusive(placement: Placement) -> None:
+    _check_is_placement(placement)
     shared = placement.shared_gpus()
     if shared:
         g, names = next(iter(shared.items()))
@@ -66,6 +72,7 @@ class ElasticController:
     def apply_plan(self, new: Placement, *, step: int, why: str) -> tuple[Decision, ...]:
         """Decisions that turn the current placement into ``new``; the controller then holds ``new``. A plan it
         cannot carry out raises before anything changes (no state, pairing or placement is touched)."""
+        _check_is_placement(new)
         old_by, new_by = self.placement.by_name(), new.by_name()
         self._check_plan(old_by, new_by, step=step)
         decisions: list[Decision] = []

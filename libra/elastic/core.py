@@ -35,9 +35,21 @@ from typing import Any
 import attrs
 import torch
 
-from libra.elastic.grads import Mode, StepAssignment, flatten, to_device_of, to_host, trainable, unflatten_into
+from libra.elastic.grads import (
+    Mode,
+    StepAssignment,
+    check_backend,
+    check_gradients,
+    check_seconds,
+    check_whole,
+    flatten,
+    to_device_of,
+    to_host,
+    trainable,
+    unflatten_into,
+)
 from libra.elastic.pack import checksum
-from libra.elastic.snapshot import PendingCapture, capture
+from libra.elastic.snapshot import PendingCapture, SnapshotError, capture
 from libra.elastic.states import JoinEvent, JoinState, Transition, WorkerStates
 from libra.elastic.wire import (
     Kind,
@@ -58,6 +70,18 @@ def _counts_device(group) -> torch.device:
     on an NCCL group, which reduces only device memory; else the CPU (gloo reduces either)."""
     name = group.name() if hasattr(group, "name") else torch.distributed.get_backend(group)
     return torch.device("cuda", torch.cuda.current_device()) if name == "nccl" else torch.device("cpu")
+
+
+def _check_group(group, core_rank: int, num_core_replicas: int) -> None:
+    """The core group must hold ``num_core_replicas`` ranks with this process at ``core_rank``: otherwise replicas
+    take one another's shards (or the membership all-reduce of differently sized tensors fails or hangs). Groups
+    that cannot say their size and rank (a stand-in) are not checked."""
+    if not (callable(getattr(group, "size", None)) and callable(getattr(group, "rank", None))):
+        return
+    if group.size() != num_core_replicas:
+        raise ValueError(f"num_core_replicas={num_core_replicas}, but core_group holds {group.size()} rank(s)")
+    if group.rank() != core_rank:
+        raise ValueError(f"core_rank={core_rank}, but this process is rank {group.rank()} of core_group")
 
 
 # Pruned replay copies kept for the next join (each the size of the gradient): a join replays the reduced gradients
@@ -177,13 +201,20 @@ class CoreExchange:
         reuse_snapshot_buffers: bool = True,
         model_parallel_group=None,
     ) -> None:
+        num_core_replicas = check_whole("num_core_replicas", num_core_replicas, least=1)
+        core_rank = check_whole("core_rank", core_rank, least=0)
+        if core_rank >= num_core_replicas:
+            raise ValueError(f"core_rank must be in [0, num_core_replicas={num_core_replicas}), got {core_rank}")
+        _check_group(core_group, core_rank, num_core_replicas)
         self._group, self.core_rank, self.num_core = core_group, core_rank, num_core_replicas
         self._model, self._optimizer = model, optimizer
-        self.timeout_s, self.snapshot_timeout_s = timeout_s, snapshot_timeout_s
-        self.max_catchup_steps, self.min_placeholder_steps = max_catchup_steps, min_placeholder_steps
-        if isinstance(max_missed, bool) or not isinstance(max_missed, int) or max_missed < 1:
-            raise ValueError(f"max_missed must be a whole number >= 1, got {max_missed!r}")
-        self.max_missed = max_missed
+        self.timeout_s = check_seconds("timeout_s", timeout_s)
+        self.snapshot_timeout_s = check_seconds("snapshot_timeout_s", snapshot_timeout_s)
+        self.max_catchup_steps = check_whole("max_catchup_steps", max_catchup_steps, least=0)
+        self.min_placeholder_steps = check_whole("min_placeholder_steps", min_placeholder_steps, least=0)
+        self.max_missed = check_whole("max_missed", max_missed, least=1)
+        history = check_whole("history", history, least=1)
+        backend = check_backend(backend)
         self._server, self._backend, self._on_transition = server, backend, on_transition
         self.states = WorkerStates(log_limit=history)  # bounded, like records: long runs must not grow
         self.stats = ExchangeStats()
@@ -273,6 +304,7 @@ class CoreExchange:
 
     def begin_step(self, step: int) -> StepAssignment:
         """Admit joiners, serve snapshots, promote caught-up placeholders, agree on membership for ``step``."""
+        step = check_whole("step", step, least=0)  # it goes on the wire: a float would fail only once hybrids are in
         self._last_step = step
         if self._server is not None:
             self._pending.extend(self._server.accept_ready())
@@ -321,12 +353,7 @@ class CoreExchange:
         afterwards. ``grads`` is this replica's gradient for ``step`` (see :mod:`libra.elastic.grads` for order)."""
         if self._assignment is None or self._assignment.step != step:
             raise RuntimeError(f"reduce({step}) without begin_step({step})")
-        size, expected = sum(g.numel() for g in grads), sum(p.numel() for p in trainable(self._model))
-        if size != expected:  # before the step is used up: the caller can reduce the right gradients then
-            raise ValueError(
-                f"reduce({step}): {len(grads)} gradients of {size:,} values, but the model's trainable parameters "
-                f"hold {expected:,} (give [p.grad for p in model.parameters() if p.requires_grad])"
-            )
+        check_gradients(step, grads, trainable(self._model))  # before the step is used up
         flat = self._flat = flatten(grads, out=self._flat)
         count = 1
         contributors = []
@@ -423,8 +450,14 @@ class CoreExchange:
                 self._transition(slot, JoinEvent.RECOVER, step, "rejoined after a failure")
             self._transition(slot, JoinEvent.REQUEST, step, "JOIN received")
             if shared is None:
-                spare, self._spare_buckets = self._spare_buckets, None
-                shared = PendingCapture(self._model, self._optimizer, version=step, backend=self._backend, out=spare)
+                try:
+                    shared = PendingCapture(
+                        self._model, self._optimizer, version=step, backend=self._backend, out=self._spare_buckets
+                    )
+                except SnapshotError as exc:  # the core's own state cannot be packed: the joiner fails, not the step
+                    self._fail(slot, step, f"snapshot v{step}: {exc}")
+                    continue
+                self._spare_buckets = None
             pending = shared
             slot.snapshot_version = slot.next_replay = step
             slot.send = _SnapshotSend(link, pending, self.snapshot_timeout_s)

@@ -10,7 +10,6 @@ dist link is dead for good (rejoin over TCP or restart the world).
 from __future__ import annotations
 
 import datetime
-import json
 import threading
 import time
 from collections.abc import Sequence
@@ -26,8 +25,10 @@ from libra.elastic.wire import (
     Message,
     SendHandle,
     _check_blob,
+    _decode_meta,
     _decode_prefix,
     _encode_meta,
+    _new_blob,
 )
 
 
@@ -137,22 +138,23 @@ class DistLink:
         works, parts = self._isend_all(msg)
         return _WorksSend(works, parts, timeout)
 
-    def _irecv(self, n: int) -> tuple[object, torch.Tensor]:
+    def _irecv(self, i: int, n: int) -> tuple[object, torch.Tensor]:
+        """Post the receive of part ``i`` (-1: the prefix, -2: the meta, else a blob) of ``n`` bytes."""
         import torch.distributed as dist
 
-        buf = torch.empty(n, dtype=torch.uint8)
+        buf = _new_blob(i, n)
         return dist.irecv(buf, src=self.peer, group=self._group, tag=self._tag), buf
 
     def poll(self) -> bool:
         if self._pending is None:
-            self._pending = _Posted(*self._irecv(_PREFIX.size))
+            self._pending = _Posted(*self._irecv(-1, _PREFIX.size))
         return self._pending.done.is_set()
 
     def recv(self, *, timeout: float) -> Message:
         deadline = time.monotonic() + timeout
         posted = self._pending
         if posted is None:
-            work, buf = self._irecv(_PREFIX.size)
+            work, buf = self._irecv(-1, _PREFIX.size)
             self._wait(work, deadline)
         else:
             if not posted.done.wait(max(deadline - time.monotonic(), 0.0)):
@@ -163,20 +165,20 @@ class DistLink:
                 raise LinkClosed(f"side channel (dist) with rank {self.peer}: {posted.error}")
             buf = posted.buf
         kind, step, version, meta_len = _decode_prefix(bytes(buf.numpy()))
-        work, buf = self._irecv(meta_len)
+        work, buf = self._irecv(-2, meta_len)
         self._wait(work, deadline)
-        meta = json.loads(bytes(buf.numpy()))
+        info, entries = _decode_meta(bytes(buf.numpy()))
         blobs = []
-        for i, (n, crc) in enumerate(meta["blobs"]):
+        for i, (n, crc) in enumerate(entries):
             if n == 0:
                 blob = torch.empty(0, dtype=torch.uint8)
             else:
-                work, blob = self._irecv(n)
+                work, blob = self._irecv(i, n)
                 self._wait(work, deadline)
             _check_blob(i, blob, crc)
             blobs.append(blob)
-        sums = tuple(int(crc) for _, crc in meta["blobs"])
-        return Message(kind=kind, step=step, version=version, info=meta["info"], blobs=tuple(blobs), checksums=sums)
+        sums = tuple(crc for _, crc in entries)
+        return Message(kind=kind, step=step, version=version, info=info, blobs=tuple(blobs), checksums=sums)
 
     def close(self) -> None:
         """Nothing to release: a posted prefix receive stays with the channel (see ``_pending``)."""

@@ -6,6 +6,8 @@ concatenation (one dtype).
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 from enum import StrEnum
 
@@ -51,6 +53,49 @@ def shard_bounds(global_batch: int, index: int, num_replicas: int) -> tuple[int,
     base, extra = divmod(global_batch, num_replicas)
     start = index * base + min(index, extra)
     return start, start + base + (1 if index < extra else 0)
+
+
+def check_whole(name: str, value: object, *, least: int) -> int:
+    """``value`` as an int when it is a whole number (not a bool) of at least ``least``; else one ValueError that
+    names the argument and the value (the side channel's arguments are checked where they are given)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
+    return int(value)
+
+
+def check_seconds(name: str, value: object) -> float:
+    """``value`` as a float when it is a finite number of seconds > 0 (a wait bound); else one ValueError."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) < math.inf:
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+BACKENDS = ("auto", "native", "python")
+
+
+def check_backend(backend: object) -> str:
+    """A backend name of :mod:`libra.elastic.pack`, checked where it is given rather than at the first pack (on the
+    core that is a joiner's snapshot, on a background thread: a typo would fail every join, not the caller)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    return str(backend)
+
+
+def check_gradients(step: int, grads: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> None:
+    """``grads`` must be tensors holding as many values as ``params`` (the trainable parameters): checked by
+    ``reduce`` on either end before the step is used up, so the caller can reduce the right gradients then."""
+    missing = [i for i, g in enumerate(grads) if not isinstance(g, torch.Tensor)]
+    if missing:
+        raise ValueError(
+            f"reduce({step}): gradient {missing[0]} is {grads[missing[0]]!r}, not a tensor (in a placeholder step "
+            "too: bind zeros as p.grad)"
+        )
+    size, expected = sum(g.numel() for g in grads), sum(p.numel() for p in params)
+    if size != expected:
+        raise ValueError(
+            f"reduce({step}): {len(grads)} gradients of {size:,} values, but the model's trainable parameters "
+            f"hold {expected:,} (give [p.grad for p in model.parameters() if p.requires_grad])"
+        )
 
 
 def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:

@@ -37,7 +37,20 @@ from collections.abc import Sequence
 
 import torch
 
-from libra.elastic.grads import Mode, StepAssignment, flatten, set_grads, to_device_of, to_host, unflatten_into
+from libra.elastic.grads import (
+    Mode,
+    StepAssignment,
+    check_backend,
+    check_gradients,
+    check_seconds,
+    check_whole,
+    flatten,
+    set_grads,
+    to_device_of,
+    to_host,
+    trainable,
+    unflatten_into,
+)
 from libra.elastic.snapshot import Snapshot, capture, restore, state_tensors
 from libra.elastic.states import JoinEvent, JoinState, WorkerStates
 from libra.elastic.wire import (
@@ -54,6 +67,20 @@ from libra.elastic.wire import (
 )
 
 
+def _step_info(msg: Message) -> tuple[Mode, int, int, list[int]]:
+    """A STEP message's mode, replica index, number of replicas and replayed steps (one gradient blob each), or
+    LinkError: a malformed STEP is a protocol error like any other."""
+    info = msg.info
+    try:
+        mode, index, num, replay = Mode(info["mode"]), info["replica_index"], info["num_replicas"], info["replay"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise LinkError(f"malformed STEP {msg.step}: {exc!r} in {info!r}") from None
+    whole = all(type(v) is int for v in (index, num, *(replay if isinstance(replay, list) else [None])))
+    if not whole or not isinstance(replay, list) or len(replay) != len(msg.blobs) or num < 1:
+        raise LinkError(f"malformed STEP {msg.step}: {info!r} with {len(msg.blobs)} gradient(s)")
+    return mode, index, num, replay
+
+
 class HybridReplica:
     def __init__(
         self,
@@ -66,11 +93,12 @@ class HybridReplica:
         fault: FaultHook = _no_fault,
         max_missed: int = 3,
     ) -> None:
-        if isinstance(max_missed, bool) or not isinstance(max_missed, int) or max_missed < 1:
-            raise ValueError(f"max_missed must be a whole number >= 1, got {max_missed!r}")
-        self.max_missed = max_missed
+        if not isinstance(worker, str) or not worker:
+            raise ValueError(f"worker must be a non-empty name (the core refuses a JOIN without one), got {worker!r}")
+        self.max_missed = check_whole("max_missed", max_missed, least=1)
         self.worker, self._model, self._optimizer = worker, model, optimizer
-        self.timeout_s, self._backend, self._fault = timeout_s, backend, fault
+        self.timeout_s, self._backend = check_seconds("timeout_s", timeout_s), check_backend(backend)
+        self._fault = fault
         self.states = WorkerStates(log_limit=10_000)
         self.version = -1
         self.mode: Mode | None = None
@@ -97,6 +125,9 @@ class HybridReplica:
 
     def join(self, link: Link, *, snapshot_timeout_s: float = 60.0) -> int:
         """Announce, fetch and restore the core's snapshot, attach. Returns the restored version."""
+        snapshot_timeout_s = check_seconds("snapshot_timeout_s", snapshot_timeout_s)
+        if self._link is not None:  # before anything changes: the stay in progress keeps its link
+            raise RuntimeError(f"hybrid {self.worker!r} is in training already (state {self.state.value}): leave first")
         if self.state == JoinState.FAILED:
             self._event(JoinEvent.RECOVER, "restarting a join")
         self._link = link
@@ -172,27 +203,21 @@ class HybridReplica:
                 return None
             if msg.kind != Kind.STEP:
                 raise LinkError(f"expected STEP, got {msg.kind.name}")
-            replay = msg.info["replay"]
-            for s, blob in zip(replay, msg.blobs, strict=True):
+            mode, index, num_replicas, replay = _step_info(msg)
+            for i, s in enumerate(replay):
                 if s != self.version:
                     raise LinkError(f"replay of step {s} but state is at version {self.version}")
                 self._fault("catchup")
-                grads = set_grads(self._model, self._on_device(blob.view(self._dtype())))
+                grads = set_grads(self._model, self._on_device(self._gradient(msg, i)))
                 del grads
                 self._optimizer.step()
                 self.version += 1
             if msg.step != self.version:
                 raise LinkError(f"STEP {msg.step} but state is at version {self.version} after replay")
-            mode = Mode(msg.info["mode"])
             if mode == Mode.ACTIVE and self.state == JoinState.PLACEHOLDER:
                 self._event(JoinEvent.CAUGHT_UP, f"active from step {msg.step}")
             self.mode, self._step = mode, msg.step
-            return StepAssignment(
-                step=msg.step,
-                mode=mode,
-                replica_index=int(msg.info["replica_index"]),
-                num_replicas=int(msg.info["num_replicas"]),
-            )
+            return StepAssignment(step=msg.step, mode=mode, replica_index=index, num_replicas=num_replicas)
         except Exception as exc:
             self._die(f"step: {exc}")
             raise
@@ -208,6 +233,7 @@ class HybridReplica:
         link = self._require_link()
         if step != self._step:
             raise RuntimeError(f"reduce({step}) but the current step is {self._step}")
+        self._check_grads(step, grads)  # before the step is used up: the caller can reduce the right ones then
         try:
             if self.mode == Mode.ACTIVE:
                 self._flat = flatten(grads, out=self._flat)  # nothing holds it after the send
@@ -232,7 +258,7 @@ class HybridReplica:
                 raise LinkError("detached by the core during the step")
             if msg.kind != Kind.REDUCED or msg.step != step:
                 raise LinkError(f"expected REDUCED {step}, got {msg.kind.name} {msg.step}")
-            unflatten_into(self._on_device(msg.blobs[0].view(self._dtype())), grads)
+            unflatten_into(self._on_device(self._gradient(msg, 0)), grads)
             self.version += 1
             return grads
         except Exception as exc:
@@ -260,6 +286,23 @@ class HybridReplica:
             if arrives(link, time.monotonic() + self.timeout_s):
                 break
         return recv_reusing(link, self._inbox, timeout=self.timeout_s)
+
+    def _check_grads(self, step: int, grads: Sequence[torch.Tensor]) -> None:
+        """``grads`` must hold as many values as the trainable parameters, in their dtype: the reduced gradient is
+        written into them as that dtype, and the core skips a gradient of another size or dtype every step."""
+        check_gradients(step, grads, trainable(self._model))
+        dtypes = sorted({str(g.dtype) for g in grads} - {str(self._dtype())})
+        if dtypes:
+            raise ValueError(f"reduce({step}): gradients of dtype {dtypes}, but the model trains in {self._dtype()}")
+
+    def _gradient(self, msg: Message, i: int) -> torch.Tensor:
+        """Blob ``i`` of ``msg`` as a flat gradient of the model's trainable parameters, or LinkError."""
+        dtype, expected = self._dtype(), sum(p.numel() for p in trainable(self._model))
+        blob = msg.blobs[i] if i < len(msg.blobs) else None
+        if blob is None or blob.numel() != expected * dtype.itemsize:
+            got = "none" if blob is None else f"{blob.numel():,} bytes"
+            raise LinkError(f"{msg.kind.name} {msg.step}: gradient {i} is {got}, not {expected:,} {dtype} values")
+        return blob.view(dtype)
 
     def _on_device(self, flat: torch.Tensor) -> torch.Tensor:
         """A received flat gradient on the device of the model's parameters (itself on a CPU replica): one copy

@@ -113,6 +113,7 @@ def _collect(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) ->
             continue
         if not isinstance(t, torch.Tensor):
             raise SnapshotError(f"model state {name!r} is a {type(t).__name__}, not a tensor: a snapshot holds tensors")
+        _check_packable(f"model tensor {name!r}", t)
         model_entries.append([name, *_entry(t)])
         tensors.append(t.detach())
     opt: dict[str, Any] = {"state": [], "param_groups": None}
@@ -123,20 +124,24 @@ def _collect(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) ->
             for key in sorted(sd["state"][pid]):
                 value = sd["state"][pid][key]
                 if isinstance(value, torch.Tensor):
+                    _check_packable(f"optimizer state {key!r} of parameter {pid}", value)
                     slot.append([key, "tensor", *_entry(value)])
                     tensors.append(value.detach())
                 else:
                     slot.append([key, "value", value])
             opt["state"].append([pid, slot])
         opt["param_groups"] = sd["param_groups"]
-    for t in tensors:
-        if t.device.type not in ("cpu", "cuda"):
-            raise SnapshotError(f"snapshot of {t.device} tensors: only cpu and cuda tensors are packed")
-        if str(t.dtype) not in _DTYPES:
-            raise SnapshotError(f"dtype {t.dtype} is not supported; supported: {sorted(_DTYPES)}")
+        opt["type"] = type(optimizer).__name__
     if len({t.device for t in tensors if t.device.type == "cuda"}) > 1:
         raise SnapshotError("snapshot of a state on several GPUs: snapshot each device's part separately")
     return tensors, {"model": model_entries, "optimizer": opt}
+
+
+def _check_packable(what: str, t: torch.Tensor) -> None:
+    if t.device.type not in ("cpu", "cuda"):
+        raise SnapshotError(f"{what} is on {t.device}: only cpu and cuda tensors are packed")
+    if str(t.dtype) not in _DTYPES:
+        raise SnapshotError(f"{what} is {t.dtype}, which is not supported; supported: {sorted(_DTYPES)}")
 
 
 def _on_gpu(tensors: Sequence[torch.Tensor]) -> torch.device | None:
@@ -328,6 +333,7 @@ def restore(
             have = None if t is None else _entry(t)
             raise SnapshotError(f"model tensor {name!r}: snapshot has {[shape, dtype]}, model has {have}")
         targets.append(t)
+    _check_optimizer_fits(desc["optimizer"], optimizer)
     opt_specs: list[tuple[list[int], torch.dtype]] = []
     for _pid, slot in desc["optimizer"]["state"]:
         for _key, kind, *rest in slot:
@@ -389,6 +395,24 @@ def restore(
         adopt(snapshot.buckets, [targets[i] for i in adopted], sub_layout(layout, adopted))
     if optimizer is not None and desc["optimizer"]["param_groups"] is not None:
         optimizer.load_state_dict({"state": opt_state, "param_groups": desc["optimizer"]["param_groups"]})
+
+
+def _check_optimizer_fits(saved: dict, optimizer: torch.optim.Optimizer | None) -> None:
+    """The snapshot's optimizer state must load into ``optimizer`` (same type, parameter groups of the same sizes):
+    checked before anything is written, since ``load_state_dict`` comes last and would refuse it (or fail on the
+    first step) with the model already overwritten. Snapshots from before the type was recorded are not checked
+    for it."""
+    if optimizer is None or saved["param_groups"] is None:
+        return
+    kind = saved.get("type")
+    if kind is not None and kind != type(optimizer).__name__:
+        raise SnapshotError(f"optimizer: the snapshot's is {kind}, the one restored into is {type(optimizer).__name__}")
+    have = [len(g["params"]) for g in optimizer.param_groups]
+    want = [len(g["params"]) for g in saved["param_groups"]]
+    if have != want:
+        raise SnapshotError(
+            f"optimizer: the snapshot's parameter groups hold {want} parameters, the optimizer's {have}"
+        )
 
 
 def _reusable_state(

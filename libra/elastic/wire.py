@@ -107,6 +107,27 @@ def _decode_prefix(raw: bytes) -> tuple[Kind, int, int, int]:
         raise LinkCorrupt(f"bad frame: unknown kind {kind}") from None
 
 
+def _decode_meta(raw: bytes) -> tuple[dict, list[tuple[int, int]]]:
+    """A frame's meta: its ``info`` dict and each blob's (byte count, checksum). Anything else (not UTF-8 JSON, not
+    an object of those two, a negative or non-integer size, a checksum outside 64 bits) is :class:`LinkCorrupt`,
+    so that a malformed frame fails that peer's link and never the receiver (a core step must always complete)."""
+    try:
+        meta = json.loads(raw)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError alike
+        raise LinkCorrupt(f"bad frame: meta is not JSON ({exc})") from None
+    info = meta.get("info") if isinstance(meta, dict) else None
+    entries = meta.get("blobs") if isinstance(meta, dict) else None
+    if not isinstance(info, dict) or not isinstance(entries, list):
+        raise LinkCorrupt(f"bad frame: meta needs an 'info' object and a 'blobs' list, got {raw[:80]!r}")
+    blobs: list[tuple[int, int]] = []
+    for i, entry in enumerate(entries):
+        ok = isinstance(entry, list) and len(entry) == 2 and all(type(v) is int for v in entry)
+        if not ok or not entry[0] >= 0 or not 0 <= entry[1] < 1 << 64:
+            raise LinkCorrupt(f"bad frame: blob {i} is {entry!r}, not [byte count >= 0, 64-bit checksum]")
+        blobs.append((entry[0], entry[1]))
+    return info, blobs
+
+
 def _check_blob(i: int, blob: torch.Tensor, crc: int, backend: str = "auto") -> None:
     _check_sum(i, checksum(blob, backend=backend), crc)
 
@@ -182,7 +203,7 @@ class ReusedBlobs:
         while len(self.buffers) <= index:
             self.buffers.append(torch.empty(0, dtype=torch.uint8))
         if self.buffers[index].numel() < nbytes:
-            self.buffers[index] = torch.empty(nbytes, dtype=torch.uint8)
+            self.buffers[index] = _new_blob(index, nbytes)
         return self.buffers[index]
 
 
@@ -250,21 +271,19 @@ class TcpLink:
         blobs are received into (see :data:`BlobAllocator`); by default each blob is a new tensor."""
         deadline = time.monotonic() + timeout
         kind, step, version, meta_len = _decode_prefix(self._recv_exact(_PREFIX.size, deadline))
-        meta = json.loads(self._recv_exact(meta_len, deadline))
+        info, entries = _decode_meta(self._recv_exact(meta_len, deadline))
         blobs, sums = [], []
-        for i, (n, crc) in enumerate(meta["blobs"]):
+        for i, (n, crc) in enumerate(entries):
             blob = into(i, n) if into is not None else None
             if blob is None:
-                blob = torch.empty(n, dtype=torch.uint8)
+                blob = _new_blob(i, n)
             elif blob.dtype != torch.uint8 or blob.dim() != 1 or blob.numel() < n or not blob.is_contiguous():
                 raise ValueError(f"recv(into=...): blob {i} needs a contiguous 1-D uint8 tensor of >= {n} bytes")
             blob = blob[:n]
             _check_sum(i, self._recv_hashed(memoryview(blob.numpy()).cast("B"), deadline), crc)
             blobs.append(blob)
             sums.append(crc)
-        return Message(
-            kind=kind, step=step, version=version, info=meta["info"], blobs=tuple(blobs), checksums=tuple(sums)
-        )
+        return Message(kind=kind, step=step, version=version, info=info, blobs=tuple(blobs), checksums=tuple(sums))
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -315,6 +334,14 @@ class TcpLink:
         buf = bytearray(n)
         self._recv_into(memoryview(buf), deadline)
         return bytes(buf)
+
+
+def _new_blob(i: int, n: int) -> torch.Tensor:
+    """New memory for blob ``i`` of ``n`` bytes; a size no allocator can give (a corrupted frame) is LinkCorrupt."""
+    try:
+        return torch.empty(n, dtype=torch.uint8)
+    except (RuntimeError, MemoryError) as exc:
+        raise LinkCorrupt(f"bad frame: blob {i} of {n} bytes cannot be allocated") from exc
 
 
 class SideChannelServer:
