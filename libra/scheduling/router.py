@@ -208,6 +208,14 @@ class Router(ABC):
         self._context_in_flight -= req.context
         self._finished.append(trajectory)
 
+    def abort(self, request_id: Any) -> None:
+        """The request ended without a trajectory to learn from (its agent loop failed, it was cancelled): it leaves
+        the books and no rule learns anything from it (`finish` with an empty trajectory would teach the tree, the
+        price and the experts a request of zero tokens). The moves it made stay counted."""
+        req = self._get(request_id)
+        del self._requests[request_id]
+        self._context_in_flight -= req.context
+
     def _check_finish(self, request_id: Any, trajectory: object) -> Request:
         """The request in flight that `trajectory` finishes; SpecError for anything else (before any book)."""
         req = self._get(request_id)

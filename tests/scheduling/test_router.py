@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from sched_strategies import steps_of_trajectories
 
@@ -14,11 +14,14 @@ from libra.workloads.trace import Trajectory, Turn
 BUCKETS = parse_buckets("2:5000,4:15000,8:inf")
 
 
-def drive(router, steps) -> list[RouteDecision]:
-    """Run every step's trajectories through `router` with interleaved requests; return every decision."""
+def drive(router, steps, before_step=None) -> list[RouteDecision]:
+    """Run every step's trajectories through `router` with interleaved requests; return every decision.
+    `before_step(router, k)` runs at the start of step k."""
     decisions = []
     rid = 0
-    for step in steps:
+    for k, step in enumerate(steps):
+        if before_step is not None:
+            before_step(router, k)
         live = []
         for t in step:
             rid += 1
@@ -395,3 +398,29 @@ def test_a_refused_finish_changes_nothing_and_names_what_is_wrong() -> None:
     router.admit("b", prompt_id="p", prompt_tokens=100)
     with pytest.raises(SpecError, match=r"tool_tokens must be a Python int \(convert with int\(\.\.\.\)\), got"):
         router.on_tool_return("b", tool="bash", tool_tokens=np.int64(5), status="ok", context_tokens=205)
+
+
+def _abort_two(router, k: int) -> None:
+    """Two requests of step `k` that a small tool return reaches and that then fail (ids far above `drive`'s)."""
+    for j in range(2):
+        rid = 10_000 + 2 * k + j
+        router.admit(rid, prompt_id=f"failing-{j}", prompt_tokens=700, final_tokens=30_000)
+        d = router.on_tool_return(rid, tool="bash", tool_tokens=50, status="error", context_tokens=900)
+        assume(not d.migrate)  # a move stays counted (the price of moves): not what this compares
+        router.abort(rid)
+
+
+@pytest.mark.parametrize("name", [p for p in POLICIES if p != "fcfs"])  # fcfs: its turn counter counts admissions
+@settings(max_examples=10, deadline=None)
+@given(steps=steps_of_trajectories(max_steps=3, max_per_step=8))
+def test_an_aborted_request_leaves_no_trace_in_what_the_router_learns(name, steps) -> None:
+    """A failed trajectory leaves the books and teaches nothing: the decisions for everything else are the same as
+    if it had never been admitted (verl's agent loop used to finish it with an empty trajectory: a zero-token
+    request the tree, the price and the experts learnt from)."""
+    plain, aborting = make_router(name, BUCKETS), make_router(name, BUCKETS)
+    assert drive(aborting, steps, before_step=_abort_two) == drive(plain, steps)
+    assert aborting.num_active == 0 and aborting.context_in_flight == plain.context_in_flight == 0
+    probe = [_long("p0"), _long("failing-0", size=9000), _long("failing-1", size=60)]
+    assert drive(aborting, [probe]) == drive(plain, [probe])
+    with pytest.raises(SpecError):
+        aborting.abort(10_000)  # once only, as finish
