@@ -4,10 +4,12 @@ verl-environment tests in tests/adapters/verl_plugin run the real thing)."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from libra.adapters.verl.balancer import LibraLoadBalancer
+from libra.spec import SpecError
 
 
 def published_options() -> dict:
@@ -102,3 +104,73 @@ def test_a_trajectory_sticks_to_its_server_until_the_router_moves_it() -> None:
     assert d["migrate"] and d["bucket"] == 1
     assert lb.acquire_server("x")[0] == "c"
     assert lb.get_status()["libra"]["counts"]["server_moves"] == 1
+
+
+@pytest.mark.parametrize(
+    "config, words",
+    [
+        (None, "must be a mapping"),  # an empty YAML file
+        ({"buckets": {"tp": 1}}, "must be a list"),
+        ({"buckets": [4]}, "buckets[0] must be a mapping"),
+        ({"buckets": [{"max_tokens": 300}, {"tp": 2}]}, "buckets[0].tp must be an integer"),
+        ({"buckets": [{"tp": "2"}]}, "buckets[0].tp must be an integer"),
+        ({"buckets": [{"tp": 1, "max_tokens": "300"}, {"tp": 2}]}, "buckets[0].max_tokens must be a number"),
+        # a null limit in the middle used to become a second open-ended bucket
+        ({"buckets": [{"tp": 1}, {"tp": 2, "max_tokens": 900}, {"tp": 4}]}, "only the last bucket is open-ended"),
+        ({"buckets": [{"tp": 1}], "options": ["preset"]}, "'options' must be a mapping"),
+    ],
+)
+def test_a_malformed_router_yaml_is_refused_in_one_line(config, words) -> None:
+    with pytest.raises(SpecError) as err:
+        DictBalancer({}, config)
+    assert "\n" not in str(err.value) and words in str(err.value), str(err.value)
+
+
+def test_router_yaml_options_may_be_null() -> None:
+    lb = DictBalancer(dict(SERVERS), {**YAML, "options": None})  # `options:` with nothing after it in the YAML
+    assert [b.tp for b in lb.buckets] == [1, 2, 4]
+
+
+def test_aborted_and_unparsed_trajectories_leave_the_books_without_teaching_the_router() -> None:
+    lb = DictBalancer(dict(SERVERS), YAML)
+    lb.report_start("x", "p", 40)
+    sid, _ = lb.acquire_server("x")
+    lb.release_server(sid, "x")
+    lb.report_abort("x")
+    lb.report_abort("x")  # twice, or for a request never admitted: nothing to do
+    lb.report_abort("never")
+    assert lb.router.num_active == 0 and lb.get_total_inflight() == 0
+    lb.report_start("y", "p", 40)
+    lb.report_finish("y", {"prompt_id": "p", "turns": []})  # a record the trace schema refuses
+    assert lb.router.num_active == 0 and lb.get_total_inflight() == 0
+    counts = lb.get_status()["libra"]["counts"]
+    assert (counts["aborted"], counts["unparsed"], counts.get("finished", 0)) == (1, 1, 0)
+    nodes = lb.router.tree.num_nodes
+    lb.end_step()
+    assert lb.router.tree.num_nodes == nodes and not lb.router.tree.prompts  # no prompt learnt from either
+    lb.report_start("x", "p", 40)  # the same id may start again (verl's resume after an abort)
+    assert lb.router.num_active == 1
+
+
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        ((1, 7), "says bucket 7"),  # out of the router YAML's range
+        ((1, "x"), "says bucket 'x'"),
+        ((3, None), "TP-3 server matches no bucket"),
+    ],
+)
+def test_a_server_that_fits_no_bucket_is_refused_before_any_is_added(bad, words) -> None:
+    class Servers(DictBalancer):
+        def _rollout_configs(self, handles):  # (tp, bucket); a None bucket: the server names none
+            return [
+                {"tensor_model_parallel_size": tp, **({} if b is None else {"custom": {"libra": {"bucket": b}}})}
+                for tp, b in handles
+            ]
+
+    lb = Servers({"a": (1, 0)}, YAML)
+    with pytest.raises(SpecError) as err:
+        lb.add_servers({"e": (1, 0), "bad": bad})
+    assert "\n" not in str(err.value) and words in str(err.value) and "bad" in str(err.value), str(err.value)
+    status = lb.get_status()
+    assert status["registered_handles"] == ["a"] and lb.get_all_servers() == ["a"]  # "e" was not added either

@@ -9,13 +9,14 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from libra.adapters.verl.config import VerlConfigError, node_layout
-from libra.adapters.verl.traces import export_batch, trace_record
+from libra.adapters.verl.config import VerlConfigError, emit_verl_config, node_layout
+from libra.adapters.verl.traces import export_batch, trace_record, write_trace
 from libra.cli import main
 from libra.workloads.trace import TraceError
 
@@ -111,3 +112,107 @@ def test_export_batch_reads_the_agent_loop_records_and_validates_them() -> None:
     with pytest.raises(TraceError):
         export_batch({"libra_trace": [bad]})
     assert math.isfinite(out[0]["reward"])
+
+
+def _mixed_plan():
+    """A data-parallel training layout beside three rollout buckets (2 x TP-1, 1 x TP-2, 1 x TP-4) on 16 GPUs."""
+    from libra.spec import ClusterSpec, InstanceGroup, Plan, RLSettings, RolloutConfig, TrainConfig, get_gpu
+
+    groups = ((1, 2, 250.0), (2, 1, 600.0), (4, 1, math.inf))
+    plan = Plan(
+        train=TrainConfig(num_gpus=4, tp=1, pp=1, dp=4, micro_batch=1),
+        rollout=RolloutConfig(
+            num_gpus=8, time_s=1.0, instances=tuple(InstanceGroup(tp=t, count=c, max_tokens=m) for t, c, m in groups)
+        ),
+        makespan_s=1.0,
+    )
+    cluster = ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=16, gpus_per_node=8)
+    return plan, cluster, RLSettings(num_prompts=4, samples_per_prompt=2, max_model_len=4096)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"tool_timeout_s": -1}, "tool_timeout_s"),  # every tool call would time out at once
+        ({"tool_timeout_s": float("nan")}, "tool_timeout_s"),
+        ({"tool_timeout_s": math.inf}, "tool_timeout_s"),
+        ({"tool_timeout_s": "600"}, "tool_timeout_s"),  # float("600") in every agent-loop worker, or worse
+        ({"parameter_sync_step": "2"}, "parameter_sync_step"),
+        ({"parameter_sync_step": 2.0}, "parameter_sync_step"),  # would be written as 2.0 for verl's int field
+        ({"max_prompt_tokens": 100.5}, "max_prompt_tokens"),
+        ({"max_prompt_tokens": "100"}, "max_prompt_tokens"),
+        ({"router_policy": "cmlfqq"}, "unknown routing policy"),  # else the balancer actor fails at rollout
+        ({"router_options": {"presett": "published"}}, "unknown option"),
+        ({"router_options": {"preset": "nope"}}, "unknown preset"),
+        ({"router_options": ["preset"]}, "router_options"),
+        ({"rollout_engine": "sglang"}, "get_rollout_config"),  # only verl's vLLM server tells its bucket
+        ({"adv_estimator": "gae"}, "critic"),  # a second trained model the plan has no GPUs for
+        ({"model_path": ""}, "model_path"),
+        ({"model_path": None}, "model_path"),
+        ({"model_path": "a\nb"}, "model_path"),  # overrides.txt is one override per line
+    ],
+)
+def test_emit_refuses_bad_arguments_with_one_line_naming_them(tmp_path, kwargs, words) -> None:
+    plan, cluster, rl = _mixed_plan()
+    args = {"model_path": "m", "config_dir": tmp_path, **kwargs}
+    with pytest.raises(VerlConfigError) as err:
+        emit_verl_config(plan, cluster=cluster, rl=rl, **args)
+    message = str(err.value)
+    assert "\n" not in message and words in message, message
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_config_is_written_only_where_its_overrides_point(tmp_path) -> None:
+    plan, cluster, rl = _mixed_plan()
+    config = emit_verl_config(plan, cluster=cluster, rl=rl, model_path="m", config_dir=tmp_path / "a")
+    with pytest.raises(VerlConfigError, match="config_dir"):
+        config.write(tmp_path / "b")  # run_verl.sh would name router and agent-loop YAML that are not there
+    assert not (tmp_path / "b").exists()
+    written = config.write()  # default: the directory the overrides name
+    assert {p.parent for p in written} == {(tmp_path / "a").resolve()}
+    overrides = (tmp_path / "a" / "overrides.txt").read_text().split()
+    assert (
+        f"actor_rollout_ref.rollout.router_config_path={(tmp_path / 'a' / 'libra_router.yaml').resolve()}" in overrides
+    )
+
+
+def test_export_batch_refuses_odd_columns_in_one_line_naming_them() -> None:
+    rec = trace_record(prompt_id="x", prompt_tokens=12, turns=[{"gen_tokens": 5}])
+    for batch, words in [
+        ({"libra_trace": [rec, rec], "uid": ["p0"]}, "field 'uid': has 1 rows"),  # a column of another length
+        ({"libra_trace": [rec], "score": np.array([np.nan])}, "field 'score': must be a finite number"),
+        ({"libra_trace": [rec], "acc": ["n/a"]}, "field 'acc': must be a finite number"),
+        ({"libra_trace": [rec], "rollout_n": [0.5]}, "field 'rollout_n': must be an integer"),
+        ({"libra_trace": [json.dumps(rec)]}, "field 'libra_trace': must be a trace record"),
+        ({"libra_trace": 7}, "field 'libra_trace': must be a column"),
+    ]:
+        with pytest.raises(TraceError) as err:
+            export_batch(batch)
+        assert "\n" not in str(err.value) and words in str(err.value), str(err.value)
+    with pytest.raises(TraceError, match="field 'step'"):
+        export_batch({"libra_trace": [rec]}, step="x")
+    # numpy scalars are numbers; a row verl left without a uid keeps the agent loop's prompt id
+    out = export_batch({"libra_trace": np.array([rec], dtype=object), "uid": [None], "score": np.array([0.5])})
+    assert (out[0]["prompt_id"], out[0]["reward"]) == ("x", 0.5)
+    assert export_batch({"libra_trace": np.array([], dtype=object), "uid": np.array([])}) == []
+
+
+def test_write_trace_refuses_a_record_the_loader_would_refuse_and_leaves_the_file(tmp_path) -> None:
+    path = tmp_path / "t.jsonl"
+    good = trace_record(prompt_id="x", prompt_tokens=12, turns=[{"gen_tokens": 5}])
+    assert write_trace(path, [good]) == 1
+    for bad in (dict(good, reward=float("nan")), dict(good, turns=[]), {"prompt_id": "y", "extra": object()}):
+        with pytest.raises(TraceError) as err:
+            write_trace(path, [good, bad])
+        assert ":2:" in str(err.value) and "\n" not in str(err.value), str(err.value)
+    assert path.read_text() == json.dumps(good) + "\n"  # as it was
+
+
+def test_a_write_that_fails_leaves_no_file_of_the_new_set(tmp_path) -> None:
+    plan, cluster, rl = _mixed_plan()
+    (tmp_path / "libra_router.yaml").mkdir()  # the second file cannot be written
+    config = emit_verl_config(plan, cluster=cluster, rl=rl, model_path="m", config_dir=tmp_path)
+    with pytest.raises(VerlConfigError) as err:
+        config.write(tmp_path)
+    assert "\n" not in str(err.value) and "libra_router.yaml" in str(err.value)
+    assert [p.name for p in tmp_path.iterdir()] == ["libra_router.yaml"]  # no overrides.txt naming a missing router

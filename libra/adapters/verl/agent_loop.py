@@ -57,8 +57,17 @@ class LibraToolAgentLoop(ToolAgentLoop):
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         self._prompt_id = str(kwargs.get("uid", kwargs.get("index", "")))
-        self._sample = kwargs.get("rollout_n")
-        output = await super().run(sampling_params, **kwargs)
+        try:
+            output = await super().run(sampling_params, **kwargs)
+        except BaseException:
+            # verl's v1 trainers log a failed trajectory and go on: without this it would stay in the router's
+            # books (in flight, admitted) for the rest of the run
+            if self._balancer is not None and self._request_id:
+                try:
+                    await self._balancer.report_abort.remote(self._request_id)
+                except Exception as exc:  # the trajectory's own error is the one to raise
+                    logger.warning("libra_tool_agent: could not report the abort of %s: %s", self._request_id, exc)
+            raise
         record = trace_record(
             prompt_id=self._prompt_id,
             prompt_tokens=self._prompt_tokens,

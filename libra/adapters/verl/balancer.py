@@ -14,7 +14,7 @@ server between turns at the cost of one prefill; within a turn it never moves.
 - Otherwise a trajectory sticks to its server; a server removed mid-run (elastic lending) sends the next turn to the
   least-loaded server of the same bucket, or of the nearest bucket that still has servers.
 - `report_finish` hands the finished trajectory (Libra trace schema) to the router; `end_step` (the trainer's step
-  end) lets the router learn from them.
+  end) lets the router learn from them. `report_abort` takes a failed trajectory off the router's books.
 
 Only request ids and token counts cross the RPC (`require_acquire_fields` is empty): never the prompt's token ids.
 The router's decisions are plain values; `get_status()["libra"]` counts them for logs and tests.
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from libra.spec import Bucket, SpecError
-from libra.workloads.trace import TraceError, Trajectory, parse_line
+from libra.workloads.trace import TraceError, parse_line
 
 logger = logging.getLogger(__name__)
 
@@ -37,15 +37,27 @@ STICKY_CACHE_SIZE = 100_000
 _SOURCE = Path("<verl agent loop>")
 
 
-def buckets_from_yaml(config: dict[str, Any]) -> tuple[Bucket, ...]:
-    """The router YAML's `buckets` ([{tp, max_tokens (null = open-ended)}]) as Libra buckets."""
-    raw = config.get("buckets")
+def buckets_from_yaml(config: Any) -> tuple[Bucket, ...]:
+    """The router YAML's `buckets` ([{tp, max_tokens (null = open-ended, the last bucket only)}]) as Libra buckets.
+    A malformed list raises SpecError in one line naming the bucket and the field."""
+    raw = config.get("buckets") if isinstance(config, dict) else None
     if not raw:
         raise SpecError("router YAML: 'buckets' is missing or empty (write it with `libra plan --emit verl`)")
+    if not isinstance(raw, list):
+        raise SpecError(f"router YAML: 'buckets' must be a list of {{tp, max_tokens}}, got {type(raw).__name__}")
     out = []
     for i, b in enumerate(raw):
-        limit = b.get("max_tokens")
-        out.append(Bucket(tp=int(b["tp"]), max_tokens=float("inf") if limit is None or i == len(raw) - 1 else limit))
+        if not isinstance(b, dict):
+            raise SpecError(f"router YAML: buckets[{i}] must be a mapping {{tp, max_tokens}}, got {b!r}")
+        tp, limit = b.get("tp"), b.get("max_tokens")
+        if not isinstance(tp, int) or isinstance(tp, bool):
+            raise SpecError(f"router YAML: buckets[{i}].tp must be an integer, got {tp!r}")
+        last = i == len(raw) - 1
+        if limit is None and not last:
+            raise SpecError(f"router YAML: buckets[{i}].max_tokens is null, but only the last bucket is open-ended")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int | float)):
+            raise SpecError(f"router YAML: buckets[{i}].max_tokens must be a number of tokens or null, got {limit!r}")
+        out.append(Bucket(tp=tp, max_tokens=float("inf") if limit is None or last else limit))
     return tuple(out)
 
 
@@ -61,9 +73,14 @@ class LibraLoadBalancer:
     def __init__(self, servers: dict[str, Any], config: dict[str, Any]) -> None:
         from libra.scheduling import make_router
 
+        if not isinstance(config, dict):
+            raise SpecError(f"router YAML must be a mapping (router_class, policy, options, buckets), got {config!r}")
         self.config = dict(config)
         self.buckets = buckets_from_yaml(self.config)
-        self.router = make_router(self.config.get("policy", "cmlfq"), self.buckets, **self.config.get("options", {}))
+        options = self.config.get("options") or {}
+        if not isinstance(options, dict):
+            raise SpecError(f"router YAML: 'options' must be a mapping of the policy's options, got {options!r}")
+        self.router = make_router(self.config.get("policy", "cmlfq"), self.buckets, **options)
         self._servers: dict[str, Any] = {}
         self._bucket_of_server: dict[str, int] = {}
         self._inflight: dict[str, int] = {}
@@ -111,9 +128,11 @@ class LibraLoadBalancer:
         if not servers:
             return
         configs = self._rollout_configs(list(servers.values()))
-        for (sid, handle), cfg in zip(servers.items(), configs):
+        # every server's bucket first: a server that fits none is refused before any of them is registered
+        buckets = {sid: self._bucket_for_server(sid, cfg) for sid, cfg in zip(servers, configs)}
+        for sid, handle in servers.items():
             self._servers[sid] = handle
-            self._bucket_of_server[sid] = self._bucket_for_server(cfg)
+            self._bucket_of_server[sid] = buckets[sid]
             self._inflight[sid] = 0
         logger.info("LibraLoadBalancer: added %d servers, buckets %s", len(servers), self._bucket_of_server)
 
@@ -188,12 +207,24 @@ class LibraLoadBalancer:
         self._admitted.discard(request_id)
         try:
             traj = parse_line(json.dumps(trajectory), _SOURCE, 1)
-        except TraceError as exc:  # the request still leaves the router; an empty trajectory teaches it nothing
+        except TraceError as exc:  # the request still leaves the router, unlearnt
             logger.warning("LibraLoadBalancer: trajectory of %s not learnt from: %s", request_id, exc)
-            traj = Trajectory(prompt_id=str(request_id), prompt_tokens=0, turns=())
+            self.router.abort(request_id)
             self.counts["unparsed"] += 1
+            return
         self.router.finish(request_id, traj)
         self.counts["finished"] += 1
+
+    def report_abort(self, request_id: str) -> None:
+        """The trajectory failed (its agent loop raised; verl's v1 trainers drop the prompt's group and go on): it
+        leaves the router's books without teaching the router anything."""
+        self._sticky.pop(request_id, None)
+        self._last_server.pop(request_id, None)
+        if request_id not in self._admitted:
+            return
+        self._admitted.discard(request_id)
+        self.router.abort(request_id)
+        self.counts["aborted"] += 1
 
     def end_step(self) -> dict:
         """Step boundary (the trainer's step end): the router learns from the trajectories finished since the last
@@ -216,21 +247,24 @@ class LibraLoadBalancer:
         self.counts[f"admitted_bucket_{d.bucket}"] += 1
         return d
 
-    def _bucket_for_server(self, cfg: Any) -> int:
+    def _bucket_for_server(self, server_id: str, cfg: Any) -> int:
         custom = _field(cfg, "custom") or {}
         libra = custom.get("libra", {}) if isinstance(custom, dict) else {}
         if "bucket" in libra:
-            index = int(libra["bucket"])
-            if not 0 <= index < len(self.buckets):
-                raise SpecError(f"server says bucket {index}; the router YAML has {len(self.buckets)} buckets")
+            index = libra["bucket"]
+            if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self.buckets):
+                raise SpecError(
+                    f"server {server_id} says bucket {index!r} (custom.libra.bucket); the router YAML has buckets "
+                    f"0 to {len(self.buckets) - 1}"
+                )
             return index
-        tp = int(_field(cfg, "tensor_model_parallel_size", 1))
+        tp = _field(cfg, "tensor_model_parallel_size", 1)
         for i, b in enumerate(self.buckets):
             if b.tp == tp:
                 return i
         raise SpecError(
-            f"a TP-{tp} server matches no bucket of the router YAML ({[b.tp for b in self.buckets]}); "
-            "regenerate it with `libra plan --emit verl`"
+            f"server {server_id}: a TP-{tp} server matches no bucket of the router YAML "
+            f"({[b.tp for b in self.buckets]}); regenerate it with `libra plan --emit verl`"
         )
 
     def _serving_bucket(self, bucket: int) -> int:

@@ -17,15 +17,17 @@ configuration), which the router and the Libra trainer read back.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 import attrs
 import yaml
 
-from libra.spec import ClusterSpec, Plan, RLSettings, SpecError
+from libra.spec import Bucket, ClusterSpec, Plan, RLSettings, SpecError
 from libra.spec.files import atomic_open
 
 VERL_VERSION = "0.9.1"
@@ -38,6 +40,11 @@ TRAINER_MIXED_TP = "libra_separate_async"
 ROUTER_FILE = "libra_router.yaml"
 AGENT_LOOP_FILE = "libra_agent_loops.yaml"
 OVERRIDES_FILE = "overrides.txt"
+# LibraLoadBalancer maps each server to its bucket through `get_rollout_config()`, which in verl 0.9.1 only the vLLM
+# server has (its SGLang and TensorRT-LLM servers do not)
+ROLLOUT_ENGINES = ("vllm",)
+# advantage estimators that make verl start a critic (`need_critic`), a second trained model the plan has no GPUs for
+CRITIC_ESTIMATORS = ("gae",)
 
 
 class VerlConfigError(SpecError):
@@ -91,6 +98,7 @@ class VerlConfig:
     trainer_mode: str
     train_layout: NodeLayout
     rollout_layout: NodeLayout
+    config_dir: Path | None = None  # where the overrides say the router and agent-loop YAML lie
 
     def command(self) -> str:
         """The verl launch command these overrides belong to."""
@@ -98,10 +106,19 @@ class VerlConfig:
             _shell_quote(o) for o in self.overrides
         )
 
-    def write(self, out_dir: str | Path) -> list[Path]:
+    def write(self, out_dir: str | Path | None = None) -> list[Path]:
         """Write overrides.txt, the router and agent-loop YAML, run_verl.sh and libra_verl.json into `out_dir`
-        (atomically, each file); return the paths."""
-        out = Path(out_dir)
+        (default: the `config_dir` the overrides name) as one set: a failure leaves none of them changed. Returns the
+        paths. A directory other than `config_dir` is refused: the overrides would name router and agent-loop files
+        that are not there."""
+        if out_dir is None and self.config_dir is None:
+            raise VerlConfigError("write() needs out_dir: this config names no config_dir")
+        out = Path(out_dir) if out_dir is not None else Path(self.config_dir or ".")
+        if self.config_dir is not None and out.resolve() != self.config_dir:
+            raise VerlConfigError(
+                f"the overrides name router and agent-loop files in {self.config_dir}, not in {out.resolve()}: "
+                "pass config_dir=out_dir to emit_verl_config"
+            )
         out.mkdir(parents=True, exist_ok=True)
         files = {
             OVERRIDES_FILE: "\n".join(self.overrides) + "\n",
@@ -114,12 +131,15 @@ class VerlConfig:
             + ' "$@"\n',
             "libra_verl.json": json.dumps(self.summary(), indent=2) + "\n",
         }
-        paths = []
-        for name, text in files.items():
-            path = out / name
-            with atomic_open(path, executable=name.endswith(".sh")) as f:
-                f.write(text)
-            paths.append(path)
+        paths = [out / name for name in files]
+        for path in paths:  # a rename over a directory would fail after the files before it were replaced
+            if path.is_dir():
+                raise VerlConfigError(f"cannot write {path}: a directory is in the way")
+        # every file is written beside its path first and all are renamed at the end: a failed write (a full disk)
+        # leaves the old set whole, never new overrides beside an old router YAML
+        with contextlib.ExitStack() as stack:
+            for path, text in zip(paths, files.values()):
+                stack.enter_context(atomic_open(path, executable=path.name.endswith(".sh"))).write(text)
         return paths
 
     def summary(self) -> dict[str, Any]:
@@ -132,6 +152,26 @@ class VerlConfig:
             "buckets": [b.to_dict() for b in self.buckets],
             "overrides": list(self.overrides),
         }
+
+
+# what Hydra's override grammar reads back as this very string without quotes: a subset of its unquoted characters
+# (no `\`, no `$` of interpolations, no `+`), unless the word reads as a number, a bool, null, inf or nan
+_HYDRA_PLAIN = re.compile(r"[A-Za-z0-9_./:@%*?|-]+")
+_HYDRA_NOT_STRING = re.compile(r"[-+]?[0-9_.]*([eE][-+]?[0-9_]+)?|(?i:[-+]?(inf|nan)|null|true|false)")
+
+
+def _hydra_str(text: str) -> str:
+    """`text` as a Hydra override value that reads back as exactly `text` (a quoted string where it must be: a
+    path with a comma, `~`, brackets, quotes, `$` or non-ASCII letters otherwise fails or changes in Hydra)."""
+    if any(c in text for c in "\n\r\0"):
+        raise VerlConfigError(f"{text!r} cannot be a line of {OVERRIDES_FILE}")
+    if _HYDRA_PLAIN.fullmatch(text) and not _HYDRA_NOT_STRING.fullmatch(text):
+        return text
+    # inside '...': \' is a quote and \${ a literal `${` (not an interpolation); backslashes are literal except a
+    # run of them before a quote, a `${` or the closing quote, which is doubled
+    body = re.sub(r"(\\+)(?='|\$\{|$)", lambda m: m.group(1) * 2, text)
+    body = body.replace("'", "\\'").replace("${", "\\${")
+    return "'" + body + "'"
 
 
 def _shell_quote(text: str) -> str:
@@ -226,13 +266,19 @@ def emit_verl_config(
     tool call run before reporting it as a timeout; `rollout_engine` is verl's `rollout.name`.
     Raises `VerlConfigError` (one line) for a plan verl would run differently: idle or mis-summed rollout GPUs,
     a replica or a TP group that does not fit a node, a derived DP other than the plan's, a batch verl refuses, a
-    TP/PP/EP layout on FSDP."""
-    if strategy not in STRATEGIES:
-        raise VerlConfigError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
-    if parameter_sync_step < 1:
-        raise VerlConfigError(f"parameter_sync_step must be >= 1, got {parameter_sync_step}")
-    if not 0 < max_prompt_tokens < rl.max_model_len:
-        raise VerlConfigError(f"max_prompt_tokens must be in (0, {rl.max_model_len}), got {max_prompt_tokens}")
+    TP/PP/EP layout on FSDP; and for an argument of the wrong type or range, a router policy or option Libra's
+    router refuses, a rollout engine other than vLLM or an estimator that needs a critic."""
+    _check_arguments(
+        model_path=model_path,
+        strategy=strategy,
+        parameter_sync_step=parameter_sync_step,
+        max_prompt_tokens=max_prompt_tokens,
+        max_model_len=rl.max_model_len,
+        tool_timeout_s=tool_timeout_s,
+        rollout_engine=rollout_engine,
+        adv_estimator=adv_estimator,
+        checkpoint_backend=checkpoint_backend,
+    )
     t = plan.train
     if plan.num_gpus > cluster.num_gpus:
         raise VerlConfigError(f"the plan uses {plan.num_gpus} GPUs, the cluster has {cluster.num_gpus}")
@@ -250,6 +296,7 @@ def emit_verl_config(
             f"verl would derive DP {derived_dp} from {train_layout.num_gpus} GPUs, the plan has {t.dp}"
         )
     buckets = _rollout_buckets(plan, cluster)
+    router_options = _check_router(router_policy, router_options, buckets)
     mini = _check_batch(plan, rl, strategy=strategy, parameter_sync_step=parameter_sync_step)
     max_tp = max(b.tp for b in buckets)
     rollout_layout = node_layout(
@@ -265,11 +312,11 @@ def emit_verl_config(
     o: list[str] = [
         f"trainer.v1.trainer_mode={trainer_mode}",
         f"trainer.v1.separate_async.parameter_sync_step={parameter_sync_step}",
-        f"algorithm.adv_estimator={adv_estimator}",
+        f"algorithm.adv_estimator={_hydra_str(adv_estimator)}",
         f"trainer.nnodes={train_layout.nnodes}",
         f"trainer.n_gpus_per_node={train_layout.gpus_per_node}",
         f"{ar}.hybrid_engine=False",
-        f"{ar}.model.path={model_path}",
+        f"{ar}.model.path={_hydra_str(model_path)}",
         f"data.train_batch_size={rl.num_prompts}",
         f"data.max_prompt_length={max_prompt_tokens}",
         f"data.max_response_length={rl.max_model_len - max_prompt_tokens}",
@@ -283,9 +330,9 @@ def emit_verl_config(
         f"{ar}.rollout.nnodes={rollout_layout.nnodes}",
         f"{ar}.rollout.n_gpus_per_node={rollout_layout.gpus_per_node}",
         f"{ar}.rollout.tensor_model_parallel_size={buckets[0].tp if not mixed else max_tp}",
-        f"{ar}.rollout.checkpoint_engine.backend={checkpoint_backend}",
-        f"{ar}.rollout.router_config_path={config_dir / ROUTER_FILE}",
-        f"{ar}.rollout.agent.agent_loop_config_path={config_dir / AGENT_LOOP_FILE}",
+        f"{ar}.rollout.checkpoint_engine.backend={_hydra_str(checkpoint_backend)}",
+        f"{ar}.rollout.router_config_path={_hydra_str(str(config_dir / ROUTER_FILE))}",
+        f"{ar}.rollout.agent.agent_loop_config_path={_hydra_str(str(config_dir / AGENT_LOOP_FILE))}",
         f"{ar}.rollout.agent.default_agent_loop={AGENT_LOOP_NAME}",
     ]
     if strategy == "megatron":
@@ -313,7 +360,7 @@ def emit_verl_config(
     router = {
         "router_class": ROUTER_CLASS,
         "policy": router_policy,
-        "options": dict(router_options or {}),
+        "options": router_options,
         "buckets": [{"tp": b.tp, "max_tokens": b.max_tokens} for b in buckets],
     }
     agent_loops = [{"name": AGENT_LOOP_NAME, "_target_": AGENT_LOOP_CLASS}]
@@ -326,7 +373,75 @@ def emit_verl_config(
         trainer_mode=trainer_mode,
         train_layout=train_layout,
         rollout_layout=rollout_layout,
+        config_dir=config_dir,
     )
+
+
+def _check_arguments(
+    *,
+    model_path: Any,
+    strategy: Any,
+    parameter_sync_step: Any,
+    max_prompt_tokens: Any,
+    max_model_len: int,
+    tool_timeout_s: Any,
+    rollout_engine: Any,
+    adv_estimator: Any,
+    checkpoint_backend: Any,
+) -> None:
+    """emit_verl_config's arguments: each wrong one is refused with one line naming it, before anything is derived."""
+    if strategy not in STRATEGIES:
+        raise VerlConfigError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    for name, value in (
+        ("model_path", model_path),
+        ("adv_estimator", adv_estimator),
+        ("checkpoint_backend", checkpoint_backend),
+    ):
+        if not isinstance(value, str) or not value.strip() or any(c in value for c in "\n\r\0"):
+            raise VerlConfigError(f"{name} must be a non-empty string on one line, got {value!r}")
+    if not _is_int(parameter_sync_step) or parameter_sync_step < 1:
+        raise VerlConfigError(f"parameter_sync_step must be an integer >= 1, got {parameter_sync_step!r}")
+    if not _is_int(max_prompt_tokens) or not 0 < max_prompt_tokens < max_model_len:
+        raise VerlConfigError(
+            f"max_prompt_tokens must be an integer in (0, {max_model_len}) (below rl.max_model_len), "
+            f"got {max_prompt_tokens!r}"
+        )
+    if (
+        isinstance(tool_timeout_s, bool)
+        or not isinstance(tool_timeout_s, int | float)
+        or not 0 < tool_timeout_s < math.inf
+    ):
+        raise VerlConfigError(f"tool_timeout_s must be a finite number of seconds > 0, got {tool_timeout_s!r}")
+    if rollout_engine not in ROLLOUT_ENGINES:
+        raise VerlConfigError(
+            f"rollout_engine must be one of {', '.join(ROLLOUT_ENGINES)}, got {rollout_engine!r}: LibraLoadBalancer "
+            "reads each server's bucket from get_rollout_config(), which only verl's vLLM server has"
+        )
+    if adv_estimator in CRITIC_ESTIMATORS:
+        raise VerlConfigError(
+            f"adv_estimator {adv_estimator!r} makes verl train a critic, which the plan has no GPUs for; "
+            "use a critic-free estimator such as grpo"
+        )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_router(policy: Any, options: Any, buckets: tuple[VerlBucket, ...]) -> dict[str, Any]:
+    """Build the router the balancer will build from the router YAML, so that a policy or option it refuses is
+    refused here, in one line, rather than in verl's balancer actor at the first rollout. Returns the options."""
+    from libra.scheduling import make_router  # pure, but not needed to import this module
+
+    if options is not None and not isinstance(options, dict):
+        raise VerlConfigError(f"router_options must be a dict of the policy's options, got {options!r}")
+    options = dict(options or {})
+    specs = tuple(Bucket(tp=b.tp, max_tokens=math.inf if b.max_tokens is None else b.max_tokens) for b in buckets)
+    try:
+        make_router(policy, specs, **options)
+    except SpecError as exc:
+        raise VerlConfigError(f"router: {exc}") from None
+    return options
 
 
 def _hydra_value(value: Any) -> str:

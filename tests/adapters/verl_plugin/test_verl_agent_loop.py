@@ -300,3 +300,16 @@ def test_exported_verl_traces_are_accepted_by_libra_plan_and_route_eval(rig):
             assert result["trajectories"] == len(records)
         else:
             assert result["train"]["gpus"] + result["rollout"]["gpus"] <= 16
+
+
+def test_a_trajectory_that_fails_leaves_the_routers_books(rig):
+    """verl's v1 trainers log a failed trajectory and go on (`_run_prompt` marks its group a failure); the balancer
+    must not keep it in flight for the rest of the run."""
+    balancer = rig["combined"].global_load_balancer
+    before = ray.get(balancer.get_status.remote())["libra"]
+    with pytest.raises(Exception, match="scripted failure"):
+        _run(rig, _batch(["search:3 fail:1"], first=200))
+    after = ray.get(balancer.get_status.remote())["libra"]
+    assert after["requests_in_flight"] == before["requests_in_flight"]
+    assert after["counts"]["aborted"] == before["counts"].get("aborted", 0) + 1
+    assert after["counts"]["finished"] == before["counts"]["finished"]  # nothing learnt from it

@@ -17,6 +17,8 @@ import verl
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from libra.adapters.verl import VerlConfigError, emit_verl_config
 from libra.adapters.verl.balancer import buckets_from_yaml
@@ -194,3 +196,38 @@ def test_plans_verl_would_mangle_are_refused_with_one_line(tmp_path):
             emit_verl_config(p, cluster=c, rl=r, model_path="m", strategy=strategy)
         message = str(err.value)
         assert "\n" not in message and words in message, message
+
+
+# characters Hydra's override grammar reads otherwise, or not at all, in a bare value: `,` (a sweep), `~`, brackets,
+# quotes, `=`, `#`, `$` / `${` (an interpolation), backslashes, non-ASCII letters, spaces at the ends
+ODD_CHARS = list("ab/.:-_ ,'\"\\$}{()[]=~#+äé01e\t@%*?|!<>;&")
+
+
+def test_paths_with_characters_hydra_reads_otherwise_reach_verl_unchanged(hydra_dir, tmp_path):
+    from verl.workers.rollout.router import _load_router_yaml
+
+    plan, cluster, rl = _dp_plan(8, [(2, 4, math.inf)])
+    out = tmp_path / "run, ~José's [cfg] ${x}"
+    model_path = "~/models/Qwen3,v2 (ä)'s \\${HOME}\\"
+    vc = emit_verl_config(plan, cluster=cluster, rl=rl, model_path=model_path, strategy="fsdp", config_dir=out)
+    vc.write(out)
+    cfg = compose(config_name=vc.config_name, overrides=(out / "overrides.txt").read_text().splitlines())
+    rollout = cfg.actor_rollout_ref.rollout
+    assert cfg.actor_rollout_ref.model.path == model_path
+    assert rollout.router_config_path == str(out.resolve() / "libra_router.yaml")
+    assert rollout.agent.agent_loop_config_path == str(out.resolve() / "libra_agent_loops.yaml")
+    assert _load_router_yaml(rollout.router_config_path)["router_class"].endswith("LibraLoadBalancer")
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet=st.sampled_from(ODD_CHARS), min_size=1, max_size=16))
+def test_hydra_quoting_reads_back_every_string(text):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from libra.adapters.verl.config import _hydra_str
+
+    override = OverridesParser.create().parse_override("a.b=" + _hydra_str(text))
+    assert not override.is_sweep_override(), _hydra_str(text)
+    value = OmegaConf.create({"a": {"b": override.value()}}).a.b  # interpolations resolved, as verl reads it
+    assert value == text, _hydra_str(text)

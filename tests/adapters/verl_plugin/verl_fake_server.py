@@ -1,7 +1,8 @@
 """A fake token server for verl's LLMServerClient (a fake is for what cannot run here: verl's vLLM server needs a
 GPU build of vLLM). It speaks the server side of verl's protocol (`generate`, `get_rollout_config`) and answers from
 a script in the prompt: the user message lists the tool calls the trajectory makes, e.g.
-`[traj 7] calls: search:40 calc:1/0 slow:5`; turn k emits the k-th call in hermes format, then a final answer.
+`[traj 7] calls: search:40 calc:1/0 slow:5`; turn k emits the k-th call in hermes format, then a final answer
+(`fail:1` makes the server raise at that turn instead).
 
 Imports no verl: it runs in Ray worker processes, and every process that imports verl costs 10-25 s here.
 """
@@ -60,6 +61,8 @@ class FakeTokenServer:
         await asyncio.sleep(self.delay_s)
         if turn < len(calls):
             tool, _, arg = calls[turn].partition(":")
+            if tool == "fail":  # the server fails this turn: the trajectory's agent loop raises
+                raise RuntimeError(f"{self.name}: scripted failure of trajectory {traj.group(1) if traj else '?'}")
             args = {"query": arg} if tool == "search" else {"expr": arg} if tool == "calc" else {"seconds": float(arg)}
             reply = "<tool_call>" + json.dumps({"name": tool, "arguments": args}) + "</tool_call>"
         else:
