@@ -198,6 +198,18 @@ def test_verl_rollout_export(tmp_path) -> None:
     assert t.extra == {"meta": {"agent_name": "tool_agent"}}
 
 
+def test_a_nan_reward_or_field_still_gives_a_trace_that_loads(tmp_path) -> None:
+    """Python's json writes a failed reward as NaN; the import wrote it back as NaN, which JSON (and so every
+    command that reads the imported trace) refuses. The reward becomes null, what it was is kept as a string."""
+    src = tmp_path / "v.jsonl"
+    src.write_text('{"prompt_length": 5, "response_mask": [1, 1, 0, 0, 1], "reward_score": NaN, "w": -Infinity}\n')
+    out = tmp_path / "out.jsonl"
+    assert main(["trace", "import", "--format", "verl", str(src), "--out", str(out)]) == 0
+    (t,) = load_trace(out)
+    assert t.reward is None
+    assert t.extra == {"meta": {"w": "-Infinity"}, "reward_not_finite": "NaN"}
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 1), min_size=1, max_size=60), st.integers(0, 50))
 def test_verl_token_count_is_preserved(mask, prompt) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import math
 import re
 import zlib
 from collections.abc import Iterator, Sequence
@@ -195,14 +196,33 @@ def build_trajectory(
             continue
         merged.append(attrs.evolve(t, gen_tokens=t.gen_tokens + carry) if carry else t)
         carry = 0
+    extra = _finite_json(dict(extra or {}))
+    if reward is not None and not math.isfinite(reward):  # a failed reward (Python writes NaN): JSON has no NaN
+        extra["reward_not_finite"] = _NON_FINITE[str(reward)]
+        reward = None
     return Trajectory(
         prompt_id=prompt_id,
         prompt_tokens=prompt_tokens,
         turns=tuple(merged),
         sample=sample,
         reward=reward,
-        extra=dict(extra or {}),
+        extra=extra,
     )
+
+
+_NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def _finite_json(value: Any) -> Any:
+    """`value` with every NaN or infinite float (Python's json reads and writes them; JSON and the trace loader do
+    not) written as the string Python's json would have written, so that an imported trace loads again."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return _NON_FINITE[str(value)]
+    if isinstance(value, dict):
+        return {k: _finite_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_json(v) for v in value]
+    return value
 
 
 def json_text(value: Any) -> str:
