@@ -339,6 +339,15 @@ def test_verl_rows_already_in_trace_form(tmp_path) -> None:
     assert (nested.prompt_id, nested.sample, nested.total_tokens) == ("p-9", 1, 8)
 
 
+def test_verl_v1_rows_with_the_record_in_their_extra_fields(tmp_path) -> None:
+    """verl's v1 trainers keep each row in TransferQueue with the record inside `extra_fields` and the sample
+    index as `session_id`: such rows were refused as "not a verl rollout record"."""
+    record = {"prompt_id": "x", "prompt_tokens": 5, "turns": [{"gen_tokens": 3, "tool": None}]}
+    row = {"uid": "p-4", "session_id": 3, "extra_fields": {"libra_trace": record, "turn_scores": []}}
+    (t,) = import_files("verl", [_write(tmp_path, "v.jsonl", [row])])
+    assert (t.prompt_id, t.sample, t.total_tokens) == ("p-4", 3, 8)
+
+
 def test_the_default_format_reads_swe_agent_and_mini_swe_agent_files_as_their_own_formats(tmp_path) -> None:
     swe = {
         "environment": "repo__issue-2",

@@ -13,8 +13,8 @@ One record per trajectory (JSON Lines, or a JSON list), with the fields of verl'
   without a name is tool "tool", without a status "ok". Other scalar fields are kept under `meta`.
 
 Records already in the trace schema (with `turns`: what `libra.adapters.verl` exports from `LibraToolAgentLoop`),
-or batch rows carrying such a record under `libra_trace` (with `uid`, `step`, `sample` beside it), are taken as
-they are.
+or batch rows carrying such a record under `libra_trace` (with `uid`, `step`, `sample` beside it) or under
+`extra_fields.libra_trace` (the rows of verl's v1 trainers, with `uid` and `session_id`), are taken as they are.
 """
 
 from __future__ import annotations
@@ -79,6 +79,13 @@ def _runs(mask: list[int]) -> list[tuple[int, int]]:
 
 def _one(rec: dict, path: Path, line: int, where: str, n: int) -> Trajectory:
     nested = rec.get("libra_trace")
+    fields = rec.get("extra_fields")
+    if not isinstance(nested, dict) and isinstance(fields, dict) and isinstance(fields.get("libra_trace"), dict):
+        # a row of verl's v1 trainers (read back from TransferQueue): the record is inside its extra_fields, and
+        # the sample index is the row's session_id
+        nested = fields["libra_trace"]
+        if "sample" not in rec and isinstance(rec.get("session_id"), int) and not isinstance(rec["session_id"], bool):
+            rec = {**rec, "sample": rec["session_id"]}
     if isinstance(nested, dict):  # a batch row with the record LibraToolAgentLoop left in extra_fields
         outer = {k: rec[k] for k in ("step", "sample", "reward") if k in rec and k not in nested}
         if "uid" in rec:
