@@ -103,6 +103,12 @@ class LibraSeparateAsyncTrainer(PPOTrainerSeparateAsync):
             return await build_bucket_managers(self.config, start_rank=hybrid_num_replicas)
 
         self.bucket_server_managers, self.standalone_server_manager = build()
+        rollout_config = self.config.actor_rollout_ref.rollout
+        if rollout_config.prometheus.enable:  # every bucket's manager wrote only its own servers: all of them, last
+            from verl.workers.rollout.utils import update_prometheus_config
+
+            addresses = self.llm_server_manager.server_addresses + self.standalone_server_manager.server_addresses
+            update_prometheus_config(rollout_config.prometheus, addresses, rollout_config.name)
         checkpoint_engine_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.rollout.checkpoint_engine)
         self.standalone_checkpoint_manager = CheckpointEngineManager(
             config=checkpoint_engine_config,
