@@ -22,6 +22,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
 from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
 from verl.tools.schemas import ToolResponse
 
+from libra.adapters.verl.config import check_tool_timeout
 from libra.adapters.verl.traces import STATUS_RANK, trace_record
 
 logger = logging.getLogger(__name__)
@@ -29,6 +30,13 @@ logger = logging.getLogger(__name__)
 DEFAULT_TOOL_TIMEOUT_S = 600.0
 # verl's ToolAgentLoop._call_tool turns these failures into text; they are errors, not tool output
 _VERL_ERROR_PREFIXES = ("Error executing tool", "Unknown function", "Invalid JSON in arguments")
+
+
+def tool_timeout_of(libra: Any) -> float:
+    """`custom.libra.tool_timeout_s` of the rollout config (written by `emit_verl_config`, or by hand), checked:
+    absent is the default; null, zero, negative or not a number is one VerlConfigError line."""
+    raw = libra.get("tool_timeout_s", DEFAULT_TOOL_TIMEOUT_S) if hasattr(libra, "get") else DEFAULT_TOOL_TIMEOUT_S
+    return check_tool_timeout(raw, "actor_rollout_ref.rollout.custom.libra.tool_timeout_s")
 
 
 @register("libra_tool_agent")
@@ -39,7 +47,7 @@ class LibraToolAgentLoop(ToolAgentLoop):
         super().__init__(*args, **kwargs)
         custom = self.rollout_config.get("custom") or {}
         libra = custom.get("libra", {}) if hasattr(custom, "get") else {}
-        self.tool_timeout_s = float(libra.get("tool_timeout_s", DEFAULT_TOOL_TIMEOUT_S))
+        self.tool_timeout_s = tool_timeout_of(libra)
         self._turns: list[dict[str, Any]] = []
         self._statuses: list[tuple[str, str]] = []
         self._prompt_tokens = 0

@@ -406,12 +406,7 @@ def _check_arguments(
             f"max_prompt_tokens must be an integer in (0, {max_model_len}) (below rl.max_model_len), "
             f"got {max_prompt_tokens!r}"
         )
-    if (
-        isinstance(tool_timeout_s, bool)
-        or not isinstance(tool_timeout_s, int | float)
-        or not 0 < tool_timeout_s < math.inf
-    ):
-        raise VerlConfigError(f"tool_timeout_s must be a finite number of seconds > 0, got {tool_timeout_s!r}")
+    check_tool_timeout(tool_timeout_s)
     if rollout_engine not in ROLLOUT_ENGINES:
         raise VerlConfigError(
             f"rollout_engine must be one of {', '.join(ROLLOUT_ENGINES)}, got {rollout_engine!r}: LibraLoadBalancer "
@@ -422,6 +417,18 @@ def _check_arguments(
             f"adv_estimator {adv_estimator!r} makes verl train a critic, which the plan has no GPUs for; "
             "use a critic-free estimator such as grpo"
         )
+
+
+def check_tool_timeout(tool_timeout_s: Any, where: str = "tool_timeout_s") -> float:
+    """How long a tool call may run before it counts as a timeout: a finite number of seconds > 0 (a negative one
+    made every call time out at once), else one VerlConfigError line naming `where`."""
+    if (
+        isinstance(tool_timeout_s, bool)
+        or not isinstance(tool_timeout_s, int | float)
+        or not 0 < tool_timeout_s < math.inf
+    ):
+        raise VerlConfigError(f"{where} must be a finite number of seconds > 0, got {tool_timeout_s!r}")
+    return float(tool_timeout_s)
 
 
 def _is_int(value: Any) -> bool:

@@ -313,3 +313,15 @@ def test_a_trajectory_that_fails_leaves_the_routers_books(rig):
     assert after["requests_in_flight"] == before["requests_in_flight"]
     assert after["counts"]["aborted"] == before["counts"].get("aborted", 0) + 1
     assert after["counts"]["finished"] == before["counts"]["finished"]  # nothing learnt from it
+
+
+def test_a_hand_written_tool_timeout_is_checked() -> None:
+    """`custom.libra.tool_timeout_s` written by hand: null crashed the agent loop, <= 0 timed every call out."""
+    from libra.adapters.verl import VerlConfigError
+    from libra.adapters.verl.agent_loop import DEFAULT_TOOL_TIMEOUT_S, tool_timeout_of
+
+    assert tool_timeout_of({}) == DEFAULT_TOOL_TIMEOUT_S
+    assert tool_timeout_of({"tool_timeout_s": 30}) == 30.0
+    for bad in (None, 0, -1.0, float("nan"), "30", True):
+        with pytest.raises(VerlConfigError, match="custom.libra.tool_timeout_s must be a finite number"):
+            tool_timeout_of({"tool_timeout_s": bad})
