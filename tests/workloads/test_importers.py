@@ -339,6 +339,13 @@ def test_verl_rows_already_in_trace_form(tmp_path) -> None:
     assert (nested.prompt_id, nested.sample, nested.total_tokens) == ("p-9", 1, 8)
 
 
+def test_a_verl_attention_mask_shorter_than_the_response_is_refused(tmp_path) -> None:
+    """It covers prompt + response; a shorter one was ignored and the whole response counted."""
+    rec = {"prompt_length": 3, "response_mask": [1, 1, 0, 1, 0, 0], "attention_mask": [1, 1, 1, 1]}
+    with pytest.raises(TraceError, match=r"v.jsonl:1: .*attention_mask.*shorter than response_mask \(6\)"):
+        import_files("verl", [_write(tmp_path, "v.jsonl", [rec])])
+
+
 def test_verl_v1_rows_with_the_record_in_their_extra_fields(tmp_path) -> None:
     """verl's v1 trainers keep each row in TransferQueue with the record inside `extra_fields` and the sample
     index as `session_id`: such rows were refused as "not a verl rollout record"."""

@@ -112,7 +112,11 @@ def _one(rec: dict, path: Path, line: int, where: str, n: int) -> Trajectory:
         valid = _count(rec["response_length"], path, line, f"{where}response_length")
     elif "attention_mask" in rec:
         attn = _ints(rec["attention_mask"], path, line, f"{where}attention_mask")
-        valid = sum(attn[len(attn) - len(mask) :]) if len(attn) >= len(mask) else len(mask)
+        if len(attn) < len(mask):  # it covers prompt + response: shorter than the response alone is another record's
+            raise TraceError(
+                path, line, f"{where}attention_mask", f"{len(attn)} long, shorter than response_mask ({len(mask)})"
+            )
+        valid = sum(attn[len(attn) - len(mask) :])
         prompt = min(prompt, sum(attn[: len(attn) - len(mask)])) if len(attn) > len(mask) else prompt
     if valid > len(mask):
         raise TraceError(path, line, f"{where}response_length", f"{valid} is longer than response_mask ({len(mask)})")
