@@ -220,6 +220,9 @@ class CoreExchange:
         self.stats = ExchangeStats()
         self.records: collections.deque[StepRecord] = collections.deque(maxlen=history)
         self._pending: list[Link] = []
+        # when each pending connection stops waiting for its JOIN (a hybrid sends it as it connects: a connection
+        # silent past snapshot_timeout_s is a stray, closed rather than kept with its descriptor for the run)
+        self._pending_until: dict[Link, float] = {}
         self._slots: dict[str, _Slot] = {}
         self._replay: dict[int, torch.Tensor] = {}  # step -> reduced flat gradient, kept while a hybrid needs it
         self._assignment: StepAssignment | None = None
@@ -256,8 +259,10 @@ class CoreExchange:
     # -- membership ---------------------------------------------------------------------------------------------
 
     def admit(self, link: Link) -> None:
-        """Take a link whose hybrid will send JOIN (TCP links arrive through the server by themselves)."""
+        """Take a link whose hybrid will send JOIN (TCP links arrive through the server by themselves); one that
+        sends nothing for `snapshot_timeout_s` is closed at a boundary."""
         self._pending.append(link)
+        self._pending_until[link] = time.monotonic() + self.snapshot_timeout_s
 
     def remove(self, worker: str, *, step: int, why: str) -> None:
         """Detach ``worker`` now (leave if active, cancel otherwise); it is told with a best-effort LEAVE."""
@@ -295,6 +300,7 @@ class CoreExchange:
         for link in self._pending:
             link.close()
         self._pending.clear()
+        self._pending_until.clear()
         self._replay.clear()
         self._spare_buckets = None
         self._flat = self._host_flat = self._device_in = None
@@ -307,7 +313,8 @@ class CoreExchange:
         step = check_whole("step", step, least=0)  # it goes on the wire: a float would fail only once hybrids are in
         self._last_step = step
         if self._server is not None:
-            self._pending.extend(self._server.accept_ready())
+            for link in self._server.accept_ready():
+                self.admit(link)
         self._admit_pending(step)
         self._progress_fetches(step)
         ready = [
@@ -431,9 +438,13 @@ class CoreExchange:
     def _admit_pending(self, step: int) -> None:
         still = []
         shared: PendingCapture | None = None  # joiners admitted at the same boundary share one snapshot
+        now = time.monotonic()
         for link in self._pending:
             if not link.poll():
-                still.append(link)
+                if now < self._pending_until.get(link, now + 1.0):
+                    still.append(link)
+                else:
+                    link.close()
                 continue
             try:
                 msg = link.recv(timeout=self.timeout_s)
@@ -463,6 +474,7 @@ class CoreExchange:
             slot.send = _SnapshotSend(link, pending, self.snapshot_timeout_s)
             self._transition(slot, JoinEvent.START_FETCH, step, f"snapshot v{step} ({pending.nbytes} bytes) sending")
         self._pending = still
+        self._pending_until = {link: self._pending_until[link] for link in still if link in self._pending_until}
 
     def _recycle(self, send: SendHandle) -> None:
         """Keep a delivered snapshot's buckets for the next one, once no send uses them any more."""

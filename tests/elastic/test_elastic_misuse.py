@@ -319,3 +319,26 @@ def test_a_gradient_that_is_not_a_tensor_is_named_on_either_end(group):
         core.reduce(0, [None])
     assert core.reduce(0, [torch.ones(1, 2)])[0].tolist() == [[1.0, 1.0]]
     core.close()
+
+
+def test_a_connection_that_never_sends_its_join_is_closed_after_the_snapshot_timeout(group):
+    """A hybrid sends JOIN as it connects; a connection silent past `snapshot_timeout_s` (a port scan, a peer hung
+    before its first frame) was kept waiting for the whole run, holding its descriptor."""
+    import time
+
+    core = _core(group, timeout_s=scaled(5), snapshot_timeout_s=0.2)
+    core_end, stranger = socket.socketpair()
+    core.admit(_link(core_end))
+    core.begin_step(0)
+    assert core.joining == 1  # within its time: still waited for
+    time.sleep(0.3)
+    assert _core_step(core, 1, [1.0, 2.0]) == [1.0, 2.0]
+    assert core.joining == 0
+    stranger.settimeout(scaled(5))
+    assert stranger.recv(1) == b""  # the core closed its end
+    h = _played(core, "late")  # a real joiner after it still joins
+    core.begin_step(2)
+    assert core.workers() == ("late",)
+    stranger.close()
+    h.close()
+    core.close()
