@@ -19,8 +19,11 @@ from libra.adapters.errors import (
     InstanceNotFound,
     ReplicaDiedError,
     RequestFailedError,
+    RequestNotFound,
+    StateMismatch,
     UnknownBackend,
     UnsupportedConfig,
+    WorkerNotFound,
 )
 from libra.adapters.protocols import GradHook, RolloutBackend, TrainerBackend
 from libra.adapters.registry import backend_names, get_backend, make_backend, register_backend
@@ -38,13 +41,16 @@ __all__ = [
     "Migration",
     "ReplicaDiedError",
     "RequestFailedError",
+    "RequestNotFound",
     "RolloutBackend",
     "Sampling",
+    "StateMismatch",
     "StreamEvent",
     "TrainerBackend",
     "UnknownBackend",
     "UnsupportedConfig",
     "WeightUpdate",
+    "WorkerNotFound",
     "backend_names",
     "get_backend",
     "make_backend",

@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from libra.adapters.errors import UnsupportedConfig
-from libra.adapters.protocols import GradHook
-from libra.adapters.types import WeightUpdate, pack_weights
+from libra.adapters.protocols import GradHook, run_grad_hook
+from libra.adapters.types import WeightUpdate, check_snapshot, pack_weights
 
 
 def deepspeed_config(
@@ -29,8 +29,15 @@ def deepspeed_config(
 ) -> dict[str, Any]:
     """A DeepSpeed config for fp32 training with torch's Adam (no fused-op compile): `train_batch_size` is the
     global batch `micro_batch * dp` (one micro-batch per step, gradient accumulation 1)."""
-    if zero_stage not in (0, 1, 2, 3):
-        raise UnsupportedConfig(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage}")
+    if isinstance(zero_stage, bool) or zero_stage not in (0, 1, 2, 3):
+        raise UnsupportedConfig(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    for name, value in (("micro_batch", micro_batch), ("dp", dp)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UnsupportedConfig(f"{name} must be a whole number >= 1, got {value!r}")
+    if isinstance(lr, bool) or not isinstance(lr, int | float) or not 0 < lr < float("inf"):
+        raise UnsupportedConfig(f"lr must be a finite number > 0, got {lr!r}")
+    if isinstance(gradient_clipping, bool) or not isinstance(gradient_clipping, int | float) or gradient_clipping < 0:
+        raise UnsupportedConfig(f"gradient_clipping must be a number >= 0 (0: off), got {gradient_clipping!r}")
     return {
         "train_batch_size": micro_batch * dp,
         "train_micro_batch_size_per_gpu": micro_batch,
@@ -69,6 +76,32 @@ def init_distributed(backend: str = "gloo") -> None:
     deepspeed.init_distributed(dist_backend=backend, verbose=False)
 
 
+def _zero_stage(config: Mapping[str, Any]) -> int:
+    stage = config.get("zero_optimization", {}).get("stage", 0)
+    try:
+        value = None if isinstance(stage, bool | float) else int(stage)
+    except (TypeError, ValueError):
+        value = None
+    if value not in (0, 1, 2, 3):
+        raise UnsupportedConfig(f"zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}")
+    return int(stage)
+
+
+def _check_batch(config: Mapping[str, Any], world: int) -> None:
+    """The data parallelism the config was written for must be the world it runs in (DeepSpeed only asserts it)."""
+    total = config.get("train_batch_size")
+    micro = config.get("train_micro_batch_size_per_gpu")
+    accumulation = config.get("gradient_accumulation_steps", 1)
+    if total is None or micro is None:
+        return  # DeepSpeed derives the missing one from the world size
+    if total != micro * accumulation * world:
+        raise UnsupportedConfig(
+            f"train_batch_size({total}) != train_micro_batch_size_per_gpu({micro}) * gradient_accumulation_steps"
+            f"({accumulation}) * world size({world}): the config is for dp = {total // max(micro * accumulation, 1)}, "
+            f"this process group has {world} ranks"
+        )
+
+
 class DeepSpeedTrainer:
     """One DeepSpeed engine over the default process group; `loss_fn(module, batch)` returns a scalar loss."""
 
@@ -82,7 +115,8 @@ class DeepSpeedTrainer:
         if not deepspeed.comm.is_initialized():
             init_distributed("gloo" if get_accelerator_name() == "cpu" else "nccl")
 
-        self.zero_stage = int(config.get("zero_optimization", {}).get("stage", 0))
+        self.zero_stage = _zero_stage(config)
+        _check_batch(config, deepspeed.comm.get_world_size())
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=dict(config)
         )
@@ -112,7 +146,7 @@ class DeepSpeedTrainer:
             with self.engine.no_sync():
                 loss = self.loss_fn(self.engine, batch)
                 self.engine.backward(loss)
-            grad_hook(self._version if step is None else step, self.local_grads())
+            run_grad_hook(grad_hook, self._version if step is None else step, self.local_grads())
             if self.zero_stage == 1:
                 self.engine.allreduce_gradients()
         self.engine.step()
@@ -138,6 +172,7 @@ class DeepSpeedTrainer:
 
     def restore(self, state: Mapping[str, Any]) -> None:
         self._whole_replica_state("restore")
+        check_snapshot(self.engine.module.state_dict(), state, what="DeepSpeedTrainer.restore")
         self.engine.module.load_state_dict(state["model"])
         self.engine.optimizer.load_state_dict(state["optimizer"])
         self._version = int(state["version"])

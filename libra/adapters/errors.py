@@ -52,3 +52,22 @@ class ReplicaDiedError(AdapterError):
 
 class UnsupportedConfig(AdapterError, ValueError):
     """A plan or option the engine cannot run (names the field, the value and what would be valid)."""
+
+
+class StateMismatch(AdapterError, ValueError):
+    """A snapshot or weight set whose parameter names or shapes do not match the model it is loaded into (names
+    the first differing parameter)."""
+
+
+class WorkerNotFound(AdapterError, KeyError):
+    """A decision names a worker that the placement does not hold."""
+
+    def __str__(self) -> str:  # KeyError's str() would quote the whole message
+        return str(self.args[0]) if self.args else ""
+
+
+class RequestNotFound(AdapterError, KeyError):
+    """A request id that the backend does not hold (never submitted, or released)."""
+
+    def __str__(self) -> str:  # KeyError's str() would quote the whole message
+        return str(self.args[0]) if self.args else ""

@@ -10,14 +10,19 @@ where `m` masks the tokens the policy generated (tool outputs and prompts are no
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 
 def group_advantages(rewards: Sequence[float], group_size: int, eps: float = 1e-6) -> list[float]:
     """Group-relative advantages; `rewards` holds consecutive groups of `group_size` samples of one prompt."""
-    if group_size < 1 or len(rewards) % group_size:
-        raise ValueError(f"{len(rewards)} rewards do not split into groups of {group_size}")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1 or len(rewards) % group_size:
+        raise ValueError(f"{len(rewards)} rewards do not split into groups of {group_size!r}")
+    for i, r in enumerate(rewards):  # one NaN would turn its whole group's advantages (and the loss) into NaN
+        if isinstance(r, bool) or not isinstance(r, numbers.Real) or not math.isfinite(r):
+            raise ValueError(f"reward {i} is {r!r}; rewards must be finite numbers")
     out: list[float] = []
     for start in range(0, len(rewards), group_size):
         group = list(rewards[start : start + group_size])
@@ -30,9 +35,18 @@ def group_advantages(rewards: Sequence[float], group_size: int, eps: float = 1e-
 def make_batch(
     contexts: Sequence[Sequence[int]], masks: Sequence[Sequence[int]], advantages: Sequence[float], *, pad_id: int
 ) -> dict[str, Any]:
-    """Right-padded tensors: `input_ids`, `loss_mask` (1 on generated tokens), `advantages` (one per sequence)."""
+    """Right-padded tensors: `input_ids`, `loss_mask` (1 on generated tokens), `advantages` (one per sequence).
+    A mask shorter than its context leaves the rest untrained; one longer than its context is an error."""
     import torch
 
+    if not contexts or not len(contexts) == len(masks) == len(advantages):
+        raise ValueError(
+            f"make_batch needs one mask and one advantage per context (at least one); got {len(contexts)} contexts, "
+            f"{len(masks)} masks, {len(advantages)} advantages"
+        )
+    for i, (c, m) in enumerate(zip(contexts, masks, strict=True)):
+        if len(m) > len(c):
+            raise ValueError(f"make_batch: mask {i} has {len(m)} entries for a context of {len(c)} tokens")
     width = max(len(c) for c in contexts)
     ids = torch.full((len(contexts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(contexts), width), dtype=torch.float32)
@@ -46,7 +60,16 @@ def policy_loss(model: Any, batch: Mapping[str, Any]) -> Any:
     """The GRPO loss above for a Hugging Face causal LM (`model(input_ids).logits`)."""
     import torch
 
+    missing = sorted({"input_ids", "loss_mask", "advantages"} - set(batch))
+    if missing:
+        raise ValueError(f"a GRPO batch needs input_ids, loss_mask and advantages; it lacks {missing}")
     ids, mask, adv = batch["input_ids"], batch["loss_mask"], batch["advantages"]
+    if tuple(mask.shape) != tuple(ids.shape) or tuple(adv.shape) != tuple(ids.shape[:1]):
+        # broadcasting would train every row on one advantage (or one row's mask) without a word
+        raise ValueError(
+            f"a GRPO batch of input_ids {tuple(ids.shape)} needs loss_mask {tuple(ids.shape)} and advantages "
+            f"{tuple(ids.shape[:1])}; got {tuple(mask.shape)} and {tuple(adv.shape)}"
+        )
     logits = model(input_ids=ids).logits[:, :-1].float()
     logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     m = mask[:, 1:]

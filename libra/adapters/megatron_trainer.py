@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from libra.adapters.errors import UnsupportedConfig
-from libra.adapters.protocols import GradHook
-from libra.adapters.types import WeightUpdate, pack_weights
+from libra.adapters.protocols import GradHook, run_grad_hook
+from libra.adapters.types import WeightUpdate, check_snapshot, pack_weights
 from libra.spec.plan import TrainConfig
 
 
@@ -36,7 +36,8 @@ def parallel_sizes(train: TrainConfig) -> dict[str, int]:
 
 
 def init_parallel(train: TrainConfig) -> None:
-    """Create Megatron's process groups for `train` on the already initialised default group (any backend)."""
+    """Create Megatron's process groups for `train` on the already initialised default group (any backend); groups
+    that exist already must have `train`'s layout (`parallel_state.destroy_model_parallel()` first to change it)."""
     import torch.distributed as dist
     from megatron.core import parallel_state
 
@@ -50,6 +51,19 @@ def init_parallel(train: TrainConfig) -> None:
         )
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(**parallel_sizes(train))
+        return
+    have = (
+        parallel_state.get_tensor_model_parallel_world_size(),
+        parallel_state.get_pipeline_model_parallel_world_size(),
+        parallel_state.get_data_parallel_world_size(),
+        parallel_state.get_expert_model_parallel_world_size(),
+    )
+    if have != (train.tp, train.pp, train.dp, train.ep):  # the groups would silently keep the old layout
+        raise UnsupportedConfig(
+            "Megatron's process groups exist for tp({}) * pp({}) * dp({}) (ep {}); ".format(*have)
+            + f"TrainConfig asks for tp({train.tp}) * pp({train.pp}) * dp({train.dp}) (ep {train.ep}) on the "
+            "same ranks"
+        )
 
 
 def gpt_config(
@@ -182,7 +196,7 @@ class MegatronTrainer:
             loss = self.loss_fn(self.model, batch)
             loss.backward()
         if grad_hook is not None:
-            grad_hook(self._version if step is None else step, self.local_grads())
+            run_grad_hook(grad_hook, self._version if step is None else step, self.local_grads())
         self.model.finish_grad_sync()
         if self.optimizer is not None:
             self.optimizer.step()
@@ -205,6 +219,7 @@ class MegatronTrainer:
     def restore(self, state: Mapping[str, Any]) -> None:
         if self.optimizer is None:
             raise UnsupportedConfig("restore needs the optimizer (with_optimizer=True)")
+        check_snapshot(self.module.state_dict(), state, what="MegatronTrainer.restore")
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self._version = int(state["version"])

@@ -23,8 +23,32 @@ from libra.adapters.types import InstanceSpec, Migration, Sampling, StreamEvent,
 GradHook = Callable[[int, Sequence[Any]], Sequence[Any]]
 """`hook(step, grads) -> grads`: called by a trainer with this replica's local (not yet data-parallel-reduced)
 gradients of `step`, in `[p.grad for p in model.parameters() if p.requires_grad]` order; returns the gradients
-averaged over every replica that contributed (in place). It replaces the data-parallel all-reduce, which is where
-the side channel of `libra.elastic` (`CoreExchange.reduce`) adds hybrid contributions."""
+averaged over every replica that contributed (in place, or as new tensors of the same shapes that the trainer
+copies back: `run_grad_hook`). It replaces the data-parallel all-reduce, which is where the side channel of
+`libra.elastic` (`CoreExchange.reduce`) adds hybrid contributions."""
+
+
+def run_grad_hook(hook: GradHook, step: int, grads: Sequence[Any]) -> None:
+    """Call `hook(step, grads)` and make its result this replica's gradients: a hook that returns new tensors
+    (`[g / n for g in grads]`) instead of changing them in place must not be ignored silently. A result of another
+    count or shape is a `StateMismatch`; None means the hook worked in place."""
+    from libra.adapters.errors import StateMismatch
+
+    out = hook(step, grads)
+    if out is None or out is grads:
+        return
+    out = list(out)
+    if len(out) != len(grads):
+        raise StateMismatch(f"grad_hook returned {len(out)} gradients for step {step}; the model has {len(grads)}")
+    for i, (mine, theirs) in enumerate(zip(grads, out, strict=True)):
+        if theirs is mine:
+            continue
+        if tuple(getattr(theirs, "shape", ())) != tuple(mine.shape):
+            raise StateMismatch(
+                f"grad_hook returned shape {tuple(getattr(theirs, 'shape', ()))} for gradient {i} of step {step}; "
+                f"the parameter has {tuple(mine.shape)}"
+            )
+        mine.copy_(theirs)
 
 
 @runtime_checkable

@@ -20,16 +20,22 @@ but live worker.
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
 
-from libra.adapters.errors import UnsupportedConfig
+from libra.adapters.errors import AdapterError, UnsupportedConfig, WorkerNotFound
 from libra.spec.placement import Placement, Pool, Role, WorkerPlacement
 
 NODE_RESOURCE = "libra_node_{}"
 _NODE_SHARE = 0.001  # a bundle's claim on its node resource: a marker, never the limit
+
+
+class PlacementUnavailable(UnsupportedConfig):
+    """A pool's placement group could not be placed in time: no Ray node offers what one of its bundles asks
+    (names the bundles)."""
 
 
 def _positive(instance: Any, attribute: attrs.Attribute, value: float) -> None:
@@ -99,6 +105,13 @@ class WorkerActor:
         return getattr(self.payload, method)(*args, **kwargs)
 
 
+def _require_ray(worker: str) -> None:
+    import ray
+
+    if not ray.is_initialized():  # a Ray call would quietly start a local Ray without the libra_node resources
+        raise AdapterError(f"cannot place worker {worker!r}: Ray is not initialised (ray.init first, or shut down)")
+
+
 def node_of(worker: WorkerPlacement, gpus_per_node: int) -> int:
     nodes = {g // gpus_per_node for g in worker.gpu_ids}
     if len(nodes) != 1:
@@ -125,8 +138,8 @@ class RayLauncher:
         ready_timeout_s: float = 60.0,
         health: HealthPolicy | None = None,
     ) -> None:
-        if gpus_per_node < 1:
-            raise UnsupportedConfig(f"gpus_per_node must be >= 1, got {gpus_per_node}")
+        if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
+            raise UnsupportedConfig(f"gpus_per_node must be a whole number >= 1, got {gpus_per_node!r}")
         self.placement, self.gpus_per_node, self.use_gpus = placement, gpus_per_node, use_gpus
         self.setup = {Role.ROLLOUT_INSTANCE: setup_rollout, Role.TRAIN_REPLICA: setup_trainer}
         self.ready_timeout_s = ready_timeout_s
@@ -137,6 +150,8 @@ class RayLauncher:
         self.infos: dict[str, ActorInfo] = {}
         self._bundles: dict[str, tuple[Any, int]] = {}  # worker -> (placement group, bundle index)
         self._groups: list[Any] = []
+        self._tag = uuid.uuid4().hex[:8]  # placement group names are unique in a Ray namespace: one per launcher
+        self._made = 0  # placement groups created, including any that never became ready
         self.log: list[str] = []
 
     # -- launch -------------------------------------------------------------------------------------------------
@@ -153,17 +168,27 @@ class RayLauncher:
 
     def _reserve(self, pool: Pool, workers: Iterable[WorkerPlacement]) -> None:
         import ray
-        from ray.util.placement_group import placement_group
+        from ray.util.placement_group import placement_group, remove_placement_group
 
         workers = sorted(workers, key=lambda w: w.name)
+        _require_ray(workers[0].name)
         bundles = []
         for w in workers:
             bundle: dict[str, float] = {NODE_RESOURCE.format(node_of(w, self.gpus_per_node)): _NODE_SHARE}
             if self.use_gpus:
                 bundle["GPU"] = float(len(w.gpu_ids))
             bundles.append(bundle)
-        pg = placement_group(bundles, strategy="PACK", name=f"libra-{pool.value}-{len(self._groups)}")
-        ray.get(pg.ready(), timeout=self.ready_timeout_s)
+        pg = placement_group(bundles, strategy="PACK", name=f"libra-{pool.value}-{self._tag}-{self._made}")
+        self._made += 1
+        try:
+            ray.get(pg.ready(), timeout=self.ready_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(pg)  # a pending group would wait on (and hold its name) forever
+            asked = ", ".join(f"{w.name}: {b}" for w, b in zip(workers, bundles, strict=True))
+            raise PlacementUnavailable(
+                f"the {pool.value} pool's bundles were not placed in {self.ready_timeout_s:g} s: no Ray node has "
+                f"free {asked} (start node k with --resources='{{\"libra_node_<k>\": 1}}')"
+            ) from None
         self._groups.append(pg)
         for i, w in enumerate(workers):
             self._bundles[w.name] = (pg, i)
@@ -175,6 +200,7 @@ class RayLauncher:
 
         if w.name in self.actors:
             raise ValueError(f"worker {w.name!r} already has an actor")
+        _require_ray(w.name)
         if w.name not in self._bundles:
             self._reserve(w.pool, [w])
         pg, index = self._bundles[w.name]
@@ -198,7 +224,16 @@ class RayLauncher:
         actor = cls.remote(info)
         setup = self.setup[role]
         if setup is not None:
-            ray.get(actor.setup.remote(setup))
+            try:
+                ray.get(actor.setup.remote(setup))
+            except Exception as exc:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
+                cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) and exc.cause else exc
+                first = (str(cause).splitlines() or [""])[0][:300]
+                raise AdapterError(
+                    f"setup of {role.value} {w.name!r} failed in its actor: {type(cause).__name__}: {first}"
+                ) from None
         self.actors[w.name], self.infos[w.name] = actor, info
         self.log.append(f"started {role.value} {w.name} in {w.pool.value} bundle {index}")
 
@@ -291,7 +326,9 @@ class RayLauncher:
     def _worker(self, name: str) -> WorkerPlacement:
         w = self.placement.by_name().get(name)
         if w is None:
-            raise KeyError(f"worker {name!r} is not in the placement")
+            raise WorkerNotFound(
+                f"worker {name!r} is not in the placement; it holds {sorted(self.placement.by_name())}"
+            )
         return w
 
     def describe(self) -> dict[str, dict[str, Any]]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import socket
 import time
@@ -28,7 +29,7 @@ from typing import Any
 
 import attrs
 
-from libra.adapters.errors import InstanceNotFound, RequestFailedError
+from libra.adapters.errors import AdapterError, InstanceNotFound, RequestFailedError, UnsupportedConfig
 from libra.adapters.ray_host import EngineHost, RayUnavailable, actor_env, check_address, connect
 from libra.adapters.rollout_book import BookRequest, RequestBook
 from libra.adapters.types import EventKind, InstanceSpec, Migration, StreamEvent, WeightUpdate
@@ -70,6 +71,7 @@ class RayRolloutBackend(RequestBook):
     ) -> None:
         from libra.adapters.ray_launcher import RayLauncher
 
+        _check_options(nodes=nodes, grace_s=grace_s, poll_wait_s=poll_wait_s, start_timeout_s=start_timeout_s)
         self.model, self.dtype, self.seed, self.address = model, dtype, seed, address
         self.grace_s, self.poll_wait_s, self.start_timeout_s = grace_s, poll_wait_s, start_timeout_s
         super().__init__(failover)
@@ -81,6 +83,7 @@ class RayRolloutBackend(RequestBook):
         self.launcher = RayLauncher(placement=Placement(workers=()), gpus_per_node=gpus_per_node, setup_rollout=host)
         self._placement: Callable[[], Placement | None] = lambda: None
         self._backlog: list[StreamEvent] = []  # events of deaths seen outside poll(), returned by the next poll
+        self._closed = False
 
     def follow_placement(self, current: Callable[[], Placement | None]) -> None:
         self._placement = current
@@ -89,17 +92,19 @@ class RayRolloutBackend(RequestBook):
 
     def start_instance(self, spec: InstanceSpec) -> None:
         import ray
-        from ray.exceptions import GetTimeoutError
 
+        from libra.adapters.ray_launcher import PlacementUnavailable
         from libra.elastic.decisions import StartInstance
 
+        if self._closed:
+            raise AdapterError(f"cannot start instance {spec.name!r}: this RayRolloutBackend was shut down")
         if spec.name in self._instances:
             raise ValueError(f"instance {spec.name!r} is already running")
         worker = self._worker(spec)
         self.launcher.placement = Placement(workers=(worker,))
         try:
             self.launcher.execute(StartInstance(worker=spec.name, tp=spec.tp, gpu_ids=worker.gpu_ids, step=0, why=""))
-        except GetTimeoutError:
+        except PlacementUnavailable:
             node = worker.gpu_ids[0] // self.launcher.gpus_per_node
             raise RayUnavailable(
                 f"no Ray node offers the resource libra_node_{node} that instance {spec.name!r} needs: start that "
@@ -278,6 +283,7 @@ class RayRolloutBackend(RequestBook):
     def shutdown(self) -> None:
         import ray
 
+        self._closed = True
         with contextlib.suppress(Exception):  # each engine shuts down cleanly if it can (after a Ctrl-C: maybe not)
             calls = [inst.actor.call.remote("shutdown") for inst in self._instances.values()]
             ray.wait(calls, num_returns=len(calls), timeout=60)
@@ -325,6 +331,22 @@ class RayRolloutBackend(RequestBook):
         self._fence(name)
         if dead.where.get("host") == socket.gethostname():
             _kill(dead.where.get("engine_pids", ()))
+
+
+def _check_options(*, nodes: Any, grace_s: Any, poll_wait_s: Any, start_timeout_s: Any) -> None:
+    """Before Ray starts: `grace_s` 0 would declare every instance dead at its first unanswered poll, `nodes` 0
+    would advertise no `libra_node_<k>` (every start then waits out its timeout)."""
+
+    def number(value: Any) -> bool:
+        return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+        raise UnsupportedConfig(f"RayRolloutBackend nodes must be a whole number >= 1, got {nodes!r}")
+    for name, value in (("grace_s", grace_s), ("start_timeout_s", start_timeout_s)):
+        if not number(value) or value <= 0:
+            raise UnsupportedConfig(f"RayRolloutBackend {name} must be a finite number of seconds > 0, got {value!r}")
+    if not number(poll_wait_s) or poll_wait_s < 0:
+        raise UnsupportedConfig(f"RayRolloutBackend poll_wait_s must be a finite number >= 0, got {poll_wait_s!r}")
 
 
 def _kill(pids: Sequence[int]) -> None:

@@ -18,6 +18,11 @@ TRAINER_BACKENDS: dict[str, str] = {
 def register_backend(kind: str, name: str, target: str) -> None:
     """Register `target` ("module:Class") as backend `name` of `kind` ("rollout" or "trainer")."""
     table = _table(kind)
+    module_name, _, attr = target.partition(":") if isinstance(target, str) else ("", "", "")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a backend name is a non-empty string, got {name!r}")
+    if not module_name or not attr:
+        raise ValueError(f"{kind} backend {name!r}: target must be 'module:Class', got {target!r}")
     if name in table and table[name] != target:
         raise ValueError(f"{kind} backend {name!r} is already registered as {table[name]!r}")
     table[name] = target
@@ -31,7 +36,7 @@ def get_backend(kind: str, name: str) -> Any:
     """The class registered as `name`. Unknown names raise `UnknownBackend` (listing the known ones); a backend
     whose engine is not installed raises `BackendUnavailable` with the pip extra to install."""
     table = _table(kind)
-    if name not in table:
+    if not isinstance(name, str) or name not in table:
         raise UnknownBackend(f"unknown {kind} backend {name!r}; registered: {', '.join(sorted(table))}")
     module_name, _, attr = table[name].partition(":")
     try:
@@ -41,7 +46,12 @@ def get_backend(kind: str, name: str) -> Any:
             f"{kind} backend {name!r} needs a package that is not installed ({exc.name}); "
             f"install the matching extra, e.g. pip install 'libra[{name.split('-')[0]}]'"
         ) from exc
-    return getattr(module, attr)
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise UnknownBackend(
+            f"{kind} backend {name!r} is registered as {table[name]!r}, but {module_name} has no {attr!r}"
+        ) from None
 
 
 def make_backend(kind: str, name: str, **options: Any) -> Any:

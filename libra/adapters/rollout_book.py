@@ -18,7 +18,13 @@ from typing import Any
 
 import attrs
 
-from libra.adapters.errors import EngineDiedError, InstanceAsleep, InstanceNotFound, RequestFailedError
+from libra.adapters.errors import (
+    EngineDiedError,
+    InstanceAsleep,
+    InstanceNotFound,
+    RequestFailedError,
+    RequestNotFound,
+)
 from libra.adapters.types import EventKind, InstanceSpec, Migration, Sampling, StreamEvent, WeightUpdate
 
 Failover = Callable[[str, tuple[str, ...], str], str | None]
@@ -86,6 +92,10 @@ class RequestBook:
     def _move_off(self, name: str, migrate_to: str | None) -> tuple[Migration, ...]:
         """Before instance `name` stops: migrate its requests to `migrate_to`, or abort and fail them (None)."""
         inst = self._get(name)
+        if migrate_to == name:
+            raise ValueError(f"instance {name!r} cannot hand its requests to itself: it is the one that stops")
+        if migrate_to is not None:
+            self._awake(migrate_to)  # checked before any request moves
         moved = []
         for req in [r for r in self._requests.values() if r.instance == name and r.failed is None]:
             if migrate_to is None:
@@ -100,19 +110,35 @@ class RequestBook:
     def submit(self, request_id: str, instance: str, prompt_token_ids: Sequence[int], sampling: Sampling) -> None:
         if request_id in self._requests:
             raise ValueError(f"request {request_id!r} already exists; release it first")
+        if not prompt_token_ids:
+            raise ValueError(f"request {request_id!r} has an empty prompt; an engine needs at least one token")
         self._awake(instance)
         req = BookRequest(request_id=request_id, instance=instance, context=list(prompt_token_ids), sampling=sampling)
         self._requests[request_id] = req
-        self._start_turn(req, sampling.max_tokens)
+        try:
+            self._start_turn(req, sampling.max_tokens)
+        except RequestFailedError:
+            raise  # kept, failed: `release` reports it
+        except BaseException:  # refused by the engine (e.g. a token id out of its vocabulary): not submitted
+            del self._requests[request_id]
+            raise
 
     def resume(self, request_id: str, appended_token_ids: Sequence[int], sampling: Sampling) -> None:
         req = self._live_request(request_id)
         if req.running:
             raise ValueError(f"request {request_id!r} is generating; resume it after its turn FINISHED")
         self._awake(req.instance)
+        before = (len(req.context), req.sampling, req.turn_tokens)
         req.context.extend(appended_token_ids)
         req.sampling, req.turn_tokens = sampling, 0
-        self._start_turn(req, sampling.max_tokens)
+        try:
+            self._start_turn(req, sampling.max_tokens)
+        except RequestFailedError:
+            raise
+        except BaseException:  # refused by the engine: the request stays between turns, as it was
+            del req.context[before[0] :]
+            req.sampling, req.turn_tokens = before[1], before[2]
+            raise
 
     def migrate(self, request_id: str, to_instance: str) -> Migration:
         req = self._live_request(request_id)
@@ -169,8 +195,13 @@ class RequestBook:
         for req in [r for r in self._requests.values() if r.instance == name and r.failed is None]:
             live = tuple(n for n, i in sorted(self._instances.items()) if not i.asleep)
             target = self.failover(name, live, req.request_id) if live else None
-            if target is None:
+            if target is None or target not in live:  # a policy naming an unknown or sleeping instance fails it
                 req.running, req.failed = False, self.died_note.format(name=name, cause=cause)
+                if target is not None:
+                    req.failed = (
+                        f"instance {name!r} died ({cause}); the failover policy chose {target!r}, which is not a "
+                        f"live awake instance (live: {list(live)})"
+                    )
                 failed.append(req.request_id)
                 events.append(
                     StreamEvent(request_id=req.request_id, instance=name, kind=EventKind.FAILED, error=req.failed)
@@ -219,7 +250,7 @@ class RequestBook:
     def _get_request(self, request_id: str) -> BookRequest:
         req = self._requests.get(request_id)
         if req is None:
-            raise KeyError(f"unknown request {request_id!r}")
+            raise RequestNotFound(f"unknown request {request_id!r}; it was never submitted or is released")
         return req
 
     def _live_request(self, request_id: str) -> BookRequest:

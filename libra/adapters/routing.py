@@ -10,12 +10,13 @@ trajectory is done or `max_turns` is reached. Every routing decision and migrati
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
-from libra.adapters.errors import RequestFailedError
+from libra.adapters.errors import RequestFailedError, UnsupportedConfig
 from libra.adapters.protocols import RolloutBackend
 from libra.adapters.types import EventKind, Migration, Sampling, StreamEvent
 from libra.workloads.trace import Trajectory, Turn
@@ -59,16 +60,32 @@ class RoutedRollout:
 
     def pick(self, bucket: int) -> str:
         """The instance of `bucket` with the fewest requests (ties: by name)."""
-        names = [n for n in self.bucket_instances[bucket] if n in self.backend.instances()]
+        if bucket not in self.bucket_instances:
+            raise UnsupportedConfig(
+                f"the router chose bucket {bucket!r}; instances serve {sorted(self.bucket_instances)}"
+            )
+        live = self.backend.instances()
+        names = [n for n in self.bucket_instances[bucket] if n in live]
         if not names:
-            raise RequestFailedError("-", f"bucket {bucket} has no live instance")
+            raise RequestFailedError(
+                "-",
+                f"bucket {bucket}'s instances {list(self.bucket_instances[bucket])} are not live (live: {list(live)})",
+            )
         load = getattr(self.backend, "num_requests", lambda n: 0)
         return min(names, key=lambda n: (load(n), n))
+
+    def _pick_for(self, request_id: str, bucket: int) -> str:
+        try:
+            return self.pick(bucket)
+        except RequestFailedError as exc:  # `pick` knows the bucket, not the request
+            if exc.request_id != "-":
+                raise
+            raise RequestFailedError(request_id, exc.reason) from None
 
     def admit(self, request_id: str, *, prompt_id: str, prompt_token_ids: Sequence[int], sampling: Sampling) -> str:
         decision = self.router.admit(request_id, prompt_id=prompt_id, prompt_tokens=len(prompt_token_ids))
         self.decisions.append(decision)
-        instance = self.pick(decision.bucket)
+        instance = self._pick_for(request_id, decision.bucket)
         self.backend.submit(request_id, instance, prompt_token_ids, sampling)
         return instance
 
@@ -95,7 +112,8 @@ class RoutedRollout:
     def _apply(self, decision: Any) -> Migration | None:
         if not decision.migrate:
             return None
-        moved = self.backend.migrate(str(decision.request_id), self.pick(decision.bucket))
+        request_id = str(decision.request_id)
+        moved = self.backend.migrate(request_id, self._pick_for(request_id, decision.bucket))
         self.migrations.append(moved)
         return moved
 
@@ -111,34 +129,64 @@ class RoutedRollout:
     ) -> dict[str, RolloutResult]:
         """Run every trajectory to its end; `prompts` maps request id -> (prompt id, prompt token ids).
         Returns one result per request: none is dropped (a failed one carries `error`)."""
+        for name, value in (("max_turns", max_turns), ("max_polls", max_polls)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"RoutedRollout.run: {name} must be a whole number >= 1, got {value!r}")
         turns: dict[str, list[Turn]] = {rid: [] for rid in prompts}
-        visited: dict[str, list[str]] = {}
+        visited: dict[str, list[str]] = {rid: [] for rid in prompts}
         turn_start: dict[str, int] = {}
         results: dict[str, RolloutResult] = {}
-        for rid, (pid, ids) in prompts.items():
-            visited[rid] = [self.admit(rid, prompt_id=pid, prompt_token_ids=ids, sampling=sampling)]
-            turn_start[rid] = len(ids)
+        submitted: set[str] = set()  # on the backend until closed: released if the loop stops early
 
         def close(rid: str, error: str | None) -> None:
             pid, ids = prompts[rid]
             traj = Trajectory(prompt_id=pid, prompt_tokens=len(ids), turns=tuple(turns[rid]), step=step)
-            try:
-                context = self.backend.release(rid)
-            except RequestFailedError as exc:
-                context, error = (), error or exc.reason
+            context: Sequence[int] = ()
+            if rid in submitted:
+                submitted.discard(rid)
+                try:
+                    context = self.backend.release(rid)
+                except RequestFailedError as exc:
+                    error = error or exc.reason
+                except KeyError:  # it never reached the backend (no instance to submit it to)
+                    pass
             self.router.finish(rid, traj)
             results[rid] = RolloutResult(
                 request_id=rid, context=tuple(context), trajectory=traj, instances=tuple(visited[rid]), error=error
             )
 
+        try:
+            for rid, (pid, ids) in prompts.items():
+                turn_start[rid] = len(ids)
+                try:
+                    visited[rid].append(self.admit(rid, prompt_id=pid, prompt_token_ids=ids, sampling=sampling))
+                    submitted.add(rid)
+                except RequestFailedError as exc:  # no live instance, or the prompt does not fit the instance
+                    submitted.add(rid)  # a failed submit stays on the backend until released
+                    close(rid, exc.reason)
+            self._loop(prompts, results, turns, visited, turn_start, sampling, tool, max_turns, max_polls, close)
+        except BaseException:  # a failure or Ctrl-C: leave none of this rollout's requests behind on the engines
+            for rid in list(submitted):
+                with contextlib.suppress(Exception):
+                    self.backend.release(rid)
+            raise
+        return results
+
+    def _loop(self, prompts, results, turns, visited, turn_start, sampling, tool, max_turns, max_polls, close):
         for _ in range(max_polls):
             if len(results) == len(prompts):
-                break
+                return
             for ev in self.backend.poll():
                 self.events.append(ev)
                 rid = ev.request_id
+                if rid in results or rid not in prompts:
+                    continue  # closed already (an event of a turn aborted on its way), or another caller's
                 if ev.kind == EventKind.TOKENS:
-                    moved = self.progress(rid)  # the context grew: the router may promote it (overflow)
+                    try:  # the context grew: the router may promote it (overflow)
+                        moved = self.progress(rid)
+                    except RequestFailedError as exc:  # the target instance cannot take it
+                        close(rid, exc.reason)
+                        continue
                     if moved is not None and moved.to_instance != moved.from_instance:
                         visited[rid].append(moved.to_instance)
                 elif ev.kind == EventKind.REQUEUED:
@@ -147,9 +195,8 @@ class RoutedRollout:
                     close(rid, ev.error)
                 elif ev.kind == EventKind.FINISHED:
                     self._end_turn(rid, turns, visited, turn_start, sampling, tool, max_turns, close)
-        else:
+        if len(results) < len(prompts):
             raise RuntimeError(f"rollout did not finish in {max_polls} polls: {sorted(set(prompts) - set(results))}")
-        return results
 
     def _end_turn(self, rid, turns, visited, turn_start, sampling, tool, max_turns, close) -> None:
         context = self.backend.context(rid)
@@ -167,7 +214,11 @@ class RoutedRollout:
                 tool_tokens=len(result.output_token_ids),
             )
         )
-        moved = self.tool_return(rid, result, sampling)
+        try:
+            moved = self.tool_return(rid, result, sampling)
+        except RequestFailedError as exc:  # e.g. the tool output does not fit the instance's context
+            close(rid, exc.reason)
+            return
         if moved is not None and moved.to_instance != moved.from_instance:
             visited[rid].append(moved.to_instance)
         turn_start[rid] = len(self.backend.context(rid))

@@ -13,8 +13,8 @@ import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from libra.adapters.protocols import GradHook
-from libra.adapters.types import WeightUpdate, pack_weights
+from libra.adapters.protocols import GradHook, run_grad_hook
+from libra.adapters.types import WeightUpdate, check_snapshot, pack_weights
 
 LossFn = Callable[[Any, Mapping[str, Any]], Any]
 
@@ -66,7 +66,7 @@ class TorchDDPTrainer:
             loss = self.loss_fn(self.model, batch)
             loss.backward()
         if grad_hook is not None:
-            grad_hook(self._version if step is None else step, self.local_grads())
+            run_grad_hook(grad_hook, self._version if step is None else step, self.local_grads())
         self.optimizer.step()
         self._version += 1
         return float(loss.detach())
@@ -89,6 +89,7 @@ class TorchDDPTrainer:
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
+        check_snapshot(self.module.state_dict(), state, what="TorchDDPTrainer.restore")
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self._version = int(state["version"])

@@ -134,6 +134,42 @@ def ds_trainer(zero_stage: int):
     return make
 
 
+def ds_refusals(rank: int, port: int) -> dict:
+    """What a one-rank DeepSpeed world refuses, each as its error's type and message: a config written for dp = 2,
+    a ZeRO stage DeepSpeed does not have, a snapshot of another model."""
+    import torch
+
+    from libra.adapters.deepspeed_trainer import DeepSpeedTrainer, deepspeed_config, init_distributed
+
+    P.init_env(rank, 1, port)
+    init_distributed("gloo")
+    out = {}
+
+    def attempt(key, fn):
+        try:
+            fn()
+            out[key] = "accepted"
+        except Exception as exc:  # noqa: BLE001 - the test reads the type and the message
+            out[key] = f"{type(exc).__name__}: {exc}"
+
+    def trainer(model, **overrides):
+        config = {**deepspeed_config(zero_stage=0, micro_batch=2, lr=P.LR, dp=1), **overrides}
+        return DeepSpeedTrainer(model=model, config=config, loss_fn=P.mse_loss)
+
+    wrong_dp = deepspeed_config(zero_stage=0, micro_batch=2, lr=P.LR, dp=2)
+    attempt("dp2_in_world1", lambda: DeepSpeedTrainer(model=P.make_mlp(seed=0), config=wrong_dp))
+    attempt("stage7", lambda: trainer(P.make_mlp(seed=0), zero_optimization={"stage": 7}))
+    other = trainer(torch.nn.Linear(P.IN, P.OUT)).snapshot()
+    attempt("foreign_snapshot", lambda: trainer(P.make_mlp(seed=0)).restore(other))
+    zeroed = trainer(P.make_mlp(seed=0))  # a hook that returns new (zero) tensors: Adam then moves nothing
+    before = {k: v.clone() for k, v in zeroed.module.state_dict().items()}
+    zeroed.train_step(
+        {k: v[:2] for k, v in P.data(0).items()}, grad_hook=lambda step, grads: [torch.zeros_like(g) for g in grads]
+    )
+    out["moved_by_zero_hook"] = P.max_param_diff(zeroed.module.state_dict(), before)
+    return out
+
+
 def ds_core(rank: int, steps: int, port: int, side_port: int) -> dict:
     return core_with_hybrid(rank, ds_trainer(0), steps, port, side_port)
 
@@ -244,6 +280,15 @@ def megatron_tp2(rank: int, port: int) -> dict:
         return grads
 
     hooked_loss = trainer.train_step(batch, grad_hook=double, step=41)
+    from libra.adapters.megatron_trainer import init_parallel
+    from libra.spec import TrainConfig
+
+    try:  # the groups exist for TP = 2: a DP = 2 layout on the same ranks must not be taken as done
+        init_parallel(TrainConfig(num_gpus=2, tp=1, pp=1, dp=2))
+        relayout = "accepted"
+    except Exception as exc:  # noqa: BLE001 - the test reads the type and the message
+        relayout = f"{type(exc).__name__}: {exc}"
+    init_parallel(TrainConfig(num_gpus=2, tp=2, pp=1, dp=1))  # the layout it has: nothing to do
     worst = max(float((g - 2 * p).abs().max()) for g, p in zip(trainer.local_grads(), plain))
     shapes = {n: tuple(p.shape) for n, p in trainer.module.named_parameters()}
     losses = [0.0, 0.0]
@@ -259,6 +304,7 @@ def megatron_tp2(rank: int, port: int) -> dict:
         "hook_steps": [s for s, _ in seen],
         "hook_vs_plain": worst,
         "grad_norm": float(sum(float(p.norm()) for p in plain)),
+        "relayout": relayout,
     }
 
 

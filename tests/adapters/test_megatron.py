@@ -48,6 +48,10 @@ def test_tp2_groups_sharded_model_and_gradient_hook(tmp_path):
         assert r["hook_steps"] == [41]
         assert r["hook_vs_plain"] == 0.0 and r["grad_norm"] > 0  # the hook's output is the synced gradient
         assert r["hooked_loss"] == r["loss"]
+        assert r["relayout"] == (
+            "UnsupportedConfig: Megatron's process groups exist for tp(2) * pp(1) * dp(1) (ep 1); "
+            "TrainConfig asks for tp(1) * pp(1) * dp(2) (ep 1) on the same ranks"
+        ), r["relayout"]
     assert r0["losses"][0] == r0["losses"][1]  # TP ranks agree on the loss
 
 

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import attrs
 import pytest
 
 from libra.elastic import CancelJoin, ElasticController, JoinTraining, StartInstance, StopInstance
@@ -222,3 +223,109 @@ def test_health_policy_refuses_nonsense() -> None:
     for bad in ({"reply_timeout_s": 0}, {"reply_timeout_s": float("nan")}, {"max_missed": 0}, {"max_missed": 1.5}):
         with pytest.raises(UnsupportedConfig):
             HealthPolicy(**bad)
+
+
+def _failing(info):
+    raise ValueError(f"no engine for {info.worker}\nsecond line of the cause")
+
+
+def _pending_groups() -> set[str]:
+    return {pg_id for pg_id, row in ray.util.placement_group_table().items() if row["state"] == "PENDING"}
+
+
+def test_a_pool_no_node_can_hold_is_refused_in_one_line_and_two_launchers_share_a_cluster(cluster):
+    """A worker on a node the cluster does not have: one line naming the worker and the resource, and no
+    placement group left pending (it used to wait on, under the name the next launcher's first group takes)."""
+    from libra.adapters.ray_launcher import PlacementUnavailable, RayLauncher
+
+    far = WorkerPlacement(name="rollout-far", role=Role.ROLLOUT_INSTANCE, tp=1, gpu_ids=(28,), pool=Pool.CORE_ROLLOUT)
+    before = _pending_groups()
+    lost = RayLauncher(placement=Placement(workers=(far,)), gpus_per_node=GPUS_PER_NODE, ready_timeout_s=1.0)
+    with pytest.raises(PlacementUnavailable, match=r"rollout-far: \{'libra_node_7': 0.001\}") as exc:
+        lost.launch()
+    assert "\n" not in str(exc.value)
+    assert _pending_groups() == before
+    first = RayLauncher(placement=PLACEMENT, gpus_per_node=GPUS_PER_NODE, setup_rollout=_payload)
+    other = Placement(workers=(attrs.evolve(PLACEMENT.workers[0], name="train-other"),))
+    second = RayLauncher(placement=other, gpus_per_node=GPUS_PER_NODE)
+    try:
+        assert set(first.launch()) == {w.name for w in PLACEMENT.workers}
+        assert set(second.launch()) == {"train-other"}  # its first group used to take the name of first's
+    finally:
+        first.shutdown()
+        second.shutdown()
+        lost.shutdown()
+
+
+def test_a_failing_payload_setup_is_one_line_and_the_worker_can_start_again(cluster):
+    from libra.adapters import AdapterError
+    from libra.adapters.errors import WorkerNotFound
+    from libra.adapters.ray_launcher import RayLauncher
+
+    launcher = RayLauncher(placement=PLACEMENT, gpus_per_node=GPUS_PER_NODE, setup_rollout=_failing)
+    start = StartInstance(worker="rollout-tp1-0", tp=1, gpu_ids=(4,), step=0, why="test")
+    try:
+        with pytest.raises(AdapterError) as exc:
+            launcher.execute(start)
+        assert str(exc.value) == (
+            "setup of rollout_instance 'rollout-tp1-0' failed in its actor: ValueError: no engine for rollout-tp1-0"
+        )
+        assert "rollout-tp1-0" not in launcher.actors
+        launcher.setup[Role.ROLLOUT_INSTANCE] = _payload
+        launcher.execute(start)
+        assert ray.get(launcher.actors["rollout-tp1-0"].call.remote("get", "built_for")) == "rollout-tp1-0"
+        with pytest.raises(WorkerNotFound) as missing:
+            launcher.execute(attrs.evolve(start, worker="rollout-nowhere"))
+        assert str(missing.value).startswith("worker 'rollout-nowhere' is not in the placement; it holds [")
+    finally:
+        launcher.shutdown()
+
+
+def test_a_ray_rollout_backend_refuses_to_start_an_instance_after_shutdown(cluster):
+    from libra.adapters import AdapterError
+    from libra.adapters.ray_rollout import RayRolloutBackend
+    from libra.adapters.types import InstanceSpec
+
+    backend = RayRolloutBackend(model="unused", address="local", host=_payload)  # joins the running Ray
+    backend.shutdown()
+    backend.shutdown()  # twice: nothing left to stop
+    with pytest.raises(AdapterError, match=r"cannot start instance 'late': this RayRolloutBackend was shut down"):
+        backend.start_instance(InstanceSpec(name="late"))
+    assert ray.is_initialized() and not backend.launcher.actors
+
+
+def test_a_launcher_without_ray_refuses_instead_of_starting_a_bare_local_ray():
+    """Without `ray.init`, a Ray call starts a local Ray that offers no `libra_node_<k>`; the placement group then
+    waited out `ready_timeout_s` for a resource nobody offers."""
+    code = (
+        "from libra.adapters.ray_launcher import RayLauncher\n"
+        "from tests.adapters.test_ray_launcher import PLACEMENT\n"
+        "try:\n"
+        "    RayLauncher(placement=PLACEMENT, gpus_per_node=4, ready_timeout_s=5).launch()\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+        "import ray; print('ray started:', ray.is_initialized())\n"
+    )
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=scaled(120))
+    assert out.stdout.splitlines() == [
+        "AdapterError cannot place worker 'train-0': Ray is not initialised (ray.init first, or shut down)",
+        "ray started: False",
+    ], out.stdout + out.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("option", "match"),
+    [
+        ({"grace_s": 0}, r"grace_s must be a finite number of seconds > 0, got 0"),
+        ({"start_timeout_s": float("nan")}, r"start_timeout_s must be a finite number of seconds > 0, got nan"),
+        ({"poll_wait_s": -1}, r"poll_wait_s must be a finite number >= 0, got -1"),
+        ({"nodes": 0}, r"nodes must be a whole number >= 1, got 0"),
+    ],
+)
+def test_a_ray_rollout_backend_refuses_options_that_would_kill_or_stall_every_instance(cluster, option, match):
+    from libra.adapters import UnsupportedConfig
+    from libra.adapters.ray_rollout import RayRolloutBackend
+
+    with pytest.raises(UnsupportedConfig, match=match):
+        RayRolloutBackend(model="unused", address="local", host=_payload, **option)

@@ -55,3 +55,20 @@ def test_deepspeed_zero_stages_match_data_parallel(tmp_path):
         assert r0[key] < 1e-6 and r1[key] < 1e-6, (key, r0, r1)
     assert r0["export_buckets"] >= 1
     assert r0["zero2+hook"].startswith("refused: a gradient hook needs ZeRO stage 0 or 1"), r0["zero2+hook"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(scaled(300))
+def test_deepspeed_refuses_a_config_for_another_world_and_a_foreign_snapshot_in_one_line(tmp_path):
+    pytest.importorskip("deepspeed")
+    (r,) = P.run_processes([(S.ds_refusals, (0, P.free_port()))], tmp=tmp_path, timeout_s=scaled(240))
+    assert r["dp2_in_world1"] == (
+        "UnsupportedConfig: train_batch_size(4) != train_micro_batch_size_per_gpu(2) * gradient_accumulation_steps"
+        "(1) * world size(1): the config is for dp = 2, this process group has 1 ranks"
+    )
+    assert r["stage7"] == "UnsupportedConfig: zero_optimization.stage must be 0, 1, 2 or 3, got 7"
+    assert r["foreign_snapshot"] == (
+        "StateMismatch: DeepSpeedTrainer.restore: snapshot lacks ['0.bias', '0.weight', '2.bias'] and has unknown "
+        "['bias', 'weight'] parameters"
+    )
+    assert r["moved_by_zero_hook"] == 0.0  # the hook's returned gradients were used, not the local ones
