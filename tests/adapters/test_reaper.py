@@ -96,8 +96,12 @@ def start_owner(tmp_path: Path, *, kinds: tuple[str, ...], grace: float = 1.0, f
 
 def test_a_sigkilled_owners_processes_and_their_children_are_stopped(tmp_path):
     owner, watched, others = start_owner(tmp_path, kinds=("sleep", "parent"))
-    grandchildren = sorted(descendants(watched))
+    grandchildren: list[int] = []
     try:
+        deadline = time.monotonic() + scaled(30)
+        while not grandchildren and time.monotonic() < deadline:  # `sh` forks its sleep when it gets to run
+            grandchildren = sorted(descendants(watched))
+            time.sleep(0.05)
         assert len(grandchildren) == 1 and alive(grandchildren[0])  # the sleep under `sh`
         owner.kill()
         owner.wait()
