@@ -19,6 +19,7 @@ that holds it, which no GPU count shortens (at scale the fluid bound falls towar
 from __future__ import annotations
 
 import math
+import numbers
 import time
 
 import attrs
@@ -46,18 +47,65 @@ class PlanningError(SpecError):
     """No plan exists (e.g. the model fits neither training nor any rollout instance on these GPUs)."""
 
 
+def _check_option(ok, wants: str):
+    """An attrs validator raising one SpecError line that names the option, what it must be and the value."""
+
+    def check(instance: object, attribute: attrs.Attribute, value: object) -> None:
+        if not ok(value):
+            raise SpecError(f"PlannerOptions.{attribute.name} must be {wants}, got {value!r}")
+
+    return check
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def _tuple_of(value: object) -> object:
+    return tuple(value) if isinstance(value, list) else value
+
+
 @attrs.frozen(kw_only=True)
 class PlannerOptions:
-    tp_degrees: tuple[int, ...] = TP_DEGREES
-    num_groups: int = 32  # length quantile groups for the rollout DP (cost grows ~ num_groups^2)
-    tree: TreeOptions = TreeOptions()
-    fill_spare_gpus: bool = True  # give GPUs the optimum leaves unused to the slowest rollout bucket
-    cache_size: int = 8  # profiles whose tables stay memoised
+    """How the planner searches. Each field is checked here, so a bad value fails at construction with one
+    `SpecError` naming it (whether a TP degree fits the cluster's nodes and the model's heads is checked when a
+    planner plans)."""
+
+    tp_degrees: tuple[int, ...] = attrs.field(
+        default=TP_DEGREES,
+        converter=_tuple_of,
+        validator=_check_option(
+            lambda v: isinstance(v, tuple) and all(_is_int(tp) for tp in v), "a tuple of integer TP degrees"
+        ),
+    )
+    # length quantile groups for the rollout DP (cost grows ~ num_groups^2)
+    num_groups: int = attrs.field(
+        default=32, validator=_check_option(lambda v: _is_int(v) and v >= 1, "an integer >= 1")
+    )
+    tree: TreeOptions = attrs.field(
+        factory=TreeOptions, validator=_check_option(lambda v: isinstance(v, TreeOptions), "a TreeOptions")
+    )
+    # give GPUs the optimum leaves unused to the slowest rollout bucket
+    fill_spare_gpus: bool = attrs.field(
+        default=True, validator=_check_option(lambda v: isinstance(v, bool), "True or False")
+    )
+    # profiles whose tables stay memoised (0: none kept between calls)
+    cache_size: int = attrs.field(
+        default=8, validator=_check_option(lambda v: _is_int(v) and v >= 0, "an integer >= 0")
+    )
     # how requests reach buckets (`rollout_dp`): `start-small` (C-MLFQ's admission, promotion by context) or
     # `final-length` (each request only on the bucket of its final length: perfect routing)
-    routing: str = attrs.field(default="start-small", validator=attrs.validators.in_(ROUTINGS))
+    routing: str = attrs.field(
+        default="start-small", validator=_check_option(lambda v: v in ROUTINGS, f"one of {', '.join(ROUTINGS)}")
+    )
     # start-small: share of the rollout a request that ends in a later bucket spends queueing in the first
-    admission_delay: float = 0.5
+    admission_delay: float = attrs.field(
+        default=0.5,
+        validator=_check_option(
+            lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool) and 0.0 <= float(v) < 1.0,
+            "a number in [0, 1)",
+        ),
+    )
 
 
 class _Tables:
@@ -167,7 +215,7 @@ class GlobalPlanner:
         that does not fit the remainder leaves it idle)."""
         start = time.perf_counter()
         budget = self.cluster.num_gpus if num_gpus is None else num_gpus
-        if not 2 <= budget <= self.cluster.num_gpus:
+        if not (_is_int(budget) and 2 <= budget <= self.cluster.num_gpus):
             raise SpecError(f"num_gpus must be between 2 and {self.cluster.num_gpus}, got {budget}")
         tab = self.tables(profile, tp_degrees)
         bracket = CountBracket()  # each probe's counts narrow the next probe's search (same answers)
@@ -283,6 +331,7 @@ class GlobalPlanner:
         """The best rollout side for `profile` on the rollout GPUs of `current`, its training layout kept: what a
         running job can switch to without touching its core training pool (a new training layout is refused by
         `libra.elastic.ElasticController.apply_plan`: `CoreTopologyChange`)."""
+        self._check_fits(current, "plan_rollout")
         tab = self.tables(profile)
         gpus = current.rollout.num_gpus
         feasible = lambda limit: tab.rollout.min_gpus(limit)[0] <= gpus  # noqa: E731
@@ -297,6 +346,22 @@ class GlobalPlanner:
         t_roll = max(b.time_s for b in buckets)
         rollout = RolloutConfig(num_gpus=gpus, time_s=t_roll, instances=tab.rollout.instance_groups(buckets))
         return attrs.evolve(current, rollout=rollout, makespan_s=max(current.train.time_s, t_roll), solve_time_s=0.0)
+
+    def _check_fits(self, current: Plan, caller: str) -> None:
+        """`current` must be a plan for this planner's cluster: a plan made for a larger one would be kept (its
+        training side) and filled (its rollout GPUs) beyond the GPUs there are."""
+        c = self.cluster
+        if current.num_gpus > c.num_gpus:
+            raise SpecError(
+                f"{caller}: the current plan uses {current.num_gpus} GPUs (training {current.train.num_gpus} + "
+                f"rollout {current.rollout.num_gpus}) but the planner's cluster has {c.num_gpus} "
+                f"({c.num_nodes} nodes x {c.gpus_per_node} GPUs)"
+            )
+        if current.train.tp > c.gpus_per_node:
+            raise SpecError(
+                f"{caller}: the current plan trains with TP-{current.train.tp} but the planner's cluster has "
+                f"{c.gpus_per_node} GPUs per node"
+            )
 
     def replan_rollout(
         self, current: Plan, profile: WorkloadProfile, *, gate: ReplanGate | None = None, horizon_steps: int = 10

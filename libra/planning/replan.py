@@ -13,6 +13,7 @@ least 5 %.
 from __future__ import annotations
 
 import math
+import numbers
 from collections import Counter
 
 import attrs
@@ -71,8 +72,8 @@ class ReplanGate:
     ) -> ReplanDecision:
         """`current_makespan_s` is the current plan's predicted makespan on the newest profile (it drifts);
         `candidate_makespan_s` defaults to the candidate's own prediction."""
-        if horizon_steps < 1:
-            raise ValueError(f"horizon_steps must be >= 1, got {horizon_steps}")
+        if isinstance(horizon_steps, bool) or not isinstance(horizon_steps, numbers.Integral) or horizon_steps < 1:
+            raise SpecError(f"horizon_steps must be >= 1, got {horizon_steps!r} (a whole number of steps)")
         t_cur = current.makespan_s if current_makespan_s is None else current_makespan_s
         t_new = candidate.makespan_s if candidate_makespan_s is None else candidate_makespan_s
         cost, to_rollout, to_training = self.reconfiguration_cost(current, candidate)

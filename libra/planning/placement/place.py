@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 
 import attrs
@@ -14,7 +16,7 @@ from libra.planning.placement.problem import (
     build_problem,
     placement_cost,
 )
-from libra.spec import ClusterSpec, ModelSpec, Placement, Plan
+from libra.spec import ClusterSpec, ModelSpec, Placement, Plan, SpecError
 
 
 @attrs.frozen(kw_only=True)
@@ -26,6 +28,21 @@ class PlacementResult:
     optimal: bool
     solve_time_s: float
     total_time_s: float
+
+
+def _check_arguments(*, time_limit_s: float, num_workers: int, kv_reserve_tokens: int) -> None:
+    """Bad solver settings are the caller's error, said before any work (CP-SAT would reject a negative or NaN
+    time limit as MODEL_INVALID, which reads as a bug in the model builder)."""
+    if isinstance(time_limit_s, bool) or not isinstance(time_limit_s, numbers.Real) or not 0 < time_limit_s < math.inf:
+        raise SpecError(f"time_limit_s must be a finite number of seconds > 0, got {time_limit_s!r}")
+    if isinstance(num_workers, bool) or not isinstance(num_workers, numbers.Integral) or num_workers < 0:
+        raise SpecError(f"num_workers must be an integer >= 0 (0: CP-SAT's default), got {num_workers!r}")
+    if (
+        isinstance(kv_reserve_tokens, bool)
+        or not isinstance(kv_reserve_tokens, numbers.Integral)
+        or kv_reserve_tokens < 0
+    ):
+        raise SpecError(f"kv_reserve_tokens must be an integer >= 0, got {kv_reserve_tokens!r}")
 
 
 def solve_placement(
@@ -40,6 +57,7 @@ def solve_placement(
 ) -> PlacementResult:
     """Like `place`, and also report the cost and whether it is proven optimal. `num_workers=1` (the default)
     keeps CP-SAT deterministic, so the same inputs give the same GPU ids."""
+    _check_arguments(time_limit_s=time_limit_s, num_workers=num_workers, kv_reserve_tokens=kv_reserve_tokens)
     start = time.perf_counter()
     problem = build_problem(plan, cluster, model=model, current=current, kv_reserve_tokens=kv_reserve_tokens)
     solution = solve_nodes(problem, time_limit_s=time_limit_s, num_workers=num_workers)
