@@ -30,7 +30,8 @@ def _same_as(report: SimReport) -> dict[str, str]:
     return {name: group[0] for group in same_results(report) for name in group[1:]}
 
 
-def write_json(report: SimReport, path: Path) -> Path:
+def write_json(report: SimReport, path: str | Path) -> Path:
+    path = Path(path)
     d = report.to_dict()
     d["same_results"] = same_results(report)
     path.write_text(json.dumps(jsonable(d), indent=1))
@@ -85,10 +86,11 @@ def _integer_steps(ax) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def write_plots(report: SimReport, out: Path) -> list[Path]:
+def write_plots(report: SimReport, out: str | Path) -> list[Path]:
     """throughput.png (tokens/s per step, per policy), allocation.png (training vs rollout GPUs per step),
     breakdown.png (mean rollout, training and stage time per policy). Policies with the same results are drawn
     once, under all their names."""
+    out = Path(out)
     import matplotlib
 
     matplotlib.use("Agg")

@@ -17,6 +17,7 @@ import attrs
 
 from libra.planning import GlobalPlanner
 from libra.planning.cost import CostCoefficients, CostModel
+from libra.sim.checks import check_int, check_type
 from libra.sim.engine import PolicyRun, ReconfigCosts, SimOptions, profile_of
 from libra.sim.parallel import fork_available, freeze_long_lived, policy_groups, run_groups
 from libra.sim.policies import POLICY_NAMES, PolicyEnv, make_policy, uses_shared_tree
@@ -41,6 +42,19 @@ class Scenario:
     costs: ReconfigCosts = ReconfigCosts()
     options: SimOptions = SimOptions()
     profile_window: int = 2  # finished steps a replan reads
+
+    def __attrs_post_init__(self) -> None:
+        for name, kind in (
+            ("cluster", ClusterSpec),
+            ("model", ModelSpec),
+            ("rl", RLSettings),
+            ("source", WorkSource),
+            ("coeffs", (CostCoefficients, type(None))),
+            ("costs", ReconfigCosts),
+            ("options", SimOptions),
+        ):
+            check_type("Scenario", name, getattr(self, name), kind)
+        check_int("Scenario", "profile_window", self.profile_window, 1)
 
 
 @attrs.frozen(kw_only=True)
@@ -71,14 +85,41 @@ def _check_step_size(scenario: Scenario) -> None:
     """A trace's first step must be the step `rl` trains: the rollout runs the trace's trajectories as they are,
     while training and every policy's plan are sized by `rl.global_batch` (a silent mismatch trained 8,192
     sequences after rolling out 64)."""
-    if scenario.source.num_steps is None:  # a generator: it makes steps of the size it was given
-        return
-    first = scenario.source.step(0).num_requests
-    if first != scenario.rl.global_batch:
+    source, rl = scenario.source, scenario.rl
+    if source.num_steps is None:  # a generator: every step holds the size it was given
+        if source.step_size is None or source.step_size == rl.global_batch:
+            return
         raise SpecError(
-            f"the trace's first step holds {first} trajectories but rl trains {scenario.rl.global_batch} "
-            f"({scenario.rl.num_prompts} x {scenario.rl.samples_per_prompt}): set RLSettings(num_prompts=..., "
+            f"the workload's steps hold {source.step_size} trajectories but rl trains {rl.global_batch} "
+            f"({rl.num_prompts} x {rl.samples_per_prompt}): give WorkSource.from_generator and RLSettings the same "
+            "num_prompts and samples_per_prompt"
+        )
+    first = source.step(0).num_requests
+    if first != rl.global_batch:
+        raise SpecError(
+            f"the trace's first step holds {first} trajectories but rl trains {rl.global_batch} "
+            f"({rl.num_prompts} x {rl.samples_per_prompt}): set RLSettings(num_prompts=..., "
             "samples_per_prompt=...) to the trace's step, as `libra simulate --trace` does"
+        )
+
+
+def _check_policies(policies: Sequence[str], options: dict[str, dict[str, Any]] | None) -> None:
+    """Known names, each once (a report keys its runs by name), and options only for the policies that run."""
+    if isinstance(policies, str):
+        raise SpecError(f"simulate.policies must be a sequence of policy names, got the string {policies!r}")
+    if not policies:
+        raise SpecError("simulate needs at least one policy")
+    for name in policies:
+        if name not in POLICY_NAMES:
+            raise SpecError(f"unknown policy {name!r}; expected one of {', '.join(POLICY_NAMES)}")
+    repeated = sorted({name for name in policies if list(policies).count(name) > 1})
+    if repeated:
+        raise SpecError(f"simulate.policies names {', '.join(map(repr, repeated))} more than once")
+    extra = sorted(set(options or {}) - set(policies))
+    if extra:
+        raise SpecError(
+            f"policy_options for {', '.join(map(repr, extra))}, which simulate does not run (policies: "
+            f"{', '.join(policies)})"
         )
 
 
@@ -94,12 +135,13 @@ def simulate(
     """Run `policies` for `num_steps` steps of `scenario.source`; `progress(policy, step)` after each stage.
     `workers` > 1 runs groups of policies in that many forked processes (`libra.sim.parallel`): the same numbers
     as one process."""
-    if num_steps < 1:
-        raise SpecError(f"num_steps must be >= 1, got {num_steps}")
-    if not policies:
-        raise SpecError("simulate needs at least one policy")
-    if workers < 1:
-        raise SpecError(f"workers must be >= 1, got {workers}")
+    check_type("simulate", "scenario", scenario, Scenario)
+    check_int("simulate", "num_steps", num_steps, 1)
+    check_int("simulate", "workers", workers, 1)
+    _check_policies(policies, policy_options)
+    have = scenario.source.num_steps
+    if have is not None and num_steps > have:  # (else the run stopped at the missing step, its work lost)
+        raise SpecError(f"simulate.num_steps is {num_steps} but the trace {scenario.source.name!r} has {have} steps")
     _check_step_size(scenario)
     started = time.perf_counter()
     groups = policy_groups(policies, workers) if workers > 1 and fork_available() else [list(policies)]

@@ -11,12 +11,14 @@ drew).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import attrs
 import numpy as np
 
+from libra.sim.checks import check_number
 from libra.spec import SpecError
 from libra.workloads import WorkloadGenerator, group_by_step, load_trace
 from libra.workloads.generators import GeneratedStep
@@ -30,6 +32,12 @@ class ToolLatency:
     median_s: float = 2.0
     sigma: float = 0.8
     per_tool_median_s: dict[str, float] = attrs.field(factory=dict, eq=False, hash=False)
+
+    def __attrs_post_init__(self) -> None:
+        check_number("ToolLatency", "median_s", self.median_s, 0.0, above=True)
+        check_number("ToolLatency", "sigma", self.sigma, 0.0)
+        for tool, median in self.per_tool_median_s.items():
+            check_number("ToolLatency", f"per_tool_median_s[{tool!r}]", median, 0.0, above=True)
 
     def scale(self, tools: Sequence[str | None], normal: np.ndarray) -> np.ndarray:
         """Latencies from standard normal deviates, one per tool call."""
@@ -158,6 +166,7 @@ def step_work(
     has_tool = np.fromiter((u.tool is not None for u in turns), bool, m)
     prompt = np.fromiter((tr.prompt_tokens for tr in trajectories), np.int64, n)
     traj_of, turn_no, follows_t = _turn_positions(num_turns, has_tool)
+    _check_counts(step, trajectories, num_turns, prompt, gen_t, tool_t, traj_of, turn_no)
     lat_t = np.zeros(m)
     missing: list[int] = []  # turns without a recorded latency, in (request, turn) order
     for j in np.flatnonzero(follows_t).tolist():
@@ -165,13 +174,58 @@ def step_work(
         if value is None:
             missing.append(j)
         else:
-            lat_t[j] = float(value)
+            lat_t[j] = _seconds(value, step, trajectories[traj_of[j]], int(turn_no[j]))
     if missing:
         normal = content_normals(prompt, gen_t, tool_t, traj_of, turn_no, seed)
         lat_t[missing] = (latency or ToolLatency()).scale([turns[j].tool for j in missing], normal[missing])
     return _segments(
         step, trajectories, prompt, num_turns, gen_t, tool_t, lat_t, follows_t, traj_of, turn_no, chunk_tokens
     )
+
+
+def _where(step: int, tr: Trajectory) -> str:
+    sample = "" if tr.sample is None else f" sample {tr.sample}"
+    return f"step {step}: trajectory {tr.prompt_id!r}{sample}"
+
+
+def _check_counts(
+    step: int,
+    trajectories: Sequence[Trajectory],
+    num_turns: np.ndarray,
+    prompt: np.ndarray,
+    gen_t: np.ndarray,
+    tool_t: np.ndarray,
+    traj_of: np.ndarray,
+    turn_no: np.ndarray,
+) -> None:
+    """Trajectories made in Python (not loaded from a checked trace): at least one turn and token counts >= 0 (a
+    trajectory without turns failed as an IndexError deep in the arrays, a negative count as a profile's error
+    that named no trajectory)."""
+    empty = np.flatnonzero(num_turns < 1)
+    if empty.size:
+        raise SpecError(f"{_where(step, trajectories[int(empty[0])])} has no turns; expected at least one")
+    if (prompt < 0).any():
+        i = int(np.flatnonzero(prompt < 0)[0])
+        raise SpecError(f"{_where(step, trajectories[i])}: prompt_tokens must be >= 0, got {int(prompt[i])}")
+    for field, counts in (("gen_tokens", gen_t), ("tool_tokens", tool_t)):
+        bad = np.flatnonzero(counts < 0)
+        if bad.size:
+            j = int(bad[0])
+            raise SpecError(
+                f"{_where(step, trajectories[int(traj_of[j])])} turn {int(turn_no[j])}: {field} must be >= 0, "
+                f"got {int(counts[j])}"
+            )
+
+
+def _seconds(value: object, step: int, tr: Trajectory, turn: int) -> float:
+    """A turn's recorded `extra["tool_latency_s"]`: finite seconds >= 0."""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise SpecError(f"{_where(step, tr)} turn {turn}: tool_latency_s must be finite seconds >= 0, got {value!r}")
+    return seconds
 
 
 def generated_step_work(step: GeneratedStep, *, chunk_tokens: int = 2048) -> StepWork:
@@ -273,10 +327,14 @@ class WorkSource:
         seed: int,
         *,
         arrays: Callable[[int], GeneratedStep] | None = None,
+        step_size: int | None = None,
     ) -> None:
-        """`arrays(step)`, where given, is `fetch(step)` as a generator's arrays: the steps are built from them."""
+        """`arrays(step)`, where given, is `fetch(step)` as a generator's arrays: the steps are built from them.
+        `step_size`, where given, is the trajectories every step holds (a generator's `num_prompts *
+        samples_per_prompt`): `simulate` checks it against the step `rl` trains without making a step."""
         self.name, self._fetch, self.num_steps, self.latency, self.seed = name, fetch, num_steps, latency, seed
         self._arrays = arrays
+        self.step_size = step_size
 
     @classmethod
     def from_generator(
@@ -298,7 +356,15 @@ class WorkSource:
             max_model_len=max_model_len,
             drift_steps=drift_steps,
         )
-        return cls(workload, gen.step, None, latency or ToolLatency(), seed, arrays=gen.step_arrays)
+        return cls(
+            workload,
+            gen.step,
+            None,
+            latency or ToolLatency(),
+            seed,
+            arrays=gen.step_arrays,
+            step_size=num_prompts * samples_per_prompt,
+        )
 
     @classmethod
     def from_trace(cls, path: str | Path, *, seed: int = 0, latency: ToolLatency | None = None) -> WorkSource:
