@@ -47,6 +47,7 @@ import random
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from math import floor
+from numbers import Integral, Real
 from typing import Any
 
 from libra.scheduling.budget import MigrationBudget
@@ -62,6 +63,31 @@ from libra.scheduling.tree import Node, PrefixTree
 from libra.scheduling.walk import Walk
 from libra.spec import Bucket, SpecError
 from libra.workloads.trace import Trajectory
+
+_NUMBERS = ("confidence", "price", "admit_margin", "cost_ratio", "budget", "ceiling", "shrink")
+_INTEGERS = ("min_count", "admit_min_count", "repay", "seed")
+_FLAGS = ("overflow", "budget_mix", "admit_select", "hold_first")
+
+
+def _check_types(options: dict[str, Any]) -> None:
+    """SpecError naming the first option of the wrong type: a bool or a string for a number (`True` would pass as
+    1), NaN, a non-integer count, or anything but True/False for a flag (`"false"` would pass as true). The ranges
+    are checked where each option is read."""
+    for name in _NUMBERS:
+        value = options[name]
+        if value is None and name in ("budget", "ceiling") or value == "auto" and name == "shrink":
+            continue
+        if isinstance(value, bool) or not isinstance(value, Real) or value != value:
+            raise SpecError(f"cmlfq: {name} must be a number, got {value!r}")
+    for name in _INTEGERS:
+        value = options[name]
+        if value is None and name in ("admit_min_count", "repay"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, Integral):
+            raise SpecError(f"cmlfq: {name} must be an integer, got {value!r}")
+    for name in _FLAGS:
+        if not isinstance(options[name], bool):
+            raise SpecError(f"cmlfq: {name} must be True or False, got {options[name]!r}")
 
 
 @register_router
@@ -103,6 +129,7 @@ class CMLFQRouter(PricedRule, MeanP90Rule, ProbabilityRule, Router):
         hold_first: bool = False,
         seed: int = 0,
     ) -> None:
+        _check_types(locals())
         super().__init__(buckets)
         # `ceiling`: every move of the run together carries at most this share of the tokens seen so far (so never
         # more than it of the run's tokens), whatever the budget's price does when the workload drifts; a move past
@@ -134,7 +161,7 @@ class CMLFQRouter(PricedRule, MeanP90Rule, ProbabilityRule, Router):
         self.budget_mix = bool(budget_mix)
         self._mix_price = float(price)
         self._mix_q = 0.0
-        self._rng = random.Random(seed)
+        self._rng = random.Random(int(seed))
         if shrink == "auto":
             self._fit: ShrinkFit | None = ShrinkFit()
             shrink = 0.0

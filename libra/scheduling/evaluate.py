@@ -57,14 +57,19 @@ def replay(
 ) -> RouteEvalResult:
     """Drive `router` with `trajectories` (see the module docstring) and score it. The first `warmup_steps` steps
     are replayed (the router learns from them) but not scored."""
+    if not isinstance(router, Router):
+        raise SpecError(f"replay needs a Router (see make_router), got {type(router).__name__}")
     if not trajectories:
         raise SpecError("route evaluation needs at least one trajectory")
-    if progress_every < 1:
-        raise SpecError(f"progress_every must be >= 1, got {progress_every}")
+    for name, value in (("num_chunks", num_chunks), ("progress_every", progress_every), ("warmup_steps", warmup_steps)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SpecError(f"{name} must be an integer, got {value!r}")
+        if value < 1 and name != "warmup_steps":
+            raise SpecError(f"{name} must be >= 1, got {value!r}")
     steps = group_by_step([_with_status(t) for t in trajectories], steps_without_label=num_chunks)
     if not 0 <= warmup_steps < len(steps):
         raise SpecError(
-            f"warmup_steps must be in 0..{len(steps) - 1} for a trace of {len(steps)} steps, got {warmup_steps}"
+            f"warmup_steps must be in 0..{len(steps) - 1} for a trace of {len(steps)} steps, got {warmup_steps!r}"
         )
     buckets: tuple[Bucket, ...] = router.buckets
     k = len(buckets)

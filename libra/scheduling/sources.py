@@ -16,7 +16,7 @@ import numpy as np
 
 from libra.scheduling.evaluate import RouteEvalResult, replay
 from libra.scheduling.router import make_router
-from libra.spec import Bucket, parse_buckets
+from libra.spec import Bucket, SpecError, parse_buckets
 from libra.workloads.trace import Trajectory
 
 BASELINES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -30,6 +30,10 @@ MAX_MIGRATED = 0.12  # the issue's bound on migrated tokens for the default
 
 def quantile_buckets(trajectories: Sequence[Trajectory], tps: Sequence[int] = (1, 2, 4, 8)) -> tuple[Bucket, ...]:
     """Buckets at the trace's length quantiles: len(tps) buckets, the last unbounded."""
+    if not trajectories:
+        raise SpecError("quantile buckets need at least one trajectory")
+    if not tps:
+        raise SpecError("quantile buckets need at least one TP degree (tps), got none")
     k = len(tps)
     qs = np.quantile([t.total_tokens for t in trajectories], np.arange(1, k) / k)
     limits = [int(q) for q in qs]
@@ -58,6 +62,11 @@ def margin(results: Mapping[str, RouteEvalResult], candidate: str) -> float:
 
 def leave_one_source_out(scores: Mapping[str, Mapping[str, RouteEvalResult]], candidates: Sequence[str]) -> dict:
     """For each source: the candidate with the best mean margin on the other sources, and its held-out result."""
+    if len(scores) < 2 or not candidates:  # with one source there is nothing to choose on (the mean of no margins)
+        raise SpecError(
+            f"leave-one-source-out needs at least two sources and one candidate, got {len(scores)} source(s) and "
+            f"{len(candidates)} candidate(s)"
+        )
     out = {}
     for held in scores:
         others = [s for s in scores if s != held]

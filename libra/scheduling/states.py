@@ -22,6 +22,16 @@ def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
     return tuple(values)
 
 
+def _tool_set(values: Iterable[str] | None) -> frozenset[str] | None:
+    """The closed tool set, or None. A single string is refused (it would become the set of its letters)."""
+    if values is None:
+        return None
+    tools = () if isinstance(values, str) else tuple(values)
+    if isinstance(values, str) or not all(isinstance(tool, str) and tool for tool in tools):
+        raise SpecError(f"tools must be a collection of tool names (non-empty strings) or None, got {values!r}")
+    return frozenset(tools)
+
+
 def _check_edges(instance: object, attribute: attrs.Attribute, value: tuple[int, ...]) -> None:
     if any(isinstance(e, bool) or not isinstance(e, int | float) or e <= 0 for e in value):
         raise SpecError(f"size-class edges must be positive numbers, got {value!r}")
@@ -72,7 +82,7 @@ class StateCodec:
     """
 
     size_edges: tuple[int, ...] = attrs.field(default=DEFAULT_SIZE_EDGES, converter=_int_tuple, validator=_check_edges)
-    tools: frozenset[str] | None = attrs.field(default=None, converter=lambda v: None if v is None else frozenset(v))
+    tools: frozenset[str] | None = attrs.field(default=None, converter=_tool_set)
     _codes: dict[tuple[str, int, str], int] = attrs.field(factory=dict, init=False)
     _states: list[ToolReturnState] = attrs.field(factory=list, init=False)
 

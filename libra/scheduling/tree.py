@@ -531,6 +531,10 @@ class PrefixTree(Eviction):
     def merge(self, other: PrefixTree) -> None:
         """Fold another tree in (e.g. one per rollout rank, merged at step end). Its observations count as newer
         than ours; windows keep the last `window`. Both trees must classify tool returns the same way."""
+        if not isinstance(other, PrefixTree):
+            raise SpecError(f"merge needs another PrefixTree, got {type(other).__name__}")
+        if other is self:  # folding a tree into itself would count every observation twice
+            raise SpecError("cannot merge a prefix tree into itself")
         if other.window != self.window or other.codec.config() != self.codec.config():
             raise SpecError(
                 "cannot merge prefix trees with different window or size-class edges or tool sets: "
