@@ -190,8 +190,8 @@ class VLLMRolloutBackend(RequestBook):
     # -- weights, sleep -----------------------------------------------------------------------------------------
 
     def load_weights(self, update: WeightUpdate, *, instances: Sequence[str] | None = None) -> int:
-        if self._latest is None or update.version >= self._latest.version:
-            self._latest = update
+        """Push `update` to the instances (all by default); the newest pushed version is what an engine started
+        or woken later loads. Weights an engine refuses (a tensor of another shape) raise, and are not kept."""
         for name in instances if instances is not None else self.instances():
             inst = self._get(name)
             if not (inst.asleep and self.sleep_mode == "restart"):  # a stopped engine loads on wake
@@ -201,6 +201,8 @@ class VLLMRolloutBackend(RequestBook):
                     if not _died(inst, exc):
                         raise
                     self._backlog.extend(self._on_death(name, inst.died or ""))  # its requests go on elsewhere
+        if self._latest is None or update.version >= self._latest.version:
+            self._latest = update
         return update.version
 
     def forget_weights(self) -> None:

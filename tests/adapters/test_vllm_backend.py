@@ -97,6 +97,22 @@ def test_weight_update_is_visible_in_the_next_generation(backend, tiny_model_dir
     assert generate(backend, "w2", "small", PROMPT) == before
 
 
+def test_weights_of_another_shape_are_refused_and_the_engines_serve_on(backend):
+    """A tensor of another shape made vLLM's in-place reload fail midway, leaving layers on the meta device: the
+    engine died at its next step, every instance with it, and the refused update was kept for engines woken later."""
+    import torch
+
+    before = generate(backend, "shape0", "small", PROMPT)
+    version = backend.weight_version("small")
+    bad = pack_weights([("lm_head.weight", torch.zeros(7, 64))], version=version + 10)
+    with pytest.raises(Exception, match=r"lm_head.weight has shape \(7, 64\), the served model \(\d+, 64\)"):
+        backend.load_weights(bad)
+    assert generate(backend, "shape1", "small", PROMPT) == before
+    assert generate(backend, "shape2", "large", PROMPT) == before
+    assert backend.weight_version("small") == version
+    assert backend._latest is None or backend._latest.version < version + 10
+
+
 def test_pause_sleep_refuses_work_and_wake_serves_again(backend):
     backend.sleep("large")
     assert backend.is_asleep("large")
