@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 import attrs
 import networkx as nx
 
@@ -32,6 +34,10 @@ class ClusterSpec:
 
     @classmethod
     def from_total(cls, *, gpu: GPUSpec, num_gpus: int, gpus_per_node: int) -> ClusterSpec:
+        for name, value in (("num_gpus", num_gpus), ("gpus_per_node", gpus_per_node)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # "8": TypeError; True: 1 GPU
+                raise SpecError(f"ClusterSpec.from_total: {name} must be an integer, got {value!r}")
+        num_gpus, gpus_per_node = int(num_gpus), int(gpus_per_node)  # numpy's integers too
         if not 1 <= num_gpus <= MAX_GPUS:
             raise SpecError(f"the number of GPUs must be between 1 and {MAX_GPUS:,}, got {num_gpus}")
         if not 1 <= gpus_per_node <= MAX_GPUS_PER_NODE:

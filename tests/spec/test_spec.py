@@ -246,3 +246,16 @@ def test_a_profile_of_zero_requests_a_step_is_refused_not_defaulted() -> None:
     with pytest.raises(SpecError, match="requests_per_step must be >= 1, got 0"):
         WorkloadProfile.build(name="x", shapes=[(100.0, 10.0, 1.0)], requests_per_step=0)
     assert WorkloadProfile.build(name="x", shapes=[(100.0, 10.0, 1.0)] * 3).requests_per_step == 3
+
+
+@pytest.mark.parametrize(
+    "bad", [{"num_gpus": "8"}, {"num_gpus": True}, {"gpus_per_node": 2.0}, {"gpus_per_node": None}]
+)
+def test_a_cluster_from_a_total_needs_whole_numbers(bad) -> None:
+    """`from_total(num_gpus="8")` raised a TypeError comparing a string, `num_gpus=True` made a one-GPU cluster."""
+    import numpy as np
+
+    kw = {"gpu": get_gpu("A800-80GB"), "num_gpus": 8, "gpus_per_node": 8, **bad}
+    with pytest.raises(SpecError, match=r"from_total: \w+ must be an integer, got"):
+        ClusterSpec.from_total(**kw)
+    assert ClusterSpec.from_total(gpu=kw["gpu"], num_gpus=np.int64(16), gpus_per_node=np.int32(8)).num_gpus == 16
