@@ -40,21 +40,20 @@ def _stat(pid: int, proc: Path) -> list[str] | None:
     return stat[stat.rfind(")") + 2 :].split()
 
 
-def start_time(pid: int, proc: Path = Path("/proc")) -> int | None:
-    """The process's start time in clock ticks since boot (`/proc/<pid>/stat`, field 22), None if unknown."""
-    fields = _stat(pid, proc)
+def _field(fields: list[str] | None, index: int) -> int | None:
     try:
-        return None if fields is None else int(fields[19])
+        return None if fields is None else int(fields[index])
     except (IndexError, ValueError):
         return None
+
+
+def start_time(pid: int, proc: Path = Path("/proc")) -> int | None:
+    """The process's start time in clock ticks since boot (`/proc/<pid>/stat`, field 22), None if unknown."""
+    return _field(_stat(pid, proc), 19)
 
 
 def _parent_of(pid: int, proc: Path) -> int | None:
-    fields = _stat(pid, proc)
-    try:
-        return None if fields is None else int(fields[1])
-    except (IndexError, ValueError):
-        return None
+    return _field(_stat(pid, proc), 1)
 
 
 def descendants(pids: Iterable[int], proc: Path = Path("/proc")) -> set[int]:
@@ -82,16 +81,13 @@ def _same(pid: int, started: int | None) -> bool:
     """Whether `pid` is still the process that started at `started` (any living `pid` when unknown). A zombie (it
     exited; its new parent has not collected it yet) is not."""
     fields = _stat(pid, Path("/proc"))
-    if fields is not None and fields[:1] == ["Z"]:
-        return False
-    now = start_time(pid)
-    if now is None:
+    if fields is None:  # gone, or no /proc to read: the kernel says whether the id lives
         try:
             os.kill(pid, 0)
         except OSError:
             return False
         return started is None
-    return started is None or now == started
+    return fields[:1] != ["Z"] and (started is None or _field(fields, 19) == started)
 
 
 def reap(watched: dict[int, int | None], grace_s: float) -> list[int]:

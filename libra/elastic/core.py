@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -50,6 +49,7 @@ from libra.elastic.grads import (
 )
 from libra.elastic.pack import checksum
 from libra.elastic.snapshot import PendingCapture, SnapshotError, capture
+from libra.elastic.snapshot_send import SnapshotSend
 from libra.elastic.states import JoinEvent, JoinState, Transition, WorkerStates
 from libra.elastic.wire import (
     Kind,
@@ -127,52 +127,6 @@ class _Slot:
     inbox: ReusedBlobs = attrs.field(factory=ReusedBlobs)  # the memory its gradients are received into
 
 
-class _SnapshotSend:
-    """A :class:`~libra.elastic.snapshot.PendingCapture` and, once it is packed, its send with the link's
-    ``send_async``, like any other send. On a link whose ``posts_from_any_thread`` is true (TCP) the packing thread
-    posts it as soon as the pack is done, so the transfer overlaps the rest of the core's forward and backward pass
-    (nothing else is sent to a fetching hybrid, so nothing can come between); on others (torch.distributed
-    point-to-point) the core's own thread posts it at the end of ``reduce`` (:meth:`start`)."""
-
-    def __init__(self, link: Link, pending: PendingCapture, timeout: float) -> None:
-        self.pending, self._link, self._timeout = pending, link, timeout
-        self._handle: SendHandle | None = None
-        self._error: BaseException | None = None
-        self._lock = threading.Lock()
-        self._posts_from_any_thread = bool(getattr(link, "posts_from_any_thread", False))
-        if self._posts_from_any_thread:
-            pending.add_done_callback(self.start)
-
-    def start(self) -> None:
-        """Post the send if the snapshot is packed and the send is not posted yet (a failed pack is an error)."""
-        with self._lock:
-            if self._handle is not None or self._error is not None or not self.pending.done():
-                return
-            try:
-                self._handle = self._link.send_async(self.pending.wait().to_message(), timeout=self._timeout)
-            except Exception as exc:  # reported through error(); the core must not die of a failed pack or send
-                self._error = exc
-
-    def wait_safe(self) -> None:
-        """Wait until the caller may change the state: its bytes copied (a GPU state's checksums may still be
-        computed, and the packing thread posts the send when they are) on a link that posts from any thread; the
-        whole pack on others, whose send only the core's thread can post, at the end of this ``reduce``."""
-        if self._posts_from_any_thread:
-            self.pending.wait_copied()
-        else:
-            self.pending.wait()
-
-    def done(self) -> bool:
-        return self._error is not None or (self._handle is not None and self._handle.done())
-
-    def error(self) -> BaseException | None:
-        return self._error if self._error is not None else self._handle.error() if self._handle else None
-
-    def close(self) -> None:
-        if self._handle is not None:
-            self._handle.close()
-
-
 class CoreExchange:
     """Side channel of one core replica (``core_rank`` of ``num_core_replicas`` in ``core_group``).
 
@@ -219,10 +173,9 @@ class CoreExchange:
         self.states = WorkerStates(log_limit=history)  # bounded, like records: long runs must not grow
         self.stats = ExchangeStats()
         self.records: collections.deque[StepRecord] = collections.deque(maxlen=history)
-        self._pending: list[Link] = []
-        # when each pending connection stops waiting for its JOIN (a hybrid sends it as it connects: a connection
-        # silent past snapshot_timeout_s is a stray, closed rather than kept with its descriptor for the run)
-        self._pending_until: dict[Link, float] = {}
+        # connections whose JOIN is not read yet, and when each stops being waited for (a hybrid sends it as it
+        # connects: a connection silent past snapshot_timeout_s is a stray, closed rather than kept for the run)
+        self._pending: dict[Link, float] = {}
         self._slots: dict[str, _Slot] = {}
         self._replay: dict[int, torch.Tensor] = {}  # step -> reduced flat gradient, kept while a hybrid needs it
         self._assignment: StepAssignment | None = None
@@ -261,8 +214,7 @@ class CoreExchange:
     def admit(self, link: Link) -> None:
         """Take a link whose hybrid will send JOIN (TCP links arrive through the server by themselves); one that
         sends nothing for `snapshot_timeout_s` is closed at a boundary."""
-        self._pending.append(link)
-        self._pending_until[link] = time.monotonic() + self.snapshot_timeout_s
+        self._pending[link] = time.monotonic() + self.snapshot_timeout_s
 
     def remove(self, worker: str, *, step: int, why: str) -> None:
         """Detach ``worker`` now (leave if active, cancel otherwise); it is told with a best-effort LEAVE."""
@@ -300,7 +252,6 @@ class CoreExchange:
         for link in self._pending:
             link.close()
         self._pending.clear()
-        self._pending_until.clear()
         self._replay.clear()
         self._spare_buckets = None
         self._flat = self._host_flat = self._device_in = None
@@ -436,13 +387,13 @@ class CoreExchange:
         ]
 
     def _admit_pending(self, step: int) -> None:
-        still = []
+        still: dict[Link, float] = {}
         shared: PendingCapture | None = None  # joiners admitted at the same boundary share one snapshot
         now = time.monotonic()
-        for link in self._pending:
+        for link, until in self._pending.items():
             if not link.poll():
-                if now < self._pending_until.get(link, now + 1.0):
-                    still.append(link)
+                if now < until:
+                    still[link] = until
                 else:
                     link.close()
                 continue
@@ -471,17 +422,16 @@ class CoreExchange:
                 self._spare_buckets = None
             pending = shared
             slot.snapshot_version = slot.next_replay = step
-            slot.send = _SnapshotSend(link, pending, self.snapshot_timeout_s)
+            slot.send = SnapshotSend(link, pending, self.snapshot_timeout_s)
             self._transition(slot, JoinEvent.START_FETCH, step, f"snapshot v{step} ({pending.nbytes} bytes) sending")
         self._pending = still
-        self._pending_until = {link: self._pending_until[link] for link in still if link in self._pending_until}
 
     def _recycle(self, send: SendHandle) -> None:
         """Keep a delivered snapshot's buckets for the next one, once no send uses them any more."""
-        if not (self.reuse_snapshot_buffers and isinstance(send, _SnapshotSend) and send.done()):
+        if not (self.reuse_snapshot_buffers and isinstance(send, SnapshotSend) and send.done()):
             return
         if send.error() is not None or any(
-            isinstance(s.send, _SnapshotSend) and s.send.pending is send.pending for s in self._slots.values()
+            isinstance(s.send, SnapshotSend) and s.send.pending is send.pending for s in self._slots.values()
         ):
             return
         self._spare_buckets = list(send.pending.wait().buckets)
@@ -491,7 +441,7 @@ class CoreExchange:
         optimizer step changes those. No timeout: the pack is a local copy, and a torn snapshot must never ship
         (a failed pack is reported by the send handle and fails its slot at the next begin_step)."""
         for slot in list(self._slots.values()):
-            if isinstance(slot.send, _SnapshotSend):
+            if isinstance(slot.send, SnapshotSend):
                 with contextlib.suppress(Exception):
                     slot.send.wait_safe()
                 slot.send.start()
@@ -499,7 +449,7 @@ class CoreExchange:
     def _progress_fetches(self, step: int) -> None:
         for slot in [s for s in self._slots.values() if s.state == JoinState.FETCHING_STATE]:
             assert slot.send is not None
-            if isinstance(slot.send, _SnapshotSend):
+            if isinstance(slot.send, SnapshotSend):
                 slot.send.start()  # normally already posted at the end of reduce
             if slot.send.error() is not None:
                 self._fail(slot, step, f"snapshot send failed: {slot.send.error()}")
