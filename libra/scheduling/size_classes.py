@@ -90,6 +90,32 @@ class QuantileStateCodec(StateCodec):
             else:
                 self._edges.pop(tool, None)
 
+    def absorb(self, other: QuantileStateCodec) -> None:
+        """Take another codec's samples in as newer than ours (a tree merged from another rollout rank's) and
+        recompute the edges, so the next step classifies by every rank's returns, as one codec that observed ours
+        then theirs would. A codec loaded from a file keeps its edges but not its samples: where ours has no edges
+        of a tool (or no pooled ones) and it has, we take its edges."""
+        recent, pooled = self._recent, self._pooled
+        for tool, sizes in other._recent.items():
+            q = recent.get(tool)
+            if q is None:
+                q = recent[tool] = deque(maxlen=self.sample)
+            q.extend(sizes)
+        pooled.extend(other._pooled)
+        if other._pooled:
+            self._pooled_edges = self._quantiles(pooled)
+        elif not self._pooled_edges:
+            self._pooled_edges = other._pooled_edges
+        for tool, q in recent.items():
+            if tool in other._recent:
+                if len(q) >= self.min_samples:
+                    self._edges[tool] = self._quantiles(q)
+                else:
+                    self._edges.pop(tool, None)
+        for tool, edges in other._edges.items():
+            if tool not in self._edges and len(recent.get(tool, ())) < self.min_samples:
+                self._edges[tool] = edges
+
     def _quantiles(self, values: Sequence[int]) -> tuple[float, ...]:
         if self.classes == 1 or not values:
             return ()

@@ -530,7 +530,11 @@ class PrefixTree(Eviction):
 
     def merge(self, other: PrefixTree) -> None:
         """Fold another tree in (e.g. one per rollout rank, merged at step end). Its observations count as newer
-        than ours; windows keep the last `window`. Both trees must classify tool returns the same way."""
+        than ours; windows keep the last `window`. Both trees must classify tool returns the same way: the same
+        window, size-class edges or size-class method, and tool set. With size classes learnt from the data
+        (`size_edges="breaks:4"`, the default preset's) the other tree's samples of return sizes are taken in too, so
+        the edges after the merge are those of one tree that observed both; the merged nodes keep the class each
+        rank gave its returns (a class is a band by rank order, as it is in one tree across a step's edge move)."""
         if not isinstance(other, PrefixTree):
             raise SpecError(f"merge needs another PrefixTree, got {type(other).__name__}")
         if other is self:  # folding a tree into itself would count every observation twice
@@ -540,6 +544,9 @@ class PrefixTree(Eviction):
                 "cannot merge prefix trees with different window or size-class edges or tool sets: "
                 f"{self.window}/{self.codec.config()} vs {other.window}/{other.codec.config()}"
             )
+        absorb = getattr(self.codec, "absorb", None)
+        if absorb is not None:  # learnt size classes: their samples merge too (each rank's nodes keep its classes)
+            absorb(other.codec)
         data = other.to_dict()
         self._touched_at = None  # the absorbed nodes are not indexed
         self._absorb(self.agnostic, data["agnostic"])

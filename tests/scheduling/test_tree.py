@@ -181,3 +181,41 @@ def test_memory_estimate_grows_with_nodes() -> None:
     empty = tree.memory_bytes()
     tree.update([_traj(f"p{i}", [("search", 100 * i)]) for i in range(50)])
     assert tree.memory_bytes() > empty
+
+
+def _returns(sizes: list[int], prompt: str) -> list[Trajectory]:
+    return [
+        Trajectory(
+            prompt_id=prompt,
+            prompt_tokens=10,
+            turns=(Turn(gen_tokens=5, tool="search", tool_status="ok", tool_tokens=n), Turn(gen_tokens=5)),
+        )
+        for n in sizes
+    ]
+
+
+@pytest.mark.parametrize("spec", ["breaks:4", "quantile:3"])
+def test_merge_takes_the_other_ranks_return_sizes_into_the_learnt_edges(spec) -> None:
+    """Per-rank trees with size classes learnt from the data (the default preset's): after the merge, the edges are
+    those of one tree that observed both ranks' returns, not of the rank that merged alone."""
+    small = _returns([20 + i for i in range(40)], "p")  # rank 0 saw short returns
+    large = _returns([4000 + 50 * i for i in range(40)], "q")  # rank 1 long ones
+    a, b, both = PrefixTree(size_edges=spec), PrefixTree(size_edges=spec), PrefixTree(size_edges=spec)
+    a.update(small)
+    b.update(large)
+    both.update(small + large)
+    assert a.codec.state() != both.codec.state()
+    a.merge(b)
+    assert a.codec.state() == both.codec.state()
+    assert a.codec.size_class(4500, "search") == both.codec.size_class(4500, "search")
+    assert set(a.prompts) == {"p", "q"}
+
+
+def test_merge_with_a_loaded_tree_keeps_its_learnt_edges(tmp_path) -> None:
+    """A loaded tree carries its edges but not the samples behind them: merged into a fresh tree, the edges come too."""
+    b = PrefixTree(size_edges="breaks:4")
+    b.update(_returns([20 * (i + 1) for i in range(60)], "q"))
+    b.save(tmp_path / "b.json")
+    a = PrefixTree(size_edges="breaks:4")
+    a.merge(PrefixTree.load(tmp_path / "b.json"))
+    assert a.codec.state() == b.codec.state() != PrefixTree(size_edges="breaks:4").codec.state()
