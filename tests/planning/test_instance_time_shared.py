@@ -30,6 +30,7 @@ def test_grid_equals_per_entry(seed: int, tp: int, tool: float, tails: bool) -> 
         step_overhead_s=float(extra.uniform(1e-4, 3e-3)),
         per_seq_overhead_s=float(extra.uniform(1e-6, 1e-4)),
         allreduce_latency_s=float(extra.uniform(1e-6, 3e-5)),
+        prefill_weight_share=float(extra.choice([1.0, 0.0, extra.uniform(0, 1)])),
     )
     cm = CostModel(cm.cluster, cm.model, coeffs)
     rows, width = int(rng.integers(1, 12)), int(rng.integers(1, 9))

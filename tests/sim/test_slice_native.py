@@ -175,9 +175,11 @@ def test_the_pairwise_sum_is_numpys_on_long_arrays():
     batch=st.floats(1.0, 2048.0),
     context=st.floats(0, 2e6, allow_nan=False),
     mfu=st.floats(0.05, 0.9),
+    share=st.sampled_from([1.0, 0.0, 0.37]),
 )
-def test_the_kernel_prefill_and_decode_step_are_the_cost_models(model, tp, tokens, batch, context, mfu):
-    rc = CostModel(CLUSTER, get_model(model), CostCoefficients(prefill_mfu=mfu, decode_mfu=mfu)).rollout
+def test_the_kernel_prefill_and_decode_step_are_the_cost_models(model, tp, tokens, batch, context, mfu, share):
+    coeffs = CostCoefficients(prefill_mfu=mfu, decode_mfu=mfu, prefill_weight_share=share)
+    rc = CostModel(CLUSTER, get_model(model), coeffs).rollout
     work0, attn, *row = rc.prefill_terms(tp)
     ext = native.load()
     want = float(rc.prefill_time(tp, np.array([tokens]), np.array([context]))[0])

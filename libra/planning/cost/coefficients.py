@@ -37,6 +37,10 @@ class CostCoefficients:
     hbm_efficiency: float = 0.775  # achieved / peak HBM bandwidth for weight and KV reads  [anchors: fit]
     decode_mfu: float = 0.45  # achieved / peak FLOP/s for decode GEMMs when compute-bound
     prefill_mfu: float = 0.79  # achieved / peak FLOP/s for prefill  [anchors: fit, family prefill]
+    # share of the weight read a prefill pays: 1, each prefill (a prompt, a tool return, a migrated context) is a
+    # forward pass of its own, as the anchors' time-to-first-token measures it (conservative); 0, it rides in a
+    # decode step of the running batch, which reads the weights anyway (vLLM's chunked prefill)
+    prefill_weight_share: float = 1.0
     kv_headroom_seqs: float = 4.0  # KV kept free for the growth of running sequences, in resident contexts
     preemption_factor: float = 12.0  # KV-bound decode slows by (1 + min(factor / B, max_churn)): preemption churn
     max_churn: float = 2.0  # cap on the churn term: a batch of one or two long sequences has little to preempt
@@ -89,7 +93,7 @@ _FRACTIONS = (
     "colocated_kv_fraction",
 )  # divisors: in (0, 1]
 _POSITIVE = ("max_num_seqs",)
-_SHARES = ("dp_overlap",)  # shares: in [0, 1]
+_SHARES = ("dp_overlap", "prefill_weight_share")  # shares: in [0, 1]
 _LIMITS = {"max_num_seqs": 1_000_000, "logprob_forward_passes": 100}
 _MAX_VALUE = 1e6  # every other coefficient (seconds, bytes, factors, GB) stays below it
 

@@ -139,8 +139,14 @@ class RolloutCost:
         c, g = self.c, self.gpu
         flops = tokens * work_per_token
         compute = flops / (tp * g.flops * c.prefill_mfu)
-        weights = self._weight_bytes / tp / (g.hbm_bytes_per_s * c.hbm_efficiency)  # read once per prefill, not hidden
+        weights = self._prefill_weights_s(tp)
         return compute + weights + self.tp_comm_time(tp, tokens)
+
+    def _prefill_weights_s(self, tp: int) -> float:
+        """The weight read one prefill pays on a TP-`tp` instance: the whole read (`prefill_weight_share` 1, the
+        default: a forward pass of its own), none (0: fused into a decode step that reads the weights anyway)."""
+        c, g = self.c, self.gpu
+        return c.prefill_weight_share * (self._weight_bytes / tp / (g.hbm_bytes_per_s * c.hbm_efficiency))
 
     def prefill_terms(self, tp: int) -> tuple[float, ...]:
         """What `prefill_time(tp, tokens, context)` is made of, for a compiled caller (the simulator's slice
@@ -150,7 +156,7 @@ class RolloutCost:
         hidden, dtype_bytes, latency, bandwidth, layers2); the caller checks its results against `prefill_time`."""
         c, g, m = self.c, self.gpu, self.model
         denom = tp * g.flops * c.prefill_mfu
-        weights = self._weight_bytes / tp / (g.hbm_bytes_per_s * c.hbm_efficiency)
+        weights = self._prefill_weights_s(tp)
         if tp == 1:
             comm: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0, 1.0, 0.0)
         else:
@@ -339,7 +345,7 @@ class RolloutCost:
         total = self._tp_comm_grid(tp, tokens)  # _prefill: compute + weights + tp_comm_time
         prefill = np.multiply(tokens, ex(prefill_work), out=tokens)
         prefill /= tp * g.flops * c.prefill_mfu
-        prefill += self._weight_bytes / tp / (g.hbm_bytes_per_s * c.hbm_efficiency)
+        prefill += self._prefill_weights_s(tp)
         prefill += total
         np.copyto(total, prefill)  # total = prefill + fresh * per_request_overhead + throughput + tail
         fresh = np.divide(ex(new_requests), shares, out=prefill)
