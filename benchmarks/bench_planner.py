@@ -34,6 +34,20 @@ def test_plan_cold(benchmark, profile, gpus: int) -> None:
     assert plan.num_gpus == gpus
 
 
+@pytest.mark.parametrize(("gpus", "per_node"), [(1020, 6), (1015, 7), (1020, 12)])
+def test_plan_cold_odd_nodes(benchmark, profile, gpus: int, per_node: int) -> None:
+    """Nodes whose size some TP degree does not divide: the search carries node packing (docs/planner.md)."""
+    cluster = ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=gpus, gpus_per_node=per_node)
+    plan = benchmark.pedantic(
+        lambda: GlobalPlanner(cluster=cluster, model=get_model("Qwen3-14B")).plan(profile),
+        rounds=3,
+        iterations=1,
+        warmup_rounds=1,
+    )
+    benchmark.extra_info.update(makespan_s=plan.makespan_s)
+    assert plan.num_gpus == gpus
+
+
 @pytest.mark.parametrize("gpus", [48, 1024])
 def test_replan_with_memoised_tables(benchmark, profile, gpus: int) -> None:
     planner = _planner(gpus)

@@ -9,6 +9,11 @@ idle) and T_rollout*(g) the rollout optimum with g GPUs (`RolloutTable`). Both a
 over T answers the joint search exactly (to float precision) without enumerating splits. Training times and
 bucket tables are memoised per profile, so replanning with another budget costs a few milliseconds.
 
+Every plan packs into the cluster's nodes (`libra.planning.packing`: each instance and each training TP x EP stage
+group inside one node). Where some group size does not divide the node size and binds, `feasible(T)` also asks
+that some training class and rollout fit the per-size node capacities (`PackedSearch`); it stays monotone, so the
+same bisection returns the optimum among the plans that pack. Elsewhere (8-GPU nodes) the GPU count decides.
+
 The lower bound is the larger of two. The fluid bound `(W_train + W_rollout) / G`, with W the least GPU-seconds
 of each side (training at its most efficient layout, each length group on its most efficient TP degree at full
 concurrency): the makespan if both sides scaled perfectly with GPUs. The chain bound
@@ -21,11 +26,13 @@ from __future__ import annotations
 import math
 import numbers
 import time
+from collections.abc import Callable
 
 import attrs
 import numpy as np
 
 from libra.planning.cost import BatchStats, CostCoefficients, CostModel
+from libra.planning.packing import NodePacking, PackedRollout, PackedSearch, TrainOption
 from libra.planning.replan import ReplanDecision, ReplanGate
 from libra.planning.rollout_dp import ROUTINGS, BucketChoice, CountBracket, RolloutTable, bisect_min
 from libra.planning.train_tree import TrainingSearch, TreeOptions
@@ -108,6 +115,22 @@ class PlannerOptions:
     )
 
 
+class _TrainClass:
+    """The training layouts whose units reach the same thresholds of a `NodePacking` (`k` of them): their
+    frontier, and the loads `t` GPUs of them add."""
+
+    def __init__(self, k: int, packing: NodePacking, times: np.ndarray, owners: list) -> None:
+        self.k, self.packing, self.times, self.owners = k, packing, times, owners
+        self.runmin = np.minimum.accumulate(times)
+
+    def gpus_within(self, limit: float) -> int | None:
+        idx = int(np.searchsorted(-self.runmin, -limit, side="left"))
+        return idx if idx < len(self.runmin) else None
+
+    def loads(self, gpus: int) -> tuple[int, ...]:
+        return tuple(gpus if p < self.k else 0 for p in range(len(self.packing.thresholds)))
+
+
 class _Tables:
     """Everything the search needs for one profile: training frontier and rollout bucket table."""
 
@@ -118,6 +141,7 @@ class _Tables:
         times, owners = self.search.frontier_owners(g)  # layouts built on demand (`best_train_config`)
         self.train_times, self._train_owners = times, owners
         self.train_runmin = np.minimum.accumulate(times)
+        self._classes: dict[NodePacking, list[_TrainClass]] = {}
         scaled = attrs.evolve(profile, requests_per_step=planner.rl.global_batch)
         self.groups = scaled.groups(planner.options.num_groups)
         self.rollout = RolloutTable(
@@ -130,15 +154,29 @@ class _Tables:
             admission_delay=planner.options.admission_delay,
         )
 
+    def train_classes(self, packing: NodePacking) -> list[_TrainClass]:
+        """The training frontier split by the thresholds its units reach (`NodePacking.unit_class`), memoised."""
+        if packing not in self._classes:
+            by_class: dict[int, tuple[int, ...]] = {}
+            for size in self.search.unit_sizes():
+                k = packing.unit_class(size)
+                by_class[k] = (*by_class.get(k, ()), size)
+            g = len(self.train_times) - 1
+            self._classes[packing] = [
+                _TrainClass(k, packing, *self.search.frontier_owners(g, unit)) for k, unit in sorted(by_class.items())
+            ]
+        return self._classes[packing]
+
     def train_gpus_within(self, limit: float) -> int | None:
         """Fewest GPUs whose best layout finishes within `limit`."""
         idx = int(np.searchsorted(-self.train_runmin, -limit, side="left"))
         return idx if idx < len(self.train_runmin) else None
 
-    def best_train_config(self, gpus: int) -> TrainConfig:
-        """The best layout on at most `gpus` GPUs (the running minimum's owner)."""
-        t = int(np.argmin(self.train_times[: gpus + 1]))
-        config = self.search.config_of(self._train_owners[t])
+    def best_train_config(self, gpus: int, within: _TrainClass | None = None) -> TrainConfig:
+        """The best layout on at most `gpus` GPUs (the running minimum's owner), of one class if `within`."""
+        times, owners = (self.train_times, self._train_owners) if within is None else (within.times, within.owners)
+        t = int(np.argmin(times[: gpus + 1]))
+        config = self.search.config_of(owners[t])
         assert config is not None
         return config
 
@@ -220,27 +258,42 @@ class GlobalPlanner:
         tab = self.tables(profile, tp_degrees)
         bracket = CountBracket()  # each probe's counts narrow the next probe's search (same answers)
 
-        def feasible(limit: float) -> bool:
+        def plain(limit: float) -> bool:
             t = tab.train_gpus_within(limit)
             return t is not None and t < budget and t + tab.rollout.min_gpus(limit, bracket)[0] <= budget
 
-        hi = self._upper_bound(tab, budget, feasible)
+        packed = self._packed_search(tab, budget)
+        feasible = plain if packed is None else (lambda limit: packed.feasible(limit, bracket))
+        hi = self._upper_bound(tab, budget, feasible, plain)
         lo = float(tab.train_runmin[budget - 1]) * (1.0 - 1e-12)  # no plan trains faster than on G - 1 GPUs
         if feasible(lo):
             lo = 0.0
 
+        # with node packing a class's layout may set the step where a faster layout of another class is refused
+        times = tab.train_runmin
+        if packed is not None:
+            times = np.concatenate([c.runmin for c in tab.train_classes(packed.rollout.packing)])
+
         def candidates(a: float, b: float) -> np.ndarray:
-            train = tab.train_runmin[(tab.train_runmin > a) & (tab.train_runmin <= b)]
+            train = times[(times > a) & (times <= b)]
             return np.unique(np.concatenate([train, tab.rollout.candidates(a, b, bracket)]))
 
         best = bisect_min(feasible, lo, hi, candidates=candidates)
-        train_gpus = tab.train_gpus_within(best)
-        assert train_gpus is not None
-        train = tab.best_train_config(train_gpus)
-        _, buckets = tab.rollout.min_gpus(best, bracket)
+        fits = None
+        if packed is None:
+            train_gpus = tab.train_gpus_within(best)
+            assert train_gpus is not None
+            train = tab.best_train_config(train_gpus)
+            _, buckets = tab.rollout.min_gpus(best, bracket)
+        else:
+            chosen = packed.choose(best, bracket)
+            assert chosen is not None
+            (train_gpus, reserved, k), buckets = chosen
+            train = tab.best_train_config(train_gpus, tab.train_classes(packed.rollout.packing)[k])
+            fits = self._packs_beside(packed.rollout.packing, reserved)
         rollout_gpus = budget - train.num_gpus
         if self.options.fill_spare_gpus:
-            buckets = self._fill_spares(tab.rollout, buckets, rollout_gpus)
+            buckets = self._fill_spares(tab.rollout, buckets, rollout_gpus, fits)
         t_roll = max(b.time_s for b in buckets)
         lower = float(np.min(tab.train_times[1:budget] * np.arange(1, budget))) + tab.rollout.fluid_gpu_seconds()
         fluid, chain = lower / budget, tab.rollout.chain_bound_s()
@@ -255,7 +308,34 @@ class GlobalPlanner:
             solve_time_s=time.perf_counter() - start,
         )
 
-    def _upper_bound(self, tab: _Tables, budget: int, feasible) -> float:
+    def _packing(self, tab: _Tables, budget: int, train_sizes: tuple[int, ...]) -> NodePacking | None:
+        return NodePacking.for_sizes(self.cluster, (*tab.rollout.tp_degrees, *train_sizes), budget)
+
+    def _packed_search(self, tab: _Tables, budget: int) -> PackedSearch | None:
+        """The search with node packing where some unit size binds (`NodePacking`), else None (the GPU count
+        decides: every degree divides the node size, e.g. 8-GPU nodes)."""
+        packing = self._packing(tab, budget, tab.search.unit_sizes())
+        if packing is None:
+            return None
+        classes = tab.train_classes(packing)
+
+        def options(limit: float) -> list[TrainOption]:
+            found = [(c.gpus_within(limit), c) for c in classes]
+            return [(t, c.loads(t), k) for k, (t, c) in enumerate(found) if t is not None]
+
+        return PackedSearch(PackedRollout(tab.rollout, packing), budget, options)
+
+    @staticmethod
+    def _packs_beside(packing: NodePacking, reserved: tuple[int, ...]) -> Callable[[list[BucketChoice]], bool]:
+        """Whether rollout buckets pack beside a training side with loads `reserved`."""
+
+        def fits(buckets: list[BucketChoice]) -> bool:
+            loads = packing.loads((b.tp, b.count) for b in buckets)
+            return all(a + r <= c for a, r, c in zip(loads, reserved, packing.caps, strict=True))
+
+        return fits
+
+    def _upper_bound(self, tab: _Tables, budget: int, feasible, plain) -> float:
         finite = tab.train_runmin[np.isfinite(tab.train_runmin)]
         if finite.size == 0:
             raise PlanningError(
@@ -267,6 +347,13 @@ class GlobalPlanner:
             if feasible(hi):
                 return hi
             hi *= 4.0
+        if feasible is not plain and plain(hi):
+            c = self.cluster
+            raise PlanningError(
+                f"no plan for {self.model.name} on {budget} GPUs packs into {c.num_nodes} nodes x "
+                f"{c.gpus_per_node} GPUs: the GPU count allows plans, but their TP/EP groups need more whole-node "
+                f"room than the nodes have"
+            )
         longest = max(g.max_total for g in tab.groups)
         train_min = int(np.argmax(np.isfinite(tab.train_runmin)))  # fewest GPUs any training layout runs on
         rollout_min = tab.rollout.min_gpus(math.inf)[0]  # fewest GPUs that serve every request at all
@@ -286,8 +373,14 @@ class GlobalPlanner:
         )
 
     @staticmethod
-    def _fill_spares(table: RolloutTable, buckets: list[BucketChoice], gpus: int) -> list[BucketChoice]:
-        """Hand unused rollout GPUs to the slowest bucket while that makes it faster (never slower)."""
+    def _fill_spares(
+        table: RolloutTable,
+        buckets: list[BucketChoice],
+        gpus: int,
+        fits: Callable[[list[BucketChoice]], bool] | None = None,
+    ) -> list[BucketChoice]:
+        """Hand unused rollout GPUs to the slowest bucket while that makes it faster (never slower) and, with
+        `fits`, the instances still pack into the nodes."""
         buckets = list(buckets)
         spare = gpus - sum(b.tp * b.count for b in buckets)
         while True:
@@ -297,9 +390,11 @@ class GlobalPlanner:
                 if b.tp <= spare:
                     faster = table.time(b.start, b.stop, b.tp, b.count + 1)
                     if faster < b.time_s:
-                        buckets[k] = attrs.evolve(b, count=b.count + 1, time_s=faster)
-                        spare -= b.tp
-                        break
+                        grown = attrs.evolve(b, count=b.count + 1, time_s=faster)
+                        if fits is None or fits([*buckets[:k], grown, *buckets[k + 1 :]]):
+                            buckets[k] = grown
+                            spare -= b.tp
+                            break
                     continue
             else:
                 return buckets
@@ -333,16 +428,35 @@ class GlobalPlanner:
         `libra.elastic.ElasticController.apply_plan`: `CoreTopologyChange`)."""
         self._check_fits(current, "plan_rollout")
         tab = self.tables(profile)
-        gpus = current.rollout.num_gpus
-        feasible = lambda limit: tab.rollout.min_gpus(limit)[0] <= gpus  # noqa: E731
+        gpus, tr = current.rollout.num_gpus, current.train
+        unit = tr.tp * tr.ep  # the training side's node-resident groups, kept
+        packing = self._packing(tab, tr.num_gpus + gpus, (unit,) if tr.num_gpus else ())
+        packed, fits = None, None
+        if packing is None:
+            feasible = lambda limit: tab.rollout.min_gpus(limit)[0] <= gpus  # noqa: E731
+        else:
+            reserved = packing.loads([(unit, tr.num_gpus // unit)] if tr.num_gpus else [])
+            kept: TrainOption = (tr.num_gpus, reserved, 0)
+            packed = PackedSearch(PackedRollout(tab.rollout, packing), tr.num_gpus + gpus, lambda limit: [kept])
+            feasible, fits = packed.feasible, self._packs_beside(packing, reserved)
         hi = 1.0
         for _ in range(80):
             if feasible(hi):
                 break
             hi *= 4.0
         best = bisect_min(feasible, 0.0, hi, candidates=tab.rollout.candidates)
-        _, buckets = tab.rollout.min_gpus(best)
-        buckets = self._fill_spares(tab.rollout, buckets, gpus)
+        if packed is None:
+            _, buckets = tab.rollout.min_gpus(best)
+        else:
+            chosen = packed.choose(best)
+            if chosen is None:
+                c = self.cluster
+                raise PlanningError(
+                    f"plan_rollout: no rollout on {gpus} GPUs packs into {c.num_nodes} nodes x {c.gpus_per_node} "
+                    f"GPUs beside the kept training side (TP-{tr.tp} x EP-{tr.ep} groups, {tr.num_gpus} GPUs)"
+                )
+            buckets = chosen[1]
+        buckets = self._fill_spares(tab.rollout, buckets, gpus, fits)
         t_roll = max(b.time_s for b in buckets)
         rollout = RolloutConfig(num_gpus=gpus, time_s=t_roll, instances=tab.rollout.instance_groups(buckets))
         return attrs.evolve(current, rollout=rollout, makespan_s=max(current.train.time_s, t_roll), solve_time_s=0.0)

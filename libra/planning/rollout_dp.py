@@ -236,11 +236,13 @@ class RolloutTable:
             bracket.add(limit, pos)
         return pos
 
-    def min_gpus(self, limit: float, bracket: CountBracket | None = None) -> tuple[float, list[BucketChoice]]:
+    def min_gpus(
+        self, limit: float, bracket: CountBracket | None = None, *, counts: dict[int, np.ndarray] | None = None
+    ) -> tuple[float, list[BucketChoice]]:
         """M(limit): fewest GPUs so that every bucket finishes within `limit`, and the buckets achieving it
-        (`bracket`: as for `min_counts`)."""
+        (`bracket`: as for `min_counts`; `counts`: `min_counts(limit)` already found)."""
         q = self.num_groups
-        counts = self.min_counts(limit, bracket)
+        counts = self.min_counts(limit, bracket) if counts is None else counts
         cost = np.full(len(self.starts), np.inf)
         choice_tp = np.zeros(len(self.starts), dtype=int)
         for tp in self.tp_degrees:  # ascending TP: ties keep the smaller degree

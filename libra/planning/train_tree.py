@@ -194,9 +194,16 @@ class TrainingSearch:
         """The layout of one `frontier_owners` entry (None for None)."""
         return None if owner is None else self._leaf(owner[0], owner[1])
 
-    def frontier_owners(self, max_gpus: int) -> tuple[np.ndarray, list[tuple[Shape, int] | None]]:
+    def unit_sizes(self) -> tuple[int, ...]:
+        """The GPUs of one node-resident unit (a stage's TP x EP block, `placement/problem.py`) of every layout."""
+        return tuple(sorted({tp * ep for tp in tp_degrees(self.cm) for ep in ep_degrees(self.cm, tp)}))
+
+    def frontier_owners(
+        self, max_gpus: int, unit_sizes: tuple[int, ...] | None = None
+    ) -> tuple[np.ndarray, list[tuple[Shape, int] | None]]:
         """`frontier` with each layout as its (shape, dp) owner, built into a `TrainConfig` only on demand
-        (`config_of`): the planner reads one of the up to `max_gpus` layouts."""
+        (`config_of`): the planner reads one of the up to `max_gpus` layouts. With `unit_sizes`, only the layouts
+        whose TP x EP block has one of those sizes (the planner's node-packing classes)."""
         times = np.full(max_gpus + 1, np.inf)
         owner_shape = np.full(max_gpus + 1, -1)  # per GPU count, the index in `shapes` of the owner, and its DP
         owner_dp = np.zeros(max_gpus + 1, dtype=int)
@@ -204,6 +211,8 @@ class TrainingSearch:
         cm, b, n = self.cm, self.batch, self.batch.num_sequences
         valid: dict[tuple[int, int, int], np.ndarray] = {}  # DP degrees per (TP x PP block, EP, micro-batch)
         for shape in self.shapes():
+            if unit_sizes is not None and shape.tp * shape.ep not in unit_sizes:
+                continue
             block = shape.tp * shape.pp
             key = (block, shape.ep, shape.micro_batch)
             dps = valid.get(key)
