@@ -63,6 +63,17 @@ void check_layout(size_t num_tensors, const std::vector<int64_t>& slot_bucket, c
 
 int64_t nbytes_of(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
+// Whether [off, off + n) lies inside [0, size), written so that no sum can overflow (an offset near 2**63 must be
+// refused, not wrapped round to a small one that passes).
+bool slot_fits(int64_t off, int64_t n, int64_t size) { return off >= 0 && n >= 0 && n <= size && off <= size - n; }
+
+// A conjugate or negative view's memory holds the values before the conjugation or negation, so its raw bytes are
+// not its values: the Python path refuses it (torch's `view(torch.uint8)`), and so does this one.
+void check_plain(const at::Tensor& t, const char* where, size_t i) {
+  TORCH_CHECK(!t.is_conj() && !t.is_neg(), msg(where, ": tensor ", i,
+                                               " is a conjugate or negative view; resolve_conj()/resolve_neg() it"));
+}
+
 }  // namespace
 
 // Pack CPU tensors into new uint8 buckets of the given sizes; bytes outside every slot are zero.
@@ -79,11 +90,13 @@ std::vector<at::Tensor> pack(const std::vector<at::Tensor>& tensors, const std::
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
     TORCH_CHECK(t.device().is_cpu(), msg("pack: tensor ", i, " is on ", t.device(), "; use the CUDA path"));
+    check_plain(t, "pack", i);
+    const int64_t b = slot_bucket[i], off = slot_offset[i], n = nbytes_of(t);
+    if (n == 0) continue;  // (an empty slot writes nothing and is not looked up, as in the Python path)
+    TORCH_CHECK(b >= 0 && b < (int64_t)buckets.size() && slot_fits(off, n, bucket_sizes[b]),
+                msg("pack: tensor ", i, " (", n, " bytes) does not fit bucket ", b, " at offset ", off));
     at::Tensor c = t.contiguous();
     keep.push_back(c);
-    const int64_t b = slot_bucket[i], off = slot_offset[i], n = nbytes_of(c);
-    TORCH_CHECK(b >= 0 && b < (int64_t)buckets.size() && off >= 0 && off + n <= bucket_sizes[b],
-                msg("pack: tensor ", i, " (", n, " bytes) does not fit bucket ", b, " at offset ", off));
     used[b].push_back({off, off + n});
     add_chunked(copies, buckets[b].data_ptr<uint8_t>() + off, static_cast<const uint8_t*>(c.data_ptr()), n);
   }
@@ -92,8 +105,11 @@ std::vector<at::Tensor> pack(const std::vector<at::Tensor>& tensors, const std::
     uint8_t* base = buckets[b].data_ptr<uint8_t>();
     int64_t cursor = 0;
     for (auto& r : used[b]) {
+      // overlapping slots would be copied in parallel in no set order: refused, as the Python wrapper refuses them
+      TORCH_CHECK(r.first >= cursor, msg("pack: a slot at offset ", r.first, " of bucket ", b,
+                                         " overlaps the slot before it (which ends at ", cursor, ")"));
       if (r.first > cursor) std::memset(base + cursor, 0, r.first - cursor);
-      cursor = std::max(cursor, r.second);
+      cursor = r.second;
     }
     if (bucket_sizes[b] > cursor) std::memset(base + cursor, 0, bucket_sizes[b] - cursor);
   }
@@ -110,11 +126,15 @@ void unpack(const std::vector<at::Tensor>& buckets, const std::vector<at::Tensor
     const at::Tensor& t = tensors[i];
     TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(),
                 msg("unpack: tensor ", i, " must be a contiguous CPU tensor"));
+    check_plain(t, "unpack", i);
     const int64_t b = slot_bucket[i], off = slot_offset[i], n = nbytes_of(t);
+    if (n == 0) continue;  // (as in the Python path)
     TORCH_CHECK(b >= 0 && b < (int64_t)buckets.size(), msg("unpack: bucket id ", b, " out of range"));
     const at::Tensor& bucket = buckets[b];
-    TORCH_CHECK(bucket.scalar_type() == at::kByte && bucket.is_contiguous() && off + n <= bucket.numel(),
-                msg("unpack: bucket ", b, " is not a contiguous uint8 tensor holding ", off + n, " bytes"));
+    TORCH_CHECK(bucket.device().is_cpu() && bucket.scalar_type() == at::kByte && bucket.is_contiguous() &&
+                    slot_fits(off, n, bucket.numel()),
+                msg("unpack: bucket ", b, " is not a contiguous uint8 CPU tensor holding ", n, " bytes at offset ",
+                    off));
     add_chunked(copies, static_cast<uint8_t*>(t.data_ptr()), bucket.data_ptr<uint8_t>() + off, n);
   }
   run_copies(copies);
@@ -136,7 +156,8 @@ std::vector<libra_copy_op> cuda_ops(const std::vector<at::Tensor>& tensors, cons
     const at::Tensor& t = tensors[i];
     TORCH_CHECK(t.is_cuda() && t.is_contiguous() && t.device() == device_bucket.device(),
                 msg("cuda: tensor ", i, " must be contiguous on ", device_bucket.device()));
-    TORCH_CHECK(slot_offset[i] + nbytes_of(t) <= device_bucket.numel(),
+    check_plain(t, "cuda", i);
+    TORCH_CHECK(slot_fits(slot_offset[i], nbytes_of(t), device_bucket.numel()),
                 msg("cuda: tensor ", i, " overflows the bucket"));
     ops.push_back({reinterpret_cast<const uint8_t*>(t.data_ptr()), slot_offset[i], nbytes_of(t)});
   }

@@ -218,6 +218,10 @@ static PyObject *refresh_all(PyObject *Py_UNUSED(self), PyObject *args) {
             if (drop < old && drop <= incremental) {
                 for (Py_ssize_t i = 0; i < drop && !failed; i++) {
                     Py_ssize_t at = bisect(ordered, PyList_GET_ITEM(w, i), 0);
+                    if (at == PyList_GET_SIZE(ordered)) { /* (a value above them all, or NaN: `del ordered[at]`) */
+                        PyErr_SetString(PyExc_IndexError, "list assignment index out of range");
+                        at = -1;
+                    }
                     failed = at < 0 || PyList_SetSlice(ordered, at, at + 1, NULL) < 0;
                 }
                 failed = failed || tn_extend_with(ordered, w, old, n) < 0 || PyList_Sort(ordered) < 0 ||

@@ -9,6 +9,21 @@
 
 enum { MAX_FIELDS = 16 };
 
+/* Whether `object.__new__(cls)` makes a plain `cls` with object's allocation, as it decides: past the classes whose
+   `__new__` is written in Python (a heap class's own `__new__`, which `object.__new__` does not call), the first
+   class must take object's `tp_new` (else "object.__new__(X) is not safe"), and the allocation must be object's. */
+static int object_new_applies(PyTypeObject *cls) {
+    PyTypeObject *base = cls;
+    while (base != NULL && (base->tp_flags & Py_TPFLAGS_HEAPTYPE) && base->tp_new != PyBaseObject_Type.tp_new) {
+        PyObject *own = PyDict_GetItemString(base->tp_dict, "__new__"); /* borrowed */
+        int inherited = own == NULL && base->tp_base != NULL && base->tp_new == base->tp_base->tp_new;
+        if (!inherited && (own == NULL || !Py_IS_TYPE(own, &PyStaticMethod_Type))) return 0; /* (a C `tp_new`) */
+        base = base->tp_base;
+    }
+    return base != NULL && base->tp_new == PyBaseObject_Type.tp_new && cls->tp_alloc == PyType_GenericAlloc &&
+           cls->tp_itemsize == 0;
+}
+
 /* make(cls, fields, columns) -> list: one `cls` per row, slot `fields[j]` set to `columns[j][row]` */
 static PyObject *make(PyObject *Py_UNUSED(self), PyObject *args) {
     PyTypeObject *cls;
@@ -20,9 +35,12 @@ static PyObject *make(PyObject *Py_UNUSED(self), PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "make: one column per field, at most 16");
         return NULL;
     }
-    if (cls->tp_new != PyBaseObject_Type.tp_new || cls->tp_alloc != PyType_GenericAlloc ||
-        cls->tp_itemsize != 0) {
+    if (!object_new_applies(cls)) {
         PyErr_SetString(PyExc_TypeError, "make: the class must keep object's allocation");
+        return NULL;
+    }
+    if (cls->tp_flags & Py_TPFLAGS_IS_ABSTRACT) { /* (`object.__new__` refuses it, and so does this) */
+        PyErr_Format(PyExc_TypeError, "make: %s is abstract; it has no instances", cls->tp_name);
         return NULL;
     }
     Py_ssize_t offset[MAX_FIELDS], rows = -1;

@@ -21,6 +21,7 @@ unsigned 64-bit int.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -107,10 +108,32 @@ def _module(backend: str):
     return mod
 
 
-def pack(tensors: Sequence[torch.Tensor], layout: Layout, *, backend: str = "auto") -> list[torch.Tensor]:
-    """New uint8 CPU buckets holding the tensors' bytes at their slots (zeros elsewhere)."""
+def _check_slots(tensors: Sequence[torch.Tensor], layout: Layout) -> None:
+    """Each tensor has its slot's size, and each non-empty slot lies inside its bucket, apart from the others, as
+    `plan_layout` places them: a hand-made or damaged layout is refused here, the same way for every backend (the
+    C++ copies slots in parallel, and the fast path hashes them in offset order)."""
     if len(tensors) != len(layout.slot_nbytes):
         raise ValueError(f"layout is for {len(layout.slot_nbytes)} tensors, got {len(tensors)}")
+    sizes = layout.bucket_sizes
+    spans: list[tuple[int, int, int, int]] = []
+    slots = zip(tensors, layout.slot_bucket, layout.slot_offset, layout.slot_nbytes, strict=True)
+    for i, (t, b, off, n) in enumerate(slots):
+        have = t.numel() * t.element_size()
+        if have != n:
+            raise ValueError(f"pack: tensor {i} has {have} bytes; its slot in the layout has {n}")
+        if n and not (0 <= b < len(sizes) and 0 <= off <= sizes[b] - n):
+            raise ValueError(f"pack: slot {i} ({n} bytes at bucket {b} offset {off}) is outside the buckets {sizes}")
+        if n:
+            spans.append((b, off, off + n, i))
+    spans.sort()
+    for (b0, _, end, i0), (b1, off, _, i1) in itertools.pairwise(spans):
+        if b0 == b1 and off < end:
+            raise ValueError(f"pack: slot {i1} at bucket {b1} offset {off} overlaps slot {i0}, which ends at {end}")
+
+
+def pack(tensors: Sequence[torch.Tensor], layout: Layout, *, backend: str = "auto") -> list[torch.Tensor]:
+    """New uint8 CPU buckets holding the tensors' bytes at their slots (zeros elsewhere)."""
+    _check_slots(tensors, layout)
     if backend == "auto":
         return pack_checksummed(tensors, layout)[0]
     mod = _module(backend)
@@ -128,12 +151,19 @@ def pack(tensors: Sequence[torch.Tensor], layout: Layout, *, backend: str = "aut
 def unpack(
     buckets: Sequence[torch.Tensor], tensors: Sequence[torch.Tensor], layout: Layout, *, backend: str = "auto"
 ) -> None:
-    """Copy each slot back into its tensor, in place. Tensors must be contiguous CPU tensors of the packed sizes."""
-    for i, (t, n) in enumerate(zip(tensors, layout.slot_nbytes, strict=True)):
+    """Copy each slot back into its tensor, in place. Tensors must be contiguous CPU tensors of the packed sizes,
+    buckets contiguous uint8 CPU tensors that hold every slot."""
+    for b, bucket in enumerate(buckets):
+        if bucket.device.type != "cpu" or bucket.dtype != torch.uint8 or not bucket.is_contiguous():
+            raise ValueError(f"unpack: bucket {b} is {bucket.dtype} on {bucket.device}; want contiguous uint8 on cpu")
+    slots = zip(tensors, layout.slot_bucket, layout.slot_offset, layout.slot_nbytes, strict=True)
+    for i, (t, b, off, n) in enumerate(slots):
         if t.numel() * t.element_size() != n or not t.is_contiguous():
             raise ValueError(
                 f"tensor {i}: {t.numel() * t.element_size()} bytes, contiguous={t.is_contiguous()}; layout says {n}"
             )
+        if n and not (0 <= b < len(buckets) and 0 <= off <= buckets[b].numel() - n):
+            raise ValueError(f"unpack: slot {i} ({n} bytes at bucket {b} offset {off}) is outside the buckets")
     if backend == "auto":
         _unpack_fast(buckets, tensors, layout)
         return
@@ -269,6 +299,10 @@ def _fill_bucket(dst: np.ndarray, slots: list[tuple[int, np.ndarray]]) -> int:
     return h.intdigest()
 
 
+def _offset(slot: tuple[int, np.ndarray]) -> int:
+    return slot[0]
+
+
 def pack_checksummed(
     tensors: Sequence[torch.Tensor],
     layout: Layout,
@@ -280,11 +314,10 @@ def pack_checksummed(
     checksum is computed chunk by chunk during the copy (no second pass over memory). ``out``: buckets to
     overwrite (contiguous uint8, the layout's sizes), e.g. those of an earlier pack, instead of new memory (the
     kernel zero-fills every page of new memory on first touch, which costs about as much as a copy)."""
-    if len(tensors) != len(layout.slot_nbytes):
-        raise ValueError(f"layout is for {len(layout.slot_nbytes)} tensors, got {len(tensors)}")
     if backend != "auto":
         buckets = pack(tensors, layout, backend=backend)
         return buckets, checksums(buckets)
+    _check_slots(tensors, layout)
     for i, t in enumerate(tensors):
         if t.device.type != "cpu":
             raise ValueError(f"pack: tensor {i} is on {t.device}; use the CUDA path")
@@ -299,6 +332,8 @@ def pack_checksummed(
     for t, b, off, n in zip(tensors, layout.slot_bucket, layout.slot_offset, layout.slot_nbytes, strict=True):
         if n:
             slots[b].append((off, _np_bytes(t)))
+    for listed in slots:  # (in offset order, so that each bucket is hashed front to back)
+        listed.sort(key=_offset)
     order = sorted(range(len(buckets)), key=lambda b: -layout.bucket_sizes[b])
     views = [_np_bytes(b) for b in buckets]
     done = _run([functools.partial(_fill_bucket, views[b], slots[b]) for b in order], layout.total_bytes)

@@ -234,7 +234,7 @@ def test_cpp_errors_name_the_numbers(ext):
         ext.pack([torch.zeros(1), torch.zeros(1)], [8], [0, 3], [0, 12])
     with pytest.raises(RuntimeError, match="unpack: bucket id -1 out of range"):
         ext.unpack([torch.zeros(8, dtype=torch.uint8)], [torch.zeros(1)], [-1], [0])
-    with pytest.raises(RuntimeError, match="holding 12 bytes"):
+    with pytest.raises(RuntimeError, match="holding 4 bytes at offset 8"):
         ext.unpack([torch.zeros(8, dtype=torch.uint8)], [torch.zeros(1)], [0], [8])
 
 
