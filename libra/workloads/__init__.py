@@ -5,6 +5,7 @@ from libra.workloads.profile import profile_from_trajectories, profiles_over_ste
 from libra.workloads.trace import (
     TOOL_STATUSES,
     TraceError,
+    TraceValueError,
     Trajectory,
     Turn,
     group_by_step,
@@ -17,6 +18,7 @@ __all__ = [
     "TOOL_STATUSES",
     "WORKLOAD_NAMES",
     "TraceError",
+    "TraceValueError",
     "Trajectory",
     "Turn",
     "WorkloadGenerator",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from libra.spec import SpecError, WorkloadProfile
@@ -23,11 +24,9 @@ def profile_from_trajectories(
     Tool seconds come from each tool turn's `extra["tool_latency_s"]`: where any call of the window has none, the
     profile keeps no per-trajectory tool seconds and, with none recorded at all, `mean_tool_time_s` is 0, so the
     planner prices tool calls at 0 s, while `libra.sim` draws untimed calls from `ToolLatency` (median 2 s): record
-    latencies, or pass `mean_tool_time_s`, to compare a plan with a simulation. Trajectories built in code are not
-    validated one by one (`load_trace` validates what it reads), but negative or non-finite lengths are refused by
-    `WorkloadProfile`, and so is a `requests_per_step` below 1."""
-    if not trajectories:
-        raise SpecError("cannot build a workload profile from zero trajectories")
+    latencies, or pass `mean_tool_time_s`, to compare a plan with a simulation. Each trajectory is valid (`Turn` and
+    `Trajectory` apply the trace schema when built); the arguments are checked here, one line naming the bad one."""
+    _check_arguments(trajectories, name, requests_per_step, mean_tool_time_s)
     steps = steps_in_window(trajectories, window_steps)
     chosen = [t for step in steps for t in step]
     per_step = requests_per_step if requests_per_step is not None else max(1, round(len(chosen) / len(steps)))
@@ -58,14 +57,41 @@ def profile_from_trajectories(
     )
 
 
+def _check_arguments(
+    trajectories: Sequence[Trajectory], name: object, requests_per_step: object, mean_tool_time_s: object
+) -> None:
+    if isinstance(trajectories, str | bytes | dict) or not isinstance(trajectories, Sequence):
+        raise SpecError(f"trajectories must be a list of Trajectory values, got {type(trajectories).__name__}")
+    if not trajectories:
+        raise SpecError("cannot build a workload profile from zero trajectories")
+    odd = next((t for t in trajectories if not isinstance(t, Trajectory)), None)
+    if odd is not None:
+        raise SpecError(f"trajectories must be Trajectory values, got a {type(odd).__name__}")
+    if not isinstance(name, str) or not name:
+        raise SpecError(f"name must be a non-empty string, got {name!r}")
+    if requests_per_step is not None and (
+        isinstance(requests_per_step, bool) or not isinstance(requests_per_step, int) or requests_per_step < 1
+    ):
+        raise SpecError(f"requests_per_step must be an integer >= 1 or None, got {requests_per_step!r}")
+    if (
+        isinstance(mean_tool_time_s, bool)
+        or not isinstance(mean_tool_time_s, int | float)
+        or not 0 <= mean_tool_time_s < math.inf
+    ):
+        raise SpecError(f"mean_tool_time_s must be finite seconds >= 0, got {mean_tool_time_s!r}")
+
+
+def _check_window(window_steps: object) -> None:
+    if isinstance(window_steps, bool) or not isinstance(window_steps, int) or window_steps < 1:
+        raise SpecError(f"window_steps must be an integer >= 1, got {window_steps!r}")
+
+
 def steps_in_window(trajectories: Sequence[Trajectory], window_steps: int | None) -> list[list[Trajectory]]:
     """The trajectories grouped by step (`group_by_step`), the last `window_steps` of them (all when None)."""
+    if window_steps is not None:
+        _check_window(window_steps)
     steps = group_by_step(list(trajectories))
-    if window_steps is None:
-        return steps
-    if window_steps < 1:
-        raise SpecError(f"window_steps must be >= 1, got {window_steps}")
-    return steps[-window_steps:]
+    return steps if window_steps is None else steps[-window_steps:]
 
 
 def _recorded_tool_s(t: Trajectory) -> float | None:
@@ -85,7 +111,9 @@ def _recorded_tool_s(t: Trajectory) -> float | None:
 def profiles_over_steps(
     trajectories: Sequence[Trajectory], *, window_steps: int = 1, name: str = "trace"
 ) -> list[WorkloadProfile]:
-    """One profile per step, each over the `window_steps` steps ending there: the drift of the workload."""
+    """One profile per step, each over the `window_steps` steps ending there: the drift of the workload (none for
+    no trajectories)."""
+    _check_window(window_steps)
     steps = group_by_step(list(trajectories))
     out = []
     for end in range(1, len(steps) + 1):

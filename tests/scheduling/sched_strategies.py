@@ -32,7 +32,7 @@ def turns(draw) -> tuple[Turn, ...]:
 def trajectories(draw, *, num_prompts: int = 3) -> Trajectory:
     return Trajectory(
         prompt_id=f"p{draw(st.integers(0, num_prompts - 1))}",
-        prompt_tokens=draw(st.integers(0, 2000)),
+        prompt_tokens=draw(st.integers(1, 2000)),  # a trajectory holds at least one token (the trace schema)
         turns=draw(turns()),
     )
 

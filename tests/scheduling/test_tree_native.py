@@ -21,7 +21,7 @@ from libra.scheduling import PrefixTree
 from libra.scheduling.node import _INCREMENTAL, Node, _rank_positions, refresh_all_py
 from libra.scheduling.tree import _distinct_prefixes_py
 from libra.workloads.generators import WorkloadGenerator
-from libra.workloads.trace import Trajectory, Turn
+from libra.workloads.trace import Trajectory, Turn, trusted_values
 
 SLOTS = ("window", "ordered", "count", "total", "mean", "p50", "p90", "prefix", "last_step")
 
@@ -260,7 +260,13 @@ def test_a_batch_with_a_count_c_does_not_take_goes_to_python_whole(monkeypatch) 
     gen = WorkloadGenerator("search-r1", seed=1, num_prompts=8)
     steps = [gen.step(s) for s in range(2)]
     last = steps[-1][-1]
-    odd = attrs.evolve(last, turns=(attrs.evolve(last.turns[0], gen_tokens=2**41), *last.turns[1:]))
+    # past the trace schema's bounds, so only a value built without its checks (`trusted_values`) can hold it
+    first = last.turns[0]
+    fields = tuple(f.name for f in attrs.fields(Turn))
+    big = trusted_values(Turn, fields, tuple([2**41 if f == "gen_tokens" else getattr(first, f)] for f in fields))[0]
+    names = tuple(f.name for f in attrs.fields(Trajectory))
+    turns = (big, *last.turns[1:])
+    odd = trusted_values(Trajectory, names, tuple([turns if n == "turns" else getattr(last, n)] for n in names))[0]
     steps[-1] = [*steps[-1][:-1], odd]
     counting = _Counting(_native())
     fast = _tree_after(steps, counting, monkeypatch, 200_000)
@@ -284,7 +290,7 @@ def small_runs(draw):
                     tool_status="ok",
                     tool_tokens=draw(st.sampled_from((10, 900, 9000))),
                 )
-                for _ in range(draw(st.integers(0, 7)))
+                for _ in range(draw(st.integers(1, 7)))
             )
             batch.append(Trajectory(prompt_id=f"p{draw(st.integers(0, 5))}", prompt_tokens=1, turns=turns, step=s))
         steps.append(batch)

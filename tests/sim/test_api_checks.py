@@ -14,7 +14,7 @@ from libra.sim import ReconfigCosts, Scenario, SimOptions, ToolLatency, WorkSour
 from libra.sim.report import write_json
 from libra.spec import RLSettings, SpecError
 from libra.workloads import WorkloadGenerator
-from libra.workloads.trace import Trajectory, Turn
+from libra.workloads.trace import Trajectory, Turn, trusted_values
 
 
 @pytest.mark.parametrize(
@@ -131,8 +131,25 @@ def test_write_json_takes_a_string_path(tmp_path):
     assert json.loads(path.read_text())["policies"].keys() == {"static-uniform"}
 
 
+def _unchecked(cls: type, **fields: object) -> object:
+    """A value built without the schema's checks, as only `trusted_values` (the generators' fast path) makes one:
+    `Turn` and `Trajectory` refuse these when built the usual way, so `step_work`'s guards are the last line."""
+    defaults = {"tool": None, "tool_status": None, "tool_tokens": 0, "extra": {}, "sample": None, "step": None}
+    names = tuple(f.name for f in attrs.fields(cls))
+    values = {**{k: v for k, v in defaults.items() if k in names}, **fields}
+    if cls is Turn and values["tool"] is not None and values["tool_status"] is None:
+        values["tool_status"] = "ok"
+    if cls is Trajectory:
+        values.setdefault("reward", None)
+    return trusted_values(cls, names, tuple([values[n]] for n in names))[0]
+
+
+def _turn(**fields: object) -> Turn:
+    return _unchecked(Turn, **fields)  # type: ignore[return-value]
+
+
 def _traj(*turns: Turn, prompt_tokens: int = 10) -> Trajectory:
-    return Trajectory(prompt_id="p", prompt_tokens=prompt_tokens, turns=turns, sample=3)
+    return _unchecked(Trajectory, prompt_id="p", prompt_tokens=prompt_tokens, turns=turns, sample=3)  # type: ignore[return-value]
 
 
 @pytest.mark.parametrize(
@@ -140,21 +157,24 @@ def _traj(*turns: Turn, prompt_tokens: int = 10) -> Trajectory:
     [
         (_traj(), r"^step 0: trajectory 'p' sample 3 has no turns; expected at least one$"),
         (_traj(Turn(gen_tokens=5), prompt_tokens=-1), r"^step 0: trajectory 'p' sample 3: prompt_tokens must be >= 0"),
-        (_traj(Turn(gen_tokens=5), Turn(gen_tokens=-5)), r"^step 0: trajectory 'p' sample 3 turn 1: gen_tokens must"),
+        (_traj(Turn(gen_tokens=5), _turn(gen_tokens=-5)), r"^step 0: trajectory 'p' sample 3 turn 1: gen_tokens must"),
         (
-            _traj(Turn(gen_tokens=5, tool="x", tool_tokens=-3), Turn(gen_tokens=5)),
+            _traj(_turn(gen_tokens=5, tool="x", tool_tokens=-3), Turn(gen_tokens=5)),
             r"turn 0: tool_tokens must be >= 0, got -3$",
         ),
         (
-            _traj(Turn(gen_tokens=5, tool="x", tool_tokens=3, extra={"tool_latency_s": math.nan}), Turn(gen_tokens=5)),
+            _traj(_turn(gen_tokens=5, tool="x", tool_tokens=3, extra={"tool_latency_s": math.nan}), Turn(gen_tokens=5)),
             r"turn 0: tool_latency_s must be finite seconds >= 0, got nan$",
         ),
         (
-            _traj(Turn(gen_tokens=5, tool="x", tool_tokens=3, extra={"tool_latency_s": "2s"}), Turn(gen_tokens=5)),
+            _traj(_turn(gen_tokens=5, tool="x", tool_tokens=3, extra={"tool_latency_s": "2s"}), Turn(gen_tokens=5)),
             r"turn 0: tool_latency_s must be finite seconds >= 0, got '2s'$",
         ),
     ],
 )
 def test_step_work_names_the_odd_trajectory(trajectory, message):
+    with pytest.raises(SpecError):  # built the usual way, the value itself is refused
+        turns = tuple(Turn(**{f.name: getattr(t, f.name) for f in attrs.fields(Turn)}) for t in trajectory.turns)
+        Trajectory(**{**{f.name: getattr(trajectory, f.name) for f in attrs.fields(Trajectory)}, "turns": turns})
     with pytest.raises(SpecError, match=message):
         step_work(0, [_traj(Turn(gen_tokens=7)), trajectory])

@@ -19,17 +19,25 @@ import numpy as np
 from libra.spec import SpecError
 from libra.workloads.generators import dapo_math, r2e_gym, search_r1, swe_agent
 from libra.workloads.generators._base import GeneratedStep, PromptPool, TurnFields, cap_lengths
-from libra.workloads.trace import Trajectory
+from libra.workloads.trace import MAX_TOKENS, Trajectory
 
 _MODULES: dict[str, ModuleType] = {m.NAME: m for m in (search_r1, dapo_math, r2e_gym, swe_agent)}
 WORKLOAD_NAMES: tuple[str, ...] = tuple(_MODULES)
 
+# bounds checked before any array is made (one step's arrays are about 2 KB a trajectory; the prompt pool 40 bytes a
+# prompt): the CLI's bound on a step, and room for its default data set of 4 x the prompts of a step
+MAX_TRAJECTORIES_PER_STEP = 1 << 20
+MAX_DATASET_PROMPTS = 1 << 24
+MAX_GENERATED = 10 * MAX_TRAJECTORIES_PER_STEP  # trajectories of one `generate` call (the CLI's bound too)
+
 __all__ = ["WORKLOAD_NAMES", "GeneratedStep", "TurnFields", "WorkloadGenerator", "generate"]
 
 
-def _positive_int(name: str, value: object) -> int:
+def _positive_int(name: str, value: object, highest: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise SpecError(f"{name} must be an integer >= 1, got {value!r}")
+    if highest is not None and value > highest:
+        raise SpecError(f"{name} must be at most {highest:,}, got {value:,}")
     return value
 
 
@@ -53,18 +61,26 @@ class WorkloadGenerator:
         drift_steps: int = 100,
         num_dataset_prompts: int | None = None,
     ) -> None:
-        if name not in _MODULES:
+        if not isinstance(name, str) or name not in _MODULES:
             raise SpecError(f"unknown workload {name!r}; expected one of {', '.join(WORKLOAD_NAMES)}")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise SpecError(f"seed must be a non-negative integer, got {seed!r}")
         self.name = name
         self.seed = seed
-        self.num_prompts = _positive_int("num_prompts", num_prompts)
-        self.samples_per_prompt = _positive_int("samples_per_prompt", samples_per_prompt)
-        self.max_model_len = _positive_int("max_model_len", max_model_len)
+        self.num_prompts = _positive_int("num_prompts", num_prompts, MAX_TRAJECTORIES_PER_STEP)
+        self.samples_per_prompt = _positive_int("samples_per_prompt", samples_per_prompt, MAX_TRAJECTORIES_PER_STEP)
+        if num_prompts * samples_per_prompt > MAX_TRAJECTORIES_PER_STEP:
+            raise SpecError(
+                f"num_prompts x samples_per_prompt must be at most {MAX_TRAJECTORIES_PER_STEP:,} trajectories a "
+                f"step, got {num_prompts:,} x {samples_per_prompt:,}"
+            )
+        # (the trace schema's bound: a trajectory of the generator is valid by construction, `to_trajectories`)
+        self.max_model_len = _positive_int("max_model_len", max_model_len, MAX_TOKENS)
         self.drift_steps = _positive_int("drift_steps", drift_steps)
         self.num_dataset_prompts = _positive_int(
-            "num_dataset_prompts", 4 * num_prompts if num_dataset_prompts is None else num_dataset_prompts
+            "num_dataset_prompts",
+            4 * num_prompts if num_dataset_prompts is None else num_dataset_prompts,
+            MAX_DATASET_PROMPTS,
         )
         self._module = _MODULES[name]
         self._tag = zlib.crc32(name.encode())
@@ -81,7 +97,7 @@ class WorkloadGenerator:
 
     def progress(self, step: int) -> float:
         """Where `step` lies in the drift: 0 at the start, 1 at `drift_steps` and after."""
-        return min(1.0, step / self.drift_steps)
+        return min(1.0, self._check_step(step) / self.drift_steps)
 
     def _epoch(self, epoch: int) -> np.ndarray:
         if epoch not in self._epochs:
@@ -143,6 +159,13 @@ def generate(
     if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
         raise SpecError(f"start_step must be a non-negative integer, got {start_step!r}")
     gen = WorkloadGenerator(name, seed=seed, num_prompts=num_prompts, samples_per_prompt=samples_per_prompt, **kw)
+    total = num_steps * num_prompts * samples_per_prompt
+    if total > MAX_GENERATED:  # (all of them are held in one list: checked before the first step is made)
+        raise SpecError(
+            f"num_steps x num_prompts x samples_per_prompt must be at most {MAX_GENERATED:,} trajectories, "
+            f"got {num_steps:,} x {num_prompts:,} x {samples_per_prompt:,}"
+        )
+    gen._check_step(start_step + num_steps - 1)  # (the last step too: not found after the others are made)
     out: list[Trajectory] = []
     for s in range(start_step, start_step + num_steps):
         out.extend(gen.step(s))

@@ -13,6 +13,7 @@ file behind.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from os import PathLike
 from pathlib import Path
 
 from libra.workloads.importers.atif import import_atif
@@ -43,10 +44,7 @@ def import_files(
 ) -> list[Trajectory]:
     """All trajectories of `paths` read as `fmt`, in order; `source`, when given, is stored in each trajectory's
     `extra["source"]`. Raises TraceError (bad input), TokenizerError (tokenizer), ValueError (unknown format)."""
-    if fmt not in _IMPORTERS:
-        raise ValueError(f"unknown import format {fmt!r}; expected one of {', '.join(IMPORT_FORMATS)}")
-    if not paths:
-        raise ValueError("no input files")
+    _check_arguments(fmt, paths, tokenizer, rules, source)
     rules = rules or StatusRules()
     count = get_counter(tokenizer) if fmt != "verl" else len  # verl records are tokens already: no counter used
     out: list[Trajectory] = []
@@ -59,6 +57,25 @@ def import_files(
     if not out:
         raise TraceError(paths[0], None, None, "no trajectories found")
     return out
+
+
+def _check_arguments(fmt: object, paths: object, tokenizer: object, rules: object, source: object) -> None:
+    """One line naming the first odd argument (a path given as a string would be read one character at a time)."""
+    if not isinstance(fmt, str) or fmt not in _IMPORTERS:
+        raise ValueError(f"unknown import format {fmt!r}; expected one of {', '.join(IMPORT_FORMATS)}")
+    if isinstance(paths, str | bytes | PathLike) or not isinstance(paths, Sequence):
+        raise ValueError(f"paths must be a list of files, got {type(paths).__name__}: {paths!r}")
+    if not paths:
+        raise ValueError("no input files")
+    odd = next((p for p in paths if not isinstance(p, str | PathLike)), None)
+    if odd is not None:
+        raise ValueError(f"paths must be file names, got {odd!r}")
+    if not isinstance(tokenizer, str) or not tokenizer:
+        raise ValueError(f"tokenizer must be a tokenizer's name or a tokenizer.json path, got {tokenizer!r}")
+    if rules is not None and not isinstance(rules, StatusRules):
+        raise ValueError(f"rules must be StatusRules or None, got {type(rules).__name__}")
+    if source is not None and (not isinstance(source, str) or not source):
+        raise ValueError(f"source must be a non-empty string or None, got {source!r}")
 
 
 def write_trace_atomic(path: str | Path, trajectories: Iterable[Trajectory]) -> int:

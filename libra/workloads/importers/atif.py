@@ -124,7 +124,7 @@ def import_atif(path: Path, *, count: Callable[[str], int], rules: StatusRules) 
                 segments=segments,
                 path=path,
                 line=line,
-                reward=float(reward) if isinstance(reward, int | float) and not isinstance(reward, bool) else None,
+                reward=reward if isinstance(reward, int | float) and not isinstance(reward, bool) else None,
                 extra={"meta": meta} if meta else None,
             )
             n += 1

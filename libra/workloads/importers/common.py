@@ -24,7 +24,7 @@ from typing import Any
 
 import attrs
 
-from libra.workloads.trace import TraceError, Trajectory, Turn
+from libra.workloads.trace import TraceError, TraceValueError, Trajectory, Turn
 
 DEFAULT_ERROR_PATTERNS: tuple[str, ...] = (
     r"^Traceback \(most recent call last\)",
@@ -68,6 +68,8 @@ class StatusRules:
 
     def __attrs_post_init__(self) -> None:
         for attr, patterns in (("_error_re", self.error_patterns), ("_timeout_re", self.timeout_patterns)):
+            if not isinstance(patterns, tuple | list) or not all(isinstance(p, str) for p in patterns):
+                raise ValueError(f"{attr[1:-3]}_patterns must be a tuple of regular expressions, got {patterns!r}")
             try:
                 compiled = re.compile("|".join(f"(?:{p})" for p in patterns), re.I | re.M) if patterns else None
             except re.error as exc:
@@ -126,6 +128,8 @@ def iter_records(path: Path) -> Iterator[tuple[int, Any]]:
     except json.JSONDecodeError as exc:
         if exc.msg != "Extra data":
             raise TraceError(path, exc.lineno, None, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise TraceError(path, None, None, _TOO_DEEP) from None
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -133,6 +137,11 @@ def iter_records(path: Path) -> Iterator[tuple[int, Any]]:
             yield number, json.loads(line)
         except json.JSONDecodeError as exc:
             raise TraceError(path, number, None, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+        except RecursionError:
+            raise TraceError(path, number, None, _TOO_DEEP) from None
+
+
+_TOO_DEEP = "not valid JSON (nested too deeply)"  # (the trace loader's words)
 
 
 @attrs.frozen
@@ -162,32 +171,50 @@ def build_trajectory(
     line: int | None,
     reward: float | None = None,
     sample: int | None = None,
+    step: int | None = None,
     extra: dict[str, Any] | None = None,
 ) -> Trajectory:
     """A trajectory from its segments: one turn per generation; the returns after it are its tool return (tool =
     the first return's tool, status = the worst status, tokens summed; with several, the tools are kept in the
-    turn's `extra["tools"]`). A trajectory without any generation is an error."""
+    turn's `extra["tools"]`). A trajectory without any generation is an error, and so is one that breaks a rule of
+    the trace schema (`Trajectory` checks them: a log too long for a trace, say), named in the log read."""
     if not segments:
         raise TraceError(path, line, None, "trajectory has no model generation")
-    turns = []
-    for seg in segments:
-        if not seg.returns:
-            turns.append(Turn(gen_tokens=seg.gen_tokens))
-            continue
-        statuses = {r.status for r in seg.returns}
-        status = "timeout" if "timeout" in statuses else "error" if "error" in statuses else "ok"
-        turn_extra = {"tools": [r.tool for r in seg.returns]} if len(seg.returns) > 1 else {}
-        turns.append(
-            Turn(
-                gen_tokens=seg.gen_tokens,
-                tool=seg.returns[0].tool,
-                tool_status=status,
-                tool_tokens=sum(r.tokens for r in seg.returns),
-                extra=turn_extra,
-            )
+    extra = _finite_json(dict(extra or {}))
+    if reward is not None and not _finite(reward):  # a failed reward (Python writes NaN): JSON has no NaN
+        extra["reward_not_finite"] = _NON_FINITE.get(str(reward), str(reward))
+        reward = None
+    try:
+        return Trajectory(
+            prompt_id=prompt_id,
+            prompt_tokens=prompt_tokens,
+            turns=_merged([_turn(seg) for seg in segments]),
+            sample=sample,
+            step=step,
+            reward=reward,
+            extra=extra,
         )
-    # only the last turn may have no tool: a generation followed directly by another (no return between them,
-    # e.g. an assistant message split in two) is folded into the next one
+    except TraceValueError as exc:
+        raise TraceError(path, line, exc.field, exc.message) from None
+
+
+def _turn(seg: Segment) -> Turn:
+    if not seg.returns:
+        return Turn(gen_tokens=seg.gen_tokens)
+    statuses = {r.status for r in seg.returns}
+    status = "timeout" if "timeout" in statuses else "error" if "error" in statuses else "ok"
+    return Turn(
+        gen_tokens=seg.gen_tokens,
+        tool=seg.returns[0].tool,
+        tool_status=status,
+        tool_tokens=sum(r.tokens for r in seg.returns),
+        extra={"tools": [r.tool for r in seg.returns]} if len(seg.returns) > 1 else {},
+    )
+
+
+def _merged(turns: list[Turn]) -> tuple[Turn, ...]:
+    """Only the last turn may have no tool: a generation followed directly by another (no return between them,
+    e.g. an assistant message split in two) is folded into the next one."""
     merged: list[Turn] = []
     carry = 0
     for i, t in enumerate(turns):
@@ -196,18 +223,15 @@ def build_trajectory(
             continue
         merged.append(attrs.evolve(t, gen_tokens=t.gen_tokens + carry) if carry else t)
         carry = 0
-    extra = _finite_json(dict(extra or {}))
-    if reward is not None and not math.isfinite(reward):  # a failed reward (Python writes NaN): JSON has no NaN
-        extra["reward_not_finite"] = _NON_FINITE[str(reward)]
-        reward = None
-    return Trajectory(
-        prompt_id=prompt_id,
-        prompt_tokens=prompt_tokens,
-        turns=tuple(merged),
-        sample=sample,
-        reward=reward,
-        extra=extra,
-    )
+    return tuple(merged)
+
+
+def _finite(value: float) -> bool:
+    """A finite number that a float holds (an integer past a float's range is not one)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 _NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}

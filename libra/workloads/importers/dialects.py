@@ -154,7 +154,7 @@ def _call_names(value: Any) -> list[str]:
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # (a model may write anything as a call's text)
             return ["tool"]
     calls = value if isinstance(value, list) else [value]
     names = [c["name"] for c in calls if isinstance(c, dict) and isinstance(c.get("name"), str) and c["name"]]
@@ -226,7 +226,7 @@ def _json_output(output: Any) -> tuple[str, int | None] | None:
         return None
     try:
         value = json.loads(output)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return None
     if not isinstance(value, dict) or not isinstance(value.get("output"), str):
         return None

@@ -134,6 +134,8 @@ def _member(archive: zipfile.ZipFile, path: Path, name: str) -> Any:
         raise TraceError(path, None, None, f"member {name}: not UTF-8 (at offset {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise TraceError(path, None, None, f"member {name}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise TraceError(path, None, None, f"member {name}: not valid JSON (nested too deeply)") from None
 
 
 def sample_record(sample: Any, spec: dict) -> dict:
@@ -183,7 +185,7 @@ def _reward(scores: Any) -> float | None:
     first = next(iter(scores.values()))
     value = first.get("value") if isinstance(first, dict) else None
     if isinstance(value, int | float):  # bool included, as inspect_ai reads it
-        return float(value)
+        return float(value) if isinstance(value, bool) else value  # (an integer past a float: build_trajectory)
     if isinstance(value, str):
         word = value.strip().lower()
         if word in _SCORE_WORDS:

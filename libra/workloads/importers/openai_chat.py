@@ -308,7 +308,7 @@ def _reward(record: dict) -> float | None:
         value = record["reward_info"].get("reward")
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    return value  # (not float(): an integer past a float's range is kept by build_trajectory, not an OverflowError)
 
 
 def _meta(record: dict, used: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -61,6 +61,8 @@ def _pieces(text: str, size: int = _PIECE) -> list[str]:
 @lru_cache(maxsize=8)
 def get_counter(name: str = DEFAULT_TOKENIZER) -> Callable[[str], int]:
     """A function counting the tokens of a string under tokenizer `name` (see the module docstring)."""
+    if not isinstance(name, str) or not name:
+        raise TokenizerError(f"tokenizer must be a tokenizer's name or a tokenizer.json path, got {name!r}")
     if name == "bytes4":
         return _bytes4
     if name in BPE_NAMES:

@@ -138,24 +138,29 @@ def _one(rec: dict, path: Path, line: int, where: str, n: int) -> Trajectory:
             segments[-1] = Segment(last.gen_tokens, last.returns + (Return(name, length, status),))
             r += 1
     pid = next((rec[k] for k in ("prompt_id", "uid", "index") if isinstance(rec.get(k), str | int)), f"{path.stem}-{n}")
-    reward = next((rec[k] for k in ("reward_score", "reward", "score") if isinstance(rec.get(k), int | float)), None)
-    step = next((rec[k] for k in ("step", "global_steps") if isinstance(rec.get(k), int)), None)
+    reward = next((rec[k] for k in ("reward_score", "reward", "score") if _number(rec.get(k))), None)
+    step = next((rec[k] for k in ("step", "global_steps") if _count_or_none(rec.get(k)) is not None), None)
     meta = {k: v for k, v in rec.items() if k not in _USED and (v is None or isinstance(v, str | int | float | bool))}
-    traj = build_trajectory(
+    return build_trajectory(
         prompt_id=str(pid),
         prompt_tokens=prompt,
         segments=segments,
         path=path,
         line=line,
-        reward=None if isinstance(reward, bool) or reward is None else float(reward),
-        sample=rec["sample"] if isinstance(rec.get("sample"), int) and rec["sample"] >= 0 else None,
+        reward=reward,
+        sample=_count_or_none(rec.get("sample")),
+        step=step,
         extra={"meta": meta} if meta else None,
     )
-    if step is not None and step >= 0:
-        import attrs
 
-        traj = attrs.evolve(traj, step=step)
-    return traj
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _count_or_none(value: Any) -> int | None:
+    """`value` where it is a non-negative integer (not a bool), else None (a label the record may lack)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def import_verl(path: Path, **_: Any) -> Iterator[Trajectory]:
