@@ -19,7 +19,8 @@ import attrs
 from libra.adapters.errors import RequestFailedError, UnsupportedConfig
 from libra.adapters.protocols import RolloutBackend
 from libra.adapters.types import EventKind, Migration, Sampling, StreamEvent
-from libra.workloads.trace import Trajectory, Turn
+from libra.spec import SpecError
+from libra.workloads.trace import TOOL_STATUSES, Trajectory, Turn
 
 
 @attrs.frozen(kw_only=True)
@@ -29,6 +30,12 @@ class ToolReturn:
     tool: str
     status: str
     output_token_ids: tuple[int, ...]
+
+    def __attrs_post_init__(self) -> None:  # (refused here, in the tool that built it, not inside the rollout's loop)
+        if not isinstance(self.tool, str) or not self.tool:
+            raise SpecError(f"ToolReturn.tool must be a non-empty string, got {self.tool!r}")
+        if not isinstance(self.status, str) or self.status not in TOOL_STATUSES:
+            raise SpecError(f"ToolReturn.status must be one of {', '.join(TOOL_STATUSES)}, got {self.status!r}")
 
 
 ToolFn = Callable[[str, tuple[int, ...], int], ToolReturn | None]

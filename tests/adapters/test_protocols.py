@@ -76,3 +76,21 @@ def test_group_advantages_are_relative_within_each_group():
     assert adv[2:] == [0.0, 0.0]
     with pytest.raises(ValueError, match="do not split into groups of 3"):
         group_advantages([1.0, 2.0], 3)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"tool": "bash", "status": "failed"}, r"^ToolReturn.status must be one of ok, error, timeout, got 'failed'$"),
+        ({"tool": "bash", "status": None}, r"^ToolReturn.status must be one of ok, error, timeout, got None$"),
+        ({"tool": "", "status": "ok"}, r"^ToolReturn.tool must be a non-empty string, got ''$"),
+    ],
+)
+def test_a_tool_return_outside_the_trace_schema_is_refused_where_the_tool_builds_it(fields, message) -> None:
+    """Before, the rollout loop met it when it recorded the turn, with the other requests still generating."""
+    from libra.adapters.routing import ToolReturn
+    from libra.spec import SpecError
+
+    with pytest.raises(SpecError, match=message):
+        ToolReturn(output_token_ids=(1, 2), **fields)
+    assert ToolReturn(tool="bash", status="timeout", output_token_ids=()).status == "timeout"
