@@ -15,7 +15,8 @@ makes it active (after ``min_placeholder_steps`` placeholder steps, default 0, i
 receives the reduced gradient): the STEP message it gets then carries every reduced gradient it has not had, which
 it replays before it computes, so it computes that step's gradient on that step's state, bitwise the core's.
 ``timeout_s`` bounds each wait on a hybrid: in ``reduce`` the hybrid computes its gradient while the core computes
-its own, so the timeout only needs to cover the skew between them plus the transfer.
+its own, so the timeout only needs to cover the skew between them; a message that has begun to arrive within it
+then has ``timeout_s`` more for its transfer (so a contribution costs the core at most twice ``timeout_s``).
 Anything wrong with a contribution (timeout, closed peer, bad checksum, wrong step or version,
 a gradient from a placeholder) skips it; failures detach that hybrid; the core step always completes.
 A late contribution (nothing of it arrived within ``timeout_s``) is a *miss*, not a failure: the step goes on
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -63,6 +65,8 @@ from libra.elastic.wire import (
     as_bytes,
     recv_reusing,
 )
+
+log = logging.getLogger(__name__)
 
 
 def _counts_device(group) -> torch.device:
@@ -110,6 +114,7 @@ class ExchangeStats:
     missed: int = 0  # contributions that had not started to arrive within timeout_s (the hybrid stays attached)
     failures: int = 0
     leaves: int = 0
+    refused: int = 0  # JOINs refused: a name already in training, or one removed before its JOIN was read
 
 
 @attrs.define(eq=False)
@@ -176,6 +181,8 @@ class CoreExchange:
         # connections whose JOIN is not read yet, and when each stops being waited for (a hybrid sends it as it
         # connects: a connection silent past snapshot_timeout_s is a stray, closed rather than kept for the run)
         self._pending: dict[Link, float] = {}
+        # for such a connection, the workers removed while it waited, and why: its JOIN from one of them is refused
+        self._removed: dict[Link, dict[str, str]] = {}
         self._slots: dict[str, _Slot] = {}
         self._replay: dict[int, torch.Tensor] = {}  # step -> reduced flat gradient, kept while a hybrid needs it
         self._assignment: StepAssignment | None = None
@@ -217,7 +224,19 @@ class CoreExchange:
         self._pending[link] = time.monotonic() + self.snapshot_timeout_s
 
     def remove(self, worker: str, *, step: int, why: str) -> None:
-        """Detach ``worker`` now (leave if active, cancel otherwise); it is told with a best-effort LEAVE."""
+        """Detach ``worker`` now (leave if active, cancel otherwise); it is told with a best-effort LEAVE.
+
+        It sticks for a JOIN not read yet: a connection made before this call (waiting at the server or for its
+        first boundary) whose JOIN names ``worker`` is refused with the reason (``stats.refused``, logged), so a
+        worker the controller cancelled before the core read its JOIN does not join anyway. A connection made
+        after it is a new join."""
+        self._accept()
+        for link in self._pending:
+            self._removed.setdefault(link, {})[worker] = f"removed at step {step} before its JOIN was read: {why}"
+        self._detach(worker, step=step, why=why)
+
+    def _detach(self, worker: str, *, step: int, why: str) -> None:
+        """Detach ``worker`` now if it has a slot (leave if active, cancel otherwise), with a best-effort LEAVE."""
         slot = self._slots.pop(worker, None)
         if slot is None:
             return
@@ -248,10 +267,11 @@ class CoreExchange:
 
     def close(self) -> None:
         for worker in list(self._slots):
-            self.remove(worker, step=self._last_step, why="exchange closed")
+            self._detach(worker, step=self._last_step, why="exchange closed")
         for link in self._pending:
             link.close()
         self._pending.clear()
+        self._removed.clear()
         self._replay.clear()
         self._spare_buckets = None
         self._flat = self._host_flat = self._device_in = None
@@ -263,9 +283,7 @@ class CoreExchange:
         """Admit joiners, serve snapshots, promote caught-up placeholders, agree on membership for ``step``."""
         step = check_whole("step", step, least=0)  # it goes on the wire: a float would fail only once hybrids are in
         self._last_step = step
-        if self._server is not None:
-            for link in self._server.accept_ready():
-                self.admit(link)
+        self._accept()
         self._admit_pending(step)
         self._progress_fetches(step)
         ready = [
@@ -386,6 +404,12 @@ class CoreExchange:
             if self._slots[w].state in (JoinState.PLACEHOLDER, JoinState.ACTIVE)
         ]
 
+    def _accept(self) -> None:
+        """Admit the connections waiting at the server (their JOINs are read at a boundary)."""
+        if self._server is not None:
+            for link in self._server.accept_ready():
+                self.admit(link)
+
     def _admit_pending(self, step: int) -> None:
         still: dict[Link, float] = {}
         shared: PendingCapture | None = None  # joiners admitted at the same boundary share one snapshot
@@ -395,16 +419,28 @@ class CoreExchange:
                 if now < until:
                     still[link] = until
                 else:
+                    self._removed.pop(link, None)
                     link.close()
                 continue
+            removed = self._removed.pop(link, {})
             try:
                 msg = link.recv(timeout=self.timeout_s)
-            except LinkError:
+            except LinkError as exc:  # a peer of another wire version says so here: the operator must see it
+                log.warning("elastic: step %d dropped a connection before its JOIN: %s", step, exc)
                 link.close()
                 continue
             worker = str(msg.info.get("worker", ""))
-            if msg.kind != Kind.JOIN or not worker or worker in self._slots:
+            if msg.kind != Kind.JOIN or not worker:
+                log.warning(
+                    "elastic: step %d dropped a connection whose first frame is %s, not a named JOIN",
+                    step,
+                    msg.kind.name,
+                )
                 link.close()
+                continue
+            if worker in self._slots or worker in removed:
+                why = removed.get(worker, f"a worker named {worker!r} is in training already")
+                self._refuse(link, worker, step, why)
                 continue
             slot = _Slot(worker=worker, link=link, state=self.states.state(worker))
             self._slots[worker] = slot
@@ -425,6 +461,14 @@ class CoreExchange:
             slot.send = SnapshotSend(link, pending, self.snapshot_timeout_s)
             self._transition(slot, JoinEvent.START_FETCH, step, f"snapshot v{step} ({pending.nbytes} bytes) sending")
         self._pending = still
+
+    def _refuse(self, link: Link, worker: str, step: int, why: str) -> None:
+        """Refuse a JOIN: logged, counted, and the joiner told why (a best-effort LEAVE) before its link closes."""
+        self.stats.refused += 1
+        log.warning("elastic: step %d refused the JOIN of %s: %s", step, worker, why)
+        with contextlib.suppress(LinkError):
+            link.send(Message(kind=Kind.LEAVE, step=step, version=step, info={"why": why}), timeout=1.0)
+        link.close()
 
     def _recycle(self, send: SendHandle) -> None:
         """Keep a delivered snapshot's buckets for the next one, once no send uses them any more."""
@@ -481,13 +525,15 @@ class CoreExchange:
                     self._fail(slot, step, f"no contribution for {slot.missed} consecutive steps (last: {step})")
                 return None
             try:
-                # into the memory of the last contribution: `reduce` adds it to the flat gradient before the next
-                msg = recv_reusing(slot.link, slot.inbox, timeout=max(deadline - time.monotonic(), 0.0))
+                # into the memory of the last contribution: `reduce` adds it to the flat gradient before the next.
+                # A message that has begun to arrive gets a whole timeout_s of its own (as on the hybrid's end): the
+                # rest of the first wait could be a moment, and a live hybrid late by that is not a dead one
+                msg = recv_reusing(slot.link, slot.inbox, timeout=self.timeout_s)
             except LinkError as exc:
                 self._fail(slot, step, f"no contribution for step {step}: {exc}")
                 return None
             if msg.kind == Kind.LEAVE:
-                self.remove(slot.worker, step=step, why=f"hybrid left: {msg.info.get('why', '')}")
+                self._detach(slot.worker, step=step, why=f"hybrid left: {msg.info.get('why', '')}")
                 return None
             if msg.kind in (Kind.GRAD, Kind.PLACEHOLDER) and msg.step < step:
                 self.stats.skipped += 1  # stale: a contribution for a step the core already finished
@@ -505,7 +551,7 @@ class CoreExchange:
         except LinkError as exc:
             left = self._leave_waiting(slot)
             if left is not None:  # it left between two steps: a leave, not a failure
-                self.remove(slot.worker, step=step, why=f"hybrid left: {left.info.get('why', '')}")
+                self._detach(slot.worker, step=step, why=f"hybrid left: {left.info.get('why', '')}")
             else:
                 self._fail(slot, step, f"send {msg.kind.name}: {exc}")
             return False
@@ -540,12 +586,12 @@ class CoreExchange:
         active_everywhere = set.intersection(*(set(v["active"]) for v in views))
         known_everywhere = set.intersection(*(set(v["known"]) for v in views))
         for worker in sorted(set(mine["active"]) - active_everywhere):
-            self.remove(worker, step=step, why="a rank of this hybrid replica is not active at every coordinate")
+            self._detach(worker, step=step, why="a rank of this hybrid replica is not active at every coordinate")
         for slot in [s for s in self._live() if s.state == JoinState.PLACEHOLDER]:
             slot.alone = 0 if slot.worker in known_everywhere else slot.alone + 1
             if slot.alone > self.max_catchup_steps:
                 why = f"no rank of this hybrid replica at some coordinate for {slot.alone} steps"
-                self.remove(slot.worker, step=step, why=why)
+                self._detach(slot.worker, step=step, why=why)
         return [s for s in ready if s.worker in ready_everywhere and s.worker in self._slots]
 
     def _agree_on_contributions(self, received: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 import torch
 
 from libra.elastic.wire import (
-    _MAGIC,
     _PREFIX,
     LinkClosed,
     LinkError,
@@ -25,8 +24,10 @@ from libra.elastic.wire import (
     Message,
     SendHandle,
     _check_blob,
+    _check_meta,
     _decode_meta,
     _decode_prefix,
+    _encode_head,
     _encode_meta,
     _new_blob,
 )
@@ -118,7 +119,7 @@ class DistLink:
         import torch.distributed as dist
 
         meta = _encode_meta(msg)
-        prefix = _PREFIX.pack(_MAGIC, int(msg.kind), msg.step, msg.version, len(meta))
+        prefix = _encode_head(int(msg.kind), msg.step, msg.version, meta)
         # Prefix and meta are separate messages: the receiver learns the meta length from the fixed-size prefix.
         parts = [
             torch.frombuffer(bytearray(prefix), dtype=torch.uint8),
@@ -164,10 +165,10 @@ class DistLink:
             if posted.error is not None:
                 raise LinkClosed(f"side channel (dist) with rank {self.peer}: {posted.error}")
             buf = posted.buf
-        kind, step, version, meta_len = _decode_prefix(bytes(buf.numpy()))
-        work, buf = self._irecv(-2, meta_len)
+        head = _decode_prefix(bytes(buf.numpy()))
+        work, buf = self._irecv(-2, head.meta_len)
         self._wait(work, deadline)
-        info, entries = _decode_meta(bytes(buf.numpy()))
+        info, entries = _decode_meta(_check_meta(bytes(buf.numpy()), head))
         blobs = []
         for i, (n, crc) in enumerate(entries):
             if n == 0:
@@ -178,7 +179,9 @@ class DistLink:
             _check_blob(i, blob, crc)
             blobs.append(blob)
         sums = tuple(crc for _, crc in entries)
-        return Message(kind=kind, step=step, version=version, info=info, blobs=tuple(blobs), checksums=sums)
+        return Message(
+            kind=head.kind, step=head.step, version=head.version, info=info, blobs=tuple(blobs), checksums=sums
+        )
 
     def close(self) -> None:
         """Nothing to release: a posted prefix receive stays with the channel (see ``_pending``)."""

@@ -150,6 +150,8 @@ class HybridReplica:
                 return None
 
             msg = recv_reusing(link, into, timeout=snapshot_timeout_s)
+            if msg.kind == Kind.LEAVE:  # a name in training already, or one the controller removed meanwhile
+                raise LinkError(f"the core refused the join of {self.worker!r}: {msg.info.get('why', '')}")
             snapshot = Snapshot.from_message(msg)
             self.in_place = (len(reused), len(msg.blobs))
             self._fault("restoring")

@@ -3,7 +3,10 @@
 A :class:`Message` is a kind, a training step, a state version, a small JSON ``info`` dict and a list of byte
 blobs (1-D uint8 CPU tensors; a gradient or a snapshot bucket viewed as bytes). Every blob travels with its
 checksum (XXH3-64, :func:`libra.elastic.pack.checksum`), checked on receipt, so a truncated or corrupted
-contribution is rejected, never applied. A sender that already holds its blobs' checksums (a snapshot packs them
+contribution is rejected, never applied. The frame's head (kind, step, version, meta length) and its JSON meta
+(``info``, the blobs' sizes and checksums) are checksummed as well, and each is verified before it is used, so a
+flipped bit anywhere in a frame fails that link at once with :class:`LinkCorrupt` (never a wait for bytes that
+do not come, never a misparsed frame). A sender that already holds its blobs' checksums (a snapshot packs them
 as it copies) passes them in ``Message.checksums`` and they are not recomputed; :meth:`TcpLink.recv` hashes each
 blob window by window as it arrives (while it is still in cache) and returns the verified checksums there too.
 
@@ -35,11 +38,20 @@ from typing import Protocol
 
 import attrs
 import torch
+import xxhash
 
 from libra.elastic.pack import checksum, checksums, new_hasher
 
-_PREFIX = struct.Struct("<4sB3xqqQ")  # magic, kind, step, version, meta length
-_MAGIC = b"LBR1"
+#: The fixed-size head of a frame: magic, kind, step, version, meta length, the meta's XXH3-64 and the XXH3-64 of
+#: the 40 bytes before it. The head is verified before its meta length is used (a flipped bit there would have the
+#: receiver wait for bytes that never come, or read into the wrong buffer), the meta against its checksum before it
+#: is parsed; the blobs carry their own checksums in the meta.
+_PREFIX = struct.Struct("<4sB3xqqQQQ")
+_HEAD_SUMMED = _PREFIX.size - 8  # the bytes the head's own checksum covers
+#: The wire version is in the magic: ``LBR2`` (since 2026-12-06: head and meta checksummed). ``LBR1`` frames carried
+#: no head checksum; they are refused by name.
+_MAGIC = b"LBR2"
+_OLD_MAGICS = {b"LBR1": 1}
 _MAX_META = 16 << 20
 #: Receive granularity: each window is hashed right after it lands (it is still in L2).
 RECV_WINDOW = 256 << 10
@@ -97,14 +109,54 @@ def _encode_meta(msg: Message, backend: str = "auto") -> bytes:
     return json.dumps({"info": msg.info, "blobs": blobs}, separators=(",", ":")).encode()
 
 
-def _decode_prefix(raw: bytes) -> tuple[Kind, int, int, int]:
-    magic, kind, step, version, meta_len = _PREFIX.unpack(raw)
-    if magic != _MAGIC or meta_len > _MAX_META:
+def _encode_head(kind: int, step: int, version: int, meta: bytes, *, magic: bytes = _MAGIC) -> bytes:
+    """The head of a frame whose meta is ``meta``, both checksums filled in."""
+    unsummed = _PREFIX.pack(magic, kind, step, version, len(meta), xxhash.xxh3_64_intdigest(meta), 0)
+    return unsummed[:_HEAD_SUMMED] + struct.pack("<Q", xxhash.xxh3_64_intdigest(unsummed[:_HEAD_SUMMED]))
+
+
+@attrs.frozen
+class _Head:
+    """A verified frame head: what the meta (``meta_len`` bytes, checksum ``meta_sum``) belongs to."""
+
+    kind: Kind
+    step: int
+    version: int
+    meta_len: int
+    meta_sum: int
+
+
+def _decode_prefix(raw: bytes) -> _Head:
+    """A frame head, verified: its magic (the wire version), its checksum, then its fields. Any fault is
+    :class:`LinkCorrupt`, raised before the meta length is trusted."""
+    magic, kind, step, version, meta_len, meta_sum, head_sum = _PREFIX.unpack(raw)
+    if magic in _OLD_MAGICS:
+        raise LinkCorrupt(
+            f"bad frame: wire version {_OLD_MAGICS[magic]} (magic {magic!r}) from the peer, this side speaks "
+            f"version 2 (magic {_MAGIC!r}): run one Libra version on both ends"
+        )
+    if magic != _MAGIC:
         raise LinkCorrupt(f"bad frame: magic {magic!r}, meta length {meta_len}")
+    got = xxhash.xxh3_64_intdigest(raw[:_HEAD_SUMMED])
+    if got != head_sum:
+        raise LinkCorrupt(
+            f"bad frame: head checksum {got:#018x} != sent {head_sum:#018x} "
+            f"(kind {kind}, step {step}, version {version}, meta length {meta_len})"
+        )
+    if meta_len > _MAX_META:
+        raise LinkCorrupt(f"bad frame: meta length {meta_len}, more than the {_MAX_META} a meta may have")
     try:
-        return Kind(kind), step, version, meta_len
+        return _Head(Kind(kind), step, version, meta_len, meta_sum)
     except ValueError:
         raise LinkCorrupt(f"bad frame: unknown kind {kind}") from None
+
+
+def _check_meta(raw: bytes, head: _Head) -> bytes:
+    """``raw`` if it is the meta ``head`` announced (its checksum), else :class:`LinkCorrupt`."""
+    got = xxhash.xxh3_64_intdigest(raw)
+    if got != head.meta_sum:
+        raise LinkCorrupt(f"bad frame: meta checksum {got:#018x} != sent {head.meta_sum:#018x}")
+    return raw
 
 
 def _decode_meta(raw: bytes) -> tuple[dict, list[tuple[int, int]]]:
@@ -248,7 +300,7 @@ class TcpLink:
         meta = _encode_meta(msg, self.backend)
         deadline = time.monotonic() + timeout
         with self._send_lock:
-            self._sendall(_PREFIX.pack(_MAGIC, int(msg.kind), msg.step, msg.version, len(meta)) + meta, deadline)
+            self._sendall(_encode_head(int(msg.kind), msg.step, msg.version, meta) + meta, deadline)
             for blob in msg.blobs:
                 view = memoryview(blob.detach().contiguous().reshape(-1).view(torch.uint8).numpy()).cast("B")
                 half = len(view) // 2
@@ -270,8 +322,8 @@ class TcpLink:
         """The next message; every blob verified against its checksum as it arrives. ``into`` supplies the memory
         blobs are received into (see :data:`BlobAllocator`); by default each blob is a new tensor."""
         deadline = time.monotonic() + timeout
-        kind, step, version, meta_len = _decode_prefix(self._recv_exact(_PREFIX.size, deadline))
-        info, entries = _decode_meta(self._recv_exact(meta_len, deadline))
+        head = _decode_prefix(self._recv_exact(_PREFIX.size, deadline))
+        info, entries = _decode_meta(_check_meta(self._recv_exact(head.meta_len, deadline), head))
         blobs, sums = [], []
         for i, (n, crc) in enumerate(entries):
             blob = into(i, n) if into is not None else None
@@ -283,7 +335,9 @@ class TcpLink:
             _check_sum(i, self._recv_hashed(memoryview(blob.numpy()).cast("B"), deadline), crc)
             blobs.append(blob)
             sums.append(crc)
-        return Message(kind=kind, step=step, version=version, info=info, blobs=tuple(blobs), checksums=tuple(sums))
+        return Message(
+            kind=head.kind, step=head.step, version=head.version, info=info, blobs=tuple(blobs), checksums=tuple(sums)
+        )
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

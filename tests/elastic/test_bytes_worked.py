@@ -5,9 +5,11 @@ is given, two optimizer entries sharing one scalar, received blobs landing in re
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 
 import pytest
+import xxhash
 
 torch = pytest.importorskip("torch")
 
@@ -20,6 +22,7 @@ from libra.elastic.snapshot import (  # noqa: E402
     state_tensors,
 )
 from libra.elastic.wire import (  # noqa: E402
+    _HEAD_SUMMED,
     _MAGIC,
     _MAX_META,
     _PREFIX,
@@ -48,14 +51,28 @@ def trained(seed: int = 0):
 @pytest.mark.parametrize(
     ("magic", "kind", "meta_len", "words"),
     [
-        (b"LBR2", 1, 2, "bad frame: magic b'LBR2', meta length 2"),  # a bad magic alone
-        (_MAGIC, 1, _MAX_META + 1, f"bad frame: magic {_MAGIC!r}, meta length {_MAX_META + 1}"),  # a length alone
+        (b"LBR3", 1, 2, "bad frame: magic b'LBR3', meta length 2"),  # a bad magic alone
+        (
+            _MAGIC,
+            1,
+            _MAX_META + 1,
+            f"bad frame: meta length {_MAX_META + 1}, more than the {_MAX_META} a meta may have",
+        ),  # a length alone
         (_MAGIC, 99, 2, "bad frame: unknown kind 99"),
+        (
+            b"LBR1",
+            1,
+            2,
+            "bad frame: wire version 1 (magic b'LBR1') from the peer, this side speaks version 2 (magic b'LBR2'): "
+            "run one Libra version on both ends",
+        ),
     ],
 )
 def test_a_frame_is_refused_for_each_fault_alone(pair, magic, kind, meta_len, words):
+    """Each fault under a good head checksum (a sender's bug, not the wire's): every check holds by itself."""
     a, b = pair
-    a._sock.sendall(_PREFIX.pack(magic, kind, 0, 0, meta_len) + b"{}")
+    summed = _PREFIX.pack(magic, kind, 0, 0, meta_len, xxhash.xxh3_64_intdigest(b"{}"), 0)[:_HEAD_SUMMED]
+    a._sock.sendall(summed + struct.pack("<Q", xxhash.xxh3_64_intdigest(summed)) + b"{}")
     with pytest.raises(LinkCorrupt) as e:
         b.recv(timeout=scaled(5))
     assert str(e.value) == words

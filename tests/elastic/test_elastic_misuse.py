@@ -18,12 +18,13 @@ from libra.elastic.grads import Mode  # noqa: E402
 from libra.elastic.hybrid import HybridReplica  # noqa: E402
 from libra.elastic.snapshot import SnapshotError, capture, restore  # noqa: E402
 from libra.elastic.states import JoinState  # noqa: E402
-from libra.elastic.wire import _MAGIC, _PREFIX, Kind, LinkCorrupt, LinkError, Message, ReusedBlobs, TcpLink  # noqa: E402
+from libra.elastic.wire import Kind, LinkCorrupt, LinkError, Message, ReusedBlobs, TcpLink, _encode_head  # noqa: E402
 from tests.elastic.test_elastic_overlap import _link  # noqa: E402
 from tests.elastic.test_exchange_worked import _core, _core_step, _played, _played_core, _step_msg  # noqa: E402
 from tests.limits import scaled  # noqa: E402
 
-#: Frames whose meta (the part no checksum covers) is malformed, and what the receiver must say about each
+#: Frames whose meta is malformed (under a good checksum: a sender's bug, not the wire's), and what the receiver
+#: must say about each
 MALFORMED_META = [
     (b"{not json", "meta is not JSON"),
     (b"\xff\xfe", "meta is not JSON"),
@@ -40,7 +41,7 @@ MALFORMED_META = [
 
 
 def _raw(sock: socket.socket, kind: Kind, step: int, meta: bytes) -> None:
-    sock.sendall(_PREFIX.pack(_MAGIC, int(kind), step, step, len(meta)) + meta)
+    sock.sendall(_encode_head(int(kind), step, step, meta) + meta)
 
 
 @pytest.mark.parametrize(("meta", "words"), MALFORMED_META)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import struct
 import threading
 
 import pytest
@@ -13,6 +12,7 @@ torch = pytest.importorskip("torch")
 from libra.elastic.grads import flatten, shard_bounds, unflatten_into  # noqa: E402
 from libra.elastic.pack import checksum  # noqa: E402
 from libra.elastic.wire import (  # noqa: E402
+    _PREFIX,
     Kind,
     LinkClosed,
     LinkCorrupt,
@@ -20,6 +20,7 @@ from libra.elastic.wire import (  # noqa: E402
     Message,
     SideChannelServer,
     TcpLink,
+    _encode_head,
     as_bytes,
     free_port,
 )
@@ -56,7 +57,7 @@ def test_closed_peer_and_truncated_message(pair):
     # a frame that announces a blob and then stops half way, like a hybrid killed mid-send
     frame = bytearray()
     meta = b'{"info":{},"blobs":[[100,0]]}'
-    frame += struct.pack("<4sB3xqqQ", b"LBR1", int(Kind.GRAD), 2, 2, len(meta)) + meta + b"x" * 40
+    frame += _encode_head(int(Kind.GRAD), 2, 2, meta) + meta + b"x" * 40
     raw.sendall(frame)
     raw.shutdown(socket.SHUT_WR)
     assert b.recv(timeout=scaled(5)).kind == Kind.PLACEHOLDER
@@ -67,14 +68,14 @@ def test_closed_peer_and_truncated_message(pair):
 def test_corrupted_blob_is_rejected(pair):
     a, b = pair
     meta = b'{"info":{},"blobs":[[4,12345]]}'
-    a._sock.sendall(struct.pack("<4sB3xqqQ", b"LBR1", int(Kind.GRAD), 2, 2, len(meta)) + meta + b"abcd")
+    a._sock.sendall(_encode_head(int(Kind.GRAD), 2, 2, meta) + meta + b"abcd")
     with pytest.raises(LinkCorrupt, match="checksum"):
         b.recv(timeout=scaled(5))
 
 
 def test_bad_magic_is_rejected(pair):
     a, b = pair
-    a._sock.sendall(b"X" * 32)
+    a._sock.sendall(b"X" * _PREFIX.size)
     with pytest.raises(LinkCorrupt):
         b.recv(timeout=scaled(5))
 
