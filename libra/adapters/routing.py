@@ -44,12 +44,13 @@ ToolFn = Callable[[str, tuple[int, ...], int], ToolReturn | None]
 
 @attrs.frozen(kw_only=True)
 class RolloutResult:
-    """One trajectory: its final context, its trajectory record (turns, for the router and profiles), the
-    instances it visited in order, and the error if it failed."""
+    """One trajectory: its final context, its trajectory record (turns, for the router and profiles; None for a
+    request that failed before its first turn ended), the instances it visited in order, and the error if it
+    failed (the router was told to forget it: `abort`, not `finish`)."""
 
     request_id: str
     context: tuple[int, ...]
-    trajectory: Trajectory
+    trajectory: Trajectory | None
     instances: tuple[str, ...]
     error: str | None = None
 
@@ -147,7 +148,9 @@ class RoutedRollout:
 
         def close(rid: str, error: str | None) -> None:
             pid, ids = prompts[rid]
-            traj = Trajectory(prompt_id=pid, prompt_tokens=len(ids), turns=tuple(turns[rid]), step=step)
+            done = tuple(turns[rid])
+            # a request that failed before its first turn ended has no trajectory (the trace schema wants a turn)
+            traj = Trajectory(prompt_id=pid, prompt_tokens=len(ids), turns=done, step=step) if done else None
             context: Sequence[int] = ()
             if rid in submitted:
                 submitted.discard(rid)
@@ -157,7 +160,12 @@ class RoutedRollout:
                     error = error or exc.reason
                 except KeyError:  # it never reached the backend (no instance to submit it to)
                     pass
-            self.router.finish(rid, traj)
+            if error is None and traj is not None:
+                self.router.finish(rid, traj)
+            else:  # a failed request teaches the router nothing (its partial turns are not how it would have gone)
+                abort = getattr(self.router, "abort", None)
+                if abort is not None:
+                    abort(rid)
             results[rid] = RolloutResult(
                 request_id=rid, context=tuple(context), trajectory=traj, instances=tuple(visited[rid]), error=error
             )
