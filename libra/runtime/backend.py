@@ -3,6 +3,7 @@ step (`Orchestrator` calls both; `make_backend` is public, to start engines once
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from libra.runtime.clock import Clock
@@ -43,11 +44,19 @@ def push_weights(backend: Any, trainer: Any, update: Any, clock: Clock, step: in
     bad = {n: v for n, v in versions.items() if v != update.version}
     if served != update.version or bad:
         raise RuntimeError(f"weight push of version {update.version}: instances serve {bad or served}")
-    if want is not None and any(abs(c - want) > 1e-6 * max(1.0, abs(want)) for c in checks.values()):
+    if want is not None and any(_differs(c, want) for c in checks.values()):
         raise RuntimeError(f"weight push of version {update.version}: checksums {checks} != trainer {want}")
     for n in versions:
         clock.mark(n, "weights", start, clock.now(), step)
     return {"version": update.version, "instances": versions, "checksum_checked": want is not None}
+
+
+def _differs(served: float, want: float) -> bool:
+    """Whether an instance's checksum differs from the trainer's (relative 1e-6). A value that is not finite must
+    be the same (NaN as NaN): `abs(nan - want) > tolerance` is false, so an instance serving NaN weights passed."""
+    if not (math.isfinite(served) and math.isfinite(want)):
+        return not (served == want or (math.isnan(served) and math.isnan(want)))
+    return abs(served - want) > 1e-6 * max(1.0, abs(want))
 
 
 __all__ = ["make_backend", "push_weights"]

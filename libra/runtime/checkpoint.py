@@ -19,15 +19,26 @@ DIR, FILE = "checkpoint", "state.pt"
 KEYS = frozenset({"next_step", "trainer", "router", "plan", "placement", "history", "trained", "losses"})
 
 
-def save_in_background(out: Path, state: dict[str, Any]) -> threading.Thread:
-    """Serialise and write `state` on a new thread (join it before the next save and before exiting)."""
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written (a full disk, a folder that is not writable): the run stops, since a later
+    resume would go back to the last checkpoint that was written."""
+
+
+def save_in_background(out: Path, state: dict[str, Any], errors: list[BaseException] | None = None) -> threading.Thread:
+    """Serialise and write `state` on a new thread (join it before the next save and before exiting); a failure of
+    the write is appended to `errors`."""
     import torch
 
     def write() -> None:
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        (out / DIR).mkdir(exist_ok=True)
-        write_whole(out / DIR / FILE, buf.getvalue())
+        try:
+            buf = io.BytesIO()
+            torch.save(state, buf)
+            (out / DIR).mkdir(exist_ok=True)
+            write_whole(out / DIR / FILE, buf.getvalue())
+        except BaseException as exc:  # noqa: BLE001 - handed to the thread that waits for the write
+            if errors is None:
+                raise
+            errors.append(exc)
 
     thread = threading.Thread(target=write, name="libra-checkpoint", daemon=False)
     thread.start()
@@ -36,20 +47,32 @@ def save_in_background(out: Path, state: dict[str, Any]) -> threading.Thread:
 
 class BackgroundWriter:
     """One checkpoint write at a time: `save` waits for the previous write to end, then starts the next; `wait`
-    before exiting."""
+    before exiting. A write that failed raises `CheckpointError` from the next `save` or `wait` (it was lost on
+    the writer's thread: the run went on and reported steps that no checkpoint held)."""
 
     def __init__(self, out: Path) -> None:
         self.out = out
         self._thread: threading.Thread | None = None
+        self._step: Any = None
+        self._errors: list[BaseException] = []
 
     def save(self, state: dict[str, Any]) -> None:
         self.wait()
-        self._thread = save_in_background(self.out, state)
+        self._step = state.get("next_step")
+        self._thread = save_in_background(self.out, state, self._errors)
 
     def wait(self) -> None:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self._errors:
+            exc, self._errors = self._errors[0], []
+            why = (str(exc).strip().splitlines() or [""])[0][:200]
+            done = "" if self._step is None else f" after step {self._step - 1}"
+            raise CheckpointError(
+                f"the checkpoint{done} was not written to {self.out / DIR / FILE} ({type(exc).__name__}: {why}); "
+                "the run stops: a resume continues from the last checkpoint written"
+            ) from exc
 
 
 def exists(out: Path) -> bool:
@@ -73,4 +96,43 @@ def load(out: Path) -> dict[str, Any]:
     missing = sorted(KEYS - set(state)) if isinstance(state, dict) else sorted(KEYS)
     if missing:
         raise RunConfigError(f"cannot resume from {path}: not a checkpoint of a run (no {', '.join(missing)})")
+    step = state["next_step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise RunConfigError(
+            f"cannot resume from {path}: its next_step must be a whole number >= 1, got {step!r}; nothing was changed"
+        )
     return state
+
+
+# settings a resume may change (the CLI's --steps, --max-staleness and --ray; the bounded waits): any other
+# difference would continue the run with another job than the one its checkpoint holds
+RESUMABLE = frozenset({"steps", "max_staleness", "ray", "waits"})
+
+
+def check_same_run(state: dict[str, Any], config: dict[str, Any], out: Path) -> None:
+    """Refuse (one line) to resume with a configuration whose settings outside `RESUMABLE` differ from those the
+    checkpoint was written with (a checkpoint without them, from before they were kept, is not checked)."""
+    saved = state.get("config")
+    if not isinstance(saved, dict):
+        return
+    old, new = _flat(saved), _flat(config)
+    changed = sorted(
+        k for k in old.keys() | new.keys() if k.split(".")[0] not in RESUMABLE and old.get(k) != new.get(k)
+    )
+    if changed:
+        shown = ", ".join(f"{k}={old.get(k)!r} -> {new.get(k)!r}" for k in changed[:4])
+        more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+        raise RunConfigError(
+            f"cannot resume {str(out)!r} with another configuration: {shown}{more} (only "
+            f"{', '.join(sorted(RESUMABLE))} may change on a resume); nothing was changed"
+        )
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = tuple(v) if isinstance(v, list) else v
+    return out

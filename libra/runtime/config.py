@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from libra.spec import SpecError
+from libra.spec import ClusterSpec, SpecError, get_gpu, get_model
 
 
 class RunConfigError(SpecError):
@@ -49,6 +49,55 @@ def _non_negative_int(instance: Any, attribute: attrs.Attribute, value: Any) -> 
         raise RunConfigError(f"{attribute.name} must be an integer >= 0, got {value!r}")
 
 
+def _non_negative(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise RunConfigError(f"{attribute.name} must be a number >= 0, got {value!r}")
+
+
+def _fraction(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise RunConfigError(f"{attribute.name} must be in [0, 1], got {value!r}")
+
+
+def _flag(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, bool):  # a string "false" would be true
+        raise RunConfigError(f"{attribute.name} must be true or false, got {value!r}")
+
+
+def _name(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise RunConfigError(f"{attribute.name} must be a non-empty name, got {value!r}")
+
+
+def _as_tuple(value: Any) -> Any:
+    """A sequence as a tuple; a string (which `tuple` would split into its letters), a number or None is kept as
+    it is, for the validator to name."""
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
+        return value
+    return tuple(value)
+
+
+def _whole_numbers(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    """A tuple of strictly increasing whole numbers >= 1 (TP degrees, size-class edges)."""
+    ok = isinstance(value, tuple) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
+    if not ok or any(b <= a for a, b in zip(value, value[1:])):
+        raise RunConfigError(f"{attribute.name} must be a list of increasing whole numbers >= 1, got {value!r}")
+
+
+# vLLM seeds numpy with the run's seed (`np.random.seed`), which takes 32 bits
+MAX_SEED = 2**32 - 1
+
+
+def _seed(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
+        raise RunConfigError(f"{attribute.name} must be an integer in [0, {MAX_SEED}], got {value!r}")
+
+
+def _prompts(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, tuple) or not all(isinstance(p, str) and p.strip() for p in value):
+        raise RunConfigError(f"prompts must be a list of non-empty strings, got {value!r}")
+
+
 @attrs.frozen(kw_only=True)
 class VirtualSettings:
     """The cluster the planner plans: `gpus` GPUs of type `gpu` in nodes of `gpus_per_node`, training `model`
@@ -57,12 +106,32 @@ class VirtualSettings:
 
     gpus: int = attrs.field(default=6, validator=_positive_int)
     gpus_per_node: int = attrs.field(default=6, validator=_positive_int)
-    gpu: str = "A800-80GB"
-    model: str = "Qwen3-14B"
+    gpu: str = attrs.field(default="A800-80GB", validator=_name)
+    model: str = attrs.field(default="Qwen3-14B", validator=_name)
     token_scale: float = attrs.field(default=32.0, validator=_positive)
     batch_scale: int = attrs.field(default=16, validator=_positive_int)
     max_model_len: int = attrs.field(default=131072, validator=_positive_int)
-    tp_degrees: tuple[int, ...] = attrs.field(default=(1, 2), converter=tuple)
+    tp_degrees: tuple[int, ...] = attrs.field(default=(1, 2), converter=_as_tuple, validator=_whole_numbers)
+
+    def __attrs_post_init__(self) -> None:
+        # the presets and the cluster's shape, checked here rather than when the run plans (after the model is
+        # built and the trainer loaded)
+        try:
+            ClusterSpec.from_total(gpu=get_gpu(self.gpu), num_gpus=self.gpus, gpus_per_node=self.gpus_per_node)
+            get_model(self.model)
+        except SpecError as exc:
+            raise RunConfigError(f"virtual: {exc}") from None
+        if not self.tp_degrees:
+            raise RunConfigError("tp_degrees must hold at least one TP degree, got ()")
+
+
+# the dtypes vLLM's `dtype` takes
+ENGINE_DTYPES = ("auto", "float32", "float", "bfloat16", "float16", "half")
+
+
+def _dtype(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value not in ENGINE_DTYPES:
+        raise RunConfigError(f"dtype must be one of {', '.join(ENGINE_DTYPES)}, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -72,7 +141,7 @@ class EngineSettings:
 
     seqs_per_tp: int = attrs.field(default=4, validator=_positive_int)
     max_model_len: int = attrs.field(default=1024, validator=_positive_int)
-    dtype: str = "float32"
+    dtype: str = attrs.field(default="float32", validator=_dtype)
 
 
 def _ray_address(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -94,11 +163,11 @@ class ReplanSettings:
     """After each step: profile the last `window_steps` steps, replan, apply through the gate (saving over
     `horizon_steps` steps against the reconfiguration cost, and at least `min_relative_gain`)."""
 
-    enabled: bool = True
+    enabled: bool = attrs.field(default=True, validator=_flag)
     window_steps: int = attrs.field(default=1, validator=_positive_int)
     horizon_steps: int = attrs.field(default=10, validator=_positive_int)
-    min_relative_gain: float = 0.05
-    to_rollout_s: float = 10.8
+    min_relative_gain: float = attrs.field(default=0.05, validator=_non_negative)
+    to_rollout_s: float = attrs.field(default=10.8, validator=_non_negative)
 
 
 @attrs.frozen(kw_only=True)
@@ -125,15 +194,11 @@ class HybridSettings:
     `max_missed` consecutive misses detach the hybrid); `start_timeout_s` bounds a hybrid process's start."""
 
     workers: int = attrs.field(default=1, validator=_non_negative_int)
-    min_idle_fraction: float = 0.25
+    min_idle_fraction: float = attrs.field(default=0.25, validator=_fraction)
     lend_steps: int = attrs.field(default=4, validator=_positive_int)
     timeout_s: float = attrs.field(default=120.0, validator=_positive)
     max_missed: int = attrs.field(default=3, validator=_positive_int)
     start_timeout_s: float = attrs.field(default=600.0, validator=_positive)
-
-    def __attrs_post_init__(self) -> None:
-        if not 0.0 <= self.min_idle_fraction <= 1.0:
-            raise RunConfigError(f"min_idle_fraction must be in [0, 1], got {self.min_idle_fraction!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -150,29 +215,44 @@ class WaitSettings:
     trainer_missed_checks: int = attrs.field(default=20, validator=_positive_int)
 
 
+def _section(cls: type, *, optional: bool = False) -> Any:
+    """A validator: the value is a `cls` (or None where the section is `optional`); a mapping is refused with the
+    way to build one (a dict here would fail only when the run reads it, after the engines started)."""
+
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if isinstance(value, cls) or (optional and value is None):
+            return
+        what = f"a {cls.__name__}" if cls.__name__[0] not in "AEIOU" else f"an {cls.__name__}"
+        what += " or None" if optional else ""
+        hint = " (config_from_dict builds one from a mapping)" if isinstance(value, dict) else ""
+        raise RunConfigError(f"{attribute.name} must be {what}{hint}, got {value!r}")
+
+    return check
+
+
 @attrs.frozen(kw_only=True)
 class RunConfig:
-    seed: int = attrs.field(default=0, validator=_non_negative_int)
+    seed: int = attrs.field(default=0, validator=_seed)
     steps: int = attrs.field(default=4, validator=_positive_int)
     max_staleness: int = attrs.field(default=1, validator=_non_negative_int)
     model: str | None = attrs.field(
         default=None, validator=_model_dir
     )  # a Hugging Face model directory; None: the tiny local model
-    prompts: tuple[str, ...] = attrs.field(default=DEFAULT_PROMPTS, converter=tuple)
+    prompts: tuple[str, ...] = attrs.field(default=DEFAULT_PROMPTS, converter=_as_tuple, validator=_prompts)
     samples_per_prompt: int = attrs.field(default=4, validator=_positive_int)
     max_turns: int = attrs.field(default=4, validator=_positive_int)
     max_tokens: int = attrs.field(default=12, validator=_positive_int)
     temperature: float = 1.0
     lr: float = attrs.field(default=1e-3, validator=_positive)
     router: str = "cmlfq"
-    router_size_edges: tuple[int, ...] = attrs.field(default=(8, 32), converter=tuple)
-    ray: RaySettings | None = None  # None: engines are local processes
-    virtual: VirtualSettings = VirtualSettings()
-    engine: EngineSettings = EngineSettings()
-    replan: ReplanSettings = ReplanSettings()
-    shift: WorkloadShift | None = WorkloadShift()
-    hybrid: HybridSettings = HybridSettings()
-    waits: WaitSettings = WaitSettings()
+    router_size_edges: tuple[int, ...] = attrs.field(default=(8, 32), converter=_as_tuple, validator=_whole_numbers)
+    ray: RaySettings | None = attrs.field(default=None, validator=_section(RaySettings, optional=True))
+    virtual: VirtualSettings = attrs.field(default=VirtualSettings(), validator=_section(VirtualSettings))
+    engine: EngineSettings = attrs.field(default=EngineSettings(), validator=_section(EngineSettings))
+    replan: ReplanSettings = attrs.field(default=ReplanSettings(), validator=_section(ReplanSettings))
+    shift: WorkloadShift | None = attrs.field(default=WorkloadShift(), validator=_section(WorkloadShift, optional=True))
+    hybrid: HybridSettings = attrs.field(default=HybridSettings(), validator=_section(HybridSettings))
+    waits: WaitSettings = attrs.field(default=WaitSettings(), validator=_section(WaitSettings))
 
     def __attrs_post_init__(self) -> None:
         if not self.prompts:

@@ -38,7 +38,7 @@ from libra.runtime.agent import AgentFactory, default_agent_factory
 from libra.runtime.backend import make_backend, push_weights
 from libra.runtime.clock import Clock
 from libra.runtime.config import RunConfig, RunConfigError
-from libra.runtime.records import TIMELINE_FILE, RunRecords, step_record
+from libra.runtime.records import RUN_FILE, TIMELINE_FILE, RunRecords, step_record
 from libra.runtime.rollout import LiveRoutedRollout, TrajectoryRecord, routing_decision, run_rollout, worker_loads
 from libra.runtime.signals import deferred_sigint, reinstall
 from libra.runtime.trainer import TrainerHung, TrainerThread, TrainResult
@@ -77,6 +77,15 @@ class Orchestrator:
         backend: Any = None,
         hybrid_kill_step: int | None = None,
     ) -> None:
+        if not isinstance(config, RunConfig):
+            raise RunConfigError(
+                f"config must be a RunConfig (config_from_dict builds one from a mapping), got {type(config).__name__}"
+            )
+        if not isinstance(out_dir, str | Path) or not str(out_dir).strip():
+            raise RunConfigError(f"out_dir must be a folder (a path), got {out_dir!r}")
+        for name, fn in (("agent_factory", agent_factory), ("on_step", on_step), ("on_poll", on_poll)):
+            if fn is not None and not callable(fn):  # called only once engines run, or after a step
+                raise RunConfigError(f"{name} must be a callable or None, got {fn!r}")
         self.config = config
         self.out = Path(out_dir)
         self.resume = resume
@@ -92,6 +101,8 @@ class Orchestrator:
         self.watch: Any = None  # EngineWatch
         self._hybrid_kill_step = hybrid_kill_step  # fault injection: the hybrid SIGKILLs itself mid-step
         self._writer = checkpoint.BackgroundWriter(self.out)
+        self._closed = False
+        self._set_up = False  # `_setup` completed
 
     # -- setup ----------------------------------------------------------------------------------------------------
 
@@ -103,9 +114,15 @@ class Orchestrator:
         from libra.adapters.torch_ddp import TorchDDPTrainer
 
         cfg = self.config
+        if not self.resume:
+            self._refuse_overwrite()
+        elif not self.out.is_dir():  # a mistyped folder would start a new run there
+            raise RunConfigError(f"nothing to resume in {str(self.out)!r}: no such folder")
         state = checkpoint.load(self.out) if self.resume and checkpoint.exists(self.out) else None
         if self.resume and state is None:  # killed before the first checkpoint: start again from step 0
             log.info("no checkpoint in %s: the run starts again from step 0", self.out)
+        if state is not None:
+            checkpoint.check_same_run(state, cfg.to_dict(), self.out)
         if state is not None and int(state["next_step"]) >= target:  # before any engine starts
             done = int(state["next_step"])
             raise RunConfigError(
@@ -150,13 +167,7 @@ class Orchestrator:
             )
             router = self._new_router(None)
         else:
-            self.trainer.restore(state["trainer"])
-            self.step = int(state["next_step"])
-            self.plan, self.placement = state["plan"], state["placement"]
-            router = pickle.loads(state["router"])
-            self.history = state["history"]
-            self.trained = state["trained"]
-            self.losses = list(state["losses"])
+            router = self._restore(state)
             self._decide(
                 "elastic", "resume", step=self.step, why=f"resumed from the checkpoint after step {self.step - 1}"
             )
@@ -174,6 +185,39 @@ class Orchestrator:
             self.hybrids = HybridPool.for_run(cfg, self.trainer, model_dir, self.out, self.clock, kill)
         step_fn = self.hybrids.core_step if self.hybrids is not None else None
         self.train = TrainerThread(self.trainer, clock_t0=self.clock.t0, step_fn=step_fn)
+        self._set_up = True
+
+    def _restore(self, state: dict[str, Any]) -> Any:
+        """The checkpoint's trainer, step, plan, placement, history and router (returned) in this run; one line,
+        before any engine starts, when they do not fit it (another model, a router pickled by another version)."""
+        from libra.spec import Placement, Plan
+
+        try:
+            if not isinstance(state["plan"], Plan) or not isinstance(state["placement"], Placement):
+                kinds = f"{type(state['plan']).__name__}, {type(state['placement']).__name__}"
+                raise TypeError(f"plan and placement must be a Plan and a Placement, got {kinds}")
+            self.trainer.restore(state["trainer"])
+            router = pickle.loads(state["router"])
+            self.history, self.trained = dict(state["history"]), set(state["trained"])
+            self.losses = [float(x) for x in state["losses"]]
+        except Exception as exc:  # noqa: BLE001 - whatever does not fit: one line, nothing changed
+            why = (str(exc).strip().splitlines() or [""])[0][:200]
+            raise RunConfigError(
+                f"cannot resume from {self.out / checkpoint.DIR / checkpoint.FILE}: its state does not fit this run "
+                f"({type(exc).__name__}: {why}); nothing was changed"
+            ) from None
+        self.step = int(state["next_step"])
+        self.plan, self.placement = state["plan"], state["placement"]
+        return router
+
+    def _refuse_overwrite(self) -> None:
+        """A new run (not `resume`) into a folder that holds a run's records or checkpoint would overwrite them."""
+        held = [f for f in (RUN_FILE, f"{checkpoint.DIR}/{checkpoint.FILE}") if (self.out / f).is_file()]
+        if held:
+            raise RunConfigError(
+                f"{str(self.out)!r} already holds a run ({', '.join(held)}): resume=True continues it, or give "
+                "another out_dir; nothing was changed"
+            )
 
     def _open_backend(self, model_dir: str) -> None:
         """Start the placement's instances on a new backend, or reconcile an adopted one with the placement."""
@@ -259,6 +303,13 @@ class Orchestrator:
 
     def _recover(self, k: int, why: str) -> None:
         """Record the engine deaths seen since the last call, restart the placement's instances that are gone."""
+        self._note_deaths(k)
+        specs = virtual.instance_specs(self.placement, self.config)
+        for name in sorted(set(specs) - set(self.backend.instances())):
+            self._start_instance(specs[name], step=k, source="elastic", why=why)
+
+    def _note_deaths(self, k: int) -> None:
+        """An `EngineDied` decision (source `elastic`) for each engine death not recorded yet."""
         for death in self.backend.deaths[self._deaths_seen :]:
             hung = self.watch.cause(death.instance) if self.watch is not None else None
             self._decide(
@@ -271,9 +322,6 @@ class Orchestrator:
                 failed=len(death.failed),
             )
         self._deaths_seen = len(self.backend.deaths)
-        specs = virtual.instance_specs(self.placement, self.config)
-        for name in sorted(set(specs) - set(self.backend.instances())):
-            self._start_instance(specs[name], step=k, source="elastic", why=why)
 
     def _revive(self) -> None:
         """Mid-rollout, no instance left alive (the only engine died): restart them now, not at the next boundary."""
@@ -355,9 +403,20 @@ class Orchestrator:
 
     def run(self, steps: int | None = None) -> RunSummary:
         target = self.config.steps if steps is None else steps
+        if isinstance(target, bool) or not isinstance(target, int) or target < 1:  # before any engine starts
+            raise RunConfigError(f"steps must be a whole number >= 1, got {target!r}")
+        if self._closed:  # its engines are stopped: a new setup would start the run over its own files
+            raise RunConfigError(
+                f"this Orchestrator of {str(self.out)!r} is closed: build a new one (resume=True continues the run)"
+            )
         if self.backend is None:
             self._setup(target)
+        elif not self._set_up:  # half its state is missing: going on would fail on the first attribute it lacks
+            raise RunConfigError(
+                f"the setup of this Orchestrator of {str(self.out)!r} failed part way: close() it and build a new one"
+            )
         first = self.step
+        self._target = target
         self.rollout_next = self.step
         self.ready: dict[int, tuple[dict[str, Any], dict[str, TrajectoryRecord], dict[str, Any]]] = {}
         self._last_record = self.clock.now()
@@ -374,6 +433,7 @@ class Orchestrator:
                 self._service()
             else:
                 self._service(block=True)
+        self._writer.wait()  # the last step's checkpoint is on disk (or its failure raised) before run() returns
         return RunSummary(out_dir=str(self.out), steps_completed=self.step, first_step=first, losses=tuple(self.losses))
 
     def _rollout(self, k: int) -> None:
@@ -405,6 +465,8 @@ class Orchestrator:
         )
         end = self.clock.now()
         self.rolling_step = None
+        if k + 1 >= self._target:  # no boundary follows in this run to record its deaths: its own record does
+            self._note_deaths(k)
         if self.hybrids is not None:
             self.hybrids.note_rollout(start, end)
         self.routed.router.end_step()
@@ -522,8 +584,12 @@ class Orchestrator:
             self._close()
 
     def _close(self) -> None:
+        self._closed = True
         try:
-            self._writer.wait()
+            try:
+                self._writer.wait()
+            except checkpoint.CheckpointError as exc:  # the run stopped before it could raise it: say so
+                log.warning("%s", exc)
             if self.watch is not None:
                 self.watch.close()
                 self.watch = None

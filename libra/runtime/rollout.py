@@ -114,11 +114,11 @@ def run_rollout(
     live: dict[str, _Live] = {}
     done: dict[str, TrajectoryRecord] = {}
 
-    def start(rid: str, attempt: int) -> None:
+    def start(rid: str, attempt: int, requeues: int = 0) -> None:
         pid, sample, ids = prompts[rid]
         backend_id = rid if attempt == 1 else f"{rid}~{attempt}"
         rec = TrajectoryRecord(request_id=rid, prompt_id=pid, sample=sample, step=step, prompt_tokens=len(ids))
-        rec.attempts = attempt
+        rec.attempts, rec.requeues = attempt, requeues  # the re-queues of failed attempts stay counted
         with clock.span("engine"):
             inst = routed.admit(backend_id, prompt_id=pid, prompt_token_ids=ids, sampling=sampling(rid, 0))
         rec.instances.append(inst)
@@ -126,7 +126,6 @@ def run_rollout(
 
     def close(st: _Live, error: str | None) -> None:
         rec = st.rec
-        traj = Trajectory(prompt_id=rec.prompt_id, prompt_tokens=rec.prompt_tokens, turns=tuple(rec.turns), step=step)
         with clock.span("engine"):
             try:
                 context = backend.release(st.rid)
@@ -134,13 +133,15 @@ def run_rollout(
                 context, error = (), error or exc.reason
             except KeyError:
                 context, error = (), error or "request vanished"
-        routed.router.finish(st.rid, traj)
         del live[st.rid]
         if error is not None:
+            routed.router.abort(st.rid)  # a failed attempt teaches the router nothing: its retry is the trajectory
             if rec.attempts >= max_attempts:
                 raise RolloutLost(f"trajectory {rec.request_id} failed {rec.attempts} times; last error: {error}")
-            start(rec.request_id, rec.attempts + 1)
+            start(rec.request_id, rec.attempts + 1, rec.requeues)
             return
+        traj = Trajectory(prompt_id=rec.prompt_id, prompt_tokens=rec.prompt_tokens, turns=tuple(rec.turns), step=step)
+        routed.router.finish(st.rid, traj)
         rec.context = tuple(context)
         rec.mask = tuple(st.mask[: len(context)])
         rec.reward = float(agent.reward(st.rid if st.rid == rec.request_id else rec.request_id))
@@ -187,9 +188,11 @@ def run_rollout(
                 elif ev.kind == EventKind.FINISHED:
                     _end_turn(routed, st, agent, sampling, max_turns, clock, close)
     except BaseException:  # Ctrl-C or a failure: leave no request of this rollout behind on the engines
-        for st in list(live.values()):
+        for st in list(live.values()):  # nor in the router's books
             with contextlib.suppress(Exception):
                 backend.release(st.rid)
+            with contextlib.suppress(Exception):
+                routed.router.abort(st.rid)
         raise
     return done
 

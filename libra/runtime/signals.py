@@ -35,12 +35,14 @@ def stop_on_sigterm() -> Any:
 def deferred_sigint() -> Iterator[None]:
     """Hold a Ctrl-C (SIGINT), and a SIGTERM that has a Python handler, until the block is done, then hand the
     first one held to its handler (which raises `KeyboardInterrupt` or `Terminated`). A SIGTERM with the default
-    action still ends the process at once (there is no handler to hand it to)."""
+    action still ends the process at once (there is no handler to hand it to); an ignored signal stays ignored (a
+    process started in the background by a script ignores SIGINT: a Ctrl-C meant for the foreground job must not
+    stop it because it arrived during a checkpoint write)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     caught: list[int] = []
-    held = [s for s in STOP_SIGNALS if s == signal.SIGINT or callable(signal.getsignal(s))]
+    held = [s for s in STOP_SIGNALS if _holds(s, signal.getsignal(s))]
     previous = {int(s): signal.signal(s, lambda signum, frame: caught.append(signum)) for s in held}
     try:
         yield
@@ -52,6 +54,12 @@ def deferred_sigint() -> Iterator[None]:
         if callable(handler):
             handler(caught[0], None)
         raise KeyboardInterrupt
+
+
+def _holds(sig: int, handler: Any) -> bool:
+    """Whether `deferred_sigint` holds `sig`: one with a Python handler, and SIGINT with its default action (a
+    `KeyboardInterrupt` then), never an ignored one."""
+    return callable(handler) or (sig == signal.SIGINT and handler not in (signal.SIG_IGN, None))
 
 
 def reinstall(handler: Any) -> None:

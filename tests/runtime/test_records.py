@@ -8,7 +8,13 @@ from libra.workloads.trace import Trajectory, Turn
 
 
 def _traj(step: int, versions: list[int], rid: str) -> Trajectory:
-    turns = tuple(Turn(gen_tokens=3, extra={"weight_version": v}) for v in versions)
+    last = len(versions) - 1  # every turn but the last calls a tool (the trace schema)
+    turns = tuple(
+        Turn(gen_tokens=3, extra={"weight_version": v})
+        if i == last
+        else Turn(gen_tokens=3, tool="calc", tool_status="ok", tool_tokens=2, extra={"weight_version": v})
+        for i, v in enumerate(versions)
+    )
     return Trajectory(prompt_id="p0", prompt_tokens=4, turns=turns, step=step, sample=0, extra={"request_id": rid})
 
 

@@ -177,6 +177,9 @@ class _Router:
     def finish(self, request_id, trajectory) -> None:
         pass
 
+    def abort(self, request_id) -> None:  # a failed attempt (its retry finishes)
+        pass
+
 
 class _Agent:
     def tool(self, request_id, turn_token_ids, turn_index):
