@@ -10,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-from libra.cli._common import CLIError, check_new_output, emit_json, log, table
+from libra.cli._common import CLIError, check_new_output, emit_json, log, one_line, table
 
 DEFAULT_OUT = "libra-run"
 
@@ -153,9 +153,15 @@ def _execute(config, out: Path, *, resume: bool, as_json: bool, quiet: bool) -> 
         stop = exc
     except Exception as exc:
         from libra.adapters.ray_rollout import RayUnavailable
+        from libra.runtime.checkpoint import CheckpointError
+        from libra.runtime.trainer import TrainerHung
 
         if isinstance(exc, RayUnavailable):  # Ray missing, its cluster unreachable or short of nodes: one line
             raise CLIError(str(exc)) from None
+        if isinstance(exc, CheckpointError | TrainerHung):  # a full disk, a stuck trainer: the run's, not ours
+            done = orch.step
+            rest = f"; continue with: libra run --resume {out}" if done else ""
+            raise CLIError(f"{one_line(str(exc))} (after {done} completed steps){rest}") from None
         raise
     finally:
         try:

@@ -124,3 +124,34 @@ def test_an_option_the_run_would_ignore_is_refused(argv, message, capsys, tmp_pa
     write_trace(trace, generate("search-r1", num_steps=1, seed=1, num_prompts=4, samples_per_prompt=2))
     assert _run([a.replace("{trace}", str(trace)) for a in argv]) == 2
     assert message in _error(capsys)
+
+
+@pytest.mark.parametrize("kind", ["checkpoint", "hung"])
+def test_a_run_stopped_by_a_failed_checkpoint_or_a_hung_trainer_is_one_line_with_the_way_on(
+    kind, tmp_path, capsys, monkeypatch
+) -> None:
+    """A full disk or a stuck trainer is the run's trouble, not an internal error of libra's (it printed "internal
+    error ... please report it")."""
+    import libra.runtime
+    from libra.runtime.checkpoint import CheckpointError
+    from libra.runtime.trainer import TrainerHung
+
+    class _Stopped:
+        def __init__(self, *args, **kwargs) -> None:
+            self.step = 2
+
+        def run(self):
+            if kind == "checkpoint":
+                raise CheckpointError("checkpoint write failed: [Errno 28] No space left on device")
+            raise TrainerHung("the trainer did not finish step 2 within 600 s")
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(libra.runtime, "Orchestrator", _Stopped)
+    out = tmp_path / "run"
+    assert main(["run", "--out", str(out), "--quiet"]) == 2  # (no progress bar: stderr is not a terminal here)
+    error = _error(capsys)
+    assert "internal error" not in error
+    assert ("No space left on device" if kind == "checkpoint" else "did not finish step 2") in error
+    assert error.endswith(f"(after 2 completed steps); continue with: libra run --resume {out}")
