@@ -60,7 +60,9 @@ def test_the_source_of_a_generator_builds_from_arrays_and_a_trace_from_trajector
 def test_cap_lengths_in_place_cuts_as_the_copy_does():
     gen = WorkloadGenerator("r2e-gym", seed=2, num_prompts=16, samples_per_prompt=4, max_model_len=3000)
     made = gen.step_arrays(1)  # capped in place at 3,000
-    again = WorkloadGenerator("r2e-gym", seed=2, num_prompts=16, samples_per_prompt=4, max_model_len=10**9)
+    again = WorkloadGenerator(
+        "r2e-gym", seed=2, num_prompts=16, samples_per_prompt=4, max_model_len=10_000_000
+    )  # the most a generator takes: nothing cut
     raw = again.step_arrays(1).batch  # nothing cut
     copied = cap_lengths(raw, made.prompt_tokens, 3000)
     assert copied.gen_tokens is not raw.gen_tokens
