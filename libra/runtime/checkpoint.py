@@ -6,12 +6,15 @@ crash at any moment leaves either the previous checkpoint or the new one."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from libra.runtime.config import RunConfigError
+from libra.runtime.records import RUN_FILE
 from libra.spec.files import write_whole
 
 DIR, FILE = "checkpoint", "state.pt"
@@ -136,3 +139,36 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{k}"] = tuple(v) if isinstance(v, list) else v
     return out
+
+
+def refuse_overwrite(out: Path) -> None:
+    """A new run (not a resume) into a folder that holds a run's records or checkpoint would overwrite them."""
+    held = [f for f in (RUN_FILE, f"{DIR}/{FILE}") if (out / f).is_file()]
+    if held:
+        raise RunConfigError(
+            f"{str(out)!r} already holds a run ({', '.join(held)}): resume=True continues it, or give "
+            "another out_dir; nothing was changed"
+        )
+
+
+def check_plan_and_placement(state: dict[str, Any]) -> None:
+    """The checkpoint's plan and placement are a `Plan` and a `Placement` (TypeError otherwise, for `restoring`)."""
+    from libra.spec import Placement, Plan
+
+    if not isinstance(state["plan"], Plan) or not isinstance(state["placement"], Placement):
+        kinds = f"{type(state['plan']).__name__}, {type(state['placement']).__name__}"
+        raise TypeError(f"plan and placement must be a Plan and a Placement, got {kinds}")
+
+
+@contextlib.contextmanager
+def restoring(out: Path) -> Iterator[None]:
+    """Whatever fails while a run takes its checkpoint's state in (it does not fit the run: another model, a router
+    pickled by another version) is one `RunConfigError` line, raised before any engine starts."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - whatever does not fit: one line, nothing changed
+        why = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise RunConfigError(
+            f"cannot resume from {out / DIR / FILE}: its state does not fit this run "
+            f"({type(exc).__name__}: {why}); nothing was changed"
+        ) from None

@@ -38,7 +38,7 @@ from libra.runtime.agent import AgentFactory, default_agent_factory
 from libra.runtime.backend import make_backend, push_weights
 from libra.runtime.clock import Clock
 from libra.runtime.config import RunConfig, RunConfigError
-from libra.runtime.records import RUN_FILE, TIMELINE_FILE, RunRecords, step_record
+from libra.runtime.records import TIMELINE_FILE, RunRecords, step_record
 from libra.runtime.rollout import LiveRoutedRollout, TrajectoryRecord, routing_decision, run_rollout, worker_loads
 from libra.runtime.signals import deferred_sigint, reinstall
 from libra.runtime.trainer import TrainerHung, TrainerThread, TrainResult
@@ -115,7 +115,7 @@ class Orchestrator:
 
         cfg = self.config
         if not self.resume:
-            self._refuse_overwrite()
+            checkpoint.refuse_overwrite(self.out)
         elif not self.out.is_dir():  # a mistyped folder would start a new run there
             raise RunConfigError(f"nothing to resume in {str(self.out)!r}: no such folder")
         state = checkpoint.load(self.out) if self.resume and checkpoint.exists(self.out) else None
@@ -190,34 +190,15 @@ class Orchestrator:
     def _restore(self, state: dict[str, Any]) -> Any:
         """The checkpoint's trainer, step, plan, placement, history and router (returned) in this run; one line,
         before any engine starts, when they do not fit it (another model, a router pickled by another version)."""
-        from libra.spec import Placement, Plan
-
-        try:
-            if not isinstance(state["plan"], Plan) or not isinstance(state["placement"], Placement):
-                kinds = f"{type(state['plan']).__name__}, {type(state['placement']).__name__}"
-                raise TypeError(f"plan and placement must be a Plan and a Placement, got {kinds}")
+        with checkpoint.restoring(self.out):
+            checkpoint.check_plan_and_placement(state)
             self.trainer.restore(state["trainer"])
             router = pickle.loads(state["router"])
             self.history, self.trained = dict(state["history"]), set(state["trained"])
             self.losses = [float(x) for x in state["losses"]]
-        except Exception as exc:  # noqa: BLE001 - whatever does not fit: one line, nothing changed
-            why = (str(exc).strip().splitlines() or [""])[0][:200]
-            raise RunConfigError(
-                f"cannot resume from {self.out / checkpoint.DIR / checkpoint.FILE}: its state does not fit this run "
-                f"({type(exc).__name__}: {why}); nothing was changed"
-            ) from None
         self.step = int(state["next_step"])
         self.plan, self.placement = state["plan"], state["placement"]
         return router
-
-    def _refuse_overwrite(self) -> None:
-        """A new run (not `resume`) into a folder that holds a run's records or checkpoint would overwrite them."""
-        held = [f for f in (RUN_FILE, f"{checkpoint.DIR}/{checkpoint.FILE}") if (self.out / f).is_file()]
-        if held:
-            raise RunConfigError(
-                f"{str(self.out)!r} already holds a run ({', '.join(held)}): resume=True continues it, or give "
-                "another out_dir; nothing was changed"
-            )
 
     def _open_backend(self, model_dir: str) -> None:
         """Start the placement's instances on a new backend, or reconcile an adopted one with the placement."""
