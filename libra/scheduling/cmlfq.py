@@ -47,7 +47,6 @@ import random
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from math import floor
-from numbers import Integral, Real
 from typing import Any
 
 from libra.scheduling.budget import MigrationBudget
@@ -61,33 +60,39 @@ from libra.scheduling.shrinkage import ShrinkFit
 from libra.scheduling.states import DEFAULT_SIZE_EDGES
 from libra.scheduling.tree import Node, PrefixTree
 from libra.scheduling.walk import Walk
-from libra.spec import Bucket, SpecError
+from libra.spec import Bucket, SpecError, checks
 from libra.workloads.trace import Trajectory
 
-_NUMBERS = ("confidence", "price", "admit_margin", "cost_ratio", "budget", "ceiling", "shrink")
-_INTEGERS = ("min_count", "admit_min_count", "repay", "seed")
+_OWNER = "cmlfq"
 _FLAGS = ("overflow", "budget_mix", "admit_select", "hold_first")
 
 
-def _check_types(options: dict[str, Any]) -> None:
-    """SpecError naming the first option of the wrong type: a bool or a string for a number (`True` would pass as
-    1), NaN, a non-integer count, or anything but True/False for a flag (`"false"` would pass as true). The ranges
-    are checked where each option is read."""
-    for name in _NUMBERS:
-        value = options[name]
-        if value is None and name in ("budget", "ceiling") or value == "auto" and name == "shrink":
-            continue
-        if isinstance(value, bool) or not isinstance(value, Real) or value != value:
-            raise SpecError(f"cmlfq: {name} must be a number, got {value!r}")
-    for name in _INTEGERS:
-        value = options[name]
-        if value is None and name in ("admit_min_count", "repay"):
-            continue
-        if isinstance(value, bool) or not isinstance(value, Integral):
-            raise SpecError(f"cmlfq: {name} must be an integer, got {value!r}")
+def _check_numbers(options: dict[str, Any]) -> None:
+    """SpecError naming the first number or flag of the wrong type or out of range, before anything is built: a
+    bool or a string for a number (`True` would pass as 1), NaN, a non-integer count, or anything but True/False for
+    a flag (`"false"` would pass as true). `price`, `cost_ratio` and `shrink` may be inf (nothing ever pays)."""
+    o = options
+    checks.number(_OWNER, "ceiling", o["ceiling"], 0.0, 1.0, above=True, none=True)
+    checks.whole(_OWNER, "repay", o["repay"], 1, none=True)
+    checks.number(_OWNER, "confidence", o["confidence"], 0.0, 1.0, above=True)
+    checks.limit(_OWNER, "price", o["price"], 0.0, above=False)
+    checks.fraction(_OWNER, "admit_margin", o["admit_margin"])
+    checks.limit(_OWNER, "cost_ratio", o["cost_ratio"], 0.0, above=False)
+    checks.whole(_OWNER, "min_count", o["min_count"], 1)
+    checks.whole(_OWNER, "admit_min_count", o["admit_min_count"], 1, none=True)
+    checks.number(_OWNER, "budget", o["budget"], 0.0, 1.0, above=True, below=True, none=True)
+    shrink = o["shrink"]
+    if not (shrink == "auto" if isinstance(shrink, str) else checks.as_float(shrink) >= 0):  # (NaN fails)
+        checks.fail(_OWNER, "shrink", "a number >= 0 or 'auto'", shrink)
+    if not checks.is_whole(o["seed"]):
+        checks.fail(_OWNER, "seed", "an integer", o["seed"])
     for name in _FLAGS:
-        if not isinstance(options[name], bool):
-            raise SpecError(f"cmlfq: {name} must be True or False, got {options[name]!r}")
+        checks.flag(_OWNER, name, o[name])
+
+
+def _choice(name: str, value: object, known: tuple[str, ...]) -> None:
+    if value not in known:
+        checks.fail(_OWNER, name, "one of " + ", ".join(map(repr, known)), value)
 
 
 @register_router
@@ -129,13 +134,11 @@ class CMLFQRouter(PricedRule, MeanP90Rule, ProbabilityRule, Router):
         hold_first: bool = False,
         seed: int = 0,
     ) -> None:
-        _check_types(locals())
+        _check_numbers(locals())
         super().__init__(buckets)
         # `ceiling`: every move of the run together carries at most this share of the tokens seen so far (so never
         # more than it of the run's tokens), whatever the budget's price does when the workload drifts; a move past
         # it is declined (the request stays, as if the price had said no)
-        if ceiling is not None and not 0 < ceiling <= 1:
-            raise SpecError(f"cmlfq: ceiling must be in (0, 1] or None, got {ceiling!r}")
         self.ceiling = None if ceiling is None else float(ceiling)
         self._carried_total = 0
         self._finished_total = 0
@@ -143,9 +146,7 @@ class CMLFQRouter(PricedRule, MeanP90Rule, ProbabilityRule, Router):
         # target is the budget plus the run's shortfall (budget x tokens finished so far - tokens carried so far)
         # spread over `repay` steps of the last step's size, within [0, ceiling]; early under-spending is spent
         # later, over-spending (the cold step may then carry up to the ceiling) is paid back
-        if repay is not None and (not isinstance(repay, int) or repay < 1):
-            raise SpecError(f"cmlfq: repay must be an integer >= 1 or None, got {repay!r}")
-        self.repay = repay
+        self.repay = None if repay is None else int(repay)
         self._step_start_total = 0
         # `hold_first`: the first warm step's records (every request routed on a tree learnt from the cold step
         # alone) neither set the price nor stay in the budget's window: the next step keeps the initial price
@@ -165,15 +166,12 @@ class CMLFQRouter(PricedRule, MeanP90Rule, ProbabilityRule, Router):
         if shrink == "auto":
             self._fit: ShrinkFit | None = ShrinkFit()
             shrink = 0.0
-        elif isinstance(shrink, str) or not shrink >= 0:
-            raise SpecError(f"cmlfq: shrink must be >= 0 or 'auto', got {shrink!r}")
         else:
             self._fit = None
         self.shrink = float(shrink)
         self._blend: tuple[list[float], list[float], float] | None = None  # the last blend's parts, for the fit
         self._survivors = 0.0  # survivors in the window of the last `_bucket_probs` call
-        if cold not in ("promote", "stay", "budget"):
-            raise SpecError(f"cmlfq: cold must be 'promote', 'stay' or 'budget', got {cold!r}")
+        _choice("cold", cold, ("promote", "stay", "budget"))
         if cold == "budget" and budget is None:
             raise SpecError("cmlfq: cold='budget' needs a budget")
         self.cold = cold
@@ -181,26 +179,14 @@ class CMLFQRouter(PricedRule, MeanP90Rule, ProbabilityRule, Router):
         # `budget` of the tokens seen in it (those of the finished requests and the contexts of those in flight)
         self._cold_carried = 0
         self._cold_finished = 0
-        if admit_min_count is not None and (not isinstance(admit_min_count, int) or admit_min_count < 1):
-            raise SpecError(f"cmlfq: admit_min_count must be an integer >= 1 or None, got {admit_min_count!r}")
-        self.admit_min_count = admit_min_count
-        if budget is not None and not 0 < budget < 1:
-            raise SpecError(f"cmlfq: budget must be in (0, 1) or None, got {budget!r}")
-        if beyond not in ("promote", "root"):
-            raise SpecError(f"cmlfq: beyond must be 'promote' or 'root', got {beyond!r}")
+        self.admit_min_count = None if admit_min_count is None else int(admit_min_count)
+        _choice("beyond", beyond, ("promote", "root"))
         self._finite_limits = tuple(x for x in self.limits if x != float("inf"))
         self._floor_limits = tuple(floor(x) for x in self._finite_limits)
         self.budget = None if budget is None else float(budget)
         self.beyond = beyond
         self._budget = None if budget is None else MigrationBudget(budget)
-        if rule not in RULES:
-            raise SpecError(f"cmlfq: rule must be one of {', '.join(map(repr, RULES))}, got {rule!r}")
-        if not 0 < confidence <= 1:
-            raise SpecError(f"cmlfq: confidence must be in (0, 1], got {confidence!r}")
-        if not price >= 0:
-            raise SpecError(f"cmlfq: price must be >= 0, got {price!r}")
-        if not 0 <= admit_margin <= 1:
-            raise SpecError(f"cmlfq: admit_margin must be in [0, 1], got {admit_margin!r}")
+        _choice("rule", rule, tuple(RULES))
         self.price = float(price)
         self.admit_margin = float(admit_margin)
         self.rule = rule
@@ -221,14 +207,8 @@ class CMLFQRouter(PricedRule, MeanP90Rule, ProbabilityRule, Router):
         self._ups_total = -1
         self.overflow = bool(overflow)
         self.confidence = float(confidence)
-        if admit not in ("smallest", "predicted"):
-            raise SpecError(f"cmlfq: admit must be 'smallest' or 'predicted', got {admit!r}")
-        if fallback not in ("parent", "agnostic", "scaled"):
-            raise SpecError(f"cmlfq: fallback must be 'parent', 'agnostic' or 'scaled', got {fallback!r}")
-        if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
-            raise SpecError(f"cmlfq: min_count must be an integer >= 1, got {min_count!r}")
-        if not cost_ratio >= 0:
-            raise SpecError(f"cmlfq: cost_ratio must be >= 0, got {cost_ratio!r}")
+        _choice("admit", admit, ("smallest", "predicted"))
+        _choice("fallback", fallback, ("parent", "agnostic", "scaled"))
         self.tree = (
             tree
             if tree is not None
@@ -236,7 +216,7 @@ class CMLFQRouter(PricedRule, MeanP90Rule, ProbabilityRule, Router):
         )
         self.admit_mode = admit
         self.fallback = fallback
-        self.min_count = min_count
+        self.min_count = int(min_count)
         self.cost_ratio = float(cost_ratio)
 
     @classmethod

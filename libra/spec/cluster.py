@@ -7,6 +7,7 @@ import numbers
 import attrs
 import networkx as nx
 
+from libra.spec import checks
 from libra.spec.errors import SpecError
 from libra.spec.hardware import GPUSpec
 
@@ -25,10 +26,8 @@ class ClusterSpec:
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.gpu, GPUSpec):
             raise SpecError(f"ClusterSpec.gpu must be a GPUSpec, got {self.gpu!r}")
-        for name, high in (("num_nodes", MAX_GPUS), ("gpus_per_node", MAX_GPUS_PER_NODE)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
-                raise SpecError(f"ClusterSpec.{name} must be an integer in [1, {high:,}], got {value!r}")
+        checks.whole("ClusterSpec", "num_nodes", self.num_nodes, 1, MAX_GPUS)
+        checks.whole("ClusterSpec", "gpus_per_node", self.gpus_per_node, 1, MAX_GPUS_PER_NODE)
         if self.num_gpus > MAX_GPUS:
             raise SpecError(f"a cluster of {self.num_gpus:,} GPUs is more than the {MAX_GPUS:,} Libra plans for")
 

@@ -8,10 +8,9 @@ Gen5 on H100/H200, NVIDIA's datasheets), which the colocated pipeline's offload 
 
 from __future__ import annotations
 
-import math
-
 import attrs
 
+from libra.spec import checks
 from libra.spec.errors import SpecError
 
 
@@ -19,20 +18,20 @@ def _positive(high: float):
     """Validator: a finite number (not a bool) in (0, high]; the bounds are far above any accelerator."""
 
     def check(instance: object, attribute: attrs.Attribute, value: float) -> None:
-        number = isinstance(value, int | float) and not isinstance(value, bool)
-        if not (number and math.isfinite(value) and 0 < value <= high):
-            raise SpecError(
-                f"{type(instance).__name__}.{attribute.name} must be a number in (0, {high:g}], got {value!r}"
-            )
+        checks.number(type(instance).__name__, attribute.name, value, 0.0, high, above=True)
 
     return check
+
+
+def _name(instance: object, attribute: attrs.Attribute, value: str) -> None:
+    checks.text(type(instance).__name__, attribute.name, value)
 
 
 @attrs.frozen(kw_only=True)
 class GPUSpec:
     """One accelerator: memory, dense bf16 compute and the four bandwidths the cost model uses."""
 
-    name: str
+    name: str = attrs.field(validator=_name)
     memory_gb: float = attrs.field(validator=_positive(1e5))
     bf16_tflops: float = attrs.field(validator=_positive(1e6))
     hbm_bandwidth_gbs: float = attrs.field(validator=_positive(1e6))

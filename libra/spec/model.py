@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import attrs
 
+from libra.spec import checks
 from libra.spec.errors import SpecError
 
 
@@ -12,10 +13,7 @@ def _whole(low: int, high: int):
     experts small; they are far above any published model."""
 
     def check(instance: object, attribute: attrs.Attribute, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise SpecError(
-                f"{type(instance).__name__}.{attribute.name} must be an integer in [{low}, {high:,}], got {value!r}"
-            )
+        checks.whole(type(instance).__name__, attribute.name, value, low, high)
 
     return check
 
@@ -25,8 +23,7 @@ def _at_least_one(instance: object, attribute: attrs.Attribute, value: int) -> N
 
 
 def _flag(instance: object, attribute: attrs.Attribute, value: bool) -> None:
-    if not isinstance(value, bool):
-        raise SpecError(f"{type(instance).__name__}.{attribute.name} must be true or false, got {value!r}")
+    checks.flag(type(instance).__name__, attribute.name, value)
 
 
 def _optional_width(instance: object, attribute: attrs.Attribute, value: int | None) -> None:
@@ -35,8 +32,7 @@ def _optional_width(instance: object, attribute: attrs.Attribute, value: int | N
 
 
 def _name(instance: object, attribute: attrs.Attribute, value: str) -> None:
-    if not isinstance(value, str) or not value or len(value) > 200:
-        raise SpecError(f"{type(instance).__name__}.{attribute.name} must be a non-empty string, got {value!r}")
+    checks.text(type(instance).__name__, attribute.name, value)
 
 
 @attrs.frozen(kw_only=True)

@@ -6,6 +6,8 @@ from enum import StrEnum
 
 import attrs
 
+from libra.spec import checks
+from libra.spec.cluster import MAX_GPUS
 from libra.spec.errors import SpecError
 
 
@@ -37,20 +39,18 @@ class WorkerPlacement:
     pool: Pool = Pool.CORE_ROLLOUT
 
     def __attrs_post_init__(self) -> None:
+        checks.text("WorkerPlacement", "name", self.name)
         where = f"WorkerPlacement {self.name!r}"
-        if not isinstance(self.name, str) or not self.name:
-            raise SpecError(f"WorkerPlacement.name must be a non-empty string, got {self.name!r}")
         for field, kind in (("role", Role), ("pool", Pool)):
             if not isinstance(getattr(self, field), kind):
                 known = ", ".join(f"{kind.__name__}.{m.name}" for m in kind)
                 raise SpecError(f"{where}: {field} must be one of {known}, got {getattr(self, field)!r}")
-        if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
-            raise SpecError(f"{where}: tp must be a whole number >= 1, got {self.tp!r}")
+        checks.whole("WorkerPlacement", "tp", self.tp, 1, MAX_GPUS)
         ids = self.gpu_ids
         if not isinstance(ids, tuple):
             raise SpecError(f"{where}: gpu_ids must be a tuple, got {type(ids).__name__}")
-        if any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in ids) or len(set(ids)) != len(ids):
-            raise SpecError(f"{where}: gpu_ids must be distinct GPU ids >= 0, got {ids!r}")
+        if not all(checks.is_whole(g) and 0 <= g < MAX_GPUS for g in ids) or len(set(ids)) != len(ids):
+            raise SpecError(f"{where}: gpu_ids must be distinct GPU ids in [0, {MAX_GPUS:,}), got {ids!r}")
         if (len(ids) != self.tp) if self.role == Role.ROLLOUT_INSTANCE else (not ids or len(ids) % self.tp):
             raise SpecError(f"{where}: {len(ids)} GPU ids for a {self.role.value} of TP {self.tp}")
 

@@ -11,9 +11,12 @@ from typing import Any
 
 import attrs
 
+from libra.spec import checks
+from libra.spec.cluster import MAX_GPUS, MAX_GPUS_PER_NODE
 from libra.spec.errors import SpecError
 
-TP_DEGREES = (1, 2, 4, 8)
+TP_DEGREES = (1, 2, 4, 8)  # the planner's default rollout degrees; a bucket may have any degree a node holds
+MAX_MICRO_BATCH = 1 << 20  # sequences in one micro-batch: the most trajectories a step holds
 
 
 def _finite_or_inf(value: float) -> float | int | None:
@@ -28,10 +31,10 @@ class Bucket:
     max_tokens: float
 
     def __attrs_post_init__(self) -> None:
-        if self.tp < 1:
-            raise SpecError(f"Bucket.tp must be >= 1, got {self.tp}")
-        if not self.max_tokens > 0:
-            raise SpecError(f"Bucket.max_tokens must be > 0, got {self.max_tokens}")
+        # any degree up to a node's GPUs, as `parse_buckets` and the planner's `tp_degrees` take (TP-3 serves a
+        # model of 24 heads on nodes of 6 GPUs); the planner checks the degree against the model and the cluster
+        checks.whole("Bucket", "tp", self.tp, 1, MAX_GPUS_PER_NODE)
+        checks.limit("Bucket", "max_tokens", self.max_tokens, 0.0)
 
 
 def parse_buckets(spec: str) -> tuple[Bucket, ...]:
@@ -50,8 +53,8 @@ def parse_buckets(spec: str) -> tuple[Bucket, ...]:
             raise SpecError(
                 f"bucket {part.strip()!r}: tp must be an integer and max_tokens a number or 'inf'"
             ) from None
-        if not 1 <= tp <= 64:
-            raise SpecError(f"bucket {part.strip()!r}: tp must be between 1 and 64")
+        if not 1 <= tp <= MAX_GPUS_PER_NODE:
+            raise SpecError(f"bucket {part.strip()!r}: tp must be between 1 and {MAX_GPUS_PER_NODE}")
         if not (math.isinf(limit) and limit > 0) and not (math.isfinite(limit) and limit >= 1 and limit.is_integer()):
             raise SpecError(f"bucket {part.strip()!r}: max_tokens must be a whole number of tokens >= 1, or 'inf'")
         buckets.append(Bucket(tp=tp, max_tokens=limit))
@@ -93,6 +96,15 @@ class TrainConfig:
     memory_gb: float = 0.0
 
     def __attrs_post_init__(self) -> None:
+        # dp 0 (no training GPUs) is a plan's value too: placement and its tests take a plan without training
+        checks.whole("TrainConfig", "num_gpus", self.num_gpus, 0, MAX_GPUS)
+        for name in ("tp", "pp", "ep"):
+            checks.whole("TrainConfig", name, getattr(self, name), 1, MAX_GPUS)
+        checks.whole("TrainConfig", "dp", self.dp, 0, MAX_GPUS)
+        checks.whole("TrainConfig", "micro_batch", self.micro_batch, 1, MAX_MICRO_BATCH)
+        checks.flag("TrainConfig", "recompute", self.recompute)
+        checks.seconds("TrainConfig", "time_s", self.time_s)
+        checks.number("TrainConfig", "memory_gb", self.memory_gb, 0.0)
         if self.tp * self.pp * self.dp != self.num_gpus:
             raise SpecError(
                 f"tp({self.tp}) * pp({self.pp}) * dp({self.dp}) != num_gpus({self.num_gpus}) in TrainConfig"
@@ -123,6 +135,18 @@ class InstanceGroup:
     max_tokens: float
     min_tokens: float = 0.0
 
+    def __attrs_post_init__(self) -> None:
+        # count 0: a bucket of the plan with no instances (placement takes such plans); lengths may be 0 tokens (a
+        # profile of empty trajectories) and (min, max] may be empty where groups end at the same length
+        checks.whole("InstanceGroup", "tp", self.tp, 1, MAX_GPUS_PER_NODE)
+        checks.whole("InstanceGroup", "count", self.count, 0, MAX_GPUS)
+        checks.limit("InstanceGroup", "max_tokens", self.max_tokens, 0.0, above=False)
+        checks.number("InstanceGroup", "min_tokens", self.min_tokens, 0.0)
+        if self.min_tokens > self.max_tokens:
+            raise SpecError(
+                f"InstanceGroup.min_tokens ({self.min_tokens:g}) must be <= max_tokens ({self.max_tokens:g})"
+            )
+
     @property
     def num_gpus(self) -> int:
         return self.tp * self.count
@@ -138,6 +162,11 @@ class RolloutConfig:
     instances: tuple[InstanceGroup, ...]
 
     def __attrs_post_init__(self) -> None:
+        checks.whole("RolloutConfig", "num_gpus", self.num_gpus, 0, MAX_GPUS)
+        checks.seconds("RolloutConfig", "time_s", self.time_s)
+        checks.instance("RolloutConfig", "instances", self.instances, tuple)
+        for g in self.instances:
+            checks.instance("RolloutConfig", "instances[]", g, InstanceGroup)
         used = sum(g.num_gpus for g in self.instances)
         if used > self.num_gpus:
             raise SpecError(f"rollout instances use {used} GPUs but only {self.num_gpus} are given")
@@ -168,6 +197,12 @@ class Plan:
     fluid_bound_s: float = 0.0
     chain_bound_s: float = 0.0
     solve_time_s: float = attrs.field(default=0.0, eq=False)  # how long the search took: not part of the plan
+
+    def __attrs_post_init__(self) -> None:
+        checks.instance("Plan", "train", self.train, TrainConfig)
+        checks.instance("Plan", "rollout", self.rollout, RolloutConfig)
+        for name in ("makespan_s", "lower_bound_s", "fluid_bound_s", "chain_bound_s", "solve_time_s"):
+            checks.seconds("Plan", name, getattr(self, name))
 
     @property
     def num_gpus(self) -> int:

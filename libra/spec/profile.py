@@ -12,7 +12,13 @@ from typing import Any
 
 import attrs
 
+from libra.spec import checks
 from libra.spec.errors import SpecError
+
+_PLAIN = frozenset((float,))
+_SIZES = ("mean_total", "mean_gen", "max_total", "mean_turns", "max_gen", "max_turns", "max_tool_gen")
+MAX_TOKENS = 1_000_000_000  # tokens in one trajectory: 100 x the trace loader's bound
+MAX_REQUESTS = 1_000_000_000  # trajectories in one step: far above any RL step, small enough to price in floats
 
 
 @attrs.frozen(kw_only=True)
@@ -33,6 +39,17 @@ class LengthGroup:
     max_tool_s: float | None = None
     max_tool_gen: float = 0.0
     max_gen_tool_s: float | None = None
+
+    def __attrs_post_init__(self) -> None:
+        checks.whole("LengthGroup", "count", self.count, 1, MAX_REQUESTS)
+        sizes: tuple[float, ...] = (self.mean_total, self.mean_gen, self.max_total, self.mean_turns, self.max_gen)
+        sizes += (self.max_turns, self.max_tool_gen)
+        # the planner's groups (hundreds a plan) are plain floats: one pass for them, a check a field otherwise
+        if not (set(map(type, sizes)) <= _PLAIN and min(sizes) >= 0.0 and math.isfinite(sum(sizes))):
+            for name, value in zip(_SIZES, sizes):
+                checks.number("LengthGroup", name, value, 0.0)
+        checks.seconds("LengthGroup", "max_tool_s", self.max_tool_s, none=True)
+        checks.seconds("LengthGroup", "max_gen_tool_s", self.max_gen_tool_s, none=True)
 
     @property
     def tail_gen(self) -> float:
@@ -66,6 +83,7 @@ class WorkloadProfile:
     tool_s: tuple[float, ...] = attrs.field(default=(), converter=_floats)
 
     def __attrs_post_init__(self) -> None:
+        checks.instance("WorkloadProfile", "name", self.name, str)
         if not self.total_lengths:
             raise SpecError(f"WorkloadProfile {self.name!r} has no trajectories")
         if len(self.gen_tokens) != len(self.total_lengths):
@@ -74,20 +92,33 @@ class WorkloadProfile:
             raise SpecError("WorkloadProfile.turns must be empty or have one entry per trajectory")
         if self.tool_s and len(self.tool_s) != len(self.total_lengths):
             raise SpecError("WorkloadProfile.tool_s must be empty or have one entry per trajectory")
+        try:  # the range checks below compare and add every entry: a string or None among them is a TypeError
+            self._check_samples()
+        except (TypeError, OverflowError):  # (and an integer too large for a float an OverflowError)
+            bad = next((x for v in self._samples() for x in v if math.isnan(checks.as_float(x))), None)
+            raise SpecError(
+                f"WorkloadProfile {self.name!r}: trajectory shapes must be finite numbers, got {bad!r}"
+            ) from None
+        checks.seconds("WorkloadProfile", "mean_tool_time_s", self.mean_tool_time_s)
+        rps = self.requests_per_step
+        if not (checks.is_whole(rps) and 1 <= rps <= MAX_REQUESTS):  # the wording that callers' tests match
+            checks.fail("WorkloadProfile", "requests_per_step", f">= 1 and <= {MAX_REQUESTS:,} (whole)", rps)
+
+    def _samples(self) -> tuple[tuple[float, ...], ...]:
+        return (self.total_lengths, self.gen_tokens, self.turns, self.tool_s)
+
+    def _check_samples(self) -> None:
+        """The per-trajectory tuples' ranges, in a few passes each (a profile holds thousands of trajectories)."""
         if self.tool_s and not all(math.isfinite(x) and x >= 0 for x in self.tool_s):
             raise SpecError("WorkloadProfile.tool_s must be finite seconds >= 0")
         if any(not a <= b for a, b in zip(self.total_lengths, self.total_lengths[1:])):  # (NaN fails too)
             raise SpecError("WorkloadProfile.total_lengths must be sorted ascending (use WorkloadProfile.build)")
-        if not 0 <= self.total_lengths[0] <= self.total_lengths[-1] < math.inf:
-            raise SpecError("WorkloadProfile.total_lengths must be finite token counts >= 0")
+        if not (self.total_lengths[0] >= 0 and float(self.total_lengths[-1]) <= MAX_TOKENS):  # (NaN fails too)
+            raise SpecError(f"WorkloadProfile.total_lengths must be finite token counts >= 0 and <= {MAX_TOKENS:,}")
         if not (math.isfinite(sum(self.gen_tokens)) and min(self.gen_tokens) >= 0):  # (a NaN or inf makes the sum so)
             raise SpecError("WorkloadProfile.gen_tokens must be finite token counts >= 0")
-        if not 0 <= self.mean_tool_time_s < math.inf:
-            raise SpecError(
-                f"WorkloadProfile.mean_tool_time_s must be finite seconds >= 0, got {self.mean_tool_time_s}"
-            )
-        if self.requests_per_step < 1:
-            raise SpecError(f"WorkloadProfile.requests_per_step must be >= 1, got {self.requests_per_step}")
+        if self.turns and not (math.isfinite(sum(self.turns)) and min(self.turns) >= 0):
+            raise SpecError("WorkloadProfile.turns must be finite counts >= 0")
 
     @classmethod
     def build(

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import attrs
 
-from libra.spec.errors import SpecError
+from libra.spec import checks
+
+MAX_TRAJECTORIES = 1 << 20  # prompts, and samples of a prompt, in one step (the CLI's bound on their product)
+MAX_MODEL_LEN = 100_000_000  # tokens: ten times the trace loader's bound on one trajectory
 
 
 @attrs.frozen(kw_only=True)
@@ -17,10 +20,9 @@ class RLSettings:
     max_model_len: int = 40960
 
     def __attrs_post_init__(self) -> None:
-        for name in ("num_prompts", "samples_per_prompt", "max_model_len"):
-            value = getattr(self, name)
-            if not (isinstance(value, int) and value >= 1):
-                raise SpecError(f"RLSettings.{name} must be an integer >= 1, got {value!r}")
+        checks.whole("RLSettings", "num_prompts", self.num_prompts, 1, MAX_TRAJECTORIES)
+        checks.whole("RLSettings", "samples_per_prompt", self.samples_per_prompt, 1, MAX_TRAJECTORIES)
+        checks.whole("RLSettings", "max_model_len", self.max_model_len, 1, MAX_MODEL_LEN)
 
     @property
     def global_batch(self) -> int:

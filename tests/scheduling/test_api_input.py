@@ -46,7 +46,7 @@ def trace():
     ],
 )
 def test_cmlfq_option_of_wrong_type(preset, option, value) -> None:
-    with pytest.raises(SpecError, match=rf"cmlfq: {option} must be .*got {value!r}".replace("(", r"\(")):
+    with pytest.raises(SpecError, match=rf"^cmlfq\.{option} must be .*got {value!r}".replace("(", r"\(")):
         make_router("cmlfq", BUCKETS, preset=preset, **{option: value})
 
 
