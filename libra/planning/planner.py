@@ -48,6 +48,7 @@ from libra.spec import (
     TrainConfig,
     WorkloadProfile,
 )
+from libra.spec.checks import is_whole
 
 
 class PlanningError(SpecError):
@@ -64,10 +65,6 @@ def _check_option(ok, wants: str):
     return check
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int | np.integer) and not isinstance(value, bool)
-
-
 def _tuple_of(value: object) -> object:
     return tuple(value) if isinstance(value, list) else value
 
@@ -82,12 +79,12 @@ class PlannerOptions:
         default=TP_DEGREES,
         converter=_tuple_of,
         validator=_check_option(
-            lambda v: isinstance(v, tuple) and all(_is_int(tp) for tp in v), "a tuple of integer TP degrees"
+            lambda v: isinstance(v, tuple) and all(is_whole(tp) for tp in v), "a tuple of integer TP degrees"
         ),
     )
     # length quantile groups for the rollout DP (cost grows ~ num_groups^2)
     num_groups: int = attrs.field(
-        default=32, validator=_check_option(lambda v: _is_int(v) and v >= 1, "an integer >= 1")
+        default=32, validator=_check_option(lambda v: is_whole(v) and v >= 1, "an integer >= 1")
     )
     tree: TreeOptions = attrs.field(
         factory=TreeOptions, validator=_check_option(lambda v: isinstance(v, TreeOptions), "a TreeOptions")
@@ -98,7 +95,7 @@ class PlannerOptions:
     )
     # profiles whose tables stay memoised (0: none kept between calls)
     cache_size: int = attrs.field(
-        default=8, validator=_check_option(lambda v: _is_int(v) and v >= 0, "an integer >= 0")
+        default=8, validator=_check_option(lambda v: is_whole(v) and v >= 0, "an integer >= 0")
     )
     # how requests reach buckets (`rollout_dp`): `start-small` (C-MLFQ's admission, promotion by context) or
     # `final-length` (each request only on the bucket of its final length: perfect routing)
@@ -253,7 +250,7 @@ class GlobalPlanner:
         that does not fit the remainder leaves it idle)."""
         start = time.perf_counter()
         budget = self.cluster.num_gpus if num_gpus is None else num_gpus
-        if not (_is_int(budget) and 2 <= budget <= self.cluster.num_gpus):
+        if not (is_whole(budget) and 2 <= budget <= self.cluster.num_gpus):
             raise SpecError(f"num_gpus must be between 2 and {self.cluster.num_gpus}, got {budget}")
         tab = self.tables(profile, tp_degrees)
         bracket = CountBracket()  # each probe's counts narrow the next probe's search (same answers)

@@ -28,6 +28,7 @@ import attrs
 import yaml
 
 from libra.spec import Bucket, ClusterSpec, Plan, RLSettings, SpecError
+from libra.spec.checks import is_whole
 from libra.spec.files import atomic_open
 
 VERL_VERSION = "0.9.1"
@@ -399,9 +400,9 @@ def _check_arguments(
     ):
         if not isinstance(value, str) or not value.strip() or any(c in value for c in "\n\r\0"):
             raise VerlConfigError(f"{name} must be a non-empty string on one line, got {value!r}")
-    if not _is_int(parameter_sync_step) or parameter_sync_step < 1:
+    if not is_whole(parameter_sync_step) or parameter_sync_step < 1:
         raise VerlConfigError(f"parameter_sync_step must be an integer >= 1, got {parameter_sync_step!r}")
-    if not _is_int(max_prompt_tokens) or not 0 < max_prompt_tokens < max_model_len:
+    if not is_whole(max_prompt_tokens) or not 0 < max_prompt_tokens < max_model_len:
         raise VerlConfigError(
             f"max_prompt_tokens must be an integer in (0, {max_model_len}) (below rl.max_model_len), "
             f"got {max_prompt_tokens!r}"
@@ -429,10 +430,6 @@ def check_tool_timeout(tool_timeout_s: Any, where: str = "tool_timeout_s") -> fl
     ):
         raise VerlConfigError(f"{where} must be a finite number of seconds > 0, got {tool_timeout_s!r}")
     return float(tool_timeout_s)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_router(policy: Any, options: Any, buckets: tuple[VerlBucket, ...]) -> dict[str, Any]:
