@@ -176,9 +176,13 @@ def trusted_values(cls: type, fields: tuple[str, ...], columns: tuple[Sequence[A
     slot's setter, which is what an attrs frozen slotted class's constructor does, without the keyword handling;
     in C where ext/workloads is built (no Python call per slot: tests/workloads/test_trusted_turns.py)."""
     if _SLOTS_NATIVE is not None:
-        return _SLOTS_NATIVE.make(cls, fields, columns)
+        try:
+            return _SLOTS_NATIVE.make(cls, fields, columns)
+        except TypeError:  # a class the C maker does not take (its own allocation, a slot that is not plain)
+            pass  # the reference makes it, or refuses it as object.__new__ does
     new = object.__new__
-    setters = [cls.__dict__[name].__set__ for name in fields]
+    # each field's slot, on whichever class of the MRO declares it (a subclass inherits its base's slots)
+    setters = [next(c.__dict__[name] for c in cls.__mro__ if name in c.__dict__).__set__ for name in fields]
     out: list[Any] = [new(cls) for _ in range(len(columns[0]) if columns else 0)]
     for setter, column in zip(setters, columns, strict=True):
         for value, row in zip(column, out, strict=True):

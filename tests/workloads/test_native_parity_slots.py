@@ -108,3 +108,29 @@ def test_a_class_object_new_refuses_is_refused(cls) -> None:
 def test_columns_of_different_lengths_are_refused_alike(maker) -> None:
     with pytest.raises(ValueError):
         trace.trusted_values(Pair, ("a", "b"), ([1, 2], [3]))
+
+
+def test_a_field_inherited_from_a_base_class_is_set_by_both_makers(maker) -> None:
+    """`GuardedChild` declares `y` and inherits `x`: the reference looked `x` up in the child's own namespace only
+    (a KeyError), while the C maker set it."""
+    made = trace.trusted_values(GuardedChild, ("x", "y"), ([1, 2], [3, 4]))
+    assert [(v.x, v.y) for v in made] == [(1, 3), (2, 4)] and all(type(v) is GuardedChild for v in made)
+
+
+class Described:
+    """A field that is a property, not a plain slot: the C maker refuses the class and the reference makes it."""
+
+    __slots__ = ("_x",)
+
+    @property
+    def x(self) -> int:
+        return self._x
+
+    @x.setter
+    def x(self, value: int) -> None:
+        self._x = value
+
+
+def test_a_class_the_c_maker_refuses_is_made_by_the_reference(maker) -> None:
+    made = trace.trusted_values(Described, ("x",), ([5, 6],))
+    assert [v.x for v in made] == [5, 6]
