@@ -18,7 +18,11 @@
 #                                            # elastic_core: the exchange of the core and the hybrid, the gradients
 #                                            # cost_fit: calibrate() and the profile's fit
 #                                            # importers: `libra trace import`'s readers of agent logs
+#                                            # packing: whether a plan's units pack into nodes, the packed search;
+#                                            # trace_values: Turn/Trajectory validation and the writer's checks;
+#                                            # size_classes: the learnt size classes (their merge, `absorb`)
 #   bash scripts/mutation.sh placement       # the placement solver's five files together
+#   LIBRA_MUTATION_ONLY='*absorb*' bash scripts/mutation.sh size_classes   # only the mutants whose names match
 #   LIBRA_MUTATION_SAMPLE=60 bash scripts/mutation.sh planner   # a seeded random sample of 60 of its mutants
 #   LIBRA_MUTATION_RESUME=1 bash scripts/mutation.sh train_tree  # go on with a stopped run (SIGINT to mutmut run)
 #
@@ -26,6 +30,8 @@
 # and every surviving mutant's diff. LIBRA_ORACLE_INSTANCES (default 60) sizes the oracle tests; MUTMUT_CHILDREN
 # (default 2) the parallel workers; LIBRA_MUTATION_SAMPLE=N tests a random sample of N mutants per file (seed
 # LIBRA_MUTATION_SEED, default 0) instead of all of them, and the kill rate is then the sample's.
+# LIBRA_MUTATION_ONLY='PATTERN ...' (fnmatch patterns on mutant names, e.g. '*_prefill_weights_s*') tests only the
+# matching mutants (a sample, if asked for, is drawn among them).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-$root/.venv/bin/python}
@@ -52,14 +58,20 @@ declare -A files=(
   [router_core]="libra/scheduling/router.py libra/scheduling/baselines.py libra/scheduling/evaluate.py"
   [cmlfq]=libra/scheduling/cmlfq.py
   [priced]=libra/scheduling/priced.py
+  [packing]=libra/planning/packing.py
+  [trace_values]=libra/workloads/trace.py
+  [size_classes]=libra/scheduling/size_classes.py
   [placement]="libra/planning/placement/model.py libra/planning/placement/patterns.py libra/planning/placement/assign.py libra/planning/placement/problem.py libra/planning/placement/place.py"
 )
 declare -A tests=(
   [train_tree]="tests/planning/test_train_tree.py tests/planning/test_train_tree_layouts.py tests/planning/test_mutation_train_tree.py"
   [rollout_dp]="tests/planning/test_rollout_and_planner.py tests/planning/test_rollout_bounds.py tests/planning/test_rollout_table.py tests/planning/test_mutation_rollout_dp.py"
-  [planner]="tests/planning/test_rollout_and_planner.py tests/planning/test_planner_details.py tests/planning/test_mutation_planner.py"
+  [planner]="tests/planning/test_rollout_and_planner.py tests/planning/test_planner_details.py tests/planning/test_mutation_planner.py tests/planning/test_packing_worked.py tests/planning/test_packing.py"
+  [packing]="tests/planning/test_packing_worked.py tests/planning/test_packing.py"
+  [trace_values]="tests/workloads/test_trace_checks_worked.py tests/workloads/test_trace_values.py tests/workloads/test_api_edges.py tests/workloads/test_trusted_turns.py"
+  [size_classes]="tests/scheduling/test_tree.py tests/scheduling/test_router_parts.py tests/scheduling/test_size_classes_absorb.py"
   [replan]="tests/planning/test_replan.py tests/planning/test_rollout_and_planner.py"
-  [rollout_cost]="tests/planning/test_cost.py tests/planning/test_cost_anchors.py tests/planning/test_cost_moe.py tests/planning/test_instance_time_shared.py tests/planning/test_tool_tail.py tests/sim/test_slice_native.py::test_the_kernel_prefill_and_decode_step_are_the_cost_models"  # not the golden plans: they fail on any change, right or wrong
+  [rollout_cost]="tests/planning/test_cost.py tests/planning/test_cost_anchors.py tests/planning/test_cost_moe.py tests/planning/test_instance_time_shared.py tests/planning/test_tool_tail.py tests/sim/test_slice_native.py::test_the_kernel_prefill_and_decode_step_are_the_cost_models tests/sim/test_prefill_weight_share.py"  # not the golden plans: they fail on any change, right or wrong
   [workloads]="tests/sim/test_step_work_details.py tests/workloads/test_trace_loader.py tests/planning/test_tool_tail.py tests/sim/test_resampled.py tests/sim/test_many_turn.py tests/sim/test_real_steps.py tests/sim/test_step_arrays.py"
   [router_parts]="tests/scheduling/test_router_parts.py tests/scheduling/test_adaptive.py tests/scheduling/test_states.py tests/scheduling/test_router.py tests/scheduling/test_published_path.py"
   [sim_policies]="tests/sim/test_engine_stages.py tests/sim/test_simulator.py tests/sim/test_measured_replan.py tests/sim/test_idle_bounds.py tests/sim/test_fidelity.py"  # not the golden reports: they fail on any change, right or wrong
@@ -77,7 +89,7 @@ declare -A tests=(
   [placement]="tests/planning/test_placement_errors.py tests/planning/test_placement_moves.py tests/planning/test_placement_oracle.py tests/planning/test_placement_properties.py tests/planning/test_mutation_placement.py"
 )
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(train_tree rollout_dp planner replan rollout_cost workloads router_parts router_core runtime_plan elastic_control elastic_bytes elastic_core cost_fit importers sim_policies sim_routing training_cost cmlfq priced placement)
+[ ${#targets[@]} -gt 0 ] || targets=(train_tree rollout_dp planner replan rollout_cost workloads router_parts router_core runtime_plan elastic_control elastic_bytes elastic_core cost_fit importers sim_policies sim_routing training_cost cmlfq priced placement packing trace_values size_classes)
 
 total_killed=0
 total_all=0
@@ -114,22 +126,27 @@ TOML
     # whose OpenMP pool (torch) had started hangs in its first parallel op (the elastic targets timed out, not failed)
     export LIBRA_ORACLE_INSTANCES=${LIBRA_ORACLE_INSTANCES:-60} PYTHONPATH=$work OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
     names=()
-    if [ -n "${LIBRA_MUTATION_SAMPLE:-}" ]; then
+    if [ -n "${LIBRA_MUTATION_SAMPLE:-}" ] || [ -n "${LIBRA_MUTATION_ONLY:-}" ]; then
       # generate the mutants and collect the test statistics (the filter matches nothing, so nothing runs yet)
       "$python" -m mutmut run --max-children 1 "no-such-mutant" >"$work/generate.log" 2>&1 || true
       # one sample over the mutants of every file of the target (a one-file target samples as before)
-      mapfile -t names < <("$python" - "$LIBRA_MUTATION_SAMPLE" "${LIBRA_MUTATION_SEED:-0}" ${files[$target]} <<'PY'
-import json, random, sys
+      # (narrowed first to the names LIBRA_MUTATION_ONLY's fnmatch patterns match)
+      mapfile -t names < <(LIBRA_MUTATION_ONLY="${LIBRA_MUTATION_ONLY:-}" "$python" - "${LIBRA_MUTATION_SAMPLE:-0}" "${LIBRA_MUTATION_SEED:-0}" ${files[$target]} <<'PY'
+import fnmatch, json, os, random, sys
 keys = sorted(k for path in sys.argv[3:] for k in json.load(open(f"mutants/{path}.meta"))["exit_code_by_key"])
-for name in sorted(random.Random(int(sys.argv[2])).sample(keys, min(int(sys.argv[1]), len(keys)))):
+patterns = os.environ["LIBRA_MUTATION_ONLY"].split()
+keys = [k for k in keys if not patterns or any(fnmatch.fnmatch(k, p) for p in patterns)]
+n = int(sys.argv[1]) or len(keys)
+for name in sorted(random.Random(int(sys.argv[2])).sample(keys, min(n, len(keys)))):
     print(name)
 PY
       )
-      echo "   sample: ${#names[@]} mutants (seed ${LIBRA_MUTATION_SEED:-0})" >&2
+      [ ${#names[@]} -gt 0 ] || { echo "mutation.sh: no mutant of $target matches '${LIBRA_MUTATION_ONLY:-}'" >&2; exit 2; }
+      echo "   sample: ${#names[@]} mutants (seed ${LIBRA_MUTATION_SEED:-0}; only '${LIBRA_MUTATION_ONLY:-*}')" >&2
     fi
     "$python" -m mutmut run --max-children "${MUTMUT_CHILDREN:-2}" "${names[@]}" >>"$work/run.log" 2>&1 || true
     "$python" -m mutmut results --all true >"$work/results.txt" 2>&1 || "$python" -m mutmut results >"$work/results.txt" 2>&1
-    grep -E ': (survived|no tests|timeout|suspicious)' "$work/results.txt" | awk -F: '{print $1}' | while read -r name; do
+    { grep -E ': (survived|no tests|timeout|suspicious)' "$work/results.txt" || true; } | awk -F: '{print $1}' | while read -r name; do
       echo "--- $name"
       "$python" -m mutmut show "$name" 2>/dev/null || true
     done >"$work/survivors.txt"
