@@ -24,7 +24,7 @@ from libra.elastic.states import JoinState  # noqa: E402
 from libra.elastic.wire import Kind, LinkClosed, LinkError, Message, SideChannelServer, TcpLink, free_port  # noqa: E402
 from tests.elastic import elastic_fault_points as F  # noqa: E402
 from tests.elastic.test_elastic_overlap import _Hybrid, _link  # noqa: E402
-from tests.elastic.test_exchange_worked import _core, _core_step, _flat, _played  # noqa: E402
+from tests.elastic.test_exchange_worked import _active_played, _core, _flat  # noqa: E402
 from tests.limits import scaled  # noqa: E402
 
 STEPS = 6
@@ -182,12 +182,7 @@ def test_a_contribution_that_stalls_part_way_for_less_than_the_timeout_is_accept
     (its receive had only what was left of the first wait, and declared a live hybrid dead for one late reply)."""
     timeout_s = scaled(2.0)
     core = _core(group, timeout_s=timeout_s)
-    h = _played(core, "h")
-    assert _core_step(core, 0, [3.0, 5.0]) == [3.0, 5.0]
-    assert h.recv(timeout=scaled(5)).kind == Kind.SNAPSHOT
-    h.send(Message(kind=Kind.ATTACH, step=0, version=0), timeout=scaled(5))
-    core.begin_step(1)
-    assert h.recv(timeout=scaled(5)).info["mode"] == "active"
+    h = _active_played(core)
     ours, theirs = socket.socketpair()
     blob = _flat([1.0, 3.0]).view(torch.uint8)
     grad = Message(kind=Kind.GRAD, step=1, version=1, info={"dtype": "torch.float32"}, blobs=(blob,))

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 from libra.elastic.wire import _PREFIX, Kind, LinkCorrupt, Message, as_bytes  # noqa: E402
 from tests.elastic.test_elastic_overlap import _link  # noqa: E402
-from tests.elastic.test_exchange_worked import _core, _core_step, _flat, _played  # noqa: E402
+from tests.elastic.test_exchange_worked import _active_played, _core, _core_step, _flat  # noqa: E402
 from tests.limits import scaled  # noqa: E402
 
 #: Byte ranges of the head's fields (struct "<4sB3xqqQ..."): everything up to the meta length is the same in every
@@ -88,12 +88,7 @@ def test_a_contribution_with_a_flipped_bit_fails_that_hybrid_and_the_core_steps_
     """The core detaches the hybrid with the one-line reason and averages over itself alone: its reduced gradient
     is its own, bitwise, within the one receive timeout (never a wait for a length that was not sent)."""
     core = _core(group, timeout_s=scaled(5))
-    h = _played(core, "h")
-    assert _core_step(core, 0, [3.0, 5.0]) == [3.0, 5.0]
-    assert h.recv(timeout=scaled(5)).kind == Kind.SNAPSHOT
-    h.send(Message(kind=Kind.ATTACH, step=0, version=0), timeout=scaled(5))
-    core.begin_step(1)
-    assert h.recv(timeout=scaled(5)).info["mode"] == "active"
+    h = _active_played(core)
     raw, _ = _frame(_grad(1, [1.0, 3.0]))
     h._sock.sendall(_flipped(raw, 8 * (_PREFIX.size + 2 if byte is None else byte)))
     own = _flat([3.0, 5.0]).reshape(1, 2)

@@ -20,7 +20,7 @@ from libra.elastic.snapshot import SnapshotError, capture, restore  # noqa: E402
 from libra.elastic.states import JoinState  # noqa: E402
 from libra.elastic.wire import Kind, LinkCorrupt, LinkError, Message, ReusedBlobs, TcpLink, _encode_head  # noqa: E402
 from tests.elastic.test_elastic_overlap import _link  # noqa: E402
-from tests.elastic.test_exchange_worked import _core, _core_step, _played, _played_core, _step_msg  # noqa: E402
+from tests.elastic.test_exchange_worked import _active_played, _core, _core_step, _played, _played_core, _step_msg  # noqa: E402
 from tests.limits import scaled  # noqa: E402
 
 #: Frames whose meta is malformed (under a good checksum: a sender's bug, not the wire's), and what the receiver
@@ -61,12 +61,7 @@ def test_a_malformed_join_or_contribution_fails_that_hybrid_and_the_core_step_co
     core.admit(_link(core_end))
     _raw(stranger, Kind.JOIN, -1, meta)
     # an attached, active hybrid whose contribution to step 1 is malformed
-    h = _played(core, "h")
-    assert _core_step(core, 0, [3.0, 5.0]) == [3.0, 5.0]
-    assert h.recv(timeout=scaled(5)).kind == Kind.SNAPSHOT
-    h.send(Message(kind=Kind.ATTACH, step=0, version=0), timeout=scaled(5))
-    core.begin_step(1)
-    assert h.recv(timeout=scaled(5)).info["mode"] == "active"
+    h = _active_played(core)
     _raw(h._sock, Kind.GRAD, 1, meta)
     (g,) = core.reduce(1, [torch.tensor([[3.0, 5.0]])])
     assert g.reshape(-1).tolist() == [3.0, 5.0]  # the core's own gradient alone

@@ -69,6 +69,18 @@ def _core_step(core: CoreExchange, t: int, grad) -> list[float]:
     return g.reshape(-1).tolist()
 
 
+def _active_played(core: CoreExchange, name: str = "h") -> TcpLink:
+    """A hand-played hybrid `name` that joined at step 0 (the core reduced [3, 5] alone), restored the snapshot and
+    is active at step 1, whose boundary the core has passed: its contribution to step 1 is the next thing it sends."""
+    h = _played(core, name)
+    assert _core_step(core, 0, [3.0, 5.0]) == [3.0, 5.0]
+    assert h.recv(timeout=scaled(5)).kind == Kind.SNAPSHOT
+    h.send(Message(kind=Kind.ATTACH, step=0, version=0), timeout=scaled(5))
+    core.begin_step(1)
+    assert h.recv(timeout=scaled(5)).info["mode"] == "active"
+    return h
+
+
 def test_a_hybrid_played_message_by_message(group):
     core = _core(group, timeout_s=0.3)
     h = _played(core, "h")
