@@ -31,7 +31,6 @@ import numpy as np
 
 from libra.planning.cost import BatchStats, CostModel
 from libra.planning.cost.switch import ColocatedSwitch, colocated_switch
-from libra.sim.checks import check_int, check_number
 from libra.sim.policies import Allocation, Decision, Observation, Policy
 from libra.sim.records import StageRecord
 from libra.sim.rollout import DONE, WAIT, Instances, RolloutRun
@@ -39,7 +38,7 @@ from libra.sim.routing import Routes
 from libra.sim.states import check_dispatch, check_steal
 from libra.sim.training import TrainingJob
 from libra.sim.workload import StepWork
-from libra.spec import SpecError, WorkloadProfile
+from libra.spec import SpecError, WorkloadProfile, checks
 
 
 @attrs.frozen(kw_only=True)
@@ -57,9 +56,9 @@ class ReconfigCosts:
 
     def __attrs_post_init__(self) -> None:
         for name in ("to_rollout_s", "snapshot_s", "restore_s", "channel_setup_s"):
-            check_number("ReconfigCosts", name, getattr(self, name), 0.0)
+            checks.number("ReconfigCosts", name, getattr(self, name), 0.0)
         if self.colocated_switch_s is not None:
-            check_number("ReconfigCosts", "colocated_switch_s", self.colocated_switch_s, 0.0)
+            checks.number("ReconfigCosts", "colocated_switch_s", self.colocated_switch_s, 0.0)
 
     @property
     def to_training_s(self) -> float:
@@ -88,15 +87,15 @@ class SimOptions:
     dispatch: str = "blocks"
 
     def __attrs_post_init__(self) -> None:
-        check_int("SimOptions", "slices_per_rollout", self.slices_per_rollout, 1)
-        check_number("SimOptions", "min_slice_s", self.min_slice_s, 0.0, above=True)
-        check_number("SimOptions", "max_slice_s", self.max_slice_s, 0.0, above=True)
+        checks.whole("SimOptions", "slices_per_rollout", self.slices_per_rollout, 1)
+        checks.number("SimOptions", "min_slice_s", self.min_slice_s, 0.0, above=True)
+        checks.number("SimOptions", "max_slice_s", self.max_slice_s, 0.0, above=True)
         if self.max_slice_s < self.min_slice_s:
             raise SpecError(
                 f"SimOptions.max_slice_s must be >= min_slice_s ({self.min_slice_s!r}), got {self.max_slice_s!r}"
             )
-        check_number("SimOptions", "core_fraction", self.core_fraction, 0.0, high=1.0)
-        check_int("SimOptions", "min_backlog", self.min_backlog, 0)
+        checks.number("SimOptions", "core_fraction", self.core_fraction, 0.0, high=1.0)
+        checks.whole("SimOptions", "min_backlog", self.min_backlog, 0)
         check_steal(self.steal)
         check_dispatch(self.dispatch)
 

@@ -17,14 +17,13 @@ import attrs
 
 from libra.planning import GlobalPlanner
 from libra.planning.cost import CostCoefficients, CostModel
-from libra.sim.checks import check_int, check_type
 from libra.sim.engine import PolicyRun, ReconfigCosts, SimOptions, profile_of
 from libra.sim.parallel import fork_available, freeze_long_lived, policy_groups, run_groups
 from libra.sim.policies import POLICY_NAMES, PolicyEnv, make_policy, uses_shared_tree
 from libra.sim.records import PolicyResult
 from libra.sim.routing import CausalRouting, routes_for
 from libra.sim.workload import StepWork, WorkSource
-from libra.spec import ClusterSpec, ModelSpec, RLSettings, SpecError
+from libra.spec import ClusterSpec, ModelSpec, RLSettings, SpecError, checks
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -53,8 +52,8 @@ class Scenario:
             ("costs", ReconfigCosts),
             ("options", SimOptions),
         ):
-            check_type("Scenario", name, getattr(self, name), kind)
-        check_int("Scenario", "profile_window", self.profile_window, 1)
+            checks.instance("Scenario", name, getattr(self, name), kind)
+        checks.whole("Scenario", "profile_window", self.profile_window, 1)
 
 
 @attrs.frozen(kw_only=True)
@@ -135,9 +134,9 @@ def simulate(
     """Run `policies` for `num_steps` steps of `scenario.source`; `progress(policy, step)` after each stage.
     `workers` > 1 runs groups of policies in that many forked processes (`libra.sim.parallel`): the same numbers
     as one process."""
-    check_type("simulate", "scenario", scenario, Scenario)
-    check_int("simulate", "num_steps", num_steps, 1)
-    check_int("simulate", "workers", workers, 1)
+    checks.instance("simulate", "scenario", scenario, Scenario)
+    checks.whole("simulate", "num_steps", num_steps, 1)
+    checks.whole("simulate", "workers", workers, 1)
     _check_policies(policies, policy_options)
     have = scenario.source.num_steps
     if have is not None and num_steps > have:  # (else the run stopped at the missing step, its work lost)

@@ -18,8 +18,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from libra.sim.checks import check_number
-from libra.spec import SpecError
+from libra.spec import SpecError, checks
 from libra.workloads import WorkloadGenerator, group_by_step, load_trace
 from libra.workloads.generators import GeneratedStep
 from libra.workloads.trace import Trajectory
@@ -34,10 +33,10 @@ class ToolLatency:
     per_tool_median_s: dict[str, float] = attrs.field(factory=dict, eq=False, hash=False)
 
     def __attrs_post_init__(self) -> None:
-        check_number("ToolLatency", "median_s", self.median_s, 0.0, above=True)
-        check_number("ToolLatency", "sigma", self.sigma, 0.0)
+        checks.number("ToolLatency", "median_s", self.median_s, 0.0, above=True)
+        checks.number("ToolLatency", "sigma", self.sigma, 0.0)
         for tool, median in self.per_tool_median_s.items():
-            check_number("ToolLatency", f"per_tool_median_s[{tool!r}]", median, 0.0, above=True)
+            checks.number("ToolLatency", f"per_tool_median_s[{tool!r}]", median, 0.0, above=True)
 
     def scale(self, tools: Sequence[str | None], normal: np.ndarray) -> np.ndarray:
         """Latencies from standard normal deviates, one per tool call."""
