@@ -133,9 +133,9 @@ def _check_slots(tensors: Sequence[torch.Tensor], layout: Layout) -> None:
 
 def pack(tensors: Sequence[torch.Tensor], layout: Layout, *, backend: str = "auto") -> list[torch.Tensor]:
     """New uint8 CPU buckets holding the tensors' bytes at their slots (zeros elsewhere)."""
-    _check_slots(tensors, layout)
     if backend == "auto":
-        return pack_checksummed(tensors, layout)[0]
+        return pack_checksummed(tensors, layout)[0]  # (which checks the slots)
+    _check_slots(tensors, layout)
     mod = _module(backend)
     if mod is not None:
         return list(
