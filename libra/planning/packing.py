@@ -76,9 +76,11 @@ class NodePacking:
         units = list(units)
         return tuple(sum(size * count for size, count in units if size >= s) for s in self.thresholds)
 
-    def packs(self, units: Iterable[tuple[int, int]]) -> bool:
-        """The units meet every threshold's cap (the GPU total is the caller's to check)."""
-        return all(load <= cap for load, cap in zip(self.loads(units), self.caps, strict=True))
+    def packs(self, units: Iterable[tuple[int, int]], reserved: tuple[int, ...] | None = None) -> bool:
+        """The units, beside loads already `reserved` per threshold (a training side's), meet every threshold's cap
+        (the GPU total is the caller's to check)."""
+        held = reserved if reserved is not None else (0,) * len(self.caps)
+        return all(a + r <= cap for a, r, cap in zip(self.loads(units), held, self.caps, strict=True))
 
 
 def packs_into_nodes(units: Iterable[tuple[int, int]], num_nodes: int, gpus_per_node: int) -> bool:

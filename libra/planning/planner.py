@@ -327,8 +327,7 @@ class GlobalPlanner:
         """Whether rollout buckets pack beside a training side with loads `reserved`."""
 
         def fits(buckets: list[BucketChoice]) -> bool:
-            loads = packing.loads((b.tp, b.count) for b in buckets)
-            return all(a + r <= c for a, r, c in zip(loads, reserved, packing.caps, strict=True))
+            return packing.packs(((b.tp, b.count) for b in buckets), reserved)
 
         return fits
 
