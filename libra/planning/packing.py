@@ -79,8 +79,12 @@ class NodePacking:
     def packs(self, units: Iterable[tuple[int, int]], reserved: tuple[int, ...] | None = None) -> bool:
         """The units, beside loads already `reserved` per threshold (a training side's), meet every threshold's cap
         (the GPU total is the caller's to check)."""
+        return self.within(self.loads(units), reserved)
+
+    def within(self, loads: tuple[int, ...], reserved: tuple[int, ...] | None = None) -> bool:
+        """Per-threshold `loads`, plus `reserved` where given, stay within the caps."""
         held = reserved if reserved is not None else (0,) * len(self.caps)
-        return all(a + r <= cap for a, r, cap in zip(self.loads(units), held, self.caps, strict=True))
+        return all(a + r <= cap for a, r, cap in zip(loads, held, self.caps, strict=True))
 
 
 def packs_into_nodes(units: Iterable[tuple[int, int]], num_nodes: int, gpus_per_node: int) -> bool:
@@ -168,7 +172,7 @@ class PackedRollout:
     def _fits(self, cell: tuple[int, ...], reserved: tuple[int, ...]) -> bool:
         """The cell's loads plus `reserved` (training's, per threshold) stay within the caps."""
         p = self.packing
-        return all(a * s + r <= cap for a, s, r, cap in zip(cell, p.thresholds, reserved, p.caps, strict=True))
+        return p.within(tuple(a * s for a, s in zip(cell, p.thresholds, strict=True)), reserved)
 
     def fewest(self, front: list[Cell], reserved: tuple[int, ...]) -> float:
         """Fewest rollout GPUs whose loads fit beside `reserved` (inf if none)."""
@@ -210,8 +214,7 @@ class PackedSearch:
 
     def _fits(self, option: TrainOption, gpus: float, loads: tuple[int, ...]) -> bool:
         t, reserved, _ = option
-        caps = self.rollout.packing.caps
-        return t + gpus <= self.budget and all(a + b <= c for a, b, c in zip(loads, reserved, caps, strict=True))
+        return t + gpus <= self.budget and self.rollout.packing.within(loads, reserved)
 
     def choose(
         self, limit: float, bracket: CountBracket | None = None
