@@ -66,7 +66,6 @@ def hybrid_child(port: int, point: str, path: str, timeout_s: float) -> None:
     first time it comes. Notes each STEP and each gradient sent in full in ``path``."""
     import torch
 
-    from libra.elastic.grads import Mode
     from libra.elastic.hybrid import HybridReplica
     from libra.elastic.wire import Kind, TcpLink
 
@@ -93,8 +92,22 @@ def hybrid_child(port: int, point: str, path: str, timeout_s: float) -> None:
     model, opt = net(warm=False)  # other values than the core's until the snapshot replaces them
     hy = HybridReplica(worker="h", model=model, optimizer=opt, timeout_s=timeout_s, fault=fault)
     hy.join(Link.connect("127.0.0.1", port, timeout=timeout_s, fault=fault), snapshot_timeout_s=timeout_s)
+    train_hybrid(
+        hy, model, opt, before=lambda a: _note(path, "step", step=a.step, mode=a.mode.value, replicas=a.num_replicas)
+    )
+    _note(path, "exit")
+
+
+def train_hybrid(hy, model, opt, *, before=None, after=None) -> None:
+    """A joined hybrid's steps until the core lets it go: its shard's gradients once active, zeros (as its grads)
+    while a placeholder; `before(assignment)` and `after(assignment)` around each step."""
+    import torch
+
+    from libra.elastic.grads import Mode
+
     while (a := hy.begin_step()) is not None:
-        _note(path, "step", step=a.step, mode=a.mode.value, replicas=a.num_replicas)
+        if before is not None:
+            before(a)
         if a.mode == Mode.ACTIVE:
             g = grads(model, a.step, a.shard(BATCH))
         else:
@@ -103,7 +116,8 @@ def hybrid_child(port: int, point: str, path: str, timeout_s: float) -> None:
                 p.grad = z
         hy.reduce(a.step, g)
         opt.step()
-    _note(path, "exit")
+        if after is not None:
+            after(a)
 
 
 def core_child(world_port: int, ports, steps: int, timeout_s: float) -> None:

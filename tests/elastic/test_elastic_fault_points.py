@@ -133,7 +133,6 @@ def test_a_core_killed_while_sending_a_snapshot_fails_the_join_at_once_and_the_h
 def _join_and_train(group, hybrid, h_model, h_opt) -> tuple[list, dict]:
     """``hybrid`` (on a thread) joins a live core before its step 0 and trains until the core removes it after
     ``STEPS`` steps: (step, its state digest) after each of its steps, and the core's digest after each."""
-    from libra.elastic.grads import Mode
 
     model, opt = F.net()
     core = CoreExchange(
@@ -145,16 +144,7 @@ def _join_and_train(group, hybrid, h_model, h_opt) -> tuple[list, dict]:
 
     def run() -> None:
         hybrid.join(_link(hybrid_end), snapshot_timeout_s=scaled(60))
-        while (a := hybrid.begin_step()) is not None:
-            if a.mode == Mode.ACTIVE:
-                g = F.grads(h_model, a.step, a.shard(F.BATCH))
-            else:
-                g = [torch.zeros_like(p) for p in h_model.parameters()]
-                for p, z in zip(h_model.parameters(), g, strict=True):
-                    p.grad = z
-            hybrid.reduce(a.step, g)
-            h_opt.step()
-            seen.append((a.step, state_digest(h_model, h_opt)))
+        F.train_hybrid(hybrid, h_model, h_opt, after=lambda a: seen.append((a.step, state_digest(h_model, h_opt))))
 
     thread = _Hybrid(run)
     thread.start()
