@@ -33,3 +33,14 @@ def pair():
     yield la, lb
     la.close()
     lb.close()
+
+
+@pytest.fixture(scope="module")
+def ext():
+    """The C++ pack extension (ext/libra_ext), built or loaded once per module."""
+    from libra.elastic import native
+
+    mod = native.load()
+    if mod is None:
+        pytest.skip(f"C++ extension not built here: {native.load_error()}")
+    return mod

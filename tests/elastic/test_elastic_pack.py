@@ -189,14 +189,6 @@ def test_streaming_checksum_equals_one_shot_and_catches_any_flipped_byte(data, c
     assert checksum(bad) != checksum(buf)
 
 
-@pytest.fixture(scope="module")
-def ext():
-    mod = native.load()
-    if mod is None:
-        pytest.skip(f"C++ extension not built here: {native.load_error()}")
-    return mod
-
-
 @pytest.mark.parametrize("seed", range(40))
 def test_cpp_extension_writes_the_same_bytes_as_python(ext, seed):
     tensors = random_tensors(seed)

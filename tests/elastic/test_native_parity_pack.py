@@ -17,20 +17,11 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from libra.elastic import native  # noqa: E402
 from libra.elastic.pack import Layout, checksum, pack, pack_checksummed, plan_layout, sub_layout, unpack  # noqa: E402
 from tests.limits import scaled  # noqa: E402
 
 BACKENDS = ("python", "native", "auto")
 DTYPES = (torch.uint8, torch.int16, torch.float32, torch.float64, torch.bool, torch.complex64)
-
-
-@pytest.fixture(scope="module")
-def ext():
-    mod = native.load()
-    if mod is None:
-        pytest.skip(f"C++ extension not built here: {native.load_error()}")
-    return mod
 
 
 @st.composite
