@@ -17,7 +17,26 @@ from libra.scheduling import make_router
 from libra.spec import Bucket
 
 
-class _Scripted:
+class RequestBook:
+    """A scripted backend's requests (`requests[rid]`: its `context` and `state`, running, done or failed), as the
+    rollout loop reads them back."""
+
+    requests: dict[str, dict]
+
+    def context(self, rid: str) -> tuple[int, ...]:
+        return tuple(self.requests[rid]["context"])
+
+    def release(self, rid: str) -> tuple[int, ...]:
+        r = self.requests.pop(rid)
+        if r["state"] == "failed":
+            raise RequestFailedError(rid, "its engine died")
+        return tuple(r["context"])
+
+    def has_running(self) -> bool:
+        return any(r["state"] == "running" for r in self.requests.values())
+
+
+class _Scripted(RequestBook):
     """Instances `names`; each poll gives every running request one token, the `length`-th finishes its turn.
     `die(name)` kills an instance: at the next poll its requests fail (as `VLLMRolloutBackend` reports a death
     that no live instance took over) and it leaves `instances()`; `hand_over(name, to)`: at the next poll it
@@ -77,18 +96,6 @@ class _Scripted:
             kind = EventKind.FINISHED if done else EventKind.TOKENS
             events.append(StreamEvent(request_id=rid, instance=r["instance"], kind=kind, new_token_ids=(7,)))
         return events
-
-    def context(self, rid: str) -> tuple[int, ...]:
-        return tuple(self.requests[rid]["context"])
-
-    def release(self, rid: str) -> tuple[int, ...]:
-        r = self.requests.pop(rid)
-        if r["state"] == "failed":
-            raise RequestFailedError(rid, "its engine died")
-        return tuple(r["context"])
-
-    def has_running(self) -> bool:
-        return any(r["state"] == "running" for r in self.requests.values())
 
 
 class _Agent:

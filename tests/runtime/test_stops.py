@@ -14,13 +14,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from libra.adapters.errors import EngineDiedError, RequestFailedError
+from libra.adapters.errors import EngineDiedError
 from libra.adapters.types import EventKind, InstanceSpec, Sampling, StreamEvent
 from libra.cli import main
 from libra.runtime import Orchestrator, RunConfig
 from libra.runtime.clock import Clock
 from libra.runtime.rollout import LiveRoutedRollout, run_rollout
 from tests.limits import scaled
+from tests.runtime.test_rollout_contracts import RequestBook
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -113,7 +114,7 @@ def test_sigterm_with_a_python_handler_is_held_with_the_record_and_its_checkpoin
 # -- the only engine dies mid-rollout --------------------------------------------------------------------------------
 
 
-class _OneEngine:
+class _OneEngine(RequestBook):
     """A rollout backend of one instance whose engine dies at the first poll: every request fails (no live instance
     can take it), as `VLLMRolloutBackend` reports it. Restarted, it finishes each request with one token."""
 
@@ -154,18 +155,6 @@ class _OneEngine:
             StreamEvent(request_id=rid, instance="i0", kind=EventKind.FINISHED, new_token_ids=(7,), weight_version=0)
             for rid in running
         ]
-
-    def context(self, rid: str) -> tuple[int, ...]:
-        return tuple(self.requests[rid]["context"])
-
-    def release(self, rid: str) -> tuple[int, ...]:
-        r = self.requests.pop(rid)
-        if r["state"] == "failed":
-            raise RequestFailedError(rid, "its engine died")
-        return tuple(r["context"])
-
-    def has_running(self) -> bool:
-        return any(r["state"] == "running" for r in self.requests.values())
 
 
 class _Router:
