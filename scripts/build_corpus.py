@@ -1,15 +1,18 @@
 """Rebuild the corpus of real agent trajectories (data/corpus/) from public repositories.
 
     python scripts/build_corpus.py --mirrors DIR [--out data/corpus] [--only SOURCE]...
+    python scripts/build_corpus.py --check [--out data/corpus]
 
 DIR holds bare git snapshots of the repositories below as DIR/<owner>+<name>/repo (what the project's fetch tool
 brings; a `git clone --bare` works the same). For each source the files are read at the pinned commit, their
 sha256 recorded, imported with `libra.workloads.importers` (o200k_base token counts) and written, deduplicated, to
-OUT/<source>.jsonl.gz; OUT/MANIFEST.json keeps the provenance (repository, commit, path, licence, sha256 per file)
-and the counts. Nothing of the original text is kept: only token counts, tool names and statuses. Sources marked
-`held_out` (never used to choose or tune anything) go to OUT/held-out/ with a manifest of their own. A source may
-convert its files first (`convert`: ToRA outputs, ReAct transcripts, text tool calls), with other files of the
-repository read at the same commit (`context`), and add error patterns of its tools (`error_patterns`).
+OUT/<source>.jsonl.gz; OUT/MANIFEST.json keeps the provenance (repository, commit, path, licence, and the upstream
+sha256 per file read), the counts, and the sums of the trace written (`trace_sha256`, `trace_bytes`), which
+`--check` compares with the committed traces. Nothing of the original text is kept: only token counts, tool names
+and statuses. Sources marked `held_out` (never used to choose or tune anything) go to OUT/held-out/ with a manifest
+of their own. A source may convert its files first (`convert`: ToRA outputs, ReAct transcripts, text tool calls, a
+notebook's printed episodes), with other files of the repository read at the same commit (`context`), and add error
+patterns of its tools (`error_patterns`).
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-SOURCES = [
+SOURCES: list[dict[str, Any]] = [
     {
         "name": "tau-bench-gpt4o-airline",
         "kind": "function calling (customer service, with a user simulator)",
@@ -151,6 +156,21 @@ SOURCES = [
         "convert": "qwen-tools",
         "held_out": True,
     },
+    {
+        "name": "react-webshop-davinci002",
+        "kind": "web shopping (WebShop, 500 fixed instructions; search, click and think actions on a text web shop)",
+        "agent": "ReAct (one-shot prompt, at most 15 actions, context cut to its last 6,400 characters)",
+        "model": "text-davinci-002 (temperature 0)",
+        "repo": "ysymyth/ReAct",
+        "commit": "6bdb3a1fd38b8188fc7ba4102969fe483df8fdc9",
+        "licence": "MIT",
+        "globs": ["WebShop.ipynb"],
+        "format": "openai",
+        "convert": "webshop-notebook",
+        # an action the shop did not accept (a click on something not on the page)
+        "error_patterns": [r"^Observation: Invalid action!$"],
+        "held_out": True,
+    },
 ]
 
 
@@ -257,7 +277,8 @@ def _qwen_tools_messages(data: bytes) -> bytes:
         if not line.strip():
             continue
         rec = json.loads(line)
-        messages, names = [], []
+        messages: list[dict] = []
+        names: list[str] = []
         for m in rec["messages"]:
             text = m.get("content") or ""
             if m["role"] == "assistant":
@@ -276,7 +297,7 @@ def _qwen_tools_messages(data: bytes) -> bytes:
 
 def _string_constants(source: str) -> dict[str, str]:
     """Module-level string constants of a Python file, read with `ast` (the file is parsed, never run)."""
-    out = {}
+    out: dict[str, str] = {}
     for node in ast.parse(source).body:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
             out.update((t.id, node.value.value) for t in node.targets if isinstance(t, ast.Name))
@@ -316,11 +337,70 @@ def _reflexion_react_messages(data: bytes, context: dict[str, bytes]) -> bytes:
     return ("\n".join(out) + "\n").encode()
 
 
-CONVERTERS = {
+_NOTEBOOK_EPISODE = re.compile(r"^-{17}\n(\d+)\n", re.M)
+_NOTEBOOK_TALLY = re.compile(r"\n\d+ [\d.e-]+ [\d.e-]+ [\d.e-]+\n-{13}")  # running reward, success, failure
+_WEBSHOP_SCORE = re.compile(r"Your score \(min 0\.0, max 1\.0\): ([\d.]+)")
+
+
+def _webshop_messages(data: bytes) -> bytes:
+    """ReAct's WebShop notebook (`WebShop.ipynb`, run with its printed outputs): the cell that runs
+    `run_episodes(PROMPT, N)` printed every episode (`-----------------`, its index, then `Action: ...` /
+    `Observation: ...` pairs, then the running tally). The prompt is what the model was first given: PROMPT (the
+    one-shot example, a string constant of another cell, read with `ast`), the instruction page (the observation of
+    `reset`) and `Action:`. Each later action is a generation (one completion, stopped at the line's end), each
+    observation a `tool` message named after the action's verb (`search`, `click`, `think`); the page after
+    `Buy Now` (the score) goes to no model and is dropped, and so is the last observation of an agent halted at its
+    15 steps (its last completion was not printed). The reward is the score (0 when none was printed)."""
+    cells = json.loads(data.decode("utf-8"))["cells"]
+    consts: dict[str, str] = {}
+    for cell in cells:
+        if cell["cell_type"] == "code":
+            try:
+                consts.update(_string_constants("".join(cell["source"])))
+            except SyntaxError:  # a cell of notebook magics: no prompt there
+                continue
+    out = []
+    for cell in cells:
+        run = re.search(r"run_episodes\((\w+)", "".join(cell.get("source", ())))
+        if cell["cell_type"] != "code" or not run:
+            continue
+        text = "".join("".join(o.get("text", "")) for o in cell.get("outputs", ()) if o.get("name") == "stdout")
+        parts = _NOTEBOOK_EPISODE.split(text)
+        for idx, body in zip(parts[1::2], parts[2::2], strict=True):
+            out.append(json.dumps(_webshop_episode(f"fixed_{idx}", consts[run.group(1)], body)))
+    return ("\n".join(out) + "\n").encode()
+
+
+def _webshop_episode(task: str, prompt: str, body: str) -> dict:
+    """One printed WebShop episode (`Action: a` / `Observation: o` pairs, the first action `reset`) as a record."""
+    steps = [s.partition("\nObservation: ") for s in re.split(r"(?:\A|\n\n)Action: ", _NOTEBOOK_TALLY.split(body)[0])]
+    (_, _, page), *rest = steps[1:]
+    messages = [{"role": "user", "content": f"{prompt}{page}\n\nAction:"}]
+    reward = 0.0
+    for action, _, observation in rest:
+        verb = re.match(r"\s*(\w+)\[", action)
+        messages.append({"role": "assistant", "content": f" {action}"})
+        messages.append(
+            {
+                "role": "tool",
+                "name": verb.group(1) if verb else "tool",
+                "content": f"\nObservation: {observation}\n\nAction:",
+            }
+        )
+        if score := _WEBSHOP_SCORE.search(observation):
+            reward = float(score.group(1))
+    while messages[-1]["role"] == "tool":
+        messages.pop()
+    return {"id": f"webshop-{task}", "reward": reward, "messages": messages}
+
+
+# a converter takes the file's bytes (and, for a source with `context`, those files' bytes by path)
+CONVERTERS: dict[str, Callable[..., bytes]] = {
     "tora": _tora_messages,
     "react": _react_messages,
     "qwen-tools": _qwen_tools_messages,
     "reflexion-react": _reflexion_react_messages,
+    "webshop-notebook": _webshop_messages,
 }
 
 
@@ -348,6 +428,50 @@ HELD_OUT_NOTE = (
     "OUT/MANIFEST.json only (docs/corpus.md)."
 )
 
+SUMS_NOTE = (
+    "Two kinds of sum: files[].sha256 is the upstream file as read from the source repository at files[].commit "
+    "(provenance); trace_sha256 and trace_bytes are the committed trace `file` in this folder (integrity: "
+    "scripts/build_corpus.py --check)."
+)
+
+
+def _write_trace(target: Path, trajectories: list) -> None:
+    """The trajectories as gzipped JSON Lines; the gzip header holds no name and no time, so that the same
+    trajectories give the same bytes (and the same `trace_sha256`) on every rebuild."""
+    with target.open("wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=0) as gz:
+        for t in trajectories:
+            gz.write((json.dumps(t.to_json(), separators=(",", ":")) + "\n").encode())
+
+
+def trace_sums(path: Path) -> dict[str, str | int]:
+    """The committed trace's own sums, as a manifest entry records them: `trace_sha256` and `trace_bytes`."""
+    data = path.read_bytes()
+    return {"trace_sha256": hashlib.sha256(data).hexdigest(), "trace_bytes": len(data)}
+
+
+def check_traces(root: Path) -> list[str]:
+    """One line per committed trace of ROOT (and of ROOT/held-out/) whose bytes are not those its manifest entry
+    records (`trace_sha256`, `trace_bytes`), or that is missing, or whose entry records no sums; empty when all
+    match."""
+    problems = []
+    for d in (root, root / HELD_OUT):
+        manifest = d / "MANIFEST.json"
+        if not manifest.exists():
+            continue
+        for src in json.loads(manifest.read_text(encoding="utf-8"))["sources"]:
+            path = d / src["file"]
+            want = {k: src.get(k) for k in ("trace_sha256", "trace_bytes")}
+            if None in want.values():
+                problems.append(f"{manifest}: source {src['name']!r} records no trace_sha256 / trace_bytes")
+            elif not path.is_file():
+                problems.append(f"{path}: missing (the manifest lists it for {src['name']!r})")
+            elif (got := trace_sums(path)) != want:
+                problems.append(
+                    f"{path}: {got['trace_bytes']:,} bytes, sha256 {got['trace_sha256']}; the manifest says "
+                    f"{want['trace_bytes']:,} bytes, sha256 {want['trace_sha256']}"
+                )
+    return problems
+
 
 def build(mirrors: Path, out: Path, only: list[str] | None = None) -> dict:
     """Rebuild every source (or only the named ones, keeping the others' files and manifest entries). Sources
@@ -369,8 +493,8 @@ def build(mirrors: Path, out: Path, only: list[str] | None = None) -> dict:
     if missing:
         raise SystemExit(f"no mirror of {', '.join(sorted(missing))} in {mirrors} (expected DIR/<owner>+<name>/repo)")
     manifests: dict[bool, dict] = {
-        False: {"tokenizer": "o200k_base", "sources": []},
-        True: {"tokenizer": "o200k_base", "note": HELD_OUT_NOTE, "sources": []},
+        False: {"tokenizer": "o200k_base", "sums": SUMS_NOTE, "sources": []},
+        True: {"tokenizer": "o200k_base", "note": HELD_OUT_NOTE, "sums": SUMS_NOTE, "sources": []},
     }
     for src in SOURCES:
         held = bool(src.get("held_out"))
@@ -411,11 +535,9 @@ def build(mirrors: Path, out: Path, only: list[str] | None = None) -> dict:
                 )
         dirs[held].mkdir(parents=True, exist_ok=True)
         target = dirs[held] / f"{src['name']}.jsonl.gz"
-        with gzip.open(target, "wt", compresslevel=9) as fh:
-            for t in trajectories:
-                fh.write(json.dumps(t.to_json(), separators=(",", ":")) + "\n")
+        _write_trace(target, trajectories)
         info = {k: v for k, v in src.items() if k not in ("globs",)}
-        info.update(file=target.name, trajectories=len(trajectories), files=entries)
+        info.update(file=target.name, **trace_sums(target), trajectories=len(trajectories), files=entries)
         manifests[held]["sources"].append(info)
         print(f"{src['name']}: {len(trajectories)} trajectories from {len(entries)} files", file=sys.stderr)
     for held, manifest in manifests.items():
@@ -427,12 +549,17 @@ def build(mirrors: Path, out: Path, only: list[str] | None = None) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--mirrors", required=True, type=Path, metavar="DIR", help="bare git snapshots, DIR/<owner>+<name>/repo"
-    )
+    p.add_argument("--mirrors", type=Path, metavar="DIR", help="bare git snapshots, DIR/<owner>+<name>/repo")
     p.add_argument("--out", default=CORPUS, type=Path, help="corpus folder (default: the repository's data/corpus)")
     p.add_argument("--only", action="append", default=None, help="rebuild only this source (repeatable)")
+    p.add_argument("--check", action="store_true", help="check the traces of --out against their manifests; no build")
     args = p.parse_args()
+    if args.check:
+        problems = check_traces(args.out)
+        print("\n".join(problems) or f"every trace in {args.out} matches its manifest", file=sys.stderr)
+        return 1 if problems else 0
+    if args.mirrors is None:
+        p.error("--mirrors DIR is required to build (or pass --check)")
     build(args.mirrors, args.out, args.only)
     return 0
 

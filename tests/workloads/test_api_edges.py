@@ -18,7 +18,7 @@ from libra.workloads import WORKLOAD_NAMES, Trajectory, Turn, generate, profile_
 from libra.workloads.corpus import DEFAULT_CORPUS, load_corpus, load_manifest
 from libra.workloads.generators import WorkloadGenerator
 from libra.workloads.importers import StatusRules, TokenizerError, get_counter, import_files
-from libra.workloads.trace import TraceError
+from libra.workloads.trace import TraceError, load_trace
 
 ONE = Trajectory(prompt_id="p", prompt_tokens=10, turns=(Turn(gen_tokens=5),))
 
@@ -101,9 +101,9 @@ def test_a_broken_manifest_is_one_error_naming_it(tmp_path, manifest, message) -
 
 
 def test_a_corpus_trace_that_lost_trajectories_is_found(tmp_path) -> None:
-    """The manifest's sha256 sums are of the source repositories' files: a trace cut at a line end (still a whole
-    gzip stream) is found by its count."""
-    root, src = _corpus_copy(tmp_path)
+    """Where the manifest records no sums of the trace itself, a trace cut at a line end (still a whole gzip stream)
+    is found by its count."""
+    root, src = _corpus_copy(tmp_path, {"trace_sha256": None, "trace_bytes": None})
     path = root / src["file"]
     lines = gzip.decompress(path.read_bytes()).splitlines(keepends=True)
     path.write_bytes(gzip.compress(b"".join(lines[:-1])))
@@ -112,6 +112,37 @@ def test_a_corpus_trace_that_lost_trajectories_is_found(tmp_path) -> None:
     path.unlink()
     with pytest.raises(TraceError, match="cannot open trace: it does not exist"):
         load_corpus(root)
+
+
+def test_a_corpus_trace_that_is_not_the_manifests_is_refused_before_it_is_read(tmp_path) -> None:
+    """`load_corpus` checks the committed trace's own sums: one byte changed (the same size, still a gzip stream
+    that may well parse) is refused by its sha256, a trace cut short by its size."""
+    root, src = _corpus_copy(tmp_path)
+    path = root / src["file"]
+    data = bytearray(path.read_bytes())
+    data[4] ^= 0x01  # the gzip header's time: the stream still decompresses to the same trajectories
+    path.write_bytes(bytes(data))
+    assert len(load_trace(path)) == src["trajectories"]
+    with pytest.raises(TraceError, match="its sha256 is not the manifest's trace_sha256: the file was changed$"):
+        load_corpus(root)
+    path.write_bytes(bytes(data[:-10]))
+    with pytest.raises(TraceError, match=f"is {len(data) - 10:,} bytes; the manifest says {len(data):,}"):
+        load_corpus(root)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"trace_sha256": "ABC"}, "trace_sha256': must be 64 lowercase hex digits, got 'ABC'"),
+        ({"trace_bytes": True}, "trace_bytes': must be an integer >= 1, got True"),
+        ({"trace_bytes": 0}, "trace_bytes': must be an integer >= 1, got 0"),
+    ],
+)
+def test_a_manifest_with_bad_trace_sums_is_one_error(tmp_path, change, message) -> None:
+    root, _ = _corpus_copy(tmp_path, change)
+    with pytest.raises(TraceError) as info:
+        load_corpus(root)
+    assert message in str(info.value) and "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize(

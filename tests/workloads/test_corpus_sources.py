@@ -8,6 +8,7 @@ import importlib.util
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,7 +92,7 @@ def test_tool_calls_in_text_become_named_tool_returns(build_corpus, tmp_path) ->
     """WebDancer's records: a `<tool_response>` user message is the return of the call(s) written in the assistant
     message before it (one name, or names joined by `+`); the question's user message stays the prompt."""
     call = '<tool_call>\n{"name": "%s", "arguments": {"query": ["x"]}}\n</tool_call>'
-    rec = {
+    rec: dict[str, Any] = {
         "tag": "e2hqa",
         "messages": [
             {"role": "system", "content": "You seek information."},
@@ -160,6 +161,57 @@ def test_reflexion_logs_become_runs_with_the_agents_prompt(build_corpus, tmp_pat
     assert [t.tool_status for t in traj.turns] == ["error", "ok", "ok", None]
 
 
+def _notebook_episode(i: int, steps: list[tuple[str, str]]) -> str:
+    body = "".join(f"Action: {a}\nObservation: {o}\n\n" for a, o in steps)
+    return f"-----------------\n{i}\n{body}{i + 1} 0.5 0.0 0.0\n-------------\n"
+
+
+def test_webshop_notebook_episodes_become_runs_with_the_one_shot_prompt(build_corpus, tmp_path) -> None:
+    """ReAct's WebShop notebook: the prompt is the cell's one-shot example (read by `ast`), the instruction page and
+    `Action:`; each later action is a generation, each observation a return named after the action's verb (an
+    invalid action an error under the source's pattern); the score page after `Buy Now` is dropped and is the
+    reward; an episode halted at its step limit ends on its last generation; the printed tally is no turn."""
+    page = "\nWebshop \nInstruction:  \ni want a red mug \n[Search] "
+    done = [("reset", page), ("search[red mug]", "\n[Back to Search] \n[B01] \nRed mug \n$5.0 "),
+            ("think[B01 fits.]", "OK."), ("click[B02]", "Invalid action!"), ("click[B01]", "\n[Buy Now] "),
+            ("click[Buy Now]", "Your score (min 0.0, max 1.0): 0.75")]  # fmt: skip
+    halted = [("reset", page), ("search[mug]", "\n[Back to Search] "), ("click[< Prev]", "\n[Search] ")]
+    notebook = {
+        "cells": [
+            {"cell_type": "code", "source": ["%load_ext autoreload\n"], "outputs": []},
+            {
+                "cell_type": "code",
+                "source": ['x = 1\nprompt1 = """Webshop \nAction: click[Buy Now]\n"""\n'],
+                "outputs": [],
+            },
+            {
+                "cell_type": "code",
+                "source": ["res1 = run_episodes(prompt1, 2)"],
+                "outputs": [
+                    {"name": "stdout", "output_type": "stream", "text": _notebook_episode(0, done)},
+                    {"name": "stderr", "output_type": "stream", "text": "a warning\n"},
+                    {"name": "stdout", "output_type": "stream", "text": _notebook_episode(1, halted) + "0.5 0.0 0.0\n"},
+                ],
+            },
+        ]
+    }
+    data = build_corpus._webshop_messages(json.dumps(notebook).encode())
+    first, second = (json.loads(line) for line in data.decode().splitlines())
+    assert first["id"] == "webshop-fixed_0" and first["reward"] == 0.75 and second["reward"] == 0.0
+    assert first["messages"][0]["content"] == f"Webshop \nAction: click[Buy Now]\n{page}\n\nAction:"
+    assert [m.get("name", m["role"]) for m in first["messages"]] == [
+        "user", "assistant", "search", "assistant", "think", "assistant", "click", "assistant", "click", "assistant"
+    ]  # fmt: skip
+    assert first["messages"][-1]["content"] == " click[Buy Now]" and "score" not in data.decode()
+    assert [m["role"] for m in second["messages"]] == ["user", "assistant", "tool", "assistant"]
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(data)
+    rules = StatusRules(error_patterns=(*DEFAULT_ERROR_PATTERNS, r"^Observation: Invalid action!$"))
+    traj, _ = import_files("openai", [path], tokenizer="bytes4", rules=rules)
+    assert [t.tool for t in traj.turns] == ["search", "think", "click", "click", None]
+    assert [t.tool_status for t in traj.turns] == ["ok", "ok", "error", "ok", None]
+
+
 def test_held_out_sources_are_apart_and_complete() -> None:
     """Every held-out source loads with the count and provenance its manifest states (repository, commit, licence,
     sha256 per file), and none of them is in the manifest that the router's tests read."""
@@ -206,7 +258,7 @@ def _held_out_params():
 def test_default_beats_baselines_on_held_out_search_agents(held_out_scores, name) -> None:
     """The accuracy half of the issue's target: the default beats the best of fcfs, mlfq, predictor and
     most-common by >= 5 points (measured +15.1, +19.0, +13.6 on FireAct, +4.3 on Reflexion's ReAct, +15.5 on
-    WebDancer)."""
+    WebDancer; +7.8 on ReAct's WebShop agent, added later and never tuned on)."""
     from libra.scheduling.sources import BASELINES
 
     res = held_out_scores[name]
@@ -216,7 +268,7 @@ def test_default_beats_baselines_on_held_out_search_agents(held_out_scores, name
 
 def test_default_migration_bound_on_held_out_search_agents(held_out_scores) -> None:
     """The migration half: <= 12 % of the tokens moved on every held-out source (measured 11.9 %, 11.8 %, 11.5 %,
-    6.9 %, 8.8 %; 14.4 % and 14.0 % on the first two before the ceiling)."""
+    6.9 %, 8.8 %, and 7.9 % on WebShop; 14.4 % and 14.0 % on the first two before the ceiling)."""
     from libra.scheduling.sources import MAX_MIGRATED
 
     for name, res in held_out_scores.items():
