@@ -7,12 +7,14 @@ concatenation (one dtype).
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Sequence
 from enum import StrEnum
+from typing import Any
 
 import attrs
 import torch
+
+from libra.spec import checks
 
 
 class Mode(StrEnum):
@@ -55,19 +57,20 @@ def shard_bounds(global_batch: int, index: int, num_replicas: int) -> tuple[int,
     return start, start + base + (1 if index < extra else 0)
 
 
-def check_whole(name: str, value: object, *, least: int) -> int:
+def check_whole(name: str, value: Any, *, least: int) -> int:
     """``value`` as an int when it is a whole number (not a bool) of at least ``least``; else one ValueError that
     names the argument and the value (the side channel's arguments are checked where they are given)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+    if not (checks.is_whole(value) and value >= least):
         raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
     return int(value)
 
 
 def check_seconds(name: str, value: object) -> float:
     """``value`` as a float when it is a finite number of seconds > 0 (a wait bound); else one ValueError."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) < math.inf:
+    seconds = checks.as_float(value)  # NaN for a bool, a string or an integer too large for a float
+    if not 0 < seconds < math.inf:
         raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
-    return float(value)
+    return seconds
 
 
 BACKENDS = ("auto", "native", "python")

@@ -13,12 +13,11 @@ least 5 %.
 from __future__ import annotations
 
 import math
-import numbers
 from collections import Counter
 
 import attrs
 
-from libra.spec import Plan, SpecError
+from libra.spec import Plan, SpecError, checks
 
 
 @attrs.frozen(kw_only=True)
@@ -37,7 +36,7 @@ class ReplanDecision:
 
 def _finite_at_least(low: float):
     def check(instance: object, attribute: attrs.Attribute, value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value < math.inf:
+        if not low <= checks.as_float(value) < math.inf:  # a bool, a string or NaN: as_float is NaN
             raise SpecError(f"ReplanGate.{attribute.name} must be a number >= {low:g}, got {value!r}")
 
     return check
@@ -72,7 +71,7 @@ class ReplanGate:
     ) -> ReplanDecision:
         """`current_makespan_s` is the current plan's predicted makespan on the newest profile (it drifts);
         `candidate_makespan_s` defaults to the candidate's own prediction."""
-        if isinstance(horizon_steps, bool) or not isinstance(horizon_steps, numbers.Integral) or horizon_steps < 1:
+        if not (checks.is_whole(horizon_steps) and horizon_steps >= 1):
             raise SpecError(f"horizon_steps must be >= 1, got {horizon_steps!r} (a whole number of steps)")
         t_cur = current.makespan_s if current_makespan_s is None else current_makespan_s
         t_new = candidate.makespan_s if candidate_makespan_s is None else candidate_makespan_s

@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from libra.spec import ClusterSpec, SpecError, get_gpu, get_model
+from libra.spec import ClusterSpec, SpecError, checks, get_gpu, get_model
 
 
 class RunConfigError(SpecError):
@@ -29,13 +29,19 @@ DEFAULT_PROMPTS = (
 )
 
 
+def _whole(value: Any) -> Any:
+    """A numpy integer as a Python int (it goes to vLLM, torch and run.jsonl); anything else as it is, for the
+    validator to name."""
+    return int(value) if type(value) is not int and checks.is_whole(value) else value
+
+
 def _positive(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+    if not 0 < checks.as_float(value) < math.inf:  # NaN, a bool or a string: as_float is NaN
         raise RunConfigError(f"{attribute.name} must be a positive number, got {value!r}")
 
 
 def _positive_int(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not (checks.is_whole(value) and value >= 1):
         raise RunConfigError(f"{attribute.name} must be a whole number >= 1, got {value!r}")
 
 
@@ -45,17 +51,17 @@ def _model_dir(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
 
 
 def _non_negative_int(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not (checks.is_whole(value) and value >= 0):
         raise RunConfigError(f"{attribute.name} must be an integer >= 0, got {value!r}")
 
 
 def _non_negative(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+    if not 0 <= checks.as_float(value) < math.inf:
         raise RunConfigError(f"{attribute.name} must be a number >= 0, got {value!r}")
 
 
 def _fraction(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+    if not 0 <= checks.as_float(value) <= 1:
         raise RunConfigError(f"{attribute.name} must be in [0, 1], got {value!r}")
 
 
@@ -74,12 +80,12 @@ def _as_tuple(value: Any) -> Any:
     it is, for the validator to name."""
     if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
         return value
-    return tuple(value)
+    return tuple(_whole(v) for v in value)
 
 
 def _whole_numbers(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
     """A tuple of strictly increasing whole numbers >= 1 (TP degrees, size-class edges)."""
-    ok = isinstance(value, tuple) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
+    ok = isinstance(value, tuple) and all(checks.is_whole(v) and v >= 1 for v in value)
     if not ok or any(b <= a for a, b in zip(value, value[1:])):
         raise RunConfigError(f"{attribute.name} must be a list of increasing whole numbers >= 1, got {value!r}")
 
@@ -89,7 +95,7 @@ MAX_SEED = 2**32 - 1
 
 
 def _seed(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
+    if not (checks.is_whole(value) and 0 <= value <= MAX_SEED):
         raise RunConfigError(f"{attribute.name} must be an integer in [0, {MAX_SEED}], got {value!r}")
 
 
@@ -104,13 +110,13 @@ class VirtualSettings:
     (a preset name). Real token counts are multiplied by `token_scale` and the real batch by `batch_scale` before
     planning, so that the tiny run's trajectories stand for a realistic step."""
 
-    gpus: int = attrs.field(default=6, validator=_positive_int)
-    gpus_per_node: int = attrs.field(default=6, validator=_positive_int)
+    gpus: int = attrs.field(default=6, converter=_whole, validator=_positive_int)
+    gpus_per_node: int = attrs.field(default=6, converter=_whole, validator=_positive_int)
     gpu: str = attrs.field(default="A800-80GB", validator=_name)
     model: str = attrs.field(default="Qwen3-14B", validator=_name)
     token_scale: float = attrs.field(default=32.0, validator=_positive)
-    batch_scale: int = attrs.field(default=16, validator=_positive_int)
-    max_model_len: int = attrs.field(default=131072, validator=_positive_int)
+    batch_scale: int = attrs.field(default=16, converter=_whole, validator=_positive_int)
+    max_model_len: int = attrs.field(default=131072, converter=_whole, validator=_positive_int)
     tp_degrees: tuple[int, ...] = attrs.field(default=(1, 2), converter=_as_tuple, validator=_whole_numbers)
 
     def __attrs_post_init__(self) -> None:
@@ -139,8 +145,8 @@ class EngineSettings:
     """How a virtual rollout instance becomes a vLLM engine here: every engine runs with TP 1 on CPU; an instance
     of plan TP `tp` gets `seqs_per_tp * tp` concurrent sequences; every engine holds `max_model_len` tokens."""
 
-    seqs_per_tp: int = attrs.field(default=4, validator=_positive_int)
-    max_model_len: int = attrs.field(default=1024, validator=_positive_int)
+    seqs_per_tp: int = attrs.field(default=4, converter=_whole, validator=_positive_int)
+    max_model_len: int = attrs.field(default=1024, converter=_whole, validator=_positive_int)
     dtype: str = attrs.field(default="float32", validator=_dtype)
 
 
@@ -164,8 +170,8 @@ class ReplanSettings:
     `horizon_steps` steps against the reconfiguration cost, and at least `min_relative_gain`)."""
 
     enabled: bool = attrs.field(default=True, validator=_flag)
-    window_steps: int = attrs.field(default=1, validator=_positive_int)
-    horizon_steps: int = attrs.field(default=10, validator=_positive_int)
+    window_steps: int = attrs.field(default=1, converter=_whole, validator=_positive_int)
+    horizon_steps: int = attrs.field(default=10, converter=_whole, validator=_positive_int)
     min_relative_gain: float = attrs.field(default=0.05, validator=_non_negative)
     to_rollout_s: float = attrs.field(default=10.8, validator=_non_negative)
 
@@ -175,9 +181,9 @@ class WorkloadShift:
     """From step `from_step` on, every tool output is repeated `tool_growth` times (capped by
     `max_tool_tokens` tokens): longer contexts, as when an agent starts reading whole files."""
 
-    from_step: int = attrs.field(default=2, validator=_non_negative_int)
-    tool_growth: int = attrs.field(default=6, validator=_positive_int)
-    max_tool_tokens: int = attrs.field(default=160, validator=_positive_int)
+    from_step: int = attrs.field(default=2, converter=_whole, validator=_non_negative_int)
+    tool_growth: int = attrs.field(default=6, converter=_whole, validator=_positive_int)
+    max_tool_tokens: int = attrs.field(default=160, converter=_whole, validator=_positive_int)
 
 
 @attrs.frozen(kw_only=True)
@@ -193,11 +199,11 @@ class HybridSettings:
     `max_missed` bound every wait between the core and a hybrid (a contribution later than `timeout_s` is a miss;
     `max_missed` consecutive misses detach the hybrid); `start_timeout_s` bounds a hybrid process's start."""
 
-    workers: int = attrs.field(default=1, validator=_non_negative_int)
+    workers: int = attrs.field(default=1, converter=_whole, validator=_non_negative_int)
     min_idle_fraction: float = attrs.field(default=0.25, validator=_fraction)
-    lend_steps: int = attrs.field(default=4, validator=_positive_int)
+    lend_steps: int = attrs.field(default=4, converter=_whole, validator=_positive_int)
     timeout_s: float = attrs.field(default=120.0, validator=_positive)
-    max_missed: int = attrs.field(default=3, validator=_positive_int)
+    max_missed: int = attrs.field(default=3, converter=_whole, validator=_positive_int)
     start_timeout_s: float = attrs.field(default=600.0, validator=_positive)
 
 
@@ -210,9 +216,9 @@ class WaitSettings:
     and one slow reply is not a hang."""
 
     engine_check_s: float = attrs.field(default=30.0, validator=_positive)
-    engine_missed_checks: int = attrs.field(default=6, validator=_positive_int)
+    engine_missed_checks: int = attrs.field(default=6, converter=_whole, validator=_positive_int)
     trainer_check_s: float = attrs.field(default=60.0, validator=_positive)
-    trainer_missed_checks: int = attrs.field(default=20, validator=_positive_int)
+    trainer_missed_checks: int = attrs.field(default=20, converter=_whole, validator=_positive_int)
 
 
 def _section(cls: type, *, optional: bool = False) -> Any:
@@ -232,16 +238,16 @@ def _section(cls: type, *, optional: bool = False) -> Any:
 
 @attrs.frozen(kw_only=True)
 class RunConfig:
-    seed: int = attrs.field(default=0, validator=_seed)
-    steps: int = attrs.field(default=4, validator=_positive_int)
-    max_staleness: int = attrs.field(default=1, validator=_non_negative_int)
+    seed: int = attrs.field(default=0, converter=_whole, validator=_seed)
+    steps: int = attrs.field(default=4, converter=_whole, validator=_positive_int)
+    max_staleness: int = attrs.field(default=1, converter=_whole, validator=_non_negative_int)
     model: str | None = attrs.field(
         default=None, validator=_model_dir
     )  # a Hugging Face model directory; None: the tiny local model
     prompts: tuple[str, ...] = attrs.field(default=DEFAULT_PROMPTS, converter=_as_tuple, validator=_prompts)
-    samples_per_prompt: int = attrs.field(default=4, validator=_positive_int)
-    max_turns: int = attrs.field(default=4, validator=_positive_int)
-    max_tokens: int = attrs.field(default=12, validator=_positive_int)
+    samples_per_prompt: int = attrs.field(default=4, converter=_whole, validator=_positive_int)
+    max_turns: int = attrs.field(default=4, converter=_whole, validator=_positive_int)
+    max_tokens: int = attrs.field(default=12, converter=_whole, validator=_positive_int)
     temperature: float = 1.0
     lr: float = attrs.field(default=1e-3, validator=_positive)
     router: str = "cmlfq"
@@ -258,7 +264,7 @@ class RunConfig:
         if not self.prompts:
             raise RunConfigError("prompts must hold at least one prompt")
         t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t < math.inf:
+        if not 0 <= checks.as_float(t) < math.inf:
             raise RunConfigError(f"temperature must be a number >= 0, got {t!r}")
         # (one sample per prompt is allowed: GRPO's advantages are then zero, and so is the loss)
         from libra.scheduling.router import router_names

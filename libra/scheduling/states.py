@@ -9,17 +9,25 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import attrs
 
-from libra.spec import SpecError
+from libra.spec import SpecError, checks
 from libra.workloads.trace import TOOL_STATUSES
 
 DEFAULT_SIZE_EDGES: tuple[int, ...] = (500, 5000)
 
 
 def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
-    return tuple(values)
+    """The edges as a tuple, numpy numbers as Python ones (the codec's state is written as JSON)."""
+    return tuple(_plain(v) for v in values)
+
+
+def _plain(value: Any) -> Any:
+    if type(value) is int or type(value) is float or not checks.is_real(value):
+        return value  # (anything but a number is kept for the validator to name)
+    return int(value) if checks.is_whole(value) else checks.as_float(value)
 
 
 def _tool_set(values: Iterable[str] | None) -> frozenset[str] | None:
@@ -33,7 +41,7 @@ def _tool_set(values: Iterable[str] | None) -> frozenset[str] | None:
 
 
 def _check_edges(instance: object, attribute: attrs.Attribute, value: tuple[int, ...]) -> None:
-    if any(isinstance(e, bool) or not isinstance(e, int | float) or e <= 0 for e in value):
+    if not all(checks.as_float(e) > 0 for e in value):  # NaN (as_float of a bool or a string too) is no edge
         raise SpecError(f"size-class edges must be positive numbers, got {value!r}")
     if any(b <= a for a, b in zip(value, value[1:])):
         raise SpecError(f"size-class edges must increase strictly, got {value!r}")
@@ -51,8 +59,7 @@ class ToolReturnState:
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.tool, str) or not self.tool:
             raise SpecError(f"ToolReturnState.tool must be a non-empty string, got {self.tool!r}")
-        if isinstance(self.size_class, bool) or not isinstance(self.size_class, int) or self.size_class < 0:
-            raise SpecError(f"ToolReturnState.size_class must be an integer >= 0, got {self.size_class!r}")
+        checks.whole("ToolReturnState", "size_class", self.size_class, 0)
         if self.status not in TOOL_STATUSES:
             raise SpecError(f"ToolReturnState.status must be one of {', '.join(TOOL_STATUSES)}, got {self.status!r}")
 
@@ -87,7 +94,7 @@ class StateCodec:
     _states: list[ToolReturnState] = attrs.field(factory=list, init=False)
 
     def size_class(self, tool_tokens: int) -> int:
-        if isinstance(tool_tokens, bool) or not isinstance(tool_tokens, int) or tool_tokens < 0:
+        if not (checks.is_whole(tool_tokens) and tool_tokens >= 0):
             raise SpecError(f"tool_tokens must be a non-negative integer, got {tool_tokens!r}")
         return bisect.bisect_right(self.size_edges, tool_tokens)
 

@@ -33,16 +33,14 @@ from libra.scheduling.eviction import Entry, Eviction
 from libra.scheduling.node import Node, NodeStats, leaf, refresh_all
 from libra.scheduling.size_classes import QuantileStateCodec
 from libra.scheduling.states import DEFAULT_SIZE_EDGES, StateCodec, ToolReturnState
-from libra.spec import SpecError
+from libra.spec import SpecError, checks
 from libra.workloads.trace import Trajectory
 
 FORMAT_VERSION = 1
 
 
 def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SpecError(f"PrefixTree.{name} must be an integer >= 1, got {value!r}")
-    return value
+    return checks.whole("PrefixTree", name, value, 1)
 
 
 def _distinct_prefixes(paths: list[list[int]]) -> int:

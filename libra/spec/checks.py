@@ -3,6 +3,9 @@
 A bool is never a number (`True` would pass as 1); numpy's integers and floats are numbers like Python's. Each
 check returns the value as a plain `int` or `float`, for callers that keep it. `type(value) is int` (or `float`)
 comes first: the planner builds values in loops, and the `numbers` ABCs cost more than the exact type test.
+
+A module with its own error class and wording (`RunConfigError`, the elastic side channel's ValueError) still takes
+its numbers through `is_whole` and `as_float`, so that it accepts and refuses what these checks do.
 """
 
 from __future__ import annotations

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import numbers
 import time
 
 import attrs
@@ -16,7 +15,7 @@ from libra.planning.placement.problem import (
     build_problem,
     placement_cost,
 )
-from libra.spec import ClusterSpec, ModelSpec, Placement, Plan, SpecError
+from libra.spec import ClusterSpec, ModelSpec, Placement, Plan, SpecError, checks
 
 
 @attrs.frozen(kw_only=True)
@@ -33,15 +32,11 @@ class PlacementResult:
 def _check_arguments(*, time_limit_s: float, num_workers: int, kv_reserve_tokens: int) -> None:
     """Bad solver settings are the caller's error, said before any work (CP-SAT would reject a negative or NaN
     time limit as MODEL_INVALID, which reads as a bug in the model builder)."""
-    if isinstance(time_limit_s, bool) or not isinstance(time_limit_s, numbers.Real) or not 0 < time_limit_s < math.inf:
+    if not 0 < checks.as_float(time_limit_s) < math.inf:  # a bool or a string: as_float is NaN
         raise SpecError(f"time_limit_s must be a finite number of seconds > 0, got {time_limit_s!r}")
-    if isinstance(num_workers, bool) or not isinstance(num_workers, numbers.Integral) or num_workers < 0:
+    if not (checks.is_whole(num_workers) and num_workers >= 0):
         raise SpecError(f"num_workers must be an integer >= 0 (0: CP-SAT's default), got {num_workers!r}")
-    if (
-        isinstance(kv_reserve_tokens, bool)
-        or not isinstance(kv_reserve_tokens, numbers.Integral)
-        or kv_reserve_tokens < 0
-    ):
+    if not (checks.is_whole(kv_reserve_tokens) and kv_reserve_tokens >= 0):
         raise SpecError(f"kv_reserve_tokens must be an integer >= 0, got {kv_reserve_tokens!r}")
 
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import zlib
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
-from libra.spec import SpecError
+from libra.spec import SpecError, checks
 from libra.workloads.generators import dapo_math, r2e_gym, search_r1, swe_agent
 from libra.workloads.generators._base import GeneratedStep, PromptPool, TurnFields, cap_lengths
 from libra.workloads.trace import MAX_TOKENS, Trajectory
@@ -33,12 +34,12 @@ MAX_GENERATED = 10 * MAX_TRAJECTORIES_PER_STEP  # trajectories of one `generate`
 __all__ = ["WORKLOAD_NAMES", "GeneratedStep", "TurnFields", "WorkloadGenerator", "generate"]
 
 
-def _positive_int(name: str, value: object, highest: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+def _positive_int(name: str, value: Any, highest: int | None = None) -> int:
+    if not (checks.is_whole(value) and value >= 1):
         raise SpecError(f"{name} must be an integer >= 1, got {value!r}")
     if highest is not None and value > highest:
         raise SpecError(f"{name} must be at most {highest:,}, got {value:,}")
-    return value
+    return int(value)
 
 
 class WorkloadGenerator:
@@ -63,7 +64,7 @@ class WorkloadGenerator:
     ) -> None:
         if not isinstance(name, str) or name not in _MODULES:
             raise SpecError(f"unknown workload {name!r}; expected one of {', '.join(WORKLOAD_NAMES)}")
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        if not (checks.is_whole(seed) and seed >= 0):
             raise SpecError(f"seed must be a non-negative integer, got {seed!r}")
         self.name = name
         self.seed = seed
@@ -106,8 +107,8 @@ class WorkloadGenerator:
             )
         return self._epochs[epoch]
 
-    def _check_step(self, step: object) -> int:
-        if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+    def _check_step(self, step: Any) -> int:
+        if not (checks.is_whole(step) and step >= 0):
             raise SpecError(f"step must be a non-negative integer, got {step!r}")
         # the prompts of a step are positions step * num_prompts + i in the run's sequence of prompts (int64)
         highest = (2**63 - 1) // self.num_prompts - 1
@@ -155,8 +156,8 @@ def generate(
     **kw,
 ) -> list[Trajectory]:
     """Trajectories of steps `start_step .. start_step + num_steps - 1`, in step order."""
-    _positive_int("num_steps", num_steps)
-    if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+    num_steps = _positive_int("num_steps", num_steps)
+    if not (checks.is_whole(start_step) and start_step >= 0):
         raise SpecError(f"start_step must be a non-negative integer, got {start_step!r}")
     gen = WorkloadGenerator(name, seed=seed, num_prompts=num_prompts, samples_per_prompt=samples_per_prompt, **kw)
     total = num_steps * num_prompts * samples_per_prompt

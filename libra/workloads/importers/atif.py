@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from libra.spec import checks
 from libra.workloads.importers.common import Return, Segment, StatusRules, build_trajectory, iter_records, text_of
 from libra.workloads.trace import TraceError, Trajectory
 
@@ -38,8 +39,8 @@ def _trajectories(value: Any, path: Path, line: int) -> Iterator[tuple[str, dict
 
 
 def _count_of(metrics: Any) -> int | None:
-    value = metrics.get("completion_tokens") if isinstance(metrics, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    value: Any = metrics.get("completion_tokens") if isinstance(metrics, dict) else None
+    return value if checks.is_whole(value) and value >= 0 else None
 
 
 def _generation(step: dict, count: Callable[[str], int]) -> tuple[int, dict[str, str]]:
@@ -124,7 +125,7 @@ def import_atif(path: Path, *, count: Callable[[str], int], rules: StatusRules) 
                 segments=segments,
                 path=path,
                 line=line,
-                reward=reward if isinstance(reward, int | float) and not isinstance(reward, bool) else None,
+                reward=reward if checks.is_real(reward) else None,
                 extra={"meta": meta} if meta else None,
             )
             n += 1

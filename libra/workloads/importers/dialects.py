@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from libra.spec import checks
 from libra.workloads.importers import frameworks, inspect_logs
 from libra.workloads.importers.common import CALL_NAMES, RESPONSE, STATUS, json_text, text_of
 
@@ -180,7 +181,7 @@ def _codex_item(m: dict) -> list[dict]:
     call = {"id": cid, "function": {"name": name, "arguments": json_text(args)}}
     result: dict[str, Any] = {"role": "tool", "tool_call_id": cid, "content": json_text(output)}
     code = m.get("exit_code")
-    if isinstance(code, int) and not isinstance(code, bool):
+    if checks.is_whole(code):
         result["exit_code"] = code
     if m.get("status") in ("failed", "declined") or (kind == "mcp_tool_call" and m.get("error")):
         result["is_error"] = True
@@ -232,7 +233,7 @@ def _json_output(output: Any) -> tuple[str, int | None] | None:
         return None
     meta = value.get("metadata")
     code = meta.get("exit_code") if isinstance(meta, dict) else None
-    return value["output"], code if isinstance(code, int) and not isinstance(code, bool) else None
+    return value["output"], code if checks.is_whole(code) else None
 
 
 # the keys under which a session log's event line carries its message (Claude Code: `message`; Codex CLI:

@@ -30,6 +30,7 @@ import ast
 import re
 from typing import Any
 
+from libra.spec import checks
 from libra.workloads.importers.common import CALL_NAMES, RESPONSE, STATUS, json_text, text_of
 
 _OH_SKIP_ACTIONS = {
@@ -187,7 +188,7 @@ def _oh_observation(m: dict) -> list[dict]:
     if m.get("cause") is not None:
         result["tool_call_id"] = str(m["cause"])
     code = extras.get("exit_code", meta.get("exit_code"))
-    code = code if isinstance(code, int) and not isinstance(code, bool) else None
+    code = code if checks.is_whole(code) else None
     if kind in _OH_ERROR_OBSERVATIONS or extras.get("error") is True:
         result["is_error"] = True
     elif code == -1 or code is None:

@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from libra.spec import checks
 from libra.workloads.importers import gemini_cli, inspect_logs
 from libra.workloads.importers.common import (
     CALL_NAMES,
@@ -290,7 +291,7 @@ def _status(msg: dict, text: str, rules: StatusRules) -> str:
     if err is None and msg.get("status") in _ERROR_STATUSES:
         err = True
     code = msg.get("exit_code", msg.get("returncode"))
-    code = code if isinstance(code, int) and not isinstance(code, bool) else exit_code_in(text)
+    code = code if checks.is_whole(code) else exit_code_in(text)
     return rules.classify(text, error=err, exit_code=code)
 
 
@@ -306,7 +307,7 @@ def _reward(record: dict) -> float | None:
     value = record.get("reward")
     if value is None and isinstance(record.get("reward_info"), dict):
         value = record["reward_info"].get("reward")
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if not checks.is_real(value):
         return None
     return value  # (not float(): an integer past a float's range is kept by build_trajectory, not an OverflowError)
 

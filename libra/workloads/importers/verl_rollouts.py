@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from libra.spec import checks
 from libra.workloads.importers.common import Return, Segment, build_trajectory, iter_records
 from libra.workloads.trace import TOOL_STATUSES, TraceError, Trajectory, parse_line
 
@@ -55,13 +56,13 @@ _USED = {
 
 
 def _ints(value: Any, path: Path, line: int, field: str) -> list[int]:
-    if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+    if not isinstance(value, list) or not all(type(v) is int or checks.is_whole(v) for v in value):
         raise TraceError(path, line, field, "must be a list of integers")
     return value
 
 
 def _count(value: Any, path: Path, line: int, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not (checks.is_whole(value) and value >= 0):
         raise TraceError(path, line, field, f"must be a non-negative integer, got {value!r}")
     return value
 
@@ -84,7 +85,7 @@ def _one(rec: dict, path: Path, line: int, where: str, n: int) -> Trajectory:
         # a row of verl's v1 trainers (read back from TransferQueue): the record is inside its extra_fields, and
         # the sample index is the row's session_id
         nested = fields["libra_trace"]
-        if "sample" not in rec and isinstance(rec.get("session_id"), int) and not isinstance(rec["session_id"], bool):
+        if "sample" not in rec and checks.is_whole(rec.get("session_id")):
             rec = {**rec, "sample": rec["session_id"]}
     if isinstance(nested, dict):  # a batch row with the record LibraToolAgentLoop left in extra_fields
         outer = {k: rec[k] for k in ("step", "sample", "reward") if k in rec and k not in nested}
@@ -155,12 +156,12 @@ def _one(rec: dict, path: Path, line: int, where: str, n: int) -> Trajectory:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return checks.is_real(value)
 
 
 def _count_or_none(value: Any) -> int | None:
     """`value` where it is a non-negative integer (not a bool), else None (a label the record may lack)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    return value if checks.is_whole(value) and value >= 0 else None
 
 
 def import_verl(path: Path, **_: Any) -> Iterator[Trajectory]:

@@ -21,7 +21,7 @@ import attrs
 import numpy as np
 
 from libra.planning.cost import BatchStats, CostCoefficients, CostModel
-from libra.spec import ClusterSpec, ModelSpec, SpecError, get_gpu, get_model
+from libra.spec import ClusterSpec, ModelSpec, SpecError, checks, get_gpu, get_model
 from libra.spec.loaders import construct, read_mapping
 
 ANCHORS_FILE = Path(__file__).with_name("anchors.yaml")
@@ -118,7 +118,9 @@ _FIXED = ("id", "family", "kind", "source", "gpu", "published", "unit", "split")
 
 
 def _number(raw: object) -> bool:
-    return not isinstance(raw, bool) and isinstance(raw, int | float) and math.isfinite(raw) and raw > 0
+    """A finite number > 0 as `libra.spec.checks` reads numbers (a bool, a string or an integer too large for a
+    float is none)."""
+    return 0 < checks.as_float(raw) < math.inf
 
 
 def _check_setup(where: str, kind: str, setup: dict) -> None:
