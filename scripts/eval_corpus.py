@@ -1,6 +1,6 @@
 """Routing on every source of the real-trajectory corpus, and the leave-one-source-out choice of C-MLFQ options.
 
-    python scripts/eval_corpus.py [--corpus data/corpus] [--json FILE]
+    python scripts/eval_corpus.py [--corpus data/corpus] [--json FILE] [--orders K [--order-seed S]]
 
 Per source: four buckets at its own 25/50/75 % length quantiles, and on coding sources also `1:8000,2:16000,
 4:32000,8:inf`; the baselines, the C-MLFQ presets and the candidate structures of the adaptive preset on each.
@@ -8,24 +8,38 @@ Then, per source, the candidate that did best on the *other* sources (mean margi
 their bucket sets, among the candidates that carry at most 12 % of the tokens on each of them; sources of >= 100
 trajectories only), reported on the held-out source, and the default (the `adaptive` preset) on every source.
 Prints markdown tables (docs/routing.md).
+
+With `--orders K`, each source is also replayed in K random orders of its trajectories (`shuffled_runs`: a
+trajectory's turns stay in order, and the runs of one task keep their file order, since a retry comes after the
+first run in any real log), the baselines in the same order as the default each time; a last table gives, per
+source and bucket set, the default's margin over the best baseline and its migrated tokens in file order, their
+min / median / max over the K orders, and how many orders meet the target (>= 5 points, <= 12 % migrated).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
+import zlib
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from libra.scheduling import CMLFQ_PRESETS
 from libra.scheduling.sources import BASELINES, MAX_MIGRATED, margin, quantile_buckets, score_source
-from libra.spec import format_buckets, parse_buckets
+from libra.spec import Bucket, format_buckets, parse_buckets
 from libra.workloads.corpus import DEFAULT_CORPUS, load_corpus, load_manifest
+from libra.workloads.trace import Trajectory
 
 BASE = CMLFQ_PRESETS["adaptive"]
-MECHANISMS = {"fixed": {"shrink": 0.0, "budget_mix": False}, "fitted": {"shrink": "auto", "budget_mix": True}}
+MECHANISMS: dict[str, dict[str, Any]] = {
+    "fixed": {"shrink": 0.0, "budget_mix": False},
+    "fitted": {"shrink": "auto", "budget_mix": True},
+}
 ADMISSION = {"experts": {"admit_select": True}, "tree": {"admit_select": False}}
 # (size classes: `breaks:4` throughout; `quantile:3` was within a point of it on every source when it was a
 # dimension of this choice, docs/routing.md)
@@ -49,13 +63,91 @@ CANDIDATES = {
 PRESETS = {"cmlfq-published": CMLFQ_PRESETS["published"], "cmlfq-priced": CMLFQ_PRESETS["priced"], "default": BASE}
 CODING_BUCKETS = "1:8000,2:16000,4:32000,8:inf"
 MIN_SELECT = 100
+TARGET_MARGIN = 0.05  # the issue's target: >= 5 points over the best baseline, at <= MAX_MIGRATED
+
+
+def shuffled_runs(trajectories: Sequence[Trajectory], rng: np.random.Generator) -> list[Trajectory]:
+    """A random order of `trajectories`, every one exactly once, in which the runs of one task (prompt id) keep
+    their file order: a uniform permutation, then each task's slots refilled with its runs in file order. That is
+    uniform over the orders that keep the runs of each task in sequence (each is hit by the same number of
+    permutations)."""
+    runs: dict[str, list[Trajectory]] = {}
+    for t in trajectories:
+        runs.setdefault(t.prompt_id, []).append(t)
+    queues = {task: iter(ts) for task, ts in runs.items()}
+    return [next(queues[trajectories[i].prompt_id]) for i in rng.permutation(len(trajectories))]
+
+
+def source_orders(name: str, trajectories: Sequence[Trajectory], num_orders: int, seed: int) -> list[list[Trajectory]]:
+    """`num_orders` orders of one source, from a generator seeded by `seed` and the source's name (so a source's
+    orders do not depend on which other sources the corpus holds)."""
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    return [shuffled_runs(trajectories, rng) for _ in range(num_orders)]
+
+
+def default_gap(trajectories: Sequence[Trajectory], buckets: Sequence[Bucket]) -> tuple[float, float, str]:
+    """The default's margin over the best baseline (accuracy minus accuracy), its migrated-token fraction, and the
+    best baseline, the baselines replayed in the same order as the default."""
+    return gap_of(score_source(trajectories, buckets, {"default": BASE}))
+
+
+def gap_of(res: dict) -> tuple[float, float, str]:
+    best = max(BASELINES, key=lambda b: res[b].routing_accuracy)
+    return res["default"].routing_accuracy - res[best].routing_accuracy, res["default"].migrated_token_fraction, best
+
+
+def meets_target(gap: float, migrated: float) -> bool:
+    # (both accuracies are counts over the same trajectories: the slack only absorbs the rounding of their
+    # difference, so that a margin of exactly 5 points counts as met)
+    return gap >= TARGET_MARGIN - 1e-12 and migrated <= MAX_MIGRATED
+
+
+def order_row(source: str, buckets: str, file_order: tuple[float, float, str], orders: list[tuple]) -> str:
+    """One markdown row: file order, then min / median / max over the orders, and the orders meeting the target."""
+    gaps = [100 * g for g, _, _ in orders]
+    moved = [100 * m for _, m, _ in orders]
+    met = sum(meets_target(g, m) for g, m, _ in orders)
+
+    def spread(xs: list[float], fmt: str) -> str:
+        return " / ".join(format(x, fmt) for x in (min(xs), statistics.median(xs), max(xs)))
+
+    return (
+        f"| {source} | {buckets} | {100 * file_order[0]:+.1f} ({100 * file_order[1]:.1f}%) | {spread(gaps, '+.1f')} "
+        f"| {spread(moved, '.1f')} | {met} / {len(orders)} |"
+    )
+
+
+def order_table(corpus: dict, units: dict, num_orders: int, seed: int) -> dict[str, Any]:
+    """Print the table of the default in `num_orders` random orders per source; return its figures (for --json)."""
+    print(
+        "| source | buckets | file order: margin (migrated) | margin min / median / max | migrated % min / median "
+        "/ max | orders meeting the target |"
+    )
+    print("|---|---|---:|---:|---:|---:|")
+    out: dict[str, Any] = {}
+    for name, trajs in corpus.items():
+        shuffles = source_orders(name, trajs, num_orders, seed)
+        for buckets, res in units[name]:
+            print(f"{name}: {num_orders} orders, buckets {buckets}", file=sys.stderr)
+            rows = [default_gap(order, parse_buckets(buckets)) for order in shuffles]
+            print(order_row(name, buckets, gap_of(res), rows))
+            out.setdefault(name, {})[buckets] = [
+                {"margin": g, "migrated_token_fraction": m, "best_baseline": b} for g, m, b in rows
+            ]
+    return out
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--corpus", default=str(DEFAULT_CORPUS), help="corpus folder (default data/corpus)")
     p.add_argument("--json", default=None, metavar="FILE", help="also write every result as JSON")
+    p.add_argument("--orders", type=int, default=0, metavar="K", help="also replay each source in K random orders")
+    p.add_argument("--order-seed", type=int, default=0, metavar="S", help="seed of those orders (default 0)")
     args = p.parse_args()
+    if args.orders < 0:
+        p.error(f"--orders {args.orders}: wanted a number of orders >= 0")
+    if args.order_seed < 0:  # (numpy seeds are non-negative)
+        p.error(f"--order-seed {args.order_seed}: wanted an integer >= 0")
     if args.json and not Path(args.json).resolve().parent.is_dir():
         p.error(f"--json {args.json}: its folder does not exist")
     try:
@@ -95,11 +187,11 @@ def main() -> int:
         ] or list(CANDIDATES)
         chosen = max(feasible, key=lambda c: np.mean([source_margin(s, c) for s in others]))
         loso[held] = chosen
-        for buckets, res in units[held]:
+        for label, res in units[held]:
             r = res[chosen]
             best = max(BASELINES, key=lambda b: res[b].routing_accuracy)
             print(
-                f"| {held} | {buckets} | {chosen} | {r.routing_accuracy:.1%} / {r.migrated_token_fraction:.1%} | "
+                f"| {held} | {label} | {chosen} | {r.routing_accuracy:.1%} / {r.migrated_token_fraction:.1%} | "
                 f"{best} {res[best].routing_accuracy:.1%} | "
                 f"{100 * (r.routing_accuracy - res[best].routing_accuracy):+.1f} |"
             )
@@ -108,11 +200,11 @@ def main() -> int:
     print("| source | buckets | " + " | ".join(cols) + " | margin |")
     print("|---|---|" + "---:|" * (len(cols) + 1))
     for s, rows in units.items():
-        for buckets, res in rows:
+        for label, res in rows:
             cells = [f"{res[c].routing_accuracy:.1%} ({res[c].migrated_token_fraction:.1%})" for c in cols]
-            best = max(res[b].routing_accuracy for b in BASELINES)
-            gap = 100 * (res["default"].routing_accuracy - best)
-            print(f"| {s} | {buckets} | " + " | ".join(cells) + f" | {gap:+.1f} |")
+            top = max(res[b].routing_accuracy for b in BASELINES)
+            gap = 100 * (res["default"].routing_accuracy - top)
+            print(f"| {s} | {label} | " + " | ".join(cells) + f" | {gap:+.1f} |")
     print()
     print(
         "| candidate | mean margin (sources >= 100) | "
@@ -126,9 +218,17 @@ def main() -> int:
             f"{r[c].routing_accuracy:.1%} ({r[c].migrated_token_fraction:.1%})" for s in units for _, r in units[s]
         ]
         print(f"| {c} | {100 * mean:+.1f} | " + " | ".join(cells) + " |")
+    orders: dict[str, Any] = {}
+    if args.orders:
+        print()
+        orders = order_table(corpus, units, args.orders, args.order_seed)
     if args.json:
-        out = {s: {b: {k: v.to_dict() for k, v in r.items()} for b, r in rows} for s, rows in units.items()}
+        out: dict[str, Any] = {
+            s: {b: {k: v.to_dict() for k, v in r.items()} for b, r in rows} for s, rows in units.items()
+        }
         out["_loso"] = loso
+        if orders:
+            out["_orders"] = {"seed": args.order_seed, "sources": orders}
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)
     return 0
