@@ -15,7 +15,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import attrs
 import numpy as np
@@ -252,6 +252,11 @@ def measure_endpoint(
                 gaps.extend(np.diff(times[1:]).tolist())
         if not gaps:
             raise ProfileError(f"{base} streamed no tokens (does it support stream=true and ignore_eos?)")
+        if statistics.median(gaps) <= 0:  # (a measured time must be > 0: the fit's error is relative to it)
+            raise ProfileError(
+                f"{base} sent the tokens of most decode steps at once (median gap 0 s at batch {b}): a proxy that "
+                "buffers the stream? profile the engine's own URL"
+            )
         decode.append(DecodeStep(batch=b, context=c + grid.decode_tokens / 2.0, time_s=statistics.median(gaps)))
         tick(f"decode b={b} ctx={c}")
     prefill = []
@@ -302,7 +307,3 @@ def measure_torch_trainer(model_dir: str, grid: Grid, *, seed: int = 0, tick: Pr
             out.append(TrainStep(seq_len=length, micro_batch=mb, time_s=min(times)))
             tick(f"train len={length} mb={mb}")
     return out
-
-
-def measurable(points: Sequence) -> bool:
-    return all(p.time_s > 0 for p in points)

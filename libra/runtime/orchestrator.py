@@ -33,7 +33,7 @@ from libra.adapters.types import Sampling
 from libra.elastic import ElasticController, StartInstance, StopInstance
 from libra.planning import ReplanGate
 from libra.planning.placement import place
-from libra.runtime import checkpoint, virtual
+from libra.runtime import checkpoint, rollout, virtual
 from libra.runtime.agent import AgentFactory, default_agent_factory
 from libra.runtime.backend import make_backend, push_weights
 from libra.runtime.clock import Clock
@@ -139,6 +139,8 @@ class Orchestrator:
         if cfg.model is None and not (self.out / "model" / "config.json").is_file():
             build_tiny_model(model_dir, seed=cfg.seed)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.prompt_ids = [list(self.tokenizer.encode(p)) for p in cfg.prompts]
+        rollout.check_prompts_fit(cfg.prompts, self.prompt_ids, cfg.engine.max_model_len)  # before trainer, engines
         self.trainer = TorchDDPTrainer(
             model=LlamaForCausalLM.from_pretrained(model_dir),
             distributed=False,
@@ -149,7 +151,6 @@ class Orchestrator:
         self.gate = ReplanGate(
             to_rollout_s=cfg.replan.to_rollout_s, min_relative_gain=cfg.replan.min_relative_gain, nonblocking_join=True
         )
-        self.prompt_ids = [list(self.tokenizer.encode(p)) for p in cfg.prompts]
         self.pending: list[dict[str, Any]] = []  # decisions applied before the next rollout
         self.history: dict[int, list[TrajectoryRecord]] = {}
         self.trained: set[tuple[int, str]] = set()

@@ -118,6 +118,8 @@ def step_record(
             "duplicated": duplicated,
             "retried": info["retried"],
             "requeued": info["requeued"],
+            # ended when their context filled the engine's max_model_len (each says so in trace.jsonl)
+            "truncated": sum(1 for t in trajectories if "truncated" in t.extra),
         },
         "rollout_window_s": info["rollout_window_s"],
         "train_window_s": [round(result.start, 4), round(result.end, 4)],

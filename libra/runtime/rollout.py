@@ -5,12 +5,18 @@ returns and on growth); this loop adds what a runtime needs around it: the weigh
 oldest version that produced any of its tokens), a callback between engine polls (the orchestrator pushes new
 weights and starts training there, so rollout and training overlap), re-queues after engine deaths, retries of a
 trajectory that failed outright (a new request id, counted), and the time spent inside engines and tools.
+
+Lengths: a turn never asks for more tokens than its instance's `max_model_len` leaves (its `max_tokens` is clamped to
+the room, as vLLM stops a turn at the length), and a trajectory whose context fills `max_model_len` ends there,
+recorded as `truncated` (its tool is not called: no turn could follow it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -21,7 +27,14 @@ from libra.adapters.routing import RoutedRollout
 from libra.adapters.types import EventKind, Sampling
 from libra.runtime.agent import Agent
 from libra.runtime.clock import Clock
+from libra.runtime.config import RunConfigError
+from libra.spec import checks
 from libra.workloads.trace import Trajectory, Turn
+
+# Longer than the backends' own bounds (a hung engine is killed after `waits.engine_check_s` x
+# `waits.engine_missed_checks`, 180 s by default; a silent Ray actor is dead after its grace, 600 s), so that a slow
+# engine is a death first and this bound only ends a rollout that is stuck with nothing declared dead.
+MAX_IDLE_S = 1800.0
 
 
 class LiveRoutedRollout(RoutedRollout):
@@ -67,6 +80,7 @@ class TrajectoryRecord:
     reward: float = 0.0
     attempts: int = 1
     requeues: int = 0
+    truncated: str | None = None  # why the trajectory ended before its agent ended it (its context filled)
 
     def trajectory(self) -> Trajectory:
         turns = tuple(
@@ -80,7 +94,11 @@ class TrajectoryRecord:
             sample=self.sample,
             step=self.step,
             reward=self.reward,
-            extra={"request_id": self.request_id, "instances": list(self.instances)},
+            extra={
+                "request_id": self.request_id,
+                "instances": list(self.instances),
+                **({"truncated": self.truncated} if self.truncated is not None else {}),
+            },
         )
 
 
@@ -104,12 +122,23 @@ def run_rollout(
     clock: Clock,
     on_poll: Callable[[], Any] | None = None,
     max_attempts: int = 3,
-    max_idle_polls: int = 200_000,
+    max_idle_s: float = MAX_IDLE_S,
+    max_idle_polls: int | None = None,
 ) -> dict[str, TrajectoryRecord]:
     """Run every trajectory of `prompts` (request id -> (prompt id, sample, prompt token ids)) to its end.
     `sampling(request_id, turn_index)` gives each turn's sampling settings. Returns one record per request id;
     a trajectory that fails is retried from its prompt (up to `max_attempts`), so none is dropped silently: if
-    it still fails, `RolloutLost` is raised."""
+    it still fails, `RolloutLost` is raised. `RolloutStalled` when no engine event came for `max_idle_s` seconds
+    of `clock` while requests were running (`max_idle_polls`, a count of polls, is deprecated: how long a poll
+    takes depends on the backend and on the machine's load)."""
+    _check_idle_bound(max_idle_s)
+    if max_idle_polls is not None:
+        warnings.warn(
+            "run_rollout(max_idle_polls=...) is deprecated and will be removed in the next release: the bound is a "
+            f"time now, pass max_idle_s (seconds; default {MAX_IDLE_S:g})",
+            DeprecationWarning,
+            stacklevel=2,
+        )
     backend = routed.backend
     live: dict[str, _Live] = {}
     done: dict[str, TrajectoryRecord] = {}
@@ -119,8 +148,9 @@ def run_rollout(
         backend_id = rid if attempt == 1 else f"{rid}~{attempt}"
         rec = TrajectoryRecord(request_id=rid, prompt_id=pid, sample=sample, step=step, prompt_tokens=len(ids))
         rec.attempts, rec.requeues = attempt, requeues  # the re-queues of failed attempts stay counted
+        first = _fit_turn(sampling(rid, 0), _smallest_limit(backend), len(ids))
         with clock.span("engine"):
-            inst = routed.admit(backend_id, prompt_id=pid, prompt_token_ids=ids, sampling=sampling(rid, 0))
+            inst = routed.admit(backend_id, prompt_id=pid, prompt_token_ids=ids, sampling=first)
         rec.instances.append(inst)
         live[backend_id] = _Live(rec=rec, rid=backend_id, turn_start=len(ids), mask=[0] * len(ids))
 
@@ -150,7 +180,7 @@ def run_rollout(
     try:
         for rid in prompts:
             start(rid, 1)
-        idle = 0
+        idle, idle_since = 0, clock.now()
         while live:
             if on_poll is not None:
                 on_poll()
@@ -158,14 +188,19 @@ def run_rollout(
                 events = backend.poll()
             if not events:
                 idle += 1
-                if idle > max_idle_polls or not getattr(backend, "has_running", lambda: True)():
-                    if not getattr(backend, "has_running", lambda: True)() and live:
-                        for st in list(live.values()):
-                            close(st, "no running request and no event: the engine lost it")
-                        continue
-                    raise RuntimeError(f"rollout of step {step} made no progress in {max_idle_polls} polls")
+                if not getattr(backend, "has_running", lambda: True)():
+                    for st in list(live.values()):
+                        close(st, "no running request and no event: the engine lost it")
+                    continue
+                waited = clock.now() - idle_since
+                if waited > max_idle_s or (max_idle_polls is not None and idle > max_idle_polls):
+                    raise RolloutStalled(
+                        f"rollout of step {step} made no progress for {waited:.1f} s ({idle} polls without an "
+                        f"event; the bound is {max_idle_s:g} s"
+                        + (f" or {max_idle_polls} polls)" if max_idle_polls is not None else ")")
+                    )
                 continue
-            idle = 0
+            idle, idle_since = 0, clock.now()
             for ev in events:
                 routed.events.append(ev)
                 found = live.get(ev.request_id)
@@ -201,6 +236,47 @@ class RolloutLost(RuntimeError):
     """A trajectory failed on every attempt (no live instance could serve it)."""
 
 
+class RolloutStalled(RuntimeError):
+    """No engine event for `max_idle_s` seconds while requests were running, and no engine was declared dead."""
+
+
+def check_prompts_fit(prompts: Sequence[str], prompt_ids: Sequence[Sequence[int]], max_model_len: int) -> None:
+    """Refuse a prompt that alone fills the engines' `max_model_len` (`RunConfigError`, one line): a turn's
+    `max_tokens` is clamped to the room left and a full context ends a trajectory, but a trajectory needs a turn."""
+    for i, (text, ids) in enumerate(zip(prompts, prompt_ids, strict=True)):
+        if len(ids) >= max_model_len:
+            raise RunConfigError(
+                f"prompts[{i}] ({text[:40]!r}) is {len(ids)} tokens: engine.max_model_len {max_model_len} leaves no "
+                f"room to generate; raise engine.max_model_len above {len(ids)} or shorten the prompt"
+            )
+
+
+def _check_idle_bound(max_idle_s: object) -> None:
+    if not 0 < checks.as_float(max_idle_s) < math.inf:  # a bool or a string: as_float is NaN
+        raise ValueError(f"max_idle_s must be finite seconds > 0, got {max_idle_s!r}")
+
+
+def _limit(backend: Any, instance: str) -> int | None:
+    """The `max_model_len` of `instance` (None: the backend does not say)."""
+    spec = getattr(backend, "spec", None)
+    return None if spec is None else int(spec(instance).max_model_len)
+
+
+def _smallest_limit(backend: Any) -> int | None:
+    """The smallest `max_model_len` of the live instances (a request is admitted before the router picks one)."""
+    limits = [_limit(backend, name) for name in backend.instances()]
+    known = [x for x in limits if x is not None]
+    return min(known) if known else None
+
+
+def _fit_turn(sampling: Sampling, limit: int | None, context: int) -> Sampling:
+    """`sampling` with `max_tokens` clamped to the room `limit - context` leaves (at least 1: a context that fills
+    the limit is the backend's to refuse); unchanged where it fits or the limit is unknown."""
+    if limit is None or sampling.max_tokens <= limit - context:
+        return sampling
+    return attrs.evolve(sampling, max_tokens=max(1, limit - context))
+
+
 def _end_turn(routed, st: _Live, agent, sampling, max_turns, clock: Clock, close) -> None:
     backend = routed.backend
     with clock.span("engine"):
@@ -212,7 +288,10 @@ def _end_turn(routed, st: _Live, agent, sampling, max_turns, clock: Clock, close
     st.turn_version = None
     index = len(rec.turns)
     result = None
-    if index + 1 < max_turns:
+    limit = _limit(backend, backend.instance_of(st.rid)) if hasattr(backend, "spec") else None
+    if limit is not None and len(context) >= limit:  # no room for another turn: the trajectory ends here
+        rec.truncated = f"its context of {len(context)} tokens fills max_model_len {limit}"
+    elif index + 1 < max_turns:
         t0 = time.perf_counter()
         with clock.span("tools"):
             result = agent.tool(st.rid if st.rid == rec.request_id else rec.request_id, generated, index)
@@ -222,11 +301,12 @@ def _end_turn(routed, st: _Live, agent, sampling, max_turns, clock: Clock, close
         rec.turn_versions.append(version)
         close(st, None)
         return
-    room = backend.spec(backend.instance_of(st.rid)).max_model_len if hasattr(backend, "spec") else None
+    following = sampling(rec.request_id, index + 1)
     output = result.output_token_ids
-    if room is not None:  # never let a tool output fill the context: the next turn needs room to generate
-        output = output[: max(0, room - len(context) - 2 - routed_max_tokens(sampling, rec.request_id, index + 1))]
+    if limit is not None:  # never let a tool output fill the context: the next turn needs room to generate
+        output = output[: max(0, limit - len(context) - 2 - following.max_tokens)]
         result = attrs.evolve(result, output_token_ids=tuple(output))
+        following = _fit_turn(following, limit, len(context) + len(output))
     rec.turns.append(
         Turn(gen_tokens=len(generated), tool=result.tool, tool_status=result.status, tool_tokens=len(output))
     )
@@ -235,7 +315,7 @@ def _end_turn(routed, st: _Live, agent, sampling, max_turns, clock: Clock, close
     st.mask.extend([0] * len(output))
     try:
         with clock.span("engine"):
-            moved = routed.tool_return(st.rid, result, sampling(rec.request_id, index + 1))
+            moved = routed.tool_return(st.rid, result, following)
     except RequestFailedError as exc:
         close(st, exc.reason)
         return
@@ -243,10 +323,6 @@ def _end_turn(routed, st: _Live, agent, sampling, max_turns, clock: Clock, close
         rec.instances.append(moved.to_instance)
     with clock.span("engine"):
         st.turn_start = len(backend.context(st.rid))
-
-
-def routed_max_tokens(sampling, request_id: str, turn: int) -> int:
-    return sampling(request_id, turn).max_tokens
 
 
 def worker_loads(records: Mapping[str, TrajectoryRecord]) -> dict[str, dict[str, float]]:

@@ -7,6 +7,7 @@ The planner groups the sample into length quantiles, so a profile of 8,192 traje
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -19,6 +20,9 @@ _PLAIN = frozenset((float,))
 _SIZES = ("mean_total", "mean_gen", "max_total", "mean_turns", "max_gen", "max_turns", "max_tool_gen")
 MAX_TOKENS = 1_000_000_000  # tokens in one trajectory: 100 x the trace loader's bound
 MAX_REQUESTS = 1_000_000_000  # trajectories in one step: far above any RL step, small enough to price in floats
+# a group's means are sums over its trajectories divided by their count: in floats the mean of equal lengths may
+# come out an ulp above them (3 x 0.1 / 3 > 0.1), which is no impossible group
+_ROUNDING = 1.0 + 1e-9
 
 
 @attrs.frozen(kw_only=True)
@@ -50,6 +54,22 @@ class LengthGroup:
                 checks.number("LengthGroup", name, value, 0.0)
         checks.seconds("LengthGroup", "max_tool_s", self.max_tool_s, none=True)
         checks.seconds("LengthGroup", "max_gen_tool_s", self.max_gen_tool_s, none=True)
+        top = self.max_total * _ROUNDING
+        if not (self.mean_total <= top and self.max_gen <= top and self.max_tool_gen <= top):
+            self._refuse_shape()
+        if not self.mean_gen <= self.mean_total * _ROUNDING:
+            self._refuse_shape()
+
+    def _refuse_shape(self) -> None:
+        """One line naming the first of the group's sizes that no group of trajectories can have."""
+        for name, value, label, bound, why in (
+            ("mean_total", self.mean_total, "max_total", self.max_total, "no mean is above its maximum"),
+            ("mean_gen", self.mean_gen, "mean_total", self.mean_total, "decoded tokens are part of the total"),
+            ("max_gen", self.max_gen, "max_total", self.max_total, "no trajectory of the group is longer"),
+            ("max_tool_gen", self.max_tool_gen, "max_total", self.max_total, "no trajectory of the group is longer"),
+        ):
+            if value > bound * _ROUNDING:
+                checks.fail("LengthGroup", name, f"<= {label} {bound!r} ({why})", value)
 
     @property
     def tail_gen(self) -> float:
@@ -117,6 +137,14 @@ class WorkloadProfile:
             raise SpecError(f"WorkloadProfile.total_lengths must be finite token counts >= 0 and <= {MAX_TOKENS:,}")
         if not (math.isfinite(sum(self.gen_tokens)) and min(self.gen_tokens) >= 0):  # (a NaN or inf makes the sum so)
             raise SpecError("WorkloadProfile.gen_tokens must be finite token counts >= 0")
+        if any(map(operator.gt, self.gen_tokens, self.total_lengths)):  # decoded tokens are part of the total
+            i, gen, total = next(
+                (i, g, t) for i, (g, t) in enumerate(zip(self.gen_tokens, self.total_lengths)) if g > t
+            )
+            raise SpecError(
+                f"WorkloadProfile {self.name!r}: trajectory {i} (by total length) decodes {gen:g} tokens of a total "
+                f"of {total:g}; gen_tokens must be <= total_lengths"
+            )
         if self.turns and not (math.isfinite(sum(self.turns)) and min(self.turns) >= 0):
             raise SpecError("WorkloadProfile.turns must be finite counts >= 0")
 

@@ -294,7 +294,8 @@ def test_a_whole_profile_fit_names_its_groups_reports_held_out_errors_and_starts
     ]  # noqa: E501
     burst = RequestBurst(requests=8, prompt_tokens=16.0, time_s=1.0)
     burst = attrs.evolve(burst, time_s=burst.predict(cm))
-    steps = [TrainStep(seq_len=n, micro_batch=2, time_s=1.0) for n in (512, 1024, 2048)]
+    # 4 steps: the fit sees 3 (one in 3 held out) for its 3 coefficients (with 3 steps it saw 2: refused now)
+    steps = [TrainStep(seq_len=n, micro_batch=2, time_s=1.0) for n in (512, 1024, 2048, 4096)]
     no_logp = CostModel(cm.cluster, MODEL, CostCoefficients(logprob_forward_passes=0))
     steps = [attrs.evolve(t, time_s=t.measurement().predict(no_logp)) for t in steps]
     start = CostCoefficients(kv_fill=0.5)  # not fitted by any group: kept
@@ -303,7 +304,7 @@ def test_a_whole_profile_fit_names_its_groups_reports_held_out_errors_and_starts
         ("decode", 6, 2),
         ("prefill", 3, 1),
         ("requests", 1, 0),
-        ("train", 3, 1),
+        ("train", 4, 1),
     ]
     assert fit.coeffs.kv_fill == 0.5 and fit.coeffs.logprob_forward_passes == start.logprob_forward_passes
     fitted = CostModel(cm.cluster, MODEL, fit.coeffs)

@@ -98,3 +98,57 @@ def test_model_from_a_hugging_face_config() -> None:
     assert (m.num_layers, m.head_dim, m.dtype_bytes, m.is_moe) == (2, 32, 4, False)
     with pytest.raises(SpecError, match="config.json"):
         model_from_hf_config({"hidden_size": 64}, name="broken")
+
+
+# -- points and groups that cannot have been measured: refused in one line naming them --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: DecodeStep(batch=4, context=512.0, time_s=-0.01), "DecodeStep(batch=4, context=512.0).time_s"),
+        (lambda: DecodeStep(batch=4, context=512.0, time_s=0.0), "DecodeStep(batch=4, context=512.0).time_s"),
+        (lambda: DecodeStep(batch=0, context=512.0, time_s=0.01), "DecodeStep(batch=0, context=512.0).batch"),
+        (lambda: DecodeStep(batch=4, context=-1.0, time_s=0.01), "DecodeStep(batch=4, context=-1.0).context"),
+        (lambda: DecodeStep(batch=4, context=512.0, time_s=0.01, tp=0), "DecodeStep(batch=4, context=512.0).tp"),
+        (lambda: Prefill(tokens=512.0, time_s=-1.0), "Prefill(tokens=512.0).time_s"),
+        (lambda: Prefill(tokens=0.0, time_s=0.1), "Prefill(tokens=0.0).tokens"),
+        (lambda: Prefill(tokens=512.0, time_s=math.nan), "Prefill(tokens=512.0).time_s"),
+        (
+            lambda: RequestBurst(requests=0, prompt_tokens=8.0, time_s=1.0),
+            "RequestBurst(requests=0, prompt_tokens=8.0)",
+        ),
+        (lambda: RequestBurst(requests=8, prompt_tokens=8.0, time_s=-1.0), "prompt_tokens=8.0).time_s"),
+        (lambda: TrainStep(seq_len=512, micro_batch=2, time_s=-3.0), "TrainStep(seq_len=512, micro_batch=2).time_s"),
+        (lambda: TrainStep(seq_len=0, micro_batch=2, time_s=3.0), "TrainStep(seq_len=0, micro_batch=2).seq_len"),
+        (
+            lambda: TrainStep(seq_len=512, micro_batch=0, time_s=3.0),
+            "TrainStep(seq_len=512, micro_batch=0).micro_batch",
+        ),
+    ],
+)
+def test_a_point_that_cannot_have_been_measured_is_refused_naming_it(make, message) -> None:
+    # before: accepted; a time of 0 made the fit's relative error infinite, a negative one fitted a negative time
+    with pytest.raises(SpecError) as err:
+        make()
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_group_with_fewer_points_for_its_fit_than_coefficients_is_refused() -> None:
+    decode, prefill, burst, train = _points(noise=0.0)
+    # 3 training steps: one held out, 2 seen by a fit of 3 coefficients (before: fitted, any of many answers)
+    with pytest.raises(SpecError) as err:
+        fit_profile(GPU, MODEL, decode=decode, train=train[:3])
+    assert str(err.value) == (
+        "train: 3 point(s), 2 for the fit, cannot fit 3 coefficients (train_mfu, train_attention_efficiency, "
+        "microbatch_overhead_s); measure at least 4 (one point in 3 is held out)"
+    )
+    with pytest.raises(SpecError, match=r"^decode: 2 point\(s\), 2 for the fit, cannot fit 3 .*at least 3 \(none"):
+        fit_profile(GPU, MODEL, decode=decode[:2], held_out_every=0)
+    fit = fit_profile(GPU, MODEL, decode=decode, prefill=prefill[:1], requests=burst, train=train[:4])
+    assert [(g.kind, g.points, g.held_out) for g in fit.groups] == [
+        ("decode", 12, 4),
+        ("prefill", 1, 0),  # one coefficient, one point
+        ("requests", 1, 0),
+        ("train", 4, 1),
+    ]

@@ -160,7 +160,8 @@ def test_a_failed_attempt_is_retried_and_teaches_the_router_nothing() -> None:
 def test_the_requeues_of_a_failed_attempt_stay_counted() -> None:
     backend = _Scripted(length=5, names=("i0", "i1", "i2"))
     router = make_router("cmlfq", (Bucket(tp=1, max_tokens=math.inf),))
-    polls, on_i0 = [], []
+    polls: list[int] = []
+    on_i0: list[str] = []
 
     def hand_over_i0_then_kill_i1() -> None:
         polls.append(1)

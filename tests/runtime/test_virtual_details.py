@@ -156,6 +156,7 @@ def test_a_step_record_accounts_for_the_orchestrator_wall_time() -> None:
         "duplicated": 1,
         "retried": 1,
         "requeued": 2,
+        "truncated": 0,
     }
     assert rec["train_window_s"] == [100.0, 112.5] and rec["rollout_window_s"] == [90.0, 110.0]
     assert rec["phases_s"]["rollout"] == 20.0 and rec["phases_s"]["train"] == 12.5

@@ -14,6 +14,11 @@ Each group fits the coefficients it pins down with `calibrate()` on most points 
 
 The coefficients are relative to the GPU spec given (the cost model describes GPUs): measured on a CPU engine they
 describe that engine as if it were the named GPU, which is what makes `--coeffs` reproduce the measured times.
+
+A point that cannot have been measured is refused when it is made, in one line naming it: a time that is not > 0
+(the fit's error is relative to it), a batch, micro-batch, request count or TP degree below 1, a negative context,
+a prefill, burst prompt or training sequence of no token. So is a group with fewer points for its fit than
+coefficients it fits (the held-out points do not count): such a fit is not determined by what was measured.
 """
 
 from __future__ import annotations
@@ -25,12 +30,18 @@ import numpy as np
 
 from libra.planning.cost import BatchStats, CostCoefficients, CostModel
 from libra.planning.cost.calibrate import TrainingMeasurement, calibrate
-from libra.spec import ClusterSpec, GPUSpec, ModelSpec, SpecError
+from libra.spec import ClusterSpec, GPUSpec, ModelSpec, SpecError, checks
 
 DECODE_FIT = ("step_overhead_s", "per_seq_overhead_s", "hbm_efficiency")
 PREFILL_FIT = ("prefill_mfu",)
 REQUEST_FIT = ("per_request_overhead_s",)
 TRAIN_FIT = ("train_mfu", "train_attention_efficiency", "microbatch_overhead_s")
+
+
+def _measured(owner: str, time_s: float, tp: int) -> None:
+    """A measured time is > 0 (each point's error is relative to it) and the instance's TP degree >= 1."""
+    checks.number(owner, "time_s", time_s, 0.0, above=True)
+    checks.whole(owner, "tp", tp, 1)
 
 
 @attrs.frozen(kw_only=True)
@@ -41,6 +52,12 @@ class DecodeStep:
     context: float
     time_s: float
     tp: int = 1
+
+    def __attrs_post_init__(self) -> None:
+        point = f"DecodeStep(batch={self.batch!r}, context={self.context!r})"
+        checks.whole(point, "batch", self.batch, 1)
+        checks.number(point, "context", self.context, 0.0)
+        _measured(point, self.time_s, self.tp)
 
     def predict(self, cm: CostModel) -> float:
         return float(cm.rollout.decode_step_time(self.tp, float(self.batch), float(self.context)))
@@ -53,6 +70,11 @@ class Prefill:
     tokens: float
     time_s: float
     tp: int = 1
+
+    def __attrs_post_init__(self) -> None:
+        point = f"Prefill(tokens={self.tokens!r})"
+        checks.number(point, "tokens", self.tokens, 0.0, above=True)
+        _measured(point, self.time_s, self.tp)
 
     def predict(self, cm: CostModel) -> float:
         prefill = float(cm.rollout.prefill_time(self.tp, float(self.tokens), self.tokens / 2.0))
@@ -68,6 +90,12 @@ class RequestBurst:
     time_s: float
     tp: int = 1
 
+    def __attrs_post_init__(self) -> None:
+        point = f"RequestBurst(requests={self.requests!r}, prompt_tokens={self.prompt_tokens!r})"
+        checks.whole(point, "requests", self.requests, 1)
+        checks.number(point, "prompt_tokens", self.prompt_tokens, 0.0, above=True)
+        _measured(point, self.time_s, self.tp)
+
     def predict(self, cm: CostModel) -> float:
         n, p = float(self.requests), float(self.prompt_tokens)
         prefill = float(cm.rollout.prefill_time(self.tp, n * p, p / 2.0))
@@ -81,6 +109,12 @@ class TrainStep:
     seq_len: int
     micro_batch: int
     time_s: float
+
+    def __attrs_post_init__(self) -> None:
+        point = f"TrainStep(seq_len={self.seq_len!r}, micro_batch={self.micro_batch!r})"
+        checks.whole(point, "seq_len", self.seq_len, 1)
+        checks.whole(point, "micro_batch", self.micro_batch, 1)
+        _measured(point, self.time_s, 1)
 
     def measurement(self) -> TrainingMeasurement:
         batch = BatchStats.uniform(num_sequences=self.micro_batch, length=self.seq_len)
@@ -123,7 +157,24 @@ def _mape(cm: CostModel, points: Sequence) -> float:
     return 100.0 * float(np.mean([abs(p.predict(cm) / p.time_s - 1.0) for p in points]))
 
 
+def _enough(kind: str, points: int, names: Sequence[str], every: int) -> None:
+    """Refuse a group whose fit would see fewer points than it fits coefficients."""
+    seen = len(_split(range(points), every)[0])
+    if seen >= len(names):
+        return
+    need = next(n for n in range(len(names), 4 * len(names) + 4) if len(_split(range(n), every)[0]) >= len(names))
+    raise SpecError(
+        f"{kind}: {points} point(s), {seen} for the fit, cannot fit {len(names)} coefficients ({', '.join(names)}); "
+        f"measure at least {need} ({_held_out_words(every)})"
+    )
+
+
+def _held_out_words(every: int) -> str:
+    return f"one point in {every} is held out" if every >= 2 else "none is held out"
+
+
 def _group(kind, cluster, model, start, points, names, every) -> tuple[CostCoefficients, GroupFit]:
+    _enough(kind, len(points), names, every)
     fit_pts, held = _split(points, every)
     result = calibrate(cluster, model, fit_pts, fit=names, start=start, iterations=3000)
     cm = CostModel(cluster, model, result.coeffs)
