@@ -19,10 +19,20 @@ where s divides s'), so it may be checked at any size of the chain. Where s divi
 GPU total already bounds; so only sizes that do not divide G constrain a plan, and only those whose cap is below
 the GPU budget and below the caps of the smaller such sizes (L never grows with s) are kept (`thresholds`). On
 8-GPU nodes with TP 1/2/4/8 none is, and the planner's search is the plain GPU count.
+
+When the sizes form no chain (TP 3 or 6 beside powers of two, an EP x TP block of 6 beside TP 4) no per-size cap
+decides: two units of 6 and one of 3 do not go into two nodes of 8 (15 GPUs of 16), two of 6 and one of 2 do.
+Then `NodeFill` keeps the GPUs in units of each size above 1 in the state (one class per size) and asks an exact
+packer (`packs_into_nodes`: exact reductions, best fit, then a DP over node patterns or a small integer program),
+so the same packed search stays exact: a plan with no more units of any size than another packs whenever the
+other does, so dropping dominated states loses no plan. Checked against the exhaustive packer and the planner's
+brute force on such size sets (`tests/planning/test_packing.py`).
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from collections.abc import Callable, Iterable
 
@@ -71,6 +81,10 @@ class NodePacking:
         """How many thresholds `size` reaches: its units count in `loads` of thresholds 0 .. class - 1."""
         return sum(1 for s in self.thresholds if size >= s)
 
+    def class_loads(self, k: int, gpus: int) -> tuple[int, ...]:
+        """The loads `gpus` GPUs in units of class `k` add (they count at every threshold they reach)."""
+        return tuple(gpus if p < k else 0 for p in range(len(self.thresholds)))
+
     def loads(self, units: Iterable[tuple[int, int]]) -> tuple[int, ...]:
         """Per threshold, the GPUs in units of at least that size; `units` as (size, count) pairs."""
         units = list(units)
@@ -87,16 +101,193 @@ class NodePacking:
         return all(a + r <= cap for a, r, cap in zip(loads, held, self.caps, strict=True))
 
 
+@attrs.frozen(kw_only=True)
+class NodeFill:
+    """The node-packing constraints where the unit sizes form no chain (a TP degree of 3 or 6, an EP x TP block of
+    6 beside TP 4): no per-size cap decides, so the state is the GPUs in units of each size above 1 (`thresholds`:
+    a unit of 1 GPU fits any free GPU, so only the GPU total, the caller's, bounds those) and `within` asks the
+    exact packer (`packs_into_nodes`). The same interface as `NodePacking`, with one class per size; `caps` bound
+    each size on its own (N * floor(G / s) * s), to prune the packed DP's cells, not to decide."""
+
+    thresholds: tuple[int, ...]
+    caps: tuple[int, ...]
+    num_nodes: int
+    gpus_per_node: int
+
+    @classmethod
+    def for_sizes(cls, cluster: ClusterSpec, sizes: Iterable[int]) -> NodeFill | None:
+        """None where the sizes form a chain (`NodePacking` decides those) or all are 1."""
+        ordered = sorted(set(sizes))
+        tracked = tuple(s for s in ordered if s > 1)
+        if is_chain(ordered) or not tracked:
+            return None
+        n, g = cluster.num_nodes, cluster.gpus_per_node
+        caps = tuple(node_cap(n, g, s) for s in tracked)
+        return cls(thresholds=tracked, caps=caps, num_nodes=n, gpus_per_node=g)
+
+    def unit_class(self, size: int) -> int:
+        """1 + the index of `size` among the tracked sizes; 0 for 1-GPU units."""
+        return self.thresholds.index(size) + 1 if size > 1 else 0
+
+    def class_loads(self, k: int, gpus: int) -> tuple[int, ...]:
+        return tuple(gpus if p == k - 1 else 0 for p in range(len(self.thresholds)))
+
+    def loads(self, units: Iterable[tuple[int, int]]) -> tuple[int, ...]:
+        """Per tracked size, the GPUs in units of exactly that size; `units` as (size, count) pairs."""
+        units = list(units)
+        return tuple(sum(size * count for size, count in units if size == s) for s in self.thresholds)
+
+    def packs(self, units: Iterable[tuple[int, int]], reserved: tuple[int, ...] | None = None) -> bool:
+        return self.within(self.loads(units), reserved)
+
+    def within(self, loads: tuple[int, ...], reserved: tuple[int, ...] | None = None) -> bool:
+        """The units of `loads`, plus `reserved` where given, pack into the nodes (1-GPU units aside)."""
+        held = reserved if reserved is not None else (0,) * len(self.thresholds)
+        counts = [(s, (a + r) // s) for a, r, s in zip(loads, held, self.thresholds, strict=True)]
+        return packs_into_nodes(counts, self.num_nodes, self.gpus_per_node)
+
+
+Packing = NodePacking | NodeFill
+
+
+def node_packing(cluster: ClusterSpec, sizes: Iterable[int], budget: int) -> Packing | None:
+    """The constraints a plan with units of `sizes` on `budget` GPUs must meet to pack, or None where the GPU
+    count alone decides: per-size caps on a chain (`NodePacking`), the exact packer otherwise (`NodeFill`)."""
+    sizes = tuple(sizes)
+    return NodePacking.for_sizes(cluster, sizes, budget) or NodeFill.for_sizes(cluster, sizes)
+
+
 def packs_into_nodes(units: Iterable[tuple[int, int]], num_nodes: int, gpus_per_node: int) -> bool:
-    """Whether (size, count) units of sizes forming a divisibility chain pack into `num_nodes` nodes of
-    `gpus_per_node` GPUs (the condition above at every size present)."""
-    units = [(size, count) for size, count in units if count > 0]
-    sizes = sorted({size for size, _ in units})
-    if not is_chain(sizes):
-        raise SpecError(f"unit sizes {sizes} must form a divisibility chain (each dividing the next)")
-    return all(
-        sum(size * count for size, count in units if size >= s) <= node_cap(num_nodes, gpus_per_node, s) for s in sizes
-    )
+    """Whether (size, count) units of any sizes pack into `num_nodes` nodes of `gpus_per_node` GPUs, exactly.
+
+    The planner's test where the sizes form no chain (`NodeFill.within`). On a chain the reductions below are the
+    rule above, which the planner carries as caps instead (`NodePacking`: linear in the loads, so the DP can prune
+    by them); there this function is the tests' oracle for that rule. Exact reductions first, each an iff: a
+    common factor d of the sizes leaves floor(G / d) * d usable GPUs a node; a size with no room for even the
+    smallest beside it takes a node alone; the smallest size, where it divides every other, fills any room the
+    others leave (the chain step: the others pack and all units stay within N * floor(G / s) * s). What is left is
+    a few sizes on a node of a few GPUs: best fit, largest first, places many such multisets (a packing found is a
+    proof), and `_covers` decides the rest (a DP over node patterns, or the configuration integer program)."""
+    merged: dict[int, int] = {}
+    for size, count in units:
+        if count > 0:
+            merged[size] = merged.get(size, 0) + count
+    return _packs(tuple(sorted(merged.items())), num_nodes, gpus_per_node)
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _packs(units: tuple[tuple[int, int], ...], n: int, g: int) -> bool:
+    """`packs_into_nodes` of merged units, ascending by size, each count > 0 (memoised: the planner's front asks
+    again for the same multisets)."""
+    if not units:
+        return True
+    if units[-1][0] > g or sum(s * c for s, c in units) > n * g:
+        return False
+    sizes = [s for s, _ in units]
+    d = math.gcd(*sizes)
+    if d > 1:  # every node's load is a multiple of d
+        return _packs(tuple((s // d, c) for s, c in units), n, g // d)
+    (small, _), (big, num_big) = units[0], units[-1]
+    if small + big > g:  # nothing fits beside a unit of the largest size
+        return num_big <= n and _packs(units[:-1], n - num_big, g)
+    if all(s % small == 0 for s in sizes):
+        held = sum(s * c for s, c in units) <= n * (g // small) * small
+        return held and _packs(units[1:], n, g)
+    if any(sum(c for s, c in units if s >= t) > n * (g // t) for t in sizes):
+        return False  # more units of size >= t than nodes have slots for
+    return _best_fit(units, n, g) or _covers(units, n, g)
+
+
+def _best_fit(units: tuple[tuple[int, int], ...], n: int, g: int) -> bool:
+    """Largest units first, each on a node with the least room that holds it: True if all are placed (a
+    sufficient test only). Nodes are counted by their free GPUs, so the work is per size, not per unit."""
+    rooms = [0] * g + [n]  # rooms[r]: nodes with r free GPUs
+    for size, count in reversed(units):
+        while count:
+            r = next((r for r in range(size, g + 1) if rooms[r]), None)
+            if r is None:
+                return False
+            if 2 * size <= r:  # a node with room for several: as many as fit, one node at a time
+                k = min(count, r // size)
+                rooms[r] -= 1
+                rooms[r - k * size] += 1
+            else:
+                k = min(count, rooms[r])
+                rooms[r] -= k
+                rooms[r - size] += k
+            count -= k
+    return True
+
+
+# cell-rounds (box of counts x nodes x patterns) up to which `_covers` runs its DP; beyond it the ILP decides
+DP_WORK = 2_000_000
+
+
+def _patterns(sizes: list[int], g: int) -> list[tuple[int, ...]]:
+    """Every node pattern: how many units of each size one node of `g` GPUs holds."""
+    return [
+        q
+        for q in itertools.product(*(range(g // s + 1) for s in sizes))
+        if sum(k * s for k, s in zip(q, sizes, strict=True)) <= g
+    ]
+
+
+def _covers(units: tuple[tuple[int, int], ...], n: int, g: int) -> bool:
+    """Exact: some node pattern per node places every unit. The DP below where its box is small, else the
+    configuration integer program (`_covers_ilp`); both exact, checked against each other and an exhaustive packer."""
+    sizes = [s for s, _ in units[1:]]
+    work = n * len(_patterns(sizes, g)) * math.prod(c + 1 for _, c in units[1:])
+    return _covers_dp(units, n, g) if work <= DP_WORK else _covers_ilp(units, n, g)
+
+
+def _covers_dp(units: tuple[tuple[int, int], ...], n: int, g: int) -> bool:
+    """DP over nodes: best[v] is the most units of the smallest size the nodes so far have room for, with at least
+    v (clipped at the counts) of the larger sizes placed; N rounds over the box of counts."""
+    (small, wanted), rest = units[0], units[1:]
+    sizes = [s for s, _ in rest]
+    target = tuple(c for _, c in rest)
+    axes = [np.arange(c + 1) for c in target]
+    lifts = []
+    for q in _patterns(sizes, g):
+        room = (g - sum(k * s for k, s in zip(q, sizes, strict=True))) // small
+        lifts.append((np.ix_(*(np.maximum(a - k, 0) for a, k in zip(axes, q, strict=True))), room))
+    best = np.full(tuple(c + 1 for c in target), -1, dtype=np.int64)
+    best[(0,) * len(target)] = 0
+    for _ in range(n):
+        grown = np.full_like(best, -1)
+        for index, room in lifts:
+            prior = best[index]
+            np.maximum(grown, np.where(prior >= 0, prior + room, -1), out=grown)
+        if grown[target] >= wanted:
+            return True
+        best = grown
+    return False
+
+
+def _covers_ilp(units: tuple[tuple[int, int], ...], n: int, g: int) -> bool:
+    """The configuration integer program, solved exactly by CP-SAT: x_p nodes of each maximal pattern p (no unit
+    fits beside it; a packing's patterns can be filled up to maximal ones), at most N nodes, each size's units
+    covered. A few dozen variables and one constraint per size: milliseconds. (OR-Tools is imported here: a second
+    to import, and only large clusters of sizes that form no chain get this far.)"""
+    from ortools.sat.python import cp_model
+
+    sizes = [s for s, _ in units]
+    maximal = [
+        q for q in _patterns(sizes, g) if all(sum(k * s for k, s in zip(q, sizes, strict=True)) + t > g for t in sizes)
+    ]
+    model = cp_model.CpModel()
+    x = [model.new_int_var(0, n, f"pattern_{p}") for p in range(len(maximal))]
+    model.add(sum(x) <= n)
+    for i, (_, count) in enumerate(units):
+        model.add(sum(q[i] * v for q, v in zip(maximal, x, strict=True)) >= count)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    status = solver.solve(model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.INFEASIBLE):
+        raise SpecError(
+            f"the packing program for units {list(units)} on {n} nodes x {g} GPUs ended {solver.status_name(status)}"
+        )
+    return status != cp_model.INFEASIBLE
 
 
 # a cell of the packed rollout DP: (GPUs in units of at least each threshold's size, in units of that size; GPUs)
@@ -112,14 +303,15 @@ class PackedRollout:
 
         f_0[0] = 0,  f_i[l] = min over j < i and degree x of f_j[l - d(x, c)] + x c,  c = cmin(j, i, x, T),
 
-    where d_p = x c / s_p if x >= s_p else 0 (x is a multiple of s_p in a chain). Degrees that reach the same
-    thresholds add the same loads for the same GPUs, so per range only the cheapest of each class is kept. A plan
-    whose training puts r_p GPUs in units of size >= s_p fits iff some l with l_p s_p + r_p <= cap_p has
-    f_Q[l] GPUs within the rollout's share (`fewest`). `front` keeps only the reachable cells no other cell
-    dominates: a few per step on real workloads, where the full grid would have prod_p (cap_p / s_p + 1) cells
-    (4 M on 8,190 GPUs in nodes of 7)."""
+    where d_p = x c / s_p if x >= s_p else 0 (x is a multiple of s_p in a chain); under a `NodeFill` d counts the
+    c units at x's own size (d_p = c if x = s_p else 0) and a cell fits if the exact packer places it. Degrees
+    that reach the same thresholds add the same loads for the same GPUs, so per range only the cheapest of each
+    class is kept. A plan whose training puts r_p GPUs in units of size >= s_p fits iff some l with
+    l_p s_p + r_p <= cap_p has f_Q[l] GPUs within the rollout's share (`fewest`). `front` keeps only the reachable
+    cells no other cell dominates: a few per step on real workloads, where the full grid would have
+    prod_p (cap_p / s_p + 1) cells (4 M on 8,190 GPUs in nodes of 7)."""
 
-    def __init__(self, table: RolloutTable, packing: NodePacking) -> None:
+    def __init__(self, table: RolloutTable, packing: Packing) -> None:
         self.table, self.packing = table, packing
         self.dims = tuple(cap // s + 1 for s, cap in zip(packing.thresholds, packing.caps, strict=True))
 
@@ -135,9 +327,10 @@ class PackedRollout:
             cost[better], chosen[better] = gpus[better], tp
         out: list[list[tuple[int, int, int, tuple[int, ...]]]] = [[] for _ in range(len(table.starts))]
         for k, (cost, chosen) in sorted(best.items()):
+            counted = [bool(a) for a in self.packing.class_loads(k, 1)]  # the thresholds class k counts at
             for r in np.nonzero(np.isfinite(cost))[0].tolist():
                 g, tp = int(cost[r]), int(chosen[r])
-                shift = tuple(g // s if p < k else 0 for p, s in enumerate(steps))
+                shift = tuple(g // s if c else 0 for c, s in zip(counted, steps, strict=True))
                 out[r].append((g, tp, g // tp, shift))
         return out
 
@@ -176,19 +369,31 @@ class PackedRollout:
 
     def fewest(self, front: list[Cell], reserved: tuple[int, ...]) -> float:
         """Fewest rollout GPUs whose loads fit beside `reserved` (inf if none)."""
-        return min((spent for cell, spent in front if self._fits(cell, reserved)), default=math.inf)
+        point = self.first_fit(front, reserved)
+        return math.inf if point is None else front[point][1]
+
+    def first_fit(self, front: list[Cell], reserved: tuple[int, ...], most: float = math.inf) -> int | None:
+        """The index of the front's cell of the fewest GPUs (at most `most`) whose loads fit beside `reserved`:
+        `front` holds its cells by GPUs ascending, so the first that fits (None if none). Cells above `most` are
+        not tested (each test may be an exact packing)."""
+        for k, (cell, spent) in enumerate(front):
+            if spent > most:
+                return None
+            if self._fits(cell, reserved):
+                return k
+        return None
 
     def buckets(
         self, limit: float, reserved: tuple[int, ...], bracket: CountBracket | None = None
     ) -> list[BucketChoice]:
         """The buckets of the fewest GPUs within `limit` whose loads fit beside `reserved` (empty if none)."""
-        table = self.table
-        front, steps = self.front(table.min_counts(limit, bracket), keep=True)
-        fit = [k for k, (cell, _) in enumerate(front) if self._fits(cell, reserved)]
-        if not fit:
-            return []
-        point = min(fit, key=lambda k: front[k][1])
-        out, i = [], table.num_groups
+        front, steps = self.front(self.table.min_counts(limit, bracket), keep=True)
+        point = self.first_fit(front, reserved)
+        return [] if point is None else self.read_back(steps, point)
+
+    def read_back(self, steps: list, point: int) -> list[BucketChoice]:
+        """The buckets of the last front's cell `point`, from the steps `front(..., keep=True)` kept."""
+        table, out, i = self.table, [], self.table.num_groups
         while i > 0:
             parents, options = steps[i - 1]
             parent, option = parents[point]
@@ -233,10 +438,11 @@ class PackedSearch:
         for option in options:
             if self._fits(option, gpus, loads):
                 return option, buckets
-        front, _ = self.rollout.front(counts)
+        front, steps = self.rollout.front(counts, keep=True)
         for option in options:
-            if option[0] + self.rollout.fewest(front, option[1]) <= self.budget:
-                return option, self.rollout.buckets(limit, option[1])
+            point = self.rollout.first_fit(front, option[1], most=self.budget - option[0])
+            if point is not None:
+                return option, self.rollout.read_back(steps, point)
         return None
 
     def feasible(self, limit: float, bracket: CountBracket | None = None) -> bool:

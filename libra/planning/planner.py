@@ -11,8 +11,10 @@ bucket tables are memoised per profile, so replanning with another budget costs 
 
 Every plan packs into the cluster's nodes (`libra.planning.packing`: each instance and each training TP x EP stage
 group inside one node). Where some group size does not divide the node size and binds, `feasible(T)` also asks
-that some training class and rollout fit the per-size node capacities (`PackedSearch`); it stays monotone, so the
-same bisection returns the optimum among the plans that pack. Elsewhere (8-GPU nodes) the GPU count decides.
+that some training class and rollout fit the per-size node capacities (`PackedSearch`), and where the group sizes
+form no divisibility chain (TP 3 or 6, an EP x TP block of 6) that they pass the exact packer (`NodeFill`); it
+stays monotone, so the same bisection returns the optimum among the plans that pack. Elsewhere (8-GPU nodes with
+TP 1/2/4/8) the GPU count decides.
 
 The lower bound is the larger of two. The fluid bound `(W_train + W_rollout) / G`, with W the least GPU-seconds
 of each side (training at its most efficient layout, each length group on its most efficient TP degree at full
@@ -32,7 +34,7 @@ import attrs
 import numpy as np
 
 from libra.planning.cost import BatchStats, CostCoefficients, CostModel
-from libra.planning.packing import NodePacking, PackedRollout, PackedSearch, TrainOption
+from libra.planning.packing import PackedRollout, PackedSearch, Packing, TrainOption, node_packing
 from libra.planning.replan import ReplanDecision, ReplanGate
 from libra.planning.rollout_dp import ROUTINGS, BucketChoice, CountBracket, RolloutTable, bisect_min
 from libra.planning.train_tree import TrainingSearch, TreeOptions
@@ -113,10 +115,10 @@ class PlannerOptions:
 
 
 class _TrainClass:
-    """The training layouts whose units reach the same thresholds of a `NodePacking` (`k` of them): their
-    frontier, and the loads `t` GPUs of them add."""
+    """The training layouts whose units are of one class of a `Packing` (`k`: those that reach the same thresholds
+    of a `NodePacking`, or of one size of a `NodeFill`): their frontier, and the loads `t` GPUs of them add."""
 
-    def __init__(self, k: int, packing: NodePacking, times: np.ndarray, owners: list) -> None:
+    def __init__(self, k: int, packing: Packing, times: np.ndarray, owners: list) -> None:
         self.k, self.packing, self.times, self.owners = k, packing, times, owners
         self.runmin = np.minimum.accumulate(times)
 
@@ -125,7 +127,7 @@ class _TrainClass:
         return idx if idx < len(self.runmin) else None
 
     def loads(self, gpus: int) -> tuple[int, ...]:
-        return tuple(gpus if p < self.k else 0 for p in range(len(self.packing.thresholds)))
+        return self.packing.class_loads(self.k, gpus)
 
 
 class _Tables:
@@ -138,7 +140,7 @@ class _Tables:
         times, owners = self.search.frontier_owners(g)  # layouts built on demand (`best_train_config`)
         self.train_times, self._train_owners = times, owners
         self.train_runmin = np.minimum.accumulate(times)
-        self._classes: dict[NodePacking, list[_TrainClass]] = {}
+        self._classes: dict[Packing, list[_TrainClass]] = {}
         scaled = attrs.evolve(profile, requests_per_step=planner.rl.global_batch)
         self.groups = scaled.groups(planner.options.num_groups)
         self.rollout = RolloutTable(
@@ -151,8 +153,8 @@ class _Tables:
             admission_delay=planner.options.admission_delay,
         )
 
-    def train_classes(self, packing: NodePacking) -> list[_TrainClass]:
-        """The training frontier split by the thresholds its units reach (`NodePacking.unit_class`), memoised."""
+    def train_classes(self, packing: Packing) -> list[_TrainClass]:
+        """The training frontier split by the classes of its units (`unit_class`), memoised."""
         if packing not in self._classes:
             by_class: dict[int, tuple[int, ...]] = {}
             for size in self.search.unit_sizes():
@@ -305,12 +307,12 @@ class GlobalPlanner:
             solve_time_s=time.perf_counter() - start,
         )
 
-    def _packing(self, tab: _Tables, budget: int, train_sizes: tuple[int, ...]) -> NodePacking | None:
-        return NodePacking.for_sizes(self.cluster, (*tab.rollout.tp_degrees, *train_sizes), budget)
+    def _packing(self, tab: _Tables, budget: int, train_sizes: tuple[int, ...]) -> Packing | None:
+        return node_packing(self.cluster, (*tab.rollout.tp_degrees, *train_sizes), budget)
 
     def _packed_search(self, tab: _Tables, budget: int) -> PackedSearch | None:
-        """The search with node packing where some unit size binds (`NodePacking`), else None (the GPU count
-        decides: every degree divides the node size, e.g. 8-GPU nodes)."""
+        """The search with node packing where some unit size binds (`NodePacking`) or the sizes form no chain
+        (`NodeFill`), else None (the GPU count decides: every degree divides the node size, e.g. 8-GPU nodes)."""
         packing = self._packing(tab, budget, tab.search.unit_sizes())
         if packing is None:
             return None
@@ -323,7 +325,7 @@ class GlobalPlanner:
         return PackedSearch(PackedRollout(tab.rollout, packing), budget, options)
 
     @staticmethod
-    def _packs_beside(packing: NodePacking, reserved: tuple[int, ...]) -> Callable[[list[BucketChoice]], bool]:
+    def _packs_beside(packing: Packing, reserved: tuple[int, ...]) -> Callable[[list[BucketChoice]], bool]:
         """Whether rollout buckets pack beside a training side with loads `reserved`."""
 
         def fits(buckets: list[BucketChoice]) -> bool:

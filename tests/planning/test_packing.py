@@ -3,6 +3,7 @@ its makespan is the least over every placeable plan, found by plain enumeration 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
@@ -14,7 +15,18 @@ import pytest
 from libra.planning import GlobalPlanner, PlannerOptions, PlanningError
 from libra.planning.cost import BatchStats, CostModel
 from libra.planning.oracle import bucket_time, training_layouts
-from libra.planning.packing import NodePacking, is_chain, packs_into_nodes
+from libra.planning.packing import (
+    NodeFill,
+    NodePacking,
+    PackedRollout,
+    PackedSearch,
+    _best_fit,
+    _covers_dp,
+    _covers_ilp,
+    is_chain,
+    node_packing,
+    packs_into_nodes,
+)
 from libra.planning.placement import place
 from libra.spec import ClusterSpec, RLSettings, SpecError, get_gpu
 from tests.planning.instances import sized_cost_model, skewed_groups
@@ -75,8 +87,71 @@ def test_node_packing_keeps_only_sizes_that_bind() -> None:
     assert NodePacking.for_sizes(cluster(2, 5), (1, 2, 4), 8) is None  # a budget of 8 GPUs bounds it already
     assert NodePacking.for_sizes(cluster(2, 12), (1, 2, 4, 8), 24) == NodePacking(thresholds=(8,), caps=(16,))
     assert not is_chain((2, 3)) and NodePacking.for_sizes(cluster(2, 5), (1, 2, 3), 10) is None
-    with pytest.raises(SpecError, match=r"unit sizes \[2, 3\] must form a divisibility chain"):
-        packs_into_nodes([(2, 1), (3, 1)], 1, 6)
+    fill = node_packing(cluster(2, 5), (1, 2, 3), 10)  # no chain: the exact packer decides, per size above 1
+    assert fill == NodeFill(thresholds=(2, 3), caps=(8, 6), num_nodes=2, gpus_per_node=5)
+    assert [fill.unit_class(size) for size in (1, 2, 3)] == [0, 1, 2] and fill.loads([(1, 4), (3, 2)]) == (0, 6)
+    assert fill.packs([(3, 2), (2, 2)]) and not fill.packs([(3, 3)]) and not fill.packs([(3, 1)], (6, 3))
+    assert node_packing(cluster(6, 8), (1, 2, 4, 8), 48) is None
+
+
+# unit size sets that form no chain, and node sizes of 1-12 GPUs: TP 3 or 6 beside powers of two, EP x TP of 6
+NO_CHAIN = ((2, 3), (1, 2, 3), (3, 4), (4, 6), (2, 3, 4), (2, 4, 6), (1, 2, 3, 4, 6), (2, 3, 6), (1, 2, 3, 4, 6, 12))
+
+
+def test_exact_packer_equals_an_exhaustive_packer_on_sizes_that_are_no_chain() -> None:
+    """Every multiset of up to 8 units of each size set above (those that fit a node) within the GPUs of 1-4 nodes of
+    1-12 GPUs: `packs_into_nodes` agrees with trying every node for every unit. Before the fix it refused such sizes
+    (SpecError) and the planner planned them by GPU count."""
+    checked = refused = 0
+    for sizes_all in NO_CHAIN:
+        for num_nodes, gpn in itertools.product(range(1, 5), range(1, 13)):
+            sizes = tuple(s for s in sizes_all if s <= gpn)
+            for units in _multisets(sizes, num_nodes * gpn, 8):
+                got = packs_into_nodes([(s, units.count(s)) for s in sizes], num_nodes, gpn)
+                assert got == exhaustive_packs(units, num_nodes, gpn), (num_nodes, gpn, units)
+                checked += 1
+                refused += not got
+    assert checked > 40_000 and refused > 2_000  # within the GPUs, yet not into the nodes
+
+
+def test_exact_packer_decides_what_best_fit_leaves_open() -> None:
+    """Larger random multisets (2-4 sizes, up to 14 units, 1-5 nodes of 4-12 GPUs) against the exhaustive packer,
+    including those where best fit, largest first, fails but a packing exists (the DP over node patterns finds it)."""
+    rng = np.random.default_rng(7)
+    checked = rescued = 0
+    for _ in range(15_000):
+        g, n = int(rng.integers(4, 13)), int(rng.integers(1, 6))
+        sizes = rng.choice(np.arange(2, g + 1), size=min(int(rng.integers(2, 5)), g - 1), replace=False).tolist()
+        units = tuple(sorted((s for s in sizes for _ in range(int(rng.integers(0, 7)))), reverse=True))
+        if sum(units) > n * g or len(units) > 14:
+            continue
+        counts = tuple((s, units.count(s)) for s in sorted(set(units)))
+        got = packs_into_nodes(counts, n, g)
+        assert got == exhaustive_packs(units, n, g), (units, n, g)
+        if len(counts) > 1 and (checked % 10 == 0 or not _best_fit(counts, n, g)):  # both exact last steps
+            assert _covers_dp(counts, n, g) == got == _covers_ilp(counts, n, g), (units, n, g)
+        checked += 1
+        rescued += got and not _best_fit(counts, n, g)
+    assert checked > 3_000 and rescued >= 5
+
+
+def test_the_packing_program_equals_the_node_dp_on_larger_clusters() -> None:
+    """6-16 nodes of 6, 8 or 12 GPUs, 2-4 sizes that form no chain, near full: the configuration program (what
+    decides where the DP's box is large: hundreds of nodes) agrees with the DP over nodes."""
+    rng = np.random.default_rng(11)
+    agree = packs = 0
+    for _ in range(150):
+        g, n = int(rng.choice([6, 8, 12])), int(rng.integers(6, 17))
+        sizes = sorted(rng.choice(np.arange(2, g + 1), size=int(rng.integers(2, 5)), replace=False).tolist())
+        if is_chain(sizes):
+            continue
+        share = rng.dirichlet(np.ones(len(sizes))) * n * g * rng.uniform(0.8, 1.0)
+        counts = tuple((s, max(1, int(x // s))) for s, x in zip(sizes, share, strict=True))
+        got = _covers_dp(counts, n, g)
+        assert _covers_ilp(counts, n, g) == got, (counts, n, g)
+        agree += 1
+        packs += got
+    assert agree > 100 and 10 <= packs <= agree - 10
 
 
 # --- the planner against every placeable plan ---------------------------------------------------------------------
@@ -185,21 +260,21 @@ def test_planner_equals_the_best_placeable_plan_on_odd_nodes() -> None:
     assert feasible >= 120 and binding >= 10
 
 
-@pytest.mark.slow  # about 10 s on the shared 2-core machine
-def test_plan_rollout_equals_the_best_placeable_rollout_beside_the_kept_training() -> None:
-    """`plan_rollout` (and so `replan_rollout`) on a drifted profile: the least rollout time over every rollout
-    plan on the current rollout GPUs that packs beside the kept training side, and `place` places it."""
+def _plan_rollout_against_every_rollout(instance, seeds) -> tuple[int, int]:
+    """`replan_rollout` on a drifted profile, per seed: the least rollout time over every rollout plan on the
+    current rollout GPUs that packs beside the kept training side, and `place` places it. Returns (instances
+    checked, instances where packing decides the optimum)."""
     checked = binding = 0
-    for seed in range(120):
+    for seed in seeds:
         routing = ("start-small", "final-length")[seed % 2]
-        cm, profile, rl, tps = _odd_instance(30_000 + seed)
+        cm, profile, rl, tps = instance(seed)
         options = PlannerOptions(tp_degrees=tps, num_groups=3, fill_spare_gpus=False, routing=routing)
         planner = GlobalPlanner(cluster=cm.cluster, model=cm.model, rl=rl, coeffs=cm.coeffs, options=options)
         try:
             current = planner.plan(profile)
         except SpecError:
             continue
-        rng = np.random.default_rng([seed, 7])
+        rng = np.random.default_rng([seed % 10_000, 7])
         drifted = _profile_from_groups(_groups(rl, profile), rng)
         tr, gpus = current.train, current.rollout.num_gpus
         train_units = (tr.tp * tr.ep,) * (tr.dp // tr.ep * tr.pp)
@@ -217,8 +292,102 @@ def test_plan_rollout_equals_the_best_placeable_rollout_beside_the_kept_training
         place(candidate, cm.cluster)
         checked += 1
         binding += min(rollouts.values()) < expected * (1 - 1e-9)
+    return checked, binding
+
+
+@pytest.mark.slow  # about 10 s on the shared 2-core machine
+def test_plan_rollout_equals_the_best_placeable_rollout_beside_the_kept_training() -> None:
+    """`plan_rollout` (and so `replan_rollout`) on nodes of 3, 5, 6, 7 and 12 GPUs (120 instances)."""
+    checked, binding = _plan_rollout_against_every_rollout(_odd_instance, range(30_000, 30_120))
     print(f"plan_rollout on odd nodes: {checked} checked, packing decides the optimum on {binding}")
     assert checked >= 60 and binding >= 3
+
+
+NO_CHAIN_SHAPES = ((2, 4), (3, 4), (2, 5), (1, 7), (2, 7), (2, 6), (1, 8), (1, 12))
+NO_CHAIN_TPS = ((2, 3), (1, 3), (3, 4), (4, 6), (2, 3, 6), (1, 2, 3, 4, 6), (3, 6, 12), (3, 6), (3,))
+
+
+def _no_chain_instance(seed: int):
+    """`_odd_instance`'s draw with 12 attention heads (one KV head) so TP 3 and 6 serve, an MoE model's 6 experts
+    (EP x TP blocks of 3 and 6), on nodes of 4 to 12 GPUs, and a rollout TP set that forms no chain with the
+    training's sizes (e.g. {2, 3}, {4, 6}, {3, 6, 12} beside TP-1/2/4 training)."""
+    cm, profile, rl, _ = _odd_instance(seed)
+    rng = np.random.default_rng([seed, 3])
+    m = cm.model
+    model = attrs.evolve(m, num_heads=12, num_kv_heads=1, num_experts=6 if m.is_moe else 1)
+    num_nodes, gpn = NO_CHAIN_SHAPES[seed % len(NO_CHAIN_SHAPES)]
+    cluster = attrs.evolve(cm.cluster, num_nodes=num_nodes, gpus_per_node=gpn)
+    tps = tuple(tp for tp in NO_CHAIN_TPS[int(rng.integers(len(NO_CHAIN_TPS)))] if tp <= gpn) or (3,)
+    return CostModel(cluster, model, cm.coeffs), profile, rl, tps
+
+
+@pytest.mark.slow  # about 25 s on the shared 2-core machine
+def test_planner_equals_the_best_placeable_plan_on_sizes_that_are_no_chain() -> None:
+    """160 random instances whose unit sizes form no chain (TP 3 / 6 instances, EP x TP blocks of 3 / 6, beside
+    powers of two): the planner's makespan is the least over every placeable plan, and `place` places its plan
+    (spare GPUs filled). Before the fix these were planned by GPU count, and on some of them that plan does not
+    pack."""
+    feasible = binding = 0
+    for seed in range(160):
+        routing = ("start-small", "final-length")[seed % 2]
+        cm, profile, rl, tps = _no_chain_instance(60_000 + seed)
+        options = PlannerOptions(tp_degrees=tps, num_groups=3, fill_spare_gpus=False, routing=routing)
+        planner = GlobalPlanner(cluster=cm.cluster, model=cm.model, rl=rl, coeffs=cm.coeffs, options=options)
+        expected, unpacked = placeable_optimum(cm, rl, profile, tps, routing)
+        try:
+            plan = planner.plan(profile)
+        except SpecError:
+            assert expected == math.inf, seed
+            continue
+        feasible += 1
+        binding += unpacked < expected * (1 - 1e-9)
+        assert plan.makespan_s == pytest.approx(expected, rel=1e-9), seed
+        place(plan, cm.cluster)
+        filled = GlobalPlanner(
+            cluster=cm.cluster,
+            model=cm.model,
+            rl=rl,
+            coeffs=cm.coeffs,
+            options=attrs.evolve(options, fill_spare_gpus=True),
+        ).plan(profile)
+        place(filled, cm.cluster)
+    print(f"no chain: {feasible} of 160 feasible, packing decides the optimum on {binding}")
+    assert feasible >= 80 and binding >= 5
+
+
+@pytest.mark.slow  # about 10 s on the shared 2-core machine
+def test_plan_rollout_equals_the_best_placeable_rollout_on_sizes_that_are_no_chain() -> None:
+    """`plan_rollout` beside a kept training side where the unit sizes form no chain (120 instances)."""
+    checked, binding = _plan_rollout_against_every_rollout(_no_chain_instance, range(70_000, 70_120))
+    print(f"plan_rollout, no chain: {checked} checked, packing decides the optimum on {binding}")
+    assert checked >= 60 and binding >= 3
+
+
+def test_the_packed_dp_builds_its_front_once_per_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the plain DP's plan does not pack, `PackedSearch.choose` builds the packed DP's front once and reads
+    its buckets back from it (before, `PackedRollout.buckets` built the same front a second time)."""
+    built: list[int] = []
+    front, choose = PackedRollout.front, PackedSearch.choose
+
+    def counted_front(self, counts, *, keep=False):
+        built[-1] += 1
+        return front(self, counts, keep=keep)
+
+    def counted_choose(self, limit, bracket=None):
+        built.append(0)
+        chosen = choose(self, limit, bracket)
+        if chosen is None:
+            built.pop()  # no plan at this limit: nothing read back
+        return chosen
+
+    monkeypatch.setattr(PackedRollout, "front", counted_front)
+    monkeypatch.setattr(PackedSearch, "choose", counted_choose)
+    for seed in (14, 17, 23, 44, 53, 62, 68, 80, 89, 98, 113, 116, 122, 125):  # seeds whose probes reach the DP
+        cm, profile, rl, tps = _odd_instance(20_000 + seed)
+        options = PlannerOptions(tp_degrees=tps, num_groups=3, fill_spare_gpus=False)
+        with contextlib.suppress(SpecError):
+            GlobalPlanner(cluster=cm.cluster, model=cm.model, rl=rl, coeffs=cm.coeffs, options=options).plan(profile)
+    assert max(built) == 1 and built.count(1) >= 3  # probes whose plan came from the packed DP
 
 
 def test_no_placeable_plan_is_one_clear_error() -> None:
