@@ -84,6 +84,22 @@ _BAD_ANCHORS = [
         "num_layers: 0, hidden_size: 4096, num_heads: 32",
         "model 'Llama-2-7B': ModelSpec.num_layers must be",
     ),
+    # an integer too large for a float: a traceback from math.isfinite before
+    (
+        "published: 104.9",
+        "published: 1" + "0" * 400,
+        "anchor 'gptfast-7b-tp1': published must be a finite number > 0, got 1000",
+    ),
+    (
+        "tp: 1, context: 5,",
+        "tp: 1, context: 1" + "0" * 400 + ",",
+        "anchor 'gptfast-7b-tp1': context must be a finite number > 0, got 1000",
+    ),
+    (
+        "tp: 1, context: 5,",
+        "tp: 1" + "0" * 400 + ", context: 5,",
+        "anchor 'gptfast-7b-tp1': tp must be a whole number >= 1, got 1000",
+    ),
 ]
 
 

@@ -3,25 +3,18 @@ untouched, and the runs of one task (prompt id) in their file order, since a ret
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from libra.workloads.trace import Trajectory, Turn
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def eval_corpus():
-    spec = importlib.util.spec_from_file_location("eval_corpus", ROOT / "scripts" / "eval_corpus.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("eval_corpus")
 
 
 def _log(tasks: list[int]) -> list[Trajectory]:

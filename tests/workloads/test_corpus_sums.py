@@ -5,7 +5,6 @@ upstream `files[].sha256` sums are of the source repositories' files and say not
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -16,17 +15,14 @@ import pytest
 
 from libra.workloads.corpus import DEFAULT_CORPUS, load_corpus, load_manifest
 from libra.workloads.trace import TraceError, load_trace
+from tests.scripts import SCRIPTS, load_script
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "build_corpus.py"
+SCRIPT = SCRIPTS / "build_corpus.py"
 
 
 @pytest.fixture(scope="module")
 def build_corpus():
-    spec = importlib.util.spec_from_file_location("build_corpus", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("build_corpus")
 
 
 @pytest.fixture
