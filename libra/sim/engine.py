@@ -157,8 +157,9 @@ class PolicyRun:
         self.restart_gpus = 0  # rollout GPUs that trained last stage and must start their engine again
         self._delays = (0.0, 0.0, 0)  # (rollout restart s, training block s, joining replicas) of this stage
         self._new_instances: Counter[int] = Counter()
-        self._lent_log: list[tuple[int, float]] = []  # (GPUs, since when) lent to training this stage
-        self._borrow_log: list[tuple[int, float]] = []  # (GPUs, since when) borrowed from training this stage
+        # (GPUs, since when on the stage's clock) lent to training, and borrowed from training, this stage
+        self._lent_log: list[tuple[int, float]] = []
+        self._borrow_log: list[tuple[int, float]] = []
 
     @property
     def num_gpus(self) -> int:
@@ -209,7 +210,9 @@ class PolicyRun:
         assert self.alloc is not None
         return self.alloc
 
-    def _instances(self, start: float) -> Instances:
+    def _instances(self) -> Instances:
+        """The rollout instances of the stage, each ready when its engine has started (the stage's clock: 0 at
+        its start)."""
         assert self.alloc is not None
         tp, bucket, ready = [], [], []
         fresh = Counter(self._new_instances)
@@ -225,7 +228,7 @@ class PolicyRun:
                     delay = self.costs.to_rollout_s
                 tp.append(g.tp)
                 bucket.append(b)
-                ready.append(start + delay)
+                ready.append(delay)
         self.restart_gpus = 0
         return Instances(tp, bucket, ready)
 
@@ -240,8 +243,10 @@ class PolicyRun:
     def _rollout(
         self, work: StepWork, routes: Routes, start: float, sync_s: float, kv_memory: float | None = None
     ) -> RolloutRun:
-        inst = self._instances(start)
-        inst.ready_at = np.maximum(inst.ready_at, start + sync_s)
+        """The stage's rollout from `start` (the run's clock), on its own clock, which is the stage's: its
+        instances serve from `sync_s` on (or later, for one whose engine starts)."""
+        inst = self._instances()
+        inst.ready_at = np.maximum(inst.ready_at, sync_s)
         slice_s = max(self.options.min_slice_s, rollout_floor_s(self.cm, work, inst) / self.options.slices_per_rollout)
         return RolloutRun(
             self.cm,
@@ -270,21 +275,19 @@ class PolicyRun:
             train_gpus=self.alloc.train.num_gpus,
         )
 
+    # A stage runs on its own clock, 0 at its start (the rollout's too): only its record's `start` and `end` are
+    # on the run's, so a stage gives the same times at whatever point of the run it starts (`RolloutRun`).
     def _sync_stage(self, work: StepWork, routes: Routes) -> StageRecord:
         assert self.alloc is not None
         t0, sw = self.clock, self.colocated_switch()
         roll = self._rollout(work, routes, t0, sw.to_rollout_s, kv_memory=self.cm.coeffs.colocated_kv_fraction)
-        t = t0
-        while not roll.done:
-            dt = roll.next_event(t) - t
-            roll.advance(t, dt)
-            t += dt
-        b = roll.end_time
+        roll.run_to_end()
+        b = roll.elapsed_s
         batch = batch_stats(work, self.max_len)
         job = TrainingJob(self.cm, self.alloc.train, batch, start=b + sw.to_training_s, replicas=self.alloc.train.dp)
         end = job.run_to_end()
-        rec = self._record(work, roll, job, t0, end, b - t0, end - b, staleness=0, lent=0.0, borrowed=0.0)
-        self.clock = end
+        rec = self._record(work, roll, job, t0, end, b, end - b, staleness=0, lent=0.0, borrowed=0.0)
+        self.clock = t0 + end
         return rec
 
     def _async_stage(self, work: StepWork | None, routes: Routes | None) -> StageRecord:
@@ -298,16 +301,16 @@ class PolicyRun:
             start_replicas = cfg.dp - joining - rejoin
             if start_replicas < 1:  # nothing of the old core is left: this is a rebuild
                 start_replicas, block, joining, rejoin = cfg.dp, max(block, self.costs.to_training_s), 0, 0
-            job = TrainingJob(self.cm, cfg, self.prev_batch, start=t0 + block, replicas=start_replicas)
+            job = TrainingJob(self.cm, cfg, self.prev_batch, start=block, replicas=start_replicas)
             job.clock = job.start
             if joining + rejoin:
-                job.join(t0 + block + self.costs.join_s, joining + rejoin)
+                job.join(block + self.costs.join_s, joining + rejoin)
         self.rejoin = 0
         roll = None
-        end_roll = t0
+        end_roll = 0.0
         if work is not None and routes is not None:
             roll = self._rollout(work, routes, t0, weight_sync_s(self.cm))
-            t = t0
+            t = 0.0
             borrowed_once = False
             while not roll.done:
                 dt = roll.next_event(t) - t
@@ -319,13 +322,12 @@ class PolicyRun:
                     self._lend(roll, job, t)
                     if not borrowed_once:
                         borrowed_once = self._borrow(roll, job, t) > 0
-            end_roll = roll.end_time
+            end_roll = roll.elapsed_s
         end = end_roll
         train_s = 0.0
         if job is not None:
-            end_train = job.run_to_end()
-            train_s = end_train - t0
-            end = max(end, end_train)
+            train_s = job.run_to_end()
+            end = max(end, train_s)
         lent_s = float(sum(g * (end - at) for g, at in self._lent_log))
         borrowed_s = float(sum(g * (end - at) for g, at in self._borrow_log))
         self._lent_log, self._borrow_log = [], []
@@ -335,7 +337,7 @@ class PolicyRun:
             job,
             t0,
             end,
-            end_roll - t0 if roll is not None else 0.0,
+            end_roll,
             train_s,
             staleness=1,
             lent=lent_s,
@@ -344,7 +346,7 @@ class PolicyRun:
         )
         if work is not None:
             self.prev_batch = batch_stats(work, self.max_len)
-        self.clock = end
+        self.clock = t0 + end
         return rec
 
     # --- the elastic hybrid pool --------------------------------------------------------------------------------
@@ -390,7 +392,7 @@ class PolicyRun:
         count = hybrid * cfg.tp * cfg.pp // tp
         if count < 1:
             return 0.0
-        roll.inst.add(tp, b, t + self.costs.to_rollout_s, count)
+        roll.inst.add(tp, b, t + self.costs.to_rollout_s, count)  # (the stage's clock is the rollout's)
         roll.rebalance(b)
         self.rejoin = hybrid
         self._borrow_log.append((count * tp, t))
@@ -403,7 +405,7 @@ class PolicyRun:
         roll: RolloutRun | None,
         job: TrainingJob | None,
         t0: float,
-        end: float,
+        span: float,
         rollout_s: float,
         train_s: float,
         *,
@@ -412,6 +414,7 @@ class PolicyRun:
         borrowed: float,
         reconfig: float = 0.0,
     ) -> StageRecord:
+        """The stage from `t0` (the run's clock), `span` seconds long."""
         assert self.alloc is not None
         busy = (roll.busy_gpu_s if roll is not None else 0.0) + (job.busy_gpu_s if job is not None else 0.0)
         if roll is not None:
@@ -419,7 +422,7 @@ class PolicyRun:
         rec = StageRecord(
             step=len(self.records),
             start=t0,
-            end=end,
+            end=t0 + span,
             rollout_s=rollout_s,
             train_s=train_s,
             train_gpus=self.alloc.train.num_gpus,
@@ -427,7 +430,7 @@ class PolicyRun:
             lent_gpu_s=lent,
             borrowed_gpu_s=borrowed,
             busy_gpu_s=busy,
-            available_gpu_s=self.num_gpus * (end - t0),
+            available_gpu_s=self.num_gpus * span,
             tokens=int(work.total_tokens.sum()) if work is not None else 0,
             gen_tokens=int(work.gen_tokens.sum()) if work is not None else 0,
             trajectories=work.num_requests if work is not None else 0,

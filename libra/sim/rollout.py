@@ -50,7 +50,8 @@ __all__ = [
 
 
 class Instances:
-    """The rollout instances of a step: degree, bucket, when each can start serving, and whether it is lent."""
+    """The rollout instances of a step: degree, bucket, when each can start serving (`ready_at`, on the rollout's
+    clock: seconds since its start), and whether it is lent."""
 
     def __init__(self, tp: list[int], bucket: list[int], ready_at: list[float]) -> None:
         self.tp = np.array(tp, np.int64)
@@ -108,7 +109,14 @@ def deal(members: np.ndarray, counts: np.ndarray) -> np.ndarray:
 class RolloutRun(SliceDecode, Admission):
     """One step's requests on `instances`, from time `start`. Call `advance(t, dt)` slice by slice. Admission
     (who starts decoding at a slice boundary, and from when) is `libra.sim.admission.Admission`; decoding a slice,
-    with the turns that run inside it and the correction at its real batch, is `libra.sim.slices.SliceDecode`."""
+    with the turns that run inside it and the correction at its real batch, is `libra.sim.slices.SliceDecode`.
+
+    Every time a rollout reads or writes is on its own clock, seconds since `start`: `advance` and `next_event`
+    take and give such times, and `ready`, `finish` and the instances' `ready_at` hold them; `elapsed_s` is its
+    length, `end_time` (`start + elapsed_s`) the only time on the caller's clock. Slice boundaries are compared
+    with event times in floating point, so the same rollout on the absolute clock of a later stage would round
+    them differently and move turns across boundaries (1-7 % on one r2e-gym step, docs/sim.md); on its own
+    clock it is the same rollout from whatever `start`."""
 
     def __init__(
         self,
@@ -145,7 +153,7 @@ class RolloutRun(SliceDecode, Admission):
         self.rem[:] = work.gen[:, 0]
         self.ctx[:] = work.prompt_tokens  # tokens in the context (what the KV holds while running)
         self.pending[:] = work.prompt_tokens  # tokens to prefill at the next admission
-        self.ready[:] = start
+        self.ready[:] = 0.0  # (the rollout's clock: seconds since `start`)
         self.finish[:] = np.nan
         self.fresh = np.ones(n, bool)  # never admitted: pays the per-request overhead
         self.where = np.full(n, -1, np.int64)
@@ -178,7 +186,8 @@ class RolloutRun(SliceDecode, Admission):
         # the slice kernel's order of the queued turns under way, by readiness then index, kept across slices
         # (ext/sim/order.c): the entries, each one's readiness when it joined, whether a request has one, how many
         self._order = (np.zeros(n, np.int64), np.zeros(n), np.zeros(n, bool), np.zeros(1, np.int64))
-        self._now = start
+        self.start = start
+        self._now = 0.0
         self._by_state: dict[tuple[int, bool] | None, np.ndarray] = {}  # _in_state results until the next state write
         self._assign(np.arange(n), routes.bucket[:, 0])
         self._deg_key = -1
@@ -199,8 +208,14 @@ class RolloutRun(SliceDecode, Admission):
         return self._in_state(DONE, equal=False).size == 0
 
     @property
-    def end_time(self) -> float:
+    def elapsed_s(self) -> float:
+        """Seconds from the start to the last finish (the rollout's clock)."""
         return float(np.nanmax(self.finish))
+
+    @property
+    def end_time(self) -> float:
+        """When the last request finished, on the caller's clock: `start + elapsed_s`."""
+        return self.start + self.elapsed_s
 
     def _grow(self) -> None:
         self._next = None
@@ -436,8 +451,8 @@ class RolloutRun(SliceDecode, Admission):
 
     # --- when to look again -------------------------------------------------------------------------------------
     def run_to_end(self, t: float = 0.0) -> float:
-        """Advance this rollout alone (nothing else shares its instances) from `t` until every request has
-        finished, one event at a time; returns the clock at the last event."""
+        """Advance this rollout alone (nothing else shares its instances) from `t` (its clock: seconds since
+        `start`) until every request has finished, one event at a time; returns its clock at the last event."""
         while not self.done:
             dt = self.next_event(t) - t
             self.advance(t, dt)

@@ -110,7 +110,7 @@ def test_a_stage_rollout_is_the_plain_event_loop_of_its_rollout() -> None:
             roll.advance(t, dt)
             t += dt
         rec = run.stage(work, routes)
-        assert rec.rollout_s == roll.end_time > 0.0, name
+        assert rec.rollout_s == roll.elapsed_s == roll.end_time > 0.0, name
 
 
 def test_colocated_rolls_out_in_its_share_of_gpu_memory() -> None:
@@ -145,18 +145,20 @@ def test_libra_lends_idle_instances_and_borrows_hybrids_and_they_pay_their_way_b
 
 def test_instances_that_trained_last_stage_start_their_engines_again() -> None:
     """Rollout GPUs lent to training in the last stage (`restart_gpus`) start their engine again: their
-    instances are ready `to_rollout_s` after the stage start; the others at once."""
+    instances are ready `to_rollout_s` after the stage start; the others at once (the stage's clock: 0 at its
+    start, whatever the run's clock)."""
     sc = small_scenario(**ELASTIC)
     run = _run(sc, "static-uniform")
     run.decide(run.policy.initial(profile_of([sc.source.step(0)], "p", sc.rl.global_batch)))
     alloc = run.begin_stage()
     (group,) = alloc.rollout
     run.restart_gpus = 2 * group.tp
-    inst = run._instances(100.0)
+    run.clock = 100.0
+    inst = run._instances()
     assert len(inst) == group.count >= 3
-    assert inst.ready_at.tolist() == [100.0 + sc.costs.to_rollout_s] * 2 + [100.0] * (group.count - 2)
+    assert inst.ready_at.tolist() == [sc.costs.to_rollout_s] * 2 + [0.0] * (group.count - 2)
     assert run.restart_gpus == 0  # paid once
-    assert run._instances(200.0).ready_at.tolist() == [200.0] * group.count
+    assert run._instances().ready_at.tolist() == [0.0] * group.count
 
 
 def _training_only(run: PolicyRun, sc, train: TrainConfig, *, rejoin: int) -> float:
