@@ -10,9 +10,9 @@ OUT/<source>.jsonl.gz; OUT/MANIFEST.json keeps the provenance (repository, commi
 sha256 per file read), the counts, and the sums of the trace written (`trace_sha256`, `trace_bytes`), which
 `--check` compares with the committed traces. Nothing of the original text is kept: only token counts, tool names
 and statuses. Sources marked `held_out` (never used to choose or tune anything) go to OUT/held-out/ with a manifest
-of their own. A source may convert its files first (`convert`: ToRA outputs, ReAct transcripts, text tool calls, a
-notebook's printed episodes), with other files of the repository read at the same commit (`context`), and add error
-patterns of its tools (`error_patterns`).
+of their own. A source may convert its files first (`convert`: ToRA outputs, ReAct transcripts, text tool calls,
+a notebook's printed episodes, InterCode's logs), with other files of the repository read at the same commit
+(`context`: prompts, templates), and add error patterns of its tools (`error_patterns`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+_IC_BASH = "shell (InterCode-Bash: NL2Bash tasks, four file systems; a Bourne shell, its output and a reward each turn)"
+_IC_SQL = "SQL (InterCode-SQL: Spider dev, 1,034 questions; a MySQL database, its rows and a reward each turn)"
 
 SOURCES: list[dict[str, Any]] = [
     {
@@ -171,6 +174,51 @@ SOURCES: list[dict[str, Any]] = [
         "error_patterns": [r"^Observation: Invalid action!$"],
         "held_out": True,
     },
+    {
+        "name": "react-fever-davinci002",
+        "kind": "fact verification (FEVER dev, 500 claims; ReAct with Wikipedia Search / Lookup tools, live pages)",
+        "agent": "ReAct (3-shot prompt webthink_simple3, at most 7 steps)",
+        "model": "text-davinci-002 (temperature 0)",
+        "repo": "ysymyth/ReAct",
+        "commit": "6bdb3a1fd38b8188fc7ba4102969fe483df8fdc9",
+        "licence": "MIT",
+        "globs": ["FEVER.ipynb"],
+        "context": ["prompts/fever.json"],  # the few-shot prompts the notebook loads
+        "format": "openai",
+        "convert": "fever-notebook",
+        # no such page (similar titles instead), no further match of a Lookup, an action the tool does not know
+        "error_patterns": [
+            r"^Observation \d+: Could not find ",
+            r"^Observation \d+: No more results\.$",
+            r"^Observation \d+: Invalid action:",
+        ],
+        "held_out": True,
+    },
+    *(
+        {
+            "name": f"intercode-{env}-{name}",
+            "kind": kind,
+            "agent": f"InterCode multi-turn chat agent (template {template}, at most 10 turns, dialogue cut to the "
+            f"system prompt, the query and the last {limit} messages)",
+            "model": f"{model} (temperature 0)",
+            "repo": "princeton-nlp/intercode",
+            "commit": "69922e2f331b36a7d94b5da4a7ed10289e6c4c94",  # the commit that added the runs and ran them
+            "licence": "MIT",
+            "globs": [f"data/results/{env}/{folder}/ic_{env}_multiturn_{folder}_10_turns{tail}.json"],
+            # the templates the runs were prompted with, read at the same commit (the logs keep the commands)
+            "context": ["experiments/utils/prompts.py"],
+            "format": "openai",
+            "convert": "intercode",
+            "held_out": True,
+        }
+        for env, name, folder, model, tail, kind, template, limit in (
+            ("bash", "gpt4", "gpt-4", "gpt-4", "_fs_*", _IC_BASH, "v2", 7),
+            # fs_2 is a large object absent from the snapshot: the other three file systems
+            ("bash", "gpt35", "gpt-3.5", "gpt-3.5-turbo", "_fs_[134]", _IC_BASH, "v2", 7),
+            ("sql", "gpt4", "gpt-4", "gpt-4", "", _IC_SQL, "game_sql", 5),
+            ("sql", "gpt35", "gpt-3.5", "gpt-3.5-turbo", "", _IC_SQL, "game_sql", 5),
+        )
+    ),
 ]
 
 
@@ -353,22 +401,32 @@ def _webshop_messages(data: bytes) -> bytes:
     15 steps (its last completion was not printed). The reward is the score (0 when none was printed)."""
     cells = json.loads(data.decode("utf-8"))["cells"]
     consts: dict[str, str] = {}
-    for cell in cells:
-        if cell["cell_type"] == "code":
-            try:
-                consts.update(_string_constants("".join(cell["source"])))
-            except SyntaxError:  # a cell of notebook magics: no prompt there
-                continue
-    out = []
-    for cell in cells:
-        run = re.search(r"run_episodes\((\w+)", "".join(cell.get("source", ())))
-        if cell["cell_type"] != "code" or not run:
+    for cell in _code_cells(cells):
+        try:
+            consts.update(_string_constants("".join(cell["source"])))
+        except SyntaxError:  # a cell of notebook magics: no prompt there
             continue
-        text = "".join("".join(o.get("text", "")) for o in cell.get("outputs", ()) if o.get("name") == "stdout")
+    out = []
+    for run, text in _notebook_runs(cells, r"run_episodes\((\w+)"):
         parts = _NOTEBOOK_EPISODE.split(text)
         for idx, body in zip(parts[1::2], parts[2::2], strict=True):
             out.append(json.dumps(_webshop_episode(f"fixed_{idx}", consts[run.group(1)], body)))
     return ("\n".join(out) + "\n").encode()
+
+
+def _code_cells(cells: list[dict]) -> list[dict]:
+    return [cell for cell in cells if cell["cell_type"] == "code"]
+
+
+def _notebook_runs(cells: list[dict], pattern: str) -> list[tuple[re.Match, str]]:
+    """`(match, printed text)` of each code cell whose source matches PATTERN: the cell's stdout streams joined (a
+    long run's output is saved as many streams; stderr's warnings are not the run's)."""
+    runs = []
+    for cell in _code_cells(cells):
+        if run := re.search(pattern, "".join(cell["source"])):
+            outputs = cell.get("outputs", ())
+            runs.append((run, "".join("".join(o.get("text", "")) for o in outputs if o.get("name") == "stdout")))
+    return runs
 
 
 def _webshop_episode(task: str, prompt: str, body: str) -> dict:
@@ -394,6 +452,157 @@ def _webshop_episode(task: str, prompt: str, body: str) -> dict:
     return {"id": f"webshop-{task}", "reward": reward, "messages": messages}
 
 
+# InterCode's multi-turn runs (experiments/eval_n_turn.py, ChatGPTPolicy): per environment, the language and the
+# setting the script gives the template (SETTING_MAP) and the template class of the runs: scripts/expr_multi_turn.sh
+# passes `--template v2` (TemplateV2) with `--env bash` and `--template game_sql` (TemplateSQLGame) with `--env sql`
+_INTERCODE = {"ic_bash": ("BASH", "Bourne Shell", "TemplateV2"), "ic_sql": ("SQL", "MySQL Database", "TemplateSQLGame")}
+_IC_TEXT_LIMIT, _IC_ROW_LIMIT = 1000, 50  # ChatGPTPolicy's cut of an observation: a text's characters, a list's rows
+
+
+def _template_methods(source: str, name: str) -> dict[str, ast.FunctionDef]:
+    """The methods of class NAME of a Python file, with those it inherits from classes of the same file (the
+    nearest definition wins), read with `ast` (the file is parsed, never run)."""
+    classes = {n.name: n for n in ast.parse(source).body if isinstance(n, ast.ClassDef)}
+    methods: dict[str, ast.FunctionDef] = {}
+    todo = [name]
+    while todo:
+        cls = classes[todo.pop(0)]
+        for node in cls.body:
+            if isinstance(node, ast.FunctionDef):
+                methods.setdefault(node.name, node)
+        todo += [b.id for b in cls.bases if isinstance(b, ast.Name) and b.id in classes]
+    return methods
+
+
+def _expr_text(node: ast.expr, env: dict[str, str]) -> str:
+    """A string constant, an f-string filled from ENV, or a name ENV holds (keys are the expressions' source text:
+    `self.language`, `query`)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(_expr_text(v.value if isinstance(v, ast.FormattedValue) else v, env) for v in node.values)
+    return env[ast.unparse(node)]
+
+
+def _method_text(fn: ast.FunctionDef, env: dict[str, str]) -> str:
+    """What a template method returns: its assignments (`self.query = query`, an f-string into `self.explore_msg`)
+    update ENV, its `return` is filled from ENV. Other statements are not read: the one such statement of the
+    templates used, `get_obs_msg`'s "No output" for an empty observation, is restated by the caller."""
+    for stmt in fn.body:
+        if isinstance(stmt, ast.Assign):
+            value = _expr_text(stmt.value, env)
+            env.update((ast.unparse(t), value) for t in stmt.targets)
+        elif isinstance(stmt, ast.Return) and stmt.value is not None:
+            return _expr_text(stmt.value, env)
+    raise ValueError(f"template method {fn.name} returns no string")
+
+
+def _first_rows(text: str, n: int) -> str:
+    """The repr of a list of rows (`[(...), (...)]`, as the SQL runs log a query's result) cut to its first N rows,
+    as the repr of the cut list would read: the list's own separators are the commas outside quotes at depth 1."""
+    depth, quote, escaped, rows = 0, "", False, 0
+    for i, c in enumerate(text):
+        if quote:
+            escaped, quote = (not escaped and c == "\\"), ("" if c == quote and not escaped else quote)
+        elif c in "'\"":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif c == "," and depth == 1:
+            rows += 1
+            if rows == n:
+                return text[:i] + "]"
+    return text
+
+
+def _intercode_observation(text: str, rows: bool) -> str:
+    """An observation as the policy sent it: a list of rows cut to 50 rows, a text to 1,000 characters; an empty
+    one is "No output" (TemplateV2.get_obs_msg)."""
+    if rows:
+        return "No output" if text == "[]" else _first_rows(text, _IC_ROW_LIMIT)
+    return text[:_IC_TEXT_LIMIT] or "No output"
+
+
+def _intercode_messages(data: bytes, context: dict[str, bytes]) -> bytes:
+    """InterCode's multi-turn result files (task index -> `query`, `turn_history {actions, observations, rewards,
+    valid_action}`, `summary.max_reward`) as chat-completions message lists. The log holds the command parsed from
+    each reply and the environment's whole output; the messages restate what the model saw and wrote from the
+    template class of the runs (`_INTERCODE`, read from `prompts.py` with `ast`): the system prompt
+    (`get_init_msg`) and the query (`get_query_msg`), then per turn the reply, the command in the code fence the
+    template asks for (a reply with no code, answered by `get_retry_msg`, is logged whole: it is the reply), and a
+    `tool` message (`get_obs_msg`: the observation cut as the policy cut it, the reward, the query again) named
+    after the language, an error where the run logged the action invalid (a non-zero exit code, a failed query, no
+    code). The observation after the last turn goes to no model and is dropped; an action logged `blocked` (the
+    API call failed) has no observation and no reply."""
+    (source,) = (text.decode("utf-8") for text in context.values())
+    out = []
+    for rec in json.loads(data.decode("utf-8")).values():
+        language, setting, template = _INTERCODE[rec["environment"]]
+        methods = _template_methods(source, template)
+        env = {"self.language": language, "self.setting": setting, "query": rec["query"]}
+        retry = _method_text(methods["get_retry_msg"], env)
+        messages: list[dict] = [
+            {"role": "system", "content": _method_text(methods["get_init_msg"], env)},
+            {"role": "user", "content": _method_text(methods["get_query_msg"], env)},
+        ]
+        h = rec["turn_history"]
+        for action, obs, reward, valid in zip(h["actions"], h["observations"], h["rewards"], h["valid_action"]):
+            messages.append(
+                {"role": "assistant", "content": action if obs == retry else f"```{language}\n{action}\n```"}
+            )
+            env.update(observation=_intercode_observation(obs, language == "SQL" and obs.startswith("[")))
+            env["reward"] = str(reward)
+            text = _method_text(methods["get_obs_msg"], env)
+            messages.append({"role": "tool", "name": language.lower(), "content": text, "is_error": valid is not True})
+        while messages[-1]["role"] == "tool":
+            messages.pop()
+        task = f"{Path(rec['dataset']).stem}-{rec['task_id']}"
+        out.append(json.dumps({"id": task, "reward": float(rec["summary"]["max_reward"]), "messages": messages}))
+    return ("\n".join(out) + "\n").encode()
+
+
+_FEVER_EPISODE = re.compile(r"\n*(\d+) (.*)\n")  # `print(idx, question)`: the episode's first line
+_FEVER_BAD_CALL = re.compile(r"^ohh\.\.\. (.*?)\nThought (\d+): [^\n]*\n(?=Action \2: )", re.M | re.S)
+
+
+def _fever_messages(data: bytes, context: dict[str, bytes]) -> bytes:
+    """ReAct's FEVER notebook (`FEVER.ipynb`, run with its printed outputs): the cell that runs `webthink` on 500
+    claims printed each episode (`idx Claim: ...`, then per step `Thought i:` / `Action i:` / `Observation i:` and
+    a blank line, then the episode's `info` dict and the running tally, then `-----------`). The prompt is the
+    few-shot prompt the notebook names (`prompt_dict['webthink_simple3']`, read from `prompts/fever.json` at the
+    same commit) with the claim and a newline. Each Thought/Action pair is a generation (one completion, stopped
+    at the next `Observation`; a completion without an `Action` line, printed after `ohh...`, and the second
+    completion that gave the action are one generation), each observation a `tool` message named after its action
+    (`search`, `lookup`); the verdict after `Finish` and the last observation of an agent halted at 7 steps go to
+    no model and are dropped. The reward is the info's exact match (`em`)."""
+    cells = json.loads(data.decode("utf-8"))["cells"]
+    (prompts,) = (json.loads(text) for text in context.values())
+    key = re.search(r"prompt_dict\[['\"](\w+)['\"]\]", "".join("".join(c["source"]) for c in _code_cells(cells)))
+    if key is None:
+        raise ValueError("no prompt_dict['...'] in the notebook's code: the prompt of its runs is not named")
+    out = []
+    for _, text in _notebook_runs(cells, r"=\s*webthink\("):
+        for episode in re.split(r"\n-{11}\n", text):
+            if head := _FEVER_EPISODE.match(episode):
+                out.append(json.dumps(_fever_episode(prompts[key.group(1)], head, episode[head.end() :])))
+    return ("\n".join(out) + "\n").encode()
+
+
+def _fever_episode(prompt: str, head: re.Match, body: str) -> dict:
+    """One printed FEVER episode (after its first line) as a record."""
+    steps, _, info = body.partition("\n{'steps'")
+    steps = _FEVER_BAD_CALL.sub(lambda m: f"Thought {m.group(2)}: {m.group(1)}\n", steps)
+    steps = re.sub(r"\n\n(?=Thought \d+:)", "\n", steps)  # print()'s own newline after each step's text
+    messages: list[dict] = [{"role": "user", "content": f"{prompt}{head.group(2)}\n"}]
+    _append_react_turns(messages, _react_turns(steps.strip("\n")))
+    while messages[-1]["role"] == "tool":
+        messages.pop()
+    em = ast.literal_eval("{'steps'" + info.partition("\n")[0].strip()).get("em") if info else None
+    return {"id": f"fever-{head.group(1)}", "reward": None if em is None else float(em), "messages": messages}
+
+
 # a converter takes the file's bytes (and, for a source with `context`, those files' bytes by path)
 CONVERTERS: dict[str, Callable[..., bytes]] = {
     "tora": _tora_messages,
@@ -401,6 +610,8 @@ CONVERTERS: dict[str, Callable[..., bytes]] = {
     "qwen-tools": _qwen_tools_messages,
     "reflexion-react": _reflexion_react_messages,
     "webshop-notebook": _webshop_messages,
+    "intercode": _intercode_messages,
+    "fever-notebook": _fever_messages,
 }
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from libra.scheduling import CMLFQ_PRESETS
-from libra.scheduling.sources import BASELINES, MAX_MIGRATED, margin, quantile_buckets, score_source
+from libra.scheduling.sources import BASELINES, MAX_MIGRATED, margin, meets_target, quantile_buckets, score_source
 from libra.spec import Bucket, format_buckets, parse_buckets
 from libra.workloads.corpus import DEFAULT_CORPUS, load_corpus, load_manifest
 from libra.workloads.trace import Trajectory
@@ -63,7 +63,6 @@ CANDIDATES = {
 PRESETS = {"cmlfq-published": CMLFQ_PRESETS["published"], "cmlfq-priced": CMLFQ_PRESETS["priced"], "default": BASE}
 CODING_BUCKETS = "1:8000,2:16000,4:32000,8:inf"
 MIN_SELECT = 100
-TARGET_MARGIN = 0.05  # the target: >= 5 points over the best baseline, at <= MAX_MIGRATED
 
 
 def shuffled_runs(trajectories: Sequence[Trajectory], rng: np.random.Generator) -> list[Trajectory]:
@@ -94,12 +93,6 @@ def default_gap(trajectories: Sequence[Trajectory], buckets: Sequence[Bucket]) -
 def gap_of(res: dict) -> tuple[float, float, str]:
     best = max(BASELINES, key=lambda b: res[b].routing_accuracy)
     return res["default"].routing_accuracy - res[best].routing_accuracy, res["default"].migrated_token_fraction, best
-
-
-def meets_target(gap: float, migrated: float) -> bool:
-    # (both accuracies are counts over the same trajectories: the slack only absorbs the rounding of their
-    # difference, so that a margin of exactly 5 points counts as met)
-    return gap >= TARGET_MARGIN - 1e-12 and migrated <= MAX_MIGRATED
 
 
 def order_row(source: str, buckets: str, file_order: tuple[float, float, str], orders: list[tuple]) -> str:

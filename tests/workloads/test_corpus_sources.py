@@ -4,27 +4,22 @@ from the sources that the router's tests gate on."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from libra.workloads.corpus import DEFAULT_CORPUS, load_corpus, load_manifest
 from libra.workloads.importers import DEFAULT_ERROR_PATTERNS, StatusRules, import_files
+from tests.scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
 HELD_OUT = DEFAULT_CORPUS / "held-out"
 
 
 @pytest.fixture(scope="module")
 def build_corpus():
-    spec = importlib.util.spec_from_file_location("build_corpus", ROOT / "scripts" / "build_corpus.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("build_corpus")
 
 
 def _b4(text: str) -> int:
@@ -212,6 +207,163 @@ def test_webshop_notebook_episodes_become_runs_with_the_one_shot_prompt(build_co
     assert [t.tool_status for t in traj.turns] == ["ok", "ok", "error", "ok", None]
 
 
+def _fever_episode(idx: int, claim: str, steps: str, info: str, n: int) -> str:
+    return f"{idx} Claim: {claim}\n{steps}\n{info} \n\n{n} {n} 1.0 4.1\n-----------\n\n"
+
+
+def test_fever_notebook_episodes_become_runs_with_the_few_shot_prompt(build_corpus, tmp_path) -> None:
+    """ReAct's FEVER notebook: the prompt is the few-shot prompt the notebook names (read from the JSON file beside
+    it) with the claim; each Thought/Action pair is a generation (a bad call's two completions one), each
+    observation a return named after its action (a failed Lookup an error under the source's pattern); the verdict
+    after Finish and the last observation of an agent halted at its step limit are dropped; the reward is `em`;
+    the printed info and tally are no turn."""
+    done = (
+        "Thought 1: Search A.\nAction 1: Search[A]\nObservation 1: A is a band.\n\n"
+        "Thought 2: Look up B.\nAction 2: Lookup[B]\nObservation 2: No more results.\n\n\n"
+        "Thought 3: It is.\nAction 3: Finish[SUPPORTS]\nObservation 3: Episode finished, reward = 1\n\n\n"
+    )
+    bad = (
+        "Thought 1: Search C.\nAction 1: Search[C]\nObservation 1: C is a city.\n\n"
+        "ohh...  I give up.\n\nAction 2:\n\nFinish[REFUTES]\nThought 2: I give up.\nAction 2: Finish[REFUTES]\n"
+        "Observation 2: Episode finished, reward = 0\n\n\n"
+    )
+    halted = "Thought 1: Search D.\nAction 1: Search[D]\nObservation 1: D is a river.\n\n"
+    first = _fever_episode(7, "A is a band.", done, "{'steps': 3, 'answer': 'SUPPORTS', 'em': 1, 'f1': 1}", 1)
+    second = _fever_episode(8, "C isn't a city.", bad, "{'steps': 2, 'answer': 'REFUTES', 'em': 0, 'f1': 0}", 2)
+    third = _fever_episode(9, "D is long.", halted, "{'steps': 1, 'answer': '', 'em': 0, 'f1': 0}", 3)
+    notebook = {
+        "cells": [
+            {"cell_type": "markdown", "source": ["# ReAct"]},
+            {"cell_type": "code", "source": ["webthink_prompt = prompt_dict['webthink_simple3']\n"], "outputs": []},
+            {
+                "cell_type": "code",
+                "source": ["for i in idxs[:3]:\n", "    r, info = webthink(i, to_print=True)\n"],
+                "outputs": [
+                    {"name": "stdout", "output_type": "stream", "text": first + second[:40]},
+                    {"name": "stderr", "output_type": "stream", "text": "a warning\n"},
+                    {"name": "stdout", "output_type": "stream", "text": [second[40:], third]},
+                ],
+            },
+        ]
+    }
+    prompts = {"webthink_simple3": "Verify claims.\nClaim: x\nThought 1: y\n\n", "webact_simple3": "other"}
+    context = {"prompts/fever.json": json.dumps(prompts).encode()}
+    data = build_corpus._fever_messages(json.dumps(notebook).encode(), context)
+    a, b, c = (json.loads(line) for line in data.decode().splitlines())
+    assert (a["id"], a["reward"], b["reward"], c["id"]) == ("fever-7", 1.0, 0.0, "fever-9")
+    assert a["messages"][0]["content"] == "Verify claims.\nClaim: x\nThought 1: y\n\nClaim: A is a band.\n"
+    names = [m.get("name", m["role"]) for m in a["messages"]]
+    assert names == ["user", "assistant", "search", "assistant", "lookup", "assistant"]
+    assert a["messages"][2]["content"] == "Observation 1: A is a band."
+    assert a["messages"][4]["content"] == "Observation 2: No more results.\n"
+    assert (
+        b["messages"][-1]["content"]
+        == "Thought 2:  I give up.\n\nAction 2:\n\nFinish[REFUTES]\nAction 2: Finish[REFUTES]"
+    )
+    assert [m["role"] for m in c["messages"]] == ["user", "assistant"]
+    assert "Episode finished" not in data.decode() and "'steps'" not in data.decode()
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(data)
+    rules = StatusRules(error_patterns=(*DEFAULT_ERROR_PATTERNS, r"^Observation \d+: No more results\.$"))
+    traj, _, _ = import_files("openai", [path], tokenizer="bytes4", rules=rules)
+    assert [t.tool_status for t in traj.turns] == ["ok", "error", None]
+
+
+# InterCode's templates as prompts.py writes them: a base class with the retry message, the chat template (which
+# sets an attribute in get_init_msg and one in get_query_msg) and the SQL game that inherits its other methods
+INTERCODE_PROMPTS = b"""
+X = "not a template"
+
+
+class PromptTemplate():
+    def __init__(self, language: str, setting: str):
+        self.language = language.upper()
+
+    def get_retry_msg(self):
+        return f\"\"\"No {self.language} code was found.\"\"\"
+
+
+class TemplateV2(PromptTemplate):
+    def get_init_msg(self):
+        self.explore_msg = f\"\"\"Try {self.language}.\"\"\"
+        return f\"\"\"Use a {self.setting} system. {self.explore_msg}\"\"\"
+
+    def get_query_msg(self, query):
+        self.query = query
+        return f\"\"\"Query: \\"{query}\\".\"\"\"
+
+    def get_obs_msg(self, observation, reward):
+        if isinstance(observation, str) and observation == "":
+            observation = "No output"
+        return f\"\"\"{self.setting} Output: {observation}
+Reward: {reward}
+Again: {self.query}\"\"\"
+
+
+class TemplateSQLGame(TemplateV2):
+    def get_init_msg(self):
+        return f\"\"\"`{self.language}Env` is a game.\"\"\"
+"""
+
+
+def _intercode_run(env: str, dataset: str, steps: list[tuple[str, str, float, bool]]) -> dict:
+    actions, observations, rewards, valid = (list(x) for x in zip(*steps, strict=True))
+    return {
+        "environment": env,
+        "dataset": dataset,
+        "task_id": 3,
+        "query": "how many?",
+        "turn_history": {"actions": actions, "observations": observations, "rewards": rewards, "valid_action": valid},
+        "summary": {"max_reward": max(rewards)},
+    }
+
+
+def test_intercode_runs_become_chats_with_the_templates_of_the_runs(build_corpus, tmp_path) -> None:
+    """InterCode's result files: the system prompt and the query from the run's template class (read by `ast`, the
+    inherited methods from its base), each logged command a reply in the template's code fence (a reply without code
+    as logged), each observation the template's output message, cut as the policy cut it (a SQL result to 50 rows, a
+    text to 1,000 characters, empty as "No output"), an error where the run logged the action invalid; the
+    observation after the last turn is dropped; the reward is the run's best."""
+    rows = "[" + ", ".join(f"({i}, 'a, (b)')" for i in range(52)) + "]"
+    retry = "No SQL code was found."
+    sql = _intercode_run("ic_sql", "./data/spider/dev_spider.json", [
+        ("SELECT n FROM t", rows, 0.5, True), ("I cannot answer", retry, 0, False),
+        ("SELECT x FROM t", "Error executing query: Unknown column 'x'", 0, False),
+        ("SELECT m FROM t", "[]", 1.0, True),
+    ])  # fmt: skip
+    bash = _intercode_run("ic_bash", "./data/nl2bash/nl2bash_fs_2.json", [
+        ("ls /", "x" * 1500, 0.2, True), ("grep q f", "", 0.25, False), ("wc -l f", "3 f\n", 0.25, True),
+    ])  # fmt: skip
+    context = {"experiments/utils/prompts.py": INTERCODE_PROMPTS}
+    data = build_corpus._intercode_messages(json.dumps({"0": sql, "1": bash}).encode(), context)
+    first, second = (json.loads(line) for line in data.decode().splitlines())
+    assert first["id"] == "dev_spider-3" and first["reward"] == 1.0 and second["id"] == "nl2bash_fs_2-3"
+    assert [m.get("name", m["role"]) for m in first["messages"]] == [
+        "system", "user", "assistant", "sql", "assistant", "sql", "assistant", "sql", "assistant"
+    ]  # fmt: skip
+    assert first["messages"][0]["content"] == "`SQLEnv` is a game."
+    assert second["messages"][0]["content"] == "Use a Bourne Shell system. Try BASH."
+    assert first["messages"][1]["content"] == 'Query: "how many?".'
+    assert first["messages"][2]["content"] == "```SQL\nSELECT n FROM t\n```"
+    assert first["messages"][4]["content"] == "I cannot answer"
+    fifty = "[" + ", ".join(f"({i}, 'a, (b)')" for i in range(50)) + "]"
+    assert first["messages"][3]["content"] == f"MySQL Database Output: {fifty}\nReward: 0.5\nAgain: how many?"
+    assert first["messages"][5]["content"].startswith(f"MySQL Database Output: {retry}\nReward: 0\n")
+    assert first["messages"][-1]["content"] == "```SQL\nSELECT m FROM t\n```" and "No output" not in json.dumps(first)
+    texts = [m["content"] for m in second["messages"] if m["role"] == "tool"]
+    assert texts == [
+        f"Bourne Shell Output: {'x' * 1000}\nReward: 0.2\nAgain: how many?",
+        "Bourne Shell Output: No output\nReward: 0.25\nAgain: how many?",
+    ]
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(data)
+    sql_run, bash_run = import_files("openai", [path], tokenizer="bytes4")
+    assert [t.tool_status for t in sql_run.turns] == ["ok", "error", "error", None]
+    assert [t.tool for t in bash_run.turns] == ["bash", "bash", None]
+    assert [t.tool_status for t in bash_run.turns] == ["ok", "error", None]
+    assert sql_run.prompt_tokens == _b4("`SQLEnv` is a game.") + _b4('Query: "how many?".')
+
+
 def test_held_out_sources_are_apart_and_complete() -> None:
     """Every held-out source loads with the count and provenance its manifest states (repository, commit, licence,
     sha256 per file), and none of them is in the manifest that the router's tests read."""
@@ -237,7 +389,9 @@ def test_held_out_sources_are_apart_and_complete() -> None:
 # ReAct one run of 138 (72 -> 71 single-shot right against the predictor's 65), below the 5 points, and the budget
 # that targets the run's share (repay, hold_first) one more (+3.6): strict xfail, so that a router change that
 # wins it back shows here (XPASS) and the mark is updated.
-MISSES_MARGIN = {"reflexion-react-davinci003-hotpotqa": "+3.6 points (two runs of 138 short of +5.1)"}
+MISSES_MARGIN = {
+    "reflexion-react-davinci003-hotpotqa": "+3.6 points (two runs of 138 short of +5.1)",
+}
 
 
 @pytest.fixture(scope="module")
@@ -258,17 +412,19 @@ def _held_out_params():
 def test_default_beats_baselines_on_held_out_search_agents(held_out_scores, name) -> None:
     """The accuracy half of the issue's target: the default beats the best of fcfs, mlfq, predictor and
     most-common by >= 5 points (measured +15.1, +19.0, +13.6 on FireAct, +4.3 on Reflexion's ReAct, +15.5 on
-    WebDancer; +7.8 on ReAct's WebShop agent, added later and never tuned on)."""
-    from libra.scheduling.sources import BASELINES
+    WebDancer; +7.8 on ReAct's WebShop agent, +7.0 on its FEVER agent, +5.0 / +8.2 / +6.8 / +8.3 on InterCode's
+    Bash and SQL runs with GPT-4 / GPT-3.5, added later and never tuned on)."""
+    from libra.scheduling.sources import BASELINES, TARGET_MARGIN, meets_target
 
     res = held_out_scores[name]
-    best = max(res[b].routing_accuracy for b in BASELINES)
-    assert res["default"].routing_accuracy - best >= 0.05
+    gap = res["default"].routing_accuracy - max(res[b].routing_accuracy for b in BASELINES)
+    assert meets_target(gap, 0.0), f"{gap:+.4f} < {TARGET_MARGIN}"  # (InterCode Bash / GPT-4: +5.0 exactly, 69 vs 59)
 
 
 def test_default_migration_bound_on_held_out_search_agents(held_out_scores) -> None:
     """The migration half: <= 12 % of the tokens moved on every held-out source (measured 11.9 %, 11.8 %, 11.5 %,
-    6.9 %, 8.8 %, and 7.9 % on WebShop; 14.4 % and 14.0 % on the first two before the ceiling)."""
+    6.9 %, 8.8 %, 7.9 % on WebShop, 8.3 % on FEVER, 7.9-8.3 % on InterCode; 14.4 % and 14.0 % on the first two
+    before the ceiling)."""
     from libra.scheduling.sources import MAX_MIGRATED
 
     for name, res in held_out_scores.items():
