@@ -53,6 +53,21 @@ def check_prompts_fit(longest: int, max_len: int, option: str) -> None:
         raise CLIError(f"{option} {max_len} is shorter than the workload's prompts ({longest:,} tokens)")
 
 
+def max_len_note(lengths: Sequence[int], max_len: int) -> str | None:
+    """A note where a trace's trajectories (their total `lengths`) pass --max-len: a trace is replayed as recorded
+    (a model of a longer context wrote it), so its rollout runs them whole while training, which cannot hold more
+    than the model's length, prices each cut at it; None where all fit."""
+    over = [n for n in lengths if n > max_len]
+    if not over:
+        return None
+    longest = int(max(over))
+    return (
+        f"note: {len(over):,} of {len(lengths):,} trajectories are longer than --max-len {max_len:,} (up to "
+        f"{longest:,} tokens): rollout runs them whole, training prices each cut at {max_len:,}; "
+        f"--max-len {longest} prices them whole"
+    )
+
+
 def check_new_output(path: Path, *, directory: bool) -> None:
     """Fail before the work when an output path cannot be written: a folder named by an existing file (or the
     reverse), a parent folder that does not exist, or (for a folder, whose missing parents are created) a file

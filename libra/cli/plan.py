@@ -22,6 +22,7 @@ from libra.cli._common import (
     emit_json,
     key_values,
     log,
+    max_len_note,
     setup_from_args,
     table,
     tool_latency_from_args,
@@ -213,6 +214,8 @@ def run(args: argparse.Namespace) -> int:
     check_batch(prompts, samples)
     rl = RLSettings(num_prompts=prompts, samples_per_prompt=samples, max_model_len=args.max_len)
     profile = _profile(args, rl, trajectories, latency)
+    if trajectories is not None and (note := max_len_note(profile.total_lengths, args.max_len)) is not None:
+        log(note)
     options = PlannerOptions(routing=args.routing)
     if args.tp_degrees is not None:
         options = attrs.evolve(options, tp_degrees=_tp_degrees(args.tp_degrees))

@@ -104,6 +104,24 @@ def parse_options(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def _empty_quantile_note(buckets, trajectories) -> str | None:
+    """A note where quantile buckets hold nothing: a trace whose quartile lengths coincide (every trajectory as
+    long as the next) gets edges pushed one token apart, and the buckets between them stay empty, so every policy is
+    scored on fewer buckets than it was given; None where each bucket holds a trajectory."""
+    counts = [0] * len(buckets)
+    for traj in trajectories:
+        counts[next(i for i, b in enumerate(buckets) if traj.total_tokens <= b.max_tokens)] += 1
+    empty = counts.count(0)
+    if not empty:
+        return None
+    distinct = len({t.total_tokens for t in trajectories})
+    return (
+        f"note: quantile buckets {format_buckets(buckets)} leave {empty} of {len(buckets)} with no trajectory (the "
+        f"trace's quartile lengths coincide: {distinct:,} distinct length{'' if distinct == 1 else 's'} in all); "
+        "routing is scored on the others; --buckets TP:MAX,... sets the edges"
+    )
+
+
 _GENERATION = {"steps": 20, "seed": 0, "prompts": 64, "samples": 16}  # the synthetic workload's, without --trace
 
 
@@ -149,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
         trajectories = as_agent_log(trajectories)
     if buckets is None:
         buckets = quantile_buckets(trajectories)
+        if (note := _empty_quantile_note(buckets, trajectories)) is not None:
+            log(note)
     options = parse_options(args.option)
     results = []
     for name in policies:

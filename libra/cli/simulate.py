@@ -18,6 +18,7 @@ from libra.cli._common import (
     check_ranges,
     emit_json,
     log,
+    max_len_note,
     setup_from_args,
     table,
     tool_latency_from_args,
@@ -251,6 +252,10 @@ def run(args: argparse.Namespace) -> int:
             drift_steps=args.drift_steps,
         )
         check_prompts_fit(int(source.step(0).total_tokens.max()), args.max_len, "--max-len")
+    if args.trace:
+        lengths = [int(n) for s in range(args.steps) for n in source.step(s).total_tokens]
+        if (note := max_len_note(lengths, args.max_len)) is not None:
+            log(note)
     rl = RLSettings(num_prompts=prompts, samples_per_prompt=samples, max_model_len=args.max_len)
     scenario = Scenario(
         cluster=cluster,

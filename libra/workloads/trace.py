@@ -34,6 +34,7 @@ MAX_TOKENS = 10_000_000  # tokens in one trajectory (prompt + generated + tool),
 MAX_TURNS = 4096  # turns in one trajectory
 MAX_TOOL_LATENCY_S = 86_400.0  # seconds one tool call may take: a day (a run's slowest test suites take hours)
 MAX_LINE_BYTES = 64 << 20  # one JSON line
+_UTF8_BOM = b"\xef\xbb\xbf"  # the byte order mark some editors put at the start of a UTF-8 file
 _KNOWN_KEYS = frozenset({"prompt_id", "sample", "step", "prompt_tokens", "turns", "reward"})
 _TURN_KEYS = frozenset({"gen_tokens", "tool", "tool_status", "tool_tokens"})
 
@@ -386,8 +387,9 @@ def parse_line(text: str, path: Path, line: int) -> Trajectory:
 
 
 def iter_trace(path: str | Path) -> Iterator[Trajectory]:
-    """Yield trajectories in file order; blank lines are skipped. A gzipped file (told by its first two bytes, not
-    its name) is read through gzip, with the same line limit."""
+    """Yield trajectories in file order; blank lines are skipped, and so is a UTF-8 byte order mark that opens the
+    file. A gzipped file (told by its first two bytes, not its name) is read through gzip, with the same line
+    limit."""
     path = Path(path)
     try:
         if not path.is_file():
@@ -419,6 +421,8 @@ def iter_trace(path: str | Path) -> Iterator[Trajectory]:
                 return
             if len(raw) > MAX_LINE_BYTES:
                 raise TraceError(path, number, None, f"line longer than {MAX_LINE_BYTES >> 20} MiB")
+            if number == 1 and raw.startswith(_UTF8_BOM):  # (Windows tools write one: the text is still UTF-8)
+                raw = raw[len(_UTF8_BOM) :]
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
