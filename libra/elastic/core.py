@@ -50,6 +50,7 @@ from libra.elastic.grads import (
     trainable,
     unflatten_into,
 )
+from libra.elastic.groups import check_group, counts_device
 from libra.elastic.pack import checksum
 from libra.elastic.snapshot import PendingCapture, SnapshotError, capture
 from libra.elastic.snapshot_send import SnapshotSend
@@ -63,29 +64,11 @@ from libra.elastic.wire import (
     SideChannelServer,
     arrives,
     as_bytes,
+    peer_closed,
     recv_reusing,
 )
 
 log = logging.getLogger(__name__)
-
-
-def _counts_device(group) -> torch.device:
-    """Where the small tensors a replica all-reduces over ``group`` (replica counts) live: the current CUDA device
-    on an NCCL group, which reduces only device memory; else the CPU (gloo reduces either)."""
-    name = group.name() if hasattr(group, "name") else torch.distributed.get_backend(group)
-    return torch.device("cuda", torch.cuda.current_device()) if name == "nccl" else torch.device("cpu")
-
-
-def _check_group(group, core_rank: int, num_core_replicas: int) -> None:
-    """The core group must hold ``num_core_replicas`` ranks with this process at ``core_rank``: otherwise replicas
-    take one another's shards (or the membership all-reduce of differently sized tensors fails or hangs). Groups
-    that cannot say their size and rank (a stand-in) are not checked."""
-    if not (callable(getattr(group, "size", None)) and callable(getattr(group, "rank", None))):
-        return
-    if group.size() != num_core_replicas:
-        raise ValueError(f"num_core_replicas={num_core_replicas}, but core_group holds {group.size()} rank(s)")
-    if group.rank() != core_rank:
-        raise ValueError(f"core_rank={core_rank}, but this process is rank {group.rank()} of core_group")
 
 
 # Pruned replay copies kept for the next join (each the size of the gradient): a join replays the reduced gradients
@@ -125,7 +108,7 @@ class CoreExchange:
         core_rank = check_whole("core_rank", core_rank, least=0)
         if core_rank >= num_core_replicas:
             raise ValueError(f"core_rank must be in [0, num_core_replicas={num_core_replicas}), got {core_rank}")
-        _check_group(core_group, core_rank, num_core_replicas)
+        check_group(core_group, core_rank, num_core_replicas)
         self._group, self.core_rank, self.num_core = core_group, core_rank, num_core_replicas
         self._model, self._optimizer = model, optimizer
         self.timeout_s = check_seconds("timeout_s", timeout_s)
@@ -164,7 +147,7 @@ class CoreExchange:
         # (on a CPU replica these are the flat gradient and the last received blob themselves: nothing is copied)
         self._host_flat: torch.Tensor | None = None
         self._device_in: torch.Tensor | None = None
-        self._counts_device = _counts_device(core_group)
+        self._counts_device = counts_device(core_group)
 
     def prepare(self) -> None:
         """Pack the state once now into the buckets that the first join's snapshot will be packed into, so that
@@ -399,6 +382,8 @@ class CoreExchange:
                 )
                 link.close()
                 continue
+            if worker in self._slots and worker not in removed:
+                self._end_closed_stay(self._slots[worker], step)
             if worker in self._slots or worker in removed:
                 why = removed.get(worker, f"a worker named {worker!r} is in training already")
                 self._refuse(link, worker, step, why)
@@ -422,6 +407,20 @@ class CoreExchange:
             slot.send = SnapshotSend(link, pending, self.snapshot_timeout_s)
             self._transition(slot, JoinEvent.START_FETCH, step, f"snapshot v{step} ({pending.nbytes} bytes) sending")
         self._pending = still
+
+    def _end_closed_stay(self, slot: _Slot, step: int) -> None:
+        """A JOIN names a worker that still holds ``slot``: a hybrid that reconnected before the core noticed that
+        its old link died. If the old link's peer has closed its end, nothing more can come on it, so the old stay
+        ends here (a leave if its LEAVE waits there, else a failure) and the JOIN is a new join of that worker. At a
+        boundary no contribution of the old stay is in flight (its STEP is not sent yet). A link that is still open
+        (a second worker of that name, or a close not seen yet) keeps its slot, and the JOIN is refused."""
+        if not peer_closed(slot.link):
+            return
+        left = self._leave_waiting(slot)
+        if left is not None:
+            self._detach(slot.worker, step=step, why=f"hybrid left: {left.info.get('why', '')}")
+        else:
+            self._fail(slot, step, "its side channel closed: it joined again on a new connection")
 
     def _refuse(self, link: Link, worker: str, step: int, why: str) -> None:
         """Refuse a JOIN: logged, counted, and the joiner told why (a best-effort LEAVE) before its link closes."""

@@ -55,6 +55,8 @@ _OLD_MAGICS = {b"LBR1": 1}
 _MAX_META = 16 << 20
 #: Receive granularity: each window is hashed right after it lands (it is still in L2).
 RECV_WINDOW = 256 << 10
+#: Linux TCP states (``tcpi_state``) of an end whose peer has closed: TCP_CLOSE (reset) and TCP_CLOSE_WAIT (FIN)
+_TCP_PEER_CLOSED = frozenset({7, 8})
 
 
 class Kind(IntEnum):
@@ -322,8 +324,8 @@ class TcpLink:
         """The next message; every blob verified against its checksum as it arrives. ``into`` supplies the memory
         blobs are received into (see :data:`BlobAllocator`); by default each blob is a new tensor."""
         deadline = time.monotonic() + timeout
-        head = _decode_prefix(self._recv_exact(_PREFIX.size, deadline))
-        info, entries = _decode_meta(_check_meta(self._recv_exact(head.meta_len, deadline), head))
+        head = _decode_prefix(self._recv_exact(_PREFIX.size, deadline, "frame head"))
+        info, entries = _decode_meta(_check_meta(self._recv_exact(head.meta_len, deadline, "meta"), head))
         blobs, sums = [], []
         for i, (n, crc) in enumerate(entries):
             blob = into(i, n) if into is not None else None
@@ -332,12 +334,26 @@ class TcpLink:
             elif blob.dtype != torch.uint8 or blob.dim() != 1 or blob.numel() < n or not blob.is_contiguous():
                 raise ValueError(f"recv(into=...): blob {i} needs a contiguous 1-D uint8 tensor of >= {n} bytes")
             blob = blob[:n]
-            _check_sum(i, self._recv_hashed(memoryview(blob.numpy()).cast("B"), deadline), crc)
+            _check_sum(i, self._recv_hashed(memoryview(blob.numpy()).cast("B"), deadline, f"blob {i}"), crc)
             blobs.append(blob)
             sums.append(crc)
         return Message(
             kind=head.kind, step=head.step, version=head.version, info=info, blobs=tuple(blobs), checksums=tuple(sums)
         )
+
+    def peer_closed(self) -> bool:
+        """Whether the peer has closed its end: nothing more will arrive (what it sent before may still be waiting
+        to be read). Reads nothing. A TCP socket on Linux says so in its state (peer's FIN or reset received); on
+        any other socket only an end with nothing left to read can tell (an empty peek), so a closed peer whose
+        last bytes are still unread is taken for a live one."""
+        try:
+            if self._sock.family in (socket.AF_INET, socket.AF_INET6) and hasattr(socket, "TCP_INFO"):
+                state = self._sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
+                return state in _TCP_PEER_CLOSED
+            readable, _, _ = select.select([self._sock], [], [], 0)
+            return bool(readable) and self._sock.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):  # reset, or this end closed already
+            return True
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -362,16 +378,19 @@ class TcpLink:
         except OSError as exc:
             raise LinkClosed(f"side channel send failed: {exc}") from exc
 
-    def _recv_hashed(self, view: memoryview, deadline: float) -> int:
+    def _recv_hashed(self, view: memoryview, deadline: float, part: str) -> int:
         """Receive exactly ``len(view)`` bytes into ``view``, hashing each window as soon as it is complete."""
         h = new_hasher()
         for start in range(0, len(view), RECV_WINDOW):
             window = view[start : start + RECV_WINDOW]
-            self._recv_into(window, deadline)
+            self._recv_into(window, deadline, _Part(part, start, len(view)))
             h.update(window)
         return h.intdigest()
 
-    def _recv_into(self, view: memoryview, deadline: float) -> None:
+    def _recv_into(self, view: memoryview, deadline: float, part: _Part) -> None:
+        """Fill ``view`` (bytes ``part.before`` on of ``part``). A peer that closes part way is a short frame, named
+        at once (the end of the stream is there: nothing is waited for)."""
+        got_before = part.before
         while view:
             try:
                 self._sock.settimeout(self._remaining(deadline))
@@ -381,13 +400,30 @@ class TcpLink:
             except OSError as exc:
                 raise LinkClosed(f"side channel receive failed: {exc}") from exc
             if got == 0:
-                raise LinkClosed("peer closed the side channel")
+                raise LinkClosed(part.closed_after(got_before))
             view = view[got:]
+            got_before += got
 
-    def _recv_exact(self, n: int, deadline: float) -> bytes:
+    def _recv_exact(self, n: int, deadline: float, part: str) -> bytes:
         buf = bytearray(n)
-        self._recv_into(memoryview(buf), deadline)
+        self._recv_into(memoryview(buf), deadline, _Part(part, 0, n))
         return bytes(buf)
+
+
+@attrs.frozen
+class _Part:
+    """Which part of a frame a receive fills (``name``: "frame head", "meta", "blob 3"), from which of its
+    ``size`` bytes on: what a short frame names."""
+
+    name: str
+    before: int
+    size: int
+
+    def closed_after(self, got: int) -> str:
+        """The line for a peer that closed after ``got`` bytes of this part."""
+        if self.name == "frame head" and got == 0:
+            return "peer closed the side channel"  # between two frames: a plain close
+        return f"short frame: the peer closed the side channel after {got} of the {self.size} bytes of its {self.name}"
 
 
 def _new_blob(i: int, n: int) -> torch.Tensor:
@@ -422,6 +458,13 @@ class SideChannelServer:
 
     def close(self) -> None:
         self._sock.close()
+
+
+def peer_closed(link: Link) -> bool:
+    """Whether ``link``'s peer has visibly closed its end (see :meth:`TcpLink.peer_closed`); False for a link that
+    cannot tell (:class:`~libra.elastic.dist_link.DistLink`: a fixed world's pair stays up)."""
+    check = getattr(link, "peer_closed", None)
+    return bool(check()) if check is not None else False
 
 
 def arrives(link: Link, deadline: float) -> bool:

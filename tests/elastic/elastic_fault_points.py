@@ -78,8 +78,8 @@ def hybrid_child(port: int, point: str, path: str, timeout_s: float) -> None:
     class Link(TcpLink):
         received = 0
 
-        def _recv_into(self, view, deadline: float) -> None:
-            super()._recv_into(view, deadline)
+        def _recv_into(self, view, deadline: float, part) -> None:
+            super()._recv_into(view, deadline, part)
             Link.received += len(view)
             if point == "snapshot" and Link.received > CUT_BYTES:
                 _die(path, point)

@@ -20,7 +20,7 @@ from libra.elastic.hybrid import HybridReplica  # noqa: E402
 from libra.elastic.snapshot import state_digest  # noqa: E402
 from libra.elastic.states import JoinState  # noqa: E402
 from libra.elastic.wire import Kind, LinkClosed, LinkError, SideChannelServer, TcpLink  # noqa: E402
-from tests.elastic.test_elastic_overlap import _core_steps, _Hybrid, _link, _small, _train_hybrid  # noqa: E402
+from tests.elastic.test_elastic_overlap import _core_steps, _Hybrid, _link, _small, _train_hybrid, _until  # noqa: E402
 from tests.elastic.test_exchange_worked import _core, _core_step, _played  # noqa: E402
 from tests.limits import scaled  # noqa: E402
 
@@ -120,10 +120,10 @@ def test_a_second_join_of_a_name_in_training_is_refused_and_the_first_stays_bitw
 
     def before(t: int) -> None:
         if t == 0:  # the first JOIN is in the socket before step 0 reads it
-            _wait(lambda: core.join_message_waiting(), thread)
+            _until(lambda: core.join_message_waiting(), thread)
         if t == 1:  # restored and attached: step 1 reads its ATTACH
             assert attached.wait(scaled(60))
-            _wait(lambda: core.join_message_waiting(), thread)
+            _until(lambda: core.join_message_waiting(), thread)
         if t == 2:
             duplicates.append(_played(core, "h"))
 
@@ -145,14 +145,3 @@ def test_a_second_join_of_a_name_in_training_is_refused_and_the_first_stays_bitw
     for link in (*duplicates, third):
         link.close()
     core.close()
-
-
-def _wait(ready, thread: _Hybrid) -> None:
-    event = threading.Event()
-    for _ in range(int(scaled(60) / 0.01)):
-        if ready():
-            return
-        if thread.error is not None:
-            raise AssertionError(f"the hybrid's thread failed: {thread.error!r}") from thread.error
-        event.wait(0.01)
-    raise AssertionError(f"nothing waiting for the core after {scaled(60):.0f} s")

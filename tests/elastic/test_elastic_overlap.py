@@ -307,13 +307,18 @@ class _Hybrid(threading.Thread):
             raise
 
 
-def _until_join_message(core, hybrid: _Hybrid) -> None:
+def _until(ready, hybrid: _Hybrid, what: str = "nothing waiting for the core") -> None:
+    """Wait until `ready()`, at most a scaled minute; the hybrid thread's error, if it failed first."""
     deadline = time.monotonic() + scaled(60)
-    while not core.join_message_waiting():
+    while not ready():
         if hybrid.error is not None:
             raise AssertionError(f"the hybrid's thread failed: {hybrid.error!r}") from hybrid.error
-        assert time.monotonic() < deadline, f"no JOIN or ATTACH waiting after {scaled(60):.0f} s ({core.workers()})"
+        assert time.monotonic() < deadline, f"{what} after {scaled(60):.0f} s"
         threading.Event().wait(0.01)
+
+
+def _until_join_message(core, hybrid: _Hybrid) -> None:
+    _until(core.join_message_waiting, hybrid, f"no JOIN or ATTACH waiting ({core.workers()})")
 
 
 def _join_once(core, model, opt, hybrid, steps: int) -> tuple[list, dict]:

@@ -156,13 +156,13 @@ def test_a_cpu_replicas_gradients_are_sent_and_added_where_they_are(group):
     """No copy on a CPU replica: the host copy of a flat gradient and the device copy of a received one are the
     tensors themselves, and the replica counts are reduced in host memory on a gloo group. (The copies on a GPU
     replica: tests/elastic/test_elastic_cuda.py.)"""
-    from libra.elastic.core import _counts_device
     from libra.elastic.grads import to_device_of, to_host
+    from libra.elastic.groups import counts_device
 
     flat, received = torch.randn(11), torch.randn(11)
     assert to_host(flat) is flat and to_host(flat, out=torch.zeros(11)) is flat
     assert to_device_of(received, flat) is received and to_device_of(received, flat, out=torch.zeros(11)) is received
-    assert _counts_device(group) == torch.device("cpu") and _counts_device(None) == torch.device("cpu")
+    assert counts_device(group) == torch.device("cpu") and counts_device(None) == torch.device("cpu")
 
 
 def test_receive_into_caller_memory_and_report_the_verified_checksums(pair, monkeypatch):
