@@ -26,7 +26,8 @@ Then `NodeFill` keeps the GPUs in units of each size above 1 in the state (one c
 packer (`packs_into_nodes`: exact reductions, best fit, then a DP over node patterns or a small integer program),
 so the same packed search stays exact: a plan with no more units of any size than another packs whenever the
 other does, so dropping dominated states loses no plan. Checked against the exhaustive packer and the planner's
-brute force on such size sets (`tests/planning/test_packing.py`).
+brute force on such size sets (`tests/planning/test_packing.py`). Where every multiset within the budget packs
+anyway (2/3/6 on nodes of 6, 1/2/3/4/6/12 on nodes of 12), `count_decides` proves it and nothing is tracked.
 """
 
 from __future__ import annotations
@@ -115,13 +116,14 @@ class NodeFill:
     gpus_per_node: int
 
     @classmethod
-    def for_sizes(cls, cluster: ClusterSpec, sizes: Iterable[int]) -> NodeFill | None:
-        """None where the sizes form a chain (`NodePacking` decides those) or all are 1."""
+    def for_sizes(cls, cluster: ClusterSpec, sizes: Iterable[int], budget: int) -> NodeFill | None:
+        """None where the sizes form a chain (`NodePacking` decides those), all are 1, or the GPU count already
+        decides on `budget` GPUs (`count_decides`)."""
         ordered = sorted(set(sizes))
         tracked = tuple(s for s in ordered if s > 1)
-        if is_chain(ordered) or not tracked:
-            return None
         n, g = cluster.num_nodes, cluster.gpus_per_node
+        if is_chain(ordered) or not tracked or count_decides(tracked, n, g, budget):
+            return None
         caps = tuple(node_cap(n, g, s) for s in tracked)
         return cls(thresholds=tracked, caps=caps, num_nodes=n, gpus_per_node=g)
 
@@ -154,7 +156,55 @@ def node_packing(cluster: ClusterSpec, sizes: Iterable[int], budget: int) -> Pac
     """The constraints a plan with units of `sizes` on `budget` GPUs must meet to pack, or None where the GPU
     count alone decides: per-size caps on a chain (`NodePacking`), the exact packer otherwise (`NodeFill`)."""
     sizes = tuple(sizes)
-    return NodePacking.for_sizes(cluster, sizes, budget) or NodeFill.for_sizes(cluster, sizes)
+    return NodePacking.for_sizes(cluster, sizes, budget) or NodeFill.for_sizes(cluster, sizes, budget)
+
+
+# leftover multisets `count_decides` tests at most; beyond, it answers False (the packed search then decides)
+LEFTOVER_BOX = 20_000
+
+
+@functools.lru_cache(maxsize=256)
+def count_decides(sizes: tuple[int, ...], num_nodes: int, gpus_per_node: int, budget: int) -> bool:
+    """Whether every multiset of units of `sizes` (each at most a node) of at most `budget` GPUs packs into
+    `num_nodes` nodes of `gpus_per_node` GPUs: then the GPU count alone decides and no packing need be tracked.
+
+    With N nodes of G GPUs and B the budget (at most N G), call a multiset a *leftover* when it has fewer than
+    G / s units of each size s. The rule: True iff B < the smallest size above 1, or B <= G, or every size above 1
+    divides G and every leftover L of |L| <= B GPUs packs into N - floor((B - |L|) / G) nodes. True only where the
+    count decides; False exactly where it does not wherever every size divides G (below), and, where one does not,
+    wherever a single size already shows it (last point).
+
+    - 1-GPU units fit any free GPU, so a multiset packs iff its larger units do and its total is at most N G; so
+      only the sizes above 1 count, and nothing of fewer GPUs than the smallest of them can fail. With B <= G one
+      node holds any multiset of at most B GPUs.
+    - Sufficient (every size divides G): take any multiset M of |M| <= B. While some size s has G / s units, set
+      them aside as one full node. After k such nodes what is left is a leftover L with |L| = |M| - k G, so
+      k <= floor((B - |L|) / G), and L packs into N - floor((B - |L|) / G) <= N - k nodes: M packs into N.
+    - Necessary: L itself is a multiset of at most B GPUs, so where floor((B - |L|) / G) = 0 a leftover that does
+      not pack is a counterexample; where G is itself a size, L beside k units of G GPUs (each a node alone) is one
+      for any k. For the other cases the equality is checked, not proved: on every size set of
+      tests/planning/test_packing.py on 1-4 nodes of 1-12 GPUs, and 6/10/15 on nodes of 30, 4/6/10 and 10/12/15 on
+      nodes of 60 (where 15 + 10 + 10 + 6 x 4 = 59 GPUs do not go into two nodes of 30), at every budget, the rule
+      equals trying every multiset with the exhaustive packer.
+    - A size s that does not divide G: N floor(G / s) + 1 units of s never pack (a node holds floor(G / s)), so
+      where s (N floor(G / s) + 1) <= B the count does not decide (the planner's usual case: 3 or 6 on 8-GPU
+      nodes, 4 on 6-GPU nodes, from N >= s nodes at a full budget). Where that multiset exceeds B (a few small
+      nodes, or a small budget) the rule answers False although the count may decide: the packed search then
+      runs, exact either way, only without the shortcut.
+
+    `sizes` as given (sizes above 1 are kept); memoised (the planner asks once per plan). Beyond `LEFTOVER_BOX`
+    leftovers to try it answers False (the packed search decides)."""
+    n, g = num_nodes, gpus_per_node
+    tracked = sorted({s for s in sizes if s > 1})
+    if not tracked or budget < tracked[0] or budget <= g:
+        return True
+    if any(g % s for s in tracked) or math.prod(g // s for s in tracked) > LEFTOVER_BOX:
+        return False
+    for counts in itertools.product(*(range(g // s) for s in tracked)):
+        used = sum(c * s for c, s in zip(counts, tracked, strict=True))
+        if used <= budget and not packs_into_nodes(zip(tracked, counts), n - (budget - used) // g, g):
+            return False
+    return True
 
 
 def packs_into_nodes(units: Iterable[tuple[int, int]], num_nodes: int, gpus_per_node: int) -> bool:
@@ -447,3 +497,28 @@ class PackedSearch:
 
     def feasible(self, limit: float, bracket: CountBracket | None = None) -> bool:
         return self.choose(limit, bracket) is not None
+
+    def preferred(
+        self, limit: float, rank: Callable[[TrainOption], tuple], bracket: CountBracket | None = None
+    ) -> tuple[TrainOption, list[BucketChoice]] | None:
+        """The plan the planner returns at `limit` (its optimum): the first training option in `rank` order that
+        some rollout within `limit` packs beside on the GPUs left, with the plain DP's buckets where they pack
+        beside it, else the packed DP's of the fewest GPUs (None if no option has one). `choose` takes the first
+        option the plain DP's buckets fit, which is enough to decide feasibility but makes the chosen layout
+        depend on which DP found the rollout; here it depends only on `rank` (the planner's tie rule)."""
+        table = self.rollout.table
+        options = sorted((o for o in self.options(limit) if o[0] < self.budget), key=rank)
+        counts = table.min_counts(limit, bracket)
+        gpus, buckets = table.min_gpus(limit, counts=counts)
+        loads = self.rollout.packing.loads((b.tp, b.count) for b in buckets)
+        front = None
+        for option in options:
+            if self._fits(option, gpus, loads):
+                return option, buckets
+            if option[0] + gpus > self.budget:
+                continue  # no rollout within `limit` has fewer GPUs than the plain DP's
+            front = front or self.rollout.front(counts, keep=True)
+            point = self.rollout.first_fit(front[0], option[1], most=self.budget - option[0])
+            if point is not None:
+                return option, self.rollout.read_back(front[1], point)
+        return None

@@ -14,7 +14,14 @@ group inside one node). Where some group size does not divide the node size and 
 that some training class and rollout fit the per-size node capacities (`PackedSearch`), and where the group sizes
 form no divisibility chain (TP 3 or 6, an EP x TP block of 6) that they pass the exact packer (`NodeFill`); it
 stays monotone, so the same bisection returns the optimum among the plans that pack. Elsewhere (8-GPU nodes with
-TP 1/2/4/8) the GPU count decides.
+TP 1/2/4/8, or sizes such as 2/3/6 on nodes of 6 where every multiset within the budget packs: `count_decides`)
+the GPU count decides.
+
+Ties (several plans of the least makespan T): every search returns the training layout on the fewest GPUs that
+finishes within T beside a rollout within T that packs, then the fastest of those, then the first in (TP, EP, PP,
+micro-batch, recompute) order; the rollout has the rest of the GPUs. The GPU-count search does this by its
+construction (the fewest GPUs of the running minimum, the frontier's first layout of the least time); the packed
+searches rank their training classes by the same key (`PackedSearch.preferred`).
 
 The lower bound is the larger of two. The fluid bound `(W_train + W_rollout) / G`, with W the least GPU-seconds
 of each side (training at its most efficient layout, each length group on its most efficient TP degree at full
@@ -37,7 +44,7 @@ from libra.planning.cost import BatchStats, CostCoefficients, CostModel
 from libra.planning.packing import PackedRollout, PackedSearch, Packing, TrainOption, node_packing
 from libra.planning.replan import ReplanDecision, ReplanGate
 from libra.planning.rollout_dp import ROUTINGS, BucketChoice, CountBracket, RolloutTable, bisect_min
-from libra.planning.train_tree import TrainingSearch, TreeOptions
+from libra.planning.train_tree import Shape, TrainingSearch, TreeOptions
 from libra.spec import (
     TP_DEGREES,
     ClusterSpec,
@@ -128,6 +135,19 @@ class _TrainClass:
 
     def loads(self, gpus: int) -> tuple[int, ...]:
         return self.packing.class_loads(self.k, gpus)
+
+    def rank(self, gpus: int, micro_batches: tuple[int, ...]) -> tuple:
+        """The tie rule's key of this class's layout on exactly `gpus` GPUs (`layout_order`)."""
+        owner = self.owners[gpus]
+        assert owner is not None
+        return (gpus, float(self.times[gpus]), *layout_order(owner[0], micro_batches))
+
+
+def layout_order(shape: Shape, micro_batches: tuple[int, ...]) -> tuple:
+    """The fixed order of layouts of the tie rule: TP, EP, PP, micro-batch (in `TreeOptions.micro_batches`
+    order), no recompute first; the order `TrainingSearch.shapes` enumerates, whose first layout of the least time
+    owns each GPU count of a frontier."""
+    return (shape.tp, shape.ep, shape.pp, micro_batches.index(shape.micro_batch), shape.recompute)
 
 
 class _Tables:
@@ -285,10 +305,12 @@ class GlobalPlanner:
             train = tab.best_train_config(train_gpus)
             _, buckets = tab.rollout.min_gpus(best, bracket)
         else:
-            chosen = packed.choose(best, bracket)
+            classes = tab.train_classes(packed.rollout.packing)
+            micro_batches = self.options.tree.micro_batches
+            chosen = packed.preferred(best, lambda o: classes[o[2]].rank(o[0], micro_batches), bracket)
             assert chosen is not None
             (train_gpus, reserved, k), buckets = chosen
-            train = tab.best_train_config(train_gpus, tab.train_classes(packed.rollout.packing)[k])
+            train = tab.best_train_config(train_gpus, classes[k])
             fits = self._packs_beside(packed.rollout.packing, reserved)
         rollout_gpus = budget - train.num_gpus
         if self.options.fill_spare_gpus:

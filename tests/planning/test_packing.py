@@ -23,6 +23,7 @@ from libra.planning.packing import (
     _best_fit,
     _covers_dp,
     _covers_ilp,
+    count_decides,
     is_chain,
     node_packing,
     packs_into_nodes,
@@ -114,6 +115,70 @@ def test_exact_packer_equals_an_exhaustive_packer_on_sizes_that_are_no_chain() -
     assert checked > 40_000 and refused > 2_000  # within the GPUs, yet not into the nodes
 
 
+def _least_failing(sizes: tuple[int, ...], num_nodes: int, gpus_per_node: int) -> int:
+    """The fewest GPUs of a multiset of units of `sizes` that does not pack into the nodes, by trying every multiset
+    within their GPUs with the exhaustive packer (N G + 1 where every one packs)."""
+    least = num_nodes * gpus_per_node + 1
+    ranges = [range(num_nodes * gpus_per_node // s + 1) for s in sizes]
+    for counts in itertools.product(*ranges):
+        used = sum(c * s for c, s in zip(counts, sizes, strict=True))
+        if used < least:
+            units = tuple(s for s, c in sorted(zip(sizes, counts, strict=True), reverse=True) for _ in range(c))
+            if not exhaustive_packs(units, num_nodes, gpus_per_node):
+                least = used
+    return least
+
+
+def test_the_gpu_count_decides_where_every_multiset_within_the_budget_packs() -> None:
+    """`count_decides` on cases worked by hand, and `node_packing` skips `NodeFill` there (before, it tracked the
+    sizes whenever they formed no chain)."""
+    assert count_decides((2, 3), 170, 6, 1020) and count_decides((2, 3, 4, 6, 12), 85, 12, 1020)
+    assert not count_decides((3, 6), 2, 8, 15)  # two 6s and a 3: a node holds one 6 and nothing beside it but 2
+    assert count_decides((3, 6), 1, 8, 8) and count_decides((3, 6), 2, 8, 5)  # one node holds any 8 GPUs of units
+    assert not count_decides((2, 4), 2, 6, 12)  # 4 + 4 + 4: a node of 6 holds one 4 (a chain, but the rule is general)
+    assert not count_decides((6, 10, 15), 2, 30, 59) and count_decides((6, 10, 15), 2, 30, 58)  # 15 10 10 6 6 6 6
+    assert not count_decides((4, 6), 170, 6, 1020)  # 171 units of 4 hold 684 GPUs, a node one of them
+
+    def cluster(n: int, g: int) -> ClusterSpec:
+        return ClusterSpec(gpu=get_gpu("A800-80GB"), num_nodes=n, gpus_per_node=g)
+
+    assert node_packing(cluster(170, 6), (1, 2, 3, 6), 1020) is None
+    assert node_packing(cluster(85, 12), (1, 2, 3, 4, 6, 12), 1020) is None
+    assert isinstance(node_packing(cluster(128, 8), (1, 2, 3, 4, 6), 1024), NodeFill)
+    assert isinstance(node_packing(cluster(170, 6), (1, 2, 3, 4, 6), 1020), NodeFill)
+
+
+@pytest.mark.slow  # about 15 s on the shared 2-core machine
+def test_count_decides_equals_trying_every_multiset() -> None:
+    """Every size set of `NO_CHAIN` on 1-4 nodes of 1-12 GPUs, and larger nodes where some multiset within the
+    GPUs fails though every size divides the node (6/10/15 on 30, 4/6/10 and 10/12/15 on 60), at every budget:
+    `count_decides` is True only where every multiset within the budget packs, and it is exactly that wherever
+    every size divides the node; where one does not, it is False only where no single-size multiset shows the
+    count does not decide (its conservative cases: few small nodes or a small budget)."""
+    cases = [
+        (tuple(sorted({s for s in sizes if 1 < s <= g})), n, g)
+        for sizes in NO_CHAIN
+        for n, g in itertools.product(range(1, 5), range(1, 13))
+    ]
+    cases += [((6, 10, 15), n, 30) for n in (1, 2, 3)] + [((4, 6, 10), 2, 60), ((10, 12, 15), 2, 60)]
+    exact = conservative = failing = 0
+    for sizes, n, g in cases:
+        if not sizes:
+            continue
+        least = _least_failing(sizes, n, g)
+        for budget in range(1, n * g + 1):
+            decides, got = budget < least, count_decides(sizes, n, g, budget)
+            failing += not decides
+            if all(g % s == 0 for s in sizes) or got or not decides:
+                assert got == decides, (sizes, n, g, budget)
+                exact += 1
+            else:  # True where the rule says False: no size s that does not divide G has N floor(G/s) + 1 units
+                assert all(s * (n * (g // s) + 1) > budget for s in sizes if g % s), (sizes, n, g, budget)
+                conservative += 1
+    print(f"count_decides: {exact} exact, {conservative} conservative, {failing} budgets where the count fails")
+    assert exact > 4_000 and failing > 900
+
+
 def test_exact_packer_decides_what_best_fit_leaves_open() -> None:
     """Larger random multisets (2-4 sizes, up to 14 units, 1-5 nodes of 4-12 GPUs) against the exhaustive packer,
     including those where best fit, largest first, fails but a packing exists (the DP over node patterns finds it)."""
@@ -196,34 +261,42 @@ def _groups(rl: RLSettings, profile):
     return attrs.evolve(profile, requests_per_step=rl.num_prompts * rl.samples_per_prompt).groups(3)
 
 
+def oracle_options(cm: CostModel, rl: RLSettings, profile, tps: tuple[int, ...], routing: str):
+    """What the brute-force oracles search: every rollout plan (its units -> its time) and, for each training GPU
+    count t, every layout that fits in memory, as (t, layout, step time, its units)."""
+    g = cm.cluster.num_gpus
+    sequences = rl.num_prompts * rl.samples_per_prompt
+    lengths = [min(x, rl.max_model_len) for x in profile.total_lengths]
+    batch = BatchStats.from_lengths(np.array(lengths), num_sequences=sequences)
+    rollouts = _rollout_plans(cm, _groups(rl, profile), g - 1, tps, profile.mean_tool_time_s, routing)
+    training = []
+    for t in range(1, g):
+        for lay in training_layouts(cm, sequences, t):
+            args = (lay.tp, lay.pp, lay.dp, lay.ep, lay.micro_batch, lay.recompute, batch)
+            if cm.training.fits(cm.training.memory_bytes(*args)):
+                units = (lay.tp * lay.ep,) * (lay.dp // lay.ep * lay.pp)
+                training.append((t, lay, float(cm.training.step_time(*args)), units))
+    return rollouts, training
+
+
 def placeable_optimum(
     cm: CostModel, rl: RLSettings, profile, tps: tuple[int, ...], routing: str
 ) -> tuple[float, float]:
     """Least makespan over every training layout and rollout plan whose units pack into the nodes, and over every
     plan within the GPUs whether it packs or not (inf if none)."""
     cluster = cm.cluster
-    g = cluster.num_gpus
-    sequences = rl.num_prompts * rl.samples_per_prompt
-    lengths = [min(x, rl.max_model_len) for x in profile.total_lengths]
-    batch = BatchStats.from_lengths(np.array(lengths), num_sequences=sequences)
-    rollouts = _rollout_plans(cm, _groups(rl, profile), g - 1, tps, profile.mean_tool_time_s, routing)
+    rollouts, training = oracle_options(cm, rl, profile, tps, routing)
     best = best_any = math.inf
-    for t in range(1, g):
-        for lay in training_layouts(cm, sequences, t):
-            args = (lay.tp, lay.pp, lay.dp, lay.ep, lay.micro_batch, lay.recompute, batch)
-            if not cm.training.fits(cm.training.memory_bytes(*args)):
+    for t, _, t_train, train_units in training:
+        for units, t_roll in rollouts.items():
+            if t + sum(units) > cluster.num_gpus:
                 continue
-            t_train = float(cm.training.step_time(*args))
-            train_units = (lay.tp * lay.ep,) * (lay.dp // lay.ep * lay.pp)
-            for units, t_roll in rollouts.items():
-                if t + sum(units) > g:
-                    continue
-                best_any = min(best_any, max(t_train, t_roll))
-                if max(t_train, t_roll) >= best:
-                    continue
-                both = tuple(sorted(train_units + units, reverse=True))
-                if exhaustive_packs(both, cluster.num_nodes, cluster.gpus_per_node):
-                    best = max(t_train, t_roll)
+            best_any = min(best_any, max(t_train, t_roll))
+            if max(t_train, t_roll) >= best:
+                continue
+            both = tuple(sorted(train_units + units, reverse=True))
+            if exhaustive_packs(both, cluster.num_nodes, cluster.gpus_per_node):
+                best = max(t_train, t_roll)
     return best, best_any
 
 
@@ -364,24 +437,29 @@ def test_plan_rollout_equals_the_best_placeable_rollout_on_sizes_that_are_no_cha
 
 
 def test_the_packed_dp_builds_its_front_once_per_probe(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where the plain DP's plan does not pack, `PackedSearch.choose` builds the packed DP's front once and reads
-    its buckets back from it (before, `PackedRollout.buckets` built the same front a second time)."""
+    """Where the plain DP's plan does not pack, `PackedSearch.choose` (a probe) and `PackedSearch.preferred` (the
+    plan at the optimum) build the packed DP's front once and read its buckets back from it (before,
+    `PackedRollout.buckets` built the same front a second time)."""
     built: list[int] = []
-    front, choose = PackedRollout.front, PackedSearch.choose
+    front, choose, preferred = PackedRollout.front, PackedSearch.choose, PackedSearch.preferred
 
     def counted_front(self, counts, *, keep=False):
         built[-1] += 1
         return front(self, counts, keep=keep)
 
-    def counted_choose(self, limit, bracket=None):
-        built.append(0)
-        chosen = choose(self, limit, bracket)
-        if chosen is None:
-            built.pop()  # no plan at this limit: nothing read back
-        return chosen
+    def counted(search):
+        def call(self, *args):
+            built.append(0)
+            chosen = search(self, *args)
+            if chosen is None:
+                built.pop()  # no plan at this limit: nothing read back
+            return chosen
+
+        return call
 
     monkeypatch.setattr(PackedRollout, "front", counted_front)
-    monkeypatch.setattr(PackedSearch, "choose", counted_choose)
+    monkeypatch.setattr(PackedSearch, "choose", counted(choose))
+    monkeypatch.setattr(PackedSearch, "preferred", counted(preferred))  # the plan's own choice at the optimum
     for seed in (14, 17, 23, 44, 53, 62, 68, 80, 89, 98, 113, 116, 122, 125):  # seeds whose probes reach the DP
         cm, profile, rl, tps = _odd_instance(20_000 + seed)
         options = PlannerOptions(tp_degrees=tps, num_groups=3, fill_spare_gpus=False)
