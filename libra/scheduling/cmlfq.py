@@ -5,7 +5,8 @@ the bucket the decision rule picks from the root statistics of its prompt (the p
 prompt) when the rule is sure (`admit="predicted"`; with `rule="priced"`, the likeliest bucket when it is at least
 `admit_margin` likelier than the smallest). With `admit_select`, that guess is one of three (the tree's, the
 predictor baseline's, the population's most common bucket) and the router admits on the one that named the final
-bucket of the last steps' requests most often (experts.py).
+bucket of the last steps' requests most often (experts.py); `recent_expert=K` (K > 0) adds a fourth, the most common
+final bucket of the last K steps' requests, admitted on only when it beats the best of the three in a paired test.
 
 After each tool return the router steps down the prefix tree by the return's state. The node's window predicts
 the final length as `anchor + remaining`, where `anchor` is the context when the request reached the node, over
@@ -80,6 +81,7 @@ def _check_numbers(options: dict[str, Any]) -> None:
     checks.limit(_OWNER, "cost_ratio", o["cost_ratio"], 0.0, above=False)
     checks.whole(_OWNER, "min_count", o["min_count"], 1)
     checks.whole(_OWNER, "admit_min_count", o["admit_min_count"], 1, none=True)
+    checks.whole(_OWNER, "recent_expert", o["recent_expert"], 0)
     checks.number(_OWNER, "budget", o["budget"], 0.0, 1.0, above=True, below=True, none=True)
     shrink = o["shrink"]
     if not (shrink == "auto" if isinstance(shrink, str) else checks.as_float(shrink) >= 0):  # (NaN fails)
@@ -132,6 +134,7 @@ class CMLFQRouter(PricedRule, MeanP90Rule, ProbabilityRule, Router):
         ceiling: float | None = None,
         repay: int | None = None,
         hold_first: bool = False,
+        recent_expert: int = 0,
         seed: int = 0,
     ) -> None:
         _check_numbers(locals())
@@ -156,7 +159,9 @@ class CMLFQRouter(PricedRule, MeanP90Rule, ProbabilityRule, Router):
         # the final bucket of the last steps' requests most often (experts.py); it acts where the priced rule admits
         # (rule="priced", admit="predicted") and is inert otherwise, as the budget options are for the other rules
         use = admit_select and rule == "priced" and admit == "predicted"
-        self._experts = AdmitExperts() if use else None
+        # `recent_expert` K > 0: a fourth admission expert, the most common final bucket of the last K steps'
+        # requests, admitted on only when it beats the best other expert by more than chance (experts.py)
+        self._experts = AdmitExperts(recent=recent_expert) if use else None
         # `budget_mix`: requests draw the budget's lower price with probability q (budget.py, choose_mix), from a
         # generator seeded by `seed` (a replay is reproducible)
         self.budget_mix = bool(budget_mix)
@@ -256,7 +261,11 @@ class CMLFQRouter(PricedRule, MeanP90Rule, ProbabilityRule, Router):
                 tree = best if probs[best] - probs[0] >= self.admit_margin else 0
             if self._experts is None:
                 return tree
-            walk.guesses = guesses = (tree, *self._admit_guesses(walk, req.prompt_tokens))
+            guesses: tuple[int, ...] = (tree, *self._admit_guesses(walk, req.prompt_tokens))
+            walk.guesses = guesses
+            if self._experts.recent:  # (before any request finished: the population's guess)
+                recent = self._experts.recent_guess
+                walk.guesses = guesses = (*guesses, guesses[2] if recent is None else recent)
             return guesses[self._experts.chosen]
         target, act = self._decide(walk, req.prompt_tokens, 0, self._predict(walk, req.prompt_tokens))
         return target if act else 0

@@ -33,6 +33,7 @@ PUBLISHED_OPTIONS: dict[str, Any] = {
     "ceiling": None,
     "repay": None,
     "hold_first": False,
+    "recent_expert": 0,
 }
 _PRESETS: dict[str, dict[str, Any]] = {
     # the published rule: start small, move when the buckets of the predicted mean and P90 agree
@@ -88,6 +89,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "ceiling": 0.12,
         "repay": 6,
         "hold_first": True,
+        "recent_expert": 1,
     },
 }
 CMLFQ_PRESETS: dict[str, dict[str, Any]] = {name: {**PUBLISHED_OPTIONS, **opts} for name, opts in _PRESETS.items()}
