@@ -476,23 +476,19 @@ class PackedSearch:
     ) -> tuple[TrainOption, list[BucketChoice]] | None:
         """A training option and rollout buckets within `limit` that fit the budget and pack (None if none): the
         plain DP's buckets beside the fewest training GPUs that take them, else the grid's."""
-        table, packing = self.rollout.table, self.rollout.packing
         options = sorted(o for o in self.options(limit) if o[0] < self.budget)
         if not options:
             return None
-        counts = table.min_counts(limit, bracket)
-        gpus, buckets = table.min_gpus(limit, counts=counts)
+        counts, gpus, buckets, loads = self._plain(limit, bracket)
         if options[0][0] + gpus > self.budget:
             return None  # not even the GPU count allows it
-        loads = packing.loads((b.tp, b.count) for b in buckets)
         for option in options:
             if self._fits(option, gpus, loads):
                 return option, buckets
-        front, steps = self.rollout.front(counts, keep=True)
+        front = self.rollout.front(counts, keep=True)
         for option in options:
-            point = self.rollout.first_fit(front, option[1], most=self.budget - option[0])
-            if point is not None:
-                return option, self.rollout.read_back(steps, point)
+            if (packed := self._packed_beside(option, front)) is not None:
+                return option, packed
         return None
 
     def feasible(self, limit: float, bracket: CountBracket | None = None) -> bool:
@@ -506,11 +502,8 @@ class PackedSearch:
         beside it, else the packed DP's of the fewest GPUs (None if no option has one). `choose` takes the first
         option the plain DP's buckets fit, which is enough to decide feasibility but makes the chosen layout
         depend on which DP found the rollout; here it depends only on `rank` (the planner's tie rule)."""
-        table = self.rollout.table
         options = sorted((o for o in self.options(limit) if o[0] < self.budget), key=rank)
-        counts = table.min_counts(limit, bracket)
-        gpus, buckets = table.min_gpus(limit, counts=counts)
-        loads = self.rollout.packing.loads((b.tp, b.count) for b in buckets)
+        counts, gpus, buckets, loads = self._plain(limit, bracket)
         front = None
         for option in options:
             if self._fits(option, gpus, loads):
@@ -518,7 +511,22 @@ class PackedSearch:
             if option[0] + gpus > self.budget:
                 continue  # no rollout within `limit` has fewer GPUs than the plain DP's
             front = front or self.rollout.front(counts, keep=True)
-            point = self.rollout.first_fit(front[0], option[1], most=self.budget - option[0])
-            if point is not None:
-                return option, self.rollout.read_back(front[1], point)
+            if (packed := self._packed_beside(option, front)) is not None:
+                return option, packed
         return None
+
+    def _plain(
+        self, limit: float, bracket: CountBracket | None
+    ) -> tuple[dict[int, np.ndarray], float, list[BucketChoice], tuple[int, ...]]:
+        """The plain DP at `limit`: its counts, its fewest GPUs, their buckets and those buckets' loads."""
+        table = self.rollout.table
+        counts = table.min_counts(limit, bracket)
+        gpus, buckets = table.min_gpus(limit, counts=counts)
+        return counts, gpus, buckets, self.rollout.packing.loads((b.tp, b.count) for b in buckets)
+
+    def _packed_beside(self, option: TrainOption, front: tuple[list[Cell], list]) -> list[BucketChoice] | None:
+        """The packed DP's buckets of the fewest GPUs that pack beside `option` on the GPUs it leaves (None if none);
+        `front` as `PackedRollout.front(..., keep=True)` gives it."""
+        cells, steps = front
+        point = self.rollout.first_fit(cells, option[1], most=self.budget - option[0])
+        return None if point is None else self.rollout.read_back(steps, point)
