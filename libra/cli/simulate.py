@@ -224,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             latency=latency,
         )
-        drawn = source.step(0).trajectories
+        drawn = source.trajectories(0)
         groups = len({t.prompt_id for t in drawn})
         prompts, samples = (groups, len(drawn) // groups) if len(drawn) % groups == 0 else (len(drawn), 1)
     elif args.trace:
@@ -237,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
             raise CLIError(
                 f"--steps {args.steps} but the trace has {_steps(trace_steps)} (--resample draws steps from it)"
             )
-        first = len(source.step(0).trajectories)
+        first = len(source.trajectories(0))
         prompts, samples = max(1, first // args.samples), args.samples
         if prompts * samples != first:
             prompts, samples = first, 1
@@ -253,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
         )
         check_prompts_fit(int(source.step(0).total_tokens.max()), args.max_len, "--max-len")
     if args.trace:
-        lengths = [int(n) for s in range(args.steps) for n in source.step(s).total_tokens]
+        lengths = [t.total_tokens for s in range(args.steps) for t in source.trajectories(s)]
         if (note := max_len_note(lengths, args.max_len)) is not None:
             log(note)
     rl = RLSettings(num_prompts=prompts, samples_per_prompt=samples, max_model_len=args.max_len)

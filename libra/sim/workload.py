@@ -395,9 +395,17 @@ class WorkSource:
         steps = group_by_step(resample_steps(pool, num_steps, num_prompts, seed=seed))
         return cls(f"{trace_name(path)} (resampled)", lambda s: steps[s], len(steps), latency or ToolLatency(), seed)
 
-    def step(self, step: int) -> StepWork:
+    def trajectories(self, step: int) -> Sequence[Trajectory]:
+        """The trajectories of `step`, without building its arrays (what a caller that only reads them needs)."""
+        self._check_step(step)
+        return self._fetch(step)
+
+    def _check_step(self, step: int) -> None:
         if self.num_steps is not None and step >= self.num_steps:
             raise SpecError(f"the trace has {self.num_steps} steps; step {step} asked for")
+
+    def step(self, step: int) -> StepWork:
+        self._check_step(step)
         if self._arrays is not None:
             return generated_step_work(self._arrays(step))
         return step_work(step, self._fetch(step), latency=self.latency, seed=self.seed)
