@@ -23,7 +23,7 @@ from libra.cli._common import (
 )
 from libra.scheduling import CMLFQ_PRESETS, DEFAULT_PRESET, POLICIES, as_agent_log, make_router, replay
 from libra.scheduling.sources import quantile_buckets
-from libra.spec import format_buckets, parse_buckets
+from libra.spec import bucket_index, format_buckets, parse_buckets
 from libra.workloads import WORKLOAD_NAMES, generate, load_trace
 
 DEFAULT_BUCKETS = "2:5000,4:15000,8:inf"  # the published Search-R1 buckets (docs/design.md)
@@ -108,10 +108,8 @@ def _empty_quantile_note(buckets, trajectories) -> str | None:
     """A note where quantile buckets hold nothing: a trace whose quartile lengths coincide (every trajectory as
     long as the next) gets edges pushed one token apart, and the buckets between them stay empty, so every policy is
     scored on fewer buckets than it was given; None where each bucket holds a trajectory."""
-    counts = [0] * len(buckets)
-    for traj in trajectories:
-        counts[next(i for i, b in enumerate(buckets) if traj.total_tokens <= b.max_tokens)] += 1
-    empty = counts.count(0)
+    held = {bucket_index(buckets, traj.total_tokens) for traj in trajectories}
+    empty = len(buckets) - len(held)
     if not empty:
         return None
     distinct = len({t.total_tokens for t in trajectories})
