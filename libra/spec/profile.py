@@ -54,13 +54,9 @@ class LengthGroup:
                 checks.number("LengthGroup", name, value, 0.0)
         checks.seconds("LengthGroup", "max_tool_s", self.max_tool_s, none=True)
         checks.seconds("LengthGroup", "max_gen_tool_s", self.max_gen_tool_s, none=True)
-        top = self.max_total * _ROUNDING
-        if not (self.mean_total <= top and self.max_gen <= top and self.max_tool_gen <= top):
-            self._refuse_shape()
-        if not self.mean_gen <= self.mean_total * _ROUNDING:
-            self._refuse_shape()
+        self._check_shape()
 
-    def _refuse_shape(self) -> None:
+    def _check_shape(self) -> None:
         """One line naming the first of the group's sizes that no group of trajectories can have."""
         for name, value, label, bound, why in (
             ("mean_total", self.mean_total, "max_total", self.max_total, "no mean is above its maximum"),
