@@ -307,6 +307,10 @@ def run(args: argparse.Namespace) -> int:
     for key, what in (("throughput_tok_s", "throughput"), ("steady_throughput_tok_s", "steady throughput")):
         if base and base[key] and all(s[key] is not None for s in summary.values()):
             print(f"\n{what} vs colocated: " + ", ".join(f"{n} {s[key] / base[key]:.2f}x" for n, s in summary.items()))
+    from libra.sim.report import switch_note
+
+    if (note := switch_note(summary)) is not None:
+        log(note)
     if report.num_steps == 1:
         log(
             "note: one step is the pipeline's fill, not its steady state: the asynchronous policies train it only "

@@ -286,7 +286,9 @@ class PolicyRun:
         batch = batch_stats(work, self.max_len)
         job = TrainingJob(self.cm, self.alloc.train, batch, start=b + sw.to_training_s, replicas=self.alloc.train.dp)
         end = job.run_to_end()
-        rec = self._record(work, roll, job, t0, end, b, end - b, staleness=0, lent=0.0, borrowed=0.0)
+        rec = self._record(
+            work, roll, job, t0, end, b, end - b, staleness=0, lent=0.0, borrowed=0.0, switch=sw.per_step_s
+        )
         self.clock = t0 + end
         return rec
 
@@ -343,6 +345,7 @@ class PolicyRun:
             lent=lent_s,
             borrowed=borrowed_s,
             reconfig=max(restart_s, block),
+            switch=weight_sync_s(self.cm) if roll is not None else 0.0,
         )
         if work is not None:
             self.prev_batch = batch_stats(work, self.max_len)
@@ -413,6 +416,7 @@ class PolicyRun:
         lent: float,
         borrowed: float,
         reconfig: float = 0.0,
+        switch: float = 0.0,
     ) -> StageRecord:
         """The stage from `t0` (the run's clock), `span` seconds long."""
         assert self.alloc is not None
@@ -442,6 +446,7 @@ class PolicyRun:
             trained=job is not None,
             decoded_tokens=roll.decoded if roll is not None else 0.0,
             decode_capacity_tokens=roll.capacity_tokens if roll is not None else 0.0,
+            switch_s=switch,
         )
         self.records.append(rec)
         return rec

@@ -36,6 +36,10 @@ class StageRecord:
     trained: bool  # this stage trained a batch
     decoded_tokens: float = 0.0  # tokens the rollout decoded
     decode_capacity_tokens: float = 0.0  # tokens its instances could have decoded at their largest batch
+    # seconds of this stage's rollout_s and train_s spent moving the policy between training and rollout, which a
+    # plan's makespan leaves out (no plan changes them): the weight broadcast before an asynchronous rollout, the
+    # colocated pipeline's switch into rollout and back; 0 in a stage that rolls nothing out
+    switch_s: float = 0.0
 
     @property
     def duration(self) -> float:
@@ -82,6 +86,8 @@ class PolicyResult:
             "utilisation": sum(x.decoded_tokens for x in r) / capacity if capacity > 0 else 0.0,
             "mean_rollout_s": float(np.mean([x.rollout_s for x in steps])) if steps else 0.0,
             "mean_train_s": float(np.mean([x.train_s for x in trained])) if trained else 0.0,
+            # the part of a step's rollout and training that moves the weights, which `libra plan` leaves out
+            "mean_switch_s": float(np.mean([x.switch_s for x in steps])) if steps else 0.0,
             "reconfiguration_s": sum(x.reconfiguration_s for x in r),
             "lent_gpu_s": sum(x.lent_gpu_s for x in r),
             "borrowed_gpu_s": sum(x.borrowed_gpu_s for x in r),

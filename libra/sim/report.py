@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
+from libra.planning.cost import CostModel
+from libra.sim.engine import weight_sync_s
 from libra.sim.records import PolicyResult
 from libra.sim.simulator import SimReport
 from libra.spec.jsonable import jsonable
@@ -13,6 +16,33 @@ from libra.spec.jsonable import jsonable
 FILL_NOTE = (
     "asynchronous policies: step 0 is the pipeline's fill (rollout only); the drain (training only) is not drawn"
 )
+_PLAN_VS_SIM = 'docs/sim.md, "`libra plan` against `libra simulate`"'
+
+
+def switch_note(summary: dict[str, dict[str, Any]]) -> str | None:
+    """One line for `libra simulate`'s table: the seconds per step its policies spend moving the weights between
+    training and rollout (`mean_switch_s`), which `libra plan`'s makespan leaves out; None where none do."""
+    groups: dict[str, list[str]] = {}
+    for name, s in summary.items():
+        if s["mean_switch_s"] > 0:
+            groups.setdefault(f"{s['mean_switch_s']:.1f} s", []).append(name)
+    if not groups:
+        return None
+    parts = [f"{', '.join(names)} {secs} a step" for secs, names in groups.items()]
+    return (
+        "note: the simulated steps include moving the weights between training and rollout ("
+        + "; ".join(parts)
+        + f"), which the makespan of `libra plan` leaves out ({_PLAN_VS_SIM})"
+    )
+
+
+def plan_note(cm: CostModel) -> str:
+    """One line for `libra plan`'s prediction: what its makespan leaves out that `libra simulate` charges."""
+    return (
+        "note: the makespan is training against rollout alone; each asynchronous step also waits "
+        f"{weight_sync_s(cm):.1f} s for the weight broadcast before its rollout, which `libra simulate` includes "
+        f"({_PLAN_VS_SIM})"
+    )
 
 
 def same_results(report: SimReport) -> list[list[str]]:

@@ -4,6 +4,8 @@ rule."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from conftest import small_scenario
@@ -14,7 +16,7 @@ from libra.spec import Bucket
 
 
 def _stage(step: int, start: float, end: float, **fields) -> StageRecord:
-    base = dict(
+    base: dict[str, Any] = dict(
         rollout_s=0.0, train_s=0.0, train_gpus=8, rollout_gpus=8, lent_gpu_s=0.0, borrowed_gpu_s=0.0,
         busy_gpu_s=0.0, available_gpu_s=16 * (end - start), tokens=0, gen_tokens=0, trajectories=0, migrations=0,
         migrated_tokens=0, rebalanced_tokens=0, reconfiguration_s=0.0, staleness=1, trained=False,
@@ -29,10 +31,11 @@ def _run() -> PolicyResult:
     records = (
         _stage(0, 0.0, 100.0, rollout_s=100.0, busy_gpu_s=800.0, tokens=10_000, gen_tokens=6_000, trajectories=64,
                migrations=4, migrated_tokens=500, rebalanced_tokens=100, decoded_tokens=6_000.0,
-               decode_capacity_tokens=12_000.0),
+               decode_capacity_tokens=12_000.0, switch_s=13.5),
         _stage(1, 100.0, 250.0, rollout_s=150.0, train_s=120.0, busy_gpu_s=1_800.0, tokens=20_000, gen_tokens=12_000,
                trajectories=64, migrations=6, migrated_tokens=1_500, rebalanced_tokens=300, staleness=1, trained=True,
-               reconfiguration_s=10.8, lent_gpu_s=40.0, decoded_tokens=12_000.0, decode_capacity_tokens=18_000.0),
+               reconfiguration_s=10.8, lent_gpu_s=40.0, decoded_tokens=12_000.0, decode_capacity_tokens=18_000.0,
+               switch_s=12.5),
         _stage(2, 250.0, 300.0, train_s=50.0, busy_gpu_s=400.0, staleness=1, trained=True, borrowed_gpu_s=25.0),
     )  # fmt: skip
     decisions = ({"step": 0, "reason": "initial"}, {"step": 1, "reason": "replan"})
@@ -55,6 +58,7 @@ def test_the_summary_of_a_run_worked_by_hand() -> None:
         "utilisation": 18_000.0 / 30_000.0,
         "mean_rollout_s": 125.0,
         "mean_train_s": 85.0,
+        "mean_switch_s": 13.0,  # over the steps that rolled out: the drain moves no weights
         "reconfiguration_s": 10.8,
         "lent_gpu_s": 40.0,
         "borrowed_gpu_s": 25.0,
@@ -83,7 +87,7 @@ def test_a_run_with_nothing_rolled_out_or_trained_sums_to_zeros() -> None:
     s = idle.summary()
     assert s["tokens"] == 0 and s["steps"] == 0
     assert s["migrated_token_fraction"] == s["rebalanced_token_fraction"] == 0.0
-    assert s["staleness"] == s["mean_train_s"] == s["mean_rollout_s"] == 0.0
+    assert s["staleness"] == s["mean_train_s"] == s["mean_rollout_s"] == s["mean_switch_s"] == 0.0
     assert s["steady_throughput_tok_s"] is None and s["gpu_idle_fraction"] == 1.0
     empty = PolicyResult(name="p", records=(), decisions=(), num_gpus=16).summary()
     assert empty["wall_s"] == 0.0 and empty["throughput_tok_s"] == 0.0 and empty["reconfigurations"] == 0
