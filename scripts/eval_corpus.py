@@ -14,6 +14,8 @@ trajectory's turns stay in order, and the runs of one task keep their file order
 first run in any real log), the baselines in the same order as the default each time; a last table gives, per
 source and bucket set, the default's margin over the best baseline and its migrated tokens in file order, their
 min / median / max over the K orders, and how many orders meet the target (>= 5 points, <= 12 % migrated).
+With `--variants`, one-option variants of the default (VARIANTS) are replayed in the same orders too, and a summary
+compares them with the default: units met in file order, orders met, mean and least median margin.
 """
 
 from __future__ import annotations
@@ -63,6 +65,15 @@ CANDIDATES = {
 PRESETS = {"cmlfq-published": CMLFQ_PRESETS["published"], "cmlfq-priced": CMLFQ_PRESETS["priced"], "default": BASE}
 CODING_BUCKETS = "1:8000,2:16000,4:32000,8:inf"
 MIN_SELECT = 100
+# One-option changes of the default, compared with it over random orders (`--variants`; docs/routing.md)
+VARIANTS = {
+    "cold stay": {"cold": "stay"},
+    "no repay": {"repay": None},
+    "no hold_first": {"hold_first": False},
+    "no recent expert": {"recent_expert": 0},
+    "no budget mix": {"budget_mix": False},
+    "tree admission": {"admit_select": False},
+}
 
 
 def shuffled_runs(trajectories: Sequence[Trajectory], rng: np.random.Generator) -> list[Trajectory]:
@@ -84,15 +95,23 @@ def source_orders(name: str, trajectories: Sequence[Trajectory], num_orders: int
     return [shuffled_runs(trajectories, rng) for _ in range(num_orders)]
 
 
-def default_gap(trajectories: Sequence[Trajectory], buckets: Sequence[Bucket]) -> tuple[float, float, str]:
-    """The default's margin over the best baseline (accuracy minus accuracy), its migrated-token fraction, and the
-    best baseline, the baselines replayed in the same order as the default."""
-    return gap_of(score_source(trajectories, buckets, {"default": BASE}))
+def variant_options(names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The default and the named VARIANTS, as router options."""
+    return {"default": BASE, **{v: {**BASE, **VARIANTS[v]} for v in names}}
 
 
-def gap_of(res: dict) -> tuple[float, float, str]:
+def gaps(
+    trajectories: Sequence[Trajectory], buckets: Sequence[Bucket], variants: Sequence[str] = ()
+) -> dict[str, tuple[float, float, str]]:
+    """Per router (the default, then each variant): its margin over the best baseline (accuracy minus accuracy), its
+    migrated-token fraction, and the best baseline, the baselines replayed in the same order."""
+    res = score_source(trajectories, buckets, variant_options(variants))
+    return {name: gap_of(res, name) for name in ("default", *variants)}
+
+
+def gap_of(res: dict, name: str = "default") -> tuple[float, float, str]:
     best = max(BASELINES, key=lambda b: res[b].routing_accuracy)
-    return res["default"].routing_accuracy - res[best].routing_accuracy, res["default"].migrated_token_fraction, best
+    return res[name].routing_accuracy - res[best].routing_accuracy, res[name].migrated_token_fraction, best
 
 
 def order_row(source: str, buckets: str, file_order: tuple[float, float, str], orders: list[tuple]) -> str:
@@ -110,24 +129,52 @@ def order_row(source: str, buckets: str, file_order: tuple[float, float, str], o
     )
 
 
-def order_table(corpus: dict, units: dict, num_orders: int, seed: int) -> dict[str, Any]:
-    """Print the table of the default in `num_orders` random orders per source; return its figures (for --json)."""
+def order_table(corpus: dict, units: dict, num_orders: int, seed: int, variants: Sequence[str] = ()) -> dict[str, Any]:
+    """Print the table of the default in `num_orders` random orders per source, and with `variants` the summary of
+    the default against them; return the figures (for --json)."""
     print(
         "| source | buckets | file order: margin (migrated) | margin min / median / max | migrated % min / median "
         "/ max | orders meeting the target |"
     )
     print("|---|---|---:|---:|---:|---:|")
     out: dict[str, Any] = {}
+    summary: dict[str, list[tuple[tuple, list[tuple]]]] = {}  # router -> per unit of >= MIN_SELECT: (file, orders)
     for name, trajs in corpus.items():
         shuffles = source_orders(name, trajs, num_orders, seed)
         for buckets, res in units[name]:
             print(f"{name}: {num_orders} orders, buckets {buckets}", file=sys.stderr)
-            rows = [default_gap(order, parse_buckets(buckets)) for order in shuffles]
+            per_order = [gaps(order, parse_buckets(buckets), variants) for order in shuffles]
+            rows = [g["default"] for g in per_order]
             print(order_row(name, buckets, gap_of(res), rows))
-            out.setdefault(name, {})[buckets] = [
-                {"margin": g, "migrated_token_fraction": m, "best_baseline": b} for g, m, b in rows
-            ]
+            out.setdefault(name, {})[buckets] = {
+                router: [
+                    {"margin": g, "migrated_token_fraction": m, "best_baseline": b}
+                    for g, m, b in (o[router] for o in per_order)
+                ]
+                for router in ("default", *variants)
+            }
+            if len(trajs) >= MIN_SELECT:
+                for router in ("default", *variants):
+                    summary.setdefault(router, []).append((gap_of(res, router), [o[router] for o in per_order]))
+    if variants:
+        print()
+        variant_summary(summary, num_orders)
     return out
+
+
+def variant_summary(summary: dict[str, list[tuple[tuple, list[tuple]]]], num_orders: int) -> None:
+    """The default against its variants over the units of >= MIN_SELECT trajectories: units met in file order,
+    orders met, the mean of the units' median margins and the least of them."""
+    print("| router | units met, file order | orders met | mean of the median margins | least median margin |")
+    print("|---|---:|---:|---:|---:|")
+    for router, unit_rows in summary.items():
+        met_file = sum(meets_target(g, m) for (g, m, _), _ in unit_rows)
+        met = sum(meets_target(g, m) for _, rows in unit_rows for g, m, _ in rows)
+        medians = [statistics.median(100 * g for g, _, _ in rows) for _, rows in unit_rows]
+        print(
+            f"| {router} | {met_file} / {len(unit_rows)} | {met} / {num_orders * len(unit_rows)} "
+            f"| {statistics.mean(medians):+.2f} | {min(medians):+.1f} |"
+        )
 
 
 def main() -> int:
@@ -136,7 +183,19 @@ def main() -> int:
     p.add_argument("--json", default=None, metavar="FILE", help="also write every result as JSON")
     p.add_argument("--orders", type=int, default=0, metavar="K", help="also replay each source in K random orders")
     p.add_argument("--order-seed", type=int, default=0, metavar="S", help="seed of those orders (default 0)")
+    p.add_argument(
+        "--variants",
+        default="",
+        metavar="NAMES",
+        help=f"with --orders: also these variants of the default, comma-separated, or all ({', '.join(VARIANTS)})",
+    )
     args = p.parse_args()
+    variants = list(VARIANTS) if args.variants == "all" else [v for v in args.variants.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        p.error(f"--variants {unknown[0]!r}: wanted one of {', '.join(VARIANTS)} or all")
+    if variants and not args.orders:
+        p.error("--variants needs --orders K (K >= 1)")
     if args.orders < 0:
         p.error(f"--orders {args.orders}: wanted a number of orders >= 0")
     if args.order_seed < 0:  # (numpy seeds are non-negative)
@@ -156,7 +215,7 @@ def main() -> int:
             bucket_sets.append(parse_buckets(CODING_BUCKETS))
         for buckets in bucket_sets:
             print(f"{name}: {len(trajs)} trajectories, buckets {format_buckets(buckets)}", file=sys.stderr)
-            res = score_source(trajs, buckets, {**CANDIDATES, **PRESETS})
+            res = score_source(trajs, buckets, {**CANDIDATES, **PRESETS, **variant_options(variants)})
             units.setdefault(name, []).append((format_buckets(buckets), res))
 
     def source_margin(source: str, cand: str) -> float:
@@ -214,7 +273,7 @@ def main() -> int:
     orders: dict[str, Any] = {}
     if args.orders:
         print()
-        orders = order_table(corpus, units, args.orders, args.order_seed)
+        orders = order_table(corpus, units, args.orders, args.order_seed, variants)
     if args.json:
         out: dict[str, Any] = {
             s: {b: {k: v.to_dict() for k, v in r.items()} for b, r in rows} for s, rows in units.items()

@@ -60,3 +60,30 @@ def test_a_sources_orders_depend_on_its_name_and_the_seed_only(eval_corpus) -> N
     assert eval_corpus.source_orders("a-source", log, 3, seed=7) == again
     assert eval_corpus.source_orders("other", log, 3, seed=7) != again
     assert eval_corpus.source_orders("a-source", log, 3, seed=8) != again
+
+
+def test_every_variant_is_a_router_the_default_is_not(eval_corpus) -> None:
+    """`--variants`: each one-option variant builds a router (an option renamed in the router fails here, not
+    after minutes of replay) and differs from the default in exactly its option."""
+    from libra.scheduling import make_router
+    from libra.spec import parse_buckets
+
+    options = eval_corpus.variant_options(list(eval_corpus.VARIANTS))
+    buckets = parse_buckets("1:100,2:200,4:inf")
+    for name, opts in options.items():
+        make_router("cmlfq", buckets, **opts)
+        if name != "default":
+            changed = {k for k in opts if opts[k] != eval_corpus.BASE[k]}
+            assert changed == set(eval_corpus.VARIANTS[name]), name
+
+
+def test_a_variants_gap_is_its_own(eval_corpus) -> None:
+    """The summary reads each router's own result: on a small log the default and `tree admission` differ."""
+    from libra.spec import parse_buckets
+
+    log = _log([i % 7 for i in range(70)])
+    out = eval_corpus.gaps(log, parse_buckets("1:50,2:100,4:inf"), ["tree admission", "no repay"])
+    assert set(out) == {"default", "tree admission", "no repay"}
+    assert all(-1.0 <= g <= 1.0 and 0.0 <= m <= 1.0 for g, m, _ in out.values())
+    assert out["default"][:2] != out["tree admission"][:2]
+    assert out["default"][2] == out["tree admission"][2]  # the same baselines in the same order
