@@ -219,6 +219,59 @@ SOURCES: list[dict[str, Any]] = [
             ("sql", "gpt35", "gpt-3.5", "gpt-3.5-turbo", "", _IC_SQL, "game_sql", 5),
         )
     ),
+    {
+        "name": "intercode-sql-gpt35-tables",
+        "kind": f"{_IC_SQL}, with the database's tables and columns given",
+        "agent": "InterCode multi-turn chat agent (template game_sql, the tables and their columns as a second system "
+        "message, at most 10 turns, dialogue cut to the two system messages and the last 5 messages)",
+        "model": "gpt-3.5-turbo (temperature 0)",
+        "repo": "princeton-nlp/intercode",
+        "commit": "69922e2f331b36a7d94b5da4a7ed10289e6c4c94",
+        "licence": "MIT",
+        "globs": ["data/results/sql/gpt-3.5/ic_sql_multiturn_gpt-3.5_10_turns_handicap.json"],
+        # the templates, and the dataset of the runs (each task's `db_tables`, which the policy was given)
+        "context": ["experiments/utils/prompts.py", "data/spider/dev_spider.json"],
+        "format": "openai",
+        "convert": "intercode-tables",
+        "held_out": True,
+    },
+    {
+        "name": "intercode-ctf-gpt4",
+        "kind": "capture the flag (InterCode-CTF: 93 of its 100 picoCTF tasks; an Ubuntu shell with the task's files, "
+        "its output each turn, reward 1 for the flag)",
+        "agent": "InterCode multi-turn chat agent (template ctf, at most 10 turns, dialogue cut to the system prompt, "
+        "the task and the last 5 messages)",
+        "model": "gpt-4 (temperature 0)",
+        "repo": "princeton-nlp/intercode",
+        # the commit that last wrote the runs (93 tasks; df76511 had 51 of them); the code of the runs is that of
+        # df76511 (CTF and Python experiment code), unchanged there
+        "commit": "060f6a00b4edd7d3efb479d284d5deb1f196b07d",
+        "licence": "MIT",
+        "globs": ["data/results/ctf/ic_ctf_multiturn_gpt-4_10_turns.json"],
+        "context": ["experiments/utils/prompts.py"],
+        "format": "openai",
+        "convert": "intercode",
+        "held_out": True,
+    },
+    *(
+        {
+            "name": f"intercode-python-{name}",
+            "kind": "Python (InterCode-Python: 117-119 of the first 120 of MBPP's 974 tasks; a Python interpreter, its "
+            "output, and the tests' verdict and reward on a function)",
+            "agent": "InterCode multi-turn chat agent (template function, at most 7 turns)",
+            "model": f"{model} (temperature 0)",
+            "repo": "princeton-nlp/intercode",
+            "commit": "df765119b0feeebe558aaef7482aa54c8f4add9f",  # the commit that added the runs
+            "licence": "MIT",
+            # both files are in the gpt-3.5 folder; eval_n_turn.py names its log after the model it ran
+            "globs": [f"data/results/python/gpt-3.5/ic_python_multiturn_{folder}_7_turns.json"],
+            "context": ["experiments/utils/prompts.py"],
+            "format": "openai",
+            "convert": "intercode",
+            "held_out": True,
+        }
+        for name, folder, model in (("gpt4", "gpt-4", "gpt-4"), ("gpt35", "gpt-3.5", "gpt-3.5-turbo"))
+    ),
 ]
 
 
@@ -454,9 +507,25 @@ def _webshop_episode(task: str, prompt: str, body: str) -> dict:
 
 # InterCode's multi-turn runs (experiments/eval_n_turn.py, ChatGPTPolicy): per environment, the language and the
 # setting the script gives the template (SETTING_MAP) and the template class of the runs: scripts/expr_multi_turn.sh
-# passes `--template v2` (TemplateV2) with `--env bash` and `--template game_sql` (TemplateSQLGame) with `--env sql`
-_INTERCODE = {"ic_bash": ("BASH", "Bourne Shell", "TemplateV2"), "ic_sql": ("SQL", "MySQL Database", "TemplateSQLGame")}
+# passes `--template v2` (TemplateV2) with `--env bash`, `--template game_sql` (TemplateSQLGame) with `--env sql`,
+# `--template ctf` (TemplateCTF) with `--env ctf` and `--template function` (TemplateCodeFunction) with `--env python`
+_INTERCODE = {
+    "ic_bash": ("BASH", "Bourne Shell", "TemplateV2"),
+    "ic_sql": ("SQL", "MySQL Database", "TemplateSQLGame"),
+    "ic_ctf": ("CTF", "Capture the Flag", "TemplateCTF"),
+    "ic_python": ("PYTHON", "Python 3 Interpreter", "TemplateCodeFunction"),
+}
+# the environments whose template asks for bare code and whose parser reads no fence (ctf_parser, python_parser): the
+# reply is the logged action as it is
+_IC_BARE = {"ic_ctf", "ic_python"}
+_IC_PROMPTS = "experiments/utils/prompts.py"  # the file of the template classes (a source's `context`)
 _IC_TEXT_LIMIT, _IC_ROW_LIMIT = 1000, 50  # ChatGPTPolicy's cut of an observation: a text's characters, a list's rows
+_IC_WRONG_FLAG = "Submitted flag is incorrect. Keep trying!"  # eval_n_turn.py's observation for a wrong CTF flag
+# the observations eval_n_turn.py gives a Python function that failed MBPP's tests (the three SHOW_FAILED_CASE
+# settings: the runs logged all three) and PythonEnv's for an action it could not run
+_IC_PYTHON_FAILED = re.compile(
+    r"Test case did not pass\.|Failed \d+/\d+ Test Cases\.|Failed Test Case: |Error executing "
+)
 
 
 def _template_methods(source: str, name: str) -> dict[str, ast.FunctionDef]:
@@ -481,20 +550,46 @@ def _expr_text(node: ast.expr, env: dict[str, str]) -> str:
         return node.value
     if isinstance(node, ast.JoinedStr):
         return "".join(_expr_text(v.value if isinstance(v, ast.FormattedValue) else v, env) for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):  # `f"""...""" + DEMO_CTF`
+        return _expr_text(node.left, env) + _expr_text(node.right, env)
     return env[ast.unparse(node)]
 
 
-def _method_text(fn: ast.FunctionDef, env: dict[str, str]) -> str:
-    """What a template method returns: its assignments (`self.query = query`, an f-string into `self.explore_msg`)
-    update ENV, its `return` is filled from ENV. Other statements are not read: the one such statement of the
-    templates used, `get_obs_msg`'s "No output" for an empty observation, is restated by the caller."""
-    for stmt in fn.body:
+def _string_test(node: ast.expr, env: dict[str, str]) -> bool | None:
+    """The value of a test that compares an expression ENV holds with a string (`observation != ""`); None for any
+    other test (it is not read)."""
+    if not (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.Eq | ast.NotEq)):
+        return None
+    right = node.comparators[0]
+    if not (isinstance(right, ast.Constant) and isinstance(right.value, str) and ast.unparse(node.left) in env):
+        return None
+    return (env[ast.unparse(node.left)] == right.value) == isinstance(node.ops[0], ast.Eq)
+
+
+def _body_text(body: list[ast.stmt], env: dict[str, str]) -> str | None:
+    """What a block of a template method returns, or None where it returns nothing (see `_method_text`)."""
+    for stmt in body:
         if isinstance(stmt, ast.Assign):
             value = _expr_text(stmt.value, env)
             env.update((ast.unparse(t), value) for t in stmt.targets)
         elif isinstance(stmt, ast.Return) and stmt.value is not None:
             return _expr_text(stmt.value, env)
-    raise ValueError(f"template method {fn.name} returns no string")
+        elif isinstance(stmt, ast.If) and (test := _string_test(stmt.test, env)) is not None:
+            got = _body_text(stmt.body if test else stmt.orelse, env)
+            if got is not None:
+                return got
+    return None
+
+
+def _method_text(fn: ast.FunctionDef, env: dict[str, str]) -> str:
+    """What a template method returns: its assignments (`self.query = query`, an f-string into `self.explore_msg`)
+    update ENV, its `return` is filled from ENV, an `if` that compares a value with a string (TemplateCTF's
+    `observation != ""`) takes its branch. Other statements are not read: the one such statement of the templates
+    used, TemplateV2's "No output" for an empty observation (an `isinstance` test), is restated by the caller."""
+    text = _body_text(fn.body, env)
+    if text is None:
+        raise ValueError(f"template method {fn.name} returns no string")
+    return text
 
 
 def _first_rows(text: str, n: int) -> str:
@@ -525,37 +620,83 @@ def _intercode_observation(text: str, rows: bool) -> str:
     return text[:_IC_TEXT_LIMIT] or "No output"
 
 
-def _intercode_messages(data: bytes, context: dict[str, bytes]) -> bytes:
+def _ic_observation(environment: str, text: str) -> str:
+    """The observation that went into the template's `get_obs_msg`. CTF: a text cut to 1,000 characters (the
+    template itself says "No output" for an empty one). Python: the interpreter's `{'output', 'error'}` dict (its
+    repr is what the log holds and what the f-string writes; the policy cuts only texts) as logged, a text cut to
+    1,000 characters; TemplateCodeFunction's substitute for an empty observation is not restated (no run logged
+    one). Bash and SQL: `_intercode_observation`."""
+    if environment == "ic_ctf":
+        return text[:_IC_TEXT_LIMIT]
+    if environment == "ic_python":
+        if not text:
+            raise ValueError("an empty Python observation: TemplateCodeFunction's substitute for it is not restated")
+        return text if text.startswith("{") else text[:_IC_TEXT_LIMIT]
+    return _intercode_observation(text, environment == "ic_sql" and text.startswith("["))
+
+
+def _ic_failed(environment: str, text: str, valid: bool | None) -> bool:
+    """Whether a return is an error. Bash, SQL and CTF commands: the run logged the action invalid (a non-zero exit
+    code, a failed query, a reply without code); CTF also a wrong flag (`_IC_WRONG_FLAG`). Python (the runs log no
+    validity): a failed test, an action the interpreter could not run, or an output whose `error` is not empty."""
+    if environment == "ic_python":
+        if _IC_PYTHON_FAILED.match(text):
+            return True
+        try:
+            out = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return False
+        return isinstance(out, dict) and bool(out.get("error"))
+    return valid is not True or (environment == "ic_ctf" and text == _IC_WRONG_FLAG)
+
+
+def _sql_tables(record: dict) -> str:
+    """The second system message of an SQL run with the tables given (`--handicap`): the database's tables and their
+    columns from the task's record (experiments/utils/utils.py `handicap_sql`, restated: it is a loop)."""
+    lines = [f"- {name}: {columns}\n" for name, columns in record["db_tables"].items()]
+    return "MySQL tables, with their properties\n" + "".join(lines)
+
+
+def _intercode_messages(data: bytes, context: dict[str, bytes], tables: bool = False) -> bytes:
     """InterCode's multi-turn result files (task index -> `query`, `turn_history {actions, observations, rewards,
     valid_action}`, `summary.max_reward`) as chat-completions message lists. The log holds the command parsed from
     each reply and the environment's whole output; the messages restate what the model saw and wrote from the
-    template class of the runs (`_INTERCODE`, read from `prompts.py` with `ast`): the system prompt
-    (`get_init_msg`) and the query (`get_query_msg`), then per turn the reply, the command in the code fence the
-    template asks for (a reply with no code, answered by `get_retry_msg`, is logged whole: it is the reply), and a
-    `tool` message (`get_obs_msg`: the observation cut as the policy cut it, the reward, the query again) named
-    after the language, an error where the run logged the action invalid (a non-zero exit code, a failed query, no
-    code). The observation after the last turn goes to no model and is dropped; an action logged `blocked` (the
-    API call failed) has no observation and no reply."""
-    (source,) = (text.decode("utf-8") for text in context.values())
+    template class of the runs (`_INTERCODE`, read from `prompts.py` with `ast`, with the file's string constants:
+    TemplateCTF's demonstrations): the system prompt (`get_init_msg`) and the query (`get_query_msg`), then per
+    turn the reply, the command in the code fence the template asks for (Bash, SQL; a reply with no code, answered
+    by `get_retry_msg`, is logged whole: it is the reply) or as logged (CTF, Python: `_IC_BARE`), and a `tool`
+    message (`get_obs_msg`: the observation as the policy passed it, `_ic_observation`, the reward, for Bash, SQL
+    and Python the query again) named after the language, an error as `_ic_failed` says. The observation after the
+    last turn goes to no model and is dropped; an action logged `blocked` (the API call failed) has no observation
+    and no reply. With TABLES (the SQL runs with the tables given), the policy's second system message, the task's
+    tables and columns (`_sql_tables`), comes after the first; the task's record is that of the run's dataset (a
+    file of CONTEXT, by the path the run logged) at the run's task index."""
+    source = context[_IC_PROMPTS].decode("utf-8")
+    constants = _string_constants(source)
     out = []
     for rec in json.loads(data.decode("utf-8")).values():
-        language, setting, template = _INTERCODE[rec["environment"]]
+        environment = rec["environment"]
+        language, setting, template = _INTERCODE[environment]
         methods = _template_methods(source, template)
-        env = {"self.language": language, "self.setting": setting, "query": rec["query"]}
+        env = {**constants, "self.language": language, "self.setting": setting, "query": rec["query"]}
         retry = _method_text(methods["get_retry_msg"], env)
         messages: list[dict] = [
             {"role": "system", "content": _method_text(methods["get_init_msg"], env)},
             {"role": "user", "content": _method_text(methods["get_query_msg"], env)},
         ]
+        if tables:
+            dataset = json.loads(context[rec["dataset"].removeprefix("./")])
+            if dataset[rec["task_id"]]["query"] != rec["query"]:
+                raise ValueError(f"task {rec['task_id']} of {rec['dataset']} is not the run's query {rec['query']!r}")
+            messages.insert(1, {"role": "system", "content": _sql_tables(dataset[rec["task_id"]])})
         h = rec["turn_history"]
         for action, obs, reward, valid in zip(h["actions"], h["observations"], h["rewards"], h["valid_action"]):
-            messages.append(
-                {"role": "assistant", "content": action if obs == retry else f"```{language}\n{action}\n```"}
-            )
-            env.update(observation=_intercode_observation(obs, language == "SQL" and obs.startswith("[")))
-            env["reward"] = str(reward)
+            bare = obs == retry or environment in _IC_BARE
+            messages.append({"role": "assistant", "content": action if bare else f"```{language}\n{action}\n```"})
+            env.update(observation=_ic_observation(environment, obs), reward=str(reward))
             text = _method_text(methods["get_obs_msg"], env)
-            messages.append({"role": "tool", "name": language.lower(), "content": text, "is_error": valid is not True})
+            failed = _ic_failed(environment, obs, valid)
+            messages.append({"role": "tool", "name": language.lower(), "content": text, "is_error": failed})
         while messages[-1]["role"] == "tool":
             messages.pop()
         task = f"{Path(rec['dataset']).stem}-{rec['task_id']}"
@@ -611,6 +752,7 @@ CONVERTERS: dict[str, Callable[..., bytes]] = {
     "reflexion-react": _reflexion_react_messages,
     "webshop-notebook": _webshop_messages,
     "intercode": _intercode_messages,
+    "intercode-tables": lambda data, context: _intercode_messages(data, context, tables=True),
     "fever-notebook": _fever_messages,
 }
 
