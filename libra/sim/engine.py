@@ -453,8 +453,16 @@ class PolicyRun:
 
     def observation(self, profile_fn, step_profile_fn=None) -> Observation:
         r = self.records[-1]
+        # the part of the rollout spent moving the weights into it: the whole of an asynchronous stage's `switch_s`
+        # (the broadcast before its rollout), colocated's switch into rollout (its way back is in `train_s`)
+        switch = self.colocated_switch().to_rollout_s if self.policy.synchronous else r.switch_s
         return Observation(
-            step=r.step, rollout_s=r.rollout_s, train_s=r.train_s, profile=profile_fn, step_profile=step_profile_fn
+            step=r.step,
+            rollout_s=r.rollout_s,
+            train_s=r.train_s,
+            profile=profile_fn,
+            step_profile=step_profile_fn,
+            switch_s=switch,
         )
 
 

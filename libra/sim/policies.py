@@ -109,13 +109,16 @@ class Decision:
 
 @attrs.frozen(kw_only=True)
 class Observation:
-    """What a policy may read after a step: its measured times and the workload seen so far."""
+    """What a policy may read after a step: its measured times and the workload seen so far. `switch_s` is the part
+    of `rollout_s` spent moving the weights into rollout before it could start (the asynchronous pipeline's weight
+    broadcast, colocated's switch into rollout): no plan changes it and the planner's prediction leaves it out."""
 
     step: int
     rollout_s: float
     train_s: float
     profile: Callable[[], WorkloadProfile]  # lengths of recently finished steps only (no future)
     step_profile: Callable[[], WorkloadProfile] | None = None  # the step just rolled out alone (None: `profile`)
+    switch_s: float = 0.0
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -277,11 +280,13 @@ class Libra(Policy):
     """Replan every `replan_every` steps on the profile of recently finished steps; apply through the gate.
 
     With `measured` (the default for `libra` itself, off for its ablations), the policy trusts what it measured:
-    after every step it keeps the ratio of the rollout time it saw to the time the planner predicts for the plan
-    it ran (`evaluate` on that step's own work), by plan kind (`plan_kind`), and at a replan it scores the planner's
-    optimum and the best single-degree plan alike, each predicted rollout times the median of its kind's last
-    `replan_every` ratios (1 for a kind not run yet), so a kind of plan that ran slower than predicted is not kept
-    on the model's word. The same correction scores the running plan for the gate."""
+    after every step it keeps the ratio of the rollout time it saw, less the weights' move into rollout
+    (`Observation.switch_s`, which the prediction leaves out), to the time the planner predicts for the plan it ran
+    (`evaluate` on that step's own work), by plan kind (`plan_kind`), and at a replan it scores the planner's
+    optimum and the best single-degree plan alike as the engine runs a stage: its predicted rollout times the
+    median of its kind's last `replan_every` ratios (1 for a kind not run yet), plus the last step's move of the
+    weights once (the same for every plan), against its predicted training. So a kind of plan that ran slower than
+    predicted is not kept on the model's word. The same score rates the running plan for the gate."""
 
     name = "libra"
     elastic = True
@@ -305,7 +310,9 @@ class Libra(Policy):
             raise SpecError(f"replan_every must be >= 1, got {replan_every}")
         self.admit = admit  # where C-MLFQ starts a request (the published rule: the smallest bucket)
         self.measured = self.measures if measured is None else bool(measured)
-        self.ratios: dict[str, list[float]] = {"single": [], "mixed": []}  # measured / predicted rollout, by kind
+        # measured rollout (less the weights' move) over predicted, by kind
+        self.ratios: dict[str, list[float]] = {"single": [], "mixed": []}
+        self.switch_s = 0.0  # the last step's move of the weights into rollout, added to every plan's score
         self.replan_every = replan_every
         self.gate = ReplanGate(
             to_rollout_s=env.to_rollout_s,
@@ -344,24 +351,28 @@ class Libra(Policy):
         )
 
     def correction(self, kind: str) -> float:
-        """Measured over predicted rollout time for plans of `kind`: the median of its last `replan_every` steps
-        (1 before any)."""
+        """Measured (less the weights' move) over predicted rollout time for plans of `kind`: the median of its
+        last `replan_every` steps (1 before any)."""
         last = self.ratios[kind][-self.replan_every :]
         return float(np.median(last)) if last else 1.0
 
     def _scored(self, plan: Plan, profile: WorkloadProfile) -> float:
-        """A plan's makespan on `profile`, its rollout corrected by what plans of its kind measured."""
+        """A plan's stage on `profile` as the engine runs it: training against the weights' move into rollout
+        (once, not scaled: no plan changes it) followed by the rollout, corrected by what plans of its kind
+        measured."""
         train, rollout = self.env.planner.evaluate(plan, profile)
-        return max(train, rollout * self.correction(plan_kind(plan)))
+        return max(train, self.switch_s + rollout * self.correction(plan_kind(plan)))
 
     def after_step(self, obs: Observation) -> Decision | None:
         if self.plan is None:
             return None
         planner = self.env.planner
-        if self.measured:  # against the prediction for the work that step rolled out
+        if self.measured:  # against the prediction for the work that step rolled out, which has no weights' move
             predicted = planner.evaluate(self.plan, (obs.step_profile or obs.profile)())[1]
-            if 0.0 < predicted < math.inf and obs.rollout_s > 0.0:
-                self.ratios[plan_kind(self.plan)].append(obs.rollout_s / predicted)
+            measured = obs.rollout_s - obs.switch_s
+            if 0.0 < predicted < math.inf and measured > 0.0:
+                self.ratios[plan_kind(self.plan)].append(measured / predicted)
+                self.switch_s = obs.switch_s
         if (obs.step + 1) % self.replan_every:
             return None
         profile = obs.profile()
