@@ -24,6 +24,7 @@ from collections import deque
 import numpy as np
 
 PRICE_GRID = tuple(float(p) for p in np.geomspace(0.05, 50.0, 43))
+PRICE_GRID_ARRAY = np.array(PRICE_GRID)
 
 
 class MigrationBudget:
@@ -31,7 +32,10 @@ class MigrationBudget:
 
     def __init__(self, share: float, *, steps: int = 3) -> None:
         self.share = float(share)
-        self._steps: deque[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]] = deque(maxlen=steps)
+        # per step ended: its records (request, low, high, carried), its tokens and what it carries at each grid price
+        self._steps: deque[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, np.ndarray]] = deque(
+            maxlen=steps
+        )
         self._req: list[int] = []
         self._lo: list[float] = []
         self._hi: list[float] = []
@@ -62,7 +66,7 @@ class MigrationBudget:
                 np.asarray(self._hi, float),
                 np.asarray(self._carried, float),
             )
-            self._steps.append((*arrays, float(self._total)))
+            self._steps.append((*arrays, float(self._total), carried_at(*arrays, PRICE_GRID_ARRAY)))
         self._req, self._lo, self._hi, self._carried = [], [], [], []
         self._total = self._n = 0
 
@@ -76,22 +80,19 @@ class MigrationBudget:
         self._steps.clear()
 
     def shares(self, prices=PRICE_GRID) -> list[float]:
-        """The counterfactual migrated-token share of the recorded requests at each price."""
-        out = []
+        """The counterfactual migrated-token share of the recorded requests at each price (for the grid, from what
+        each step carries at each grid price, counted once at its end: a step end costs the same however many steps
+        are kept)."""
         steps = list(self._steps)
         weights = [0.5 ** (len(steps) - 1 - i) for i in range(len(steps))]
         total = sum(w * s[4] for w, s in zip(weights, steps))
         if total <= 0:
             return [0.0 for _ in prices]
-        for price in prices:
-            carried = 0.0
-            for w, (req, lo, hi, car, _) in zip(weights, steps):
-                hit = np.flatnonzero((lo <= price) & (price <= hi))
-                if len(hit):
-                    _, first = np.unique(req[hit], return_index=True)  # each request moves at its first point
-                    carried += w * float(car[hit[first]].sum())
-            out.append(carried / total)
-        return out
+        grid = prices is PRICE_GRID or tuple(prices) == PRICE_GRID
+        carried = np.zeros(len(prices))
+        for w, s in zip(weights, steps):  # (in order, the older first, as the total)
+            carried = carried + w * (s[5] if grid and len(s) > 5 else carried_at(*s[:4], np.asarray(prices, float)))
+        return (carried / total).tolist()
 
     def choose(self, current: float, share: float | None = None) -> float:
         """The price for the next step (module docstring); `current` when nothing is recorded yet. `share`: the
@@ -120,3 +121,26 @@ class MigrationBudget:
         j = below[0]
         q = (target - s_hi) / (shares[j] - s_hi)
         return PRICE_GRID[i], PRICE_GRID[j], q
+
+
+def carried_at(
+    req: np.ndarray, lo: np.ndarray, hi: np.ndarray, car: np.ndarray, prices: np.ndarray, *, cells: int = 1 << 20
+) -> np.ndarray:
+    """The tokens one step's requests would carry at each of `prices`: each request moves at its first decision
+    point (in order) whose interval `[lo, hi]` holds the price. In numpy over prices x points (in slices of prices
+    that keep the matrices to about `cells` cells): a point is its request's first hit at a price when it holds the
+    price and none of the request's earlier points does (a request's points are consecutive, `req` runs in order).
+    Carried tokens are whole numbers, so the sums are exact in any order."""
+    out = np.zeros(len(prices))
+    if not len(req):
+        return out
+    start = np.flatnonzero(np.r_[True, req[1:] != req[:-1]])
+    first = np.repeat(start, np.diff(np.r_[start, len(req)]))  # each point's request's first point
+    rows = max(1, cells // len(req))
+    for i in range(0, len(prices), rows):
+        price = prices[i : i + rows, None]
+        hit = (lo <= price) & (price <= hi)
+        upto = np.cumsum(hit, axis=1, dtype=np.int32)  # hits up to each point, that point's included
+        earlier = (upto - hit) - (upto[:, first] - hit[:, first])  # hits among its request's earlier points
+        out[i : i + rows] = np.where(hit & (earlier == 0), car, 0.0).sum(axis=1)
+    return out

@@ -31,8 +31,6 @@ what the router did afterwards. Nothing in it is fitted to one workload.
 
 from __future__ import annotations
 
-from collections import Counter, deque
-
 import numpy as np
 
 EXPERTS = ("tree", "prompt", "population")
@@ -127,32 +125,58 @@ def _most_common(steps: list[list[int]], decay: float) -> int:
 
 class PromptLengthBins:
     """The most common final bucket per decile of prompt length, over the last `window` finished requests (the
-    `predictor` baseline's evidence for a prompt never seen). Bins move at step ends only."""
+    `predictor` baseline's evidence for a prompt never seen). Bins move at step ends only.
+
+    The window is kept as two arrays (prompt lengths, buckets), and a step end counts the (bin, bucket) pairs in one
+    `bincount`: its cost is a few passes of numpy over the window, not a Python loop over it (a run of one-request
+    steps ends a step per request)."""
 
     def __init__(self, *, bins: int = 10, window: int = 20_000) -> None:
         self.bins = bins
-        self._seen: deque[tuple[int, int]] = deque(maxlen=window)
+        self.window = window
+        self._lengths = np.zeros(0)  # the window's prompt lengths, oldest first
+        self._buckets = np.zeros(0, np.int64)  # and their final buckets
+        self._new: list[tuple[int, int]] = []  # this step's, not yet in the arrays
         self._edges = np.zeros(0)
         self._majority: list[int] = []
 
     def observe(self, prompt_tokens: int, bucket: int) -> None:
-        self._seen.append((prompt_tokens, bucket))
+        self._new.append((prompt_tokens, bucket))
 
     def end_step(self) -> None:
-        if not self._seen:
+        if self._new:
+            new = np.array(self._new, np.int64).reshape(-1, 2)
+            keep = max(0, len(self._lengths) + len(new) - self.window)  # (the oldest beyond the window drop out)
+            self._lengths = np.concatenate([self._lengths, new[:, 0].astype(float)])[keep:]
+            self._buckets = np.concatenate([self._buckets, new[:, 1]])[keep:]
+            self._new = []
+        if not len(self._lengths):
             return
-        lengths = np.fromiter((p for p, _ in self._seen), float, len(self._seen))
-        self._edges = np.unique(np.quantile(lengths, np.linspace(0, 1, self.bins + 1)[1:-1]))
-        counts: list[Counter[int]] = [Counter() for _ in range(len(self._edges) + 1)]
-        for length, b in self._seen:
-            counts[int(np.searchsorted(self._edges, length, side="right"))][b] += 1
-        # the most common bucket of each bin, the smallest among equals; an empty bin takes that of all (as the
-        # predictor baseline)
-        every = sum(counts, Counter())
-        self._majority = [min((c or every).items(), key=lambda kv: (-kv[1], kv[0]))[0] for c in counts]
+        self._edges = np.unique(np.quantile(self._lengths, np.linspace(0, 1, self.bins + 1)[1:-1]))
+        self._majority = _bin_majorities(self._edges, self._lengths, self._buckets)
 
     def guess(self, prompt_tokens: int) -> int | None:
         """The most common final bucket of the prompt's length decile; None before any step ended."""
         if not self._majority:
             return None
         return self._majority[int(np.searchsorted(self._edges, prompt_tokens, side="right"))]
+
+    def __setstate__(self, state: dict) -> None:
+        """A router pickled when the window was a deque of (length, bucket) pairs (`_seen`) unpickles into the
+        arrays."""
+        seen = state.pop("_seen", None)
+        self.__dict__.update(state)
+        if seen is not None:
+            self.window = seen.maxlen
+            pairs = np.array(list(seen), np.int64).reshape(-1, 2)
+            self._lengths, self._buckets, self._new = pairs[:, 0].astype(float), pairs[:, 1], []
+
+
+def _bin_majorities(edges: np.ndarray, lengths: np.ndarray, buckets: np.ndarray) -> list[int]:
+    """The most common bucket of each bin that `edges` cut `lengths` into, the smallest among equals; an empty bin
+    takes that of all (as the predictor baseline). Buckets are indices (>= 0)."""
+    width = int(buckets.max()) + 1
+    bins = np.searchsorted(edges, lengths, side="right")
+    counts = np.bincount(bins * width + buckets, minlength=(len(edges) + 1) * width).reshape(-1, width)
+    every = int(np.argmax(counts.sum(axis=0)))  # (argmax: the first, i.e. the smallest, of the most common)
+    return [int(np.argmax(c)) if c.any() else every for c in counts]

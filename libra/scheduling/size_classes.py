@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -43,8 +43,8 @@ class QuantileStateCodec(StateCodec):
         self.classes = classes
         self.sample = int(sample)
         self.min_samples = int(min_samples)
-        self._recent: dict[str, deque[int]] = {}
-        self._pooled: deque[int] = deque(maxlen=4 * self.sample)
+        self._recent: dict[str, Sample] = {}
+        self._pooled = Sample(4 * self.sample)
         self._edges: dict[str, tuple[float, ...]] = {}
         self._pooled_edges: tuple[float, ...] = ()
 
@@ -79,9 +79,9 @@ class QuantileStateCodec(StateCodec):
         for tool, sizes in by_tool.items():
             q = recent.get(tool)
             if q is None:
-                q = recent[tool] = deque(maxlen=self.sample)
+                q = recent[tool] = Sample(self.sample)
             q.extend(sizes)
-        pooled.extend(flat[-(pooled.maxlen or len(flat)) :])
+        pooled.extend(flat[-pooled.maxlen :])
         self._pooled_edges = self._quantiles(pooled)
         for tool, q in recent.items():
             if len(q) >= self.min_samples:
@@ -99,7 +99,7 @@ class QuantileStateCodec(StateCodec):
         for tool, sizes in other._recent.items():
             q = recent.get(tool)
             if q is None:
-                q = recent[tool] = deque(maxlen=self.sample)
+                q = recent[tool] = Sample(self.sample)
             q.extend(sizes)
         pooled.extend(other._pooled)
         if other._pooled:
@@ -116,13 +116,12 @@ class QuantileStateCodec(StateCodec):
             if tool not in self._edges and len(recent.get(tool, ())) < self.min_samples:
                 self._edges[tool] = edges
 
-    def _quantiles(self, values: Sequence[int]) -> tuple[float, ...]:
+    def _quantiles(self, values: Sample) -> tuple[float, ...]:
         if self.classes == 1 or not values:
             return ()
-        x = np.fromiter(values, float, len(values))
-        qs = np.quantile(x, np.arange(1, self.classes) / self.classes)
+        qs = np.quantile(values.sizes, np.arange(1, self.classes) / self.classes)
         if self.method == "breaks":
-            qs = _natural_breaks(_log1p(x), qs)
+            qs = _natural_breaks(values.logs, qs)
         return tuple(float(e) for e in np.unique(qs))
 
     # -- classifying ---------------------------------------------------------------------------------------------
@@ -180,10 +179,49 @@ class QuantileStateCodec(StateCodec):
         fields, own = state
         super().__setstate__(fields)  # type: ignore[misc]  # (attrs writes it on the slotted base; typeshed's object has none)
         self.__dict__.update(own)
+        # a codec pickled when its samples were deques of sizes
+        if isinstance(self._pooled, deque):
+            self._pooled = Sample.of(self._pooled)
+            self._recent = {tool: Sample.of(q) for tool, q in self._recent.items()}
 
     def load_state(self, state: dict) -> None:
         self._edges = {str(k): tuple(float(e) for e in v) for k, v in state.get("edges", {}).items()}
         self._pooled_edges = tuple(float(e) for e in state.get("pooled", ()))
+
+
+class Sample:
+    """The last `maxlen` return sizes of a tool (or of all tools), oldest first, as an array of sizes and one of their
+    log1p (`_log1p`, taken once when a size comes in): a step end's edges are numpy passes over these, with no
+    conversion of the whole sample from Python ints."""
+
+    def __init__(self, maxlen: int) -> None:
+        self.maxlen = int(maxlen)
+        self.sizes = np.zeros(0)
+        self.logs = np.zeros(0)
+
+    @classmethod
+    def of(cls, sizes: deque[int]) -> Sample:
+        """A sample of a deque's sizes, its `maxlen` the deque's."""
+        out = cls(sizes.maxlen or len(sizes))
+        out.extend(list(sizes))
+        return out
+
+    def extend(self, sizes: Sequence[int] | Sample) -> None:
+        """Append `sizes` (newest last), dropping the oldest beyond `maxlen`, as a deque would."""
+        if isinstance(sizes, Sample):
+            new, logs = sizes.sizes, sizes.logs
+        else:
+            new = np.array(sizes, float)
+            logs = _log1p(new)
+        keep = max(0, len(self.sizes) + len(new) - self.maxlen)  # (not `[-maxlen:]`: a maxlen of 0 keeps nothing)
+        self.sizes = np.concatenate([self.sizes, new])[keep:]
+        self.logs = np.concatenate([self.logs, logs])[keep:]
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(int(x) for x in self.sizes.tolist())
 
 
 def _natural_breaks(logs: np.ndarray, start: np.ndarray, iterations: int = 30) -> np.ndarray:
