@@ -272,6 +272,33 @@ SOURCES: list[dict[str, Any]] = [
         }
         for name, folder, model in (("gpt4", "gpt-4", "gpt-4"), ("gpt35", "gpt-3.5", "gpt-3.5-turbo"))
     ),
+    *(
+        {
+            "name": f"medagentbench-{name}",
+            "kind": "clinical records (MedAgentBench: 100 tasks of 10 kinds on a FHIR server of patient charts; GET "
+            "and POST calls to its REST API, the JSON bundle or an acknowledgement back)",
+            "agent": "AgentBench MedAgentBench task (one call per reply, at most 8 rounds)",
+            "model": model,
+            "repo": "THUDM/AgentBench",
+            # the merge commit of pull request #171 (refs/pull/171/merge; MedAgentBench's authors), which added the
+            # runs, the task and its data; not on a branch: a mirror must hold the pull request's refs
+            "commit": "504ccbdc60233f71873920d2e7ba421768653e0c",
+            "licence": "Apache-2.0 (the repository's LICENSE at that commit)",
+            "globs": [f"outputs/Jan17v1/{folder}/medagentbench-std/runs.jsonl"],
+            # the run's own scores (AgentBench's `calculate_overall`), read at the same commit
+            "context": [f"outputs/Jan17v1/{folder}/medagentbench-std/overall.json"],
+            "format": "openai",
+            "convert": "agentbench-medagent",
+            "held_out": True,
+        }
+        for name, folder, model in (
+            # the models of the run's agent configurations (configs/agents/api_agents.yaml at the same commit)
+            ("gpt4o", "gpt-4o", "gpt-4o-2024-11-20"),
+            ("gpt4o-mini", "gpt-4o-mini", "gpt-4o-mini"),
+            ("deepseek-v3", "deepseekv3", "deepseek-ai/DeepSeek-V3 (Together API)"),
+            ("llama33-70b", "llama-3.3", "meta-llama/Llama-3.3-70B-Instruct-Turbo (Together API)"),
+        )
+    ),
 ]
 
 
@@ -744,6 +771,58 @@ def _fever_episode(prompt: str, head: re.Match, body: str) -> dict:
     return {"id": f"fever-{head.group(1)}", "reward": None if em is None else float(em), "messages": messages}
 
 
+_MEDAGENT_VERB = re.compile(r"^(GET|POST|FINISH)\b")
+_MEDAGENT_ERRORS = ("Error in sending the GET request", "Invalid POST request")
+
+
+def _medagent_verb(reply: str) -> str:
+    """The action of a MedAgentBench reply as the task reads it (`start_sample`: the reply stripped, Gemini's
+    ```tool_code fences removed, then its first word): `get`, `post` or `finish`; `tool` for anything else (an
+    invalid action, which ends the run, so no return follows it)."""
+    text = reply.strip().replace("```tool_code", "").replace("```", "").strip()
+    m = _MEDAGENT_VERB.match(text)
+    return m.group(1).lower() if m else "tool"
+
+
+def _medagent_status(overall: bytes) -> dict[int, str]:
+    """Task index -> the status AgentBench's `calculate_overall` wrote for it (`completedCorrect`, ...)."""
+    return {int(r["index"]): r["status"] for r in json.loads(overall.decode("utf-8"))["custom"]["raw_results"]}
+
+
+def _medagent_messages(data: bytes, context: dict[str, bytes]) -> bytes:
+    """AgentBench's MedAgentBench runs (`runs.jsonl`: per task `index` and `output.history`, the session's messages
+    as the model got them: the task's prompt as the first `user` message, the model's replies as `agent`, and the
+    task's answers to a GET or POST as later `user` messages) as chat-completions message lists: `agent` is the
+    assistant, each later `user` message a `tool` message named after the reply before it (`get`, `post`:
+    `_medagent_verb`), an error when the task could not send the GET or parse the POST (`_MEDAGENT_ERRORS`). A run
+    ends with the model's FINISH or an invalid reply; an answer after the last reply (a run stopped at the task's
+    round limit) goes to no model and is dropped. The reward is 1 where the run's own `overall.json` (CONTEXT)
+    says `Correct`, else 0; the run's status is kept."""
+    (overall,) = context.values()
+    statuses = _medagent_status(overall)
+    out = []
+    for line in data.decode("utf-8").splitlines():
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        history = rec["output"]["history"]
+        messages: list[dict] = [{"role": "user", "content": history[0]["content"]}]
+        verb = "tool"
+        for m in history[1:]:
+            if m["role"] == "agent":
+                verb = _medagent_verb(m["content"])
+                messages.append({"role": "assistant", "content": m["content"]})
+            else:
+                failed = m["content"].startswith(_MEDAGENT_ERRORS)
+                messages.append({"role": "tool", "name": verb, "content": m["content"], "is_error": failed})
+        while messages[-1]["role"] == "tool":
+            messages.pop()
+        status = statuses.get(rec["index"], rec["output"]["status"])
+        record = {"id": f"medagentbench-{rec['index']}", "status": status, "reward": float(status.endswith("Correct"))}
+        out.append(json.dumps({**record, "messages": messages}))
+    return ("\n".join(out) + "\n").encode()
+
+
 # a converter takes the file's bytes (and, for a source with `context`, those files' bytes by path)
 CONVERTERS: dict[str, Callable[..., bytes]] = {
     "tora": _tora_messages,
@@ -754,6 +833,7 @@ CONVERTERS: dict[str, Callable[..., bytes]] = {
     "intercode": _intercode_messages,
     "intercode-tables": lambda data, context: _intercode_messages(data, context, tables=True),
     "fever-notebook": _fever_messages,
+    "agentbench-medagent": _medagent_messages,
 }
 
 

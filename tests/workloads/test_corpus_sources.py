@@ -486,6 +486,52 @@ def test_intercode_sql_runs_with_the_tables_given_add_them_to_the_prompt(build_c
         build_corpus.CONVERTERS["intercode-tables"](json.dumps({"0": run}).encode(), context)
 
 
+def _medagent_run(index: int, status: str, history: list[tuple[str, str]]) -> str:
+    turns = [{"role": role, "content": text} for role, text in history]
+    output = {"index": index, "status": status, "result": None, "history": turns}
+    return json.dumps({"index": index, "error": None, "info": None, "output": output, "time": {}})
+
+
+def test_medagentbench_runs_keep_every_call_and_its_tokens(build_corpus, tmp_path) -> None:
+    """MedAgentBench's AgentBench runs: the task's prompt is the prompt, each `agent` reply a generation, each later
+    `user` message the return of the call before it (`get`, `post`; a Gemini reply in a ```tool_code fence is read
+    as the task reads it), an error where the GET could not be sent or the POST not parsed; an answer after the last
+    reply (a run stopped at the round limit) is dropped. The reward is the run's `Correct` in overall.json. Every
+    turn is kept, with its tokens."""
+    bundle = 'Here is the response from the GET request:\n{"resourceType": "Bundle", "total": 2}. Please call FINISH'
+    ok = "POST request accepted and executed successfully. Please call FINISH"
+    first = _medagent_run(7, "completed", [
+        ("user", "You are an expert in using FHIR functions. Question: A1C of S1?"),
+        ("agent", "GET http://h/fhir/Observation?code=A1C&patient=S1"), ("user", bundle),
+        ("agent", "```tool_code\nGET http://h/fhir/Patient?x=1\n```"),
+        ("user", "Error in sending the GET request: 400 Client Error"),
+        ("agent", 'POST http://h/fhir/ServiceRequest\n{"resourceType": "ServiceRequest"}'), ("user", ok),
+        ("agent", "POST http://h/fhir/MedicationRequest\nnot json"), ("user", "Invalid POST request"),
+        ("agent", 'FINISH([5.5, "2023-10-14"])'),
+    ])  # fmt: skip
+    second = _medagent_run(8, "task limit reached", [
+        ("user", "Question: B?"), ("agent", "GET http://h/fhir/Condition?patient=S2"), ("user", bundle),
+    ])  # fmt: skip
+    raw = [{"index": "7", "status": "completedCorrect"}, {"index": "8", "status": "task limit reachedIncorrect"}]
+    context = {"overall.json": json.dumps({"total": 2, "custom": {"accuracy": 0.5, "raw_results": raw}}).encode()}
+    data = build_corpus.CONVERTERS["agentbench-medagent"](f"{first}\n{second}\n".encode(), context)
+    a, b = (json.loads(line) for line in data.decode().splitlines())
+    assert (a["id"], a["reward"], a["status"]) == ("medagentbench-7", 1.0, "completedCorrect")
+    assert (b["id"], b["reward"]) == ("medagentbench-8", 0.0)
+    assert [m["role"] for m in b["messages"]] == ["user", "assistant"]
+    assert [m["name"] for m in a["messages"] if m["role"] == "tool"] == ["get", "get", "post", "post"]
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(data)
+    run, short = import_files("openai", [path], tokenizer="bytes4")
+    history = json.loads(first)["output"]["history"]
+    assert [t.tool for t in run.turns] == ["get", "get", "post", "post", None]
+    assert [t.tool_status for t in run.turns] == ["ok", "error", "ok", "error", None]
+    assert run.prompt_tokens == _b4(history[0]["content"])
+    assert [t.gen_tokens for t in run.turns] == [_b4(m["content"]) for m in history if m["role"] == "agent"]
+    assert [t.tool_tokens for t in run.turns] == [*(_b4(m["content"]) for m in history[2::2]), 0]
+    assert [t.tool for t in short.turns] == [None] and short.reward == 0.0
+
+
 # held-out sources of fewer than 100 trajectories: the whole run, where it is that small
 FEWER_RUNS = {"intercode-ctf-gpt4": 93}  # InterCode's CTF run: 93 of the benchmark's 100 tasks, all it logged
 
@@ -519,9 +565,14 @@ def test_held_out_sources_are_apart_and_complete() -> None:
 # wins it back shows here (XPASS) and the mark is updated.
 # InterCode's CTF run with GPT-4 (added later, never tuned on) misses it too: +1.1 in file order (31.2 % against
 # fcfs's 30.1 %, 8.7 % moved), -4.3 / -0.5 / +4.3 over 10 random orders (scripts/eval_corpus.py --orders 10).
+# MedAgentBench's AgentBench runs (added later, never tuned on: clinical-records agents on a FHIR API, 100 runs
+# each, a ~3.3K-token prompt and one or two calls) miss it with GPT-4o (+2.0 in file order, 6.7 % moved) and
+# DeepSeek-V3 (+1.0, 11.2 % moved); GPT-4o-mini (+15.0) and Llama-3.3-70B (+5.0 exactly, 30 vs 25) meet it.
 MISSES_MARGIN = {
     "reflexion-react-davinci003-hotpotqa": "+3.6 points (two runs of 138 short of +5.1)",
     "intercode-ctf-gpt4": "+1.1 points (29 of 93 runs single-shot right against fcfs's 28)",
+    "medagentbench-gpt4o": "+2.0 points (29 of 100 runs single-shot right against mlfq's 27)",
+    "medagentbench-deepseek-v3": "+1.0 point (26 of 100 runs single-shot right against mlfq's 25)",
 }
 
 
@@ -546,7 +597,8 @@ def test_default_beats_baselines_on_held_out_search_agents(held_out_scores, name
     FireAct, +3.6 on Reflexion's ReAct, +13.5 on WebDancer; +7.2 on ReAct's WebShop agent, +7.0 on its FEVER agent,
     +5.0 / +8.2 / +6.8 / +8.3 on InterCode's Bash and SQL runs with GPT-4 / GPT-3.5, +13.4 / +10.3 on its Python
     runs, +14.3 on its SQL run with the tables given (GPT-3.5) and +1.1 on its CTF run with GPT-4 (strict xfail),
-    added later and never tuned on)."""
+    added later and never tuned on; +2.0 / +15.0 / +1.0 / +5.0 on MedAgentBench's runs with GPT-4o / GPT-4o-mini /
+    DeepSeek-V3 / Llama-3.3-70B, the first and third strict xfails, added later still)."""
     from libra.scheduling.sources import BASELINES, TARGET_MARGIN, meets_target
 
     res = held_out_scores[name]
@@ -556,8 +608,9 @@ def test_default_beats_baselines_on_held_out_search_agents(held_out_scores, name
 
 def test_default_migration_bound_on_held_out_search_agents(held_out_scores) -> None:
     """The migration half: <= 12 % of the tokens moved on every held-out source (measured 8.3 %, 8.9 %, 7.8 % on
-    FireAct, 6.7 % on Reflexion, 8.4 % on WebDancer, 7.9 % on WebShop, 8.3 % on FEVER, 7.9-9.9 % on InterCode; 14.4 %
-    and 14.0 % on the first two before the ceiling, 11.8 % and 11.9 % before the recent admission expert)."""
+    FireAct, 6.7 % on Reflexion, 8.4 % on WebDancer, 7.9 % on WebShop, 8.3 % on FEVER, 7.9-9.9 % on InterCode,
+    6.7-11.2 % on MedAgentBench; 14.4 % and 14.0 % on the first two before the ceiling, 11.8 % and 11.9 % before the
+    recent admission expert)."""
     from libra.scheduling.sources import MAX_MIGRATED
 
     for name, res in held_out_scores.items():
