@@ -17,7 +17,8 @@ Reconfiguration (a policy's `Decision` takes effect at a stage start; defaults f
 Elastic hybrid pool, inside a stage: rollout instances left idle (nothing assigned, nothing more routed to their
 bucket) while training still has more than `2 * join_s` to go join it as whole replicas; when training is done and
 requests still queue, the hybrid replicas (all but `core_fraction` of them) start rollout instances of the most
-backlogged bucket (`to_rollout_s` later). Workers that switched pay the way back at the next stage.
+backlogged bucket (`to_rollout_s` later) if they would be ready before the bucket's own instances are estimated
+to have finished the queue (`queue_done_at`). Workers that switched pay the way back at the next stage.
 """
 
 from __future__ import annotations
@@ -111,18 +112,72 @@ def rollout_floor_s(cm: CostModel, work: StepWork, inst: Instances) -> float:
     turns (decode at batch one on the widest instance at half the final context, plus its tool calls) and its
     decode tokens over the instances' rate at their largest batch (at the mean half context). It sets the time
     slice: a slice from the last rollout's length would let one stretched rollout coarsen the next."""
-    rc, c = cm.rollout, cm.coeffs
+    rc = cm.rollout
     total = work.total_tokens.astype(float)
     tp_max = int(inst.tp.max()) if len(inst) else 1
     step1 = rc.decode_step_time(tp_max, np.ones_like(total), total / 2.0)
     chain = float(np.max(work.gen_tokens * step1 + work.tool_seconds))
-    ctx = float(total.mean()) / 2.0
+    rate = decode_rate(cm, inst.tp, float(total.mean()) / 2.0)
+    return max(chain, float(work.gen_tokens.sum()) / rate if rate > 0 else 0.0)
+
+
+def decode_rate(cm: CostModel, tps: np.ndarray, ctx: float) -> float:
+    """Tokens per second instances of degrees `tps` decode together at their largest batch (their KV pool's
+    `kv_fill` at context `ctx`, at most `max_num_seqs`)."""
+    rc, c = cm.rollout, cm.coeffs
     rate = 0.0
-    for tp in np.unique(inst.tp):
+    for tp in np.unique(tps):
         batch = float(np.clip(np.floor(c.kv_fill * rc.kv_capacity_tokens(int(tp)) / max(ctx, 1.0)), 1, c.max_num_seqs))
         step = float(np.asarray(rc.decode_step_time(int(tp), np.array([batch]), np.array([ctx])))[0])
-        rate += int((inst.tp == tp).sum()) * batch / step
-    return max(chain, float(work.gen_tokens.sum()) / rate if rate > 0 else 0.0)
+        rate += int((tps == tp).sum()) * batch / step
+    return rate
+
+
+@attrs.frozen(kw_only=True)
+class Expected:
+    """What a trajectory of a finished step took on average: decoded tokens, seconds in tool calls, tokens in all
+    (the elastic pool's expectation of a queued request, which it cannot know the length of)."""
+
+    gen_tokens: float
+    tool_s: float
+    total_tokens: float
+
+    @classmethod
+    def of(cls, work: StepWork) -> Expected:
+        return cls(
+            gen_tokens=float(work.gen_tokens.mean()),
+            tool_s=float(work.tool_seconds.mean()),
+            total_tokens=float(work.total_tokens.mean()),
+        )
+
+
+def queue_done_at(cm: CostModel, roll: RolloutRun, bucket: int, t: float, expected: Expected) -> float:
+    """When (the rollout's clock) the active instances of `bucket` are estimated to have finished the requests
+    queued on them that were never admitted: the work a borrowed instance would take from them, which it shortens
+    only if it is ready before then.
+
+    Estimated from what a runtime knows at `t`: the queue, the instances' decode rate (the cost model's, at their
+    largest batch) and a finished step's mean trajectory (`expected`), never the queued requests' own lengths. The
+    queue is done no earlier than the instances can start on it (now, or when the first of them is ready) plus the
+    larger of one mean trajectory at batch one on the widest of them (its decode and its tool calls) and the
+    queue's mean decode tokens over their rate. The work already under way is left out and the rate is their
+    largest: the estimate is if anything early, so the pool errs towards not borrowing. No active instance in the
+    bucket: never."""
+    inst = roll.inst
+    mine = inst.active & (inst.bucket == bucket)
+    if not mine.any():
+        return math.inf
+    on_mine = np.zeros(roll.state.size, bool)
+    placed = roll.where >= 0
+    on_mine[placed] = mine[roll.where[placed]]
+    queued = int(((roll.state == WAIT) & roll.fresh & on_mine).sum())
+    start = max(t, float(inst.ready_at[mine].min()))
+    ctx = expected.total_tokens / 2.0
+    tps = inst.tp[mine]
+    one = float(np.asarray(cm.rollout.decode_step_time(int(tps.max()), np.array([1.0]), np.array([ctx])))[0])
+    chain = expected.gen_tokens * one + expected.tool_s
+    rate = decode_rate(cm, tps, ctx)
+    return start + max(chain, queued * expected.gen_tokens / rate if rate > 0 else math.inf)
 
 
 def weight_sync_s(cm: CostModel) -> float:
@@ -153,6 +208,7 @@ class PolicyRun:
         self.records: list[StageRecord] = []
         self.clock = 0.0
         self.prev_batch: BatchStats | None = None
+        self.prev_expected: Expected | None = None  # the last rolled-out step's mean trajectory (`queue_done_at`)
         self.rejoin = 0  # hybrid replicas that served rollout last stage and must align again
         self.restart_gpus = 0  # rollout GPUs that trained last stage and must start their engine again
         self._delays = (0.0, 0.0, 0)  # (rollout restart s, training block s, joining replicas) of this stage
@@ -312,6 +368,9 @@ class PolicyRun:
         end_roll = 0.0
         if work is not None and routes is not None:
             roll = self._rollout(work, routes, t0, weight_sync_s(self.cm))
+            # the first step has no finished step before it: its own means stand in for the history a run starts
+            # with, as the policies' first plan reads the first step's profile (libra.sim.simulator)
+            expected = self.prev_expected or Expected.of(work)
             t = 0.0
             borrowed_once = False
             while not roll.done:
@@ -323,7 +382,7 @@ class PolicyRun:
                 if self.policy.elastic:
                     self._lend(roll, job, t)
                     if not borrowed_once:
-                        borrowed_once = self._borrow(roll, job, t) > 0
+                        borrowed_once = self._borrow(roll, job, t, expected) > 0
             end_roll = roll.elapsed_s
         end = end_roll
         train_s = 0.0
@@ -349,6 +408,7 @@ class PolicyRun:
         )
         if work is not None:
             self.prev_batch = batch_stats(work, self.max_len)
+            self.prev_expected = Expected.of(work)
         self.clock = t0 + end
         return rec
 
@@ -376,8 +436,9 @@ class PolicyRun:
         self.restart_gpus += taken
         return float(taken)
 
-    def _borrow(self, roll: RolloutRun, job: TrainingJob | None, t: float) -> float:
-        """When training is done and requests queue, hybrid training replicas start rollout instances."""
+    def _borrow(self, roll: RolloutRun, job: TrainingJob | None, t: float, expected: Expected) -> float:
+        """When training is done and requests queue, hybrid training replicas start rollout instances, where they
+        would be ready before the bucket's own instances had finished the queue (`queue_done_at`)."""
         if job is not None and (job.end is None or job.end > t):
             return 0.0
         assert self.alloc is not None
@@ -395,6 +456,8 @@ class PolicyRun:
         count = hybrid * cfg.tp * cfg.pp // tp
         if count < 1:
             return 0.0
+        if queue_done_at(self.cm, roll, b, t, expected) <= t + self.costs.to_rollout_s:
+            return 0.0  # (asked again at the next event, with what the queue is then)
         roll.inst.add(tp, b, t + self.costs.to_rollout_s, count)  # (the stage's clock is the rollout's)
         roll.rebalance(b)
         self.rejoin = hybrid
