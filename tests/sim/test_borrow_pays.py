@@ -10,20 +10,17 @@ instances that started after the work was done")."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import small_scenario
+from conftest import one_token_scenario, policy_run, small_scenario
 
-from libra.planning import GlobalPlanner
 from libra.planning.cost import CostModel
-from libra.sim import Decision, PolicyEnv, PolicyRun, Scenario, WorkSource, make_policy, routes_for, simulate
+from libra.sim import Decision, PolicyRun, Scenario, routes_for, simulate
 from libra.sim.engine import weight_sync_s
 from libra.sim.policies import Allocation
 from libra.sim.records import StageRecord
-from libra.spec import ClusterSpec, InstanceGroup, RLSettings, TrainConfig, get_gpu, get_model
-from libra.workloads.trace import Trajectory, Turn, write_trace
+from libra.spec import InstanceGroup, TrainConfig
 
 # a layout of the 88-trajectory step with a hybrid replica to borrow (training TP-1 x PP-5 on two replicas, one of
 # them hybrid: 5 GPUs): the planner trains this step on one replica of 4 GPUs, which leaves the pool none
@@ -34,28 +31,9 @@ HYBRID_LAYOUT = Allocation(
 )
 
 
-def _one_token_steps(path: Path) -> Scenario:
-    """The CLI's default cluster and model, one step of 88 trajectories of one prompt and one generated token."""
-    write_trace(
-        path, [Trajectory(prompt_id=f"p-{i % 8}", prompt_tokens=1, turns=(Turn(gen_tokens=1),)) for i in range(88)]
-    )
-    return Scenario(
-        cluster=ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=48, gpus_per_node=8),
-        model=get_model("Qwen3-14B"),
-        rl=RLSettings(num_prompts=22, samples_per_prompt=4),
-        source=WorkSource.from_trace(path),
-    )
-
-
 def _run(sc: Scenario, name: str, allocation: Allocation) -> PolicyRun:
     """A policy's run whose first stage runs `allocation`, begun."""
-    cm = CostModel(sc.cluster, sc.model, sc.coeffs)
-    planner = GlobalPlanner(cluster=sc.cluster, model=sc.model, rl=sc.rl, coeffs=sc.coeffs)
-    env = PolicyEnv(cluster=sc.cluster, cost_model=cm, rl=sc.rl, planner=planner)
-    run = PolicyRun(
-        make_policy(name, env), cm, global_batch=sc.rl.global_batch, max_len=sc.rl.max_model_len, costs=sc.costs,
-        options=sc.options,
-    )  # fmt: skip
+    run = policy_run(sc, name)
     run.decide(Decision(step=0, allocation=allocation, reason="the layout under test"))
     run.begin_stage()
     return run
@@ -69,7 +47,7 @@ def _stage(sc: Scenario, name: str, allocation: Allocation) -> StageRecord:
 
 def test_no_instance_is_borrowed_that_would_start_after_the_queued_work_is_done(tmp_path) -> None:
     """Measured: 14.48 s with and without the pool; 24.96 s with it before (5 GPUs borrowed at 13.5 s)."""
-    sc = _one_token_steps(tmp_path / "tiny.jsonl")
+    sc = one_token_scenario(tmp_path / "tiny.jsonl")
     pooled, alone = (_stage(sc, name, HYBRID_LAYOUT) for name in ("libra", "libra-cmlfq"))
     assert pooled.borrowed_gpu_s == 0.0
     assert pooled.rollout_s == alone.rollout_s < weight_sync_s(CostModel(sc.cluster, sc.model, sc.coeffs)) + 1.0
@@ -101,7 +79,7 @@ def test_the_queue_is_done_after_a_mean_trajectory_on_the_buckets_own_instances(
     each here): long decodes or long tool calls keep the bucket's instances past a borrowed instance's start."""
     from libra.sim.engine import Expected, queue_done_at  # (here: the tests above also run on the engine before)
 
-    sc = _one_token_steps(tmp_path / "tiny.jsonl")
+    sc = one_token_scenario(tmp_path / "tiny.jsonl")
     run = _run(sc, "libra", HYBRID_LAYOUT)
     work, sync = sc.source.step(0), weight_sync_s(run.cm)
     roll = run._rollout(work, routes_for("single", work, HYBRID_LAYOUT.buckets, None), 0.0, sync)

@@ -9,13 +9,12 @@ from __future__ import annotations
 import attrs
 import numpy as np
 import pytest
-from conftest import small_scenario
+from conftest import policy_run, small_scenario
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from libra.planning import GlobalPlanner
 from libra.planning.cost import CostModel
-from libra.sim import PolicyEnv, PolicyRun, Scenario, make_policy, routes_for
+from libra.sim import Scenario, routes_for
 from libra.sim.engine import batch_stats, profile_of
 from libra.sim.records import StageRecord
 from libra.sim.rollout import DONE, Instances, RolloutRun
@@ -94,18 +93,7 @@ def _stage(name: str, trained: tuple[int, int], clock: float) -> StageRecord:
     """Step 0 of `name`'s policy as a stage that starts at `clock` on the run's clock, with a batch of `trained`
     (prompts, samples) training beside it in the asynchronous pipeline."""
     sc = _scenario()
-    cm = CostModel(sc.cluster, sc.model, sc.coeffs)
-    planner = GlobalPlanner(cluster=sc.cluster, model=sc.model, rl=sc.rl, coeffs=sc.coeffs)
-    planner.cost_model = cm
-    env = PolicyEnv(cluster=sc.cluster, cost_model=cm, rl=sc.rl, planner=planner)
-    run = PolicyRun(
-        make_policy(name, env),
-        cm,
-        global_batch=sc.rl.global_batch,
-        max_len=sc.rl.max_model_len,
-        costs=sc.costs,
-        options=sc.options,
-    )
+    run = policy_run(sc, name)
     work = sc.source.step(0)
     run.decide(run.policy.initial(profile_of([work], "p", sc.rl.global_batch)))
     alloc = run.begin_stage()

@@ -10,15 +10,13 @@ import math
 import attrs
 import numpy as np
 import pytest
-from conftest import small_scenario
+from conftest import policy_env, policy_run, small_scenario
 
-from libra.planning import GlobalPlanner
 from libra.planning.cost import CostModel
 from libra.sim import (
     POLICY_NAMES,
     Decision,
     Observation,
-    PolicyEnv,
     PolicyRun,
     SimOptions,
     make_policy,
@@ -32,25 +30,6 @@ from libra.spec import SpecError, TrainConfig
 
 # search-r1 on 16 GPUs, 32 prompts x 4: `libra` borrows hybrid replicas in step 0 and lends idle instances in step 2
 ELASTIC = {"workload": "search-r1", "gpus": 16, "prompts": 32}
-
-
-def _env(scenario) -> PolicyEnv:
-    cm = CostModel(scenario.cluster, scenario.model, scenario.coeffs)
-    planner = GlobalPlanner(cluster=scenario.cluster, model=scenario.model, rl=scenario.rl, coeffs=scenario.coeffs)
-    planner.cost_model = cm
-    return PolicyEnv(cluster=scenario.cluster, cost_model=cm, rl=scenario.rl, planner=planner)
-
-
-def _run(scenario, name: str, env: PolicyEnv | None = None) -> PolicyRun:
-    env = env or _env(scenario)
-    return PolicyRun(
-        make_policy(name, env),
-        env.cost_model,
-        global_batch=scenario.rl.global_batch,
-        max_len=scenario.rl.max_model_len,
-        costs=scenario.costs,
-        options=scenario.options,
-    )
 
 
 def test_weights_reach_rollout_at_the_network_rate() -> None:
@@ -94,7 +73,7 @@ def test_a_stage_rollout_is_the_plain_event_loop_of_its_rollout() -> None:
     next from the stage start, its instances ready once the weights are synchronised."""
     sc = small_scenario(**ELASTIC)
     for name in ("static-uniform", "libra-hetero-tp"):
-        run, alone = _run(sc, name), _run(sc, name)
+        run, alone = policy_run(sc, name), policy_run(sc, name)
         work = sc.source.step(0)
         profile = profile_of([work], "p", sc.rl.global_batch)
         for r in (run, alone):
@@ -148,7 +127,7 @@ def test_instances_that_trained_last_stage_start_their_engines_again() -> None:
     instances are ready `to_rollout_s` after the stage start; the others at once (the stage's clock: 0 at its
     start, whatever the run's clock)."""
     sc = small_scenario(**ELASTIC)
-    run = _run(sc, "static-uniform")
+    run = policy_run(sc, "static-uniform")
     run.decide(run.policy.initial(profile_of([sc.source.step(0)], "p", sc.rl.global_batch)))
     alloc = run.begin_stage()
     (group,) = alloc.rollout
@@ -176,7 +155,7 @@ def test_hybrid_replicas_back_from_rollout_align_before_they_train() -> None:
     """Hybrid replicas that served rollout in the last stage join the core again (`join_s` later), so the stage
     trains on the core alone until then; the next stage has nothing left to align."""
     sc = small_scenario(**ELASTIC)
-    run = _run(sc, "libra")
+    run = policy_run(sc, "libra")
     run.decide(run.policy.initial(profile_of([sc.source.step(0)], "p", sc.rl.global_batch)))
     run.begin_stage()
     assert run.alloc is not None
@@ -203,7 +182,7 @@ def test_a_training_layout_without_a_core_left_is_rebuilt() -> None:
     """Joining replicas of a larger layout plus hybrids still aligning leave no replica of the old core: the stage
     rebuilds training (`to_training_s`, all replicas from then on) instead of joining."""
     sc = small_scenario(**ELASTIC)
-    run = _run(sc, "libra")
+    run = policy_run(sc, "libra")
     run.decide(run.policy.initial(profile_of([sc.source.step(0)], "p", sc.rl.global_batch)))
     run.begin_stage()
     assert run.alloc is not None
@@ -219,7 +198,7 @@ def test_a_training_layout_without_a_core_left_is_rebuilt() -> None:
 
 def _greedy(gpus: int = 32, **options):
     sc = small_scenario(gpus=gpus, prompts=16)
-    env = _env(sc)
+    env = policy_env(sc)
     policy = make_policy("greedy", env, **options)
     profile = profile_of([sc.source.step(0)], "p", sc.rl.global_batch)
     first = policy.initial(profile)
@@ -274,7 +253,7 @@ def test_greedy_moves_to_the_nearest_gpu_count_that_has_a_training_layout() -> N
 
 def test_a_rollout_degree_may_fill_a_whole_node() -> None:
     sc = small_scenario(gpus=16)
-    env = _env(sc)
+    env = policy_env(sc)
     d = make_policy("colocated", env, tp=8).initial(profile_of([sc.source.step(0)], "p", sc.rl.global_batch))
     assert [(g.tp, g.count) for g in d.allocation.rollout] == [(8, 2)]
     with pytest.raises(SpecError, match="TP >= 16"):
@@ -300,7 +279,7 @@ def test_first_decisions_are_data_a_report_can_show(report) -> None:
 
 
 def test_a_policy_option_it_lacks_is_named_in_the_error() -> None:
-    env = _env(small_scenario())
+    env = policy_env(small_scenario())
     with pytest.raises(SpecError, match=r"policy 'greedy'.*bogus"):
         make_policy("greedy", env, bogus=1)
     with pytest.raises(SpecError, match="admit must be"):
@@ -310,7 +289,7 @@ def test_a_policy_option_it_lacks_is_named_in_the_error() -> None:
 
 def test_a_step_the_model_cannot_price_is_not_measured(monkeypatch) -> None:
     sc = small_scenario(**ELASTIC)
-    env = _env(sc)
+    env = policy_env(sc)
     policy = make_policy("libra", env)
     profile = profile_of([sc.source.step(0)], "p", sc.rl.global_batch)
     policy.initial(profile)
@@ -323,7 +302,7 @@ def test_the_dispatch_option_reaches_the_rollout() -> None:
     sc = small_scenario(**ELASTIC)
     for dispatch in ("blocks", "interleaved"):
         s = attrs.evolve(sc, options=SimOptions(dispatch=dispatch))
-        run = _run(s, "static-uniform")
+        run = policy_run(s, "static-uniform")
         work = s.source.step(0)
         run.decide(run.policy.initial(profile_of([work], "p", s.rl.global_batch)))
         alloc = run.begin_stage()

@@ -8,11 +8,11 @@ corrected rollout after the broadcast, added once, against its training."""
 from __future__ import annotations
 
 import pytest
-from conftest import small_scenario
+from conftest import policy_run, small_scenario
 
 from libra.planning import GlobalPlanner
 from libra.planning.cost import CostModel
-from libra.sim import Observation, PolicyEnv, PolicyRun, Scenario, WorkSource, make_policy, routes_for, simulate
+from libra.sim import Observation, PolicyEnv, Scenario, WorkSource, make_policy, routes_for, simulate
 from libra.sim import simulator as simulator_module
 from libra.sim.engine import profile_of, weight_sync_s
 from libra.spec import ClusterSpec, RLSettings, get_gpu, get_model
@@ -108,13 +108,8 @@ def test_the_engine_tells_a_policy_the_part_of_its_rollout_that_moved_the_weight
     """The asynchronous pipeline's broadcast (the stage's whole `switch_s`), colocated's switch into rollout (its
     way back is training's)."""
     sc = small_scenario()
-    cm = CostModel(sc.cluster, sc.model, sc.coeffs)
-    planner = GlobalPlanner(cluster=sc.cluster, model=sc.model, rl=sc.rl, coeffs=sc.coeffs)
-    env = PolicyEnv(cluster=sc.cluster, cost_model=cm, rl=sc.rl, planner=planner)
-    run = PolicyRun(
-        make_policy(name, env), cm, global_batch=sc.rl.global_batch, max_len=sc.rl.max_model_len, costs=sc.costs,
-        options=sc.options,
-    )  # fmt: skip
+    run = policy_run(sc, name)
+    cm = run.cm
     work = sc.source.step(0)
     profile = profile_of([work], "p", sc.rl.global_batch)
     run.decide(run.policy.initial(profile))

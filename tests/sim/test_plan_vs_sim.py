@@ -9,16 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import small_scenario
+from conftest import one_token_scenario, small_scenario
 
 from libra.planning import GlobalPlanner
 from libra.planning.cost import CostModel
 from libra.planning.cost.switch import colocated_switch
-from libra.sim import Scenario, WorkSource, simulate
+from libra.sim import Scenario, simulate
 from libra.sim.engine import profile_of, weight_sync_s
 from libra.sim.report import plan_note, switch_note
-from libra.spec import ClusterSpec, RLSettings, get_gpu, get_model
-from libra.workloads.trace import Trajectory, Turn, write_trace
 
 # the simulated rollout less the weight broadcast against the plan's rollout (measured: +3.0 % on the tiny step,
 # -0.9 % on the normal one)
@@ -30,15 +28,7 @@ def _tiny(path: Path) -> Scenario:
     plan puts them on 44 TP-1 instances, two each (a count that divides evenly: the planner spreads a step's
     requests as a fraction per instance, the simulator serves whole ones, which on a step this small is up to
     +50 % apart where the count does not divide; not what this test checks)."""
-    write_trace(
-        path, [Trajectory(prompt_id=f"p-{i % 8}", prompt_tokens=1, turns=(Turn(gen_tokens=1),)) for i in range(88)]
-    )
-    return Scenario(
-        cluster=ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=48, gpus_per_node=8),
-        model=get_model("Qwen3-14B"),
-        rl=RLSettings(num_prompts=22, samples_per_prompt=4),
-        source=WorkSource.from_trace(path),
-    )
+    return one_token_scenario(path)
 
 
 def _plan_rollout_s(sc: Scenario) -> float:
