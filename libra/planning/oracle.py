@@ -102,14 +102,12 @@ def bucket_time(
     prefill = sum(m * (end - d) for m, d, end in pieces)
     resident = sum(m * d * (end - d / 2) for m, d, end in pieces) / max(decode, 1e-9)
     fresh = (n if start == 0 else 0.0) if flow else n
-    # the whole chain of the range's longest decoder (any group of the range: groups are sorted by total length, not
-    # by decoded tokens; the first of ties), and the most turns of any request ending here
-    longest = max(groups[start:stop], key=lambda g: g.tail_gen)
-    max_gen, max_turns = longest.tail_gen, max(g.tail_turns for g in groups[start:stop])
+    last = groups[stop - 1]
+    max_gen, max_turns = last.tail_gen, last.tail_turns  # the whole chain of the longest request
     tool_tail = None  # (tool seconds of the longest decoder, tokens and seconds of the request longest in tools)
     if all(g.max_tool_s is not None and g.max_gen_tool_s is not None for g in groups):
         most = max(groups[start:stop], key=lambda g: g.max_tool_s or 0.0)  # the first of ties
-        tool_tail = (longest.max_gen_tool_s, most.max_tool_gen, most.max_tool_s)
+        tool_tail = (last.max_gen_tool_s, most.max_tool_gen, most.max_tool_s)
     best = math.inf
     for c in range(1, count + 1):
         t = cm.rollout.instance_time(

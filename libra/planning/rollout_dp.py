@@ -143,22 +143,14 @@ class RolloutTable:
         fresh = np.where(starts == 0, n, 0.0) if flow else n
         queued = np.where(flow & (starts > 0), admission_delay, 0.0)  # later buckets' requests queued in the first
         max_total = hi
-        # the tail: the range's longest decoder must live through its whole chain of turns before it ends here, the
-        # part decoded in smaller buckets included (taken at this bucket's step time). Groups are sorted by total
-        # length (prompt and tool returns included), not by decoded tokens, so it may sit in any group of the range.
-        # Requests passing through (start-small) are left out: each leaves this bucket once its context passes hi
-        # and is charged its whole chain in the later bucket where it ends, which bounds the rollout time (the
-        # slowest bucket) already; charging it here too would make a small bucket wait for a chain it never holds
-        # to its end, and buy it instances that cannot shorten that chain. `rollout_time` does the same.
-        tail_gen = np.array([g.tail_gen for g in groups])
-        tail_turns = np.array([g.tail_turns for g in groups])
-        longest = _first_max(tail_gen)[starts, stops - 1]  # per range, the group of its longest decoder
-        max_gen = tail_gen[longest]
-        max_turns = tail_turns[_first_max(tail_turns)[starts, stops - 1]]  # the most of any request of the range
+        # the tail: the last group's longest decoder must live through its whole chain of turns before it ends here,
+        # the part decoded in smaller buckets included (taken at this bucket's step time)
+        max_gen = np.array([g.tail_gen for g in groups])[stops - 1]
+        max_turns = np.array([g.tail_turns for g in groups])[stops - 1]
         # where the profile knows each request's seconds in tool calls, the chain is the longer of two requests':
-        # the range's longest decoder, with its tool seconds, and the request longest in tool calls of any group of
-        # the range (tool time follows no length); else the most turns at the mean call (`tool_latency_s`)
-        tool_tail = _tool_tail(groups, starts, stops, longest)
+        # the last group's longest decoder, with its tool seconds, and the request longest in tool calls of any
+        # group of the range (tool time follows no length); else the most turns at the mean call (`tool_latency_s`)
+        tool_tail = _tool_tail(groups, starts, stops)
         self.tp_degrees = tuple(tp for tp in tp_degrees if tp <= max_gpus)
         self.times: dict[int, np.ndarray] = {}  # tp -> flat running-min times
         self.offsets: dict[int, np.ndarray] = {}  # tp -> start offset of each range in the flat array
@@ -367,32 +359,24 @@ def _tool_seconds_known(groups: tuple[LengthGroup, ...]) -> bool:
     return all(g.max_tool_s is not None and g.max_gen_tool_s is not None for g in groups)
 
 
-def _first_max(values: np.ndarray) -> np.ndarray:
-    """at[s, e] (s <= e): the index of max(values[s:e + 1]), the first of ties: the recurrence
-    at[s, e] = e if values[e] > values[at[s, e - 1]] else at[s, e - 1], O(q^2) in all, a row s at a time."""
-    q = len(values)
-    at = np.zeros((q, q), dtype=np.int64)
-    index = np.arange(q)
-    for s in range(q):
-        row = values[s:]
-        best = np.maximum.accumulate(row)
-        # a new maximum where a value beats every one before it: the first of ties keeps the earlier index
-        record = np.concatenate([[True], row[1:] > best[:-1]])
-        at[s, s:] = np.maximum.accumulate(np.where(record, index[s:], 0))
-    return at
-
-
 def _tool_tail(
-    groups: tuple[LengthGroup, ...], starts: np.ndarray, stops: np.ndarray, longest: np.ndarray
+    groups: tuple[LengthGroup, ...], starts: np.ndarray, stops: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Per range [start, stop): the tool seconds of the range's longest decoder (in group `longest`), and the tokens
-    and tool seconds of the range's request longest in tool calls (the first group of ties); None where a group has
-    no tool seconds (`RolloutCost.instance_time`'s `tool_tail`)."""
+    """Per range [start, stop): the tool seconds of the last group's longest decoder, and the tokens and tool
+    seconds of the range's request longest in tool calls (the first group of ties); None where a group has no tool
+    seconds (`RolloutCost.instance_time`'s `tool_tail`)."""
     if not _tool_seconds_known(groups):
         return None
     most = np.array([g.max_tool_s for g in groups], dtype=float)
-    pick = _first_max(most)[starts, stops - 1]
-    gen_tools = np.array([g.max_gen_tool_s for g in groups], dtype=float)[longest]
+    at = np.zeros((len(groups), len(groups)), dtype=np.int64)  # at[s, e]: the group of max(most[s:e + 1])
+    for s in range(len(groups)):
+        best = s
+        for e in range(s, len(groups)):
+            if most[e] > most[best]:
+                best = e
+            at[s, e] = best
+    pick = at[starts, stops - 1]
+    gen_tools = np.array([g.max_gen_tool_s for g in groups], dtype=float)[stops - 1]
     return gen_tools, np.array([g.max_tool_gen for g in groups], dtype=float)[pick], most[pick]
 
 
