@@ -144,18 +144,15 @@ def order_table(corpus: dict, units: dict, num_orders: int, seed: int, variants:
         for buckets, res in units[name]:
             print(f"{name}: {num_orders} orders, buckets {buckets}", file=sys.stderr)
             per_order = [gaps(order, parse_buckets(buckets), variants) for order in shuffles]
-            rows = [g["default"] for g in per_order]
-            print(order_row(name, buckets, gap_of(res), rows))
+            by_router = {router: [o[router] for o in per_order] for router in ("default", *variants)}
+            print(order_row(name, buckets, gap_of(res), by_router["default"]))
             out.setdefault(name, {})[buckets] = {
-                router: [
-                    {"margin": g, "migrated_token_fraction": m, "best_baseline": b}
-                    for g, m, b in (o[router] for o in per_order)
-                ]
-                for router in ("default", *variants)
+                router: [{"margin": g, "migrated_token_fraction": m, "best_baseline": b} for g, m, b in rows]
+                for router, rows in by_router.items()
             }
             if len(trajs) >= MIN_SELECT:
-                for router in ("default", *variants):
-                    summary.setdefault(router, []).append((gap_of(res, router), [o[router] for o in per_order]))
+                for router, rows in by_router.items():
+                    summary.setdefault(router, []).append((gap_of(res, router), rows))
     if variants:
         print()
         variant_summary(summary, num_orders)

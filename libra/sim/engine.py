@@ -365,9 +365,10 @@ class PolicyRun:
                 job.join(block + self.costs.join_s, joining + rejoin)
         self.rejoin = 0
         roll = None
-        end_roll = 0.0
+        end_roll = switch = 0.0
         if work is not None and routes is not None:
-            roll = self._rollout(work, routes, t0, weight_sync_s(self.cm))
+            switch = weight_sync_s(self.cm)  # the broadcast before the rollout (the stage's `switch_s`)
+            roll = self._rollout(work, routes, t0, switch)
             # the first step has no finished step before it: its own means stand in for the history a run starts
             # with, as the policies' first plan reads the first step's profile (libra.sim.simulator)
             expected = self.prev_expected or Expected.of(work)
@@ -404,7 +405,7 @@ class PolicyRun:
             lent=lent_s,
             borrowed=borrowed_s,
             reconfig=max(restart_s, block),
-            switch=weight_sync_s(self.cm) if roll is not None else 0.0,
+            switch=switch,
         )
         if work is not None:
             self.prev_batch = batch_stats(work, self.max_len)
