@@ -8,7 +8,6 @@ a posted receive) stay on that tag and never meet the next trial.
 from __future__ import annotations
 
 import datetime
-import itertools
 
 import elastic_harness as H
 
@@ -42,13 +41,21 @@ def flipped(raw: bytes, bit: int) -> bytes:
     return bytes(out)
 
 
-def bits_to_flip() -> list[int]:
-    """One bit in every byte of the head (a different bit position in each), and a few in the meta and the blob."""
-    raw, (head, meta, blob) = frame(1)
-    in_head = [8 * b + b % 8 for b in range(head)]
-    in_meta = [8 * (head + b) + 3 for b in (0, 2, meta // 3, meta // 2, meta - 2, meta - 1)]
-    in_blob = [8 * (head + meta + b) + 6 for b in (0, 1, blob // 2, blob - 1)]
+def bits_to_flip() -> list[list[int]]:
+    """The flips, each [part, byte offset in it (negative: from its end), bit]: one bit in every byte of the head
+    (a different bit position in each), and a few in the meta and the blob. A frame's meta is 69-71 bytes long
+    depending on its step, so a flip names its place in a part, not in the frame (`bit_in`)."""
+    _, (head, meta, blob) = frame(1)
+    in_head = [[0, b, b % 8] for b in range(head)]
+    in_meta = [[1, b, 3] for b in (0, 2, meta // 3, meta // 2, -2, -1)]
+    in_blob = [[2, b, 6] for b in (0, 1, blob // 2, -1)]
     return in_head + in_meta + in_blob
+
+
+def bit_in(flip: list[int], sizes: list[int]) -> int:
+    """The bit of a frame whose parts have `sizes` that `flip` names."""
+    part, offset, bit = flip
+    return 8 * (sum(sizes[:part]) + offset % sizes[part]) + bit
 
 
 def tcp_error(raw: bytes) -> str:
@@ -72,7 +79,7 @@ def tcp_error(raw: bytes) -> str:
     raise AssertionError("TcpLink accepted a frame with a flipped bit")
 
 
-def _core(bits: list[int]) -> dict:
+def _core(bits: list[list[int]]) -> dict:
     import torch.distributed as dist
 
     from libra.elastic.core import CoreExchange
@@ -102,13 +109,14 @@ def _core(bits: list[int]) -> dict:
                 break
         else:
             raise AssertionError(f"bit {bit}: the hybrid was not failed in {MAX_STEPS_PER_TRIAL} steps")
+        raw, sizes = frame(t)
         outcomes.append(
             {
                 "bit": bit,
                 "step": t,
                 "own_bitwise": all(g.equal(m) for g, m in zip(got, mine, strict=True)),
                 "why": ex.states.log[-1].why,
-                "tcp": tcp_error(flipped(frame(t)[0], bit)),
+                "tcp": tcp_error(flipped(raw, bit_in(bit, sizes))),
                 "workers": list(ex.workers()),
                 "failures": ex.stats.failures,
                 "accepted": ex.stats.accepted,
@@ -135,7 +143,7 @@ def _wait_for_joiner(ex) -> None:
         time.sleep(0.0005)
 
 
-def _hybrid(bits: list[int]) -> dict:
+def _hybrid(bits: list[list[int]]) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -155,7 +163,8 @@ def _hybrid(bits: list[int]) -> dict:
         assert step.kind == Kind.STEP, step.kind
         modes.append(step.info["mode"])
         raw, sizes = frame(step.step)
-        bad, at, works = flipped(raw, bit), 0, []
+        at_bit = bit_in(bit, sizes)
+        bad, at, works = flipped(raw, at_bit), 0, []
         for n in sizes:
             part = torch.frombuffer(bytearray(bad[at : at + n]), dtype=torch.uint8)
             works.append((dist.isend(part, dst=0, tag=tag), part))
@@ -163,7 +172,7 @@ def _hybrid(bits: list[int]) -> dict:
         # gloo moves a send's bytes only once the receiver posts its receive, and here only while the sender waits:
         # wait for the parts up to the flipped one, which the core must receive to find the flip; it posts no
         # receive for the rest (a wait for them would time out and tear the pair down)
-        flipped_part = sum(bit // 8 >= end for end in itertools.accumulate(sizes))
+        flipped_part = bit[0]
         for work, _ in works[: flipped_part + 1]:
             work.wait(datetime.timedelta(seconds=scaled(60)))
         unmatched += works[flipped_part + 1 :]

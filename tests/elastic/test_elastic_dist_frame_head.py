@@ -28,9 +28,21 @@ def test_a_gradient_with_a_flipped_bit_over_gloo_is_refused_as_over_tcp_and_neve
     outcomes = core["outcomes"]
     assert [o["bit"] for o in outcomes] == bits
     for n, o in enumerate(outcomes, start=1):
-        where = f"bit {o['bit']} (byte {o['bit'] // 8})"
+        where = f"flip {o['bit']} (part, byte offset, bit)"
         assert o["why"] == f"no contribution for step {o['step']}: {o['tcp']}", where
         assert "\n" not in o["why"], where
         assert o["own_bitwise"], f"{where}: the core's reduced gradient is not its own"
         assert o["workers"] == [] and o["failures"] == n and o["accepted"] == 0, (where, o)
     assert all(core["bitwise_steps"]) and len(core["bitwise_steps"]) >= len(bits)
+
+
+def test_every_flip_lands_in_its_part_whatever_the_step():
+    """A frame's meta is 69-71 bytes long depending on its step, and the trial's step depends on timing: each flip
+    must name a bit of its own part in every frame (an absolute bit taken from step 1's frame ran past the end of
+    step 9's, 349 bytes, once the core was there)."""
+    for step in range(0, 40):
+        raw, sizes = F.frame(step)
+        ends = [sum(sizes[: i + 1]) for i in range(len(sizes))]
+        for flip in F.bits_to_flip():
+            byte = F.bit_in(flip, sizes) // 8
+            assert byte < len(raw) and sum(byte >= end for end in ends) == flip[0], (step, flip)
