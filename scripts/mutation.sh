@@ -10,7 +10,7 @@
 #                                            # router_parts: the default router's experts, budget, size classes, prior, shrinkage;
 #                                            # router_core: the router, the baselines, route-eval's metrics;
 #                                            # runtime_plan: the runtime's virtual cluster and its records;
-#                                            # sim_policies: the simulator's policies and its stages (engine.py);
+#                                            # sim_policies: the simulator's policies and its stages (engine.py, borrow.py);
 #                                            # sim_routing: a step's routes, the records and the report's summary;
 #                                            # training_cost: the training cost model, the colocated switch, a job
 #                                            # elastic_control: the elastic controller, its decisions, the state log
@@ -46,7 +46,7 @@ declare -A files=(
   [rollout_cost]=libra/planning/cost/rollout.py
   [workloads]="libra/workloads/profile.py libra/sim/workload.py libra/sim/manyturn.py"
   [router_parts]="libra/scheduling/experts.py libra/scheduling/budget.py libra/scheduling/size_classes.py libra/scheduling/probability.py libra/scheduling/shrinkage.py"
-  [sim_policies]="libra/sim/policies.py libra/sim/engine.py"
+  [sim_policies]="libra/sim/policies.py libra/sim/engine.py libra/sim/borrow.py"
   [sim_routing]="libra/sim/routing.py libra/sim/records.py libra/sim/report.py"
   [training_cost]="libra/planning/cost/training.py libra/planning/cost/switch.py libra/sim/training.py"
   [runtime_plan]="libra/runtime/virtual.py libra/runtime/records.py"
@@ -74,7 +74,7 @@ declare -A tests=(
   [rollout_cost]="tests/planning/test_cost.py tests/planning/test_cost_anchors.py tests/planning/test_cost_moe.py tests/planning/test_instance_time_shared.py tests/planning/test_tool_tail.py tests/sim/test_slice_native.py::test_the_kernel_prefill_and_decode_step_are_the_cost_models tests/sim/test_prefill_weight_share.py"  # not the golden plans: they fail on any change, right or wrong
   [workloads]="tests/sim/test_step_work_details.py tests/workloads/test_trace_loader.py tests/planning/test_tool_tail.py tests/sim/test_resampled.py tests/sim/test_many_turn.py tests/sim/test_real_steps.py tests/sim/test_step_arrays.py"
   [router_parts]="tests/scheduling/test_router_parts.py tests/scheduling/test_adaptive.py tests/scheduling/test_states.py tests/scheduling/test_router.py tests/scheduling/test_published_path.py tests/scheduling/test_step_end_history.py tests/scheduling/test_step_end_mutants.py"
-  [sim_policies]="tests/sim/test_engine_stages.py tests/sim/test_simulator.py tests/sim/test_measured_replan.py tests/sim/test_idle_bounds.py tests/sim/test_fidelity.py tests/sim/test_measured_broadcast.py tests/sim/test_switch_mutants.py"  # not the golden reports: they fail on any change, right or wrong
+  [sim_policies]="tests/sim/test_engine_stages.py tests/sim/test_simulator.py tests/sim/test_measured_replan.py tests/sim/test_idle_bounds.py tests/sim/test_fidelity.py tests/sim/test_measured_broadcast.py tests/sim/test_switch_mutants.py tests/sim/test_borrow_pays.py"  # not the golden reports: they fail on any change, right or wrong
   [training_cost]="tests/planning/test_training_terms.py tests/planning/test_cost.py tests/planning/test_cost_moe.py tests/planning/test_cost_anchors.py tests/planning/test_switch.py tests/planning/test_cost_profile_fit.py tests/sim/test_engine_stages.py tests/sim/test_simulator.py"  # not the golden plans
   [sim_routing]="tests/sim/test_report_summary.py tests/sim/test_report_plots.py tests/sim/test_engine_stages.py tests/sim/test_simulator.py tests/sim/test_idle_bounds.py tests/sim/test_rollout.py tests/sim/test_replay_native.py tests/sim/test_step_arrays.py tests/sim/test_fidelity.py tests/cli/test_simulate_cli.py tests/sim/test_plan_vs_sim.py tests/sim/test_switch_mutants.py"
   [elastic_control]="tests/elastic/test_controller_worked.py tests/elastic/test_elastic_controller.py tests/elastic/test_elastic_states.py"

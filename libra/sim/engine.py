@@ -15,15 +15,13 @@ Reconfiguration (a policy's `Decision` takes effect at a stage start; defaults f
 - with the elastic pool a replica joins without blocking: the core trains while it aligns, and it counts from
   `join_s` later; a replica leaves at once.
 Elastic hybrid pool, inside a stage: rollout instances left idle (nothing assigned, nothing more routed to their
-bucket) while training still has more than `2 * join_s` to go join it as whole replicas; when training is done and
-requests still queue, the hybrid replicas (all but `core_fraction` of them) start rollout instances of the most
-backlogged bucket (`to_rollout_s` later) if they would be ready before the bucket's own instances are estimated
-to have finished the queue (`queue_done_at`). Workers that switched pay the way back at the next stage.
+bucket) while training still has more than `2 * join_s` to go join it as whole replicas; once training is done, the
+hybrid replicas may start rollout instances (the borrow rule: `libra.sim.borrow`). Workers that switched pay the
+way back at the next stage.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from typing import Any
 
@@ -32,9 +30,10 @@ import numpy as np
 
 from libra.planning.cost import BatchStats, CostModel
 from libra.planning.cost.switch import ColocatedSwitch, colocated_switch
+from libra.sim.borrow import BorrowRule, Expected, decode_rate
 from libra.sim.policies import Allocation, Decision, Observation, Policy
 from libra.sim.records import StageRecord
-from libra.sim.rollout import DONE, WAIT, Instances, RolloutRun
+from libra.sim.rollout import DONE, Instances, RolloutRun
 from libra.sim.routing import Routes
 from libra.sim.states import check_dispatch, check_steal
 from libra.sim.training import TrainingJob
@@ -121,65 +120,6 @@ def rollout_floor_s(cm: CostModel, work: StepWork, inst: Instances) -> float:
     return max(chain, float(work.gen_tokens.sum()) / rate if rate > 0 else 0.0)
 
 
-def decode_rate(cm: CostModel, tps: np.ndarray, ctx: float) -> float:
-    """Tokens per second instances of degrees `tps` decode together at their largest batch (their KV pool's
-    `kv_fill` at context `ctx`, at most `max_num_seqs`)."""
-    rc, c = cm.rollout, cm.coeffs
-    rate = 0.0
-    for tp in np.unique(tps):
-        batch = float(np.clip(np.floor(c.kv_fill * rc.kv_capacity_tokens(int(tp)) / max(ctx, 1.0)), 1, c.max_num_seqs))
-        step = float(np.asarray(rc.decode_step_time(int(tp), np.array([batch]), np.array([ctx])))[0])
-        rate += int((tps == tp).sum()) * batch / step
-    return rate
-
-
-@attrs.frozen(kw_only=True)
-class Expected:
-    """What a trajectory of a finished step took on average: decoded tokens, seconds in tool calls, tokens in all
-    (the elastic pool's expectation of a queued request, which it cannot know the length of)."""
-
-    gen_tokens: float
-    tool_s: float
-    total_tokens: float
-
-    @classmethod
-    def of(cls, work: StepWork) -> Expected:
-        return cls(
-            gen_tokens=float(work.gen_tokens.mean()),
-            tool_s=float(work.tool_seconds.mean()),
-            total_tokens=float(work.total_tokens.mean()),
-        )
-
-
-def queue_done_at(cm: CostModel, roll: RolloutRun, bucket: int, t: float, expected: Expected) -> float:
-    """When (the rollout's clock) the active instances of `bucket` are estimated to have finished the requests
-    queued on them that were never admitted: the work a borrowed instance would take from them, which it shortens
-    only if it is ready before then.
-
-    Estimated from what a runtime knows at `t`: the queue, the instances' decode rate (the cost model's, at their
-    largest batch) and a finished step's mean trajectory (`expected`), never the queued requests' own lengths. The
-    queue is done no earlier than the instances can start on it (now, or when the first of them is ready) plus the
-    larger of one mean trajectory at batch one on the widest of them (its decode and its tool calls) and the
-    queue's mean decode tokens over their rate. The work already under way is left out and the rate is their
-    largest: the estimate is if anything early, so the pool errs towards not borrowing. No active instance in the
-    bucket: never."""
-    inst = roll.inst
-    mine = inst.active & (inst.bucket == bucket)
-    if not mine.any():
-        return math.inf
-    on_mine = np.zeros(roll.state.size, bool)
-    placed = roll.where >= 0
-    on_mine[placed] = mine[roll.where[placed]]
-    queued = int(((roll.state == WAIT) & roll.fresh & on_mine).sum())
-    start = max(t, float(inst.ready_at[mine].min()))
-    ctx = expected.total_tokens / 2.0
-    tps = inst.tp[mine]
-    one = float(np.asarray(cm.rollout.decode_step_time(int(tps.max()), np.array([1.0]), np.array([ctx])))[0])
-    chain = expected.gen_tokens * one + expected.tool_s
-    rate = decode_rate(cm, tps, ctx)
-    return start + max(chain, queued * expected.gen_tokens / rate if rate > 0 else math.inf)
-
-
 def weight_sync_s(cm: CostModel) -> float:
     """Broadcast of the new weights from training to rollout over the network (asynchronous pipeline)."""
     bw = cm.cluster.gpu.network_bandwidth_gbs * 1e9 * cm.coeffs.link_efficiency
@@ -202,6 +142,9 @@ class PolicyRun:
         self.policy, self.cm = policy, cm
         self.global_batch, self.max_len = global_batch, max_len
         self.costs, self.options = costs, options
+        self.borrow_rule = BorrowRule(
+            core_fraction=options.core_fraction, min_backlog=options.min_backlog, to_rollout_s=costs.to_rollout_s
+        )
         self.alloc: Allocation | None = None
         self.pending: Decision | None = None
         self.decisions: list[dict[str, Any]] = []
@@ -383,7 +326,7 @@ class PolicyRun:
                 if self.policy.elastic:
                     self._lend(roll, job, t)
                     if not borrowed_once:
-                        borrowed_once = self._borrow(roll, job, t, expected) > 0
+                        borrowed_once = self._borrow(roll, job, t, expected, switch) > 0
             end_roll = roll.elapsed_s
         end = end_roll
         train_s = 0.0
@@ -437,33 +380,19 @@ class PolicyRun:
         self.restart_gpus += taken
         return float(taken)
 
-    def _borrow(self, roll: RolloutRun, job: TrainingJob | None, t: float, expected: Expected) -> float:
-        """When training is done and requests queue, hybrid training replicas start rollout instances, where they
-        would be ready before the bucket's own instances had finished the queue (`queue_done_at`)."""
+    def _borrow(self, roll: RolloutRun, job: TrainingJob | None, t: float, expected: Expected, sync_s: float) -> float:
+        """When training is done, carry out the borrow rule (`libra.sim.borrow`); `sync_s`: the broadcast's end."""
         if job is not None and (job.end is None or job.end > t):
             return 0.0
         assert self.alloc is not None
-        cfg = self.alloc.train
-        hybrid = cfg.dp - max(1, math.ceil(cfg.dp * self.options.core_fraction))
-        if hybrid < 1:
+        b = self.borrow_rule.decide(self.cm, roll, self.alloc, t=t, expected=expected, weights_at=sync_s)
+        if b is None:
             return 0.0
-        queued = (roll.state == WAIT) & roll.fresh
-        if int(queued.sum()) < self.options.min_backlog:
-            return 0.0
-        per_bucket = np.bincount(roll.inst.bucket[roll.where[queued]], minlength=len(self.alloc.rollout))
-        gpus_b = np.array([g.num_gpus for g in self.alloc.rollout], float)
-        b = int(np.argmax(per_bucket / gpus_b))
-        tp = self.alloc.rollout[b].tp
-        count = hybrid * cfg.tp * cfg.pp // tp
-        if count < 1:
-            return 0.0
-        if queue_done_at(self.cm, roll, b, t, expected) <= t + self.costs.to_rollout_s:
-            return 0.0  # (asked again at the next event, with what the queue is then)
-        roll.inst.add(tp, b, t + self.costs.to_rollout_s, count)  # (the stage's clock is the rollout's)
-        roll.rebalance(b)
-        self.rejoin = hybrid
-        self._borrow_log.append((count * tp, t))
-        return float(count * tp)
+        roll.inst.add(b.tp, b.bucket, b.ready_at, b.count)  # (the stage's clock is the rollout's)
+        roll.rebalance(b.bucket)
+        self.rejoin = b.hybrid
+        self._borrow_log.append((b.gpus, t))
+        return float(b.gpus)
 
     # --- records ------------------------------------------------------------------------------------------------
     def _record(
