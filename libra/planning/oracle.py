@@ -102,12 +102,22 @@ def bucket_time(
     prefill = sum(m * (end - d) for m, d, end in pieces)
     resident = sum(m * d * (end - d / 2) for m, d, end in pieces) / max(decode, 1e-9)
     fresh = (n if start == 0 else 0.0) if flow else n
-    last = groups[stop - 1]
-    max_gen, max_turns = last.tail_gen, last.tail_turns  # the whole chain of the longest request
-    tool_tail = None  # (tool seconds of the longest decoder, tokens and seconds of the request longest in tools)
+    # the whole chain of the range's longest decoder (any group of the range: groups are sorted by total length, not
+    # by decoded tokens), and the most turns of any request of the range; the first of ties, found by plain loops
+    longest, max_turns = groups[start], 0.0
+    for g in groups[start:stop]:
+        if g.tail_gen > longest.tail_gen:
+            longest = g
+        max_turns = max(max_turns, g.tail_turns)
+    max_gen = longest.tail_gen
+    tool_tail = None  # the chain's three requests where tool seconds are known (`RolloutCost.instance_time`)
     if all(g.max_tool_s is not None and g.max_gen_tool_s is not None for g in groups):
-        most = max(groups[start:stop], key=lambda g: g.max_tool_s or 0.0)  # the first of ties
-        tool_tail = (last.max_gen_tool_s, most.max_tool_gen, most.max_tool_s)
+        most = groups[start]  # the request longest in tool calls, the first of ties
+        for g in groups[start:stop]:
+            if (g.max_tool_s or 0.0) > (most.max_tool_s or 0.0):
+                most = g
+        last = groups[stop - 1]  # its longest decoder: the request longest in total
+        tool_tail = (longest.max_gen_tool_s, most.max_tool_gen, most.max_tool_s, last.tail_gen, last.max_gen_tool_s)
     best = math.inf
     for c in range(1, count + 1):
         t = cm.rollout.instance_time(

@@ -578,10 +578,12 @@ class GlobalPlanner:
         return worst
 
 
-def _tool_tail(gen: np.ndarray, tool_s: np.ndarray) -> tuple[float, float, float]:
-    """(tool seconds of the request decoding the most, tokens and tool seconds of the request longest in tool
-    calls; the first of ties), `RolloutCost.instance_time`'s `tool_tail`; zeros where there is none."""
+def _tool_tail(gen: np.ndarray, tool_s: np.ndarray) -> tuple[float, float, float, float, float]:
+    """`RolloutCost.instance_time`'s `tool_tail` of the requests ending in a bucket (sorted by total length): the
+    tool seconds of the request decoding the most, the tokens and tool seconds of the request longest in tool calls
+    (the first of ties) and of the last request, the longest in total (as the rollout DP's last length group's
+    longest decoder, one request a group); zeros where there is none."""
     if not gen.size:
-        return 0.0, 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0, 0.0
     most_gen, most_tool = int(np.argmax(gen)), int(np.argmax(tool_s))
-    return float(tool_s[most_gen]), float(gen[most_tool]), float(tool_s[most_tool])
+    return float(tool_s[most_gen]), float(gen[most_tool]), float(tool_s[most_tool]), float(gen[-1]), float(tool_s[-1])

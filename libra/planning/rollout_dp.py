@@ -143,14 +143,21 @@ class RolloutTable:
         fresh = np.where(starts == 0, n, 0.0) if flow else n
         queued = np.where(flow & (starts > 0), admission_delay, 0.0)  # later buckets' requests queued in the first
         max_total = hi
-        # the tail: the last group's longest decoder must live through its whole chain of turns before it ends here,
-        # the part decoded in smaller buckets included (taken at this bucket's step time)
-        max_gen = np.array([g.tail_gen for g in groups])[stops - 1]
-        max_turns = np.array([g.tail_turns for g in groups])[stops - 1]
-        # where the profile knows each request's seconds in tool calls, the chain is the longer of two requests':
-        # the last group's longest decoder, with its tool seconds, and the request longest in tool calls of any
-        # group of the range (tool time follows no length); else the most turns at the mean call (`tool_latency_s`)
-        tool_tail = _tool_tail(groups, starts, stops)
+        # the tail: the range's longest decoder must live through its whole chain of turns before it ends here, the
+        # part decoded in smaller buckets included (taken at this bucket's step time). Groups are sorted by total
+        # length (prompt and tool returns included), not by decoded tokens, so it may sit in any group of the range
+        # (the first of ties). Requests passing through (start-small) are charged their chain in the later bucket
+        # where they end, as `GlobalPlanner.rollout_time` does.
+        tail_gen = np.array([g.tail_gen for g in groups])
+        tail_turns = np.array([g.tail_turns for g in groups])
+        longest = _first_max(tail_gen)[starts, stops - 1]  # per range, the group of its longest decoder
+        max_gen = tail_gen[longest]
+        max_turns = tail_turns[_first_max(tail_turns)[starts, stops - 1]]  # the most of any request of the range
+        # where the profile knows each request's seconds in tool calls, the chain is the longest of three requests':
+        # the range's longest decoder, the range's request longest in tool calls (tool time follows no length) and
+        # the last group's longest decoder (the request longest in total: few tokens may come with long tool calls,
+        # and `chain_bound_s` prices it), each with its own tool seconds; else the most turns at the mean call
+        tool_tail = _tool_tail(groups, starts, stops, longest)
         self.tp_degrees = tuple(tp for tp in tp_degrees if tp <= max_gpus)
         self.times: dict[int, np.ndarray] = {}  # tp -> flat running-min times
         self.offsets: dict[int, np.ndarray] = {}  # tp -> start offset of each range in the flat array
@@ -297,7 +304,8 @@ class RolloutTable:
         """A lower bound on any plan's rollout time under this model, from its longest chains alone (0 where
         nothing fits).
         Every plan has a last bucket, which lives through the last group's longest decoder's chain, and a bucket
-        holding the request longest in tool calls (where tool seconds are known), which lives through that one's;
+        holding the request longest in tool calls (where tool seconds are known), which lives through that one's
+        (a bucket's chain is the longest of its candidates, the range's longest decoder among them, so never less);
         a bucket takes at least its chain at the step time of a batch of one (`RolloutCost.instance_time`: what the
         throughput phase leaves of the chain finishes at that pace, and the batch's pace is no faster), and that
         step is at least the fastest fitting degree's at an empty context. The fluid bound ignores this: more GPUs
@@ -359,25 +367,35 @@ def _tool_seconds_known(groups: tuple[LengthGroup, ...]) -> bool:
     return all(g.max_tool_s is not None and g.max_gen_tool_s is not None for g in groups)
 
 
+def _first_max(values: np.ndarray) -> np.ndarray:
+    """at[s, e] (s <= e): the index of max(values[s:e + 1]), the first of ties; a row s at a time, O(q^2) in all
+    (a new maximum where a value beats every one before it in the row, so ties keep the earlier index)."""
+    q = len(values)
+    at = np.zeros((q, q), dtype=np.int64)
+    index = np.arange(q)
+    for s in range(q):
+        row = values[s:]
+        record = np.concatenate([[True], row[1:] > np.maximum.accumulate(row)[:-1]])
+        at[s, s:] = np.maximum.accumulate(np.where(record, index[s:], 0))
+    return at
+
+
 def _tool_tail(
-    groups: tuple[LengthGroup, ...], starts: np.ndarray, stops: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Per range [start, stop): the tool seconds of the last group's longest decoder, and the tokens and tool
-    seconds of the range's request longest in tool calls (the first group of ties); None where a group has no tool
-    seconds (`RolloutCost.instance_time`'s `tool_tail`)."""
+    groups: tuple[LengthGroup, ...], starts: np.ndarray, stops: np.ndarray, longest: np.ndarray
+) -> tuple[np.ndarray, ...] | None:
+    """Per range [start, stop): `RolloutCost.instance_time`'s `tool_tail`, the tool seconds of the range's longest
+    decoder (in group `longest`), the tokens and tool seconds of the range's request longest in tool calls (the
+    first group of ties), and the tokens and tool seconds of the last group's longest decoder; None where a group
+    has no tool seconds."""
     if not _tool_seconds_known(groups):
         return None
     most = np.array([g.max_tool_s for g in groups], dtype=float)
-    at = np.zeros((len(groups), len(groups)), dtype=np.int64)  # at[s, e]: the group of max(most[s:e + 1])
-    for s in range(len(groups)):
-        best = s
-        for e in range(s, len(groups)):
-            if most[e] > most[best]:
-                best = e
-            at[s, e] = best
-    pick = at[starts, stops - 1]
-    gen_tools = np.array([g.max_gen_tool_s for g in groups], dtype=float)[stops - 1]
-    return gen_tools, np.array([g.max_tool_gen for g in groups], dtype=float)[pick], most[pick]
+    pick = _first_max(most)[starts, stops - 1]
+    gen_tools = np.array([g.max_gen_tool_s for g in groups], dtype=float)
+    last = stops - 1
+    tail_gen = np.array([g.tail_gen for g in groups], dtype=float)
+    tool_gen = np.array([g.max_tool_gen for g in groups], dtype=float)
+    return gen_tools[longest], tool_gen[pick], most[pick], tail_gen[last], gen_tools[last]
 
 
 def _row_blocks(caps: np.ndarray, size: int) -> list[slice]:

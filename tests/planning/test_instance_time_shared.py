@@ -44,9 +44,10 @@ def test_grid_equals_per_entry(seed: int, tp: int, tool: float, tails: bool) -> 
         new_requests=rng.uniform(0, 300, rows) * (rng.random(rows) < 0.7),
         queued_share=np.where(rng.random(rows) < 0.5, rng.uniform(0, 0.9, rows), 0.0),
     )
-    if tails:  # each request's tool seconds known: the chain of the longest decoder or of the longest in tools
+    if tails:  # each request's tool seconds known: the chain of the longest decoder, in tools or in total
         most = rng.lognormal(1.0, 1.5, rows)
-        per_row["tool_tail"] = (rng.uniform(0, 1, rows) * most, rng.uniform(0, 8000, rows), most)
+        last = (rng.uniform(0, 1, rows) * per_row["max_gen"], rng.lognormal(1.0, 1.5, rows))  # longest in total
+        per_row["tool_tail"] = (rng.uniform(0, 1, rows) * most, rng.uniform(0, 8000, rows), most, *last)
     shares = np.arange(1, width + 1, dtype=float)
     grid = cm.rollout.instance_time_grid(tp, shares, tool_latency_s=tool, **per_row)
     assert grid.shape == (rows, width)

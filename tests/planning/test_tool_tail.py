@@ -33,25 +33,31 @@ BUCKET = dict(
 )
 
 
-def test_the_two_requests_chain_with_both_at_the_mean_call_is_the_old_formula() -> None:
+def test_the_chain_with_every_request_at_the_mean_call_is_the_old_formula() -> None:
     rc = _cost().rollout
     old = rc.instance_time(1, **BUCKET)
     calls = BUCKET["max_turns"] * BUCKET["tool_latency_s"]
+    gen = BUCKET["max_gen"]
     for share in (0.0, 0.5):
-        same = rc.instance_time(1, **{**BUCKET, "queued_share": share}, tool_tail=(calls, BUCKET["max_gen"], calls))
+        same = rc.instance_time(1, **{**BUCKET, "queued_share": share}, tool_tail=(calls, gen, calls, gen, calls))
         assert same == rc.instance_time(1, **{**BUCKET, "queued_share": share})
-    assert rc.instance_time(1, **BUCKET, tool_tail=(calls, 0.0, 0.0)) == old
+    assert rc.instance_time(1, **BUCKET, tool_tail=(calls, 0.0, 0.0, 0.0, 0.0)) == old
+    with pytest.raises(ValueError, match="5 values, got 3"):
+        rc.instance_time(1, **BUCKET, tool_tail=(calls, 0.0, 0.0))
 
 
 def test_one_slow_tool_call_sets_the_tail_of_a_step_of_short_runs() -> None:
     """A 300 s call of a request that decodes little: the bucket ends after it, whatever the mean call says."""
     rc = _cost().rollout
     mean_based = float(rc.instance_time(1, **BUCKET))
-    slow = float(rc.instance_time(1, **BUCKET, tool_tail=(4.0, 50.0, 300.0)))
+    slow = float(rc.instance_time(1, **BUCKET, tool_tail=(4.0, 50.0, 300.0, 0.0, 0.0)))
     assert mean_based < 300.0 < slow
     # and the longest decoder's own tool seconds count where they are the longer chain
-    slow_decoder = float(rc.instance_time(1, **BUCKET, tool_tail=(300.0, 50.0, 301.0)))
+    slow_decoder = float(rc.instance_time(1, **BUCKET, tool_tail=(300.0, 50.0, 301.0, 0.0, 0.0)))
     assert slow_decoder > slow
+    # and the request longest in total's, which decodes less than the longest decoder but waits longer on its tools
+    slow_last = float(rc.instance_time(1, **BUCKET, tool_tail=(4.0, 50.0, 300.0, 250.0, 300.0)))
+    assert slow_last > slow
 
 
 def test_profile_groups_name_the_requests_of_the_chain() -> None:

@@ -18,10 +18,12 @@ weighted by decode tokens (per request: total - gen / 2); B = concurrent sequenc
 with D the decode tokens of the instance and `prefill` the prompt and tool tokens at prefill speed. The tail: the
 longest request keeps pace with the batch while the throughput phase lasts, then finishes what is left of its
 chain nearly alone, at the step time of a batch of one (no churn). Where each request's seconds in tool calls are
-known (`tool_tail`), the chain is the longer of two requests' own: the one that decodes the most (`max_gen` tokens
-and its tool seconds) and the one that spends the most seconds in tool calls (its tokens and seconds). Tool
-latencies are heavy-tailed: a 2 s median call of a lognormal spread takes 20-60 s once in a few thousand calls, so
-in a step of short runs one slow call, not the most turns at the mean call, sets the tail.
+known (`tool_tail`, `chain_of`), the chain is the longest of three requests' own, each its tokens at the pace plus
+its tool seconds: the one that decodes the most (`max_gen` tokens), the one that spends the most seconds in tool
+calls, and the one longest in total (the rollout DP's last length group's longest decoder: it may decode little and
+wait long on its tools, and `RolloutTable.chain_bound_s` prices it). Tool latencies are heavy-tailed: a 2 s median
+call of a lognormal spread takes 20-60 s once in a few thousand calls, so in a step of short runs one slow call,
+not the most turns at the mean call, sets the tail.
 Every function broadcasts over numpy arrays so the rollout DP evaluates whole tables at once.
 """
 
@@ -37,6 +39,24 @@ def allreduce_latency(c: CostCoefficients, group: int) -> float:
     """Latency of one small all-reduce over `group` GPUs of one NVLink domain: log-depth in the group size
     (NCCL's tree / one-shot algorithms for small messages), `allreduce_latency_s` per step, 0 for one GPU."""
     return 0.0 if group <= 1 else c.allreduce_latency_s * (1.0 + float(np.log2(group)))
+
+
+def chain_of(max_gen, tool_tail, step):
+    """Seconds of a bucket's chain of turns at `step` seconds a decoded token, where each request's seconds in tool
+    calls are known: the longest of three requests' own, tokens at that pace plus tool seconds (`tool_tail` as
+    `RolloutCost.instance_time` takes it). Broadcasts over numpy arrays."""
+    gen_tools, tool_gen, tool_most, last_gen, last_tools = (np.asarray(x, dtype=float) for x in _candidates(tool_tail))
+    return np.maximum(max_gen * step + gen_tools, np.maximum(tool_gen * step + tool_most, last_gen * step + last_tools))
+
+
+def _candidates(tool_tail) -> tuple:
+    """`tool_tail`'s five fields, or one line saying what it must hold (a 3-tuple was its form before the longest
+    request in total was a candidate)."""
+    if len(tool_tail) != 5:
+        raise ValueError(
+            f"tool_tail must be (gen_tools, tool_gen, tool_most, last_gen, last_tools), 5 values, got {len(tool_tail)}"
+        )
+    return tuple(tool_tail)
 
 
 class RolloutCost:
@@ -215,8 +235,9 @@ class RolloutCost:
         `queued_share` > 0: the longest request first queued elsewhere for that share of the result, so its chain
         at the batch's pace must fit in the rest (the instance takes at least chain / (1 - queued_share)).
         `tool_tail` = (seconds in tool calls of the request decoding `max_gen`, tokens decoded by the request
-        longest in tool calls, its seconds in them) where known; else the chain's tools are `max_turns` calls of
-        `tool_latency_s`."""
+        longest in tool calls, its seconds in them, tokens decoded by the request longest in total, its seconds in
+        tool calls) where known, the chain being the longest of those three requests' (`chain_of`); else
+        the chain's tools are `max_turns` calls of `tool_latency_s`."""
         batch = self.concurrency(tp, resident_context, num_requests)
         fresh = num_requests if new_requests is None else new_requests
         step = self.effective_step_time(tp, batch, resident_context, num_requests)
@@ -226,9 +247,8 @@ class RolloutCost:
             tools = max_turns * tool_latency_s
             chain, chain1 = max_gen * step + tools, max_gen * step1 + tools
         else:
-            gen_tools, tool_gen, tool_most = (np.asarray(x, dtype=float) for x in tool_tail)
-            chain = np.maximum(max_gen * step + gen_tools, tool_gen * step + tool_most)
-            chain1 = np.maximum(max_gen * step1 + gen_tools, tool_gen * step1 + tool_most)
+            chain = chain_of(max_gen, tool_tail, step)
+            chain1 = chain_of(max_gen, tool_tail, step1)
         left = np.where(chain > throughput, 1.0 - throughput / np.maximum(chain, 1e-12), 0.0)
         tail = left * chain1
         prefill = self.prefill_time(tp, prefill_tokens, resident_context / 2.0)
@@ -328,13 +348,16 @@ class RolloutCost:
             chain += ex(tools)
             chain1 = per_row(max_gen) * step1 + tools
         else:
-            gen_tools, tool_gen, tool_most = (per_row(x) for x in tool_tail)
+            gen_tools, tool_gen, tool_most, last_gen, last_tools = (per_row(x) for x in _candidates(tool_tail))
             other = np.multiply(ex(tool_gen), step)
             other += ex(tool_most)
+            last = np.multiply(ex(last_gen), step)
+            last += ex(last_tools)
+            np.maximum(other, last, out=other)
             chain = np.multiply(ex(max_gen), step, out=step)
             chain += ex(gen_tools)
             np.maximum(chain, other, out=chain)
-            chain1 = np.maximum(per_row(max_gen) * step1 + gen_tools, tool_gen * step1 + tool_most)
+            chain1 = chain_of(per_row(max_gen), (gen_tools, tool_gen, tool_most, last_gen, last_tools), step1)
         left = np.maximum(chain, 1e-12)
         np.divide(throughput, left, out=left)
         np.subtract(1.0, left, out=left)
