@@ -111,6 +111,7 @@ def bucket_time(
         max_turns = max(max_turns, g.tail_turns)
     max_gen = longest.tail_gen
     tool_tail = None  # the chain's three requests where tool seconds are known (`RolloutCost.instance_time`)
+    paced = None
     if all(g.max_tool_s is not None and g.max_gen_tool_s is not None for g in groups):
         most = groups[start]  # the request longest in tool calls, the first of ties
         for g in groups[start:stop]:
@@ -118,6 +119,14 @@ def bucket_time(
                 most = g
         last = groups[stop - 1]  # its longest decoder: the request longest in total
         tool_tail = (longest.max_gen_tool_s, most.max_tool_gen, most.max_tool_s, last.tail_gen, last.max_gen_tool_s)
+        # the fourth: the request whose chain is the longest at the step time of a batch of one, among each group's
+        # longest decoder and its request longest in tool calls (in that order, the first of ties)
+        step1 = float(cm.rollout.decode_step_time(tp, 1.0, resident))
+        best_chain = -math.inf
+        for g in groups[start:stop]:
+            for gen, tools in ((g.tail_gen, g.max_gen_tool_s or 0.0), (g.max_tool_gen, g.max_tool_s or 0.0)):
+                if step1 * gen + tools > best_chain:
+                    paced, best_chain = (gen, tools), step1 * gen + tools
     best = math.inf
     for c in range(1, count + 1):
         t = cm.rollout.instance_time(
@@ -132,6 +141,7 @@ def bucket_time(
             new_requests=fresh / c,
             queued_share=admission_delay if flow and start > 0 else 0.0,
             tool_tail=tool_tail,
+            paced_tail=paced,
         )
         best = min(best, float(t))
     return best

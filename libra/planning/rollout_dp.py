@@ -158,6 +158,10 @@ class RolloutTable:
         # the last group's longest decoder (the request longest in total: few tokens may come with long tool calls,
         # and `chain_bound_s` prices it), each with its own tool seconds; else the most turns at the mean call
         tool_tail = _tool_tail(groups, starts, stops, longest)
+        # and a fourth: the range's request whose chain is the longest at the step time of a batch of one (the pace
+        # the tail runs at, which depends on the degree): one second in both tokens and tool seconds may outlast the
+        # three. Looked for among each group's longest decoder and its request longest in tool calls
+        reps = None if tool_tail is None else _chain_reps(groups)
         self.tp_degrees = tuple(tp for tp in tp_degrees if tp <= max_gpus)
         self.times: dict[int, np.ndarray] = {}  # tp -> flat running-min times
         self.offsets: dict[int, np.ndarray] = {}  # tp -> start offset of each range in the flat array
@@ -171,6 +175,10 @@ class RolloutTable:
             # row values broadcast rather than repeated, the running minimum over k along each row, and the
             # ragged table is the block's entries with k <= the range's cap, row by row (exact: elementwise)
             live = np.nonzero(caps)[0]
+            paced = None  # per range (the live ones), `instance_time`'s `paced_tail` at this degree
+            if reps is not None:
+                paced = np.zeros((2, q * (q + 1) // 2))
+                paced[:, live] = _paced_tail(cost, tp, reps, starts[live], stops[live], resident[live])
             for block in _row_blocks(caps[live], _GRID):
                 rows = live[block]
                 cap = caps[rows]
@@ -188,6 +196,7 @@ class RolloutTable:
                     new_requests=fresh[rows],
                     queued_share=queued[rows],
                     tool_tail=None if tool_tail is None else tuple(x[rows] for x in tool_tail),
+                    paced_tail=None if paced is None else tuple(paced[:, rows]),
                 )
                 np.minimum.accumulate(tm, axis=1, out=tm)
                 entries = tm.ravel() if cap.min() == width else tm[np.arange(width)[None, :] < cap[:, None]]
@@ -396,6 +405,38 @@ def _tool_tail(
     tail_gen = np.array([g.tail_gen for g in groups], dtype=float)
     tool_gen = np.array([g.max_tool_gen for g in groups], dtype=float)
     return gen_tools[longest], tool_gen[pick], most[pick], tail_gen[last], gen_tools[last]
+
+
+def _chain_reps(groups: tuple[LengthGroup, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The requests a range's `paced_tail` is looked for among, in order: each group's longest decoder, then its
+    request longest in tool calls, as (group, tokens decoded, seconds in tool calls)."""
+    group = np.repeat(np.arange(len(groups)), 2)
+    gen = np.array([x for g in groups for x in (g.tail_gen, g.max_tool_gen)], dtype=float)
+    tools = np.array([x for g in groups for x in (g.max_gen_tool_s, g.max_tool_s)], dtype=float)
+    return group, gen, tools
+
+
+def _paced_tail(
+    cost: RolloutCost,
+    tp: int,
+    reps: tuple[np.ndarray, np.ndarray, np.ndarray],
+    starts: np.ndarray,
+    stops: np.ndarray,
+    resident: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per range [start, stop): the tokens and tool seconds of the request of `reps` (`_chain_reps`) in its groups
+    whose chain is the longest at degree `tp`'s step time of a batch of one at the range's resident context (the
+    first of ties, as `cost.rollout.paced_pick`): `RolloutCost.instance_time`'s `paced_tail`."""
+    group, gen, tools = reps
+    step1 = np.asarray(cost.decode_step_time(tp, 1.0, resident), dtype=float)
+    pick = np.empty(len(starts), dtype=np.int64)
+    rows = max(1, _GRID // max(1, len(gen)))  # ranges per (ranges x requests) grid, about _GRID entries each
+    for a in range(0, len(starts), rows):
+        b = a + rows
+        chain = step1[a:b, None] * gen[None, :] + tools[None, :]
+        chain[(group[None, :] < starts[a:b, None]) | (group[None, :] >= stops[a:b, None])] = -np.inf
+        pick[a:b] = np.argmax(chain, axis=1)
+    return gen[pick], tools[pick]
 
 
 def _row_blocks(caps: np.ndarray, size: int) -> list[slice]:

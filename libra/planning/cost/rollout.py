@@ -21,9 +21,12 @@ chain nearly alone, at the step time of a batch of one (no churn). Where each re
 known (`tool_tail`, `chain_of`), the chain is the longest of three requests' own, each its tokens at the pace plus
 its tool seconds: the one that decodes the most (`max_gen` tokens), the one that spends the most seconds in tool
 calls, and the one longest in total (the rollout DP's last length group's longest decoder: it may decode little and
-wait long on its tools, and `RolloutTable.chain_bound_s` prices it). Tool latencies are heavy-tailed: a 2 s median
-call of a lognormal spread takes 20-60 s once in a few thousand calls, so in a step of short runs one slow call,
-not the most turns at the mean call, sets the tail.
+wait long on its tools, and `RolloutTable.chain_bound_s` prices it); and, where the caller names it (`paced_tail`,
+`paced_pick`), a fourth: the request whose own chain is the longest at the pace of a batch of one, the pace the
+tail runs at. A request second in both tokens and tool seconds can outlast all three (MedAgentBench gpt4o: 208
+tokens and 7.9 s of tool calls against 242 tokens with 3.6 s and 57 tokens with 7.9 s; docs/sim.md). Tool
+latencies are heavy-tailed: a 2 s median call of a lognormal spread takes 20-60 s once in a few thousand calls, so
+in a step of short runs one slow call, not the most turns at the mean call, sets the tail.
 Every function broadcasts over numpy arrays so the rollout DP evaluates whole tables at once.
 """
 
@@ -57,6 +60,39 @@ def _candidates(tool_tail) -> tuple:
             f"tool_tail must be (gen_tools, tool_gen, tool_most, last_gen, last_tools), 5 values, got {len(tool_tail)}"
         )
     return tuple(tool_tail)
+
+
+def paced_pick(gen, tool_s, step) -> int:
+    """Index of the request whose chain, `gen` tokens at `step` seconds a token plus `tool_s` seconds in tool calls,
+    is the longest (the first of ties): `RolloutCost.instance_time`'s `paced_tail` candidate at the pace of a batch
+    of one. Its chain is the longest of any request's at that pace, where the three of `chain_of` may each be short
+    in one of the two."""
+    gen, tool_s = np.asarray(gen, dtype=float), np.asarray(tool_s, dtype=float)
+    if gen.shape != tool_s.shape or gen.ndim != 1 or not gen.size:
+        raise ValueError(f"paced_pick needs two equal non-empty 1-D arrays, got shapes {gen.shape} and {tool_s.shape}")
+    return int(np.argmax(gen * step + tool_s))
+
+
+def _paced_slot(tool_gen, tool_most, paced_tail, step1):
+    """What `chain_of`'s second slot holds at the batch's pace: the `paced_tail` request in a row where it covers the
+    request longest in tool calls (it decodes no fewer tokens and its chain is no shorter at `step1`, so it is no
+    shorter at any slower pace, and the batch's pace is no faster than a batch of one's: four chains then cost
+    three), else the request longest in tool calls. Returns (tokens, tool seconds, whether the paced request's chain
+    must still be taken beside them: some row it does not cover)."""
+    if paced_tail is None:
+        return tool_gen, tool_most, False
+    gen, tools = (np.asarray(x, dtype=float) for x in paced_tail)
+    covers = (gen >= tool_gen) & (gen * step1 + tools >= tool_gen * step1 + tool_most)
+    return np.where(covers, gen, tool_gen), np.where(covers, tools, tool_most), not bool(np.all(covers))
+
+
+def _with_paced(chain, paced_tail, step):
+    """`chain` lengthened to the `paced_tail` request's own (its tokens at `step` plus its tool seconds) where that
+    is longer; `chain` as it is without one."""
+    if paced_tail is None:
+        return chain
+    gen, tools = paced_tail
+    return np.maximum(chain, np.asarray(gen, dtype=float) * step + np.asarray(tools, dtype=float))
 
 
 class RolloutCost:
@@ -228,6 +264,7 @@ class RolloutCost:
         new_requests=None,
         queued_share=0.0,
         tool_tail=None,
+        paced_tail=None,
     ):
         """Seconds for one instance to serve `num_requests` requests (totals over the instance), continuous
         batching; `max_gen` / `max_turns` describe the longest request (the tail). `new_requests` of them pay the
@@ -237,7 +274,10 @@ class RolloutCost:
         `tool_tail` = (seconds in tool calls of the request decoding `max_gen`, tokens decoded by the request
         longest in tool calls, its seconds in them, tokens decoded by the request longest in total, its seconds in
         tool calls) where known, the chain being the longest of those three requests' (`chain_of`); else
-        the chain's tools are `max_turns` calls of `tool_latency_s`."""
+        the chain's tools are `max_turns` calls of `tool_latency_s`. `paced_tail` = (tokens, seconds in tool calls)
+        of a fourth request, read with `tool_tail` only: the one whose chain is the longest at the pace of a batch
+        of one (`paced_pick`); the chain is then the longest of the four (three where it covers the request longest
+        in tool calls, `_paced_slot`)."""
         batch = self.concurrency(tp, resident_context, num_requests)
         fresh = num_requests if new_requests is None else new_requests
         step = self.effective_step_time(tp, batch, resident_context, num_requests)
@@ -247,8 +287,11 @@ class RolloutCost:
             tools = max_turns * tool_latency_s
             chain, chain1 = max_gen * step + tools, max_gen * step1 + tools
         else:
-            chain = chain_of(max_gen, tool_tail, step)
-            chain1 = chain_of(max_gen, tool_tail, step1)
+            gen_tools, tool_gen, tool_most, last_gen, last_tools = _candidates(tool_tail)
+            slot_gen, slot_tools, beside = _paced_slot(tool_gen, tool_most, paced_tail, step1)
+            chain = chain_of(max_gen, (gen_tools, slot_gen, slot_tools, last_gen, last_tools), step)
+            chain = _with_paced(chain, paced_tail if beside else None, step)
+            chain1 = _with_paced(chain_of(max_gen, tool_tail, step1), paced_tail, step1)
         left = np.where(chain > throughput, 1.0 - throughput / np.maximum(chain, 1e-12), 0.0)
         tail = left * chain1
         prefill = self.prefill_time(tp, prefill_tokens, resident_context / 2.0)
@@ -273,6 +316,7 @@ class RolloutCost:
         new_requests,
         queued_share,
         tool_tail=None,
+        paced_tail=None,
     ):
         """`instance_time` for every row and every k of `shares` at once: a (rows, len(shares)) array whose entry
         [r, j] is row r's work (per-row totals, as for `instance_time`) shared evenly by shares[j] instances; bit for
@@ -295,6 +339,7 @@ class RolloutCost:
             new_requests=new_requests,
             queued_share=queued_share,
             tool_tail=tool_tail,
+            paced_tail=paced_tail,
         )
 
     def _shared_time(
@@ -314,6 +359,7 @@ class RolloutCost:
         new_requests,
         queued_share,
         tool_tail=None,
+        paced_tail=None,
     ):
         """`instance_time_grid`'s body: `expand` lays a per-row array out as a column that broadcasts against the
         row of shares. Each grid-sized term is computed into a buffer that later terms overwrite (`out=`), with
@@ -349,15 +395,22 @@ class RolloutCost:
             chain1 = per_row(max_gen) * step1 + tools
         else:
             gen_tools, tool_gen, tool_most, last_gen, last_tools = (per_row(x) for x in _candidates(tool_tail))
-            other = np.multiply(ex(tool_gen), step)
-            other += ex(tool_most)
+            paced = None if paced_tail is None else tuple(per_row(x) for x in paced_tail)
+            slot_gen, slot_tools, beside = _paced_slot(tool_gen, tool_most, paced, step1)
+            other = np.multiply(ex(slot_gen), step)
+            other += ex(slot_tools)
             last = np.multiply(ex(last_gen), step)
             last += ex(last_tools)
             np.maximum(other, last, out=other)
+            if beside and paced is not None:  # the fourth request, at the batch's pace (before `step` is the chain)
+                np.multiply(ex(paced[0]), step, out=last)
+                last += ex(paced[1])
+                np.maximum(other, last, out=other)
             chain = np.multiply(ex(max_gen), step, out=step)
             chain += ex(gen_tools)
             np.maximum(chain, other, out=chain)
             chain1 = chain_of(per_row(max_gen), (gen_tools, tool_gen, tool_most, last_gen, last_tools), step1)
+            chain1 = _with_paced(chain1, paced, step1)
         left = np.maximum(chain, 1e-12)
         np.divide(throughput, left, out=left)
         np.subtract(1.0, left, out=left)
