@@ -312,13 +312,16 @@ class RolloutTable:
     def chain_bound_s(self) -> float:
         """A lower bound on any plan's rollout time under this model, from its longest chains alone (0 where
         nothing fits).
-        Every plan has a last bucket, which lives through the last group's longest decoder's chain, and a bucket
-        holding the request longest in tool calls (where tool seconds are known), which lives through that one's
-        (a bucket's chain is the longest of its candidates, the range's longest decoder among them, so never less);
-        a bucket takes at least its chain at the step time of a batch of one (`RolloutCost.instance_time`: what the
-        throughput phase leaves of the chain finishes at that pace, and the batch's pace is no faster), and that
-        step is at least the fastest fitting degree's at an empty context. The fluid bound ignores this: more GPUs
-        shorten the throughput phase, never one request's own turns and tool calls."""
+        Every request ends in some bucket, whose range holds its length group, so whose degree holds the group's
+        longest request. A bucket takes at least the chain of each of its range's groups' representatives (the
+        group's longest decoder and, where tool seconds are known, its request longest in tool calls: the fourth
+        candidate of a bucket's chain is the longest of those at the pace of a batch of one, `paced_tail`; where
+        tool seconds are unknown the chain is the range's most decoded tokens and most turns at the mean call) at
+        the step time of a batch of one (`RolloutCost.instance_time`: what the throughput phase leaves of the chain
+        finishes at that pace, and the batch's pace is no faster), and that step is at least the fastest degree's
+        holding the group at an empty context. So the bound is the longest of those chains, each at its group's
+        fastest step. The fluid bound ignores this: more GPUs shorten the throughput phase, never one request's own
+        turns and tool calls."""
         g = self.groups
         if not g:
             return 0.0
@@ -331,20 +334,17 @@ class RolloutTable:
             ]
             return min(steps, default=math.inf)
 
-        last = g[-1]
-        step = fastest_step(last.max_total)
-        if math.isinf(step):
+        if math.isinf(fastest_step(g[-1].max_total)):
             return 0.0
         known = _tool_seconds_known(g)
-        gen_tools = last.max_gen_tool_s
-        tools = gen_tools if known and gen_tools is not None else last.tail_turns * self.tool_latency_s
-        bound = last.tail_gen * step + tools
-        if known:  # the request longest in tool calls: whichever bucket holds it lives through its chain
-            most = max(x.max_tool_s or 0.0 for x in g)
-            ties = [x for x in g if (x.max_tool_s or 0.0) == most]
-            step = min(fastest_step(x.max_total) for x in ties)
-            if not math.isinf(step):
-                bound = max(bound, min(x.max_tool_gen for x in ties) * step + most)
+        bound = 0.0
+        for x in g:
+            step = fastest_step(x.max_total)  # (finite: the last group, the longest, fits)
+            if known:
+                own = max(x.tail_gen * step + (x.max_gen_tool_s or 0.0), x.max_tool_gen * step + (x.max_tool_s or 0.0))
+            else:
+                own = x.tail_gen * step + x.tail_turns * self.tool_latency_s
+            bound = max(bound, own)
         return bound
 
     def candidates(self, lo: float, hi: float, bracket: CountBracket | None = None) -> np.ndarray:
