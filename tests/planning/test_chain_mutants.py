@@ -13,21 +13,12 @@ import math
 import attrs
 import pytest
 
-from libra.planning import GlobalPlanner, PlannerOptions
+from libra.planning import GlobalPlanner
 from libra.planning.oracle import bucket_time
 from libra.planning.rollout_dp import RolloutTable
-from libra.spec import ClusterSpec, InstanceGroup, LengthGroup, RLSettings, WorkloadProfile, get_gpu, get_model
-
-CLUSTER = ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=16, gpus_per_node=8)
-
-
-def _planner(num_requests: int, routing: str = "start-small") -> GlobalPlanner:
-    return GlobalPlanner(
-        cluster=CLUSTER,
-        model=get_model("Qwen3-14B"),
-        rl=RLSettings(num_prompts=num_requests, samples_per_prompt=1),
-        options=PlannerOptions(routing=routing, num_groups=num_requests, tp_degrees=(1, 2)),
-    )
+from libra.spec import InstanceGroup, LengthGroup, WorkloadProfile
+from tests.planning.chains import one_request_a_group as _planner
+from tests.planning.chains import shaped_profile
 
 
 def _one(tp: int) -> InstanceGroup:
@@ -36,7 +27,7 @@ def _one(tp: int) -> InstanceGroup:
 
 
 def _profile(shapes: list[tuple[float, float, float, float]]) -> WorkloadProfile:
-    return WorkloadProfile.build(name="chain-mutants", shapes=shapes, mean_tool_time_s=3.0)
+    return shaped_profile(shapes, "chain-mutants")
 
 
 def _own_chain(planner: GlobalPlanner, gen: float, tool_s: float, tp: int = 1) -> float:

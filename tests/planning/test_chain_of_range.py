@@ -15,13 +15,13 @@ import attrs
 import numpy as np
 import pytest
 
-from libra.planning import GlobalPlanner, PlannerOptions
+from libra.planning import GlobalPlanner
 from libra.planning.oracle import bucket_time
 from libra.planning.rollout_dp import ROUTINGS, RolloutTable, _first_max
-from libra.spec import ClusterSpec, InstanceGroup, LengthGroup, RLSettings, WorkloadProfile, get_gpu, get_model
+from libra.spec import InstanceGroup, LengthGroup, WorkloadProfile
+from tests.planning.chains import one_request_a_group
 from tests.planning.instances import sized_cost_model, skewed_groups, with_tool_tails
 
-CLUSTER = ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=16, gpus_per_node=8)
 # (total, decoded, turns, tool seconds), one request a group: the first decodes the most over the most turns; the
 # last, longest in total, decodes little; the third is the longest in tool calls, so the tool tail does not hide
 # the longest decoder's chain
@@ -42,12 +42,7 @@ LONG_LAST = [
 
 
 def _planner(routing: str = "start-small", shapes: list = SHAPES) -> GlobalPlanner:
-    return GlobalPlanner(
-        cluster=CLUSTER,
-        model=get_model("Qwen3-14B"),
-        rl=RLSettings(num_prompts=len(shapes), samples_per_prompt=1),
-        options=PlannerOptions(routing=routing, num_groups=len(shapes), tp_degrees=(1, 2)),
-    )
+    return one_request_a_group(len(shapes), routing)
 
 
 def _profile(tools_known: bool, shapes: list = SHAPES) -> WorkloadProfile:

@@ -14,14 +14,14 @@ import attrs
 import numpy as np
 import pytest
 
-from libra.planning import GlobalPlanner, PlannerOptions
+from libra.planning import GlobalPlanner
 from libra.planning.cost.rollout import paced_pick
 from libra.planning.oracle import bucket_time
 from libra.planning.rollout_dp import ROUTINGS, RolloutTable
-from libra.spec import ClusterSpec, InstanceGroup, LengthGroup, RLSettings, WorkloadProfile, get_gpu, get_model
+from libra.spec import InstanceGroup, LengthGroup, WorkloadProfile
+from tests.planning.chains import one_request_a_group
 from tests.planning.instances import random_cost_model, sized_cost_model, skewed_groups, with_tool_tails
 
-CLUSTER = ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=16, gpus_per_node=8)
 # (total, decoded, turns, tool seconds), one request a group, MedAgentBench gpt4o's four: the longest decoder, the
 # request longest in tool calls, the request second in both (whose chain is the longest at any pace near a batch of
 # one's), and the request longest in total
@@ -34,12 +34,7 @@ SHAPES = [
 
 
 def _planner(routing: str = "start-small") -> GlobalPlanner:
-    return GlobalPlanner(
-        cluster=CLUSTER,
-        model=get_model("Qwen3-14B"),
-        rl=RLSettings(num_prompts=len(SHAPES), samples_per_prompt=1),
-        options=PlannerOptions(routing=routing, num_groups=len(SHAPES), tp_degrees=(1, 2)),
-    )
+    return one_request_a_group(len(SHAPES), routing)
 
 
 def _own_chain(groups: tuple[LengthGroup, ...], start: int, stop: int, step: float) -> float:
