@@ -4,6 +4,7 @@
     python examples/plan_vs_sim.py --workloads r2e-gym --coeffs examples/coeffs/fast_tp.yaml
     python examples/plan_vs_sim.py --corpus            # every real source of data/corpus (and held-out/)
     python examples/plan_vs_sim.py --trace a.jsonl --prompts 2048   # a step of 2,048 prompt groups drawn from it
+    python examples/plan_vs_sim.py --corpus --seed 1   # another draw of each step (resampling, tool latencies)
 
 For each workload: plan on step 0's profile under each routing model (`start-small`, the default, and
 `final-length`, perfect routing), then run step 0 alone through the simulator's timed rollout on the plan's
@@ -76,19 +77,21 @@ def agreements(
     routings: tuple[str, ...] = ("start-small", "final-length"),
     colocated_tp: int = 2,
     trace: str | Path | None = None,
+    seed: int = 0,
 ) -> list[Agreement]:
     """`workload` names a synthetic workload, or with `trace` the trace's rows; `prompts` None with a trace: as many
-    prompt groups as its first step."""
+    prompt groups as its first step. `seed` draws the step (the generator's, or the trace's resampling and the
+    tool latencies it does not record)."""
     cluster = ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=gpus, gpus_per_node=8)
     model = get_model("Qwen3-14B")
     if trace is not None:
-        work = WorkSource.resampled(trace, num_steps=1, num_prompts=prompts, seed=0).step(0)
+        work = WorkSource.resampled(trace, num_steps=1, num_prompts=prompts, seed=seed).step(0)
         rl = RLSettings(num_prompts=work.num_requests, samples_per_prompt=1)
     else:
         prompts = 512 if prompts is None else prompts
         rl = RLSettings(num_prompts=prompts, samples_per_prompt=samples)
         work = WorkSource.from_generator(
-            workload, seed=0, num_prompts=prompts, samples_per_prompt=samples, max_model_len=rl.max_model_len
+            workload, seed=seed, num_prompts=prompts, samples_per_prompt=samples, max_model_len=rl.max_model_len
         ).step(0)
     profile = profile_of([work], workload, rl.global_batch)
     out = []
@@ -127,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workloads", default="r2e-gym,search-r1,dapo-math", help="comma-separated workload names")
     p.add_argument("--prompts", type=int, default=None, help="prompts per step (default 512; a trace's own count)")
     p.add_argument("--coeffs", metavar="FILE", help="YAML/JSON file of cost-model coefficients")
+    p.add_argument("--seed", type=int, default=0, help="the draw of each step (default 0, the docs' tables)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--trace", nargs="+", metavar="FILE", help="draw the step from these traces instead")
     src.add_argument("--corpus", action="store_true", help="every source of data/corpus and data/corpus/held-out")
@@ -139,10 +143,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.trace:
             rows = []
             for path in tqdm(args.trace, desc="traces", leave=False):
-                rows += agreements(trace_name(path), prompts=args.prompts, coeffs=coeffs, trace=path)
+                rows += agreements(trace_name(path), prompts=args.prompts, coeffs=coeffs, trace=path, seed=args.seed)
         else:
             prompts = 512 if args.prompts is None else args.prompts
-            rows = [a for w in args.workloads.split(",") for a in agreements(w, prompts=prompts, coeffs=coeffs)]
+            rows = [
+                a
+                for w in args.workloads.split(",")
+                for a in agreements(w, prompts=prompts, coeffs=coeffs, seed=args.seed)
+            ]
     except (SpecError, TraceError) as exc:
         print(f"plan_vs_sim: error: {exc}", file=sys.stderr)
         return 2
