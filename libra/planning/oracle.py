@@ -120,11 +120,12 @@ def bucket_time(
         last = groups[stop - 1]  # its longest decoder: the request longest in total
         tool_tail = (longest.max_gen_tool_s, most.max_tool_gen, most.max_tool_s, last.tail_gen, last.max_gen_tool_s)
         # the fourth: the request whose chain is the longest at the step time of a batch of one, among each group's
-        # longest decoder and its request longest in tool calls (in that order, the first of ties)
+        # `chain_reps` (the upper hull of its requests' chains, else its longest decoder and its request longest in
+        # tool calls; in that order, the first of ties)
         step1 = float(cm.rollout.decode_step_time(tp, 1.0, resident))
         best_chain = -math.inf
         for g in groups[start:stop]:
-            for gen, tools in ((g.tail_gen, g.max_gen_tool_s or 0.0), (g.max_tool_gen, g.max_tool_s or 0.0)):
+            for gen, tools in g.chain_reps:
                 if step1 * gen + tools > best_chain:
                     paced, best_chain = (gen, tools), step1 * gen + tools
     best = math.inf

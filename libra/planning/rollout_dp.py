@@ -160,7 +160,7 @@ class RolloutTable:
         tool_tail = _tool_tail(groups, starts, stops, longest)
         # and a fourth: the range's request whose chain is the longest at the step time of a batch of one (the pace
         # the tail runs at, which depends on the degree): one second in both tokens and tool seconds may outlast the
-        # three. Looked for among each group's longest decoder and its request longest in tool calls
+        # three. Looked for among each group's `chain_reps` (the upper hull of its requests' chains)
         reps = None if tool_tail is None else _chain_reps(groups)
         self.tp_degrees = tuple(tp for tp in tp_degrees if tp <= max_gpus)
         self.times: dict[int, np.ndarray] = {}  # tp -> flat running-min times
@@ -341,7 +341,7 @@ class RolloutTable:
         for x in g:
             step = fastest_step(x.max_total)  # (finite: the last group, the longest, fits)
             if known:
-                own = max(x.tail_gen * step + (x.max_gen_tool_s or 0.0), x.max_tool_gen * step + (x.max_tool_s or 0.0))
+                own = max(gen * step + tools for gen, tools in x.chain_reps)
             else:
                 own = x.tail_gen * step + x.tail_turns * self.tool_latency_s
             bound = max(bound, own)
@@ -408,12 +408,11 @@ def _tool_tail(
 
 
 def _chain_reps(groups: tuple[LengthGroup, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The requests a range's `paced_tail` is looked for among, in order: each group's longest decoder, then its
-    request longest in tool calls, as (group, tokens decoded, seconds in tool calls)."""
-    group = np.repeat(np.arange(len(groups)), 2)
-    gen = np.array([x for g in groups for x in (g.tail_gen, g.max_tool_gen)], dtype=float)
-    tools = np.array([x for g in groups for x in (g.max_gen_tool_s, g.max_tool_s)], dtype=float)
-    return group, gen, tools
+    """The requests a range's `paced_tail` is looked for among, in order (each group's `chain_reps`), as (group,
+    tokens decoded, seconds in tool calls)."""
+    reps = [(i, gen, tools) for i, g in enumerate(groups) for gen, tools in g.chain_reps]
+    group = np.array([r[0] for r in reps], dtype=np.int64)
+    return group, np.array([r[1] for r in reps], dtype=float), np.array([r[2] for r in reps], dtype=float)
 
 
 def _paced_tail(

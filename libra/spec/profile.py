@@ -31,7 +31,10 @@ class LengthGroup:
     `max_turns` the most tokens decoded and turns taken by one of them (0: unknown, estimated from the means);
     `max_tool_s` the most seconds one of them spent in tool calls, `max_tool_gen` that one's decoded tokens and
     `max_gen_tool_s` the seconds in tool calls of the one decoding `max_gen` (None: unknown, the planner takes the
-    most turns times the mean tool call)."""
+    most turns times the mean tool call). `chain_points`: (decoded tokens, seconds in tool calls) of the requests
+    whose own chain of turns, tokens at a pace plus tool seconds, is the group's longest at some pace (the upper
+    hull, `chain_hull`); empty where not computed, and then the group's longest decoder and its request longest in
+    tool calls stand for them."""
 
     count: int
     mean_total: float
@@ -43,6 +46,7 @@ class LengthGroup:
     max_tool_s: float | None = None
     max_tool_gen: float = 0.0
     max_gen_tool_s: float | None = None
+    chain_points: tuple[tuple[float, float], ...] = ()
 
     def __attrs_post_init__(self) -> None:
         checks.whole("LengthGroup", "count", self.count, 1, MAX_REQUESTS)
@@ -54,6 +58,9 @@ class LengthGroup:
                 checks.number("LengthGroup", name, value, 0.0)
         checks.seconds("LengthGroup", "max_tool_s", self.max_tool_s, none=True)
         checks.seconds("LengthGroup", "max_gen_tool_s", self.max_gen_tool_s, none=True)
+        for gen, tool_s in self.chain_points:
+            checks.number("LengthGroup", "chain_points (decoded tokens)", gen, 0.0)
+            checks.seconds("LengthGroup", "chain_points (tool seconds)", tool_s)
         self._check_shape()
 
     def _check_shape(self) -> None:
@@ -66,6 +73,15 @@ class LengthGroup:
         ):
             if value > bound * _ROUNDING:
                 checks.fail("LengthGroup", name, f"<= {label} {bound!r} ({why})", value)
+
+    @property
+    def chain_reps(self) -> tuple[tuple[float, float], ...]:
+        """The requests whose own chains stand for every request's of the group, as (tokens decoded, seconds in
+        tool calls): `chain_points` (at every pace one of them has the longest chain) where the profile computed
+        them, else the longest decoder and the request longest in tool calls (tool seconds taken as 0 if unknown)."""
+        if self.chain_points:
+            return self.chain_points
+        return ((self.tail_gen, self.max_gen_tool_s or 0.0), (self.max_tool_gen, self.max_tool_s or 0.0))
 
     @property
     def tail_gen(self) -> float:
@@ -217,6 +233,7 @@ class WorkloadProfile:
                     max_tool_s=None if most_tool is None else self.tool_s[most_tool],
                     max_tool_gen=0.0 if most_tool is None else self.gen_tokens[most_tool],
                     max_gen_tool_s=self.tool_s[most_gen] if self.tool_s else None,
+                    chain_points=chain_hull(self.gen_tokens[lo:hi], self.tool_s[lo:hi]) if self.tool_s else (),
                 )
             )
         return tuple(out)
@@ -235,3 +252,24 @@ class WorkloadProfile:
             # each trajectory's seconds in tool calls, where known (None: unknown, priced at the mean call)
             "max_tool_s": max(self.tool_s) if self.tool_s else None,
         }
+
+
+def chain_hull(gen: Sequence[float], tool_s: Sequence[float]) -> tuple[tuple[float, float], ...]:
+    """The (decoded tokens, tool seconds) pairs among `gen` and `tool_s` whose own chain, `gen * pace + tool_s`, is
+    the longest at some pace >= 0: the upper hull from the request longest in tool calls (pace 0) to the one that
+    decodes the most (any large pace), fewest tokens first. Any other request's chain is at most the longest of
+    these at every pace, so a bucket that lives through theirs lives through every request's."""
+    points = set(zip(map(float, gen), map(float, tool_s)))
+    first = max(points, key=lambda p: (p[1], p[0]))  # pace 0: the most tool seconds (of those, the most tokens)
+    hull = [first]
+    for p in sorted(q for q in points if q[0] > first[0]):  # the upper hull onwards (Andrew's monotone chain)
+        while len(hull) >= 2 and _turns_left(hull[-2], hull[-1], p) >= 0.0:
+            hull.pop()
+        hull.append(p)
+    return tuple(hull)
+
+
+def _turns_left(a: tuple[float, float], b: tuple[float, float], c: tuple[float, float]) -> float:
+    """Cross product of (b - a) and (c - a): >= 0 where b lies on or under the line from a to c (not on the upper
+    hull)."""
+    return (b[0] - a[0]) * (c[1] - a[1]) - (b[1] - a[1]) * (c[0] - a[0])
