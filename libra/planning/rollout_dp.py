@@ -313,8 +313,8 @@ class RolloutTable:
         """A lower bound on any plan's rollout time under this model, from its longest chains alone (0 where
         nothing fits).
         Every request ends in some bucket, whose range holds its length group, so whose degree holds the group's
-        longest request. A bucket takes at least the chain of each of its range's groups' representatives (the
-        group's longest decoder and, where tool seconds are known, its request longest in tool calls: the fourth
+        longest request. A bucket takes at least the chain of each of its range's groups' representatives (where
+        tool seconds are known, the group's `chain_reps`, the upper hull of its requests' chains: the fourth
         candidate of a bucket's chain is the longest of those at the pace of a batch of one, `paced_tail`; where
         tool seconds are unknown the chain is the range's most decoded tokens and most turns at the mean call) at
         the step time of a batch of one (`RolloutCost.instance_time`: what the throughput phase leaves of the chain
