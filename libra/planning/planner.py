@@ -40,8 +40,8 @@ from collections.abc import Callable
 import attrs
 import numpy as np
 
-from libra.planning.cost import BatchStats, CostCoefficients, CostModel, RolloutCost
-from libra.planning.cost.rollout import paced_pick
+from libra.planning.cost import BatchStats, CostCoefficients, CostModel
+from libra.planning.cost.rollout import paced_tail_of, tool_tail_of
 from libra.planning.packing import PackedRollout, PackedSearch, Packing, TrainOption, node_packing
 from libra.planning.replan import ReplanDecision, ReplanGate
 from libra.planning.rollout_dp import ROUTINGS, BucketChoice, CountBracket, RolloutTable, bisect_min
@@ -562,6 +562,7 @@ class GlobalPlanner:
             fresh = n if (k == 0 or not flow) else 0.0
             decode = float(piece.sum())
             resident = float(np.sum(piece * (end - piece / 2)) / max(decode, 1e-9))
+            pace = float(rc.decode_step_time(group.tp, 1.0, resident))  # a batch of one's step: its tail's pace
             t = rc.instance_time(
                 group.tp,
                 num_requests=n,
@@ -573,29 +574,8 @@ class GlobalPlanner:
                 tool_latency_s=profile.mean_tool_time_s,
                 new_requests=fresh,
                 queued_share=self.options.admission_delay if flow and k > 0 else 0.0,
-                tool_tail=None if tool_s is None else _tool_tail(gen[ending], tool_s[ending]),
-                paced_tail=None if tool_s is None else _paced_tail(rc, group.tp, resident, gen[ending], tool_s[ending]),
+                tool_tail=None if tool_s is None else tool_tail_of(gen[ending], tool_s[ending]),
+                paced_tail=None if tool_s is None else paced_tail_of(gen[ending], tool_s[ending], pace),
             )
             worst = max(worst, float(t))
         return worst
-
-
-def _tool_tail(gen: np.ndarray, tool_s: np.ndarray) -> tuple[float, float, float, float, float]:
-    """`RolloutCost.instance_time`'s `tool_tail` of the requests ending in a bucket (sorted by total length): the
-    tool seconds of the request decoding the most, the tokens and tool seconds of the request longest in tool calls
-    (the first of ties) and of the last request, the longest in total (as the rollout DP's last length group's
-    longest decoder, one request a group); zeros where there is none."""
-    if not gen.size:
-        return 0.0, 0.0, 0.0, 0.0, 0.0
-    most_gen, most_tool = int(np.argmax(gen)), int(np.argmax(tool_s))
-    return float(tool_s[most_gen]), float(gen[most_tool]), float(tool_s[most_tool]), float(gen[-1]), float(tool_s[-1])
-
-
-def _paced_tail(rc: RolloutCost, tp: int, resident: float, gen: np.ndarray, tool_s: np.ndarray) -> tuple[float, float]:
-    """`RolloutCost.instance_time`'s `paced_tail` of the requests ending in a bucket: the tokens and tool seconds of
-    the one whose chain is the longest at the step time of a batch of one at the bucket's resident context (the
-    pace its tail runs at; `paced_pick`); zeros where there is none."""
-    if not gen.size:
-        return 0.0, 0.0
-    pick = paced_pick(gen, tool_s, float(rc.decode_step_time(tp, 1.0, resident)))
-    return float(gen[pick]), float(tool_s[pick])

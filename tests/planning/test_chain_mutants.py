@@ -54,15 +54,16 @@ LONG_TOOLS_LAST = [
 
 
 def test_the_longest_decoder_is_charged_its_own_tool_seconds() -> None:
-    """Caught: `planner._tool_tail` taking the tool seconds of the first request (`np.argmax(None)` is 0) for the
-    longest decoder's (0 s here: its chain lost its 30 s of tool calls)."""
+    """Caught: `cost.rollout.tool_tail_of` (`planner._tool_tail` before it moved) taking the tool seconds of the
+    first request (`np.argmax(None)` is 0) for the longest decoder's (0 s here: its chain lost its 30 s of tool
+    calls)."""
     planner, profile = _planner(4), _profile(LONGEST_DECODER_INSIDE)
     assert planner.rollout_time((_one(1),), profile) >= _own_chain(planner, 3000.0, 30.0)
 
 
 @pytest.mark.parametrize("routing", ["start-small", "final-length"])
 def test_the_last_requests_chain_is_its_own_tokens_and_tool_seconds(routing: str) -> None:
-    """Caught: `planner._tool_tail` reading the last request's tokens or tool seconds at another index (`gen[+1]`,
+    """Caught: `tool_tail_of` reading the last request's tokens or tool seconds at another index (`gen[+1]`,
     `gen[-2]`, `tool_s[+1]`, `tool_s[-2]`): one bucket of every request takes at least the last one's own chain, and
     exactly what the rollout DP prices for the same requests (one request a group, so nothing is lost to grouping)."""
     planner, profile = _planner(4, routing), _profile(LONG_TOOLS_LAST)
@@ -75,7 +76,7 @@ def test_the_last_requests_chain_is_its_own_tokens_and_tool_seconds(routing: str
 
 
 def test_a_bucket_where_no_request_ends_has_no_chain() -> None:
-    """Caught: `planner._tool_tail` of a bucket where no request ends (start-small: every request passes through the
+    """Caught: `tool_tail_of` of a bucket where no request ends (start-small: every request passes through the
     small bucket) giving a request 1 s of tool calls, or 1 token: that bucket, which decodes a fraction of a token
     per request, then took a tail of its own (1.0 s more at a 1 s call, 6 ms at a token). With every tool call known
     to take 0 s the time is the one priced without tool seconds (the chain is the longest decoder's tokens either

@@ -73,6 +73,28 @@ def paced_pick(gen, tool_s, step) -> int:
     return int(np.argmax(gen * step + tool_s))
 
 
+def tool_tail_of(gen, tool_s) -> tuple[float, float, float, float, float]:
+    """`RolloutCost.instance_time`'s `tool_tail` of the requests ending in a bucket, one entry a request, sorted by
+    total length: the tool seconds of the request decoding the most, the tokens and tool seconds of the request
+    longest in tool calls (the first of ties) and of the last request, the longest in total (as the rollout DP's
+    last length group's longest decoder, one request a group); zeros where there is none."""
+    gen, tool_s = np.asarray(gen, dtype=float), np.asarray(tool_s, dtype=float)
+    if not gen.size:
+        return 0.0, 0.0, 0.0, 0.0, 0.0
+    most_gen, most_tool = int(np.argmax(gen)), int(np.argmax(tool_s))
+    return float(tool_s[most_gen]), float(gen[most_tool]), float(tool_s[most_tool]), float(gen[-1]), float(tool_s[-1])
+
+
+def paced_tail_of(gen, tool_s, step) -> tuple[float, float]:
+    """`RolloutCost.instance_time`'s `paced_tail` of the requests ending in a bucket: the tokens and tool seconds of
+    the one whose chain is the longest at `step` seconds a token, the step time of a batch of one at the bucket's
+    resident context (the pace its tail runs at; `paced_pick`); zeros where there is none."""
+    if not np.size(gen):
+        return 0.0, 0.0
+    pick = paced_pick(gen, tool_s, step)
+    return float(np.asarray(gen, dtype=float)[pick]), float(np.asarray(tool_s, dtype=float)[pick])
+
+
 def _paced_slot(tool_gen, tool_most, paced_tail, step1):
     """What `chain_of`'s second slot holds at the batch's pace: the `paced_tail` request in a row where it covers the
     request longest in tool calls (it decodes no fewer tokens and its chain is no shorter at `step1`, so it is no
