@@ -5,14 +5,19 @@
     python examples/plan_vs_sim.py --corpus            # every real source of data/corpus (and held-out/)
     python examples/plan_vs_sim.py --trace a.jsonl --prompts 2048   # a step of 2,048 prompt groups drawn from it
     python examples/plan_vs_sim.py --corpus --seed 1   # another draw of each step (resampling, tool latencies)
+    python examples/plan_vs_sim.py --steal off         # idle instances take nothing from busy ones' queues
 
 For each workload: plan on step 0's profile under each routing model (`start-small`, the default, and
 `final-length`, perfect routing), then run step 0 alone through the simulator's timed rollout on the plan's
-instances (overflow routing: start in the smallest bucket, move up when the context outgrows it), and the same
-for colocated's 24 x TP-2. docs/sim.md (item 3 of "Why the simulated picture differs") has the table this prints;
-`tests/sim/test_fidelity.py` checks that the default plans agree within 15 %. With `--trace` or `--corpus` the step
-is drawn from a trace instead (`WorkSource.resampled`: `--prompts` prompt groups, default the trace's own count;
-docs/sim.md, "The planner against the simulator on real agents").
+instances under the routing the plan assumes (`start-small`: overflow routing, start in the smallest bucket and move
+up when the context outgrows it; `final-length`: `final` routing, each request on the bucket of its final context
+from the start, nothing moves), and the same for colocated's 24 x TP-2. A `final-length` plan is also run under
+overflow routing (the row `final-length, overflow routing`): what the plan does when routing is not perfect.
+docs/sim.md (item 3 of "Why the simulated picture differs") has the table this prints; `tests/sim/test_fidelity.py`
+checks that the default plans agree within 15 %, `tests/sim/test_final_routing.py` the final-length plans under
+`final` routing. With `--trace` or `--corpus` the step is drawn from a trace instead (`WorkSource.resampled`:
+`--prompts` prompt groups, default the trace's own count; docs/sim.md, "The planner against the simulator on real
+agents").
 """
 
 from __future__ import annotations
@@ -27,18 +32,22 @@ from tqdm import tqdm
 from libra.planning import GlobalPlanner, PlannerOptions
 from libra.planning.cost import CostCoefficients, load_coefficients
 from libra.sim.engine import profile_of
-from libra.sim.rollout import Instances, RolloutRun
+from libra.sim.rollout import STEAL_MODES, Instances, RolloutRun
 from libra.sim.routing import routes_for
 from libra.sim.workload import StepWork, WorkSource, trace_name
 from libra.spec import Bucket, ClusterSpec, InstanceGroup, RLSettings, SpecError, get_gpu, get_model
 from libra.workloads.corpus import DEFAULT_CORPUS, load_manifest
 from libra.workloads.trace import TraceError
 
+# the simulator's routing mode (`libra.sim.routing`) that each of the planner's routing models assumes
+SIM_ROUTING = {"start-small": "overflow", "final-length": "final"}
+IMPERFECT = ", overflow routing"  # the row of a final-length plan run under overflow routing
+
 
 @attrs.frozen(kw_only=True)
 class Agreement:
     workload: str
-    routing: str  # the planner's routing model, or "colocated"
+    routing: str  # the planner's routing model (`IMPERFECT` added when run under overflow routing), or "colocated"
     instances: tuple[InstanceGroup, ...]
     predicted_s: float
     simulated_s: float
@@ -53,15 +62,29 @@ class Agreement:
 
 
 def simulated_rollout(
-    planner: GlobalPlanner, work: StepWork, groups: tuple[InstanceGroup, ...], slice_s: float
+    planner: GlobalPlanner,
+    work: StepWork,
+    groups: tuple[InstanceGroup, ...],
+    slice_s: float,
+    *,
+    routing: str = "overflow",
+    steal: str = "all",
 ) -> float:
-    """Seconds the timed rollout takes to serve `work` on `groups`, overflow routing, from time 0."""
+    """Seconds the timed rollout takes to serve `work` on `groups` from time 0, requests routed by the simulator's
+    `routing` mode (`overflow` or `final`; one bucket: `single`), idle instances stealing as `steal` says (the
+    simulator's `SimOptions.steal`)."""
     buckets = tuple(Bucket(tp=g.tp, max_tokens=g.max_tokens) for g in groups)
-    routes = routes_for("single" if len(buckets) == 1 else "overflow", work, buckets, None)
+    routes = routes_for("single" if len(buckets) == 1 else routing, work, buckets, None)
     tps = [g.tp for g in groups for _ in range(g.count)]
     home = [b for b, g in enumerate(groups) for _ in range(g.count)]
     run = RolloutRun(
-        planner.cost_model, work, routes, Instances(tps, home, [0.0] * len(tps)), start=0.0, min_slice_s=slice_s
+        planner.cost_model,
+        work,
+        routes,
+        Instances(tps, home, [0.0] * len(tps)),
+        start=0.0,
+        min_slice_s=slice_s,
+        steal=steal,
     )
     run.run_to_end()
     return run.end_time
@@ -78,10 +101,13 @@ def agreements(
     colocated_tp: int = 2,
     trace: str | Path | None = None,
     seed: int = 0,
+    steal: str = "all",
 ) -> list[Agreement]:
     """`workload` names a synthetic workload, or with `trace` the trace's rows; `prompts` None with a trace: as many
     prompt groups as its first step. `seed` draws the step (the generator's, or the trace's resampling and the
-    tool latencies it does not record)."""
+    tool latencies it does not record). `steal`: what an idle instance takes from busy ones' queues (`all`, the
+    simulator's default; `off` keeps every request on the instances its routing gives it, as the planner's
+    `final-length` model assumes)."""
     cluster = ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=gpus, gpus_per_node=8)
     model = get_model("Qwen3-14B")
     if trace is not None:
@@ -101,15 +127,19 @@ def agreements(
         )
         plan = planner.plan(profile)
         groups = plan.rollout.instances
-        out.append(
-            Agreement(
-                workload=workload,
-                routing=routing,
-                instances=groups,
-                predicted_s=plan.rollout.time_s,
-                simulated_s=simulated_rollout(planner, work, groups, plan.rollout.time_s / 300),
+        own = SIM_ROUTING[routing]
+        for mode in (own, "overflow") if own != "overflow" else (own,):
+            out.append(
+                Agreement(
+                    workload=workload,
+                    routing=routing if mode == own else routing + IMPERFECT,
+                    instances=groups,
+                    predicted_s=plan.rollout.time_s,
+                    simulated_s=simulated_rollout(
+                        planner, work, groups, plan.rollout.time_s / 300, routing=mode, steal=steal
+                    ),
+                )
             )
-        )
     planner = GlobalPlanner(cluster=cluster, model=model, rl=rl, coeffs=coeffs)
     groups = (InstanceGroup(tp=colocated_tp, count=gpus // colocated_tp, max_tokens=float("inf")),)
     predicted = planner.rollout_time(groups, profile)
@@ -119,7 +149,7 @@ def agreements(
             routing="colocated",
             instances=groups,
             predicted_s=predicted,
-            simulated_s=simulated_rollout(planner, work, groups, predicted / 300),
+            simulated_s=simulated_rollout(planner, work, groups, predicted / 300, steal=steal),
         )
     )
     return out
@@ -131,6 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=None, help="prompts per step (default 512; a trace's own count)")
     p.add_argument("--coeffs", metavar="FILE", help="YAML/JSON file of cost-model coefficients")
     p.add_argument("--seed", type=int, default=0, help="the draw of each step (default 0, the docs' tables)")
+    p.add_argument(
+        "--steal",
+        default="all",
+        choices=STEAL_MODES,
+        help="what an idle instance takes from busy ones' queues (the simulator's --steal; default all)",
+    )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--trace", nargs="+", metavar="FILE", help="draw the step from these traces instead")
     src.add_argument("--corpus", action="store_true", help="every source of data/corpus and data/corpus/held-out")
@@ -143,13 +179,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.trace:
             rows = []
             for path in tqdm(args.trace, desc="traces", leave=False):
-                rows += agreements(trace_name(path), prompts=args.prompts, coeffs=coeffs, trace=path, seed=args.seed)
+                rows += agreements(
+                    trace_name(path), prompts=args.prompts, coeffs=coeffs, trace=path, seed=args.seed, steal=args.steal
+                )
         else:
             prompts = 512 if args.prompts is None else args.prompts
             rows = [
                 a
                 for w in args.workloads.split(",")
-                for a in agreements(w, prompts=prompts, coeffs=coeffs, seed=args.seed)
+                for a in agreements(w, prompts=prompts, coeffs=coeffs, seed=args.seed, steal=args.steal)
             ]
     except (SpecError, TraceError) as exc:
         print(f"plan_vs_sim: error: {exc}", file=sys.stderr)

@@ -69,7 +69,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the trace's first step has), drawn with replacement from the trace's prompts, each copy under a new "
         "prompt id: the steady state of a short trace, which one step never reaches",
     )
-    p.add_argument("--policy", default="all", help="all, or a comma-separated list of policy names")
+    p.add_argument(
+        "--policy",
+        default="all",
+        help="all (colocated, static-uniform, greedy, static-optimal, libra-homogeneous, libra-hetero-tp, "
+        "libra-cmlfq, libra), or a comma-separated list of policy names; libra-oracle (libra-cmlfq planned and run "
+        "with perfect routing, each request on the bucket of its final length: what routing could gain; docs/sim.md, "
+        "Policies) runs only when named",
+    )
     p.add_argument(
         "--prompts", type=int, default=None, help="prompts per step (default 512; with --resample, see there)"
     )
@@ -138,14 +145,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _policies(text: str) -> list[str]:
-    from libra.sim import POLICY_NAMES
+    from libra.sim import KNOWN_POLICY_NAMES, POLICY_NAMES
 
     if text.strip() == "all":
         return list(POLICY_NAMES)
     names = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [n for n in names if n not in POLICY_NAMES]
+    bad = [n for n in names if n not in KNOWN_POLICY_NAMES]
     if bad or not names:
-        raise CLIError(f"unknown policy {', '.join(bad) or repr(text)}; expected all or {', '.join(POLICY_NAMES)}")
+        raise CLIError(
+            f"unknown policy {', '.join(bad) or repr(text)}; expected all or {', '.join(KNOWN_POLICY_NAMES)}"
+        )
     return names
 
 

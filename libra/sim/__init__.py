@@ -10,6 +10,8 @@ simulated cluster, using the planner's cost model and the real router. Pure Pyth
 
 from libra.sim.engine import PolicyRun, ReconfigCosts, SimOptions
 from libra.sim.policies import (
+    EXTRA_POLICY_NAMES,
+    KNOWN_POLICY_NAMES,
     POLICY_NAMES,
     Allocation,
     Decision,
@@ -19,11 +21,13 @@ from libra.sim.policies import (
     make_policy,
 )
 from libra.sim.records import PolicyResult, StageRecord
-from libra.sim.routing import ROUTING_MODES, CausalRouting, Routes, overflow_routes, routes_for
+from libra.sim.routing import ROUTING_MODES, CausalRouting, Routes, final_routes, overflow_routes, routes_for
 from libra.sim.simulator import Scenario, SimReport, simulate
 from libra.sim.workload import StepWork, ToolLatency, WorkSource, step_work
 
 __all__ = [
+    "EXTRA_POLICY_NAMES",
+    "KNOWN_POLICY_NAMES",
     "POLICY_NAMES",
     "ROUTING_MODES",
     "Allocation",
@@ -43,6 +47,7 @@ __all__ = [
     "StepWork",
     "ToolLatency",
     "WorkSource",
+    "final_routes",
     "make_policy",
     "overflow_routes",
     "routes_for",

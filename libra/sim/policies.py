@@ -11,6 +11,14 @@
     libra-cmlfq        + C-MLFQ routing (ablation step 3)
     libra              + the elastic hybrid pool (non-blocking joins, idle workers lent across sides)
 
+and one policy that runs only when named (`EXTRA_POLICY_NAMES`; not in `POLICY_NAMES`, the set `--policy all` runs):
+
+    libra-oracle       libra-cmlfq with perfect routing: planned with the planner's `final-length` model and run
+                       with the simulator's `final` routing (each request on the bucket of its final length from
+                       the start, nothing moves). It reads each request's future, so no real router can do it: it
+                       is what routing could gain, the ablation step after libra-cmlfq (not a bound on every
+                       workload: its plans are priced without the work-conserving steal; docs/sim.md, Policies)
+
 The engine (`libra.sim.engine`) executes decisions: it owns time, costs and the cluster.
 """
 
@@ -431,17 +439,56 @@ class LibraCMLFQ(Libra):
     measures = False
 
 
+class LibraOracle(Libra):
+    """`libra-cmlfq`'s replanning with perfect routing: its planner prices each request on the bucket of its final
+    length (`PlannerOptions(routing="final-length")`, the same cost model object as the env's planner) and its
+    requests are routed so (`final`), so plan and run make the same assumption."""
+
+    name = "libra-oracle"
+    elastic = False
+    routing = "final"
+    measures = False
+
+    def __init__(self, env: PolicyEnv, **options: Any) -> None:
+        super().__init__(final_length_env(env), **options)
+
+
+def final_length_env(env: PolicyEnv) -> PolicyEnv:
+    """`env` with a planner of the same cluster, model, RL settings, options and cost model, but the
+    `final-length` routing model."""
+    base = env.planner
+    planner = GlobalPlanner(
+        cluster=base.cluster, model=base.model, rl=base.rl, options=attrs.evolve(base.options, routing="final-length")
+    )
+    planner.cost_model = base.cost_model  # one cost model: the oracle's plans are priced as the others'
+    return attrs.evolve(env, planner=planner)
+
+
 _REGISTRY: dict[str, type[Policy]] = {
     c.name: c
-    for c in (Colocated, StaticUniform, Greedy, StaticOptimal, LibraHomogeneous, LibraHeteroTP, LibraCMLFQ, Libra)
+    for c in (
+        Colocated,
+        StaticUniform,
+        Greedy,
+        StaticOptimal,
+        LibraHomogeneous,
+        LibraHeteroTP,
+        LibraCMLFQ,
+        Libra,
+        LibraOracle,
+    )
 }
-POLICY_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+# what `--policy all` (and `simulate`'s default) runs; the others only when named, so `all`'s reports, goldens and
+# run time do not change when one is added
+EXTRA_POLICY_NAMES: tuple[str, ...] = (LibraOracle.name,)
+POLICY_NAMES: tuple[str, ...] = tuple(n for n in _REGISTRY if n not in EXTRA_POLICY_NAMES)
+KNOWN_POLICY_NAMES: tuple[str, ...] = POLICY_NAMES + EXTRA_POLICY_NAMES  # every name `make_policy` accepts
 
 
 def make_policy(name: str, env: PolicyEnv, **options: Any) -> Policy:
     cls = _REGISTRY.get(name)
     if cls is None:
-        raise SpecError(f"unknown policy {name!r}; expected one of {', '.join(POLICY_NAMES)}")
+        raise SpecError(f"unknown policy {name!r}; expected one of {', '.join(KNOWN_POLICY_NAMES)}")
     try:
         return cls(env, **options)
     except TypeError as exc:
@@ -452,5 +499,5 @@ def uses_shared_tree(name: str) -> bool:
     """The policy routes with C-MLFQ over buckets, so its runs need the shared prefix tree (`CausalRouting`)."""
     cls = _REGISTRY.get(name)
     if cls is None:
-        raise SpecError(f"unknown policy {name!r}; expected one of {', '.join(POLICY_NAMES)}")
+        raise SpecError(f"unknown policy {name!r}; expected one of {', '.join(KNOWN_POLICY_NAMES)}")
     return getattr(cls, "routing", "") == "cmlfq" and not getattr(cls, "homogeneous", False)

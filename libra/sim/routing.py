@@ -9,7 +9,9 @@ context a migration before segment t carries (0 when the request stays).
 Modes: `single` (one bucket, nothing moves), `overflow` (start in the smallest bucket, move to the bucket of the
 context once it outgrows its bucket: length-bucketed serving without prediction), `cmlfq` (the real
 `libra.scheduling.CMLFQRouter`, sharing one prefix tree that learns every step's finished trajectories, so all
-policies see the same tree at step s).
+policies see the same tree at step s), `final` (perfect routing: every segment of a request is served by the bucket
+of its final context from admission on and nothing moves; it reads each request's future, so it is no router but the
+routing the planner's `final-length` model assumes, and the upper bound of what routing can gain).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from libra.sim.workload import StepWork
 from libra.spec import Bucket, SpecError
 from libra.workloads.trace import TOOL_STATUSES
 
-ROUTING_MODES = ("single", "overflow", "cmlfq")
+ROUTING_MODES = ("single", "overflow", "cmlfq", "final")
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -61,6 +63,17 @@ def overflow_routes(work: StepWork, buckets: tuple[Bucket, ...]) -> Routes:
         current = np.where(move, need, current)
         bucket[:, t] = current
     return Routes(bucket=bucket, carried=carried)
+
+
+def final_routes(work: StepWork, buckets: tuple[Bucket, ...]) -> Routes:
+    """Perfect routing: each request's every segment on the smallest bucket whose `max_tokens` holds its final
+    context (prompt, decoded and tool tokens: `StepWork.total_tokens`, the length the planner's `final-length`
+    model places a request by, with its edge: a request of exactly `max_tokens` stays in that bucket), nothing
+    carried."""
+    limits = np.array([b.max_tokens for b in buckets[:-1]], float)
+    home = np.searchsorted(limits, work.total_tokens, side="left")  # as `GlobalPlanner.rollout_time` places it
+    bucket = np.broadcast_to(home.astype(np.int64)[:, None], work.gen.shape).copy()
+    return Routes(bucket=bucket, carried=np.zeros(work.gen.shape, np.int64))
 
 
 class CausalRouting:
@@ -197,6 +210,8 @@ def routes_for(
         return _stay(work)
     if mode == "overflow":
         return overflow_routes(work, buckets)
+    if mode == "final":
+        return final_routes(work, buckets)
     if mode == "cmlfq":
         if causal is None:
             raise SpecError("cmlfq routing needs the shared CausalRouting")

@@ -19,7 +19,7 @@ from libra.planning import GlobalPlanner
 from libra.planning.cost import CostCoefficients, CostModel
 from libra.sim.engine import PolicyRun, ReconfigCosts, SimOptions, profile_of
 from libra.sim.parallel import fork_available, freeze_long_lived, policy_groups, run_groups
-from libra.sim.policies import POLICY_NAMES, PolicyEnv, make_policy, uses_shared_tree
+from libra.sim.policies import KNOWN_POLICY_NAMES, POLICY_NAMES, PolicyEnv, make_policy, uses_shared_tree
 from libra.sim.records import PolicyResult
 from libra.sim.routing import CausalRouting, routes_for
 from libra.sim.workload import StepWork, WorkSource
@@ -109,8 +109,8 @@ def _check_policies(policies: Sequence[str], options: dict[str, dict[str, Any]] 
     if not policies:
         raise SpecError("simulate needs at least one policy")
     for name in policies:
-        if name not in POLICY_NAMES:
-            raise SpecError(f"unknown policy {name!r}; expected one of {', '.join(POLICY_NAMES)}")
+        if name not in KNOWN_POLICY_NAMES:
+            raise SpecError(f"unknown policy {name!r}; expected one of {', '.join(KNOWN_POLICY_NAMES)}")
     repeated = sorted({name for name in policies if list(policies).count(name) > 1})
     if repeated:
         raise SpecError(f"simulate.policies names {', '.join(map(repr, repeated))} more than once")

@@ -64,3 +64,14 @@ def policy_run(sc: Scenario, name: str, env: PolicyEnv | None = None) -> PolicyR
 @pytest.fixture
 def scenario() -> Scenario:
     return small_scenario()
+
+
+def plan_vs_sim():
+    """`examples/plan_vs_sim.py` as a module (an example, not a package: loaded from its path)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "plan_vs_sim.py"
+    spec = importlib.util.spec_from_file_location("plan_vs_sim", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

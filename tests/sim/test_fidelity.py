@@ -4,7 +4,7 @@ from pathlib import Path
 
 import attrs
 import pytest
-from conftest import small_scenario
+from conftest import plan_vs_sim, small_scenario
 
 from libra.planning.cost import CostModel, load_coefficients
 from libra.sim import ReconfigCosts, WorkSource, simulate
@@ -96,21 +96,11 @@ def test_causal_routing_never_reads_the_future():
     assert r1.bucket.min() >= 0 and r1.bucket.max() < len(buckets)
 
 
-def _plan_vs_sim():
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "examples" / "plan_vs_sim.py"
-    spec = importlib.util.spec_from_file_location("plan_vs_sim", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("workload", ["r2e-gym", "search-r1", "dapo-math"])
 def test_the_planner_predicts_what_the_simulator_runs(workload):
     """The planner's default step-0 plan and colocated's instances, 512 x 16 requests: predicted and simulated
     rollout agree within 15 % (measured: -11 % to +8 %; examples/plan_vs_sim.py prints the docs/sim.md table)."""
-    rows = _plan_vs_sim().agreements(workload, routings=("start-small",))
+    rows = plan_vs_sim().agreements(workload, routings=("start-small",))
     assert [a.routing for a in rows] == ["start-small", "colocated"]
     for a in rows:
         assert abs(a.error) <= 0.15, (a.routing, a.layout, a.predicted_s, a.simulated_s)
@@ -126,7 +116,7 @@ def test_the_planner_predicts_what_the_simulator_runs_on_real_agents(source):
     from libra.workloads.corpus import DEFAULT_CORPUS
 
     trace = DEFAULT_CORPUS / f"{source}.jsonl.gz"
-    rows = _plan_vs_sim().agreements(source, prompts=None, routings=("start-small",), trace=trace)
+    rows = plan_vs_sim().agreements(source, prompts=None, routings=("start-small",), trace=trace)
     assert [a.routing for a in rows] == ["start-small", "colocated"]
     for a in rows:
         assert abs(a.error) <= 0.10, (a.routing, a.layout, a.predicted_s, a.simulated_s)
