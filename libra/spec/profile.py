@@ -6,6 +6,7 @@ The planner groups the sample into length quantiles, so a profile of 8,192 traje
 
 from __future__ import annotations
 
+import bisect
 import math
 import operator
 from collections.abc import Iterable, Sequence
@@ -209,10 +210,15 @@ class WorkloadProfile:
         one group a request, whose counts add up to exactly `requests_per_step`: each group one request plus its
         share of the rest, by cumulative rounding. (Rounding each group's share alone gave every group at least
         one: a step of one request was planned as 32, and the counts drifted from the step's.) Unscaled (a step of
-        the sample's size), a group's count is its size."""
+        the sample's size), a group's count is its size. No boundary splits requests of equal length: a bucket's
+        limit is its last group's `max_total`, and every request of that length is served there (routing and
+        `GlobalPlanner.evaluate` place a request on the first bucket that holds it), so a tie cut in two had its
+        upper part priced in the next bucket; such a boundary moves to the nearer end of the tie (fewer groups
+        where a tie spans one)."""
         n, requests = self.num_samples, self.requests_per_step
         k = max(1, min(num_groups, n, requests))
-        bounds = [round(i * n / k) for i in range(k + 1)]  # k <= n: no group is empty
+        bounds = _whole_lengths(self.total_lengths, [round(i * n / k) for i in range(k + 1)])  # k <= n: none empty
+        k = len(bounds) - 1
         shares = [round(b * (requests - k) / n) for b in bounds]
         out = []
         for lo, hi, a, b in zip(bounds, bounds[1:], shares, shares[1:]):
@@ -252,6 +258,19 @@ class WorkloadProfile:
             # each trajectory's seconds in tool calls, where known (None: unknown, priced at the mean call)
             "max_tool_s": max(self.tool_s) if self.tool_s else None,
         }
+
+
+def _whole_lengths(lengths: Sequence[float], bounds: list[int]) -> list[int]:
+    """`bounds` (group starts in the ascending `lengths`, then its size) with each inner bound that falls inside a
+    run of equal lengths moved to the run's nearer end (its upper end on a draw), and repeats dropped."""
+    out = [0]
+    for b in bounds[1:-1]:
+        if lengths[b - 1] == lengths[b]:
+            lo, hi = bisect.bisect_left(lengths, lengths[b]), bisect.bisect_right(lengths, lengths[b])
+            b = hi if hi - b <= b - lo else lo
+        if out[-1] < b < len(lengths):
+            out.append(b)
+    return [*out, len(lengths)]
 
 
 def chain_hull(gen: Sequence[float], tool_s: Sequence[float]) -> tuple[tuple[float, float], ...]:

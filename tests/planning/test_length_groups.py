@@ -7,6 +7,8 @@ from __future__ import annotations
 import attrs
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from libra.planning import GlobalPlanner
 from libra.spec import ClusterSpec, RLSettings, SpecError, WorkloadProfile, get_gpu, get_model
@@ -60,3 +62,24 @@ def test_one_request_a_step_is_planned_as_one() -> None:
     assert sum(g.count for g in planner.tables(profile).groups) == 1
     plan = planner.plan(profile)
     assert sum(g.count for g in plan.rollout.instances) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.sampled_from([100.0, 250.0, 1000.0, 1000.0, 1000.0, 4000.0]), min_size=1, max_size=80),
+    num_groups=st.integers(1, 40),
+    requests=st.integers(1, 200),
+)
+def test_no_group_boundary_splits_a_length(lengths: list[float], num_groups: int, requests: int) -> None:
+    """A bucket's limit is its last group's `max_total`, and every request of that length is served there, so no
+    boundary may cut requests of equal length in two (the upper part was priced in the next bucket: a final-length
+    plan of ReAct on FEVER, 11 runs of exactly 1,000 tokens, 2 and 9 across a boundary, read 30 s where its
+    requests take 41 s). Every group holds all the samples of its `max_total`, and the counts still add up."""
+    profile = WorkloadProfile.build(name="ties", shapes=[(t, t / 2, 1.0) for t in lengths])
+    groups = length_groups(profile, num_groups, requests)
+    tops = [g.max_total for g in groups]
+    assert tops == sorted(set(tops))  # strictly increasing: no length is the top of two groups
+    assert sum(g.count for g in groups) == requests
+    if requests == profile.num_samples:  # unscaled: a group's count is its size, so its samples are countable
+        assert list(np.cumsum([g.count for g in groups])) == [sum(x <= top for x in lengths) for top in tops]
+    assert 1 <= len(groups) <= min(num_groups, len(lengths), requests)
