@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from libra.planning import GlobalPlanner, PlannerOptions
 from libra.planning.cost import CostCoefficients, load_coefficients
-from libra.sim.engine import profile_of
+from libra.sim.engine import SimOptions, profile_of, rollout_floor_s
 from libra.sim.rollout import STEAL_MODES, Instances, RolloutRun
 from libra.sim.routing import routes_for
 from libra.sim.workload import StepWork, WorkSource, trace_name
@@ -65,25 +65,30 @@ def simulated_rollout(
     planner: GlobalPlanner,
     work: StepWork,
     groups: tuple[InstanceGroup, ...],
-    slice_s: float,
     *,
     routing: str = "overflow",
     steal: str = "all",
 ) -> float:
     """Seconds the timed rollout takes to serve `work` on `groups` from time 0, requests routed by the simulator's
     `routing` mode (`overflow` or `final`; one bucket: `single`), idle instances stealing as `steal` says (the
-    simulator's `SimOptions.steal`)."""
+    simulator's `SimOptions.steal`). The time slice is the simulator's own (`SimOptions`' defaults: the step's
+    rollout floor from its work alone over 300, within the minimum and maximum slice), not one from the
+    prediction: the simulated time moves by a few per cent with the slice (docs/sim.md), and a check must not move
+    with what it checks."""
     buckets = tuple(Bucket(tp=g.tp, max_tokens=g.max_tokens) for g in groups)
     routes = routes_for("single" if len(buckets) == 1 else routing, work, buckets, None)
     tps = [g.tp for g in groups for _ in range(g.count)]
     home = [b for b, g in enumerate(groups) for _ in range(g.count)]
+    inst, options = Instances(tps, home, [0.0] * len(tps)), SimOptions()
+    slice_s = max(options.min_slice_s, rollout_floor_s(planner.cost_model, work, inst) / options.slices_per_rollout)
     run = RolloutRun(
         planner.cost_model,
         work,
         routes,
-        Instances(tps, home, [0.0] * len(tps)),
+        inst,
         start=0.0,
         min_slice_s=slice_s,
+        max_slice_s=options.max_slice_s,
         steal=steal,
     )
     run.run_to_end()
@@ -135,9 +140,7 @@ def agreements(
                     routing=routing if mode == own else routing + IMPERFECT,
                     instances=groups,
                     predicted_s=plan.rollout.time_s,
-                    simulated_s=simulated_rollout(
-                        planner, work, groups, plan.rollout.time_s / 300, routing=mode, steal=steal
-                    ),
+                    simulated_s=simulated_rollout(planner, work, groups, routing=mode, steal=steal),
                 )
             )
     planner = GlobalPlanner(cluster=cluster, model=model, rl=rl, coeffs=coeffs)
@@ -149,7 +152,7 @@ def agreements(
             routing="colocated",
             instances=groups,
             predicted_s=predicted,
-            simulated_s=simulated_rollout(planner, work, groups, predicted / 300, steal=steal),
+            simulated_s=simulated_rollout(planner, work, groups, steal=steal),
         )
     )
     return out
