@@ -66,12 +66,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)command `args` chose (`libra trace import`'s, say): the one whose --help lists the
+    options its words may use, so that an argument no parser took is answered with that --help."""
+    while True:
+        subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = subparsers[0].choices.get(getattr(args, subparsers[0].dest, None) or "") if subparsers else None
+        if chosen is None:
+            return parser
+        parser = chosen
+
+
 def main(argv: list[str] | None = None) -> int:
     from libra.spec import SpecError
     from libra.workloads import TraceError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the subcommand's parser: "(see libra plan --help)", not the top one's
+        _chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "run", None):
         parser.print_help(sys.stderr)
         return 2

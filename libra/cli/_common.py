@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -70,18 +73,47 @@ def max_len_note(lengths: Sequence[int], max_len: int) -> str | None:
 
 def check_new_output(path: Path, *, directory: bool) -> None:
     """Fail before the work when an output path cannot be written: a folder named by an existing file (or the
-    reverse), a parent folder that does not exist, or (for a folder, whose missing parents are created) a file
-    where a parent folder would go."""
+    reverse), a parent folder that does not exist, (for a folder, whose missing parents are created) a file
+    where a parent folder would go, or a folder that cannot be created or written (`_probe_folder`)."""
     if directory and path.exists() and not path.is_dir():
         raise CLIError(f"--out {path}: exists and is not a folder")
     if directory:
         above = next(p for p in (path, *path.parents) if p.exists())  # ('.' or '/' at the latest)
         if not above.is_dir():
             raise CLIError(f"--out {path}: {above} is not a folder")
+        _probe_folder(path, above)
     if not directory and path.is_dir():
         raise CLIError(f"--out {path}: is a folder; name a file")
     if not directory and not path.parent.is_dir():
         raise CLIError(f"--out {path}: folder {path.parent} does not exist")
+
+
+def _probe_folder(path: Path, above: Path) -> None:
+    """Create `path` (and its missing parents) and a file in it, then remove them again: what the run will do when
+    it writes there, tried before the run. Permission bits cannot tell (root may write anywhere by them, yet not
+    under /proc; a read-only mount says so only when written). `above` is the nearest folder that exists."""
+    created = [p for p in (path, *path.parents) if not p.exists()]  # (deepest first)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        handle, name = tempfile.mkstemp(dir=path, prefix=".libra-probe-")
+        os.close(handle)
+        os.unlink(name)
+    except OSError as exc:
+        where = f"cannot create it in {above}" if created else "cannot write in it"
+        raise CLIError(f"--out {path}: {where} ({exc.strerror or exc})") from None
+    finally:
+        for folder in created:  # only the folders made here, each empty again
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+def progress_bar(*, total: int, desc: str, unit: str, enabled: bool = True):
+    """A tqdm bar on stderr, shown only on a terminal, where it is cleared when it closes (`leave=False`): written
+    to a file, its carriage returns would put the bar on the same line as the error or the table after it."""
+    from tqdm import tqdm
+
+    shown = enabled and sys.stderr.isatty()
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=not shown, leave=False)
 
 
 def one_line(text: str) -> str:

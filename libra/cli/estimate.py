@@ -123,7 +123,7 @@ def estimate(args: argparse.Namespace) -> dict[str, Any]:
                 "tp": tp,
                 "weights_gb_per_gpu": model.weight_bytes / tp / GB,
                 "kv_pool_gb_per_gpu": capacity * model.kv_bytes_per_token(tp) / GB,
-                "kv_capacity_tokens": capacity,
+                "kv_capacity_tokens": int(capacity),  # whole tokens: a fraction of one holds none
                 "engine_memory_gb_per_gpu": c.gpu_memory_utilization * cluster.gpu.memory_gb,
             }
         )

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from libra.cli._common import CLIError, emit_json, log, table
+from libra.cli._common import CLIError, emit_json, log, progress_bar, table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,9 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _progress(total: int, enabled: bool):
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, desc="profile", unit="pt", disable=not enabled, leave=False)
+    bar = progress_bar(total=total, desc="profile", unit="pt", enabled=enabled)
 
     def tick(label: str) -> None:
         bar.set_postfix_str(label)
@@ -85,11 +83,13 @@ def _write_yaml(path: Path, coeffs: dict[str, float], header: list[str]) -> None
 
 def _check_options(args: argparse.Namespace) -> None:
     """What can be refused before minutes of measurement: the endpoint's options without --endpoint, a timeout
-    that is not a positive number of seconds, an --out that names a folder."""
+    that is not a positive number of seconds, an --out that names a folder, a --model-dir without config.json."""
     if args.endpoint is None:
         given = [flag for flag, value in (("--model", args.model), ("--served-model", args.served_model)) if value]
         if given:
             raise CLIError(f"{given[0]} goes with --endpoint URL (the in-process engine reads --model-dir)")
+    if args.model_dir and not (Path(args.model_dir) / "config.json").is_file():
+        raise CLIError(f"--model-dir {args.model_dir}: no config.json (a Hugging Face model directory?)")
     if not math.isfinite(args.timeout) or not 0 < args.timeout <= 3600:
         raise CLIError(f"--timeout must be seconds in (0, 3600], got {args.timeout}")
     out = Path(args.out)
@@ -135,10 +135,8 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
             )
             steps = []
         else:
-            if args.model_dir:
+            if args.model_dir:  # (its config.json is checked before the bar starts: `_check_options`)
                 model_dir = Path(args.model_dir)
-                if not (model_dir / "config.json").is_file():
-                    raise CLIError(f"--model-dir {model_dir}: no config.json (a Hugging Face model directory?)")
             else:
                 from libra.adapters.tiny_model import build_tiny_model
 
@@ -166,8 +164,8 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
         f"libra profile: {source}; model {model.name}; coefficients relative to {gpu.name}",
         "measured on this machine's engine: on a CPU they describe that engine as if it were the GPU named above",
     ] + [
-        f"{g.kind}: {g.points} points, fit MAPE {g.mape_fit:.1f} %, held-out MAPE {g.mape_held_out:.1f} % "
-        f"({g.held_out} points)"
+        f"{g.kind}: {g.points} points, fit MAPE {g.mape_fit:.1f} %, held-out MAPE {_held_out(g.mape_held_out)}"
+        + ("" if g.held_out == 0 else f" ({g.held_out} points)")
         for g in fit.groups
     ]
     try:
@@ -199,6 +197,19 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+_NO_HELD_OUT = "n/a (no held-out points)"  # a group too small to hold a point out has a NaN held-out MAPE
+
+
+def _held_out(mape: float) -> str:
+    """A held-out MAPE for the YAML's header: "12.3 %", or `_NO_HELD_OUT` in place of "nan %"."""
+    return f"{mape:.1f} %" if math.isfinite(mape) else _NO_HELD_OUT
+
+
+def _mape_cell(mape: float) -> float | str:
+    """A held-out MAPE for the table: the number, or `_NO_HELD_OUT` in place of "nan"."""
+    return mape if math.isfinite(mape) else _NO_HELD_OUT
+
+
 def run(args: argparse.Namespace) -> int:
     out = profile(args)
     if args.json:
@@ -206,7 +217,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     log(f"wrote {out['out']}")
     print(f"{out['source']}: model {out['model']}, coefficients relative to {out['gpu']}\n")
-    rows = [[g["kind"], g["points"], g["held_out"], g["mape_fit"], g["mape_held_out"]] for g in out["groups"]]
+    rows = [
+        [g["kind"], g["points"], g["held_out"], g["mape_fit"], _mape_cell(g["mape_held_out"])] for g in out["groups"]
+    ]
     print(table(["measured", "points", "held out", "fit MAPE %", "held-out MAPE %"], rows, title="Fit"))
     print()
     print(table(["coefficient", "value"], [[k, v] for k, v in out["coeffs"].items()], title=f"Written to {out['out']}"))

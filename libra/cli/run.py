@@ -10,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-from libra.cli._common import CLIError, check_new_output, emit_json, log, one_line, table
+from libra.cli._common import CLIError, check_new_output, emit_json, log, one_line, progress_bar, table
 
 DEFAULT_OUT = "libra-run"
 
@@ -116,8 +116,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _execute(config, out: Path, *, resume: bool, as_json: bool, quiet: bool) -> int:
-    from tqdm import tqdm
-
     from libra.runtime import Orchestrator
     from libra.runtime.signals import Terminated, stop_on_sigterm
 
@@ -128,8 +126,8 @@ def _execute(config, out: Path, *, resume: bool, as_json: bool, quiet: bool) -> 
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
     records: list[dict] = []
-    # leave=False: the bar is cleared when it closes, so an error or the interrupt message is the one line left
-    bar = tqdm(total=config.steps, desc="libra run", unit="step", file=sys.stderr, disable=quiet, leave=False)
+    # on a terminal only, and cleared when it closes: an error or the interrupt message is the one line left
+    bar = progress_bar(total=config.steps, desc="libra run", unit="step", enabled=not quiet)
 
     def on_step(record: dict) -> None:
         records.append(record)

@@ -19,6 +19,7 @@ from libra.cli._common import (
     emit_json,
     log,
     max_len_note,
+    progress_bar,
     setup_from_args,
     table,
     tool_latency_from_args,
@@ -182,8 +183,6 @@ def _colocated(args: argparse.Namespace, coeffs):
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from libra.sim import Scenario, SimOptions, WorkSource, simulate
     from libra.spec import RLSettings
     from libra.spec.cluster import MAX_GPUS, MAX_GPUS_PER_NODE
@@ -278,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
         f"simulating {source.name}: {cluster.num_gpus} x {cluster.gpu.name}, {model.name}, {prompts} x {samples} "
         f"trajectories per step, {_steps(args.steps)}, policies {', '.join(policies)}"
     )
-    bar = tqdm(total=args.steps * len(policies), desc="simulate", unit="stage", leave=False)
+    bar = progress_bar(total=args.steps * len(policies), desc="simulate", unit="stage")
 
     def progress(policy: str, step: int) -> None:
         bar.set_postfix_str(f"{policy} step {step}", refresh=False)

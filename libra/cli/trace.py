@@ -90,7 +90,11 @@ def _add_import_args(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "trace", help="`libra trace generate` (synthetic) or `libra trace import` (real agent logs)"
+        "trace",
+        help="`libra trace generate` (synthetic) or `libra trace import` (real agent logs)",
+        description="Write a trace (JSON Lines in the schema of docs/trace-schema.md) that plan, simulate and "
+        "route-eval replay: `generate` a synthetic agentic workload (the default action), or `import` real agent "
+        "logs, counting their tokens with a real tokenizer.",
     )
     actions = parser.add_subparsers(dest="trace_action", metavar="ACTION")
     gen = actions.add_parser("generate", help="write a synthetic agentic trace")

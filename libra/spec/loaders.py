@@ -18,7 +18,7 @@ import yaml
 from libra.spec.cluster import ClusterSpec
 from libra.spec.errors import SpecError
 from libra.spec.hardware import GPUSpec, get_gpu
-from libra.spec.model import ModelSpec, get_model
+from libra.spec.model import MODEL_PRESETS, ModelSpec, get_model
 
 MAX_FILE_BYTES = 16 << 20  # a model, cluster or coefficients file is a few hundred bytes
 
@@ -70,13 +70,17 @@ def read_mapping(path: Path) -> dict[str, Any]:
 
 
 def construct(cls: type, data: dict[str, Any], path: Path) -> Any:
-    """`cls(**data)`, with a one-line SpecError naming `path` for unknown fields or a bad call."""
+    """`cls(**data)`, with a one-line SpecError naming `path`, the class and the field(s) for unknown or missing
+    fields (docs/files.md: "FILE: ModelSpec field 'num_layers' missing"), or for a bad call."""
     fields = {f.name for f in attrs.fields(cls)}
     unknown = sorted(set(data) - fields)
     if unknown:
         raise SpecError(
             f"{path}: unknown field(s) {', '.join(unknown)} for {cls.__name__}; known: {', '.join(sorted(fields))}"
         )
+    missing = [f.name for f in attrs.fields(cls) if f.init and f.default is attrs.NOTHING and f.name not in data]
+    if missing:
+        raise SpecError(f"{path}: {cls.__name__} {_fields(missing)} missing")
     try:
         return cls(**data)
     except TypeError as exc:
@@ -87,21 +91,37 @@ def construct(cls: type, data: dict[str, Any], path: Path) -> Any:
         raise SpecError(f"{path}: {exc}") from None
 
 
+def _fields(names: list[str]) -> str:
+    """The names as a message gives them: "field 'a'" or "fields 'a', 'b'"."""
+    return ("field " if len(names) == 1 else "fields ") + ", ".join(repr(n) for n in names)
+
+
 def load_model(name_or_path: str) -> ModelSpec:
-    """A preset name, or a YAML/JSON file with ModelSpec fields."""
+    """A preset name, or a YAML/JSON file with ModelSpec fields (a folder is neither: said so, not "unknown
+    model")."""
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml", ".json"):
+    if path.suffix in (".yaml", ".yml", ".json") and not path.is_dir():
         data = read_mapping(path)
         data.setdefault("name", path.stem)
         return construct(ModelSpec, data, path)
-    return get_model(name_or_path)
+    try:
+        return get_model(name_or_path)  # (a preset, even where a folder of its name lies here)
+    except SpecError:
+        if not path.is_dir():
+            raise
+    raise SpecError(
+        f"{path}: a folder, not a model file (YAML/JSON of ModelSpec fields, docs/files.md) or a preset name "
+        f"({', '.join(MODEL_PRESETS)})"
+    )
 
 
 def load_cluster(path_text: str) -> ClusterSpec:
     """A YAML/JSON file: `gpu` (a preset name or a mapping of GPUSpec fields), `num_nodes`, `gpus_per_node`."""
     path = Path(path_text)
     data = read_mapping(path)
-    gpu = data.get("gpu")
+    if "gpu" not in data:
+        raise SpecError(f"{path}: ClusterSpec field 'gpu' missing (a preset name or a mapping of GPUSpec fields)")
+    gpu = data["gpu"]
     if isinstance(gpu, str):
         data["gpu"] = get_gpu(gpu)
     elif isinstance(gpu, dict):

@@ -37,6 +37,11 @@ MAX_LINE_BYTES = 64 << 20  # one JSON line
 _UTF8_BOM = b"\xef\xbb\xbf"  # the byte order mark some editors put at the start of a UTF-8 file
 _KNOWN_KEYS = frozenset({"prompt_id", "sample", "step", "prompt_tokens", "turns", "reward"})
 _TURN_KEYS = frozenset({"gen_tokens", "tool", "tool_status", "tool_tokens"})
+# keys that mark a record of the agent logs `libra trace import` reads (chat messages, SWE-agent, verl rollouts)
+_AGENT_LOG_KEYS = frozenset(
+    {"messages", "conversations", "conversation", "role", "contents", "history", "trajectory", "response_mask"}
+)
+_AGENT_LOG_HINT = "this looks like an agent log, not a Libra trace: convert it with `libra trace import`"
 
 
 class TraceError(ValueError):
@@ -349,6 +354,14 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
+def _missing_prompt_tokens(obj: dict[str, Any]) -> str:
+    """The message for a line without `prompt_tokens`: "missing", with the way on where the line is a record of an
+    agent log (a chat's `messages`, a `role`, ...) rather than a trace line, the most common wrong file given."""
+    if "turns" not in obj and not _AGENT_LOG_KEYS.isdisjoint(obj):
+        return f"missing; {_AGENT_LOG_HINT}"
+    return "missing"
+
+
 def parse_line(text: str, path: Path, line: int) -> Trajectory:
     try:
         obj = json.loads(text, parse_constant=_no_constant)
@@ -364,7 +377,7 @@ def parse_line(text: str, path: Path, line: int) -> Trajectory:
     if isinstance(prompt_id, int) and not isinstance(prompt_id, bool):
         prompt_id = str(prompt_id)
     if obj.get("prompt_tokens") is None:
-        raise TraceError(path, line, "prompt_tokens", "missing")
+        raise TraceError(path, line, "prompt_tokens", _missing_prompt_tokens(obj))
     # the turns are bounded before any of them is read
     turns_raw = obj.get("turns")
     if not isinstance(turns_raw, list) or not turns_raw:
