@@ -74,7 +74,8 @@ def max_len_note(lengths: Sequence[int], max_len: int) -> str | None:
 def check_new_output(path: Path, *, directory: bool) -> None:
     """Fail before the work when an output path cannot be written: a folder named by an existing file (or the
     reverse), a parent folder that does not exist, (for a folder, whose missing parents are created) a file
-    where a parent folder would go, or a folder that cannot be created or written (`_probe_folder`)."""
+    where a parent folder would go, or a folder (a file's own, for a file) that cannot be created or written
+    (`_probe_folder`)."""
     if directory and path.exists() and not path.is_dir():
         raise CLIError(f"--out {path}: exists and is not a folder")
     if directory:
@@ -86,12 +87,15 @@ def check_new_output(path: Path, *, directory: bool) -> None:
         raise CLIError(f"--out {path}: is a folder; name a file")
     if not directory and not path.parent.is_dir():
         raise CLIError(f"--out {path}: folder {path.parent} does not exist")
+    if not directory:
+        _probe_folder(path.parent, path.parent, shown=path)  # the file is written next to a temporary one there
 
 
-def _probe_folder(path: Path, above: Path) -> None:
+def _probe_folder(path: Path, above: Path, *, shown: Path | None = None) -> None:
     """Create `path` (and its missing parents) and a file in it, then remove them again: what the run will do when
     it writes there, tried before the run. Permission bits cannot tell (root may write anywhere by them, yet not
-    under /proc; a read-only mount says so only when written). `above` is the nearest folder that exists."""
+    under /proc; a read-only mount says so only when written). `above` is the nearest folder that exists; `shown`
+    the --out the message names (`path` itself by default)."""
     created = [p for p in (path, *path.parents) if not p.exists()]  # (deepest first)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -99,8 +103,8 @@ def _probe_folder(path: Path, above: Path) -> None:
         os.close(handle)
         os.unlink(name)
     except OSError as exc:
-        where = f"cannot create it in {above}" if created else "cannot write in it"
-        raise CLIError(f"--out {path}: {where} ({exc.strerror or exc})") from None
+        where = f"cannot create it in {above}" if created else f"cannot write in {path}"
+        raise CLIError(f"--out {shown or path}: {where} ({exc.strerror or exc})") from None
     finally:
         for folder in created:  # only the folders made here, each empty again
             with contextlib.suppress(OSError):

@@ -203,6 +203,8 @@ def run_import(args: argparse.Namespace) -> int:
         rules = StatusRules(base_err + tuple(args.error_pattern), base_tmo + tuple(args.timeout_pattern))
     except ValueError as exc:
         raise CLIError(str(exc)) from None
+    out = Path(args.out)
+    check_new_output(out, directory=False)  # before the import, which may read large logs for minutes
     log(f"importing {len(args.sources)} file(s) as {args.format} (tokenizer {args.tokenizer})")
     warnings = logging.getLogger("libra.workloads.importers")  # what an importer skipped, said on stderr
     handler = _Stderr(logging.WARNING)
@@ -215,7 +217,6 @@ def run_import(args: argparse.Namespace) -> int:
         raise CLIError(str(exc)) from None
     finally:
         warnings.removeHandler(handler)
-    out = Path(args.out)
     try:
         written = write_trace_atomic(out, trajectories)
     except OSError as exc:

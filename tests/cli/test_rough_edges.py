@@ -43,6 +43,24 @@ def test_simulate_refuses_an_out_folder_it_cannot_create_before_simulating(capsy
     assert _error(capsys) == "libra: error: --out /proc/nope: cannot create it in /proc (No such file or directory)"
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["trace", "generate", "--steps", "1", "--prompts", "2", "--samples", "2", "--out", "/proc/x.jsonl"],
+        ["trace", "import", "LOG", "--out", "/proc/x.jsonl"],
+    ],
+    ids=["generate", "import"],
+)
+def test_a_trace_file_out_where_nothing_can_be_written_is_refused_before_the_work(argv, tmp_path, capsys) -> None:
+    """A trace file is written next to a temporary one in its folder: a folder that takes no file (/proc) is named
+    before the trace is generated or the logs are read (before, only the folder's existence was checked, and
+    `trace import` checked nothing until its write)."""
+    log = tmp_path / "chat.jsonl"
+    log.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    assert main([str(log) if a == "LOG" else a for a in argv]) == 2
+    assert _error(capsys) == "libra: error: --out /proc/x.jsonl: cannot write in /proc (No such file or directory)"
+
+
 def test_the_out_probe_leaves_nothing_behind(tmp_path, capsys) -> None:
     """The probe creates the folders and a file, then removes them: a run refused later leaves no empty folder."""
     out = tmp_path / "a" / "b"
