@@ -362,6 +362,14 @@ def _missing_prompt_tokens(obj: dict[str, Any]) -> str:
     return "missing"
 
 
+def _not_an_object(obj: Any) -> str:
+    """The message for a line that is not a JSON object, with the way on where it is a chat's list of messages (each
+    a mapping with a `role`), an agent log's line rather than a trace's."""
+    if isinstance(obj, list) and obj and all(isinstance(m, dict) and "role" in m for m in obj):
+        return f"each line must be a JSON object; {_AGENT_LOG_HINT}"
+    return "each line must be a JSON object"
+
+
 def parse_line(text: str, path: Path, line: int) -> Trajectory:
     try:
         obj = json.loads(text, parse_constant=_no_constant)
@@ -372,7 +380,7 @@ def parse_line(text: str, path: Path, line: int) -> Trajectory:
     except RecursionError:
         raise TraceError(path, line, None, "not valid JSON (nested too deeply)") from None
     if not isinstance(obj, dict):
-        raise TraceError(path, line, None, "each line must be a JSON object")
+        raise TraceError(path, line, None, _not_an_object(obj))
     prompt_id: Any = obj.get("prompt_id")
     if isinstance(prompt_id, int) and not isinstance(prompt_id, bool):
         prompt_id = str(prompt_id)

@@ -87,6 +87,21 @@ def test_an_agent_log_given_as_a_trace_says_how_to_convert_it(record, tmp_path, 
     )
 
 
+def test_a_chat_line_that_is_a_bare_list_of_messages_is_pointed_at_trace_import(tmp_path, capsys) -> None:
+    """Some chat logs write each conversation as a bare list of messages: not a JSON object, and said so with the
+    way on; a list of anything else is only told it must be an object."""
+    path = tmp_path / "chats.jsonl"
+    path.write_text(json.dumps([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]) + "\n")
+    assert main(["route-eval", "--trace", str(path)]) == 2
+    assert _error(capsys) == (
+        f"libra: error: {path}:1: each line must be a JSON object; this looks like an agent log, not a Libra trace: "
+        "convert it with `libra trace import`"
+    )
+    path.write_text("[1, 2]\n")
+    assert main(["route-eval", "--trace", str(path)]) == 2
+    assert _error(capsys) == f"libra: error: {path}:1: each line must be a JSON object"
+
+
 def test_a_trace_line_without_prompt_tokens_gets_no_agent_log_hint(tmp_path, capsys) -> None:
     path = tmp_path / "t.jsonl"
     path.write_text(json.dumps({"turns": [{"gen_tokens": 3}], "messages": 2}) + "\n")
