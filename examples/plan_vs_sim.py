@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from libra.planning import GlobalPlanner, PlannerOptions
 from libra.planning.cost import CostCoefficients, load_coefficients
-from libra.sim.engine import SimOptions, profile_of, rollout_floor_s
+from libra.sim.engine import SimOptions, profile_of, rollout_slice_s
 from libra.sim.rollout import STEAL_MODES, Instances, RolloutRun
 from libra.sim.routing import routes_for
 from libra.sim.workload import StepWork, WorkSource, trace_name
@@ -80,14 +80,13 @@ def simulated_rollout(
     tps = [g.tp for g in groups for _ in range(g.count)]
     home = [b for b, g in enumerate(groups) for _ in range(g.count)]
     inst, options = Instances(tps, home, [0.0] * len(tps)), SimOptions()
-    slice_s = max(options.min_slice_s, rollout_floor_s(planner.cost_model, work, inst) / options.slices_per_rollout)
     run = RolloutRun(
         planner.cost_model,
         work,
         routes,
         inst,
         start=0.0,
-        min_slice_s=slice_s,
+        min_slice_s=rollout_slice_s(planner.cost_model, work, inst, options),
         max_slice_s=options.max_slice_s,
         steal=steal,
     )

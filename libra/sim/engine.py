@@ -120,6 +120,12 @@ def rollout_floor_s(cm: CostModel, work: StepWork, inst: Instances) -> float:
     return max(chain, float(work.gen_tokens.sum()) / rate if rate > 0 else 0.0)
 
 
+def rollout_slice_s(cm: CostModel, work: StepWork, inst: Instances, options: SimOptions) -> float:
+    """The timed rollout's time slice for a step on `inst`: its rollout floor from the work alone over
+    `options.slices_per_rollout`, never under `options.min_slice_s` (`RolloutRun` caps it at `max_slice_s`)."""
+    return max(options.min_slice_s, rollout_floor_s(cm, work, inst) / options.slices_per_rollout)
+
+
 def weight_sync_s(cm: CostModel) -> float:
     """Broadcast of the new weights from training to rollout over the network (asynchronous pipeline)."""
     bw = cm.cluster.gpu.network_bandwidth_gbs * 1e9 * cm.coeffs.link_efficiency
@@ -246,7 +252,7 @@ class PolicyRun:
         instances serve from `sync_s` on (or later, for one whose engine starts)."""
         inst = self._instances()
         inst.ready_at = np.maximum(inst.ready_at, sync_s)
-        slice_s = max(self.options.min_slice_s, rollout_floor_s(self.cm, work, inst) / self.options.slices_per_rollout)
+        slice_s = rollout_slice_s(self.cm, work, inst, self.options)
         return RolloutRun(
             self.cm,
             work,

@@ -43,7 +43,7 @@ class Outcome:
 # --- values -----------------------------------------------------------------------------------------------------
 _INTS = ["0", "1", "2", "3", "-1", "-5", "7", str(_BIG), str(2**31), "1e3", "x", "", "nan", " 4", "08"]
 _FLOATS = [0, -1, 1.5, 1e30, 1e-30, float("nan"), float("inf"), "3e-6", "x", True, None, [], {}, 2**63, 10**12]
-_MODEL = {
+MODEL_FIELDS = {  # a valid ModelSpec file's fields (test_rough_edges.py takes them too)
     "num_layers": 8,
     "hidden_size": 512,
     "num_heads": 8,
@@ -92,12 +92,12 @@ def _model_file(rng: random.Random) -> tuple[str, bytes]:
     suffix = rng.choice([".yaml", ".json"])
     if rng.random() < 0.25:
         return "model" + suffix, _garbage(rng)
-    obj: dict = dict(_MODEL)
+    obj: dict = dict(MODEL_FIELDS)
     for _ in range(rng.randrange(1, 3)):
-        key = rng.choice([*_MODEL, "num_experts", "tie_embeddings", "moe_ffn_hidden_size", "dtype_bytes", "name"])
+        key = rng.choice([*MODEL_FIELDS, "num_experts", "tie_embeddings", "moe_ffn_hidden_size", "dtype_bytes", "name"])
         obj[key] = rng.choice(_MODEL_BAD + ["no", "yes"])
     if rng.random() < 0.1:
-        obj.pop(rng.choice(list(_MODEL)))
+        obj.pop(rng.choice(list(MODEL_FIELDS)))
     return "model" + suffix, _dump(obj, rng)
 
 

@@ -9,16 +9,7 @@ import math
 import pytest
 
 from libra.cli import main
-
-MODEL_FIELDS = {
-    "num_layers": 4,
-    "hidden_size": 512,
-    "num_heads": 8,
-    "num_kv_heads": 2,
-    "head_dim": 64,
-    "ffn_hidden_size": 1024,
-    "vocab_size": 32000,
-}
+from tests.cli.fuzz_cases import MODEL_FIELDS
 
 
 def _run(argv) -> int:
