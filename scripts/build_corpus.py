@@ -32,6 +32,10 @@ from pathlib import Path
 from typing import Any
 
 _IC_BASH = "shell (InterCode-Bash: NL2Bash tasks, four file systems; a Bourne shell, its output and a reward each turn)"
+_IC_COMPLETION = (
+    "InterCode multi-turn completion agent ({}, template v1: each call one text, the first prompt and every earlier "
+    "action, output and reward restated; outputs cut to {} characters; at most 10 turns)"
+)
 _IC_SQL = "SQL (InterCode-SQL: Spider dev, 1,034 questions; a MySQL database, its rows and a reward each turn)"
 
 SOURCES: list[dict[str, Any]] = [
@@ -297,6 +301,74 @@ SOURCES: list[dict[str, Any]] = [
             ("gpt4o-mini", "gpt-4o-mini", "gpt-4o-mini"),
             ("deepseek-v3", "deepseekv3", "deepseek-ai/DeepSeek-V3 (Together API)"),
             ("llama33-70b", "llama-3.3", "meta-llama/Llama-3.3-70B-Instruct-Turbo (Together API)"),
+        )
+    ),
+    # InterCode's runs of the other models and its ReAct runs, from the commit that added them and ran them;
+    # the policy and template of each are read from the repository (docs/corpus.md), not from the logs
+    *(
+        {
+            "name": f"intercode-{env}-{name}",
+            "kind": {"bash": _IC_BASH, "sql": _IC_SQL}[env],
+            "agent": agent,
+            "model": model,
+            "repo": "princeton-nlp/intercode",
+            "commit": "69922e2f331b36a7d94b5da4a7ed10289e6c4c94",
+            "licence": "MIT",
+            "globs": [f"data/results/{env}/{folder}/ic_{env}_{run}{'_fs_*' if env == 'bash' else ''}.json"],
+            "context": ["experiments/utils/prompts.py"],
+            "format": "openai",
+            "convert": f"intercode-{policy}",
+            "held_out": True,
+        }
+        for env in ("bash", "sql")
+        for name, folder, run, policy, agent, model in (
+            (
+                "davinci003",
+                "text-davinci-003",
+                "multiturn_text-davinci-003_10_turns",
+                "completion-gpt",
+                _IC_COMPLETION.format("CompletionGPTPolicy", 500),
+                "text-davinci-003 (temperature 0)",
+            ),
+            (
+                "text-bison",
+                "text-bison-001",
+                "multiturn_text-bison-001_10_turns",
+                "completion-palm",
+                _IC_COMPLETION.format("PalmCompletionPolicy", "1,000"),
+                "text-bison-001 (PaLM 2, temperature 0)",
+            ),
+            (
+                "chat-bison",
+                "chat-bison-001",
+                "multiturn_chat-bison-001_10_turns",
+                "palm-chat",
+                "InterCode multi-turn PaLM chat agent (PalmChatPolicy, template v2 by PROMPT_MAP's comment; not "
+                "certain: no script at the commit selects this policy, and the GPT runs on SQL used game_sql; no "
+                "dialogue limit, at most 10 turns)",
+                "chat-bison-001 (PaLM 2, temperature 0)",
+            ),
+            (
+                "starchat",
+                "starchat",
+                "multiturn_starchat_10_turns",
+                "hf-chat",
+                "InterCode multi-turn Hugging Face chat agent (HFChatPolicy, template v4, dialogue cut to its first "
+                "two messages and the last 5, at most 10 turns; scripts/expr_n_turn_others.sh; on Bash the same "
+                "command is assumed)",
+                "StarChat (a Hugging Face text-generation endpoint, temperature 0.01, at most 100 new tokens; the "
+                "checkpoint is not stated)",
+            ),
+            (
+                "react-davinci003",
+                "gpt-3.5",
+                "react_10_turns",
+                "react",
+                "InterCode ReAct agent (experiments/eval_react.py: TemplateReAct with its 5 demonstrations, one "
+                "completion per Thought/Action step, at most 10 steps)",
+                "text-davinci-003 (temperature 0; eval_react.py's model, a GPT-3.5 model: the runs sit in the "
+                "gpt-3.5 folder)",
+            ),
         )
     ),
 ]
@@ -579,6 +651,8 @@ def _expr_text(node: ast.expr, env: dict[str, str]) -> str:
         return "".join(_expr_text(v.value if isinstance(v, ast.FormattedValue) else v, env) for v in node.values)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):  # `f"""...""" + DEMO_CTF`
         return _expr_text(node.left, env) + _expr_text(node.right, env)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and isinstance(node.right, ast.Constant):
+        return _expr_text(node.left, env) * int(node.right.value)  # TemplateV1's rule, `"-"*10`
     return env[ast.unparse(node)]
 
 
@@ -596,9 +670,19 @@ def _string_test(node: ast.expr, env: dict[str, str]) -> bool | None:
 def _body_text(body: list[ast.stmt], env: dict[str, str]) -> str | None:
     """What a block of a template method returns, or None where it returns nothing (see `_method_text`)."""
     for stmt in body:
-        if isinstance(stmt, ast.Assign):
+        if (
+            isinstance(stmt, ast.Assign)
+            and isinstance(stmt.value, ast.Tuple)
+            and isinstance(stmt.targets[0], ast.Tuple)
+        ):
+            values = [_expr_text(v, env) for v in stmt.value.elts]  # `a, b = x["a"], x["b"]`
+            env.update(zip((ast.unparse(t) for t in stmt.targets[0].elts), values, strict=True))
+        elif isinstance(stmt, ast.Assign):
             value = _expr_text(stmt.value, env)
             env.update((ast.unparse(t), value) for t in stmt.targets)
+        elif isinstance(stmt, ast.AugAssign) and isinstance(stmt.op, ast.Add):  # TemplateV1's growing history
+            key = ast.unparse(stmt.target)
+            env[key] = env[key] + _expr_text(stmt.value, env)
         elif isinstance(stmt, ast.Return) and stmt.value is not None:
             return _expr_text(stmt.value, env)
         elif isinstance(stmt, ast.If) and (test := _string_test(stmt.test, env)) is not None:
@@ -609,10 +693,12 @@ def _body_text(body: list[ast.stmt], env: dict[str, str]) -> str | None:
 
 
 def _method_text(fn: ast.FunctionDef, env: dict[str, str]) -> str:
-    """What a template method returns: its assignments (`self.query = query`, an f-string into `self.explore_msg`)
-    update ENV, its `return` is filled from ENV, an `if` that compares a value with a string (TemplateCTF's
-    `observation != ""`) takes its branch. Other statements are not read: the one such statement of the templates
-    used, TemplateV2's "No output" for an empty observation (an `isinstance` test), is restated by the caller."""
+    """What a template method returns: its assignments (`self.query = query`, an f-string into `self.explore_msg`,
+    a tuple of a dict's items, `+=` onto TemplateV1's `self.message_history`) update ENV (so a template's state
+    carries from one call to the next, as the object's did), its `return` is filled from ENV, an `if` that compares
+    a value with a string (TemplateCTF's `observation != ""`) takes its branch. Other statements are not read: the
+    one such statement of the templates used, the "No output" of TemplateV2 / V4 for an empty observation (an
+    `isinstance` test), is restated by the caller."""
     text = _body_text(fn.body, env)
     if text is None:
         raise ValueError(f"template method {fn.name} returns no string")
@@ -639,12 +725,13 @@ def _first_rows(text: str, n: int) -> str:
     return text
 
 
-def _intercode_observation(text: str, rows: bool) -> str:
-    """An observation as the policy sent it: a list of rows cut to 50 rows, a text to 1,000 characters; an empty
-    one is "No output" (TemplateV2.get_obs_msg)."""
+def _intercode_observation(text: str, rows: bool, limit: int = _IC_TEXT_LIMIT) -> str:
+    """An observation as the policy sent it: a list of rows cut to 50 rows, a text to LIMIT characters (1,000; the
+    completion policy of text-davinci-003 500); an empty one is "No output" (TemplateV2.get_obs_msg, the completion
+    policies themselves)."""
     if rows:
         return "No output" if text == "[]" else _first_rows(text, _IC_ROW_LIMIT)
-    return text[:_IC_TEXT_LIMIT] or "No output"
+    return text[:limit] or "No output"
 
 
 def _ic_observation(environment: str, text: str) -> str:
@@ -724,10 +811,159 @@ def _intercode_messages(data: bytes, context: dict[str, bytes], tables: bool = F
             text = _method_text(methods["get_obs_msg"], env)
             failed = _ic_failed(environment, obs, valid)
             messages.append({"role": "tool", "name": language.lower(), "content": text, "is_error": failed})
-        while messages[-1]["role"] == "tool":
-            messages.pop()
-        task = f"{Path(rec['dataset']).stem}-{rec['task_id']}"
-        out.append(json.dumps({"id": task, "reward": float(rec["summary"]["max_reward"]), "messages": messages}))
+        out.append(_ic_line(rec, messages))
+    return ("\n".join(out) + "\n").encode()
+
+
+def _ic_line(rec: dict, messages: list[dict]) -> str:
+    """One InterCode run as a trace line: its messages less the returns after the last reply (the run ended; they
+    went to no model), named by its dataset and task, rewarded with the run's best reward."""
+    while messages[-1]["role"] == "tool":
+        messages.pop()
+    task = f"{Path(rec['dataset']).stem}-{rec['task_id']}"
+    return json.dumps({"id": task, "reward": float(rec["summary"]["max_reward"]), "messages": messages})
+
+
+# The other policies of InterCode's multi-turn runs (experiments/policies.py at 69922e2): per policy, the
+# template class (PROMPT_MAP's own comments: `v1` "GPT, Palm completion", `v2` "GPT, Palm chat, Vicuna", `v4`
+# "Starchat"; scripts/expr_n_turn_others.sh runs `--template v4`), the policy's cut of a text observation
+# (`response_limit`) and the shape of what each call sent: `completion` one text that the template rebuilds every
+# turn (CompletionGPTPolicy, PalmCompletionPolicy), `palm-chat` a PaLM chat with the system prompt and the query as
+# its first message (PalmChatPolicy), `hf-chat` a chat whose first message is a fixed system line and whose second
+# is the system prompt and the query (HFChatPolicy)
+_IC_OTHER = {
+    "completion-gpt": ("completion", "TemplateV1", 500),
+    "completion-palm": ("completion", "TemplateV1", 1000),
+    "palm-chat": ("palm-chat", "TemplateV2", 1000),
+    "hf-chat": ("hf-chat", "TemplateV4", 1000),
+}
+_IC_PALM_CONTEXT = "You are a helpful assisstant"  # PalmChat.init_chat's default `context` (palm_api.py), sic
+_IC_HF_SYSTEM = "You are an expert in Bash."  # HFChatPolicy's first message, on SQL too
+# the retry message that the runs of text-davinci-003 and PaLM logged for a reply without SQL code (48, 7 and 25
+# turns), not the commit's `get_retry_msg`: the code that ran them was older than the commit that added them
+_IC_OLD_RETRY = "Format your {0} command as follows:\n```{0}\nYour {0} code here\n```\n"
+_IC_DIALOGUE = ("dialogue['actions']", "dialogue['observations']", "dialogue['reward']")  # TemplateV1's reads
+
+
+def _ic_turns(rec: dict, limit: int, retry: str) -> list[tuple[str, str, str, str, bool]]:
+    """(reply, logged action, observation as the policy passed it, reward, failed) per logged turn of a Bash or SQL
+    run: the rules of `_intercode_messages` with the policy's cut of a text (LIMIT); a reply answered by either retry
+    message (the commit's, `_IC_OLD_RETRY`) is counted as logged."""
+    environment, h = rec["environment"], rec["turn_history"]
+    language = _INTERCODE[environment][0]
+    out = []
+    for action, obs, reward, valid in zip(h["actions"], h["observations"], h["rewards"], h["valid_action"]):
+        reply = action if obs in (retry, _IC_OLD_RETRY.format(language)) else f"```{language}\n{action}\n```"
+        seen = _intercode_observation(obs, environment == "ic_sql" and obs.startswith("["), limit)
+        out.append((reply, action, seen, str(reward), _ic_failed(environment, obs, valid)))
+    return out
+
+
+def _inserted(before: str, after: str) -> str:
+    """What AFTER holds that BEFORE does not, where AFTER is BEFORE with one piece of text put in somewhere: the rest
+    once the longest common prefix and suffix (together at most BEFORE) are taken off."""
+    start, most = 0, min(len(before), len(after))
+    while start < most and before[start] == after[start]:
+        start += 1
+    end = 0
+    while end < most - start and before[-1 - end] == after[-1 - end]:
+        end += 1
+    return after[start : len(after) - end]
+
+
+def _ic_completion_returns(methods: dict, env: dict[str, str], turns: list) -> list[str]:
+    """The returns of a completion policy's run: each call sent the first prompt and `get_obs_msg` of the turns so
+    far (TemplateV1: the instruction, every earlier action, output and reward as `- Action:` / `- Output:` / `-
+    Reward:` lines, and `Output something else.`); a turn's return is what the next call's text gains (the first:
+    the whole message), less the action of its `- Action:` line, which the reply before it stands for."""
+    returns, before = [], ""
+    for _, action, seen, reward, _ in turns:
+        probe = {**env, **dict(zip(_IC_DIALOGUE, ("", seen, reward)))}  # the message with the action left out
+        returns.append(_inserted(before, _method_text(methods["get_obs_msg"], probe)))
+        env.update(zip(_IC_DIALOGUE, (action, seen, reward)))
+        before = _method_text(methods["get_obs_msg"], env)
+    return returns
+
+
+def _intercode_other_messages(data: bytes, context: dict[str, bytes], policy: str) -> bytes:
+    """InterCode's Bash and SQL runs of the other models (text-davinci-003, PaLM, StarChat) as chat-completions
+    message lists, restated as `_intercode_messages` restates the GPT runs, with the policy's own prompt (`_IC_OTHER`):
+    `completion` one user message (`get_init_msg` then `get_query_msg`), each reply, and as its return what the next
+    call's text gained (`_ic_completion_returns`); `palm-chat` the chat's context (`_IC_PALM_CONTEXT`) and one user
+    message of the system prompt and the query; `hf-chat` the fixed system line (`_IC_HF_SYSTEM`) and that user
+    message; the chats' returns are `get_obs_msg(observation, reward)`. The observation after the last turn goes to
+    no model and is dropped; a run whose first call failed (logged `blocked`: PaLM chat's, 7 of 198 on Bash) has no
+    turn and is left out."""
+    shape, template, limit = _IC_OTHER[policy]
+    source = context[_IC_PROMPTS].decode("utf-8")
+    methods = _template_methods(source, template)
+    out = []
+    for rec in json.loads(data.decode("utf-8")).values():
+        language, setting, _ = _INTERCODE[rec["environment"]]
+        env = {**_string_constants(source), "self.language": language, "self.setting": setting, "query": rec["query"]}
+        retry = _method_text(methods["get_retry_msg"], env)
+        first = _method_text(methods["get_init_msg"], env) + _method_text(methods["get_query_msg"], env)
+        head = {"completion": [], "palm-chat": [_IC_PALM_CONTEXT], "hf-chat": [_IC_HF_SYSTEM]}[shape]
+        messages = [*({"role": "system", "content": text} for text in head), {"role": "user", "content": first}]
+        turns = _ic_turns(rec, limit, retry)
+        if not turns:  # the first call failed (`blocked`): the model wrote nothing
+            continue
+        if shape == "completion":
+            returns = _ic_completion_returns(methods, env, turns)
+        else:
+            env_of = [{**env, "observation": seen, "reward": reward} for _, _, seen, reward, _ in turns]
+            returns = [_method_text(methods["get_obs_msg"], e) for e in env_of]
+        for (reply, _, _, _, failed), text in zip(turns, returns, strict=True):
+            messages.append({"role": "assistant", "content": reply})
+            messages.append({"role": "tool", "name": language.lower(), "content": text, "is_error": failed})
+        out.append(_ic_line(rec, messages))
+    return ("\n".join(out) + "\n").encode()
+
+
+_IC_REACT_NO_CODE = "Error executing query: Your last `execute` action did not contain {} code"  # eval_react.py's
+_IC_REACT_GIVE_UP = "EXCEEDED MAX TURNS: submit"  # eval_react.py's logged thought for the harness's own last submit
+
+
+def _module_dict(source: str, name: str) -> dict[str, str]:
+    """A module-level dict NAME of string keys to string constants of the same file (`DEMO_MAP_REACT`), read with
+    `ast`."""
+    constants = _string_constants(source)
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == [name]:
+            items = zip(node.value.keys, node.value.values) if isinstance(node.value, ast.Dict) else ()
+            return {ast.literal_eval(k): constants[ast.unparse(v)] for k, v in items}
+    raise ValueError(f"no dict {name} of string constants in the file")
+
+
+def _intercode_react_messages(data: bytes, context: dict[str, bytes]) -> bytes:
+    """InterCode's ReAct runs (experiments/eval_react.py: text-davinci-003 completions, TemplateReAct) as
+    chat-completions message lists. The script's prompt grows by exactly what each step adds: the prompt is
+    `get_init_msg`, the demonstrations (`DEMO_MAP_REACT` of the language, read with `ast`) and `get_query_msg`,
+    then `Thought 1:`; each step's completion is ` {thought}\nAction i: {action}` (stopped before `Observation`),
+    its return `\nObservation i: {observation}\n` (the log holds the observation as cut, 350 characters or 25 rows)
+    and the next `Thought i+1:`. An error: an action the run logged invalid, or one without `execute[...]`
+    (`_IC_REACT_NO_CODE`). The harness's own `submit` after the 10th step (`_IC_REACT_GIVE_UP`) and the observation
+    after the last step go to no model and are dropped; the reward is the last submit's."""
+    source = context[_IC_PROMPTS].decode("utf-8")
+    methods = _template_methods(source, "TemplateReAct")
+    out = []
+    for rec in json.loads(data.decode("utf-8")).values():
+        language, setting, _ = _INTERCODE[rec["environment"]]
+        env = {"self.language": language, "self.setting": setting, "query": rec["query"]}
+        env["DEMO_MAP_REACT[self.language]"] = _module_dict(source, "DEMO_MAP_REACT")[language]
+        prompt = "".join(_method_text(methods[m], env) for m in ("get_init_msg", "get_demos", "get_query_msg"))
+        messages = [{"role": "user", "content": prompt + "Thought 1:"}]
+        h = rec["turn_history"]
+        no_code = _IC_REACT_NO_CODE.format(language.lower())
+        steps = zip(h["thoughts"], h["actions"], h["observations"], h["valid_action"])
+        for i, (thought, action, obs, valid) in enumerate(steps, start=1):
+            if thought == _IC_REACT_GIVE_UP:
+                break
+            messages.append({"role": "assistant", "content": f" {thought}\nAction {i}: {action}"})
+            text = f"\nObservation {i}: {obs}\nThought {i + 1}:"
+            failed = valid is not True or obs == no_code
+            messages.append({"role": "tool", "name": language.lower(), "content": text, "is_error": failed})
+        out.append(_ic_line(rec, messages))
     return ("\n".join(out) + "\n").encode()
 
 
@@ -832,6 +1068,11 @@ CONVERTERS: dict[str, Callable[..., bytes]] = {
     "webshop-notebook": _webshop_messages,
     "intercode": _intercode_messages,
     "intercode-tables": lambda data, context: _intercode_messages(data, context, tables=True),
+    **{
+        f"intercode-{policy}": (lambda data, context, policy=policy: _intercode_other_messages(data, context, policy))
+        for policy in _IC_OTHER
+    },
+    "intercode-react": _intercode_react_messages,
     "fever-notebook": _fever_messages,
     "agentbench-medagent": _medagent_messages,
 }

@@ -486,6 +486,204 @@ def test_intercode_sql_runs_with_the_tables_given_add_them_to_the_prompt(build_c
         build_corpus.CONVERTERS["intercode-tables"](json.dumps({"0": run}).encode(), context)
 
 
+# the templates of InterCode's other policies as prompts.py writes them: the completion template keeps a history
+# that each observation message adds to (`+=`, a tuple of the dialogue's items, `"-"*10`), the chat templates
+# answer with the output and the reward, and the ReAct template's demonstrations are a module dict of constants
+INTERCODE_OTHER_PROMPTS = rb"""
+DEMO_SQL_REACT = '''Question: q1
+Action 1: execute[SHOW TABLES]
+'''
+DEMO_BASH_REACT = '''Question: b1
+Action 1: execute[ls]
+'''
+DEMO_MAP_REACT = {"SQL": DEMO_SQL_REACT, "BASH": DEMO_BASH_REACT}
+
+
+class PromptTemplate():
+    def get_retry_msg(self):
+        return f'''No {self.language} code was found.'''
+
+
+class TemplateV1(PromptTemplate):
+    def get_init_msg(self):
+        return f'''Write {self.language}.
+'''
+
+    def get_query_msg(self, query):
+        self.message_history = "\n" + "-"*3 + "\n" + "Tried:\n"
+        return f'''Query: "{query}"
+'''
+
+    def get_obs_msg(self, dialogue):
+        action, observation, reward = dialogue["actions"], dialogue["observations"], dialogue["reward"]
+        self.message_history += f"- Action: {action}\n" + f"- Output: {observation}\n" + f"- Reward: {reward}\n\n"
+        message = f"Analyze {self.language}\n" + self.message_history + "-"*3 + "\n" + "Output something else."
+        return message
+
+
+class TemplateV2(PromptTemplate):
+    def get_init_msg(self):
+        return f'''Use a {self.setting} system.'''
+
+    def get_query_msg(self, query):
+        self.query = query
+        return f'''Query: "{query}".'''
+
+    def get_obs_msg(self, observation, reward):
+        if isinstance(observation, str) and observation == "":
+            observation = "No output"
+        return f'''Output: {observation}
+Reward: {reward}'''
+
+
+class TemplateV4(TemplateV2):
+    def get_init_msg(self):
+        return f'''You get a task in {self.language}.
+'''
+
+
+class TemplateReAct(PromptTemplate):
+    def get_init_msg(self):
+        return f'''Use a {self.setting} system with {self.language}. Examples:
+'''
+
+    def get_demos(self):
+        return DEMO_MAP_REACT[self.language]
+
+    def get_query_msg(self, query):
+        return f'''Question: {query}'''
+"""
+
+
+def _other_context() -> dict[str, bytes]:
+    return {"experiments/utils/prompts.py": INTERCODE_OTHER_PROMPTS}
+
+
+def test_intercode_completion_runs_count_what_each_call_sent(build_corpus, tmp_path) -> None:
+    """The completion policies (text-davinci-003, PaLM text-bison) send one text per call, rebuilt from the first
+    prompt and TemplateV1's history of every action, output and reward (read with `ast`: its `+=`, tuple and `*`):
+    the prompt is the system prompt and the query, each reply the command in its fence, each return what the next
+    call's text gained less the action (which the reply stands for), so that the trace's context before each call
+    holds the call's text, with the reply in place of its `- Action:` command. Outputs are cut as the policy cut
+    them (500 characters for text-davinci-003, 1,000 for PaLM; empty: "No output"); statuses as logged."""
+    run = _intercode_run("ic_bash", "./data/nl2bash/nl2bash_fs_1.json", [
+        ("ls /", "x" * 700, 0.2, True), ("grep q f", "", 0.25, False), ("wc -l f", "3 f\n", 1.0, True),
+    ])  # fmt: skip
+    data = build_corpus.CONVERTERS["intercode-completion-gpt"](json.dumps({"0": run}).encode(), _other_context())
+    rec = json.loads(data)
+    assert [m["role"] for m in rec["messages"]] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+    prompt = 'Write BASH.\nQuery: "how many?"\n'
+    assert rec["messages"][0]["content"] == prompt and rec["reward"] == 1.0
+    assert rec["messages"][1]["content"] == "```BASH\nls /\n```"
+    # the texts of the second and third calls, as the policy built them
+    blocks = [f"- Action: {a}\n- Output: {o}\n- Reward: {r}\n\n" for a, o, r in
+              (("ls /", "x" * 500, 0.2), ("grep q f", "No output", 0.25))]  # fmt: skip
+    head, tail = "Analyze BASH\n\n---\nTried:\n", "---\nOutput something else."
+    calls = [prompt + head + "".join(blocks[:n]) + tail for n in (1, 2)]
+    returns = [m["content"] for m in rec["messages"] if m["role"] == "tool"]
+    assert returns[0] == calls[0][len(prompt) :].replace("ls /", "", 1)
+    actions = ["ls /", "grep q f"]
+    for n, call in enumerate(calls, start=1):
+        assert len(prompt) + sum(len(r) + len(a) for r, a in zip(returns[:n], actions[:n])) == len(call)
+    palm = build_corpus.CONVERTERS["intercode-completion-palm"](json.dumps({"0": run}).encode(), _other_context())
+    assert "x" * 700 + "\n" in json.loads(palm)["messages"][2]["content"]
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(data)
+    (traj,) = import_files("openai", [path], tokenizer="bytes4")
+    assert [t.tool_status for t in traj.turns] == ["ok", "error", None] and traj.prompt_tokens == _b4(prompt)
+    assert [t.tool_tokens for t in traj.turns] == [_b4(returns[0]), _b4(returns[1]), 0]
+
+
+def test_intercode_palm_and_hf_chats_keep_their_first_messages(build_corpus, tmp_path) -> None:
+    """The chat policies of the other models: PaLM's chat has its default context and one first message of the
+    system prompt and the query (TemplateV2), the Hugging Face chat a fixed system line and that message
+    (TemplateV4); each return is the template's output message (a SQL result cut to 50 rows, empty as "No
+    output"); a reply without SQL code (answered by the commit's retry message or the older code's) is counted as
+    logged. A run whose first call failed (`blocked`) is left out; one that failed later ends on its last reply."""
+    rows = "[" + ", ".join(f"({i},)" for i in range(60)) + "]"
+    retry = "No SQL code was found."
+    old_retry = "Format your SQL command as follows:\n```SQL\nYour SQL code here\n```\n"  # the older code's
+    sql = _intercode_run("ic_sql", "./data/spider/dev_spider.json", [
+        ("SELECT n FROM t", rows, 0.5, True), ("I cannot", retry, 0, False), ("SELECT m FROM t", "[]", 0, True),
+        ("```SQL SELECT", old_retry, 0, False), ("SELECT k FROM t", "[(1,)]", 1.0, True),
+    ])  # fmt: skip
+    dead = {**sql, "task_id": 4, "turn_history": {"actions": ["blocked"], "observations": [], "rewards": [0],
+                                                   "valid_action": []}}  # fmt: skip
+    late = {**sql, "task_id": 5, "turn_history": {"actions": ["SHOW TABLES", "blocked"], "observations": ["[]"],
+                                                   "rewards": [0, 0], "valid_action": [True]}}  # fmt: skip
+    raw = json.dumps({"0": sql, "1": dead, "2": late}).encode()
+    palm = [json.loads(x) for x in build_corpus.CONVERTERS["intercode-palm-chat"](raw, _other_context()).splitlines()]
+    hf = [json.loads(x) for x in build_corpus.CONVERTERS["intercode-hf-chat"](raw, _other_context()).splitlines()]
+    assert [r["id"] for r in palm] == [r["id"] for r in hf] == ["dev_spider-3", "dev_spider-5"]
+    assert [m["content"] for m in palm[0]["messages"][:2]] == [
+        "You are a helpful assisstant", 'Use a MySQL Database system.Query: "how many?".'
+    ]  # fmt: skip
+    assert [m["content"] for m in hf[0]["messages"][:2]] == [
+        "You are an expert in Bash.", 'You get a task in SQL.\nQuery: "how many?".'
+    ]  # fmt: skip
+    fifty = "[" + ", ".join(f"({i},)" for i in range(50)) + "]"
+    returns = [m["content"] for m in palm[0]["messages"] if m["role"] == "tool"]
+    assert returns[:3] == [
+        f"Output: {fifty}\nReward: 0.5",
+        f"Output: {retry}\nReward: 0",
+        "Output: No output\nReward: 0",
+    ]
+    replies = [m["content"] for m in palm[0]["messages"] if m["role"] == "assistant"]
+    assert replies[1] == "I cannot" and replies[3] == "```SQL SELECT" and replies[4] == "```SQL\nSELECT k FROM t\n```"
+    assert [m["role"] for m in palm[1]["messages"]] == ["system", "user", "assistant"]
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(build_corpus.CONVERTERS["intercode-hf-chat"](raw, _other_context()))
+    run, short = import_files("openai", [path], tokenizer="bytes4")
+    assert [t.tool_status for t in run.turns] == ["ok", "error", "ok", "error", None] and len(short.turns) == 1
+    assert run.prompt_tokens == _b4("You are an expert in Bash.") + _b4('You get a task in SQL.\nQuery: "how many?".')
+
+
+def _react_run(task: int, steps: list[tuple[str, str, str, bool | None]], reward: float) -> dict:
+    thoughts, actions, observations, valid = (list(x) for x in zip(*steps, strict=True))
+    history = {"thoughts": thoughts, "actions": actions, "observations": observations, "rewards": [0] * len(steps)}
+    return {"environment": "ic_sql", "dataset": "./data/spider/dev_spider.json", "task_id": task, "query": "how many?",
+            "turn_history": {**history, "valid_action": valid}, "summary": {"max_reward": reward}}  # fmt: skip
+
+
+def test_intercode_react_runs_are_the_prompt_each_step_sent(build_corpus, tmp_path) -> None:
+    """InterCode's ReAct runs: the prompt is the template's instruction, the language's demonstrations (a module dict,
+    read with `ast`), the question and `Thought 1:`; each step's completion its thought and action, each return the
+    observation and the next `Thought i:`, so that the messages before each reply are the text eval_react.py sent.
+    An action without `execute[...]` is an error; the harness's own submit after the last step and the observation
+    after the last step are dropped; the reward is the run's."""
+    no_code = "Error executing query: Your last `execute` action did not contain sql code"
+    done = _react_run(3, [
+        ("I look.", "execute[SHOW TABLES]", "[('t',)]", True), ("Ask.", "what?", no_code, True),
+        ("Count.", "execute[SELECT COUNT(*) FROM t]", "[(2,)]", True), ("Done.", "submit", "[(2,)]", True),
+    ], 1.0)  # fmt: skip
+    gave_up = _react_run(4, [
+        ("I look.", "execute[SHOW TABLES]", "[('t',)]", True), ("EXCEEDED MAX TURNS: submit", "submit", "[]", True),
+    ], 0.0)  # fmt: skip
+    raw = json.dumps({"0": done, "1": gave_up}).encode()
+    data = build_corpus.CONVERTERS["intercode-react"](raw, _other_context())
+    first, second = (json.loads(line) for line in data.decode().splitlines())
+    prompt = "Use a MySQL Database system with SQL. Examples:\nQuestion: q1\nAction 1: execute[SHOW TABLES]\n"
+    prompt += "Question: how many?"
+    sent, texts = prompt, []  # the text eval_react.py sent before each step
+    h = done["turn_history"]
+    for i, (thought, action, obs) in enumerate(zip(h["thoughts"], h["actions"], h["observations"]), start=1):
+        texts.append(sent + f"Thought {i}:")
+        sent += f"Thought {i}: {thought}\nAction {i}: {action}\nObservation {i}: {obs}\n"
+    messages = first["messages"]
+    before = ["".join(m["content"] for m in messages[:i]) for i, m in enumerate(messages) if m["role"] == "assistant"]
+    assert before == texts and first["reward"] == 1.0
+    assert [m["content"] for m in second["messages"]] == [
+        prompt + "Thought 1:",
+        " I look.\nAction 1: execute[SHOW TABLES]",
+    ]
+    assert second["reward"] == 0.0
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(data)
+    run, short = import_files("openai", [path], tokenizer="bytes4")
+    assert [t.tool_status for t in run.turns] == ["ok", "error", "ok", None] and [t.tool for t in short.turns] == [None]
+    assert run.prompt_tokens == _b4(prompt + "Thought 1:")
+
+
 def _medagent_run(index: int, status: str, history: list[tuple[str, str]]) -> str:
     turns = [{"role": role, "content": text} for role, text in history]
     output = {"index": index, "status": status, "result": None, "history": turns}
@@ -568,11 +766,17 @@ def test_held_out_sources_are_apart_and_complete() -> None:
 # MedAgentBench's AgentBench runs (added later, never tuned on: clinical-records agents on a FHIR API, 100 runs
 # each, a ~3.3K-token prompt and one or two calls) miss it with GPT-4o (+2.0 in file order, 6.7 % moved) and
 # DeepSeek-V3 (+1.0, 11.2 % moved); GPT-4o-mini (+15.0) and Llama-3.3-70B (+5.0 exactly, 30 vs 25) meet it.
+# InterCode's runs of the other models and its ReAct runs (added later still, never tuned on): eight of ten
+# meet it in file order; text-davinci-003 on Bash misses it, as a multi-turn completion agent (+1.0: its runs end in
+# one turn or use all ten, and all ten say nothing at admission of how much output they will get) and as ReAct
+# (-1.0: a 1.9K-token few-shot prompt is 86 % of each run and every move carries it).
 MISSES_MARGIN = {
     "reflexion-react-davinci003-hotpotqa": "+3.6 points (two runs of 138 short of +5.1)",
     "intercode-ctf-gpt4": "+1.1 points (29 of 93 runs single-shot right against fcfs's 28)",
     "medagentbench-gpt4o": "+2.0 points (29 of 100 runs single-shot right against mlfq's 27)",
     "medagentbench-deepseek-v3": "+1.0 point (26 of 100 runs single-shot right against mlfq's 25)",
+    "intercode-bash-davinci003": "+1.0 point (52 of 199 runs single-shot right against mlfq's 50)",
+    "intercode-bash-react-davinci003": "-1.0 point (62 of 200 runs single-shot right against the predictor's 64)",
 }
 
 
@@ -598,7 +802,9 @@ def test_default_beats_baselines_on_held_out_search_agents(held_out_scores, name
     +5.0 / +8.2 / +6.8 / +8.3 on InterCode's Bash and SQL runs with GPT-4 / GPT-3.5, +13.4 / +10.3 on its Python
     runs, +14.3 on its SQL run with the tables given (GPT-3.5) and +1.1 on its CTF run with GPT-4 (strict xfail),
     added later and never tuned on; +2.0 / +15.0 / +1.0 / +5.0 on MedAgentBench's runs with GPT-4o / GPT-4o-mini /
-    DeepSeek-V3 / Llama-3.3-70B, the first and third strict xfails, added later still)."""
+    DeepSeek-V3 / Llama-3.3-70B, the first and third strict xfails, added later still; on InterCode's other models
+    +1.0 / +11.0 / +13.6 / +6.6 on Bash and +7.5 / +9.2 / +11.2 / +10.3 on SQL with text-davinci-003 / text-bison /
+    chat-bison / StarChat, and -1.0 / +6.9 on its ReAct runs on Bash / SQL, the two Bash misses strict xfails)."""
     from libra.scheduling.sources import BASELINES, TARGET_MARGIN, meets_target
 
     res = held_out_scores[name]
@@ -609,8 +815,8 @@ def test_default_beats_baselines_on_held_out_search_agents(held_out_scores, name
 def test_default_migration_bound_on_held_out_search_agents(held_out_scores) -> None:
     """The migration half: <= 12 % of the tokens moved on every held-out source (measured 8.3 %, 8.9 %, 7.8 % on
     FireAct, 6.7 % on Reflexion, 8.4 % on WebDancer, 7.9 % on WebShop, 8.3 % on FEVER, 7.9-9.9 % on InterCode,
-    6.7-11.2 % on MedAgentBench; 14.4 % and 14.0 % on the first two before the ceiling, 11.8 % and 11.9 % before the
-    recent admission expert)."""
+    6.7-11.2 % on MedAgentBench, 7.4-9.2 % on InterCode's other models and ReAct; 14.4 % and 14.0 % on the first
+    two before the ceiling, 11.8 % and 11.9 % before the recent admission expert)."""
     from libra.scheduling.sources import MAX_MIGRATED
 
     for name, res in held_out_scores.items():
