@@ -1,7 +1,9 @@
 """`libra route-eval`: replay a trace through a routing policy and report its routing quality.
 
 Without `--trace` it generates a synthetic trace in memory (`--workload`, default search-r1, 20 steps).
-`--policy all` compares the five policies. `--unique-prompts` turns the trace into the shape of an agent log (one
+`--policy all` compares C-MLFQ with the baselines (fcfs, mlfq, predictor, the most common bucket) and the oracle,
+and says whether C-MLFQ meets issue 14's target over the best baseline (>= 5 points of single-shot accuracy at
+<= 12 % migrated tokens). `--unique-prompts` turns the trace into the shape of an agent log (one
 run per task, no steps), as real recorded trajectories usually come; with a generated trace it is still synthetic.
 `--buckets quantiles` puts four buckets at the trace's own 25/50/75 % length quantiles.
 """
@@ -22,11 +24,14 @@ from libra.cli._common import (
     table,
 )
 from libra.scheduling import CMLFQ_PRESETS, DEFAULT_PRESET, POLICIES, as_agent_log, make_router, replay
-from libra.scheduling.sources import quantile_buckets
+from libra.scheduling.sources import BASELINES, MAX_MIGRATED, TARGET_MARGIN, meets_target, quantile_buckets
 from libra.spec import bucket_index, format_buckets, parse_buckets
 from libra.workloads import WORKLOAD_NAMES, generate, load_trace
 
 DEFAULT_BUCKETS = "2:5000,4:15000,8:inf"  # the published Search-R1 buckets (docs/design.md)
+MOST_COMMON = "most-common"  # the predictor baseline's constant guess (BASELINES), a policy name of this command
+# `--policy all`: every router, and the most-common baseline beside the predictor it is a mode of
+ALL = tuple(p for name in POLICIES for p in ((name, MOST_COMMON) if name == "predictor" else (name,)))
 
 
 def register(subparsers) -> None:
@@ -51,7 +56,12 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed when no --trace (default 0)")
     p.add_argument("--prompts", type=int, default=None, help="prompts per step when no --trace (default 64)")
     p.add_argument("--samples", type=int, default=None, help="samples per prompt when no --trace (default 16)")
-    p.add_argument("--policy", default="cmlfq", help=f"{'|'.join(POLICIES)}|all (default cmlfq)")
+    p.add_argument(
+        "--policy",
+        default="cmlfq",
+        help=f"{'|'.join(ALL)}|all (default cmlfq; all: every one, and whether cmlfq meets the target over the "
+        "best baseline)",
+    )
     p.add_argument(
         "--buckets",
         default=DEFAULT_BUCKETS,
@@ -151,9 +161,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.trace:
         check_generation(args.steps, args.prompts, args.samples)
     buckets = None if args.buckets == "quantiles" else parse_buckets(args.buckets)
-    policies = POLICIES if args.policy == "all" else (args.policy,)
-    if args.policy != "all" and args.policy not in POLICIES:
-        raise CLIError(f"unknown policy {args.policy!r}; expected one of {', '.join(POLICIES)}, all")
+    policies = ALL if args.policy == "all" else (args.policy,)
+    if args.policy != "all" and args.policy not in ALL:
+        raise CLIError(f"unknown policy {args.policy!r}; expected one of {', '.join(ALL)}, all")
     if args.trace:
         trajectories = load_trace(args.trace)
         source = args.trace
@@ -182,16 +192,18 @@ def run(args: argparse.Namespace) -> int:
             opts = {**CMLFQ_PRESETS[args.preset], **opts}
         if name == "cmlfq" and args.admit:
             opts["admit"] = args.admit
+        router, base = (BASELINES[name][0], {**BASELINES[name][1], **opts}) if name == MOST_COMMON else (name, opts)
         log(f"replaying {len(trajectories)} trajectories through {name}")
         results.append(
             replay(
-                make_router(name, buckets, **opts),
+                make_router(router, buckets, **base),
                 trajectories,
                 policy=name,
                 num_chunks=args.chunks,
                 warmup_steps=args.warmup_steps,
             )
         )
+    verdict = _verdict({r.policy: r for r in results}) if args.policy == "all" else None
     if args.json:
         if len(results) == 1:
             emit_json(results[0].to_dict())
@@ -201,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
                     "trace": source,
                     "buckets": format_buckets(buckets),
                     "policies": {r.policy: r.to_dict() for r in results},
+                    "target": verdict,
                 }
             )
         return 0
@@ -223,6 +236,9 @@ def run(args: argparse.Namespace) -> int:
             title="routing (accuracy: ends in its bucket with at most one migration)",
         )
     )
+    if verdict is not None:
+        print()
+        print(_verdict_line(verdict))
     if len(results) == 1:
         labels = [f"TP{b.tp}<={'inf' if b.max_tokens == float('inf') else int(b.max_tokens)}" for b in buckets]
         confusion = [[labels[i], *row] for i, row in enumerate(results[0].confusion)]
@@ -231,3 +247,28 @@ def run(args: argparse.Namespace) -> int:
         print()
         print(key_values([("migrated tokens", results[0].migrated_tokens), ("total tokens", results[0].total_tokens)]))
     return 0
+
+
+def _verdict(results: dict) -> dict[str, Any]:
+    """C-MLFQ against the best baseline (BASELINES: fcfs, mlfq, predictor, most-common), as issue 14's target
+    counts it (`libra.scheduling.sources.meets_target`)."""
+    best = max(BASELINES, key=lambda b: results[b].routing_accuracy)  # (the first of equals, in BASELINES' order)
+    c = results["cmlfq"]
+    gap = c.routing_accuracy - results[best].routing_accuracy
+    return {
+        "best_baseline": best,
+        "margin": gap,
+        "migrated_tokens": c.migrated_token_fraction,
+        "target_margin": TARGET_MARGIN,
+        "max_migrated": MAX_MIGRATED,
+        "met": meets_target(gap, c.migrated_token_fraction),
+    }
+
+
+def _verdict_line(v: dict[str, Any]) -> str:
+    verdict = "met" if v["met"] else "not met"
+    return (
+        f"cmlfq against the best baseline ({v['best_baseline']}): {100 * v['margin']:+.1f} points of accuracy at "
+        f"{100 * v['migrated_tokens']:.1f} % migrated tokens; target (>= +{100 * v['target_margin']:.0f} points at "
+        f"<= {100 * v['max_migrated']:.0f} %): {verdict}"
+    )

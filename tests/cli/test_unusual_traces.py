@@ -90,7 +90,7 @@ def test_route_eval_quantiles_every_policy(name, traces, capsys) -> None:
     argv = ["route-eval", "--trace", str(path), "--buckets", "quantiles", "--policy", "all", "--json"]
     rc, out, _ = _run(argv, capsys)
     assert rc == 0 and out is not None
-    assert len(out["policies"]) == 5
+    assert len(out["policies"]) == 6  # the five routers and the most-common baseline
     for result in out["policies"].values():
         _check_route_result(result, len(load_trace(path)))
     assert out["policies"]["oracle"]["routing_accuracy"] == 1.0  # it knows every final length
