@@ -11,8 +11,10 @@ sha256 per file read), the counts, and the sums of the trace written (`trace_sha
 `--check` compares with the committed traces. Nothing of the original text is kept: only token counts, tool names
 and statuses. Sources marked `held_out` (never used to choose or tune anything) go to OUT/held-out/ with a manifest
 of their own. A source may convert its files first (`convert`: ToRA outputs, ReAct transcripts, text tool calls,
-a notebook's printed episodes, InterCode's logs), with other files of the repository read at the same commit
-(`context`: prompts, templates), and add error patterns of its tools (`error_patterns`).
+a notebook's printed episodes, InterCode's logs, Moatless trajectories), with other files of the repository read at
+the same commit (`context`: prompts, templates), and add error patterns of its tools (`error_patterns`). A file the
+snapshot lacks (a snapshot may keep no file of 4 MiB or more) and a file the source's converter refuses are skipped
+and listed in the source's manifest entry (`absent`, `skipped` with the reason).
 """
 
 from __future__ import annotations
@@ -371,6 +373,23 @@ SOURCES: list[dict[str, Any]] = [
             ),
         )
     ),
+    # a coding agent of another harness and model: Moatless Tools on SWE-bench Lite, the run its author committed
+    # (removed from the repository two months later); each step's model call is recorded with its input messages
+    {
+        "name": "moatless-claude35-sonnet-lite",
+        "kind": "coding (SWE-bench Lite, 300 issues, one run each; tool calls: code search, view, str_replace edits "
+        "with the tests run after each, finish)",
+        "agent": "Moatless Tools CodingAgent (the evaluation's name says 0.4; tool-call responses, at most 30 "
+        "steps and $1 a run)",
+        "model": "claude-3-5-sonnet-20241022 (temperature 0)",
+        "repo": "aorwall/moatless-tools",
+        "commit": "91f874186e8298e5270c00a334c7a962bb4cdfad",
+        "licence": "MIT",
+        "globs": ["evaluations/20241117_moatless_claude_3_5_sonnet_20241022/*/trajectory.json"],
+        "format": "openai",
+        "convert": "moatless",
+        "held_out": True,
+    },
 ]
 
 
@@ -1059,6 +1078,78 @@ def _medagent_messages(data: bytes, context: dict[str, bytes]) -> bytes:
     return ("\n".join(out) + "\n").encode()
 
 
+def _moatless_blocks(content: Any) -> Any:
+    """A message's content as the model got or wrote it: Anthropic content blocks without the prompt-cache
+    markers (`cache_control`, not text), or a plain text as it is."""
+    if isinstance(content, list):
+        return [{k: v for k, v in b.items() if k != "cache_control"} for b in content]
+    return content
+
+
+def _moatless_retries(messages: list[dict]) -> list[dict]:
+    """The replies Moatless asked the model again for within one call (a reply without a tool call, answered with
+    a plain-text user message such as `You're an autonomous agent that can't communicate with the user. Please
+    provide a tool call.`): the trailing (assistant, user text) pairs of the call's input, in order."""
+    pairs: list[dict] = []
+    end = len(messages)
+    while end >= 2 and messages[end - 1]["role"] == "user" and isinstance(messages[end - 1]["content"], str):
+        if messages[end - 2]["role"] != "assistant":
+            break
+        pairs[:0] = [
+            {"role": "assistant", "content": _moatless_blocks(messages[end - 2]["content"])},
+            {"role": "user", "content": messages[end - 1]["content"]},
+        ]
+        end -= 2
+    return pairs
+
+
+def _moatless_result(messages: list[dict], retries: int) -> dict:
+    """The tool result a call's input ends with before its retries: the return of the call before it, as it was
+    sent (Moatless renders the history again for every call, older observations as summaries: this one is the
+    text the model read next)."""
+    if len(messages) - retries == 1:
+        raise ValueError(
+            "a call started again from the task alone (the step before it recorded no observation): "
+            "a context the trace cannot hold"
+        )
+    last = messages[len(messages) - retries - 1]
+    blocks = [b for b in last["content"] if b.get("type") == "tool_result"] if isinstance(last["content"], list) else []
+    if last["role"] != "user" or len(blocks) != 1:
+        raise ValueError(f"a call's input does not end with one tool result: {json.dumps(last)[:200]}")
+    return blocks[0]
+
+
+def _moatless_messages(data: bytes) -> bytes:
+    """A Moatless Tools trajectory (`trajectory.json`: the agent's `system_prompt`, then `nodes`, each a step whose
+    `completions.build_action` records the model call that chose its action: the `input` messages, Anthropic
+    content blocks, and the raw `response`) as one Anthropic-style conversation for `--format openai`: the
+    system prompt and the task (the first call's first message) are the prompt; per call, the replies it was
+    asked for again (`_moatless_retries`: each a generation, the harness's plain text its return), then its
+    response (text and one tool call) as a generation, then that tool's result as the next call's input holds it
+    (`_moatless_result`), an error where the step's observation records a `fail_reason`. The result of the last
+    call's action (`Finish`, or the step at the iteration limit) goes to no model and is dropped. The model calls
+    inside an action (`completions.execute_action`: a search's relevance filter, with a context of its own) are
+    not part of the conversation and are not counted."""
+    run = json.loads(data.decode("utf-8"))
+    steps = [n for n in run["nodes"] if "build_action" in (n.get("completions") or {})]
+    calls = [n["completions"]["build_action"] for n in steps]
+    messages: list[dict] = [{"role": "user", "content": _moatless_blocks(calls[0]["input"][0]["content"])}]
+    for i, call in enumerate(calls):
+        retries = _moatless_retries(call["input"])
+        if i:
+            result = _moatless_result(call["input"], len(retries))
+            (use,) = [b for b in messages[-1]["content"] if b.get("type") == "tool_use"]
+            block = {"type": "tool_result", "tool_use_id": use["id"], "content": result["content"]}
+            if ((steps[i - 1].get("observation") or {}).get("properties") or {}).get("fail_reason"):
+                block["is_error"] = True
+            messages.append({"role": "user", "content": [block]})
+        messages.extend(retries)
+        messages.append({"role": "assistant", "content": _moatless_blocks(call["response"]["content"])})
+    meta = run.get("metadata") or {}
+    record = {"id": meta.get("instance_id"), "system": run["agent"]["system_prompt"], "messages": messages}
+    return (json.dumps(record) + "\n").encode()
+
+
 # a converter takes the file's bytes (and, for a source with `context`, those files' bytes by path)
 CONVERTERS: dict[str, Callable[..., bytes]] = {
     "tora": _tora_messages,
@@ -1075,6 +1166,7 @@ CONVERTERS: dict[str, Callable[..., bytes]] = {
     "intercode-react": _intercode_react_messages,
     "fever-notebook": _fever_messages,
     "agentbench-medagent": _medagent_messages,
+    "moatless": _moatless_messages,
 }
 
 
@@ -1180,20 +1272,30 @@ def build(mirrors: Path, out: Path, only: list[str] | None = None) -> dict:
         files = _files(repo, src["commit"], src["globs"])
         rules = StatusRules(error_patterns=(*DEFAULT_ERROR_PATTERNS, *src.get("error_patterns", ())))
         entries, trajectories, seen = [], [], set()
+        absent: list[dict] = []
+        skipped: list[dict] = []
         with tempfile.TemporaryDirectory() as tmp:
             for i, (commit, path, blob) in enumerate(files):
+                if subprocess.run(["git", "-C", str(repo), "cat-file", "-e", blob], capture_output=True).returncode:
+                    # a snapshot may lack its largest files (the fetch tool keeps none of 4 MiB or more): say which
+                    print(f"skip {src['repo']}:{path}: absent from the snapshot", file=sys.stderr)
+                    absent.append({"path": path, "commit": commit, "blob": blob})
+                    continue
                 data = _git(repo, "cat-file", "-p", blob)
                 local = Path(tmp) / f"{i:04d}" / Path(path).name  # its own name: an importer may name the task by it
                 local.parent.mkdir()
-                if "context" in src:  # files the converter needs besides the data, read at the same commit
-                    context = {c: _git(repo, "show", f"{commit}:{c}") for c in src["context"]}
-                    local.write_bytes(CONVERTERS[src["convert"]](data, context))
-                else:
-                    local.write_bytes(CONVERTERS[src["convert"]](data) if "convert" in src else data)
                 try:
+                    if "context" in src:  # files the converter needs besides the data, read at the same commit
+                        context = {c: _git(repo, "show", f"{commit}:{c}") for c in src["context"]}
+                        local.write_bytes(CONVERTERS[src["convert"]](data, context))
+                    else:
+                        local.write_bytes(CONVERTERS[src["convert"]](data) if "convert" in src else data)
                     got = import_files(src["format"], [local], source=src["name"], rules=rules)
                 except Exception as exc:  # a file that is not a trajectory file (e.g. a summary): skip, say so
                     print(f"skip {src['repo']}:{path}: {exc}", file=sys.stderr)
+                    if "convert" in src:  # a file the source's own converter refused: listed, with the reason
+                        digest = hashlib.sha256(data).hexdigest()
+                        skipped.append({"path": path, "commit": commit, "sha256": digest, "reason": str(exc)})
                     continue
                 kept = 0
                 for t in got:
@@ -1212,6 +1314,7 @@ def build(mirrors: Path, out: Path, only: list[str] | None = None) -> dict:
         _write_trace(target, trajectories)
         info = {k: v for k, v in src.items() if k not in ("globs",)}
         info.update(file=target.name, **trace_sums(target), trajectories=len(trajectories), files=entries)
+        info.update({k: v for k, v in (("absent", absent), ("skipped", skipped)) if v})  # only where there are any
         manifests[held]["sources"].append(info)
         print(f"{src['name']}: {len(trajectories)} trajectories from {len(entries)} files", file=sys.stderr)
     for held, manifest in manifests.items():

@@ -730,6 +730,70 @@ def test_medagentbench_runs_keep_every_call_and_its_tokens(build_corpus, tmp_pat
     assert [t.tool for t in short.turns] == [None] and short.reward == 0.0
 
 
+def _moatless_step(node_id: int, messages: list, response: list, fail: str | None = None) -> dict:
+    observation = {"message": "m", "properties": {"fail_reason": fail} if fail else {}}
+    call = {"model": "c", "input": messages, "response": {"content": response}, "usage": {}}
+    # a model call inside the action (a search's relevance filter): a context of its own, not the conversation's
+    inner = {"model": "c", "input": [{"role": "user", "content": "rank these spans " * 50}], "response": {}}
+    return {"node_id": node_id, "parent_id": node_id - 1, "action": {}, "observation": observation,
+            "completions": {"build_action": call, "execute_action": inner}}  # fmt: skip
+
+
+def _tool_result(text: str) -> dict:
+    # as Moatless renders it into the next call's input: its own id, a prompt-cache marker (not text)
+    block = {"tool_use_id": "call_1", "content": text, "type": "tool_result", "cache_control": {"type": "ephemeral"}}
+    return {"role": "user", "content": [block]}
+
+
+def test_moatless_steps_become_calls_with_the_results_as_sent(build_corpus, tmp_path) -> None:
+    """Moatless Tools' trajectories: the system prompt and the task are the prompt; each step's recorded call is a
+    generation (its raw response: text and one tool call), the tool's result is the text the next call's input
+    holds (Moatless renders the history again for each call), an error where the step records a `fail_reason`; a
+    reply asked for again within a step (no tool call) is a generation and the harness's text its return; the last
+    step's result goes to no model. A call that started again from the task alone is refused."""
+    task = "<task>\nFix the validator.\n</task>"
+    think = {"type": "text", "text": "<thoughts>\nFind it.\n</thoughts>"}
+    find = [think, {"id": "toolu_1", "type": "tool_use", "name": "FindClass", "input": {"class_name": "V"}}]
+    edit = [
+        {"type": "text", "text": "Edit."},
+        {
+            "id": "toolu_2",
+            "type": "tool_use",
+            "name": "str_replace_editor",
+            "input": {"command": "str_replace", "old_str": "^", "new_str": "A"},
+        },
+    ]
+    done = [{"id": "toolu_3", "type": "tool_use", "name": "Finish", "input": {"finish_reason": "fixed"}}]
+    rendered = {"role": "assistant", "content": [think, {**find[1], "id": "call_1", "cache_control": {}}]}
+    found = "<observation>\nFound 1 code section.\n```\nclass V: regex = r'^x$'\n```\n</observation>"
+    failed = {"role": "assistant", "content": [{"type": "text", "text": "The fix is to use \\A."}]}
+    retry = "You're an autonomous agent that can't communicate with the user. Please provide a tool call."
+    missing = "<observation>\nString '^' not found in v.py\n</observation>"
+    first = [{"role": "user", "content": task}]
+    second = [*first, rendered, _tool_result(found), failed, {"role": "user", "content": retry}]
+    third = [*first, rendered, _tool_result(found), {"role": "assistant", "content": edit}, _tool_result(missing)]
+    steps = [_moatless_step(1, first, find), _moatless_step(2, second, edit, fail="string_not_found"),
+             _moatless_step(3, third, done)]  # fmt: skip
+    run = {"metadata": {"instance_id": "x__y-1"}, "agent": {"system_prompt": "You are an agent."},
+           "nodes": [{"node_id": 0, "message": task, "completions": {}}, *steps]}  # fmt: skip
+    data = build_corpus.CONVERTERS["moatless"](json.dumps(run).encode())
+    record = json.loads(data)
+    assert record["id"] == "x__y-1" and record["system"] == "You are an agent."
+    assert [m["role"] for m in record["messages"]] == ["user", *["assistant", "user"] * 3, "assistant"]
+    assert "cache_control" not in data.decode()
+    path = tmp_path / "trajectory.json"
+    path.write_bytes(data)
+    (t,) = import_files("openai", [path], tokenizer="bytes4")
+    assert t.prompt_id == "x__y-1" and t.prompt_tokens == _b4("You are an agent.") + _b4(task)
+    assert [x.tool for x in t.turns] == ["FindClass", "user", "str_replace_editor", None]
+    assert [x.tool_status for x in t.turns] == ["ok", "ok", "error", None]
+    assert [x.tool_tokens for x in t.turns] == [_b4(found), _b4(retry), _b4(missing), 0]
+    assert t.turns[1].gen_tokens == _b4(failed["content"][0]["text"])
+    restart = {**run, "nodes": [*run["nodes"][:2], _moatless_step(2, first, edit)]}
+    with pytest.raises(ValueError, match="started again from the task alone"):
+        build_corpus.CONVERTERS["moatless"](json.dumps(restart).encode())
+
+
 # held-out sources of fewer than 100 trajectories: the whole run, where it is that small
 FEWER_RUNS = {"intercode-ctf-gpt4": 93}  # InterCode's CTF run: 93 of the benchmark's 100 tasks, all it logged
 
@@ -804,7 +868,8 @@ def test_default_beats_baselines_on_held_out_search_agents(held_out_scores, name
     added later and never tuned on; +2.0 / +15.0 / +1.0 / +5.0 on MedAgentBench's runs with GPT-4o / GPT-4o-mini /
     DeepSeek-V3 / Llama-3.3-70B, the first and third strict xfails, added later still; on InterCode's other models
     +1.0 / +11.0 / +13.6 / +6.6 on Bash and +7.5 / +9.2 / +11.2 / +10.3 on SQL with text-davinci-003 / text-bison /
-    chat-bison / StarChat, and -1.0 / +6.9 on its ReAct runs on Bash / SQL, the two Bash misses strict xfails)."""
+    chat-bison / StarChat, and -1.0 / +6.9 on its ReAct runs on Bash / SQL, the two Bash misses strict xfails; +5.9
+    on Moatless Tools' SWE-bench Lite runs with Claude 3.5 Sonnet, a coding agent, added later still)."""
     from libra.scheduling.sources import BASELINES, TARGET_MARGIN, meets_target
 
     res = held_out_scores[name]
@@ -815,9 +880,38 @@ def test_default_beats_baselines_on_held_out_search_agents(held_out_scores, name
 def test_default_migration_bound_on_held_out_search_agents(held_out_scores) -> None:
     """The migration half: <= 12 % of the tokens moved on every held-out source (measured 8.3 %, 8.9 %, 7.8 % on
     FireAct, 6.7 % on Reflexion, 8.4 % on WebDancer, 7.9 % on WebShop, 8.3 % on FEVER, 7.9-9.9 % on InterCode,
-    6.7-11.2 % on MedAgentBench, 7.4-9.2 % on InterCode's other models and ReAct; 14.4 % and 14.0 % on the first
-    two before the ceiling, 11.8 % and 11.9 % before the recent admission expert)."""
+    6.7-11.2 % on MedAgentBench, 7.4-9.2 % on InterCode's other models and ReAct, 7.5 % on Moatless; 14.4 % and
+    14.0 % on the first two before the ceiling, 11.8 % and 11.9 % before the recent admission expert)."""
     from libra.scheduling.sources import MAX_MIGRATED
 
     for name, res in held_out_scores.items():
         assert res["default"].migrated_token_fraction <= MAX_MIGRATED, name
+
+
+# -- the coding agents' second bucket set (scripts/eval_corpus.py's CODING_BUCKETS, the issue's buckets for coding
+# agents: 1:8000,2:16000,4:32000,8:inf) on the held-out coding sources; a unit that misses the target in file order
+# is a strict xfail here, with its measured figure (none so far: Moatless / Claude 3.5 Sonnet, +7.1 and 7.2 % moved)
+CODING_MISSES_MARGIN: dict[str, str] = {}
+
+
+def _held_out_coding_params():
+    for src in load_manifest(HELD_OUT)["sources"]:
+        if src["kind"].startswith("coding"):
+            reason = CODING_MISSES_MARGIN.get(src["name"])
+            marks = [pytest.mark.xfail(strict=True, reason=f"misses the target: {reason}")] if reason else []
+            yield pytest.param(src["name"], marks=marks, id=src["name"])
+
+
+@pytest.mark.parametrize("name", list(_held_out_coding_params()))
+def test_default_meets_the_target_on_held_out_coding_agents_with_fixed_buckets(name) -> None:
+    """Both halves of the target on the held-out coding agents with the fixed buckets the issue names for them
+    (measured 2026-12-06: Moatless Tools / claude-3-5-sonnet-20241022 on SWE-bench Lite +7.1 points over mlfq,
+    7.2 % of the tokens moved)."""
+    from libra.scheduling.sources import BASELINES, MAX_MIGRATED, meets_target, score_source
+    from libra.spec import parse_buckets
+
+    buckets = parse_buckets(load_script("eval_corpus").CODING_BUCKETS)
+    res = score_source(load_corpus(HELD_OUT)[name], buckets, {"default": {}})
+    gap = res["default"].routing_accuracy - max(res[b].routing_accuracy for b in BASELINES)
+    moved = res["default"].migrated_token_fraction
+    assert meets_target(gap, moved), f"{gap:+.4f} points, {moved:.1%} moved (target {MAX_MIGRATED:.0%})"
