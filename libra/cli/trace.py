@@ -72,7 +72,8 @@ def _add_import_args(p: argparse.ArgumentParser) -> None:
         help="log format (default openai, which also reads ShareGPT, Anthropic, Gemini, Bedrock Converse and OpenAI "
         "Responses logs, Claude Code / Codex CLI / Gemini CLI / Qwen Code session logs, codex exec --json output, "
         "OpenHands event streams and outputs, "
-        "LangChain serialized messages, smolagents messages and memory steps, and Inspect AI evaluation logs, "
+        "LangChain serialized messages, smolagents messages and memory steps, Moatless Tools trajectories, "
+        "and Inspect AI evaluation logs, "
         "JSON or .eval archives)",
     )
     p.add_argument("--out", default="imported-trace.jsonl", help="output trace (default imported-trace.jsonl)")

@@ -12,6 +12,7 @@ import pytest
 
 from libra.workloads.corpus import DEFAULT_CORPUS, load_corpus, load_manifest
 from libra.workloads.importers import DEFAULT_ERROR_PATTERNS, StatusRules, import_files
+from libra.workloads.trace import TraceError
 from tests.scripts import load_script
 
 HELD_OUT = DEFAULT_CORPUS / "held-out"
@@ -792,6 +793,17 @@ def test_moatless_steps_become_calls_with_the_results_as_sent(build_corpus, tmp_
     restart = {**run, "nodes": [*run["nodes"][:2], _moatless_step(2, first, edit)]}
     with pytest.raises(ValueError, match="started again from the task alone"):
         build_corpus.CONVERTERS["moatless"](json.dumps(restart).encode())
+    # the raw trajectory.json, as `libra trace import --format openai` reads it (importers/moatless.py): the same
+    # trajectory, and the restarted run a one-line error naming the file
+    raw = tmp_path / "raw" / "trajectory.json"
+    raw.parent.mkdir()
+    raw.write_text(json.dumps(run))
+    (direct,) = import_files("openai", [raw], tokenizer="bytes4")
+    assert (direct.prompt_id, direct.prompt_tokens, direct.turns) == (t.prompt_id, t.prompt_tokens, t.turns)
+    raw.write_text(json.dumps(restart))
+    with pytest.raises(TraceError, match=r"raw/trajectory\.json.*Moatless trajectory: a call started again") as err:
+        import_files("openai", [raw], tokenizer="bytes4")
+    assert "\n" not in str(err.value)
 
 
 # held-out sources of fewer than 100 trajectories: the whole run, where it is that small

@@ -30,7 +30,9 @@ trajectory per sample, inspect_logs.py). A file whose first record is a SWE-agen
 `--format swe-agent` / `mini-swe-agent` read it (swe_agents.py), so the default format gives their trajectories.
 A Gemini CLI session file (a JSON conversation record with `sessionId`, `projectHash` and `messages` of typed
 message records, or the JSON Lines file of its later releases, whose first line is that metadata alone) is one
-trajectory, rewritten by gemini_cli.py; Qwen Code's sessions are session logs as above.
+trajectory, rewritten by gemini_cli.py; Qwen Code's sessions are session logs as above. A Moatless Tools
+`trajectory.json` (`nodes` whose `completions.build_action` record each model call) is one trajectory, rewritten
+by moatless.py.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from libra.spec import checks
-from libra.workloads.importers import gemini_cli, inspect_logs
+from libra.workloads.importers import gemini_cli, inspect_logs, moatless
 from libra.workloads.importers.common import (
     CALL_NAMES,
     RESPONSE,
@@ -116,6 +118,9 @@ def _records(value: Any, path: Path, line: int) -> Iterator[tuple[str, dict | li
         if gemini_cli.is_conversation(value):  # a Gemini CLI session file (JSON)
             yield "", gemini_cli.record(value)
             return
+        if moatless.is_trajectory(value):  # a Moatless Tools trajectory.json
+            yield "", _moatless_record(value, path, line)
+            return
         if _message_key(value) is not None:
             yield "", value
             return
@@ -129,6 +134,15 @@ def _records(value: Any, path: Path, line: int) -> Iterator[tuple[str, dict | li
                     yield f"{key}{w}", (r if not shared else {"__shared_prompt__": shared, **_as_record(r)})
                 return
     raise TraceError(path, line, None, "expected a message list or an object with 'messages'")
+
+
+def _moatless_record(value: dict, path: Path, line: int) -> dict:
+    """A Moatless trajectory's conversation (moatless.py), or a TraceError naming the file and what is wrong."""
+    try:
+        return moatless.record(value)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise TraceError(path, line, None, f"Moatless trajectory: {what}") from None
 
 
 def _shared_prompt(container: dict) -> str:
