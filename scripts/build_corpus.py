@@ -373,6 +373,42 @@ SOURCES: list[dict[str, Any]] = [
             ),
         )
     ),
+    # PaLM's SQL runs with the tables given (`--handicap`), same commit: both PaLM policies put the tables text
+    # between the system prompt and the query of their first message (`add_to_dialogue`, experiments/policies.py)
+    *(
+        {
+            "name": f"intercode-sql-{name}-tables",
+            "kind": f"{_IC_SQL}, with the database's tables and columns given",
+            "agent": agent,
+            "model": f"{folder} (PaLM 2, temperature 0)",
+            "repo": "princeton-nlp/intercode",
+            "commit": "69922e2f331b36a7d94b5da4a7ed10289e6c4c94",
+            "licence": "MIT",
+            "globs": [f"data/results/sql/{folder}/ic_sql_multiturn_{folder}_10_turns_handicap.json"],
+            "context": ["experiments/utils/prompts.py", "data/spider/dev_spider.json"],
+            "format": "openai",
+            "convert": f"intercode-{policy}-tables",
+            "held_out": True,
+        }
+        for name, folder, policy, agent in (
+            (
+                "text-bison",
+                "text-bison-001",
+                "completion-palm",
+                "InterCode multi-turn completion agent (PalmCompletionPolicy, template v1: each call one text, the "
+                "first prompt with the tables and their columns between the system prompt and the query, and every "
+                "earlier action, output and reward restated; outputs cut to 1,000 characters; at most 10 turns)",
+            ),
+            (
+                "chat-bison",
+                "chat-bison-001",
+                "palm-chat",
+                "InterCode multi-turn PaLM chat agent (PalmChatPolicy, template v2 as for its runs without the "
+                "tables, not certain; the tables and their columns between the system prompt and the query of its "
+                "first message, no dialogue limit, at most 10 turns)",
+            ),
+        )
+    ),
     # a coding agent of another harness and model: Moatless Tools on SWE-bench Lite, the run its author committed
     # (removed from the repository two months later); each step's model call is recorded with its input messages
     {
@@ -790,6 +826,15 @@ def _sql_tables(record: dict) -> str:
     return "MySQL tables, with their properties\n" + "".join(lines)
 
 
+def _ic_tables(rec: dict, context: dict[str, bytes]) -> str:
+    """The tables text of a run with the tables given (`_sql_tables`): that of the task's record in the run's
+    dataset (a file of CONTEXT, by the path the run logged) at the run's task index, which must be the run's query."""
+    dataset = json.loads(context[rec["dataset"].removeprefix("./")])
+    if dataset[rec["task_id"]]["query"] != rec["query"]:
+        raise ValueError(f"task {rec['task_id']} of {rec['dataset']} is not the run's query {rec['query']!r}")
+    return _sql_tables(dataset[rec["task_id"]])
+
+
 def _intercode_messages(data: bytes, context: dict[str, bytes], tables: bool = False) -> bytes:
     """InterCode's multi-turn result files (task index -> `query`, `turn_history {actions, observations, rewards,
     valid_action}`, `summary.max_reward`) as chat-completions message lists. The log holds the command parsed from
@@ -818,10 +863,7 @@ def _intercode_messages(data: bytes, context: dict[str, bytes], tables: bool = F
             {"role": "user", "content": _method_text(methods["get_query_msg"], env)},
         ]
         if tables:
-            dataset = json.loads(context[rec["dataset"].removeprefix("./")])
-            if dataset[rec["task_id"]]["query"] != rec["query"]:
-                raise ValueError(f"task {rec['task_id']} of {rec['dataset']} is not the run's query {rec['query']!r}")
-            messages.insert(1, {"role": "system", "content": _sql_tables(dataset[rec["task_id"]])})
+            messages.insert(1, {"role": "system", "content": _ic_tables(rec, context)})
         h = rec["turn_history"]
         for action, obs, reward, valid in zip(h["actions"], h["observations"], h["rewards"], h["valid_action"]):
             bare = obs == retry or environment in _IC_BARE
@@ -904,7 +946,7 @@ def _ic_completion_returns(methods: dict, env: dict[str, str], turns: list) -> l
     return returns
 
 
-def _intercode_other_messages(data: bytes, context: dict[str, bytes], policy: str) -> bytes:
+def _intercode_other_messages(data: bytes, context: dict[str, bytes], policy: str, tables: bool = False) -> bytes:
     """InterCode's Bash and SQL runs of the other models (text-davinci-003, PaLM, StarChat) as chat-completions
     message lists, restated as `_intercode_messages` restates the GPT runs, with the policy's own prompt (`_IC_OTHER`):
     `completion` one user message (`get_init_msg` then `get_query_msg`), each reply, and as its return what the next
@@ -912,7 +954,9 @@ def _intercode_other_messages(data: bytes, context: dict[str, bytes], policy: st
     message of the system prompt and the query; `hf-chat` the fixed system line (`_IC_HF_SYSTEM`) and that user
     message; the chats' returns are `get_obs_msg(observation, reward)`. The observation after the last turn goes to
     no model and is dropped; a run whose first call failed (logged `blocked`: PaLM chat's, 7 of 198 on Bash) has no
-    turn and is left out."""
+    turn and is left out. With TABLES (the PaLM SQL runs with the tables given), the policy's `handicap` (the
+    task's tables and columns, `_ic_tables`) goes between the system prompt and the query of that first text: the
+    PaLM policies' `add_to_dialogue` keeps it for the first call, which every later completion call repeats."""
     shape, template, limit = _IC_OTHER[policy]
     source = context[_IC_PROMPTS].decode("utf-8")
     methods = _template_methods(source, template)
@@ -921,7 +965,8 @@ def _intercode_other_messages(data: bytes, context: dict[str, bytes], policy: st
         language, setting, _ = _INTERCODE[rec["environment"]]
         env = {**_string_constants(source), "self.language": language, "self.setting": setting, "query": rec["query"]}
         retry = _method_text(methods["get_retry_msg"], env)
-        first = _method_text(methods["get_init_msg"], env) + _method_text(methods["get_query_msg"], env)
+        handicap = _ic_tables(rec, context) if tables else ""
+        first = _method_text(methods["get_init_msg"], env) + handicap + _method_text(methods["get_query_msg"], env)
         head = {"completion": [], "palm-chat": [_IC_PALM_CONTEXT], "hf-chat": [_IC_HF_SYSTEM]}[shape]
         messages = [*({"role": "system", "content": text} for text in head), {"role": "user", "content": first}]
         turns = _ic_turns(rec, limit, retry)
@@ -1098,6 +1143,12 @@ CONVERTERS: dict[str, Callable[..., bytes]] = {
     **{
         f"intercode-{policy}": (lambda data, context, policy=policy: _intercode_other_messages(data, context, policy))
         for policy in _IC_OTHER
+    },
+    **{
+        f"intercode-{policy}-tables": (
+            lambda data, context, policy=policy: _intercode_other_messages(data, context, policy, tables=True)
+        )
+        for policy in ("completion-palm", "palm-chat")
     },
     "intercode-react": _intercode_react_messages,
     "fever-notebook": _fever_messages,
