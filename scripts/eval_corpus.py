@@ -32,7 +32,15 @@ from typing import Any
 import numpy as np
 
 from libra.scheduling import CMLFQ_PRESETS
-from libra.scheduling.sources import BASELINES, MAX_MIGRATED, margin, meets_target, quantile_buckets, score_source
+from libra.scheduling.sources import (
+    BASELINES,
+    MAX_MIGRATED,
+    gap_over_baselines,
+    margin,
+    meets_target,
+    quantile_buckets,
+    score_source,
+)
 from libra.spec import Bucket, format_buckets, parse_buckets
 from libra.workloads.corpus import DEFAULT_CORPUS, load_corpus, load_manifest
 from libra.workloads.trace import Trajectory
@@ -106,12 +114,7 @@ def gaps(
     """Per router (the default, then each variant): its margin over the best baseline (accuracy minus accuracy), its
     migrated-token fraction, and the best baseline, the baselines replayed in the same order."""
     res = score_source(trajectories, buckets, variant_options(variants))
-    return {name: gap_of(res, name) for name in ("default", *variants)}
-
-
-def gap_of(res: dict, name: str = "default") -> tuple[float, float, str]:
-    best = max(BASELINES, key=lambda b: res[b].routing_accuracy)
-    return res[name].routing_accuracy - res[best].routing_accuracy, res[name].migrated_token_fraction, best
+    return {name: gap_over_baselines(res, name) for name in ("default", *variants)}
 
 
 def order_row(source: str, buckets: str, file_order: tuple[float, float, str], orders: list[tuple]) -> str:
@@ -145,14 +148,14 @@ def order_table(corpus: dict, units: dict, num_orders: int, seed: int, variants:
             print(f"{name}: {num_orders} orders, buckets {buckets}", file=sys.stderr)
             per_order = [gaps(order, parse_buckets(buckets), variants) for order in shuffles]
             by_router = {router: [o[router] for o in per_order] for router in ("default", *variants)}
-            print(order_row(name, buckets, gap_of(res), by_router["default"]))
+            print(order_row(name, buckets, gap_over_baselines(res, "default"), by_router["default"]))
             out.setdefault(name, {})[buckets] = {
                 router: [{"margin": g, "migrated_token_fraction": m, "best_baseline": b} for g, m, b in rows]
                 for router, rows in by_router.items()
             }
             if len(trajs) >= MIN_SELECT:
                 for router, rows in by_router.items():
-                    summary.setdefault(router, []).append((gap_of(res, router), rows))
+                    summary.setdefault(router, []).append((gap_over_baselines(res, router), rows))
     if variants:
         print()
         variant_summary(summary, num_orders)

@@ -24,7 +24,14 @@ from libra.cli._common import (
     table,
 )
 from libra.scheduling import CMLFQ_PRESETS, DEFAULT_PRESET, POLICIES, as_agent_log, make_router, replay
-from libra.scheduling.sources import BASELINES, MAX_MIGRATED, TARGET_MARGIN, meets_target, quantile_buckets
+from libra.scheduling.sources import (
+    BASELINES,
+    MAX_MIGRATED,
+    TARGET_MARGIN,
+    gap_over_baselines,
+    meets_target,
+    quantile_buckets,
+)
 from libra.spec import bucket_index, format_buckets, parse_buckets
 from libra.workloads import WORKLOAD_NAMES, generate, load_trace
 
@@ -251,17 +258,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _verdict(results: dict) -> dict[str, Any]:
     """C-MLFQ against the best baseline (BASELINES: fcfs, mlfq, predictor, most-common), as issue 14's target
-    counts it (`libra.scheduling.sources.meets_target`)."""
-    best = max(BASELINES, key=lambda b: results[b].routing_accuracy)  # (the first of equals, in BASELINES' order)
-    c = results["cmlfq"]
-    gap = c.routing_accuracy - results[best].routing_accuracy
+    counts it (`libra.scheduling.sources.gap_over_baselines`, `meets_target`)."""
+    gap, migrated, best = gap_over_baselines(results, "cmlfq")
     return {
         "best_baseline": best,
         "margin": gap,
-        "migrated_tokens": c.migrated_token_fraction,
+        "migrated_tokens": migrated,
         "target_margin": TARGET_MARGIN,
         "max_migrated": MAX_MIGRATED,
-        "met": meets_target(gap, c.migrated_token_fraction),
+        "met": meets_target(gap, migrated),
     }
 
 

@@ -60,6 +60,14 @@ def score_source(
     return out
 
 
+def gap_over_baselines(results: Mapping[str, RouteEvalResult], candidate: str) -> tuple[float, float, str]:
+    """The issue's reading of `candidate`: its single-shot accuracy minus the best baseline's, its migrated-token
+    fraction, and the best baseline (BASELINES' first among equals); `meets_target(gap, migrated)` says if it is met."""
+    best = max(BASELINES, key=lambda b: results[b].routing_accuracy)
+    r = results[candidate]
+    return r.routing_accuracy - results[best].routing_accuracy, r.migrated_token_fraction, best
+
+
 def margin(results: Mapping[str, RouteEvalResult], candidate: str) -> float:
     """Single-shot accuracy of `candidate` minus the best baseline's, less twice any migrated-token share above
     MAX_MIGRATED (the selection score)."""
