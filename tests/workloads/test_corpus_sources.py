@@ -336,7 +336,7 @@ def test_intercode_runs_become_chats_with_the_templates_of_the_runs(build_corpus
         ("ls /", "x" * 1500, 0.2, True), ("grep q f", "", 0.25, False), ("wc -l f", "3 f\n", 0.25, True),
     ])  # fmt: skip
     context = {"experiments/utils/prompts.py": INTERCODE_PROMPTS}
-    data = build_corpus._intercode_messages(json.dumps({"0": sql, "1": bash}).encode(), context)
+    data = build_corpus.CONVERTERS["intercode"](json.dumps({"0": sql, "1": bash}).encode(), context)
     first, second = (json.loads(line) for line in data.decode().splitlines())
     assert first["id"] == "dev_spider-3" and first["reward"] == 1.0 and second["id"] == "nl2bash_fs_2-3"
     assert [m.get("name", m["role"]) for m in first["messages"]] == [
@@ -433,7 +433,7 @@ def test_intercode_ctf_and_python_runs_keep_every_turn_and_its_tokens(build_corp
         ("def f(x):\n    return 2 * x", "{'output': '', 'error': ''}", 1.0, None),
     ])  # fmt: skip
     context = {"experiments/utils/prompts.py": INTERCODE_MORE_PROMPTS}
-    data = build_corpus._intercode_messages(json.dumps({"0": ctf, "1": python}).encode(), context)
+    data = build_corpus.CONVERTERS["intercode"](json.dumps({"0": ctf, "1": python}).encode(), context)
     first, second = (json.loads(line) for line in data.decode().splitlines())
     system = "You play Capture the Flag, flags are 'picoCTF{...}'.\nTask: find it\nAction: ls\n"
     assert [m["content"] for m in first["messages"][:2]] == [system, "Task: how many?"]
