@@ -21,6 +21,7 @@ from libra.cli._common import (
     emit_json,
     key_values,
     log,
+    progress_bar,
 )
 from libra.workloads import WORKLOAD_NAMES, generate, write_trace
 
@@ -64,7 +65,12 @@ def _add_generate_args(p: argparse.ArgumentParser, *, inherit: bool = False) -> 
 def _add_import_args(p: argparse.ArgumentParser) -> None:
     from libra.workloads.importers import DEFAULT_TOKENIZER, IMPORT_FORMATS
 
-    p.add_argument("sources", nargs="*", metavar="SRC", help="agent log files (JSON, JSON Lines, Inspect .eval)")
+    p.add_argument(
+        "sources",
+        nargs="*",
+        metavar="SRC",
+        help="agent log files (JSON, JSON Lines, Inspect .eval), or directories: the matching files under them",
+    )
     p.add_argument(
         "--format",
         default="openai",
@@ -81,6 +87,15 @@ def _add_import_args(p: argparse.ArgumentParser) -> None:
         "--tokenizer",
         default=DEFAULT_TOKENIZER,
         help=f"{DEFAULT_TOKENIZER} (default), cl100k_base, a tokenizer.json path, or bytes4 (an approximation)",
+    )
+    p.add_argument(
+        "--glob",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="which files of a SRC directory are logs, by name (repeat; default by format: openai *.json *.jsonl "
+        "*.json.gz *.jsonl.gz *.eval, swe-agent *.traj, mini-swe-agent *.traj.json, verl and atif *.json "
+        "*.jsonl *.json.gz *.jsonl.gz)",
     )
     p.add_argument("--source", default=None, help="a name stored in every trajectory's 'source' field")
     p.add_argument("--error-pattern", action="append", default=[], metavar="REGEX", help="extra error text (repeat)")
@@ -191,6 +206,8 @@ def run_import(args: argparse.Namespace) -> int:
         DEFAULT_TIMEOUT_PATTERNS,
         StatusRules,
         TokenizerError,
+        TraceError,
+        expand_paths,
         import_files,
         write_trace_atomic,
     )
@@ -206,17 +223,32 @@ def run_import(args: argparse.Namespace) -> int:
         raise CLIError(str(exc)) from None
     out = Path(args.out)
     check_new_output(out, directory=False)  # before the import, which may read large logs for minutes
-    log(f"importing {len(args.sources)} file(s) as {args.format} (tokenizer {args.tokenizer})")
+    bad_glob = next((g for g in args.glob if not g or "/" in g), None)
+    if bad_glob is not None:
+        raise CLIError(f"--glob {bad_glob!r}: a pattern matches a file's name, so it cannot be empty or hold a '/'")
+    files = expand_paths(args.format, args.sources, args.glob)  # a TraceError is the CLI's one-line error
+    folders = sum(Path(s).is_dir() for s in args.sources)
+    found = f" ({folders} director{'y' if folders == 1 else 'ies'} listed)" if folders else ""
+    log(f"importing {len(files)} file(s){found} as {args.format} (tokenizer {args.tokenizer})")
     warnings = logging.getLogger("libra.workloads.importers")  # what an importer skipped, said on stderr
     handler = _Stderr(logging.WARNING)
     warnings.addHandler(handler)
+    bar = progress_bar(total=len(files), desc="import", unit="file", enabled=not args.json and len(files) > 1)
     try:
         trajectories = import_files(
-            args.format, args.sources, tokenizer=args.tokenizer, rules=rules, source=args.source
+            args.format,
+            files,
+            tokenizer=args.tokenizer,
+            rules=rules,
+            source=args.source,
+            progress=lambda _path: bar.update(),
         )
     except TokenizerError as exc:
         raise CLIError(str(exc)) from None
+    except TraceError as exc:
+        raise CLIError(_listed_hint(exc, args.sources, args.glob)) from None
     finally:
+        bar.close()
         warnings.removeHandler(handler)
     try:
         written = write_trace_atomic(out, trajectories)
@@ -230,6 +262,17 @@ def run_import(args: argparse.Namespace) -> int:
     else:
         print(key_values(list(summary.items()), title=f"imported {written} trajectories into {out}"))
     return 0
+
+
+def _listed_hint(exc: Exception, sources: list[str], globs: list[str]) -> str:
+    """The importer's error, and where the file came from when it was found under a SRC directory (not named by the
+    user): which files a directory stands for is a choice the user can change."""
+    bad = Path(getattr(exc, "path", "") or ".")
+    folder = next((s for s in sources if Path(s).is_dir() and Path(s) in bad.parents), None)
+    if folder is None or any(Path(s) == bad for s in sources):
+        return str(exc)
+    chosen = "the --glob patterns" if globs else "the format's default patterns"
+    return f"{exc} (a file under {folder}, matched by {chosen}; --glob PATTERN names which files to read)"
 
 
 def trace_summary(trajectories) -> dict:

@@ -5,20 +5,21 @@ Formats: `openai` (chat-completions message lists with tool calls; tau-bench-sty
 Agent Trajectory Interchange Format of the Harbor framework: `steps` of system, user and agent). Text is
 counted with a real tokenizer (`importers.tokenizer`, default o200k_base); verl records are already tokens.
 
-`import_files(format, paths, tokenizer=..., rules=...)` returns the trajectories of all files in order; any problem
-raises `TraceError` naming the file and the line. `write_trace_atomic` writes them so that a failure leaves no
-file behind.
+`import_files(format, paths, tokenizer=..., rules=...)` returns the trajectories of all files in order (a directory
+stands for the log files under it: `importers.paths`); any problem raises `TraceError` naming the file and the
+line. `write_trace_atomic` writes them so that a failure leaves no file behind.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from os import PathLike
 from pathlib import Path
 
 from libra.workloads.importers.atif import import_atif
 from libra.workloads.importers.common import DEFAULT_ERROR_PATTERNS, DEFAULT_TIMEOUT_PATTERNS, StatusRules
 from libra.workloads.importers.openai_chat import import_openai
+from libra.workloads.importers.paths import DEFAULT_GLOBS, expand_paths
 from libra.workloads.importers.swe_agents import import_mini_swe_agent, import_swe_agent
 from libra.workloads.importers.tokenizer import DEFAULT_TOKENIZER, TokenizerError, get_counter
 from libra.workloads.importers.verl_rollouts import import_verl
@@ -41,19 +42,27 @@ def import_files(
     tokenizer: str = DEFAULT_TOKENIZER,
     rules: StatusRules | None = None,
     source: str | None = None,
+    globs: Sequence[str] = (),
+    progress: Callable[[Path], None] | None = None,
 ) -> list[Trajectory]:
-    """All trajectories of `paths` read as `fmt`, in order; `source`, when given, is stored in each trajectory's
-    `extra["source"]`. Raises TraceError (bad input), TokenizerError (tokenizer), ValueError (unknown format)."""
+    """All trajectories of `paths` read as `fmt`, in order; a directory stands for its files that match `globs`
+    (default: the format's, `DEFAULT_GLOBS`). `source`, when given, is stored in each trajectory's
+    `extra["source"]`; `progress` is called with each file once it is read. Raises TraceError (bad input),
+    TokenizerError (tokenizer), ValueError (unknown format)."""
     _check_arguments(fmt, paths, tokenizer, rules, source)
+    if isinstance(globs, str) or not all(isinstance(g, str) and g for g in globs):
+        raise ValueError(f"globs must be a list of file-name patterns, got {globs!r}")
     rules = rules or StatusRules()
+    files = expand_paths(fmt, paths, globs)
     count = get_counter(tokenizer) if fmt != "verl" else len  # verl records are tokens already: no counter used
     out: list[Trajectory] = []
-    for p in paths:
-        path = Path(p)
+    for path in files:
         for traj in _IMPORTERS[fmt](path, count=count, rules=rules):
             if source is not None:
                 traj.extra["source"] = source
             out.append(traj)
+        if progress is not None:
+            progress(path)
     if not out:
         raise TraceError(paths[0], None, None, "no trajectories found")
     return out
@@ -85,11 +94,13 @@ def write_trace_atomic(path: str | Path, trajectories: Iterable[Trajectory]) -> 
 
 __all__ = [
     "DEFAULT_ERROR_PATTERNS",
+    "DEFAULT_GLOBS",
     "DEFAULT_TIMEOUT_PATTERNS",
     "DEFAULT_TOKENIZER",
     "IMPORT_FORMATS",
     "StatusRules",
     "TokenizerError",
+    "expand_paths",
     "get_counter",
     "import_files",
     "write_trace_atomic",
