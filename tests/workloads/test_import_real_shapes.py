@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from libra.workloads import TraceError
 from libra.workloads.importers import StatusRules, get_counter, import_files
 from libra.workloads.importers.openai_chat import import_openai
 
@@ -280,3 +281,52 @@ def test_a_bedrock_converse_conversation(tmp_path) -> None:
     assert [(u.tool, u.tool_status) for u in t.turns] == [("weather", "error"), ("weather", "ok"), (None, None)]
     assert t.turns[0].tool_tokens == 2 and t.turns[-1].gen_tokens == 4
     assert t.turns[0].gen_tokens > words("call the weather tool let me check")  # the call's name and input too
+
+
+def test_dataset_rows_with_ai_messages_under_text(tmp_path) -> None:
+    """nebius/SWE-agent-trajectories' rows: a `trajectory` of `{role, text}` messages, the model's role `ai`."""
+    row = {
+        "instance_id": "org__repo-7",
+        "model_name": "some-model",
+        "target": False,
+        "exit_status": "submitted",
+        "trajectory": [
+            {"role": "system", "text": "you fix issues", "mask": False, "system_prompt": "you fix issues"},
+            {"role": "user", "text": "the issue says this", "mask": False},
+            {"role": "ai", "text": "let me look around", "mask": True},
+            {"role": "user", "text": "a.py b.py c.py d.py", "mask": False},
+            {"role": "ai", "text": "submit", "mask": True},
+        ],
+    }
+    (t,) = _import(tmp_path, [row, row], "rows.jsonl", lines=True)[:1]
+    assert t.prompt_id == "org__repo-7" and t.prompt_tokens == 3 + 4
+    assert [(x.gen_tokens, x.tool_tokens) for x in t.turns] == [(4, 4), (1, 0)]
+    assert t.extra["meta"] == {"model_name": "some-model", "target": False, "exit_status": "submitted"}
+
+
+@pytest.mark.parametrize("fmt", ["openai", "mini-swe-agent"])
+def test_a_message_list_stored_as_json_text_is_read_as_the_list(tmp_path, fmt) -> None:
+    """Dataset rows that keep the messages as a JSON string (SWE-smith's trajectories exported to JSON Lines)."""
+    messages = [
+        {"role": "system", "content": "you run bash"},
+        {"role": "user", "content": "fix the bug"},
+        {"role": "assistant", "content": "```bash\nls\n```"},
+        {"role": "user", "content": "<returncode>1</returncode>\n<output>\nno such file\n</output>"},
+        {"role": "assistant", "content": "done now"},
+    ]
+    row = {"instance_id": "x__y-1", "messages": json.dumps(messages), "resolved": True}
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    (t,) = import_files(fmt, [path], tokenizer="bytes4")
+    as_list = tmp_path / "list.jsonl"
+    as_list.write_text(json.dumps({**row, "messages": messages}) + "\n")
+    (same,) = import_files(fmt, [as_list], tokenizer="bytes4")
+    assert t.prompt_id == "x__y-1" and len(t.turns) == 2
+    assert (t.prompt_tokens, [(x.gen_tokens, x.tool_tokens, x.tool_status) for x in t.turns]) == (
+        same.prompt_tokens,
+        [(x.gen_tokens, x.tool_tokens, x.tool_status) for x in same.turns],
+    )
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(json.dumps({**row, "messages": "[not json"}) + "\n")
+    with pytest.raises(TraceError, match="broken.jsonl:1"):
+        import_files(fmt, [broken], tokenizer="bytes4")

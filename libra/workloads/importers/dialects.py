@@ -31,7 +31,8 @@ memory steps) are rewritten by frameworks.py, which says what each reads; `expan
 messages (tool calls naming their function as a string, tool messages with `function` and `error`, `reasoning`
 parts) are rewritten by inspect_logs.py.
 
-Role aliases (`human`, `gpt`, `bot`, `model`) are read in plain `role` / `content` messages too. A message
+Role aliases (`human`, `gpt`, `ai`, `bot`, `model`) are read in plain `role` / `content` messages too, and a
+message's text under `text` where it has no `content` (nebius's SWE-agent trajectories: `ai` messages). A message
 already in OpenAI form passes as it is. Anything unrecognised is left for `convert_messages`, which reports it in
 one line.
 """
@@ -49,6 +50,7 @@ _ROLE_ALIASES = {
     "human": "user",
     "user": "user",
     "gpt": "assistant",
+    "ai": "assistant",
     "assistant": "assistant",
     "model": "assistant",
     "bot": "assistant",
@@ -98,7 +100,9 @@ def _foreign(m: Any) -> bool:
         return ("from" in m and "value" in m) or "type" in m or frameworks.is_framework_item(m)
     if frameworks.is_smolagents_message(m) or inspect_logs.is_inspect_message(m):
         return True
-    if role in ("human", "gpt", "model", "bot", "chatgpt") or "parts" in m:
+    if role in ("human", "gpt", "ai", "model", "bot", "chatgpt") or "parts" in m:
+        return True
+    if "content" not in m and "text" in m:  # a message whose text is under `text` (nebius's SWE-agent trajectories)
         return True
     content = m.get("content")
     return isinstance(content, list) and any(
@@ -123,6 +127,8 @@ def _rewrite(m: dict) -> list[dict]:
     if "role" not in m:
         return _responses_item(m)
     role = _ROLE_ALIASES.get(m["role"], m["role"])
+    if "content" not in m and "parts" not in m and "text" in m:
+        m = {**{k: v for k, v in m.items() if k != "text"}, "content": m["text"]}
     blocks = m.get("parts") if "parts" in m else m.get("content")
     if not isinstance(blocks, list):
         return [{**m, "role": role}]

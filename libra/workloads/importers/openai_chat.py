@@ -1,7 +1,8 @@
 """OpenAI chat-completions message lists (with `tool_calls` and `tool` messages) to Libra trajectories.
 
 Accepted files (JSON or JSON Lines): a message list; an object with `messages` (or `traj`, `conversation`,
-`conversations`, a Gemini request's `contents`, a message list under `trajectory`); a list of such objects; an
+`conversations`, a Gemini request's `contents`, a message list under `trajectory`; the list itself or JSON text of
+it, as dataset rows store it); a list of such objects; an
 object whose `simulations`, `results` or `data` is such a list (the result files of tau-bench-style harnesses).
 Per record, `id` / `task_id` / `instance_id` / `prompt_id` names the prompt, `trial` / `sample` the sample, and
 `reward` (or `reward_info.reward`) the reward; other scalar fields are kept under `meta`.
@@ -121,6 +122,7 @@ def _records(value: Any, path: Path, line: int) -> Iterator[tuple[str, dict | li
         if moatless.is_trajectory(value):  # a Moatless Tools trajectory.json
             yield "", _moatless_record(value, path, line)
             return
+        value = decoded_messages(value)
         if _message_key(value) is not None:
             yield "", value
             return
@@ -134,6 +136,23 @@ def _records(value: Any, path: Path, line: int) -> Iterator[tuple[str, dict | li
                     yield f"{key}{w}", (r if not shared else {"__shared_prompt__": shared, **_as_record(r)})
                 return
     raise TraceError(path, line, None, "expected a message list or an object with 'messages'")
+
+
+def decoded_messages(record: dict) -> dict:
+    """The record with its message list in place of the JSON text that holds it, where a dataset stores the list as
+    a string (tables keep nested lists of varying shape as text: exported rows of SWE-smith's trajectories); else
+    the record itself. Text that is not a JSON list of messages is left as it is (it is then not a message list)."""
+    for key in _MESSAGE_KEYS:
+        text = record.get(key)
+        if isinstance(text, str) and text.lstrip().startswith("["):
+            try:
+                value = json.loads(text)
+            except (json.JSONDecodeError, RecursionError):
+                return record
+            if isinstance(value, list) and value and all(is_message(m) for m in value):
+                return {**record, key: value}
+            return record
+    return record
 
 
 def _moatless_record(value: dict, path: Path, line: int) -> dict:

@@ -34,7 +34,14 @@ from libra.workloads.importers.common import (
     text_of,
     warn_skipped,
 )
-from libra.workloads.importers.openai_chat import _gen_text, _meta, _reward, convert_messages, exit_code_in
+from libra.workloads.importers.openai_chat import (
+    _gen_text,
+    _meta,
+    _reward,
+    convert_messages,
+    decoded_messages,
+    exit_code_in,
+)
 from libra.workloads.trace import TraceError, Trajectory
 
 _SUBMIT_MARK = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
@@ -147,8 +154,9 @@ def import_mini_swe_agent(path: Path, *, count: Callable[[str], int], rules: Sta
     """Trajectories of one mini-swe-agent `.traj.json` file (or a JSON Lines file of them); module docstring."""
     rules = StatusRules(rules.error_patterns + MINI_FORMAT_ERRORS, rules.timeout_patterns)
     skipped: list[str] = []
-    for line, record in iter_records(path):
+    for line, raw in iter_records(path):
         info: dict
+        record = decoded_messages(raw) if isinstance(raw, dict) else raw
         if isinstance(record, list):
             messages, info, rec = record, {}, {}
         elif isinstance(record, dict) and isinstance(record.get("messages"), list):
