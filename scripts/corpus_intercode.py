@@ -393,7 +393,7 @@ def _intercode_react_messages(data: bytes, context: dict[str, bytes]) -> bytes:
     return ("\n".join(out) + "\n").encode()
 
 
-# InterCode's converters by name (build_corpus.py's SOURCES name them in `convert`)
+# InterCode's converters by name (the entries of corpus_sources.py's SOURCES name them in `convert`)
 CONVERTERS: dict[str, Callable[..., bytes]] = {
     "intercode": _intercode_messages,
     "intercode-tables": lambda data, context: _intercode_messages(data, context, tables=True),

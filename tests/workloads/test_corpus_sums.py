@@ -15,14 +15,9 @@ import pytest
 
 from libra.workloads.corpus import DEFAULT_CORPUS, load_corpus, load_manifest
 from libra.workloads.trace import TraceError, load_trace
-from tests.scripts import SCRIPTS, load_script
+from tests.scripts import SCRIPTS
 
 SCRIPT = SCRIPTS / "build_corpus.py"
-
-
-@pytest.fixture(scope="module")
-def build_corpus():
-    return load_script("build_corpus")
 
 
 @pytest.fixture
