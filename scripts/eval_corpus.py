@@ -54,7 +54,7 @@ ADMISSION = {"experts": {"admit_select": True}, "tree": {"admit_select": False}}
 # (size classes: `breaks:4` throughout; `quantile:3` was within a point of it on every source when it was a
 # dimension of this choice, docs/routing.md)
 # The candidates are structures, compared without the default's migration ceiling (a guarantee laid over the chosen
-# structure afterwards, docs/routing.md): with it every candidate that promotes blindly rides the ceiling (11-12 %
+# structure afterwards, docs/routing-log.md): with it every candidate that promotes blindly rides the ceiling (11-12 %
 # migrated), so the 12 % constraint of the choice would no longer tell the structures apart.
 CANDIDATES = {
     f"{adm}/{cold}/{beyond}/{mech}": {
@@ -73,7 +73,7 @@ CANDIDATES = {
 PRESETS = {"cmlfq-published": CMLFQ_PRESETS["published"], "cmlfq-priced": CMLFQ_PRESETS["priced"], "default": BASE}
 CODING_BUCKETS = "1:8000,2:16000,4:32000,8:inf"
 MIN_SELECT = 100
-# One-option changes of the default, compared with it over random orders (`--variants`; docs/routing.md)
+# One-option changes of the default, compared with it over random orders (`--variants`; docs/routing-log.md)
 VARIANTS = {
     "cold stay": {"cold": "stay"},
     "no repay": {"repay": None},

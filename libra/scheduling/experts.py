@@ -46,7 +46,7 @@ class AdmitExperts:
     stationary run it is a noisier copy of the population's guess. So it is admitted on only when it beats the best
     of the other three by more than chance: among the finished requests (weighted as the scores) where exactly one of
     the two named the final bucket, its wins exceed its losses by more than one standard deviation of a fair coin's
-    difference (sqrt(wins + losses)). K and that threshold are conventions, not tuned (docs/routing.md)."""
+    difference (sqrt(wins + losses)). K and that threshold are conventions, not tuned (docs/routing-log.md)."""
 
     def __init__(self, *, decay: float = 0.5, recent: int = 0) -> None:
         self.decay = float(decay)

@@ -104,7 +104,7 @@ def refresh_all(nodes: list[Node], limit: int) -> None:
     """`refresh_all_py` (the reference, below) in C when the optional extension `libra.scheduling._tree_native`
     (ext/scheduling/tree_native.c) is built, as `pip install -e .` does where a C compiler is: the same values,
     slot by slot (tests/scheduling/test_tree_native.py); with the update's learners (tree.py) in C as well, an
-    update takes 0.5-0.8 of its time (docs/routing.md, "The update's hot loops in C"). `LIBRA_PURE_PYTHON=1` in the
+    update takes 0.5-0.8 of its time (docs/routing-log.md, "The update's hot loops in C"). `LIBRA_PURE_PYTHON=1` in the
     environment at import keeps the reference."""
     if _native is None:
         refresh_all_py(nodes, limit)

@@ -70,7 +70,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
     # aims at the run's migrated share, a shortfall or an excess repaid over 6 steps (repay; the cold step may then
     # spend up to the ceiling), and the first warm step, routed on a tree learnt from the cold step alone, does not
     # set the price (hold_first). Its structure was chosen leave-one-source-out on real agent traces
-    # (docs/routing.md); repay's horizon on synthetic search-r1 seeds 0-2 (docs/routing.md says so).
+    # (docs/routing.md); repay's horizon on synthetic search-r1 seeds 0-2 (docs/routing-log.md says so).
     "adaptive": {
         "rule": "priced",
         "price": 1.0,

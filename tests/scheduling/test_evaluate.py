@@ -92,7 +92,7 @@ def test_meets_the_published_pair(seed, preset) -> None:
     `libra route-eval --workload search-r1 --seed S` replays (20 steps x 64 prompts x 16 samples). `priced` was tuned
     on seed 0 (seeds 1 and 2 held out): 92.1%/7.7%, 91.7%/7.1%, 92.0%/7.9%. The default (`adaptive`), with nothing
     fixed to this workload: 91.33%/7.95%, 91.23%/7.96%, 91.15%/8.17% (its budget's repay horizon was chosen on
-    these seeds, docs/routing.md). This fails if the router slips."""
+    these seeds, docs/routing-log.md). This fails if the router slips."""
     trace = generate("search-r1", num_steps=20, seed=seed, num_prompts=64, samples_per_prompt=16)
     result = replay(make_router("cmlfq", SEARCH_BUCKETS, **CMLFQ_PRESETS[preset]), trace)
     assert result.routing_accuracy >= 0.911

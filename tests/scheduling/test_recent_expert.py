@@ -1,6 +1,6 @@
 """The default's fourth admission expert, `recent` (`recent_expert=1`, libra.scheduling.experts): the most common
 final bucket of the last step's requests, admitted on only past a paired test against the best other expert.
-docs/routing.md, "A short memory beside the long ones"."""
+docs/routing-log.md, "A short memory beside the long ones"."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def test_an_admit_experts_pickled_before_recent_loads_without_it() -> None:
 
 
 def _longest_first(trajectories: list) -> list:
-    """The trajectories by decreasing length, each task's runs refilled in file order (docs/routing.md)."""
+    """The trajectories by decreasing length, each task's runs refilled in file order (docs/routing-log.md)."""
     runs: dict[str, list] = {}
     for t in trajectories:
         runs.setdefault(t.prompt_id, []).append(t)
