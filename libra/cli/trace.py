@@ -69,7 +69,7 @@ def _add_import_args(p: argparse.ArgumentParser) -> None:
         "sources",
         nargs="*",
         metavar="SRC",
-        help="agent log files (JSON, JSON Lines, Inspect .eval), or directories: the matching files under them",
+        help="agent log files (JSON, JSON Lines, Parquet, Inspect .eval), or directories (their matching files)",
     )
     p.add_argument(
         "--format",
@@ -94,8 +94,8 @@ def _add_import_args(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="PATTERN",
         help="which files of a SRC directory are logs, by name (repeat; default by format: openai *.json *.jsonl "
-        "*.json.gz *.jsonl.gz *.eval, swe-agent *.traj, mini-swe-agent *.traj.json, verl and atif *.json "
-        "*.jsonl *.json.gz *.jsonl.gz)",
+        "*.json.gz *.jsonl.gz *.parquet *.eval, swe-agent *.traj, mini-swe-agent *.traj.json, verl the JSON ones "
+        "and *.parquet, atif the JSON ones)",
     )
     p.add_argument("--source", default=None, help="a name stored in every trajectory's 'source' field")
     p.add_argument("--error-pattern", action="append", default=[], metavar="REGEX", help="extra error text (repeat)")

@@ -1,5 +1,5 @@
-"""What every importer shares: reading JSON / JSON Lines strictly, the tool-status rules, and turning an ordered
-list of (generation, returns) segments into a `Trajectory`.
+"""What every importer shares: reading JSON / JSON Lines (or Parquet rows, parquet.py) strictly, the tool-status
+rules, and turning an ordered list of (generation, returns) segments into a `Trajectory`.
 
 Reading: a file must be UTF-8; a file holding one JSON value is read whole, else as JSON Lines. Every error is a
 `TraceError` naming the file and the line (and the field where there is one).
@@ -24,6 +24,7 @@ from typing import Any
 
 import attrs
 
+from libra.workloads.importers import parquet
 from libra.workloads.trace import TraceError, TraceValueError, Trajectory, Turn
 
 DEFAULT_ERROR_PATTERNS: tuple[str, ...] = (
@@ -120,7 +121,11 @@ def read_text(path: Path) -> str:
 
 
 def iter_records(path: Path) -> Iterator[tuple[int, Any]]:
-    """`(line, value)` for the JSON value of a file, or for each line of a JSON Lines file (blank lines skipped)."""
+    """`(line, value)` for the JSON value of a file, or for each line of a JSON Lines file (blank lines skipped), or
+    for each row of a Parquet file (parquet.py: `line` is then the row)."""
+    if parquet.is_parquet(path):
+        yield from parquet.iter_rows(path)
+        return
     text = read_text(path)
     try:
         yield 1, json.loads(text)

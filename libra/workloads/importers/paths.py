@@ -20,10 +20,10 @@ from libra.workloads.trace import TraceError
 
 _JSON = ("*.json", "*.jsonl", "*.json.gz", "*.jsonl.gz")
 DEFAULT_GLOBS: dict[str, tuple[str, ...]] = {
-    "openai": (*_JSON, "*.eval"),
+    "openai": (*_JSON, "*.parquet", "*.eval"),
     "swe-agent": ("*.traj",),
     "mini-swe-agent": ("*.traj.json",),
-    "verl": _JSON,
+    "verl": (*_JSON, "*.parquet"),
     "atif": _JSON,
 }
 
