@@ -12,10 +12,12 @@ one generation: its content, reasoning (`reasoning_content`, `reasoning`, `think
 counted once), refusal and tool calls (name and arguments). Every later non-assistant message is a return that
 goes back into the context: `tool` / `function` messages are tool results (the tool's name from the matching
 call, `name`, or "tool"), `user` messages the user's (or a user simulator's) reply, tool "user"; a tool result's
-`status` (`error`, `timeout`), `is_error` / `error` (a flag, or the message of what failed) and exit code set its
-status before its text does. The parts of one model response written as several assistant messages with results
-between them (OpenHands actions, Claude Code lines: the response id they share) are one generation. Message
-contents may be strings or lists of text parts. A `system` field beside the messages (Gemini's
+`status` (`error`, `timeout`), `is_error` / `error` (a flag, or the message of what failed), a JSON text's
+non-empty `error` (ToolBench's results) and an exit code (at either end of the text) set its status before its text
+does. An assistant message without structured calls that writes a ReAct step (`Action: NAME`, then `Action
+Input:`) names the tool of the result after it. The parts of one model response written as several assistant
+messages with results between them (OpenHands actions, Claude Code lines: the response id they share) are one
+generation. Message contents may be strings or lists of text parts. A `system` field beside the messages (Gemini's
 `systemInstruction`; when no message is a system message) is part of the prompt. Counts are of the text only (a
 chat template adds a few tokens per message).
 
@@ -76,12 +78,17 @@ _TIMEOUT_STATUSES = ("timeout", "timed_out")
 # an assistant message's reasoning: vLLM / DeepSeek `reasoning_content`, OpenRouter and later vLLM `reasoning`,
 # Ollama `thinking`
 _REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
+# a ReAct step written as text (ToolBench, AgentTuning and other ShareGPT-style agent sets): `Action: NAME` then
+# `Action Input: ...` on a later line; NAME names the tool whose result follows
+_REACT_RE = re.compile(r"^Action:[ \t]*([A-Za-z_][\w.\-]*)[ \t]*\r?\n(?:.*\n)*?Action Input:", re.M)
 _EXIT_RE = re.compile(r"<returncode>\s*(-?\d+)\s*</returncode>|\bexit(?:_| )code:?\s*(-?\d+)", re.I)
 
 
 def exit_code_in(text: str) -> int | None:
-    """An exit code stated in a return's text (`<returncode>N</returncode>`, `exit code N`), else None."""
-    m = _EXIT_RE.search(text[:400])
+    """An exit code stated at either end of a return's text (`<returncode>N</returncode>` before the output, as
+    mini-swe-agent writes it; `exit code N` after it, as OpenHands' `[Command finished with exit code N]` closes a
+    command's output, however long), else None."""
+    m = _EXIT_RE.search(text[:400]) or _EXIT_RE.search(text[-400:])
     if m is None:
         return None
     return int(m.group(1) if m.group(1) is not None else m.group(2))
@@ -239,6 +246,8 @@ def _gen_text(msg: dict) -> tuple[str, list[tuple[str, str]]]:
     if isinstance(fc, dict):
         parts += [str(fc.get("name", "")), str(fc.get("arguments", ""))]
         calls.append(("", str(fc.get("name") or "tool")))
+    if not calls:  # a call written as text in the ReAct layout: its name (the text is already counted)
+        calls += [("", m.group(1)) for m in _REACT_RE.finditer(parts[0])]
     return "\n".join(p for p in parts if p), calls
 
 
@@ -323,9 +332,25 @@ def _status(msg: dict, text: str, rules: StatusRules) -> str:
     err = next((f for f in (_flag(msg.get("is_error")), _flag(msg.get("error"))) if f is not None), None)
     if err is None and msg.get("status") in _ERROR_STATUSES:
         err = True
+    if err is None:
+        err = _stated_error(text)
     code = msg.get("exit_code", msg.get("returncode"))
     code = code if checks.is_whole(code) else exit_code_in(text)
     return rules.classify(text, error=err, exit_code=code)
+
+
+def _stated_error(text: str) -> bool | None:
+    """True where a result's text is a JSON object whose `error` says what failed (ToolBench's function results,
+    `{"error": "...", "response": "..."}`), else None: an empty `error` leaves the status to the text."""
+    if not text.startswith("{") or '"error"' not in text:
+        return None
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    if not isinstance(value, dict) or _flag(value.get("error")) is not True:
+        return None
+    return True
 
 
 def _flag(value: Any) -> bool | None:
