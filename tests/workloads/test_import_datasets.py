@@ -141,6 +141,11 @@ def test_mini_swe_agent_rows_with_a_trajectory_format_column(tmp_path) -> None:
     assert [(x.tool, x.tool_status) for x in t.turns] == [("bash", "ok"), ("bash", "error"), (None, None)]
     assert [x.tool_tokens for x in t.turns] == [b4("Observation: a.go b.go"), b4(messages[5]["content"]), 0]
     assert [(x.gen_tokens, x.tool_tokens) for x in t.turns] == [(x.gen_tokens, x.tool_tokens) for x in same[0].turns]
+    assert t.extra["meta"]["exit_status"] == "Submitted"  # the row's column, as a run's `info` holds it
+    # an unfinished rollout (no submission) keeps all its returns and says how it ended
+    unfinished = {**row, "messages": messages[:6], "exit_status": "incomplete"}
+    (cut,) = _rows(tmp_path, [unfinished], "mini-swe-agent")
+    assert len(cut.turns) == 2 and cut.turns[-1].tool_tokens > 0 and cut.extra["meta"]["exit_status"] == "incomplete"
 
 
 def test_toolbench_react_conversations(tmp_path) -> None:

@@ -116,6 +116,11 @@ def _swe_segments(
     return prompt, segments
 
 
+def _flat_info(record: dict) -> dict[str, Any]:
+    """A run's `info` where an exported row holds its fields beside the messages instead of under `info`."""
+    return {k: record[k] for k in ("exit_status", "submission", "model_stats") if k in record}
+
+
 def _counts_only(meta: dict[str, Any]) -> dict[str, Any]:
     """A run's `info` less what holds the task's content (a trace holds counts, not text): the submitted patch and
     SWE-agent's `edited_files30/50/70` (the edited files' lines around each edit)."""
@@ -161,7 +166,8 @@ def import_mini_swe_agent(path: Path, *, count: Callable[[str], int], rules: Sta
             messages, info, rec = record, {}, {}
         elif isinstance(record, dict) and isinstance(record.get("messages"), list):
             messages, rec = record["messages"], record
-            info = record["info"] if isinstance(record.get("info"), dict) else {}
+            # a dataset's row keeps the run's `info` fields as columns of its own (`exit_status`, `submission`)
+            info = record["info"] if isinstance(record.get("info"), dict) else _flat_info(record)
         else:
             raise TraceError(path, line, "messages", "missing: not a mini-swe-agent trajectory")
         if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages) and _failed(info):
