@@ -21,6 +21,7 @@ from libra.cli._common import (
     emit_json,
     key_values,
     log,
+    one_line,
     progress_bar,
 )
 from libra.workloads import WORKLOAD_NAMES, generate, write_trace
@@ -96,6 +97,11 @@ def _add_import_args(p: argparse.ArgumentParser) -> None:
         help="which files of a SRC directory are logs, by name (repeat; default by format: openai *.json *.jsonl "
         "*.json.gz *.jsonl.gz *.parquet *.eval, swe-agent *.traj, mini-swe-agent *.traj.json, verl the JSON ones "
         "and *.parquet, atif the JSON ones)",
+    )
+    p.add_argument(
+        "--skip-errors",
+        action="store_true",
+        help="leave out a file that is not a log of the format (all of it), say why on stderr, import the rest",
     )
     p.add_argument("--source", default=None, help="a name stored in every trajectory's 'source' field")
     p.add_argument("--error-pattern", action="append", default=[], metavar="REGEX", help="extra error text (repeat)")
@@ -234,6 +240,7 @@ def run_import(args: argparse.Namespace) -> int:
     handler = _Stderr(logging.WARNING)
     warnings.addHandler(handler)
     bar = progress_bar(total=len(files), desc="import", unit="file", enabled=not args.json and len(files) > 1)
+    skipped: list[TraceError] = []  # with --skip-errors: the files left out, and why
     try:
         trajectories = import_files(
             args.format,
@@ -242,6 +249,7 @@ def run_import(args: argparse.Namespace) -> int:
             rules=rules,
             source=args.source,
             progress=lambda _path: bar.update(),
+            on_error=skipped.append if args.skip_errors else None,
         )
     except TokenizerError as exc:
         raise CLIError(str(exc)) from None
@@ -254,14 +262,26 @@ def run_import(args: argparse.Namespace) -> int:
         written = write_trace_atomic(out, trajectories)
     except OSError as exc:
         raise CLIError(f"cannot write {out}: {exc.strerror}") from None
-    summary = {"format": args.format, "tokenizer": args.tokenizer if args.format != "verl" else "token ids"}
+    for left in skipped[:_SKIPS_SHOWN]:
+        log(f"warning: left out {one_line(str(left))}")
+    if len(skipped) > _SKIPS_SHOWN:
+        log(f"warning: left out {len(skipped) - _SKIPS_SHOWN} more file(s) (--json lists them all)")
+    summary: dict = {"format": args.format, "tokenizer": args.tokenizer if args.format != "verl" else "token ids"}
     summary.update(trace_summary(trajectories))
     summary["out"] = str(out)
+    if args.skip_errors:
+        summary["files_read"] = len(files) - len(skipped)
+        summary["files_left_out"] = len(skipped)
+    if args.json and skipped:
+        summary["left_out"] = [{"file": e.path, "line": e.line, "error": e.message} for e in skipped]
     if args.json:
         emit_json(summary)
     else:
         print(key_values(list(summary.items()), title=f"imported {written} trajectories into {out}"))
     return 0
+
+
+_SKIPS_SHOWN = 5  # files left out by --skip-errors named one per line on stderr; --json lists them all
 
 
 def _listed_hint(exc: Exception, sources: list[str], globs: list[str]) -> str:

@@ -109,3 +109,45 @@ def test_bad_directory_arguments_are_one_line_errors(tmp_path, capsys, argv, mes
     rc = main(["trace", "import", "--tokenizer", B4, *args, "--out", str(out)])
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("libra:")]
     assert rc == 2 and len(errors) == 1 and message in errors[0] and not out.exists()
+
+
+def _bad_tree(root):
+    """Three runs, one of them cut off mid-file, and one JSON Lines file whose second record is broken."""
+    root = _run_tree(root, {"a-1": 1, "a-2": 2, "a-3": 3})
+    (root / "a-2" / "a-2.traj.json").write_text('{"messages": [{"role": "user"')
+    (root / "z-9").mkdir()
+    (root / "z-9" / "z-9.traj.json").write_text(json.dumps(_mini("z-9", 1)) + "\n" + '{"messages": 7}\n')
+    return root
+
+
+def test_skip_errors_leaves_out_whole_files_and_says_which(tmp_path, capsys) -> None:
+    root = _bad_tree(tmp_path / "run")
+    errors: list[TraceError] = []
+    runs = import_files("mini-swe-agent", [root], tokenizer=B4, on_error=errors.append)
+    assert [t.prompt_id for t in runs] == ["a-1", "a-3"]  # z-9's good first record is left out with its file
+    assert [e.path.rsplit("/", 1)[-1] for e in errors] == ["a-2.traj.json", "z-9.traj.json"]
+    assert errors[1].line == 2
+    with pytest.raises(TraceError, match="a-2.traj.json"):  # without it, the first bad file is the error
+        import_files("mini-swe-agent", [root], tokenizer=B4)
+    out = tmp_path / "t.jsonl"
+    argv = ["trace", "import", "--format", "mini-swe-agent", "--tokenizer", B4, str(root), "--out", str(out)]
+    assert main([*argv, "--skip-errors", "--json"]) == 0
+    captured = capsys.readouterr()
+    warned = [line for line in captured.err.splitlines() if line.startswith("warning: left out")]
+    assert len(warned) == 2 and "a-2.traj.json" in warned[0] and "z-9.traj.json:2:" in warned[1]
+    summary = json.loads(captured.out)
+    assert (summary["trajectories"], summary["files_read"], summary["files_left_out"]) == (2, 2, 2)
+    assert [x["line"] for x in summary["left_out"]] == [1, 2]
+    assert [t.prompt_id for t in load_trace(out)] == ["a-1", "a-3"]
+
+
+def test_skip_errors_with_every_file_bad_is_an_error_and_writes_nothing(tmp_path, capsys) -> None:
+    root = tmp_path / "run"
+    root.mkdir()
+    for name in ("x-1", "x-2"):
+        (root / f"{name}.traj.json").write_text("[")
+    out = tmp_path / "t.jsonl"
+    argv = ["trace", "import", "--format", "mini-swe-agent", str(root), "--out", str(out), "--skip-errors"]
+    assert main(argv) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("libra:")]
+    assert len(errors) == 1 and "every one of the 2 file(s) was left out" in errors[0] and not out.exists()

@@ -44,11 +44,14 @@ def import_files(
     source: str | None = None,
     globs: Sequence[str] = (),
     progress: Callable[[Path], None] | None = None,
+    on_error: Callable[[TraceError], None] | None = None,
 ) -> list[Trajectory]:
     """All trajectories of `paths` read as `fmt`, in order; a directory stands for its files that match `globs`
     (default: the format's, `DEFAULT_GLOBS`). `source`, when given, is stored in each trajectory's
-    `extra["source"]`; `progress` is called with each file once it is read. Raises TraceError (bad input),
-    TokenizerError (tokenizer), ValueError (unknown format)."""
+    `extra["source"]`; `progress` is called with each file once it is read. A file that is not a log of the format
+    raises its TraceError, or, with `on_error`, is left out whole (none of its trajectories kept) and its error
+    handed to `on_error`. Raises TraceError (bad input, or every file left out), TokenizerError (tokenizer),
+    ValueError (unknown format)."""
     _check_arguments(fmt, paths, tokenizer, rules, source)
     if isinstance(globs, str) or not all(isinstance(g, str) and g for g in globs):
         raise ValueError(f"globs must be a list of file-name patterns, got {globs!r}")
@@ -56,15 +59,24 @@ def import_files(
     files = expand_paths(fmt, paths, globs)
     count = get_counter(tokenizer) if fmt != "verl" else len  # verl records are tokens already: no counter used
     out: list[Trajectory] = []
+    left_out = 0
     for path in files:
-        for traj in _IMPORTERS[fmt](path, count=count, rules=rules):
+        try:
+            found = list(_IMPORTERS[fmt](path, count=count, rules=rules))
+        except TraceError as exc:
+            if on_error is None:
+                raise
+            on_error(exc)
+            found, left_out = [], left_out + 1
+        for traj in found:
             if source is not None:
                 traj.extra["source"] = source
-            out.append(traj)
+        out += found
         if progress is not None:
             progress(path)
     if not out:
-        raise TraceError(paths[0], None, None, "no trajectories found")
+        why = f"every one of the {left_out} file(s) was left out" if left_out else "no trajectories found"
+        raise TraceError(paths[0], None, None, why)
     return out
 
 
