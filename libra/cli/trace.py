@@ -24,7 +24,7 @@ from libra.cli._common import (
     one_line,
     progress_bar,
 )
-from libra.workloads import WORKLOAD_NAMES, generate, write_trace
+from libra.workloads import WORKLOAD_NAMES, TraceError, generate, write_trace
 
 _DEFAULTS = {
     "workload": "search-r1",
@@ -212,7 +212,6 @@ def run_import(args: argparse.Namespace) -> int:
         DEFAULT_TIMEOUT_PATTERNS,
         StatusRules,
         TokenizerError,
-        TraceError,
         expand_paths,
         import_files,
         write_trace_atomic,
@@ -229,10 +228,10 @@ def run_import(args: argparse.Namespace) -> int:
         raise CLIError(str(exc)) from None
     out = Path(args.out)
     check_new_output(out, directory=False)  # before the import, which may read large logs for minutes
-    bad_glob = next((g for g in args.glob if not g or "/" in g), None)
-    if bad_glob is not None:
-        raise CLIError(f"--glob {bad_glob!r}: a pattern matches a file's name, so it cannot be empty or hold a '/'")
-    files = expand_paths(args.format, args.sources, args.glob)  # a TraceError is the CLI's one-line error
+    try:
+        files = expand_paths(args.format, args.sources, args.glob)  # a TraceError is the CLI's one-line error
+    except ValueError as exc:  # a --glob that cannot match a name
+        raise CLIError(str(exc)) from None
     folders = sum(Path(s).is_dir() for s in args.sources)
     found = f" ({folders} director{'y' if folders == 1 else 'ies'} listed)" if folders else ""
     log(f"importing {len(files)} file(s){found} as {args.format} (tokenizer {args.tokenizer})")
@@ -284,10 +283,10 @@ def run_import(args: argparse.Namespace) -> int:
 _SKIPS_SHOWN = 5  # files left out by --skip-errors named one per line on stderr; --json lists them all
 
 
-def _listed_hint(exc: Exception, sources: list[str], globs: list[str]) -> str:
+def _listed_hint(exc: TraceError, sources: list[str], globs: list[str]) -> str:
     """The importer's error, and where the file came from when it was found under a SRC directory (not named by the
     user): which files a directory stands for is a choice the user can change."""
-    bad = Path(getattr(exc, "path", "") or ".")
+    bad = Path(exc.path or ".")
     folder = next((s for s in sources if Path(s).is_dir() and Path(s) in bad.parents), None)
     if folder is None or any(Path(s) == bad for s in sources):
         return str(exc)

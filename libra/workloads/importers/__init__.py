@@ -53,10 +53,8 @@ def import_files(
     handed to `on_error`. Raises TraceError (bad input, or every file left out), TokenizerError (tokenizer),
     ValueError (unknown format)."""
     _check_arguments(fmt, paths, tokenizer, rules, source)
-    if isinstance(globs, str) or not all(isinstance(g, str) and g for g in globs):
-        raise ValueError(f"globs must be a list of file-name patterns, got {globs!r}")
     rules = rules or StatusRules()
-    files = expand_paths(fmt, paths, globs)
+    files = expand_paths(fmt, paths, globs)  # (checks the globs)
     count = get_counter(tokenizer) if fmt != "verl" else len  # verl records are tokens already: no counter used
     out: list[Trajectory] = []
     left_out = 0

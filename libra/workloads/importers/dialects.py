@@ -58,6 +58,7 @@ _ROLE_ALIASES = {
     "system": "system",
     "developer": "developer",
 }
+_ALIASED = frozenset(k for k, v in _ROLE_ALIASES.items() if k != v)  # the roles a message is rewritten from
 _SHAREGPT_CALLS = {"function_call", "tool_call", "tool_calls"}
 _SHAREGPT_RESULTS = {"observation", "function", "tool", "function_response", "tool_response", "ipython"}
 _RESPONSE_ITEMS = {"message", "reasoning"}
@@ -100,7 +101,7 @@ def _foreign(m: Any) -> bool:
         return ("from" in m and "value" in m) or "type" in m or frameworks.is_framework_item(m)
     if frameworks.is_smolagents_message(m) or inspect_logs.is_inspect_message(m):
         return True
-    if role in ("human", "gpt", "ai", "model", "bot", "chatgpt") or "parts" in m:
+    if role in _ALIASED or "parts" in m:
         return True
     if "content" not in m and "text" in m:  # a message whose text is under `text` (nebius's SWE-agent trajectories)
         return True

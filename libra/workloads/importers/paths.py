@@ -31,6 +31,7 @@ DEFAULT_GLOBS: dict[str, tuple[str, ...]] = {
 def expand_paths(fmt: str, paths: Sequence[str | PathLike[str]], globs: Sequence[str] = ()) -> list[Path]:
     """`paths` with every directory replaced by its matching files (`globs`, else the format's defaults; a pattern
     matches a file's name, not its path). A directory with none of them is an error naming it and the patterns."""
+    check_globs(globs)
     patterns = tuple(globs) or DEFAULT_GLOBS[fmt]
     out: list[Path] = []
     for p in paths:
@@ -43,6 +44,16 @@ def expand_paths(fmt: str, paths: Sequence[str | PathLike[str]], globs: Sequence
             raise TraceError(path, None, None, f"no file under this directory matches {' '.join(patterns)}")
         out.extend(found)
     return out
+
+
+def check_globs(globs: Sequence[str]) -> None:
+    """ValueError naming the first pattern that cannot match a file's name (not a string, empty, or holding a
+    '/': patterns match names, not paths)."""
+    if isinstance(globs, str):
+        raise ValueError(f"globs must be a list of file-name patterns, got {globs!r}")
+    bad = next((g for g in globs if not isinstance(g, str) or not g or "/" in g), None)
+    if bad is not None:
+        raise ValueError(f"--glob {bad!r}: a pattern matches a file's name, so it cannot be empty or hold a '/'")
 
 
 def _files_under(root: Path, patterns: tuple[str, ...]) -> list[Path]:
