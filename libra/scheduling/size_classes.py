@@ -7,6 +7,14 @@ for that tool and that agent, whatever the workload: the same router serves a se
 thousands of tokens and a customer-service agent whose user replies are tens. The edges move only when the prefix
 tree learns (`observe`, called by `PrefixTree.update` at a step end), from finished trajectories: routing never
 reads the future. Before any observation every return is class 0.
+
+Rare tools share one key. A tool is keyed by its own name in the tree only while it returned in at least
+`tool_share` (a tenth) of the finished trajectories, and in two; the returns of every other tool are keyed
+OTHER_TOOL and classed by the pooled edges. Tool names that belong to one task (an API per query, a name that
+carries an id) or to a few would otherwise open branches of the prompt-agnostic tree that no later request reaches,
+and each such request would fall back to the root, losing what its number and kinds of returns say (measured on the
+corpus with each task's tools renamed: 4-7 points of margin lost on ToRA, InterCode and WebDancer,
+docs/routing-log.md). The counts move at step ends, as the edges do. A closed `tools` set keys every tool by name.
 """
 
 from __future__ import annotations
@@ -21,6 +29,9 @@ import numpy as np
 from libra.scheduling.states import StateCodec, ToolReturnState
 from libra.spec import SpecError
 
+OTHER_TOOL = "*"  # the key of the returns of rare tools (module docstring)
+MAX_TOOLS = 10_000  # tools counted at most (`_name_tools`)
+
 
 class QuantileStateCodec(StateCodec):
     """A `StateCodec` whose size-class edges are per-tool online quantiles (module docstring)."""
@@ -33,6 +44,7 @@ class QuantileStateCodec(StateCodec):
         min_samples: int = 20,
         method: str = "breaks",
         tools: Iterable[str] | None = None,
+        tool_share: float = 0.1,
     ) -> None:
         if method not in ("quantile", "breaks"):
             raise SpecError(f"size-class method must be 'quantile' or 'breaks', got {method!r}")
@@ -47,6 +59,13 @@ class QuantileStateCodec(StateCodec):
         self._pooled = Sample(4 * self.sample)
         self._edges: dict[str, tuple[float, ...]] = {}
         self._pooled_edges: tuple[float, ...] = ()
+        if isinstance(tool_share, bool) or not isinstance(tool_share, (int, float)) or not 0 <= tool_share <= 1:
+            raise SpecError(f"tool_share must be a number in [0, 1], got {tool_share!r}")
+        self.tool_share = float(tool_share)
+        self._tool_trajs: dict[str, int] = {}  # per tool, the finished trajectories it returned in
+        self._trajs = 0  # the finished trajectories observed
+        # tools keyed by name; the others are OTHER_TOOL (None: every tool, as with a closed set of tools)
+        self._named: set[str] | None = None if self.tools is not None else set()
 
     @classmethod
     def from_spec(cls, spec: str, *, tools: Iterable[str] | None = None) -> QuantileStateCodec:
@@ -64,7 +83,10 @@ class QuantileStateCodec(StateCodec):
         """Take the tool-return sizes of finished trajectories into the per-tool samples; recompute the edges."""
         by_tool: dict[str, list[int]] = {}
         flat: list[int] = []  # in order, for the pooled sample
+        counts = self._tool_trajs
         for traj in trajectories:
+            self._trajs += 1
+            seen: set[str] = set()
             for t in traj.turns:
                 tool = t.tool
                 if tool is not None:
@@ -73,22 +95,48 @@ class QuantileStateCodec(StateCodec):
                         sizes = by_tool[tool] = []
                     sizes.append(t.tool_tokens)
                     flat.append(t.tool_tokens)
-        if not by_tool:
+                    if tool not in seen:
+                        seen.add(tool)
+                        counts[tool] = counts.get(tool, 0) + 1
+        if by_tool:
+            recent, pooled = self._recent, self._pooled
+            for tool, sizes in by_tool.items():
+                q = recent.get(tool)
+                if q is None:
+                    q = recent[tool] = Sample(self.sample)
+                q.extend(sizes)
+            pooled.extend(flat[-pooled.maxlen :])
+            self._pooled_edges = self._quantiles(pooled)
+            for tool, q in recent.items():
+                if len(q) >= self.min_samples:
+                    if tool in by_tool or tool not in self._edges:
+                        self._edges[tool] = self._quantiles(q)
+                else:
+                    self._edges.pop(tool, None)
+        self._name_tools()
+
+    def _name_tools(self) -> None:
+        """Key a tool by its name once it returned in at least `tool_share` of the finished trajectories (and in
+        two); the others share OTHER_TOOL (module docstring). Past MAX_TOOLS tools counted (names that carry ids
+        never repeat), the half seen in the fewest trajectories is forgotten, with its samples and edges: such a
+        tool is far from a tenth of the trajectories, and if it comes back it is counted again from there."""
+        if self._named is None:
             return
-        recent, pooled = self._recent, self._pooled
-        for tool, sizes in by_tool.items():
-            q = recent.get(tool)
-            if q is None:
-                q = recent[tool] = Sample(self.sample)
-            q.extend(sizes)
-        pooled.extend(flat[-pooled.maxlen :])
-        self._pooled_edges = self._quantiles(pooled)
-        for tool, q in recent.items():
-            if len(q) >= self.min_samples:
-                if tool in by_tool or tool not in self._edges:
-                    self._edges[tool] = self._quantiles(q)
-            else:
+        counts = self._tool_trajs
+        if len(counts) > MAX_TOOLS:
+            keep = dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: MAX_TOOLS // 2])
+            for tool in counts.keys() - keep.keys():
+                self._recent.pop(tool, None)
                 self._edges.pop(tool, None)
+            self._tool_trajs = counts = keep
+        need = max(2.0, self.tool_share * self._trajs)
+        self._named = {tool for tool, n in counts.items() if n >= need}
+
+    def tool_key(self, tool: str) -> str:
+        """The name a tool's returns are keyed by in the tree: its own while it returns in `tool_share` of the
+        finished trajectories, else OTHER_TOOL (module docstring)."""
+        named = self._named
+        return tool if named is None or tool in named else OTHER_TOOL
 
     def absorb(self, other: QuantileStateCodec) -> None:
         """Take another codec's samples in as newer than ours (a tree merged from another rollout rank's) and
@@ -96,6 +144,10 @@ class QuantileStateCodec(StateCodec):
         then theirs would. A codec loaded from a file keeps its edges but not its samples: where ours has no edges
         of a tool (or no pooled ones) and it has, we take its edges."""
         recent, pooled = self._recent, self._pooled
+        self._trajs += other._trajs
+        for tool, n in other._tool_trajs.items():
+            self._tool_trajs[tool] = self._tool_trajs.get(tool, 0) + n
+        self._name_tools()
         for tool, sizes in other._recent.items():
             q = recent.get(tool)
             if q is None:
@@ -126,22 +178,28 @@ class QuantileStateCodec(StateCodec):
 
     # -- classifying ---------------------------------------------------------------------------------------------
     def edges_for(self, tool: str) -> tuple[float, ...]:
-        return self._edges.get(tool, self._pooled_edges)
+        """The edges `tool`'s returns are classed by: its own while it is keyed by name and has `min_samples`
+        returns, else the pooled ones."""
+        named = self._named
+        return self._edges.get(tool, self._pooled_edges) if named is None or tool in named else self._pooled_edges
 
     def size_class(self, tool_tokens: int, tool: str | None = None) -> int:
         if isinstance(tool_tokens, bool) or not isinstance(tool_tokens, int) or tool_tokens < 0:
             raise SpecError(f"tool_tokens must be a non-negative integer, got {tool_tokens!r}")
-        edges = self._edges.get(tool, self._pooled_edges) if tool is not None else self._pooled_edges
-        return bisect.bisect_right(edges, tool_tokens)
+        return bisect.bisect_right(self.edges_for(tool) if tool is not None else self._pooled_edges, tool_tokens)
 
     def encode(self, tool: str, tool_tokens: int, status: str) -> int:
         """The code of one return's state (the router has validated `tool_tokens`; `size_class` validates)."""
-        key = (tool, bisect.bisect_right(self._edges.get(tool, self._pooled_edges), tool_tokens), status)
+        named = self._named
+        if named is None or tool in named:
+            key = (tool, bisect.bisect_right(self._edges.get(tool, self._pooled_edges), tool_tokens), status)
+        else:
+            key = (OTHER_TOOL, bisect.bisect_right(self._pooled_edges, tool_tokens), status)
         code = self._codes.get(key)
         return self._intern(key) if code is None else code
 
     def encode_trajectories(self, trajectories: Iterable, limit: int) -> list[list[int]]:
-        codes, edges, pooled = self._codes, self._edges, self._pooled_edges
+        codes, edges, pooled, named = self._codes, self._edges, self._pooled_edges, self._named
         size_class = bisect.bisect_right
         paths = []
         for traj in trajectories:
@@ -150,7 +208,10 @@ class QuantileStateCodec(StateCodec):
             for t in turns if len(turns) <= limit else turns[:limit]:
                 tool = t.tool
                 if tool is not None:
-                    key = (tool, size_class(edges.get(tool, pooled), t.tool_tokens), t.tool_status)
+                    if named is None or tool in named:
+                        key = (tool, size_class(edges.get(tool, pooled), t.tool_tokens), t.tool_status)
+                    else:
+                        key = (OTHER_TOOL, size_class(pooled, t.tool_tokens), t.tool_status)
                     code = codes.get(key)
                     out.append(self._intern(key) if code is None else code)
             paths.append(out)
@@ -167,8 +228,16 @@ class QuantileStateCodec(StateCodec):
         }
 
     def state(self) -> dict:
-        """The learnt edges (saved with a tree; the samples behind them are not)."""
-        return {"edges": {k: list(v) for k, v in self._edges.items()}, "pooled": list(self._pooled_edges)}
+        """The learnt edges and the counts that name tools (saved with a tree; the samples behind the edges are
+        not)."""
+        out: dict = {"edges": {k: list(v) for k, v in self._edges.items()}, "pooled": list(self._pooled_edges)}
+        if self._named is not None:
+            out["tools"] = {
+                "share": self.tool_share,
+                "trajectories": self._trajs,
+                "returned_in": dict(self._tool_trajs),
+            }
+        return out
 
     # -- copying: `StateCodec` is a slotted attrs class whose own `__getstate__` knows only its fields, so a pickled
     # or deep-copied codec (and router) lost the learnt edges and samples; they travel with the fields now
@@ -179,6 +248,8 @@ class QuantileStateCodec(StateCodec):
         fields, own = state
         super().__setstate__(fields)  # type: ignore[misc]  # (attrs writes it on the slotted base; typeshed's object has none)
         self.__dict__.update(own)
+        if "_named" not in own:  # pickled before rare tools were grouped: every tool keyed by its name
+            self.tool_share, self._tool_trajs, self._trajs, self._named = 0.1, {}, 0, None
         # a codec pickled when its samples were deques of sizes
         if isinstance(self._pooled, deque):
             self._pooled = Sample.of(self._pooled)
@@ -187,6 +258,17 @@ class QuantileStateCodec(StateCodec):
     def load_state(self, state: dict) -> None:
         self._edges = {str(k): tuple(float(e) for e in v) for k, v in state.get("edges", {}).items()}
         self._pooled_edges = tuple(float(e) for e in state.get("pooled", ()))
+        tools = state.get("tools")
+        if tools is None:  # saved before rare tools were grouped: its nodes are keyed by every tool's name
+            if self.tools is None:
+                self._named = None
+            return
+        self.tool_share = float(tools["share"])
+        self._trajs = int(tools["trajectories"])
+        self._tool_trajs = {str(k): int(v) for k, v in tools["returned_in"].items()}
+        if self.tools is None:
+            self._named = set()
+            self._name_tools()
 
 
 class Sample:

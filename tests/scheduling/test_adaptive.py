@@ -55,7 +55,8 @@ def test_default_is_the_adaptive_preset() -> None:
 def test_size_classes_are_per_tool_quantiles() -> None:
     codec = QuantileStateCodec(classes=3, method="quantile", min_samples=5)
     assert codec.size_class(10_000, "search") == 0  # nothing learnt: one class
-    codec.observe([_traj("p", [("search", n) for n in range(100, 1100, 10)] + [("user", n) for n in range(5, 55)])])
+    returns = [("search", n) for n in range(100, 1100, 10)] + [("user", n) for n in range(5, 55)]
+    codec.observe([_traj("p", returns), _traj("q", returns)])  # (a tool is keyed by name once in two trajectories)
     # large for the user, small for search: classes are relative to each tool's own returns
     assert codec.size_class(50, "user") == 2 and codec.size_class(50, "search") == 0
     assert codec.size_class(1000, "search") == 2 and codec.size_class(500, "search") == 1

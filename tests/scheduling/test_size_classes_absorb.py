@@ -10,7 +10,8 @@ from libra.workloads.trace import Trajectory, Turn
 
 def _codec() -> QuantileStateCodec:
     # medians (two classes) over at most 30 returns per tool; a tool's own edges from 10 returns on
-    return QuantileStateCodec(classes=2, sample=30, min_samples=10, method="quantile")
+    # (every tool keyed by its name, a closed set: rare tools' grouping is test_rare_tools.py's)
+    return QuantileStateCodec(classes=2, sample=30, min_samples=10, method="quantile", tools=("search", "fetch"))
 
 
 def _returns(tool: str, sizes: list[int]) -> list[Trajectory]:

@@ -256,7 +256,13 @@ _RETURN = st.tuples(st.sampled_from(["search", "code", "user"]), st.integers(0, 
 )
 def test_size_class_edges_match_the_deque_algorithm(steps, method, classes, sample) -> None:
     """Bit for bit, with samples short enough that the oldest sizes drop out, and after a merge of two codecs."""
-    options = {"method": method, "classes": classes, "sample": sample, "min_samples": 3}
+    options = {
+        "method": method,
+        "classes": classes,
+        "sample": sample,
+        "min_samples": 3,
+        "tools": ("search", "code", "user"),
+    }
     new, old = QuantileStateCodec(**options), _DequeCodec(**options)
     for step in steps:
         trajs = [_traj(returns) for returns in step]
