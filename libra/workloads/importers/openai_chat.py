@@ -7,19 +7,9 @@ object whose `simulations`, `results` or `data` is such a list (the result files
 Per record, `id` / `task_id` / `instance_id` / `prompt_id` names the prompt, `trial` / `sample` the sample, and
 `reward` (or `reward_info.reward`) the reward; other scalar fields are kept under `meta`.
 
-Messages before the first assistant message (system, developer, user) are the prompt. Each assistant message is
-one generation: its content, reasoning (`reasoning_content`, `reasoning`, `thinking`; one text under two keys
-counted once), refusal and tool calls (name and arguments). Every later non-assistant message is a return that
-goes back into the context: `tool` / `function` messages are tool results (the tool's name from the matching
-call, `name`, or "tool"), `user` messages the user's (or a user simulator's) reply, tool "user"; a tool result's
-`status` (`error`, `timeout`), `is_error` / `error` (a flag, or the message of what failed), a JSON text's
-non-empty `error` (ToolBench's results) and an exit code (at either end of the text) set its status before its text
-does. An assistant message without structured calls that writes a ReAct step (`Action: NAME`, then `Action
-Input:`) names the tool of the result after it. The parts of one model response written as several assistant
-messages with results between them (OpenHands actions, Claude Code lines: the response id they share) are one
-generation. Message contents may be strings or lists of text parts. A `system` field beside the messages (Gemini's
-`systemInstruction`; when no message is a system message) is part of the prompt. Counts are of the text only (a
-chat template adds a few tokens per message).
+How a message list becomes the prompt, generations and returns is chat_messages.py's (its docstring). A `system`
+field beside the messages (Gemini's `systemInstruction`; when no message is a system message) is part of the
+prompt.
 
 A JSON Lines file of one event per line (a session log: Claude Code transcripts, Codex CLI rollouts) is one
 conversation per session, its messages in file order (dialects.py, `message_of`). Other dialects are read too
@@ -41,57 +31,27 @@ by moatless.py.
 from __future__ import annotations
 
 import itertools
-import json
-import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from libra.spec import checks
-from libra.workloads.importers import gemini_cli, inspect_logs, moatless
-from libra.workloads.importers.common import (
-    CALL_NAMES,
-    RESPONSE,
-    STATUS,
-    Return,
-    Segment,
-    StatusRules,
-    build_trajectory,
-    iter_records,
-    text_of,
+from libra.workloads.importers import gemini_cli, inspect_logs, moatless, swe_agents
+from libra.workloads.importers.chat_messages import (
+    MESSAGE_KEYS,
+    SAMPLE_KEYS,
+    convert_messages,
+    decoded_messages,
+    meta_of,
+    reward_of,
 )
+from libra.workloads.importers.common import StatusRules, build_trajectory, iter_records, text_of
 from libra.workloads.importers.dialects import expand, is_message, message_of
-from libra.workloads.trace import TOOL_STATUSES, TraceError, Trajectory
+from libra.workloads.trace import TraceError, Trajectory
 
-# `history`: OpenHands trajectories and evaluation outputs; `steps`: smolagents memory steps; `contents`: a Gemini
-# request; `trajectory`: only a message list (a SWE-agent `.traj`'s steps are read by swe_agents.py)
-_MESSAGE_KEYS = ("messages", "traj", "conversation", "conversations", "history", "steps", "contents", "trajectory")
 # a system prompt stated beside the messages: Anthropic's and ShareGPT's `system`, Gemini's `systemInstruction`
 _SYSTEM_KEYS = ("system", "systemInstruction", "system_instruction")
 _CONTAINER_KEYS = ("simulations", "results", "data", "trajectories")
 _ID_KEYS = ("prompt_id", "task_id", "instance_id", "id", "uid")
-_SAMPLE_KEYS = ("sample", "trial")
-# a tool message's `status` (LangChain's ToolMessage and other loggers): these two set it; `success` and the like
-# leave it to the other fields and the text
-_ERROR_STATUSES = ("error", "failed", "failure")
-_TIMEOUT_STATUSES = ("timeout", "timed_out")
-# an assistant message's reasoning: vLLM / DeepSeek `reasoning_content`, OpenRouter and later vLLM `reasoning`,
-# Ollama `thinking`
-_REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
-# a ReAct step written as text (ToolBench, AgentTuning and other ShareGPT-style agent sets): `Action: NAME` then
-# `Action Input: ...` on a later line; NAME names the tool whose result follows
-_REACT_RE = re.compile(r"^Action:[ \t]*([A-Za-z_][\w.\-]*)[ \t]*\r?\n(?:.*\n)*?Action Input:", re.M)
-_EXIT_RE = re.compile(r"<returncode>\s*(-?\d+)\s*</returncode>|\bexit(?:_| )code:?\s*(-?\d+)", re.I)
-
-
-def exit_code_in(text: str) -> int | None:
-    """An exit code stated at either end of a return's text (`<returncode>N</returncode>` before the output, as
-    mini-swe-agent writes it; `exit code N` after it, as OpenHands' `[Command finished with exit code N]` closes a
-    command's output, however long), else None."""
-    m = _EXIT_RE.search(text[:400]) or _EXIT_RE.search(text[-400:])
-    if m is None:
-        return None
-    return int(m.group(1) if m.group(1) is not None else m.group(2))
 
 
 def _own_format(value: Any) -> str | None:
@@ -145,23 +105,6 @@ def _records(value: Any, path: Path, line: int) -> Iterator[tuple[str, dict | li
     raise TraceError(path, line, None, "expected a message list or an object with 'messages'")
 
 
-def decoded_messages(record: dict) -> dict:
-    """The record with its message list in place of the JSON text that holds it, where a dataset stores the list as
-    a string (tables keep nested lists of varying shape as text: exported rows of SWE-smith's trajectories); else
-    the record itself. Text that is not a JSON list of messages is left as it is (it is then not a message list)."""
-    for key in _MESSAGE_KEYS:
-        text = record.get(key)
-        if isinstance(text, str) and text.lstrip().startswith("["):
-            try:
-                value = json.loads(text)
-            except (json.JSONDecodeError, RecursionError):
-                return record
-            if isinstance(value, list) and value and all(is_message(m) for m in value):
-                return {**record, key: value}
-            return record
-    return record
-
-
 def _moatless_record(value: dict, path: Path, line: int) -> dict:
     """A Moatless trajectory's conversation (moatless.py), or a TraceError naming the file and what is wrong."""
     try:
@@ -185,8 +128,8 @@ def _as_record(record: dict | list) -> dict:
 
 
 def _message_key(record: dict) -> str | None:
-    """The key of a record's message list (the first of `_MESSAGE_KEYS` holding a list), else None."""
-    for key in _MESSAGE_KEYS:
+    """The key of a record's message list (the first of `MESSAGE_KEYS` holding a list), else None."""
+    for key in MESSAGE_KEYS:
         value = record.get(key)
         if isinstance(value, list) and (key != "trajectory" or (value and all(is_message(m) for m in value))):
             return key
@@ -220,161 +163,6 @@ def _user_before_first_generation(messages: list) -> bool:
     return False
 
 
-def _gen_text(msg: dict) -> tuple[str, list[tuple[str, str]]]:
-    """The generated text of an assistant message and its tool calls `(id, name)`."""
-    parts = [text_of(msg.get("content"))]
-    reasoning: list[str] = []
-    for key in _REASONING_KEYS:
-        value = msg.get(key)
-        if isinstance(value, str) and value not in reasoning:  # vLLM states one text under two keys: counted once
-            reasoning.append(value)
-    parts += reasoning
-    if isinstance(msg.get("refusal"), str):  # what the model wrote instead of an answer (content is then null)
-        parts.append(msg["refusal"])
-    calls = []
-    for call in msg.get("tool_calls") or ():
-        if not isinstance(call, dict):
-            continue
-        fn: dict = call["function"] if isinstance(call.get("function"), dict) else call
-        name: str = fn["name"] if isinstance(fn.get("name"), str) else "tool"
-        args = fn.get("arguments", "")
-        parts.append(name)
-        parts.append(args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
-        calls.append((str(call.get("id", "")), name))
-    calls += [("", name) for name in msg.get(CALL_NAMES) or ()]  # a ShareGPT call: its text is the content
-    fc = msg.get("function_call")
-    if isinstance(fc, dict):
-        parts += [str(fc.get("name", "")), str(fc.get("arguments", ""))]
-        calls.append(("", str(fc.get("name") or "tool")))
-    if not calls:  # a call written as text in the ReAct layout: its name (the text is already counted)
-        calls += [("", m.group(1)) for m in _REACT_RE.finditer(parts[0])]
-    return "\n".join(p for p in parts if p), calls
-
-
-def convert_messages(
-    messages: list,
-    *,
-    count: Callable[[str], int],
-    rules: StatusRules,
-    path: Path,
-    line: int | None,
-    where: str = "",
-    user_tool: str = "user",
-    user_exit_codes: bool = False,
-) -> tuple[int, list[Segment]]:
-    """`(prompt_tokens, segments)` of one message list (module docstring; other dialects are read through
-    dialects.py). `user_tool` names the returns of user messages; with `user_exit_codes`, an exit code in a user
-    message's text sets its status (agents whose environment answers as the user, e.g. mini-swe-agent)."""
-    prompt = 0
-    segments: list[Segment] = []
-    gen: int | None = None
-    returns: list[Return] = []
-    names: dict[str, str] = {}
-    last_calls: list[str] = []
-    response: Any = None  # the model response the open generation is part of (`RESPONSE`), if stated
-    for i, raw in enumerate(messages):
-        for msg in expand(raw):
-            if not isinstance(msg, dict):
-                raise TraceError(path, line, f"{where}messages[{i}]", f"must be an object, got {type(msg).__name__}")
-            role = msg.get("role")
-            if not isinstance(role, str):
-                raise TraceError(path, line, f"{where}messages[{i}].role", f"must be a string, got {role!r}")
-            if role == "assistant":
-                text, calls = _gen_text(msg)
-                names.update((cid, name) for cid, name in calls if cid)
-                part_of = msg.get(RESPONSE)
-                if gen is not None and isinstance(part_of, str) and part_of and part_of == response:
-                    gen += count(text)  # another part of the open generation's response: the same generation
-                    last_calls += [name for _, name in calls]
-                    continue
-                if gen is not None:
-                    segments.append(Segment(gen, tuple(returns)))
-                gen, returns, response = count(text), [], part_of
-                last_calls = [name for _, name in calls]
-                continue
-            text = text_of(msg.get("content"))
-            if gen is None:  # before the first generation: the prompt
-                prompt += count(text)
-                continue
-            if role in ("tool", "function", "ipython"):
-                returns.append(
-                    Return(_tool_name(msg, names, last_calls, len(returns)), count(text), _status(msg, text, rules))
-                )
-            elif role == "user" or role == "system" or role == "developer":
-                code = exit_code_in(text) if user_exit_codes else None
-                status = rules.classify(text, exit_code=code) if user_exit_codes else "ok"
-                returns.append(Return(user_tool if role == "user" else role, count(text), status))
-            else:  # another role (environment, observation, ...): a return named after it
-                returns.append(Return(role, count(text), rules.classify(text)))
-    if gen is not None:
-        segments.append(Segment(gen, tuple(returns)))
-    return prompt, segments
-
-
-def _tool_name(msg: dict, names: dict[str, str], last_calls: list[str], position: int) -> str:
-    """A tool result's tool: the call it answers (by id), its own `name`, else the open generation's calls in
-    order, else "tool"."""
-    tool = names.get(str(msg.get("tool_call_id", ""))) or msg.get("name")
-    if not isinstance(tool, str) or not tool:
-        tool = last_calls[position] if position < len(last_calls) else "tool"
-    return tool
-
-
-def _status(msg: dict, text: str, rules: StatusRules) -> str:
-    """A tool result's status: one a rewritten dialect states, else its `status` (`error`, `timeout`), error flag
-    (`is_error`, else `error`: a flag, or a message or object that says what failed) and exit code, then its
-    text (`StatusRules`)."""
-    stated = msg.get(STATUS)
-    if stated in TOOL_STATUSES:
-        return stated
-    if msg.get("status") in _TIMEOUT_STATUSES:
-        return "timeout"
-    err = next((f for f in (_flag(msg.get("is_error")), _flag(msg.get("error"))) if f is not None), None)
-    if err is None and msg.get("status") in _ERROR_STATUSES:
-        err = True
-    if err is None:
-        err = _stated_error(text)
-    code = msg.get("exit_code", msg.get("returncode"))
-    code = code if checks.is_whole(code) else exit_code_in(text)
-    return rules.classify(text, error=err, exit_code=code)
-
-
-def _stated_error(text: str) -> bool | None:
-    """True where a result's text is a JSON object whose `error` says what failed (ToolBench's function results,
-    `{"error": "...", "response": "..."}`), else None: an empty `error` leaves the status to the text."""
-    if not text.startswith("{") or '"error"' not in text:
-        return None
-    try:
-        value = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
-        return None
-    if not isinstance(value, dict) or _flag(value.get("error")) is not True:
-        return None
-    return True
-
-
-def _flag(value: Any) -> bool | None:
-    """An error field read as a flag: a boolean as it is, a non-empty message or object (what failed) True,
-    anything else (null, empty) None: not stated."""
-    if isinstance(value, bool):
-        return value
-    return True if isinstance(value, str | dict) and value else None
-
-
-def _reward(record: dict) -> float | None:
-    value = record.get("reward")
-    if value is None and isinstance(record.get("reward_info"), dict):
-        value = record["reward_info"].get("reward")
-    if not checks.is_real(value):
-        return None
-    return value  # (not float(): an integer past a float's range is kept by build_trajectory, not an OverflowError)
-
-
-def _meta(record: dict, used: tuple[str, ...] = ()) -> dict[str, Any]:
-    skip = set(_MESSAGE_KEYS) | set(_SAMPLE_KEYS) | {"reward", "__shared_prompt__", *used}
-    return {k: v for k, v in record.items() if k not in skip and (v is None or isinstance(v, str | int | float | bool))}
-
-
 def import_openai(
     path: Path, *, count: Callable[[str], int], rules: StatusRules, user_tool: str = "user"
 ) -> Iterator[Trajectory]:
@@ -389,8 +177,6 @@ def import_openai(
     head = list(itertools.islice(stream, 2))  # the first two records tell a session log (read lazily after them)
     own = _own_format(head[0][1]) if head else None
     if own is not None:  # a SWE-agent or mini-swe-agent file: read as its own format reads it
-        from libra.workloads.importers import swe_agents  # (swe_agents imports this module)
-
         reader = swe_agents.import_swe_agent if own == "swe-agent" else swe_agents.import_mini_swe_agent
         yield from reader(path, count=count, rules=rules)
         return
@@ -453,16 +239,16 @@ def _trajectory(
         prompt += count(instruction)  # an OpenHands output whose history does not state its task
     key = next((k for k in _ID_KEYS if isinstance(rec.get(k), str | int) and rec.get(k) != ""), None)
     pid = rec[key] if key else None
-    sample = next((rec[k] for k in _SAMPLE_KEYS if isinstance(rec.get(k), int)), None)
+    sample = next((rec[k] for k in SAMPLE_KEYS if isinstance(rec.get(k), int)), None)
     used = (*_SYSTEM_KEYS, "instruction") if openhands else _SYSTEM_KEYS
-    meta = _meta(rec, (key, *used) if key else used)
+    meta = meta_of(rec, (key, *used) if key else used)
     return build_trajectory(
         prompt_id=str(pid) if pid is not None else f"{path.stem}-{n}",
         prompt_tokens=prompt,
         segments=segments,
         path=path,
         line=line,
-        reward=_reward(rec),
+        reward=reward_of(rec),
         sample=sample if isinstance(sample, int) and sample >= 0 else None,
         extra={"meta": meta} if meta else None,
     )

@@ -25,6 +25,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from libra.workloads.importers.chat_messages import (
+    convert_messages,
+    decoded_messages,
+    exit_code_in,
+    gen_text,
+    meta_of,
+    reward_of,
+)
 from libra.workloads.importers.common import (
     Return,
     Segment,
@@ -33,14 +41,6 @@ from libra.workloads.importers.common import (
     iter_records,
     text_of,
     warn_skipped,
-)
-from libra.workloads.importers.openai_chat import (
-    _gen_text,
-    _meta,
-    _reward,
-    convert_messages,
-    decoded_messages,
-    exit_code_in,
 )
 from libra.workloads.trace import TraceError, Trajectory
 
@@ -92,7 +92,7 @@ def _swe_segments(
             if msg.get("role") == "assistant" and not demo:
                 if gen is not None:
                     segments.append(Segment(gen, tuple(returns)))
-                gen, returns, k = count(_gen_text(msg)[0]), [], k + 1
+                gen, returns, k = count(gen_text(msg)[0]), [], k + 1
                 continue
             text = text_of(msg.get("content"))
             if gen is None or demo:
@@ -106,10 +106,10 @@ def _swe_segments(
         for i, s in enumerate(steps):
             if not isinstance(s, dict):
                 raise TraceError(path, line, f"trajectory[{i}]", f"must be an object, got {type(s).__name__}")
-            gen_text = s.get("response") or f"{s.get('thought', '')}\n{s.get('action', '')}"
+            generated = s.get("response") or f"{s.get('thought', '')}\n{s.get('action', '')}"
             obs = text_of(s.get("observation"))
             status = rules.classify(obs, exit_code=exit_code_in(obs))
-            segments.append(Segment(count(str(gen_text)), (Return(actions[i], count(obs), status),)))
+            segments.append(Segment(count(str(generated)), (Return(actions[i], count(obs), status),)))
     info: dict = record["info"] if isinstance(record.get("info"), dict) else {}
     if segments and _submitted(info) and actions and actions[-1] == "submit":
         segments[-1] = Segment(segments[-1].gen_tokens, ())
@@ -142,14 +142,14 @@ def import_swe_agent(path: Path, *, count: Callable[[str], int], rules: StatusRu
         # the task: `instance_id`, else the file's name (a `.traj` file is one task's run, named after it); not
         # `environment`, the environment's name ("main", "swe_main"), which every task of a run shares
         pid = record.get("instance_id") or (path.stem if line == 1 else f"{path.stem}-{line}")
-        meta = _counts_only(_meta(info))
+        meta = _counts_only(meta_of(info))
         yield build_trajectory(
             prompt_id=str(pid).removesuffix(".traj"),
             prompt_tokens=prompt,
             segments=segments,
             path=path,
             line=line,
-            reward=_reward(record),
+            reward=reward_of(record),
             extra={"meta": meta} if meta else None,
         )
     _warn_skipped(path, skipped)
@@ -194,7 +194,7 @@ def import_mini_swe_agent(path: Path, *, count: Callable[[str], int], rules: Sta
             user_exit_codes=True,
         )
         pid = rec.get("instance_id") or path.name.removesuffix(".json").removesuffix(".traj")
-        meta = _counts_only(_meta(info))
+        meta = _counts_only(meta_of(info))
         if isinstance(rec.get("trajectory_format"), str):
             meta["trajectory_format"] = rec["trajectory_format"]
         yield build_trajectory(
