@@ -101,7 +101,8 @@ def _add_import_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--skip-errors",
         action="store_true",
-        help="leave out a file that is not a log of the format (all of it), say why on stderr, import the rest",
+        help="leave out a file that is not a log of the format (all of it), say why on stderr, import the rest; read a "
+        "JSON Lines file whose writer stopped mid-line up to its last whole line",
     )
     p.add_argument("--source", default=None, help="a name stored in every trajectory's 'source' field")
     p.add_argument("--error-pattern", action="append", default=[], metavar="REGEX", help="extra error text (repeat)")
@@ -210,6 +211,7 @@ def run_import(args: argparse.Namespace) -> int:
     from libra.workloads.importers import (
         DEFAULT_ERROR_PATTERNS,
         DEFAULT_TIMEOUT_PATTERNS,
+        CutTail,
         StatusRules,
         TokenizerError,
         expand_paths,
@@ -261,18 +263,27 @@ def run_import(args: argparse.Namespace) -> int:
         written = write_trace_atomic(out, trajectories)
     except OSError as exc:
         raise CLIError(f"cannot write {out}: {exc.strerror}") from None
+    cut = [e for e in skipped if isinstance(e, CutTail)]  # files read up to a line their writer stopped in
+    skipped = [e for e in skipped if not isinstance(e, CutTail)]
     for left in skipped[:_SKIPS_SHOWN]:
         log(f"warning: left out {one_line(str(left))}")
     if len(skipped) > _SKIPS_SHOWN:
         log(f"warning: left out {len(skipped) - _SKIPS_SHOWN} more file(s) (--json lists them all)")
+    for tail in cut[:_SKIPS_SHOWN]:
+        log(f"warning: read up to its last whole line: {one_line(str(tail))}")
+    if len(cut) > _SKIPS_SHOWN:
+        log(f"warning: {len(cut) - _SKIPS_SHOWN} more file(s) cut off mid-line (--json lists them all)")
     summary: dict = {"format": args.format, "tokenizer": args.tokenizer if args.format != "verl" else "token ids"}
     summary.update(trace_summary(trajectories))
     summary["out"] = str(out)
     if args.skip_errors:
         summary["files_read"] = len(files) - len(skipped)
         summary["files_left_out"] = len(skipped)
+        summary["files_cut_off"] = len(cut)
     if args.json and skipped:
         summary["left_out"] = [{"file": e.path, "line": e.line, "error": e.message} for e in skipped]
+    if args.json and cut:
+        summary["cut_off"] = [{"file": e.path, "line": e.line, "error": e.message} for e in cut]
     if args.json:
         emit_json(summary)
     else:

@@ -12,12 +12,19 @@ line. `write_trace_atomic` writes them so that a failure leaves no file behind.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from os import PathLike
 from pathlib import Path
 
 from libra.workloads.importers.atif import import_atif
-from libra.workloads.importers.common import DEFAULT_ERROR_PATTERNS, DEFAULT_TIMEOUT_PATTERNS, StatusRules
+from libra.workloads.importers.common import (
+    DEFAULT_ERROR_PATTERNS,
+    DEFAULT_TIMEOUT_PATTERNS,
+    CutTail,
+    StatusRules,
+    keeping_cut_tails,
+)
 from libra.workloads.importers.openai_chat import import_openai
 from libra.workloads.importers.paths import DEFAULT_GLOBS, expand_paths
 from libra.workloads.importers.swe_agents import import_mini_swe_agent, import_swe_agent
@@ -50,28 +57,38 @@ def import_files(
     (default: the format's, `DEFAULT_GLOBS`). `source`, when given, is stored in each trajectory's
     `extra["source"]`; `progress` is called with each file once it is read. A file that is not a log of the format
     raises its TraceError, or, with `on_error`, is left out whole (none of its trajectories kept) and its error
-    handed to `on_error`. Raises TraceError (bad input, or every file left out), TokenizerError (tokenizer),
-    ValueError (unknown format)."""
+    handed to `on_error`; with `on_error` too, a JSON Lines file whose writer stopped mid-line is read up to its
+    last whole line, and the line left out handed to `on_error` as a `CutTail` (common.py). Raises TraceError (bad
+    input, or every file left out), TokenizerError (tokenizer), ValueError (unknown format)."""
     _check_arguments(fmt, paths, tokenizer, rules, source)
     rules = rules or StatusRules()
     files = expand_paths(fmt, paths, globs)  # (checks the globs)
     count = get_counter(tokenizer) if fmt != "verl" else len  # verl records are tokens already: no counter used
     out: list[Trajectory] = []
     left_out = 0
-    for path in files:
-        try:
-            found = list(_IMPORTERS[fmt](path, count=count, rules=rules))
-        except TraceError as exc:
-            if on_error is None:
-                raise
-            on_error(exc)
-            found, left_out = [], left_out + 1
-        for traj in found:
-            if source is not None:
-                traj.extra["source"] = source
-        out += found
-        if progress is not None:
-            progress(path)
+    reading: contextlib.AbstractContextManager[list[CutTail]] = (
+        keeping_cut_tails() if on_error is not None else contextlib.nullcontext([])
+    )
+    with reading as cut:
+        for path in files:
+            before = len(cut)
+            try:
+                found = list(_IMPORTERS[fmt](path, count=count, rules=rules))
+            except TraceError as exc:
+                if on_error is None:
+                    raise
+                del cut[before:]  # the file is left out whole
+                on_error(exc)
+                found, left_out = [], left_out + 1
+            if on_error is not None:
+                for tail in cut[before:]:
+                    on_error(tail)
+            for traj in found:
+                if source is not None:
+                    traj.extra["source"] = source
+            out += found
+            if progress is not None:
+                progress(path)
     if not out:
         why = f"every one of the {left_out} file(s) was left out" if left_out else "no trajectories found"
         raise TraceError(paths[0], None, None, why)
@@ -103,6 +120,7 @@ def write_trace_atomic(path: str | Path, trajectories: Iterable[Trajectory]) -> 
 
 
 __all__ = [
+    "CutTail",
     "DEFAULT_ERROR_PATTERNS",
     "DEFAULT_GLOBS",
     "DEFAULT_TIMEOUT_PATTERNS",

@@ -2,7 +2,10 @@
 rules, and turning an ordered list of (generation, returns) segments into a `Trajectory`.
 
 Reading: a file must be UTF-8; a file holding one JSON value is read whole, else as JSON Lines. Every error is a
-`TraceError` naming the file and the line (and the field where there is one).
+`TraceError` naming the file and the line (and the field where there is one). Inside `keeping_cut_tails()` (what
+`libra trace import --skip-errors` reads under), a JSON Lines file whose writer stopped mid-line (a run killed, a
+log still being written: its last line is not valid JSON and no newline ends the file; gzipped, the stream ends
+early) is read up to that line, which is left out and reported as a `CutTail`.
 
 Tool status (`StatusRules`): a return is `timeout` if a timeout flag or text says so, else `error` if an explicit
 error field, a non-zero exit code or a known error text says so, else `ok`. Texts are regular expressions matched
@@ -12,6 +15,8 @@ verdict, not in the middle of a file listing that happens to contain the word "E
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import gzip
 import json
 import logging
@@ -98,6 +103,25 @@ def _edges(text: str) -> str:
     return "\n".join(line.strip() for line in lines[:_EDGE_LINES] + lines[-_EDGE_LINES:])
 
 
+class CutTail(TraceError):
+    """The last line of a JSON Lines file that its writer stopped in the middle of, left out (`keeping_cut_tails`)."""
+
+
+_CUT_TAILS: contextvars.ContextVar[list[CutTail] | None] = contextvars.ContextVar("cut_tails", default=None)
+
+
+@contextlib.contextmanager
+def keeping_cut_tails() -> Iterator[list[CutTail]]:
+    """Within it, a JSON Lines file cut off mid-line is read up to its last whole line (module docstring); the list
+    it gives collects what was left out, one `CutTail` per file."""
+    cut: list[CutTail] = []
+    token = _CUT_TAILS.set(cut)
+    try:
+        yield cut
+    finally:
+        _CUT_TAILS.reset(token)
+
+
 def read_text(path: Path) -> str:
     """The file as text: must exist, be UTF-8 (gzipped or not: told by its first two bytes, as traces are) and hold
     something."""
@@ -108,7 +132,23 @@ def read_text(path: Path) -> str:
     if data[:2] == b"\x1f\x8b":
         try:
             data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:  # (gzip.BadGzipFile is an OSError)
+        except EOFError as exc:  # the stream ends early: what it holds, if cut tails are kept
+            cut = _CUT_TAILS.get()
+            if cut is None:
+                raise TraceError(path, None, None, f"not a whole gzip file ({exc})") from None
+            data = _gzip_prefix(path, data)
+            whole = data[: data.rfind(b"\n") + 1]  # the lines written whole; the one cut off is left out
+            if not whole.strip():
+                why = "not a whole gzip file (it ends before its first whole line)"
+                raise TraceError(path, None, None, why) from None
+            line = whole.count(b"\n") + 1
+            if whole != data:
+                why = f"the gzip stream ends early, in the middle of line {line}: read up to the line before it"
+            else:
+                why = f"the gzip stream ends early, after line {line - 1}: read up to there"
+            cut.append(CutTail(path, line if whole != data else None, None, why))
+            data = whole
+        except (OSError, zlib.error) as exc:  # (gzip.BadGzipFile is an OSError)
             raise TraceError(path, None, None, f"not a whole gzip file ({exc})") from None
     try:
         text = data.decode("utf-8")
@@ -135,15 +175,31 @@ def iter_records(path: Path) -> Iterator[tuple[int, Any]]:
             raise TraceError(path, exc.lineno, None, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
     except RecursionError:
         raise TraceError(path, None, None, _TOO_DEEP) from None
-    for number, line in enumerate(text.splitlines(), start=1):
+    lines = text.splitlines()
+    last = max((i for i, line in enumerate(lines, start=1) if line.strip()), default=0)
+    cut = _CUT_TAILS.get()
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            yield number, json.loads(line)
+            value = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise TraceError(path, number, None, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+            why = f"not valid JSON ({exc.msg} at column {exc.colno})"
+            if cut is not None and number == last and not text.endswith("\n"):
+                cut.append(CutTail(path, number, None, f"{why}: its writer stopped in the middle of the last line"))
+                return
+            raise TraceError(path, number, None, why) from None
         except RecursionError:
             raise TraceError(path, number, None, _TOO_DEEP) from None
+        yield number, value
+
+
+def _gzip_prefix(path: Path, data: bytes) -> bytes:
+    """What a gzip stream that ends early holds (a file still being written, or its writer killed)."""
+    try:
+        return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(data)
+    except zlib.error as exc:
+        raise TraceError(path, None, None, f"not a whole gzip file ({exc})") from None
 
 
 _TOO_DEEP = "not valid JSON (nested too deeply)"  # (the trace loader's words)
