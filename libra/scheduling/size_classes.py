@@ -13,7 +13,7 @@ Rare tools share one key. A tool is keyed by its own name in the tree only while
 OTHER_TOOL and classed by the pooled edges. Tool names that belong to one task (an API per query, a name that
 carries an id) or to a few would otherwise open branches of the prompt-agnostic tree that no later request reaches,
 and each such request would fall back to the root, losing what its number and kinds of returns say (measured on the
-corpus with each task's tools renamed: 4-7 points of margin lost on ToRA, InterCode and WebDancer,
+corpus with each task's tools renamed: 4-8 points of margin lost on ToRA, InterCode and WebDancer,
 docs/routing-log.md). The counts move at step ends, as the edges do. A closed `tools` set keys every tool by name.
 """
 
