@@ -12,7 +12,9 @@ from libra.sim.policies import uses_shared_tree
 from libra.sim.workload import content_normals, step_work
 from libra.spec import ClusterSpec, RLSettings, get_gpu, get_model
 from libra.workloads import write_trace
-from libra.workloads.corpus import load_corpus
+from libra.workloads.corpus import DEFAULT_CORPUS, load_corpus, load_manifest
+
+HELD_OUT = DEFAULT_CORPUS / "held-out"
 
 
 def _identical_steps(pool, seed=5):
@@ -52,6 +54,51 @@ def test_content_normals_are_standard_normal_and_tell_turns_apart():
     assert abs(np.corrcoef(z.reshape(n, k)[:, 0], z.reshape(n, k)[:, 1])[0, 1]) < 0.03  # turns draw apart
 
 
+def _spreads(pool, tmp_path, name: str) -> dict[str, list[float]]:
+    """Each policy's rollout seconds over the three identical steps, from the step after its last change of
+    allocation (the C-MLFQ policies from step 1, whose tree is empty in step 0)."""
+    trace = tmp_path / f"{name}.jsonl"
+    write_trace(trace, _identical_steps(pool))
+    sc = Scenario(
+        cluster=ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=16, gpus_per_node=8),
+        model=get_model("Qwen3-14B"),
+        rl=RLSettings(num_prompts=len(pool), samples_per_prompt=1, max_model_len=131072),
+        source=WorkSource.from_trace(trace),
+        options=SimOptions(),
+    )
+    report = simulate(sc, num_steps=3, policies=POLICY_NAMES, workers=2)
+    out = {}
+    for r in report.results:
+        changed = {d["step"] for d in r.decisions if d["step"] > 0}
+        first = max(changed | {1 if uses_shared_tree(r.name) else 0})  # after the last change of allocation
+        out[r.name] = [x.rollout_s for x in r.records if x.trajectories and x.step >= first]
+    return out
+
+
+# held-out sources whose identical steps do not simulate within 5 % (docs/sim.md, "Real recorded agents"): a step
+# whose order decides which runs share an instance or wait, measured 2026-12-06
+_NOT_HELD = {
+    "moatless-claude35-sonnet-lite": "colocated 542 / 518 / 509 s (6.5 %): where a few hundred long runs land",
+    "intercode-sql-react-davinci003": "the static plan 188 / 218 / 205 s (15.7 %; 0.9 % on 48 GPUs): which runs wait",
+}
+
+
+def _held_out_cases():
+    return [
+        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=_NOT_HELD[name])) if name in _NOT_HELD else name
+        for name in (source["name"] for source in load_manifest(HELD_OUT)["sources"])
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", _held_out_cases())
+def test_identical_held_out_steps_simulate_alike_for_every_policy(tmp_path, source):
+    """The same check on the held-out agents (which nothing in the simulator was tuned on): 30 of 32 hold."""
+    pool = sorted(load_corpus(HELD_OUT)[source], key=lambda t: t.prompt_id)
+    for name, same in _spreads(pool, tmp_path, source).items():
+        assert len(same) >= 2 and max(same) <= 1.05 * min(same), (source, name, same)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "source, limit",
@@ -63,18 +110,5 @@ def test_content_normals_are_standard_normal_and_tell_turns_apart():
 )
 def test_identical_real_steps_simulate_alike_for_every_policy(corpus, tmp_path, source, limit):
     pool = sorted(corpus[source], key=lambda t: t.prompt_id)[:limit]
-    trace = tmp_path / f"{source}.jsonl"
-    write_trace(trace, _identical_steps(pool))
-    sc = Scenario(
-        cluster=ClusterSpec.from_total(gpu=get_gpu("A800-80GB"), num_gpus=16, gpus_per_node=8),
-        model=get_model("Qwen3-14B"),
-        rl=RLSettings(num_prompts=len(pool), samples_per_prompt=1, max_model_len=131072),
-        source=WorkSource.from_trace(trace),
-        options=SimOptions(),
-    )
-    report = simulate(sc, num_steps=3, policies=POLICY_NAMES, workers=2)
-    for r in report.results:
-        changed = {d["step"] for d in r.decisions if d["step"] > 0}
-        first = max(changed | {1 if uses_shared_tree(r.name) else 0})  # after the last change of allocation
-        same = [x.rollout_s for x in r.records if x.trajectories and x.step >= first]
-        assert len(same) >= 2 and max(same) <= 1.05 * min(same), (source, r.name, same)
+    for name, same in _spreads(pool, tmp_path, source).items():
+        assert len(same) >= 2 and max(same) <= 1.05 * min(same), (source, name, same)
