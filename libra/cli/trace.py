@@ -265,14 +265,8 @@ def run_import(args: argparse.Namespace) -> int:
         raise CLIError(f"cannot write {out}: {exc.strerror}") from None
     cut = [e for e in skipped if isinstance(e, CutTail)]  # files read up to a line their writer stopped in
     skipped = [e for e in skipped if not isinstance(e, CutTail)]
-    for left in skipped[:_SKIPS_SHOWN]:
-        log(f"warning: left out {one_line(str(left))}")
-    if len(skipped) > _SKIPS_SHOWN:
-        log(f"warning: left out {len(skipped) - _SKIPS_SHOWN} more file(s) (--json lists them all)")
-    for tail in cut[:_SKIPS_SHOWN]:
-        log(f"warning: read up to its last whole line: {one_line(str(tail))}")
-    if len(cut) > _SKIPS_SHOWN:
-        log(f"warning: {len(cut) - _SKIPS_SHOWN} more file(s) cut off mid-line (--json lists them all)")
+    _warn_some(skipped, "left out", "left out")
+    _warn_some(cut, "read up to its last whole line:", "cut off mid-line")
     summary: dict = {"format": args.format, "tokenizer": args.tokenizer if args.format != "verl" else "token ids"}
     summary.update(trace_summary(trajectories))
     summary["out"] = str(out)
@@ -280,10 +274,9 @@ def run_import(args: argparse.Namespace) -> int:
         summary["files_read"] = len(files) - len(skipped)
         summary["files_left_out"] = len(skipped)
         summary["files_cut_off"] = len(cut)
-    if args.json and skipped:
-        summary["left_out"] = [{"file": e.path, "line": e.line, "error": e.message} for e in skipped]
-    if args.json and cut:
-        summary["cut_off"] = [{"file": e.path, "line": e.line, "error": e.message} for e in cut]
+    for key, errors in (("left_out", skipped), ("cut_off", cut)):
+        if args.json and errors:
+            summary[key] = [{"file": e.path, "line": e.line, "error": e.message} for e in errors]
     if args.json:
         emit_json(summary)
     else:
@@ -292,6 +285,14 @@ def run_import(args: argparse.Namespace) -> int:
 
 
 _SKIPS_SHOWN = 5  # files left out by --skip-errors named one per line on stderr; --json lists them all
+
+
+def _warn_some(errors: list, what: str, more: str) -> None:
+    """The first _SKIPS_SHOWN of `errors` one per line on stderr, then how many more."""
+    for e in errors[:_SKIPS_SHOWN]:
+        log(f"warning: {what} {one_line(str(e))}")
+    if len(errors) > _SKIPS_SHOWN:
+        log(f"warning: {len(errors) - _SKIPS_SHOWN} more file(s) {more} (--json lists them all)")
 
 
 def _listed_hint(exc: TraceError, sources: list[str], globs: list[str]) -> str:

@@ -136,18 +136,7 @@ def read_text(path: Path) -> str:
             cut = _CUT_TAILS.get()
             if cut is None:
                 raise TraceError(path, None, None, f"not a whole gzip file ({exc})") from None
-            data = _gzip_prefix(path, data)
-            whole = data[: data.rfind(b"\n") + 1]  # the lines written whole; the one cut off is left out
-            if not whole.strip():
-                why = "not a whole gzip file (it ends before its first whole line)"
-                raise TraceError(path, None, None, why) from None
-            line = whole.count(b"\n") + 1
-            if whole != data:
-                why = f"the gzip stream ends early, in the middle of line {line}: read up to the line before it"
-            else:
-                why = f"the gzip stream ends early, after line {line - 1}: read up to there"
-            cut.append(CutTail(path, line if whole != data else None, None, why))
-            data = whole
+            data = _whole_lines_of_cut_gzip(path, data, cut)
         except (OSError, zlib.error) as exc:  # (gzip.BadGzipFile is an OSError)
             raise TraceError(path, None, None, f"not a whole gzip file ({exc})") from None
     try:
@@ -194,12 +183,29 @@ def iter_records(path: Path) -> Iterator[tuple[int, Any]]:
         yield number, value
 
 
-def _gzip_prefix(path: Path, data: bytes) -> bytes:
-    """What a gzip stream that ends early holds (a file still being written, or its writer killed)."""
+def _whole_lines_of_cut_gzip(path: Path, data: bytes, cut: list[CutTail]) -> bytes:
+    """The whole lines a gzip stream that ends early holds (a file still being written, or its writer killed); the
+    line it stops in, or its end, noted in `cut`."""
     try:
-        return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(data)
+        held = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(data)
     except zlib.error as exc:
         raise TraceError(path, None, None, f"not a whole gzip file ({exc})") from None
+    whole = held[: held.rfind(b"\n") + 1]
+    if not whole.strip():
+        raise TraceError(path, None, None, "not a whole gzip file (it ends before its first whole line)")
+    line = whole.count(b"\n") + 1  # the line it stops in, if it stops inside one
+    if whole != held:
+        cut.append(
+            CutTail(
+                path,
+                line,
+                None,
+                f"the gzip stream ends early, in the middle of line {line}: read up to the line before it",
+            )
+        )
+    else:
+        cut.append(CutTail(path, None, None, f"the gzip stream ends early, after line {line - 1}: read up to there"))
+    return whole
 
 
 _TOO_DEEP = "not valid JSON (nested too deeply)"  # (the trace loader's words)
