@@ -30,6 +30,7 @@ static PyObject *s_tool, *s_tool_tokens, *s_status, *s_context_tokens, *s_reques
     *s_context_in_flight, *s_codec, *s_agnostic, *s_codes, *s_edges, *s_pooled_edges, *s_size_edges, *s_taken,
     *s_per_step, *s_per_request, *s_bucket, *s_move, *s_priced_call, *s_stay, *s_scaled_fb, *s_agnostic_fb, *s_root;
 PyObject *s_tool_return, *s_overflow_reason;
+static PyObject *s_named, *s_other_tool; /* s_other_tool: the text of OTHER_TOOL (size_classes.py) */
 
 
 static int node_count(PyObject *node, long long *out) {
@@ -43,12 +44,26 @@ static int encode(PyObject *codec, PyObject *tool, long long tool_tokens, PyObje
     PyObject *edges = NULL, *table = NULL, *codes = NULL;
     int rc = DECLINE;
     if (Py_TYPE(codec) == quantile_codec_type) {
-        table = PyObject_GetAttr(codec, s_edges);
-        if (table == NULL) return ERR;
-        if (PyDict_CheckExact(table)) {
-            edges = PyDict_GetItemWithError(table, tool);
-            if (edges != NULL) Py_INCREF(edges);
-            else if (!PyErr_Occurred()) edges = PyObject_GetAttr(codec, s_pooled_edges);
+        /* a tool not keyed by its name (`_named`: None keys every tool by name) is keyed OTHER_TOOL and classed by
+           the pooled edges, as `QuantileStateCodec.encode` does */
+        PyObject *named = PyObject_GetAttr(codec, s_named);
+        if (named == NULL) return ERR;
+        int by_name = 1;
+        if (named != Py_None) by_name = PySet_CheckExact(named) ? PySet_Contains(named, tool) : -2;
+        Py_DECREF(named);
+        if (by_name == -1) return ERR;
+        if (by_name == -2) return DECLINE;
+        if (by_name) {
+            table = PyObject_GetAttr(codec, s_edges);
+            if (table == NULL) return ERR;
+            if (PyDict_CheckExact(table)) {
+                edges = PyDict_GetItemWithError(table, tool);
+                if (edges != NULL) Py_INCREF(edges);
+                else if (!PyErr_Occurred()) edges = PyObject_GetAttr(codec, s_pooled_edges);
+            }
+        } else {
+            tool = s_other_tool;
+            edges = PyObject_GetAttr(codec, s_pooled_edges);
         }
     } else if (Py_TYPE(codec) == state_codec_type) {
         edges = PyObject_GetAttr(codec, s_size_edges);
@@ -421,7 +436,7 @@ static int intern_all(void) {
         {&s_per_request, "per_request"}, {&s_bucket, "bucket"}, {&s_move, "_move"},
         {&s_priced_call, "_priced_call"}, {&s_stay, "stay"}, {&s_tool_return, "tool-return"},
         {&s_overflow_reason, "overflow"}, {&s_scaled_fb, "scaled"}, {&s_agnostic_fb, "agnostic"},
-        {&s_root, "root"},
+        {&s_root, "root"}, {&s_named, "_named"}, {&s_other_tool, "*"},
     };
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
         if (*names[k].slot == NULL && (*names[k].slot = PyUnicode_InternFromString(names[k].text)) == NULL)

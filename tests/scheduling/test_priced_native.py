@@ -171,6 +171,35 @@ def test_c_path_takes_nearly_every_return_of_a_learnt_router() -> None:
     assert declines.count <= returns / 100
 
 
+def _tool_run(pid: str, returns: list[tuple[str, int]]) -> Trajectory:
+    turns = [Turn(gen_tokens=30, tool=tool, tool_status="ok", tool_tokens=n) for tool, n in returns]
+    return Trajectory(prompt_id=pid, prompt_tokens=200, turns=(*turns, Turn(gen_tokens=30)))
+
+
+def test_c_path_keys_a_tool_as_python_does_once_it_is_no_longer_named() -> None:
+    """A tool keyed by its name on one step and not on a later one (its share of the trajectories fell under a
+    tenth): the C path keys its returns OTHER_TOOL with the pooled edges, as `QuantileStateCodec.encode` does, not by
+    the name whose codes and nodes the earlier steps left (it read the codec's per-tool edges and codes alone, and
+    walked to the old `fetch` nodes)."""
+    c, py = _pair("1:1500,2:3000,4:6000,8:inf", "adaptive", {})
+    first = [_tool_run(f"a{i}", [("search", 900 + 40 * i), ("search", 300), ("fetch", 50 + i)]) for i in range(30)]
+    later = [
+        [
+            _tool_run(f"s{s}-{i}", [("search", 700 + 13 * i), *([(f"api-{s}-{i}", 80)] if i % 4 == 0 else [])])
+            for i in range(100)
+        ]
+        for s in range(4)
+    ]
+    _lockstep(c, py, [first], hold_every=10**9)
+    assert c.tree.codec.tool_key("fetch") == "fetch"
+    _lockstep(c, py, later, hold_every=10**9)
+    assert c.tree.codec.tool_key("fetch") == py.tree.codec.tool_key("fetch") != "fetch"
+    declines = _Declines(c)
+    last = [_tool_run(f"f{i}", [("search", 800 + 9 * i), ("fetch", 52 + i), ("search", 400)]) for i in range(20)]
+    returns = _lockstep(c, py, [last], hold_every=10**9)
+    assert declines.count <= returns // 4  # the C path decided the returns it is checked on
+
+
 @settings(max_examples=80, deadline=None)
 @given(**SMALL_WINDOW_CASES, beyond=st.sampled_from(["root", "promote"]))
 def test_c_path_on_small_windows(steps, limits, shrink, min_count, per_step, eager, beyond) -> None:
