@@ -15,6 +15,14 @@ carries an id) or to a few would otherwise open branches of the prompt-agnostic 
 and each such request would fall back to the root, losing what its number and kinds of returns say (measured on the
 corpus with each task's tools renamed: 4-8 points of margin lost on ToRA, InterCode and WebDancer,
 docs/routing-log.md). The counts move at step ends, as the edges do. A closed `tools` set keys every tool by name.
+
+And a common tool is keyed by its name only while its name says something: while what followed its returns differs
+from what followed the other tools' (`tool_test`, a two-sample Kolmogorov-Smirnov test at level 0.01 on the tokens
+left in a trajectory after the tool's first return, against the same after the other tools' first returns, over the
+last `2 * sample` such returns). A name that splits the returns without telling them apart (a log whose shell tool
+is named after the task's group, or a wide vocabulary of same-purpose tools) would only split the tree's data (on the
+corpus with tools named by random groups of 20 or 40 tasks: up to 5 points of margin lost on InterCode's Bash and
+Python runs, docs/routing-log.md). A tool with no other tool to compare with is named as before.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from libra.spec import SpecError
 
 OTHER_TOOL = "*"  # the key of the returns of rare tools (module docstring)
 MAX_TOOLS = 10_000  # tools counted at most (`_name_tools`)
+TOOL_TEST = 0.01  # the level of the test that keys a common tool by its name (module docstring)
 
 
 class QuantileStateCodec(StateCodec):
@@ -45,6 +54,7 @@ class QuantileStateCodec(StateCodec):
         method: str = "breaks",
         tools: Iterable[str] | None = None,
         tool_share: float = 0.1,
+        tool_test: float | None = TOOL_TEST,
     ) -> None:
         if method not in ("quantile", "breaks"):
             raise SpecError(f"size-class method must be 'quantile' or 'breaks', got {method!r}")
@@ -62,6 +72,15 @@ class QuantileStateCodec(StateCodec):
         if isinstance(tool_share, bool) or not isinstance(tool_share, (int, float)) or not 0 <= tool_share <= 1:
             raise SpecError(f"tool_share must be a number in [0, 1], got {tool_share!r}")
         self.tool_share = float(tool_share)
+        if tool_test is not None and (
+            isinstance(tool_test, bool) or not isinstance(tool_test, (int, float)) or not 0 < tool_test < 1
+        ):
+            raise SpecError(f"tool_test must be a level in (0, 1) or None, got {tool_test!r}")
+        self.tool_test = None if tool_test is None else float(tool_test)
+        # a tool's first return in each trajectory, the newest last (`_told_apart`): the tool, and the tokens left in
+        # its trajectory after that return (two deques in step: numpy reads each in one pass)
+        self._first_tools: deque[str] = deque(maxlen=2 * self.sample)
+        self._first_lefts: deque[int] = deque(maxlen=2 * self.sample)
         self._tool_trajs: dict[str, int] = {}  # per tool, the finished trajectories it returned in
         self._trajs = 0  # the finished trajectories observed
         # tools keyed by name; the others are OTHER_TOOL (None: every tool, as with a closed set of tools)
@@ -83,11 +102,13 @@ class QuantileStateCodec(StateCodec):
         """Take the tool-return sizes of finished trajectories into the per-tool samples; recompute the edges."""
         by_tool: dict[str, list[int]] = {}
         flat: list[int] = []  # in order, for the pooled sample
-        counts = self._tool_trajs
+        counts, first_tools, first_lefts = self._tool_trajs, self._first_tools, self._first_lefts
         for traj in trajectories:
             self._trajs += 1
             seen: set[str] = set()
+            left = traj.total_tokens - traj.prompt_tokens
             for t in traj.turns:
+                left -= t.gen_tokens + t.tool_tokens
                 tool = t.tool
                 if tool is not None:
                     sizes = by_tool.get(tool)
@@ -98,6 +119,8 @@ class QuantileStateCodec(StateCodec):
                     if tool not in seen:
                         seen.add(tool)
                         counts[tool] = counts.get(tool, 0) + 1
+                        first_tools.append(tool)
+                        first_lefts.append(left)
         if by_tool:
             recent, pooled = self._recent, self._pooled
             for tool, sizes in by_tool.items():
@@ -130,7 +153,26 @@ class QuantileStateCodec(StateCodec):
                 self._edges.pop(tool, None)
             self._tool_trajs = counts = keep
         need = max(2.0, self.tool_share * self._trajs)
-        self._named = {tool for tool, n in counts.items() if n >= need}
+        common = {tool for tool, n in counts.items() if n >= need}
+        if self.tool_test is not None and common and self._first_tools:
+            common = self._told_apart(common, self.tool_test)
+        self._named = common
+
+    def _told_apart(self, common: set[str], level: float) -> set[str]:
+        """The tools of `common` whose first returns left a trajectory differently from the other tools' (a
+        two-sample Kolmogorov-Smirnov test at `level` on the tokens left, asymptotic critical value): a name is used
+        once the data tell it apart, so not while either side has too few returns to. A tool is kept where no other
+        tool's return was seen (a name that splits nothing: named as before the test)."""
+        tools = np.array(self._first_tools, dtype=object)
+        lefts = np.fromiter(self._first_lefts, float, len(self._first_lefts))
+        out = set()
+        for tool in common:
+            mine = tools == tool
+            n = int(mine.sum())
+            m = len(tools) - n
+            if m == 0 or (n and ks_distance(lefts[mine], lefts[~mine]) > ks_critical(n, m, level)):
+                out.add(tool)
+        return out
 
     def tool_key(self, tool: str) -> str:
         """The name a tool's returns are keyed by in the tree: its own while it returns in `tool_share` of the
@@ -147,6 +189,8 @@ class QuantileStateCodec(StateCodec):
         self._trajs += other._trajs
         for tool, n in other._tool_trajs.items():
             self._tool_trajs[tool] = self._tool_trajs.get(tool, 0) + n
+        self._first_tools.extend(other._first_tools)
+        self._first_lefts.extend(other._first_lefts)
         self._name_tools()
         for tool, sizes in other._recent.items():
             q = recent.get(tool)
@@ -236,6 +280,8 @@ class QuantileStateCodec(StateCodec):
                 "share": self.tool_share,
                 "trajectories": self._trajs,
                 "returned_in": dict(self._tool_trajs),
+                "test": self.tool_test,
+                "first_returns": [[t, n] for t, n in zip(self._first_tools, self._first_lefts)],
             }
         return out
 
@@ -250,6 +296,9 @@ class QuantileStateCodec(StateCodec):
         self.__dict__.update(own)
         if "_named" not in own:  # pickled before rare tools were grouped: every tool keyed by its name
             self.tool_share, self._tool_trajs, self._trajs, self._named = 0.1, {}, 0, None
+        if "_first_tools" not in own:  # pickled before common tools were tested: named by their share alone
+            self.tool_test = None
+            self._first_tools, self._first_lefts = deque(maxlen=2 * self.sample), deque(maxlen=2 * self.sample)
         # a codec pickled when its samples were deques of sizes
         if isinstance(self._pooled, deque):
             self._pooled = Sample.of(self._pooled)
@@ -266,9 +315,32 @@ class QuantileStateCodec(StateCodec):
         self.tool_share = float(tools["share"])
         self._trajs = int(tools["trajectories"])
         self._tool_trajs = {str(k): int(v) for k, v in tools["returned_in"].items()}
+        # saved before common tools were tested: named by their share alone
+        test = tools.get("test")
+        self.tool_test = None if test is None else float(test)
+        self._first_tools.clear()
+        self._first_lefts.clear()
+        for tool, left in tools.get("first_returns", ()):
+            self._first_tools.append(str(tool))
+            self._first_lefts.append(int(left))
         if self.tools is None:
             self._named = set()
             self._name_tools()
+
+
+def ks_distance(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> float:
+    """The two-sample Kolmogorov-Smirnov statistic: the largest gap between the empirical distribution functions of
+    `a` and `b` (both non-empty)."""
+    x, y = np.sort(np.asarray(a, float)), np.sort(np.asarray(b, float))
+    at = np.concatenate([x, y])
+    gaps = np.searchsorted(x, at, side="right") / len(x) - np.searchsorted(y, at, side="right") / len(y)
+    return float(np.abs(gaps).max())
+
+
+def ks_critical(n: int, m: int, level: float) -> float:
+    """The distance past which two samples of sizes `n` and `m` differ at `level` (the asymptotic two-sample
+    Kolmogorov-Smirnov bound, c(level) * sqrt((n + m) / (n m)), c = sqrt(-ln(level / 2) / 2))."""
+    return math.sqrt(-math.log(level / 2) / 2) * math.sqrt((n + m) / (n * m))
 
 
 class Sample:

@@ -37,7 +37,8 @@ def test_the_budget_weighs_recorded_steps_by_half_a_step_and_skips_empty_ones() 
 def _learnt_codec(**options) -> QuantileStateCodec:
     codec = QuantileStateCodec(classes=3, method="quantile", min_samples=5, **options)
     returns = [("search", n) for n in range(100, 1100, 10)] + [("user", n) for n in range(5, 55)]
-    codec.observe([_traj("p", returns), _traj("q", returns)])  # (tools keyed by name: each in both trajectories)
+    # (tools keyed by name: each in every trajectory, and told apart by what follows their first returns)
+    codec.observe([_traj(f"p{i}", returns) for i in range(8)])
     return codec
 
 
