@@ -22,7 +22,9 @@ left in a trajectory after the tool's first return, against the same after the o
 last `2 * sample` such returns). A name that splits the returns without telling them apart (a log whose shell tool
 is named after the task's group, or a wide vocabulary of same-purpose tools) would only split the tree's data (on the
 corpus with tools named by random groups of 20 or 40 tasks: up to 5 points of margin lost on InterCode's Bash and
-Python runs, docs/routing-log.md). A tool with no other tool to compare with is named as before.
+Python runs, docs/routing-log.md). A tool keyed by its name keeps it while the test tells it apart at the looser
+level 0.05 (`tool_keep`): a distance near the threshold would otherwise give and take the name, and the branches
+under it, at alternate step ends. A tool with no other tool to compare with is named as before.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from libra.spec import SpecError
 OTHER_TOOL = "*"  # the key of the returns of rare tools (module docstring)
 MAX_TOOLS = 10_000  # tools counted at most (`_name_tools`)
 TOOL_TEST = 0.01  # the level of the test that keys a common tool by its name (module docstring)
+TOOL_KEEP = 0.05  # the level at which a tool keyed by its name keeps it (module docstring)
 
 
 class QuantileStateCodec(StateCodec):
@@ -55,6 +58,7 @@ class QuantileStateCodec(StateCodec):
         tools: Iterable[str] | None = None,
         tool_share: float = 0.1,
         tool_test: float | None = TOOL_TEST,
+        tool_keep: float = TOOL_KEEP,
     ) -> None:
         if method not in ("quantile", "breaks"):
             raise SpecError(f"size-class method must be 'quantile' or 'breaks', got {method!r}")
@@ -77,6 +81,14 @@ class QuantileStateCodec(StateCodec):
         ):
             raise SpecError(f"tool_test must be a level in (0, 1) or None, got {tool_test!r}")
         self.tool_test = None if tool_test is None else float(tool_test)
+        if (
+            isinstance(tool_keep, bool)
+            or not isinstance(tool_keep, (int, float))
+            or not (self.tool_test or 0) <= tool_keep < 1
+            or tool_keep <= 0
+        ):
+            raise SpecError(f"tool_keep must be a level in [tool_test, 1), got {tool_keep!r}")
+        self.tool_keep = float(tool_keep)
         # a tool's first return in each trajectory, the newest last (`_told_apart`): the tool, and the tokens left in
         # its trajectory after that return (two deques in step: numpy reads each in one pass)
         self._first_tools: deque[str] = deque(maxlen=2 * self.sample)
@@ -155,14 +167,17 @@ class QuantileStateCodec(StateCodec):
         need = max(2.0, self.tool_share * self._trajs)
         common = {tool for tool, n in counts.items() if n >= need}
         if self.tool_test is not None and common and self._first_tools:
-            common = self._told_apart(common, self.tool_test)
+            common = self._told_apart(common, self.tool_test, self.tool_keep)
         self._named = common
 
-    def _told_apart(self, common: set[str], level: float) -> set[str]:
+    def _told_apart(self, common: set[str], level: float, keep: float) -> set[str]:
         """The tools of `common` whose first returns left a trajectory differently from the other tools' (a
-        two-sample Kolmogorov-Smirnov test at `level` on the tokens left, asymptotic critical value): a name is used
-        once the data tell it apart, so not while either side has too few returns to. A tool is kept where no other
+        two-sample Kolmogorov-Smirnov test on the tokens left, asymptotic critical value): at `level` for a tool
+        not keyed by its name yet, at the looser `keep` for one that is, so that a distance near the threshold does
+        not give and take the name (and the tree's branches under it) at alternate step ends. A name is used once
+        the data tell it apart, so not while either side has too few returns to. A tool is kept where no other
         tool's return was seen (a name that splits nothing: named as before the test)."""
+        named = self._named or set()
         tools = np.array(self._first_tools, dtype=object)
         lefts = np.fromiter(self._first_lefts, float, len(self._first_lefts))
         out = set()
@@ -170,7 +185,8 @@ class QuantileStateCodec(StateCodec):
             mine = tools == tool
             n = int(mine.sum())
             m = len(tools) - n
-            if m == 0 or (n and ks_distance(lefts[mine], lefts[~mine]) > ks_critical(n, m, level)):
+            at = keep if tool in named else level
+            if m == 0 or (n and ks_distance(lefts[mine], lefts[~mine]) > ks_critical(n, m, at)):
                 out.add(tool)
         return out
 
@@ -281,6 +297,8 @@ class QuantileStateCodec(StateCodec):
                 "trajectories": self._trajs,
                 "returned_in": dict(self._tool_trajs),
                 "test": self.tool_test,
+                "keep": self.tool_keep,
+                "named": sorted(self._named),
                 "first_returns": [[t, n] for t, n in zip(self._first_tools, self._first_lefts)],
             }
         return out
@@ -297,7 +315,7 @@ class QuantileStateCodec(StateCodec):
         if "_named" not in own:  # pickled before rare tools were grouped: every tool keyed by its name
             self.tool_share, self._tool_trajs, self._trajs, self._named = 0.1, {}, 0, None
         if "_first_tools" not in own:  # pickled before common tools were tested: named by their share alone
-            self.tool_test = None
+            self.tool_test, self.tool_keep = None, TOOL_KEEP
             self._first_tools, self._first_lefts = deque(maxlen=2 * self.sample), deque(maxlen=2 * self.sample)
         # a codec pickled when its samples were deques of sizes
         if isinstance(self._pooled, deque):
@@ -318,14 +336,18 @@ class QuantileStateCodec(StateCodec):
         # saved before common tools were tested: named by their share alone
         test = tools.get("test")
         self.tool_test = None if test is None else float(test)
+        self.tool_keep = float(tools.get("keep", TOOL_KEEP))
         self._first_tools.clear()
         self._first_lefts.clear()
         for tool, left in tools.get("first_returns", ()):
             self._first_tools.append(str(tool))
             self._first_lefts.append(int(left))
         if self.tools is None:
-            self._named = set()
-            self._name_tools()
+            if "named" in tools:  # as saved: which tools keep their names depends on which had them
+                self._named = {str(tool) for tool in tools["named"]}
+            else:
+                self._named = set()
+                self._name_tools()
 
 
 def ks_distance(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> float:

@@ -74,6 +74,59 @@ def test_too_few_returns_to_tell_apart_are_not_named_yet() -> None:
     assert codec.tool_key("search") == "search" and codec.tool_key("answer") == "answer"
 
 
+def _one_return(pid: str, tool: str, left: int) -> Trajectory:
+    """A run with one return of `tool` and `left` tokens generated after it."""
+    turns = (Turn(gen_tokens=10, tool=tool, tool_status="ok", tool_tokens=5), Turn(gen_tokens=left))
+    return Trajectory(prompt_id=pid, prompt_tokens=100, turns=turns)
+
+
+def _near_the_threshold() -> tuple[list[Trajectory], list[Trajectory]]:
+    """Two steps of two tools: on the first what follows them differs plainly (distance 1); with the second the
+    distance over both is 0.25, between the critical values at 0.05 (0.215) and at 0.01 (0.257)."""
+    first = [_one_return(f"a{i}", "A", 10 + i) for i in range(20)] + [
+        _one_return(f"b{i}", "B", 60 + i) for i in range(20)
+    ]
+    second = [_one_return(f"c{i}", t, 30 + i) for t in ("A", "B") for i in range(60)]
+    return first, second
+
+
+def test_a_name_is_kept_at_the_looser_level_and_given_at_the_stricter() -> None:
+    """Hysteresis: tools named on the first step keep their names while the test tells them apart at 0.05; the same
+    returns seen at once, by a codec that named neither, tell them apart only at 0.05, not at 0.01: no names."""
+    first, second = _near_the_threshold()
+    assert ks_critical(80, 80, 0.05) < 0.25 < ks_critical(80, 80, 0.01)
+    stepwise, at_once = QuantileStateCodec(), QuantileStateCodec()
+    stepwise.observe(first)
+    assert stepwise.tool_key("A") == "A" and stepwise.tool_key("B") == "B"
+    stepwise.observe(second)
+    at_once.observe(first + second)
+    assert stepwise.tool_key("A") == "A" and stepwise.tool_key("B") == "B"
+    assert at_once.tool_key("A") == at_once.tool_key("B") == OTHER_TOOL
+    # with no band between the levels the first step's names are lost on the second
+    strict = QuantileStateCodec(tool_keep=0.01)
+    strict.observe(first)
+    strict.observe(second)
+    assert strict.tool_key("A") == OTHER_TOOL
+
+
+def test_the_names_kept_travel_with_a_saved_tree(tmp_path) -> None:
+    """A loaded tree keys tools as the saved one did, the names kept at the looser level included (they depend on
+    which tools had names, not on the returns alone)."""
+    first, second = _near_the_threshold()
+    tree = PrefixTree(size_edges="quantile:3")
+    tree.update(first)
+    tree.update(second)
+    tree.save(tmp_path / "tree.json")
+    loaded = PrefixTree.load(tmp_path / "tree.json")
+    assert loaded.codec.tool_key("A") == tree.codec.tool_key("A") == "A"
+
+
+@pytest.mark.parametrize("keep", [0, 0.005, 1, True, "0.05", float("nan")])
+def test_a_bad_keep_level_is_a_one_line_error(keep) -> None:
+    with pytest.raises(SpecError, match=r"tool_keep must be a level in \[tool_test, 1\)"):
+        QuantileStateCodec(tool_keep=keep)
+
+
 @pytest.mark.parametrize("level", [0, 1, -0.5, 2.0, True, "0.01", float("nan")])
 def test_a_bad_tool_test_level_is_a_one_line_error(level) -> None:
     with pytest.raises(SpecError, match=r"tool_test must be a level in \(0, 1\) or None"):
@@ -107,8 +160,8 @@ def test_the_first_returns_travel_with_a_saved_tree(tmp_path) -> None:
     ]
     # a tree saved before the test names its common tools by their share alone
     data = tree.to_dict()
-    del data["size_class_state"]["tools"]["test"]
-    del data["size_class_state"]["tools"]["first_returns"]
+    for key in ("test", "keep", "named", "first_returns"):
+        del data["size_class_state"]["tools"][key]
     old = PrefixTree.from_dict(data)
     assert old.codec.tool_test is None and old.codec.tool_key("answer") == "answer"
 

@@ -50,8 +50,9 @@ def test_held_out_sources_are_apart_and_complete() -> None:
 # fcfs's 30.1 %, 8.7 % moved), -4.3 / -0.5 / +4.3 over 10 random orders (scripts/eval_corpus.py --orders 10).
 # MedAgentBench's AgentBench runs (added later, never tuned on: clinical-records agents on a FHIR API, 100 runs
 # each, a ~3.3K-token prompt and one or two calls) miss it with GPT-4o (+2.0 in file order, 6.7 % moved) and
-# DeepSeek-V3 (+1.0, 11.2 % moved); GPT-4o-mini (+15.0) meets it, and Llama-3.3-70B did (+5.0 exactly, 30 vs 25)
-# until common tools were named only when told apart (+3.0, 28 vs 25; +4.0 with one name for every tool).
+# DeepSeek-V3 (+1.0, 11.2 % moved); GPT-4o-mini (+15.0) and Llama-3.3-70B meet it (+7.0, 32 vs 25, at 11.8 %
+# moved; +5.0 before common tools were named only when told apart, +3.0 with the test but without its looser
+# level for keeping a name: its `get` and `post` were named and unnamed at alternate step ends).
 # InterCode's runs of the other models and its ReAct runs (added later still, never tuned on): eight of ten
 # meet it in file order; text-davinci-003 on Bash misses it, as a multi-turn completion agent (+1.0: its runs end in
 # one turn or use all ten, and all ten say nothing at admission of how much output they will get) and as ReAct
@@ -61,7 +62,6 @@ MISSES_MARGIN = {
     "intercode-ctf-gpt4": "+1.1 points (29 of 93 runs single-shot right against fcfs's 28)",
     "medagentbench-gpt4o": "+2.0 points (29 of 100 runs single-shot right against mlfq's 27)",
     "medagentbench-deepseek-v3": "+1.0 point (26 of 100 runs single-shot right against mlfq's 25)",
-    "medagentbench-llama33-70b": "+3.0 points (28 of 100 runs single-shot right against mlfq's 25)",
     "intercode-bash-davinci003": "+1.0 point (52 of 199 runs single-shot right against mlfq's 50)",
     "intercode-bash-react-davinci003": "-1.0 point (62 of 200 runs single-shot right against the predictor's 64)",
 }
@@ -89,8 +89,8 @@ def test_default_beats_baselines_on_held_out_search_agents(held_out_scores, name
     on ReAct's WebShop agent, +5.2 on its FEVER agent,
     +5.0 / +8.2 / +6.8 / +8.3 on InterCode's Bash and SQL runs with GPT-4 / GPT-3.5, +13.4 / +10.3 on its Python
     runs, +14.3 on its SQL run with the tables given (GPT-3.5) and +1.1 on its CTF run with GPT-4 (strict xfail),
-    added later and never tuned on; +2.0 / +15.0 / +1.0 / +3.0 on MedAgentBench's runs with GPT-4o / GPT-4o-mini /
-    DeepSeek-V3 / Llama-3.3-70B, all but the second strict xfails, added later still; on InterCode's other models
+    added later and never tuned on; +2.0 / +15.0 / +1.0 / +7.0 on MedAgentBench's runs with GPT-4o / GPT-4o-mini /
+    DeepSeek-V3 / Llama-3.3-70B, the first and third strict xfails, added later still; on InterCode's other models
     +1.0 / +11.0 / +13.6 / +6.6 on Bash and +7.5 / +9.2 / +11.2 / +10.3 on SQL with text-davinci-003 / text-bison /
     chat-bison / StarChat, and -1.0 / +6.9 on its ReAct runs on Bash / SQL, the two Bash misses strict xfails; +6.7
     on Moatless Tools' SWE-bench Lite runs with Claude 3.5 Sonnet, a coding agent, added later still; +11.8 / +12.7
@@ -105,7 +105,7 @@ def test_default_beats_baselines_on_held_out_search_agents(held_out_scores, name
 def test_default_migration_bound_on_held_out_search_agents(held_out_scores) -> None:
     """The migration half: <= 12 % of the tokens moved on every held-out source (measured 8.3 %, 8.9 %, 7.8 % on
     FireAct, 6.0 % on Reflexion, 8.5 % on WebDancer, 7.9 % on WebShop, 7.4 % on FEVER, 7.9-9.9 % on InterCode,
-    6.7-11.2 % on MedAgentBench, 7.4-9.2 % on InterCode's other models and ReAct, 8.5 % on Moatless, 8.9 % and 8.5 %
+    6.7-11.8 % on MedAgentBench, 7.4-9.2 % on InterCode's other models and ReAct, 8.5 % on Moatless, 8.9 % and 8.5 %
     on the PaLM SQL runs with the tables given; 14.4 % and 14.0 % on the first two before the ceiling, 11.8 % and
     11.9 % before the recent admission expert)."""
     from libra.scheduling.sources import MAX_MIGRATED
