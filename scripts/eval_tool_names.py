@@ -1,6 +1,7 @@
 """The default router on the corpus with its tool names rewritten: does its margin depend on how a log names tools?
 
-    python scripts/eval_tool_names.py [--corpus data/corpus] [--names real,per-task,groups:10,one] [--named-all]
+    python scripts/eval_tool_names.py [--corpus data/corpus] [--names real,per-task,groups:10,one]
+                                      [--named-all | --share-alone]
 
 Each source in file order, four buckets at its own length quartiles, the default's margin over the best baseline
 (points) and its migrated tokens, with every tool return renamed as NAMES says:
@@ -11,7 +12,9 @@ Each source in file order, four buckets at its own length quartiles, the default
   each of whose names a few tasks use;
 - `one`: a single name for every tool.
 `--named-all` keys every tool by its name (a closed `tools` set: the router as it was before rare tools were grouped,
-docs/routing-log.md). Prints a markdown table.
+docs/routing-log.md); `--share-alone` keys a tool by its name once it returns in a tenth of the runs, without the
+test of what follows it (`tool_test=None`: the router as it was before names were kept only when told apart).
+Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from collections.abc import Sequence
 
 import attrs
 
-from libra.scheduling import CMLFQ_PRESETS
+from libra.scheduling import CMLFQ_PRESETS, PrefixTree
+from libra.scheduling.size_classes import QuantileStateCodec
 from libra.scheduling.sources import gap_over_baselines, meets_target, quantile_buckets, score_source
 from libra.workloads.corpus import DEFAULT_CORPUS, load_corpus
 from libra.workloads.trace import Trajectory
@@ -57,6 +61,9 @@ def main() -> int:
     p.add_argument("--corpus", default=str(DEFAULT_CORPUS), help="corpus folder (default data/corpus)")
     p.add_argument("--names", default="real,per-task,groups:10,one", help="naming modes, comma-separated")
     p.add_argument("--named-all", action="store_true", help="key every tool by its name (a closed tools set)")
+    p.add_argument(
+        "--share-alone", action="store_true", help="name a tool by its share alone, without the test (tool_test=None)"
+    )
     args = p.parse_args()
     modes = [m for m in args.names.split(",") if m]
     for m in modes:
@@ -78,6 +85,8 @@ def main() -> int:
             options = dict(CMLFQ_PRESETS["adaptive"])
             if args.named_all:
                 options["tools"] = sorted({u.tool for t in trace for u in t.turns if u.tool is not None})
+            if args.share_alone:
+                options["tree"] = PrefixTree(codec=QuantileStateCodec.from_spec(options["size_edges"], tool_test=None))
             gap, migrated, _ = gap_over_baselines(score_source(trace, buckets, {"default": options}), "default")
             met[m] += meets_target(gap, migrated)
             cells.append(f"{100 * gap:+.1f} ({100 * migrated:.1f} %)")

@@ -99,15 +99,17 @@ class QuantileStateCodec(StateCodec):
         self._named: set[str] | None = None if self.tools is not None else set()
 
     @classmethod
-    def from_spec(cls, spec: str, *, tools: Iterable[str] | None = None) -> QuantileStateCodec:
+    def from_spec(
+        cls, spec: str, *, tools: Iterable[str] | None = None, tool_test: float | None = TOOL_TEST
+    ) -> QuantileStateCodec:
         """From `METHOD` or `METHOD:CLASSES` (`quantile`, `breaks`; e.g. `quantile:3`), as `PrefixTree`'s
-        `size_edges` takes it."""
+        `size_edges` takes it (`tool_test`: the constructor's)."""
         method, _, k = spec.partition(":")
         if method not in ("quantile", "breaks") or (k and not k.isdigit()):
             raise SpecError(
                 f"size_edges must be increasing token counts or 'quantile[:K]' / 'breaks[:K]', got {spec!r}"
             )
-        return cls(classes=int(k) if k else 3, method=method, tools=tools)
+        return cls(classes=int(k) if k else 3, method=method, tools=tools, tool_test=tool_test)
 
     # -- learning ------------------------------------------------------------------------------------------------
     def observe(self, trajectories: Iterable) -> None:

@@ -62,3 +62,19 @@ def test_a_bad_mode_is_one_line_error() -> None:
         text=True,
     )
     assert proc.returncode == 2 and "--names 'groups:0'" in proc.stderr
+
+
+def test_share_alone_is_the_router_without_the_test() -> None:
+    """`--share-alone` replays with `tool_test=None`: on the gated corpus with tool names shared by groups of ten
+    tasks some source's margin differs from the default's (tau-bench: +4.5 against +8.0, measured 2026-12-06)."""
+    runs = [
+        subprocess.run(
+            [sys.executable, str(SCRIPTS / "eval_tool_names.py"), "--names", "groups:10", *extra],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.splitlines()
+        for extra in ([], ["--share-alone"])
+    ]
+    assert len(runs[0]) == len(runs[1]) == 9  # header, rule, six sources, the count met
+    assert any(a != b for a, b in zip(runs[0][2:8], runs[1][2:8]))

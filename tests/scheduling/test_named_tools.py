@@ -184,3 +184,18 @@ def test_a_shell_agent_with_tools_named_by_group_routes_as_with_one_name() -> No
     results = [replay(make_router("cmlfq", buckets, **CMLFQ_PRESETS["adaptive"]), tr) for tr in (trajs, renamed)]
     assert results[1].routing_accuracy == pytest.approx(results[0].routing_accuracy, abs=0.005)
     assert results[1].migrated_token_fraction == pytest.approx(results[0].migrated_token_fraction, abs=0.005)
+
+
+def test_a_codec_pickled_before_the_test_names_by_the_share_alone() -> None:
+    """A checkpoint written before the test (no first returns, no levels) restores as a codec of the share rule:
+    it keys by name the tools the share names, and goes on so after more steps."""
+    codec = QuantileStateCodec()
+    codec.observe(_grouped()[:100])
+    fields, own = codec.__getstate__()
+    for key in ("_first_tools", "_first_lefts", "tool_test", "tool_keep"):
+        del own[key]
+    restored = QuantileStateCodec.__new__(QuantileStateCodec)
+    restored.__setstate__((fields, own))
+    assert restored.tool_test is None
+    restored.observe(_grouped(seed=1)[:50])
+    assert restored.tool_key("g3/bash") == "g3/bash" and codec.tool_key("g3/bash") == OTHER_TOOL
