@@ -17,14 +17,16 @@ corpus with each task's tools renamed: 4-8 points of margin lost on ToRA, InterC
 docs/routing-log.md). The counts move at step ends, as the edges do. A closed `tools` set keys every tool by name.
 
 And a common tool is keyed by its name only while its name says something: while what followed its returns differs
-from what followed the other tools' (`tool_test`, a two-sample Kolmogorov-Smirnov test at level 0.01 on the tokens
-left in a trajectory after the tool's first return, against the same after the other tools' first returns, over the
-last `2 * sample` such returns). A name that splits the returns without telling them apart (a log whose shell tool
-is named after the task's group, or a wide vocabulary of same-purpose tools) would only split the tree's data (on the
-corpus with tools named by random groups of 20 or 40 tasks: up to 5 points of margin lost on InterCode's Bash and
-Python runs, docs/routing-log.md). A tool keyed by its name keeps it while the test tells it apart at the looser
-level 0.05 (`tool_keep`): a distance near the threshold would otherwise give and take the name, and the branches
-under it, at alternate step ends. A tool with no other tool to compare with is named as before.
+from what followed each other common tool's (`tool_test`, a two-sample Kolmogorov-Smirnov test at level 0.01 on the
+tokens left in a trajectory after the tool's first return, against the same after the other tool's first returns,
+over the last `2 * sample` such returns; the only common tool is compared with all the other tools together). A name
+that splits returns without telling them apart (a log whose tools are named after the task's group, `g3/search` and
+`g3/answer`, or a wide vocabulary of same-purpose tools) would only split the tree's data (on the corpus with tools
+named by random groups of 20 or 40 tasks: up to 5 points of margin lost on InterCode's Bash and Python runs,
+docs/routing-log.md); pair by pair, each kind's names are told apart from no other name of their kind. A tool keyed
+by its name keeps it while the test tells it apart at the looser level 0.05 (`tool_keep`): a distance near the
+threshold would otherwise give and take the name, and the branches under it, at alternate step ends. A tool with no
+other tool to compare with is named as before.
 """
 
 from __future__ import annotations
@@ -173,22 +175,41 @@ class QuantileStateCodec(StateCodec):
         self._named = common
 
     def _told_apart(self, common: set[str], level: float, keep: float) -> set[str]:
-        """The tools of `common` whose first returns left a trajectory differently from the other tools' (a
-        two-sample Kolmogorov-Smirnov test on the tokens left, asymptotic critical value): at `level` for a tool
-        not keyed by its name yet, at the looser `keep` for one that is, so that a distance near the threshold does
-        not give and take the name (and the tree's branches under it) at alternate step ends. A name is used once
-        the data tell it apart, so not while either side has too few returns to. A tool is kept where no other
-        tool's return was seen (a name that splits nothing: named as before the test)."""
+        """The tools of `common` whose first returns left a trajectory differently from every other common tool's (a
+        two-sample Kolmogorov-Smirnov test on the tokens left, asymptotic critical value, pair by pair; the only
+        common tool is compared with all the others' returns together): at `level` for a tool not keyed by its name
+        yet, at the looser `keep` for one that is, so that a distance near the threshold does not give and take the
+        name (and the tree's branches under it) at alternate step ends. Pair by pair, so that names that split
+        several kinds of return alike (`g3/search`, `g3/answer`, ...) are not told apart from their kind's other
+        names; a name is used once the data tell it apart, so not while a side has too few returns to. A tool is
+        kept where no other tool's return was seen (a name that splits nothing: named as before the test)."""
         named = self._named or set()
         tools = np.array(self._first_tools, dtype=object)
         lefts = np.fromiter(self._first_lefts, float, len(self._first_lefts))
+        masks = {tool: tools == tool for tool in common}
+        samples = {tool: np.sort(lefts[mask]) for tool, mask in masks.items()}
+        distances: dict[frozenset[str], float] = {}
         out = set()
         for tool in common:
-            mine = tools == tool
-            n = int(mine.sum())
-            m = len(tools) - n
-            at = keep if tool in named else level
-            if m == 0 or (n and ks_distance(lefts[mine], lefts[~mine]) > ks_critical(n, m, at)):
+            mine, at = samples[tool], keep if tool in named else level
+            if not len(mine):
+                continue
+            rivals = [other for other in common if other != tool]
+            if not rivals:  # the only common tool: against every other tool's returns together
+                rest = lefts[~masks[tool]]
+                if not len(rest) or ks_distance(mine, rest) > ks_critical(len(mine), len(rest), at):
+                    out.add(tool)
+                continue
+            for other in rivals:
+                theirs = samples[other]
+                if not len(theirs):
+                    break
+                pair = frozenset((tool, other))
+                if pair not in distances:
+                    distances[pair] = ks_distance(mine, theirs)
+                if distances[pair] <= ks_critical(len(mine), len(theirs), at):
+                    break
+            else:
                 out.add(tool)
         return out
 

@@ -259,8 +259,8 @@ def _gap(res) -> float:
 def test_default_on_every_real_source(corpus_scores) -> None:
     """On every real source of >= 100 trajectories (docs/routing.md), at its quartile buckets and, for the coding
     agent, at 1:8000,2:16000,4:32000,8:inf, the default beats the best baseline (fcfs, mlfq, predictor, most common
-    bucket) while carrying at most 12 % of the tokens. Measured (2026-12-06): tau-bench/gpt-4o 47.5 % / 6.1 % vs
-    41.5 %; tau2/gemma-3-27b 63.1 % / 9.7 % vs 27.0 %; mini-swe-agent/gemini-3-pro 34.8 % / 9.4 % vs 28.8 % and
+    bucket) while carrying at most 12 % of the tokens. Measured (2026-12-06): tau-bench/gpt-4o 49.0 % / 6.3 % vs
+    41.5 %; tau2/gemma-3-27b 61.8 % / 9.0 % vs 27.0 %; mini-swe-agent/gemini-3-pro 34.8 % / 9.4 % vs 28.8 % and
     58.6 % / 9.8 % vs 51.2 %; ToRA-70B / ToRA-Code-34B on GSM8K 69.0 % / 8.8 % vs 61.0 % and 69.7 % / 8.6 % vs
     60.8 %."""
     seen = set()
@@ -280,7 +280,7 @@ def test_default_on_every_real_source(corpus_scores) -> None:
 
 
 def test_default_beats_baselines_by_five_points_everywhere(corpus_scores) -> None:
-    """The issue's target on every source of >= 100 trajectories and bucket set: +6.0 (tau-bench), +36.1 (tau2),
+    """The issue's target on every source of >= 100 trajectories and bucket set: +7.5 (tau-bench), +34.9 (tau2),
     +6.0 and +7.4 points (the coding agent), +8.0 and +8.9 (the ToRA math agents), at <= 12 % migrated tokens
     (docs/routing.md, measured 2026-12-06)."""
     for key, res in corpus_scores.items():
@@ -288,14 +288,18 @@ def test_default_beats_baselines_by_five_points_everywhere(corpus_scores) -> Non
             assert meets_target(_gap(res), res["default"].migrated_token_fraction), key
 
 
-def test_admission_experts_are_what_lifts_tau_bench(corpus_scores) -> None:
-    """Without the choice of admission evidence (admit_select=False) the default is within 5 points of the
-    predictor on tau-bench (45.0 % vs 41.5 %): a task's earlier runs name its bucket better than the shrunk tree."""
+def test_admission_experts_lift_tau_bench(corpus_scores) -> None:
+    """Without the choice of admission evidence (admit_select=False) the default is lower on tau-bench (47.0 %
+    against 49.0 %, the predictor 41.5 %): a task's earlier runs name its bucket better than the shrunk tree. (Before
+    tools were told apart pair by pair, 45.0 %: within 5 points of the predictor, which the experts lifted past.)"""
     trajs = load_corpus()["tau-bench-gpt4o-airline"]
     plain = replay(make_router("cmlfq", quantile_buckets(trajs), admit_select=False), trajs)
     res = corpus_scores["tau-bench-gpt4o-airline", "quartiles"]
     best = max(res[b].routing_accuracy for b in BASELINES)
-    assert plain.routing_accuracy - best < 0.05 <= res["default"].routing_accuracy - best
+    assert (
+        plain.routing_accuracy + 0.015 < res["default"].routing_accuracy
+        and res["default"].routing_accuracy - best >= 0.05
+    )
 
 
 def test_default_beats_baselines_by_five_points_on_the_coding_agent(corpus_scores) -> None:

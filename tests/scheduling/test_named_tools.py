@@ -1,7 +1,8 @@
 """A common tool is keyed by its name only while its name says something (`QuantileStateCodec.tool_test`): a
 two-sample Kolmogorov-Smirnov test on the tokens left after the tool's first return in each trajectory, against
-the same after the other tools' first returns. Names that split one kind of return without telling anything apart
-(a shell tool named after the task's group) share OTHER_TOOL, as rare tools do (test_rare_tools.py)."""
+the same after each other common tool's first returns (the only common tool: against all the others together).
+Names that split a kind of return without telling anything apart (a shell tool named after the task's group) share
+OTHER_TOOL, as rare tools do (test_rare_tools.py)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,35 @@ def test_names_that_tell_nothing_apart_share_one_key() -> None:
     # every group is in a tenth of the runs: the share alone names them all
     assert {share_only.tool_key(f"g{k}/bash") for k in range(10)} == {f"g{k}/bash" for k in range(10)}
     assert {tested.tool_key(f"g{k}/bash") for k in range(10)} == {OTHER_TOOL}
+
+
+def _two_kinds(groups: int, n: int = 400) -> list[Trajectory]:
+    """`n` runs of a search agent, 1-5 `search` returns then one `answer`, every name prefixed by the run's group
+    (`g3/search`, `g3/answer`)."""
+    rng = random.Random(2)
+    out = []
+    for i in range(n):
+        g = i % groups
+        returns = [(f"g{g}/search", rng.randint(50, 900)) for _ in range(rng.randint(1, 5))] + [(f"g{g}/answer", 10)]
+        out.append(_traj(f"t{i}", returns))
+    return out
+
+
+@pytest.mark.parametrize("groups", [2, 5, 10])
+def test_names_by_group_of_two_kinds_of_tool_share_one_key(groups) -> None:
+    """Pair by pair: a group's `search` is not told apart from another group's `search` (nor its `answer` from
+    another's), so no name is kept; compared with all the other tools together, each differed from the mix of
+    searches and answers and every name was kept, splitting the tree by group."""
+    codec = QuantileStateCodec()
+    runs = _two_kinds(groups)
+    for step in range(0, len(runs), 40):
+        codec.observe(runs[step : step + 40])
+    assert {codec.tool_key(f"g{g}/{kind}") for g in range(groups) for kind in ("search", "answer")} == {OTHER_TOOL}
+    one = QuantileStateCodec()
+    runs = _two_kinds(1)
+    for step in range(0, len(runs), 40):
+        one.observe(runs[step : step + 40])
+    assert one.tool_key("g0/search") == "g0/search" and one.tool_key("g0/answer") == "g0/answer"
 
 
 def test_tools_that_differ_in_what_follows_them_are_named() -> None:
