@@ -60,8 +60,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--corpus", default=str(DEFAULT_CORPUS), help="corpus folder (default data/corpus)")
     p.add_argument("--names", default="real,per-task,groups:10,one", help="naming modes, comma-separated")
-    p.add_argument("--named-all", action="store_true", help="key every tool by its name (a closed tools set)")
-    p.add_argument(
+    router = p.add_mutually_exclusive_group()  # (a tree given to the router would drop --named-all's tools set)
+    router.add_argument("--named-all", action="store_true", help="key every tool by its name (a closed tools set)")
+    router.add_argument(
         "--share-alone", action="store_true", help="name a tool by its share alone, without the test (tool_test=None)"
     )
     args = p.parse_args()

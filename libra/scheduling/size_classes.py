@@ -187,7 +187,7 @@ class QuantileStateCodec(StateCodec):
         tools = np.array(self._first_tools, dtype=object)
         lefts = np.fromiter(self._first_lefts, float, len(self._first_lefts))
         masks = {tool: tools == tool for tool in common}
-        samples = {tool: np.sort(lefts[mask]) for tool, mask in masks.items()}
+        samples = {tool: lefts[mask] for tool, mask in masks.items()}  # (ks_distance sorts)
         distances: dict[frozenset[str], float] = {}
         out = set()
         for tool in common:
