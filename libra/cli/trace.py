@@ -104,6 +104,12 @@ def _add_import_args(p: argparse.ArgumentParser) -> None:
         help="leave out a file that is not a log of the format (all of it), say why on stderr, import the rest; read a "
         "JSON Lines file whose writer stopped mid-line up to its last whole line",
     )
+    p.add_argument(
+        "--skip-bad-records",
+        action="store_true",
+        help="as --skip-errors, and leave out alone a record (a JSON Lines line, a list item, a sample) that is not "
+        "a trajectory of the format, keeping the file's others; say which on stderr",
+    )
     p.add_argument("--source", default=None, help="a name stored in every trajectory's 'source' field")
     p.add_argument("--error-pattern", action="append", default=[], metavar="REGEX", help="extra error text (repeat)")
     p.add_argument("--timeout-pattern", action="append", default=[], metavar="REGEX", help="extra timeout text")
@@ -211,6 +217,7 @@ def run_import(args: argparse.Namespace) -> int:
     from libra.workloads.importers import (
         DEFAULT_ERROR_PATTERNS,
         DEFAULT_TIMEOUT_PATTERNS,
+        BadRecord,
         CutTail,
         StatusRules,
         TokenizerError,
@@ -241,7 +248,8 @@ def run_import(args: argparse.Namespace) -> int:
     handler = _Stderr(logging.WARNING)
     warnings.addHandler(handler)
     bar = progress_bar(total=len(files), desc="import", unit="file", enabled=not args.json and len(files) > 1)
-    skipped: list[TraceError] = []  # with --skip-errors: the files left out, and why
+    skipped: list[TraceError] = []  # with --skip-errors: the files (and records) left out, and why
+    lenient = args.skip_errors or args.skip_bad_records
     try:
         trajectories = import_files(
             args.format,
@@ -250,7 +258,8 @@ def run_import(args: argparse.Namespace) -> int:
             rules=rules,
             source=args.source,
             progress=lambda _path: bar.update(),
-            on_error=skipped.append if args.skip_errors else None,
+            on_error=skipped.append if lenient else None,
+            skip_records=args.skip_bad_records,
         )
     except TokenizerError as exc:
         raise CLIError(str(exc)) from None
@@ -264,17 +273,21 @@ def run_import(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise CLIError(f"cannot write {out}: {exc.strerror}") from None
     cut = [e for e in skipped if isinstance(e, CutTail)]  # files read up to a line their writer stopped in
-    skipped = [e for e in skipped if not isinstance(e, CutTail)]
-    _warn_some(skipped, "left out", "left out")
-    _warn_some(cut, "read up to its last whole line:", "cut off mid-line")
+    bad = [e for e in skipped if isinstance(e, BadRecord)]  # records left out alone (--skip-bad-records)
+    skipped = [e for e in skipped if not isinstance(e, CutTail | BadRecord)]
+    _warn_some(skipped, "left out", "file(s) left out")
+    _warn_some(cut, "read up to its last whole line:", "file(s) cut off mid-line")
+    _warn_some(bad, "left out the record at", "record(s) left out")
     summary: dict = {"format": args.format, "tokenizer": args.tokenizer if args.format != "verl" else "token ids"}
     summary.update(trace_summary(trajectories))
     summary["out"] = str(out)
-    if args.skip_errors:
+    if lenient:
         summary["files_read"] = len(files) - len(skipped)
         summary["files_left_out"] = len(skipped)
         summary["files_cut_off"] = len(cut)
-    for key, errors in (("left_out", skipped), ("cut_off", cut)):
+    if args.skip_bad_records:
+        summary["records_left_out"] = len(bad)
+    for key, errors in (("left_out", skipped), ("cut_off", cut), ("bad_records", bad)):
         if args.json and errors:
             summary[key] = [{"file": e.path, "line": e.line, "error": e.message} for e in errors]
     if args.json:
@@ -292,7 +305,7 @@ def _warn_some(errors: list, what: str, more: str) -> None:
     for e in errors[:_SKIPS_SHOWN]:
         log(f"warning: {what} {one_line(str(e))}")
     if len(errors) > _SKIPS_SHOWN:
-        log(f"warning: {len(errors) - _SKIPS_SHOWN} more file(s) {more} (--json lists them all)")
+        log(f"warning: {len(errors) - _SKIPS_SHOWN} more {more} (--json lists them all)")
 
 
 def _listed_hint(exc: TraceError, sources: list[str], globs: list[str]) -> str:

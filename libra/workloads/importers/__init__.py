@@ -21,9 +21,11 @@ from libra.workloads.importers.atif import import_atif
 from libra.workloads.importers.common import (
     DEFAULT_ERROR_PATTERNS,
     DEFAULT_TIMEOUT_PATTERNS,
+    BadRecord,
     CutTail,
     StatusRules,
     keeping_cut_tails,
+    keeping_good_records,
 )
 from libra.workloads.importers.openai_chat import import_openai
 from libra.workloads.importers.paths import DEFAULT_GLOBS, expand_paths
@@ -52,37 +54,52 @@ def import_files(
     globs: Sequence[str] = (),
     progress: Callable[[Path], None] | None = None,
     on_error: Callable[[TraceError], None] | None = None,
+    skip_records: bool = False,
 ) -> list[Trajectory]:
     """All trajectories of `paths` read as `fmt`, in order; a directory stands for its files that match `globs`
     (default: the format's, `DEFAULT_GLOBS`). `source`, when given, is stored in each trajectory's
     `extra["source"]`; `progress` is called with each file once it is read. A file that is not a log of the format
     raises its TraceError, or, with `on_error`, is left out whole (none of its trajectories kept) and its error
     handed to `on_error`; with `on_error` too, a JSON Lines file whose writer stopped mid-line is read up to its
-    last whole line, and the line left out handed to `on_error` as a `CutTail` (common.py). Raises TraceError (bad
-    input, or every file left out), TokenizerError (tokenizer), ValueError (unknown format)."""
+    last whole line, and the line left out handed to `on_error` as a `CutTail` (common.py). With `skip_records`
+    (needs `on_error`), a record of a file that holds many (a JSON Lines line, an item of a list, a sample) that is
+    not a trajectory of the format is left out alone and handed to `on_error` as a `BadRecord`, the file's others
+    kept; a file none of whose records is one is left out whole, as before; a session log's lines make one
+    trajectory together, so a bad line there still leaves the file out. Raises TraceError (bad input, or every
+    file left out), TokenizerError (tokenizer), ValueError (unknown format)."""
     _check_arguments(fmt, paths, tokenizer, rules, source)
+    if skip_records and on_error is None:
+        raise ValueError("skip_records needs on_error (what is told of each record left out)")
     rules = rules or StatusRules()
     files = expand_paths(fmt, paths, globs)  # (checks the globs)
     count = get_counter(tokenizer) if fmt != "verl" else len  # verl records are tokens already: no counter used
     out: list[Trajectory] = []
-    left_out = 0
+    left_out: list[TraceError] = []
     reading: contextlib.AbstractContextManager[list[CutTail]] = (
         keeping_cut_tails() if on_error is not None else contextlib.nullcontext([])
     )
-    with reading as cut:
+    records: contextlib.AbstractContextManager[list[BadRecord]] = (
+        keeping_good_records() if skip_records else contextlib.nullcontext([])
+    )
+    with reading as cut, records as bad:
         for path in files:
-            before = len(cut)
+            before, bad_before = len(cut), len(bad)
             try:
                 found = list(_IMPORTERS[fmt](path, count=count, rules=rules))
+                bad[bad_before:] = sorted(bad[bad_before:], key=lambda e: e.line or 0)  # (read ahead: out of order)
+                if not found and len(bad) > bad_before:  # no record of it is a trajectory: the file is bad
+                    first = bad[bad_before]
+                    raise TraceError(first.path, first.line, first.field, first.message)
             except TraceError as exc:
                 if on_error is None:
                     raise
-                del cut[before:]  # the file is left out whole
+                del cut[before:], bad[bad_before:]  # the file is left out whole
                 on_error(exc)
-                found, left_out = [], left_out + 1
+                found = []
+                left_out.append(exc)
             if on_error is not None:
-                for tail in cut[before:]:
-                    on_error(tail)
+                for note in [*bad[bad_before:], *cut[before:]]:
+                    on_error(note)
             for traj in found:
                 if source is not None:
                     traj.extra["source"] = source
@@ -90,7 +107,11 @@ def import_files(
             if progress is not None:
                 progress(path)
     if not out:
-        why = f"every one of the {left_out} file(s) was left out" if left_out else "no trajectories found"
+        why = (
+            f"every one of the {len(left_out)} file(s) was left out (the first: {left_out[0]})"
+            if left_out
+            else "no trajectories found"
+        )
         raise TraceError(paths[0], None, None, why)
     return out
 
@@ -120,6 +141,7 @@ def write_trace_atomic(path: str | Path, trajectories: Iterable[Trajectory]) -> 
 
 
 __all__ = [
+    "BadRecord",
     "CutTail",
     "DEFAULT_ERROR_PATTERNS",
     "DEFAULT_GLOBS",

@@ -21,7 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from libra.spec import checks
-from libra.workloads.importers.common import Return, Segment, StatusRules, build_trajectory, iter_records, text_of
+from libra.workloads.importers.common import (
+    Return,
+    Segment,
+    StatusRules,
+    bad_records_noted,
+    build_trajectory,
+    iter_records,
+    one_record,
+    text_of,
+)
 from libra.workloads.trace import TraceError, Trajectory
 
 _ID_KEYS = ("task_id", "task_name", "trajectory_id", "session_id")
@@ -105,27 +114,38 @@ def _field(traj: dict, key: str) -> Any:
 
 def import_atif(path: Path, *, count: Callable[[str], int], rules: StatusRules) -> Iterator[Trajectory]:
     """Trajectories of one file of ATIF trajectories (module docstring)."""
-    n = 0
+    good = 0  # records read; with those left out (bad_records_noted), an id-less record is named by its place
+    mark = bad_records_noted()
     for line, value in iter_records(path):
-        for where, traj in _trajectories(value, path, line):
-            prompt, segments = _segments(traj, where, count=count, rules=rules, path=path, line=line)
-            pid = next((v for v in (_field(traj, k) for k in _ID_KEYS) if isinstance(v, str | int)), None)
-            reward = _field(traj, "reward")
-            meta = {
-                k: v
-                for k, v in traj.items()
-                if k not in _SKIP and k != "reward" and (v is None or isinstance(v, str | int | float | bool))
-            }
-            agent = traj.get("agent")
-            if isinstance(agent, dict):
-                meta.update({f"agent_{k}": v for k, v in agent.items() if isinstance(v, str | int | float)})
-            yield build_trajectory(
-                prompt_id=str(pid) if pid is not None and pid != "" else f"{path.stem}-{n}",
-                prompt_tokens=prompt,
-                segments=segments,
-                path=path,
-                line=line,
-                reward=reward if checks.is_real(reward) else None,
-                extra={"meta": meta} if meta else None,
-            )
-            n += 1
+        with one_record():  # a line that holds no trajectory is left out alone where bad records are
+            for where, traj in _trajectories(value, path, line):
+                with one_record():
+                    n = good + bad_records_noted() - mark
+                    yield _trajectory(traj, where, path, line, n, count=count, rules=rules)
+                    good += 1
+
+
+def _trajectory(
+    traj: dict, where: str, path: Path, line: int, n: int, *, count: Callable[[str], int], rules: StatusRules
+) -> Trajectory:
+    """One ATIF trajectory (module docstring); `n` numbers the trajectories without an id."""
+    prompt, segments = _segments(traj, where, count=count, rules=rules, path=path, line=line)
+    pid = next((v for v in (_field(traj, k) for k in _ID_KEYS) if isinstance(v, str | int)), None)
+    reward = _field(traj, "reward")
+    meta = {
+        k: v
+        for k, v in traj.items()
+        if k not in _SKIP and k != "reward" and (v is None or isinstance(v, str | int | float | bool))
+    }
+    agent = traj.get("agent")
+    if isinstance(agent, dict):
+        meta.update({f"agent_{k}": v for k, v in agent.items() if isinstance(v, str | int | float)})
+    return build_trajectory(
+        prompt_id=str(pid) if pid is not None and pid != "" else f"{path.stem}-{n}",
+        prompt_tokens=prompt,
+        segments=segments,
+        path=path,
+        line=line,
+        reward=reward if checks.is_real(reward) else None,
+        extra={"meta": meta} if meta else None,
+    )

@@ -5,7 +5,10 @@ Reading: a file must be UTF-8; a file holding one JSON value is read whole, else
 `TraceError` naming the file and the line (and the field where there is one). Inside `keeping_cut_tails()` (what
 `libra trace import --skip-errors` reads under), a JSON Lines file whose writer stopped mid-line (a run killed, a
 log still being written: its last line is not valid JSON and no newline ends the file; gzipped, the stream ends
-early) is read up to that line, which is left out and reported as a `CutTail`.
+early) is read up to that line, which is left out and reported as a `CutTail`. Inside `keeping_good_records()`
+(`--skip-bad-records`), a record that is not a trajectory of the format (a JSON Lines line that is not JSON, an item
+or a line the importer rejects) is left out and reported as a `BadRecord`, and the file's other records are kept;
+each importer marks what one record is with `one_record()`.
 
 Tool status (`StatusRules`): a return is `timeout` if a timeout flag or text says so, else `error` if an explicit
 error field, a non-zero exit code or a known error text says so, else `ok`. Texts are regular expressions matched
@@ -25,7 +28,7 @@ import re
 import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -110,16 +113,70 @@ class CutTail(TraceError):
 _CUT_TAILS: contextvars.ContextVar[list[CutTail] | None] = contextvars.ContextVar("cut_tails", default=None)
 
 
+_E = TypeVar("_E", bound=TraceError)
+
+
 @contextlib.contextmanager
-def keeping_cut_tails() -> Iterator[list[CutTail]]:
+def _collecting(notes: contextvars.ContextVar[list[_E] | None]) -> Iterator[list[_E]]:
+    """A fresh list set as `notes` within it (what is left out is noted there), given to the caller."""
+    got: list[_E] = []
+    token = notes.set(got)
+    try:
+        yield got
+    finally:
+        notes.reset(token)
+
+
+def keeping_cut_tails() -> contextlib.AbstractContextManager[list[CutTail]]:
     """Within it, a JSON Lines file cut off mid-line is read up to its last whole line (module docstring); the list
     it gives collects what was left out, one `CutTail` per file."""
-    cut: list[CutTail] = []
-    token = _CUT_TAILS.set(cut)
+    return _collecting(_CUT_TAILS)
+
+
+class BadRecord(TraceError):
+    """A record of a log that holds many (a JSON Lines line, an item of a list, a sample of an evaluation log) that
+    is not a trajectory of the format, left out within `keeping_good_records`."""
+
+
+_BAD_RECORDS: contextvars.ContextVar[list[BadRecord] | None] = contextvars.ContextVar("bad_records", default=None)
+
+
+def keeping_good_records() -> contextlib.AbstractContextManager[list[BadRecord]]:
+    """Within it, a record that `one_record()` reads and that raises a TraceError is left out, the file's others
+    kept; the list it gives collects what was left out, one `BadRecord` per record."""
+    return _collecting(_BAD_RECORDS)
+
+
+@contextlib.contextmanager
+def one_record() -> Iterator[None]:
+    """Around what reads one record: within `keeping_good_records`, a TraceError raised in it is noted as a
+    `BadRecord` and the rest of the block skipped (the record left out); else it goes on up (the file is bad)."""
     try:
-        yield cut
-    finally:
-        _CUT_TAILS.reset(token)
+        yield
+    except CutTail:
+        raise
+    except TraceError as exc:
+        bad = _BAD_RECORDS.get()
+        if bad is None:
+            raise
+        bad.append(BadRecord(exc.path, exc.line, exc.field, exc.message))
+
+
+def whole_lines(records: Iterator[tuple[int, Any]], path: Path, since: int) -> Iterator[tuple[int, Any]]:
+    """`records` (from `iter_records`) for a log whose lines make one trajectory together (a session log: a line
+    left out would change it): if a line of `path` was left out as a bad record (noted after the first `since`),
+    that line's error is raised when `records` is done, so that the file is left out whole."""
+    yield from records
+    bad = _BAD_RECORDS.get()
+    mine = [b for b in (bad or [])[since:] if b.path == str(path)]
+    if mine:
+        raise TraceError(mine[0].path, mine[0].line, mine[0].field, mine[0].message)
+
+
+def bad_records_noted() -> int:
+    """How many bad records have been noted (0 outside `keeping_good_records`): a mark for `whole_lines`."""
+    bad = _BAD_RECORDS.get()
+    return len(bad) if bad is not None else 0
 
 
 def read_text(path: Path) -> str:
@@ -160,7 +217,7 @@ def iter_records(path: Path) -> Iterator[tuple[int, Any]]:
         yield 1, json.loads(text)
         return
     except json.JSONDecodeError as exc:
-        if exc.msg != "Extra data":
+        if exc.msg != "Extra data" and not _bad_first_line(text, exc):
             raise TraceError(path, exc.lineno, None, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
     except RecursionError:
         raise TraceError(path, None, None, _TOO_DEEP) from None
@@ -170,17 +227,34 @@ def iter_records(path: Path) -> Iterator[tuple[int, Any]]:
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as exc:
-            why = f"not valid JSON ({exc.msg} at column {exc.colno})"
-            if cut is not None and number == last and not text.endswith("\n"):
-                cut.append(CutTail(path, number, None, f"{why}: its writer stopped in the middle of the last line"))
-                return
-            raise TraceError(path, number, None, why) from None
-        except RecursionError:
-            raise TraceError(path, number, None, _TOO_DEEP) from None
-        yield number, value
+        with one_record():  # a bad line is left out (within keeping_good_records) or the file's error
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as exc:
+                why = f"not valid JSON ({exc.msg} at column {exc.colno})"
+                if cut is not None and number == last and not text.endswith("\n"):
+                    cut.append(CutTail(path, number, None, f"{why}: its writer stopped in the middle of the last line"))
+                    return
+                raise TraceError(path, number, None, why) from None
+            except RecursionError:
+                raise TraceError(path, number, None, _TOO_DEEP) from None
+            yield number, value
+
+
+def _bad_first_line(text: str, exc: json.JSONDecodeError) -> bool:
+    """Whether, with bad records kept out, a text that is not one JSON value is JSON Lines whose first line is bad:
+    the error is on line 1 and the next line that holds something is a JSON value of its own (not the middle of a
+    value spread over lines)."""
+    if _BAD_RECORDS.get() is None or exc.lineno != 1:
+        return False
+    following = next((line for line in text.splitlines()[1:] if line.strip()), None)
+    if following is None:
+        return False
+    try:
+        json.loads(following)
+    except (json.JSONDecodeError, RecursionError):
+        return False
+    return True
 
 
 def _whole_lines_of_cut_gzip(path: Path, data: bytes, cut: list[CutTail]) -> bytes:

@@ -44,7 +44,15 @@ from libra.workloads.importers.chat_messages import (
     meta_of,
     reward_of,
 )
-from libra.workloads.importers.common import StatusRules, build_trajectory, iter_records, text_of
+from libra.workloads.importers.common import (
+    StatusRules,
+    bad_records_noted,
+    build_trajectory,
+    iter_records,
+    one_record,
+    text_of,
+    whole_lines,
+)
 from libra.workloads.importers.dialects import expand, is_message, message_of
 from libra.workloads.trace import TraceError, Trajectory
 
@@ -73,14 +81,16 @@ def _own_format(value: Any) -> str | None:
     return None
 
 
-def _records(value: Any, path: Path, line: int) -> Iterator[tuple[str, dict | list]]:
-    """`(where, record)` for each trajectory record in one JSON value."""
+def _records(value: Any, path: Path, line: int, at: str = "") -> Iterator[tuple[str, dict | list]]:
+    """`(where, record)` for each trajectory record in one JSON value (`at`: where the value is in its line); an
+    item of a list that is no record is left out alone where bad records are (`one_record`)."""
     if isinstance(value, list):
         if value and all(is_message(m) for m in value):
             yield "", value
             return
         for i, item in enumerate(value):
-            yield from ((f"[{i}]{w}", r) for w, r in _records(item, path, line))
+            with one_record():
+                yield from ((f"[{i}]{w}", r) for w, r in _records(item, path, line, f"{at}[{i}]"))
         return
     if isinstance(value, dict):
         if gemini_cli.is_conversation(value):  # a Gemini CLI session file (JSON)
@@ -99,10 +109,10 @@ def _records(value: Any, path: Path, line: int) -> Iterator[tuple[str, dict | li
         for key in _CONTAINER_KEYS:
             if isinstance(value.get(key), list):
                 shared = _shared_prompt(value)
-                for w, r in _records(value[key], path, line):
+                for w, r in _records(value[key], path, line, f"{at}{key}"):
                     yield f"{key}{w}", (r if not shared else {"__shared_prompt__": shared, **_as_record(r)})
                 return
-    raise TraceError(path, line, None, "expected a message list or an object with 'messages'")
+    raise TraceError(path, line, at or None, "expected a message list or an object with 'messages'")
 
 
 def _moatless_record(value: dict, path: Path, line: int) -> dict:
@@ -169,10 +179,12 @@ def import_openai(
     """Trajectories of one file of OpenAI chat message lists, or of a session log (module docstring)."""
     if inspect_logs.is_archive(path):  # an Inspect `.eval` log (a zip archive)
         for member, rec in inspect_logs.archive_records(path):
-            yield _trajectory(
-                rec, path=path, line=None, where=f"{member}:", n=0, count=count, rules=rules, user_tool=user_tool
-            )
+            with one_record():  # a bad sample is left out alone where bad records are
+                yield _trajectory(
+                    rec, path=path, line=None, where=f"{member}:", n=0, count=count, rules=rules, user_tool=user_tool
+                )
         return
+    mark = bad_records_noted()  # a session log's lines are one trajectory: a bad one leaves the file out
     stream = iter_records(path)
     head = list(itertools.islice(stream, 2))  # the first two records tell a session log (read lazily after them)
     own = _own_format(head[0][1]) if head else None
@@ -180,7 +192,9 @@ def import_openai(
         reader = swe_agents.import_swe_agent if own == "swe-agent" else swe_agents.import_mini_swe_agent
         yield from reader(path, count=count, rules=rules)
         return
-    records = itertools.chain(head, stream)
+    records: Iterator[tuple[int, Any]] = itertools.chain(head, stream)
+    if len(head) == 2 and (gemini_cli.is_session_head(head[0][1]) or _is_event(head[0][1])):
+        records = whole_lines(records, path, mark)
     if len(head) == 2 and gemini_cli.is_session_head(head[0][1]):  # a Gemini CLI session file (JSON Lines)
         conversation = gemini_cli.replay(value for _, value in records)
         yield _trajectory(
@@ -197,13 +211,16 @@ def import_openai(
     if len(head) == 2 and _is_event(head[0][1]):
         yield from _sessions(records, path, count=count, rules=rules, user_tool=user_tool)
         return
-    n = 0
+    good = 0  # records read; with those left out (bad_records_noted), an id-less record is named by its place
     for line, value in records:
-        for where, record in _records(value, path, line):
-            yield _trajectory(
-                record, path=path, line=line, where=where, n=n, count=count, rules=rules, user_tool=user_tool
-            )
-            n += 1
+        with one_record():  # a record that is not a trajectory is left out alone where bad records are
+            for where, record in _records(value, path, line):
+                with one_record():
+                    n = good + bad_records_noted() - mark
+                    yield _trajectory(
+                        record, path=path, line=line, where=where, n=n, count=count, rules=rules, user_tool=user_tool
+                    )
+                    good += 1
 
 
 def _trajectory(

@@ -39,6 +39,7 @@ from libra.workloads.importers.common import (
     StatusRules,
     build_trajectory,
     iter_records,
+    one_record,
     text_of,
     warn_skipped,
 )
@@ -132,26 +133,27 @@ def import_swe_agent(path: Path, *, count: Callable[[str], int], rules: StatusRu
     rules = StatusRules(rules.error_patterns, rules.timeout_patterns + SWE_AGENT_TIMEOUTS)
     skipped: list[str] = []
     for line, record in iter_records(path):
-        if not isinstance(record, dict) or "trajectory" not in record:
-            raise TraceError(path, line, "trajectory", "missing: not a SWE-agent trajectory")
-        prompt, segments = _swe_segments(record, count=count, rules=rules, path=path, line=line)
-        info: dict = record["info"] if isinstance(record.get("info"), dict) else {}
-        if not segments and _failed(info):
-            skipped.append(f"line {line} ({info['exit_status']})")
-            continue
-        # the task: `instance_id`, else the file's name (a `.traj` file is one task's run, named after it); not
-        # `environment`, the environment's name ("main", "swe_main"), which every task of a run shares
-        pid = record.get("instance_id") or (path.stem if line == 1 else f"{path.stem}-{line}")
-        meta = _counts_only(meta_of(info))
-        yield build_trajectory(
-            prompt_id=str(pid).removesuffix(".traj"),
-            prompt_tokens=prompt,
-            segments=segments,
-            path=path,
-            line=line,
-            reward=reward_of(record),
-            extra={"meta": meta} if meta else None,
-        )
+        with one_record():  # a bad line is left out alone where bad records are
+            if not isinstance(record, dict) or "trajectory" not in record:
+                raise TraceError(path, line, "trajectory", "missing: not a SWE-agent trajectory")
+            prompt, segments = _swe_segments(record, count=count, rules=rules, path=path, line=line)
+            info: dict = record["info"] if isinstance(record.get("info"), dict) else {}
+            if not segments and _failed(info):
+                skipped.append(f"line {line} ({info['exit_status']})")
+                continue
+            # the task: `instance_id`, else the file's name (a `.traj` file is one task's run, named after it); not
+            # `environment`, the environment's name ("main", "swe_main"), which every task of a run shares
+            pid = record.get("instance_id") or (path.stem if line == 1 else f"{path.stem}-{line}")
+            meta = _counts_only(meta_of(info))
+            yield build_trajectory(
+                prompt_id=str(pid).removesuffix(".traj"),
+                prompt_tokens=prompt,
+                segments=segments,
+                path=path,
+                line=line,
+                reward=reward_of(record),
+                extra={"meta": meta} if meta else None,
+            )
     _warn_skipped(path, skipped)
 
 
@@ -160,49 +162,53 @@ def import_mini_swe_agent(path: Path, *, count: Callable[[str], int], rules: Sta
     rules = StatusRules(rules.error_patterns + MINI_FORMAT_ERRORS, rules.timeout_patterns)
     skipped: list[str] = []
     for line, raw in iter_records(path):
-        info: dict
-        record = decoded_messages(raw) if isinstance(raw, dict) else raw
-        if isinstance(record, list):
-            messages, info, rec = record, {}, {}
-        elif isinstance(record, dict) and isinstance(record.get("messages"), list):
-            messages, rec = record["messages"], record
-            # a dataset's row keeps the run's `info` fields as columns of its own (`exit_status`, `submission`)
-            info = record["info"] if isinstance(record.get("info"), dict) else _flat_info(record)
-        else:
-            raise TraceError(path, line, "messages", "missing: not a mini-swe-agent trajectory")
-        if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages) and _failed(info):
-            skipped.append(f"line {line} ({info['exit_status']})")
-            continue
-        if not messages:
-            raise TraceError(path, line, "messages", "is empty")
-        last = max(
-            (i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"), default=-1
-        )
-        if last >= 0 and (
-            _submitted(info)
-            or _SUBMIT_MARK in text_of(messages[last].get("content"))
-            or messages[-1].get("role") == "exit"
-        ):
-            messages = messages[: last + 1]
-        prompt, segments = convert_messages(
-            [m if not (isinstance(m, dict) and m.get("role") == "exit") else {**m, "role": "user"} for m in messages],
-            count=count,
-            rules=rules,
-            path=path,
-            line=line,
-            user_tool="bash",
-            user_exit_codes=True,
-        )
-        pid = rec.get("instance_id") or path.name.removesuffix(".json").removesuffix(".traj")
-        meta = _counts_only(meta_of(info))
-        if isinstance(rec.get("trajectory_format"), str):
-            meta["trajectory_format"] = rec["trajectory_format"]
-        yield build_trajectory(
-            prompt_id=str(pid),
-            prompt_tokens=prompt,
-            segments=segments,
-            path=path,
-            line=line,
-            extra={"meta": meta} if meta else None,
-        )
+        with one_record():  # a bad line is left out alone where bad records are
+            info: dict
+            record = decoded_messages(raw) if isinstance(raw, dict) else raw
+            if isinstance(record, list):
+                messages, info, rec = record, {}, {}
+            elif isinstance(record, dict) and isinstance(record.get("messages"), list):
+                messages, rec = record["messages"], record
+                # a dataset's row keeps the run's `info` fields as columns of its own (`exit_status`, `submission`)
+                info = record["info"] if isinstance(record.get("info"), dict) else _flat_info(record)
+            else:
+                raise TraceError(path, line, "messages", "missing: not a mini-swe-agent trajectory")
+            if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages) and _failed(info):
+                skipped.append(f"line {line} ({info['exit_status']})")
+                continue
+            if not messages:
+                raise TraceError(path, line, "messages", "is empty")
+            last = max(
+                (i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"), default=-1
+            )
+            if last >= 0 and (
+                _submitted(info)
+                or _SUBMIT_MARK in text_of(messages[last].get("content"))
+                or messages[-1].get("role") == "exit"
+            ):
+                messages = messages[: last + 1]
+            exit_as_user = [
+                m if not (isinstance(m, dict) and m.get("role") == "exit") else {**m, "role": "user"} for m in messages
+            ]
+            prompt, segments = convert_messages(
+                exit_as_user,
+                count=count,
+                rules=rules,
+                path=path,
+                line=line,
+                user_tool="bash",
+                user_exit_codes=True,
+            )
+            pid = rec.get("instance_id") or path.name.removesuffix(".json").removesuffix(".traj")
+            meta = _counts_only(meta_of(info))
+            if isinstance(rec.get("trajectory_format"), str):
+                meta["trajectory_format"] = rec["trajectory_format"]
+            yield build_trajectory(
+                prompt_id=str(pid),
+                prompt_tokens=prompt,
+                segments=segments,
+                path=path,
+                line=line,
+                extra={"meta": meta} if meta else None,
+            )
     _warn_skipped(path, skipped)

@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from libra.spec import checks
-from libra.workloads.importers.common import Return, Segment, build_trajectory, iter_records
+from libra.workloads.importers.common import (
+    Return,
+    Segment,
+    bad_records_noted,
+    build_trajectory,
+    iter_records,
+    one_record,
+)
 from libra.workloads.trace import TOOL_STATUSES, TraceError, Trajectory, parse_line
 
 _USED = {
@@ -166,12 +173,14 @@ def _count_or_none(value: Any) -> int | None:
 
 def import_verl(path: Path, **_: Any) -> Iterator[Trajectory]:
     """Trajectories of one verl rollout export (module docstring); no tokenizer needed."""
-    n = 0
+    good = 0  # records read; with those left out (bad_records_noted), an id-less record is named by its place
+    mark = bad_records_noted()
     for line, value in iter_records(path):
         items = value if isinstance(value, list) else [value]
         for i, rec in enumerate(items):
             where = f"[{i}]." if isinstance(value, list) else ""
-            if not isinstance(rec, dict):
-                raise TraceError(path, line, where.rstrip(".") or None, "each record must be an object")
-            yield _one(rec, path, line, where, n)
-            n += 1
+            with one_record():  # a bad record is left out alone where bad records are
+                if not isinstance(rec, dict):
+                    raise TraceError(path, line, where.rstrip(".") or None, "each record must be an object")
+                yield _one(rec, path, line, where, good + bad_records_noted() - mark)
+                good += 1
