@@ -159,6 +159,12 @@ def test_other_formats_leave_out_a_bad_record_alone(tmp_path) -> None:
     seen.clear()
     runs = import_files("mini-swe-agent", [mini], tokenizer=B4, on_error=seen.append, skip_records=True)
     assert [t.prompt_id for t in runs] == ["m-1"] and [(type(e), e.line) for e in seen] == [(BadRecord, 2)]
+    # the default format hands a mini-swe-agent file to that reader, which reads it again: each bad line named once
+    rows = [{"instance_id": f"m-{i}", "trajectory_format": "mini-swe-agent-1", "messages": messages} for i in range(3)]
+    mini.write_text("\n".join([json.dumps(rows[0]), BAD_JSON, json.dumps(rows[2])]) + "\n")
+    seen.clear()
+    runs = import_files("openai", [mini], tokenizer=B4, on_error=seen.append, skip_records=True)
+    assert [t.prompt_id for t in runs] == ["m-0", "m-2"] and [(type(e), e.line) for e in seen] == [(BadRecord, 2)]
 
 
 def test_the_cli_names_the_records_it_left_out_and_counts_them(tmp_path, capsys) -> None:

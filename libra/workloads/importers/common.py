@@ -173,6 +173,13 @@ def whole_lines(records: Iterator[tuple[int, Any]], path: Path, since: int) -> I
         raise TraceError(mine[0].path, mine[0].line, mine[0].field, mine[0].message)
 
 
+def forget_bad_records(since: int) -> None:
+    """Drop the bad records noted after the first `since` (a file read again from its start notes them again)."""
+    bad = _BAD_RECORDS.get()
+    if bad is not None:
+        del bad[since:]
+
+
 def bad_records_noted() -> int:
     """How many bad records have been noted (0 outside `keeping_good_records`): a mark for `whole_lines`."""
     bad = _BAD_RECORDS.get()

@@ -48,6 +48,7 @@ from libra.workloads.importers.common import (
     StatusRules,
     bad_records_noted,
     build_trajectory,
+    forget_bad_records,
     iter_records,
     one_record,
     text_of,
@@ -190,6 +191,7 @@ def import_openai(
     own = _own_format(head[0][1]) if head else None
     if own is not None:  # a SWE-agent or mini-swe-agent file: read as its own format reads it
         reader = swe_agents.import_swe_agent if own == "swe-agent" else swe_agents.import_mini_swe_agent
+        forget_bad_records(mark)  # the reader reads the file again from its start
         yield from reader(path, count=count, rules=rules)
         return
     records: Iterator[tuple[int, Any]] = itertools.chain(head, stream)
