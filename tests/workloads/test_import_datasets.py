@@ -216,8 +216,9 @@ def test_tau_bench_result_rows(tmp_path) -> None:
 
 def test_mini_swe_agent_plus_rows_without_a_format_column(tmp_path) -> None:
     """Kwai-Klear/SWE-smith-mini_swe_agent_plus-trajectories-66k: `instance_id`, `id`, `messages` of `{role,
-    content}`, no `trajectory_format`: `--format mini-swe-agent` reads the `<returncode>` replies (the default
-    format, not told it is one, names them `user`)."""
+    content}`, no `trajectory_format`: `--format mini-swe-agent` reads the `<returncode>` replies, and so does the
+    default format, told by the replies (a task's row whose user replies are mostly mini-swe-agent's); a row
+    whose replies are not stays a chat with a user."""
     messages = [
         {"role": "system", "content": "Use bash."},
         {"role": "user", "content": "Fix the parser."},
@@ -227,8 +228,10 @@ def test_mini_swe_agent_plus_rows_without_a_format_column(tmp_path) -> None:
     ]
     row = {"instance_id": "org__parse.1a2b__3", "messages": messages, "id": "traj-0001"}
     (mini,) = _rows(tmp_path, [row], "mini-swe-agent")
-    (plain,) = _rows(tmp_path, [row])
-    assert mini.prompt_id == plain.prompt_id == "org__parse.1a2b__3"
+    (told,) = _rows(tmp_path, [row])
+    assert mini == told and mini.prompt_id == "org__parse.1a2b__3"
     assert [(x.tool, x.tool_status) for x in mini.turns] == [("bash", "error"), (None, None)]
-    assert [x.tool for x in plain.turns] == ["user", None]
+    chat = [*messages[:3], {"role": "user", "content": "exit code 1, nothing found"}, messages[4]]
+    (plain,) = _rows(tmp_path, [{**row, "messages": chat}])
+    assert [(x.tool, x.tool_status) for x in plain.turns] == [("user", "ok"), (None, None)]
     assert plain.extra["meta"] == {"id": "traj-0001"}

@@ -19,7 +19,8 @@ OpenAI Responses items (`function_call`, `function_call_output`, `reasoning`); s
 (a `history` of events; an evaluation output's `instruction` is its prompt when the history states none),
 LangChain and smolagents (`steps`) (frameworks.py), and Inspect AI evaluation logs, JSON or `.eval` archives (one
 trajectory per sample, inspect_logs.py). A file whose first record is a SWE-agent `.traj` (steps of `action` and
-`observation`, an `info` object) or a mini-swe-agent `.traj.json` (its `trajectory_format`) is read as
+`observation`, an `info` object) or a mini-swe-agent `.traj.json` (its `trajectory_format`, or a task's row whose
+user replies are mostly `<returncode>N</returncode>`) is read as
 `--format swe-agent` / `mini-swe-agent` read it (swe_agents.py), so the default format gives their trajectories.
 A Gemini CLI session file (a JSON conversation record with `sessionId`, `projectHash` and `messages` of typed
 message records, or the JSON Lines file of its later releases, whose first line is that metadata alone) is one
@@ -31,6 +32,7 @@ by moatless.py.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -61,15 +63,20 @@ from libra.workloads.trace import TraceError, Trajectory
 _SYSTEM_KEYS = ("system", "systemInstruction", "system_instruction")
 _CONTAINER_KEYS = ("simulations", "results", "data", "trajectories")
 _ID_KEYS = ("prompt_id", "task_id", "instance_id", "id", "uid")
+_MINI_REPLY = re.compile(r"\s*<returncode>\s*-?\d+\s*</returncode>")  # how mini-swe-agent answers a command
 
 
 def _own_format(value: Any) -> str | None:
     """`swe-agent` or `mini-swe-agent` when a file's first record is a trajectory of that agent (a `.traj`: steps of
-    `action` and `observation` with an `info` object; a `.traj.json`: its `trajectory_format`), else None."""
+    `action` and `observation` with an `info` object; a `.traj.json`: its `trajectory_format`; a dataset row of a
+    task's run whose replies are mini-swe-agent's, `_mini_replies`), else None."""
     if not isinstance(value, dict):
         return None
     fmt = value.get("trajectory_format")
     if isinstance(fmt, str) and fmt.startswith("mini-swe-agent"):
+        return "mini-swe-agent"
+    messages = decoded_messages(value).get("messages")
+    if isinstance(value.get("instance_id"), str) and isinstance(messages, list) and _mini_replies(messages):
         return "mini-swe-agent"
     steps = value.get("trajectory")
     if (
@@ -80,6 +87,19 @@ def _own_format(value: Any) -> str | None:
     ):
         return "swe-agent"
     return None
+
+
+def _mini_replies(messages: list) -> bool:
+    """Whether the user messages after the first assistant message are mostly mini-swe-agent's replies to a command
+    (`<returncode>N</returncode>` first; the others its format-error and timeout notes): at least one, and half."""
+    roles = [m.get("role") if isinstance(m, dict) else None for m in messages]
+    first = roles.index("assistant") if "assistant" in roles else len(messages)
+    replies = [
+        _MINI_REPLY.match(text_of(m.get("content"))) is not None
+        for m, role in zip(messages[first:], roles[first:], strict=True)
+        if role == "user"
+    ]
+    return sum(replies) >= max(1, (len(replies) + 1) // 2)
 
 
 def _records(value: Any, path: Path, line: int, at: str = "") -> Iterator[tuple[str, dict | list]]:
