@@ -43,7 +43,7 @@ import json
 from typing import Any
 
 from libra.spec import checks
-from libra.workloads.importers import frameworks, inspect_logs
+from libra.workloads.importers import frameworks, inline_tools, inspect_logs
 from libra.workloads.importers.common import CALL_NAMES, RESPONSE, STATUS, json_text, text_of
 
 _ROLE_ALIASES = {
@@ -89,8 +89,16 @@ def is_message(m: Any) -> bool:
 
 def expand(m: Any) -> tuple[Any, ...] | list[dict]:
     """One message or log item in OpenAI chat form: the message itself when it is in that form (or is not a
-    message: `convert_messages` reports it), else the messages it stands for (module docstring)."""
-    return _rewrite(m) if _foreign(m) else (m,)
+    message: `convert_messages` reports it), else the messages it stands for (module docstring); an assistant
+    message with tool results inline in its text is split at them (inline_tools.py)."""
+    out = _rewrite(m) if _foreign(m) else (m,)
+    if not any(_assistant(x) for x in out):
+        return out
+    return [y for x in out for y in ((inline_tools.split(x) or (x,)) if _assistant(x) else (x,))]
+
+
+def _assistant(m: Any) -> bool:
+    return isinstance(m, dict) and m.get("role") == "assistant"
 
 
 def _foreign(m: Any) -> bool:

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from libra.workloads.importers import gemini_cli, inspect_logs, moatless, swe_agents
+from libra.workloads.importers import gemini_cli, inline_tools, inspect_logs, moatless, swe_agents
 from libra.workloads.importers.chat_messages import (
     MESSAGE_KEYS,
     SAMPLE_KEYS,
@@ -133,6 +133,10 @@ def _records(value: Any, path: Path, line: int, at: str = "") -> Iterator[tuple[
                 for w, r in _records(value[key], path, line, f"{at}{key}"):
                     yield f"{key}{w}", (r if not shared else {"__shared_prompt__": shared, **_as_record(r)})
                 return
+        texts = inline_tools.text_records(value, _ID_KEYS)  # a rollout dump: a prompt and its response(s) as text
+        if texts is not None:
+            yield from ((f"responses[{i}]" if len(texts) > 1 else "", r) for i, r in enumerate(texts))
+            return
     raise TraceError(path, line, at or None, "expected a message list or an object with 'messages'")
 
 
@@ -279,7 +283,8 @@ def _trajectory(
     key = next((k for k in _ID_KEYS if isinstance(rec.get(k), str | int) and rec.get(k) != ""), None)
     pid = rec[key] if key else None
     sample = next((rec[k] for k in SAMPLE_KEYS if isinstance(rec.get(k), int)), None)
-    used = (*_SYSTEM_KEYS, "instruction") if openhands else _SYSTEM_KEYS
+    step = rec.get(inline_tools.STEP) if isinstance(rec, dict) else None  # a text rollout's RL step
+    used = (*_SYSTEM_KEYS, "instruction", inline_tools.STEP) if openhands else (*_SYSTEM_KEYS, inline_tools.STEP)
     meta = meta_of(rec, (key, *used) if key else used)
     return build_trajectory(
         prompt_id=str(pid) if pid is not None else f"{path.stem}-{n}",
@@ -289,6 +294,7 @@ def _trajectory(
         line=line,
         reward=reward_of(rec),
         sample=sample if isinstance(sample, int) and sample >= 0 else None,
+        step=step,
         extra={"meta": meta} if meta else None,
     )
 
@@ -299,6 +305,7 @@ def _is_event(value: Any) -> bool:
         isinstance(value, dict)
         and _message_key(value) is None
         and not any(isinstance(value.get(k), list) for k in _CONTAINER_KEYS)
+        and not inline_tools.is_text_record(value)
     )
 
 
