@@ -97,6 +97,8 @@ def test_a_decoded_hermes_template_leaves_its_role_words_with_the_result() -> No
     assert parts is not None
     assert parts[0]["content"].endswith("</tool_call>") and parts[2]["content"] == "then"
     assert parts[0]["reasoning_content"] == "why" and parts[2]["tool_calls"] == [{"id": "c"}]
+    words = split({"role": "assistant", "content": "ask the user<tool_response>r</tool_response>ok"})
+    assert words is not None and words[0]["content"] == "ask the user"  # a word of the text, not a role's line
 
 
 @pytest.mark.parametrize(

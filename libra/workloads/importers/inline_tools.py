@@ -46,8 +46,9 @@ _BLOCKS: tuple[tuple[str, str, str | None], ...] = (
     ("<tool_response>", "</tool_response>", None),
 )
 _CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
-_ROLE_BEFORE = re.compile(r"\n?(?:user|tool)\s*$")  # the role word a decoded Hermes template leaves before a result
-_ROLE_AFTER = re.compile(r"\s*assistant\b\n?")  # and after it (matched where the result ends)
+# the role word a decoded Hermes template leaves on its own line before a result, and after it
+_ROLE_BEFORE = re.compile(r"(?:^|\n)(?:user|tool)\s*$")
+_ROLE_AFTER = re.compile(r"\s*assistant\b\n?")  # (matched where the result ends)
 
 
 def has_inline_results(text: str) -> bool:
