@@ -92,7 +92,7 @@ def test_each_kind_of_block_is_a_return_of_its_tool(text, tool, inside) -> None:
 
 
 def test_a_decoded_hermes_template_leaves_its_role_words_with_the_result() -> None:
-    text = '<tool_call>\n{"name": "f"}\n</tool_call>user\n<tool_response>\nr\n</tool_response>\nassistant\nthen'
+    text = '<tool_call>\n{"name": "f"}\n</tool_call>\nuser\n<tool_response>\nr\n</tool_response>\nassistant\nthen'
     parts = split({"role": "assistant", "content": text, "reasoning_content": "why", "tool_calls": [{"id": "c"}]})
     assert parts is not None
     assert parts[0]["content"].endswith("</tool_call>") and parts[2]["content"] == "then"
