@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from libra.workloads.importers import import_files
 from libra.workloads.importers.inline_tools import split
@@ -141,3 +143,27 @@ def test_a_record_with_an_id_keeps_it_and_other_text_fields_are_no_rollout(tmp_p
     path.write_text(json.dumps({"input": "p", "output": 5}) + "\n")  # a response that is no text: not a rollout
     with pytest.raises(ValueError, match="expected a message list"):
         import_files("openai", [path], tokenizer=B4)
+
+
+_PLAIN = st.text(alphabet="abc xyz\n.:=()0123456789", max_size=40)  # no marker can be written with these
+_KINDS = [
+    ("<information>", "</information>", "search"),
+    ("<|begin_search_result|>", "<|end_search_result|>", "search"),
+    ("<|begin_of_documents|>", "<|end_of_documents|>", "search"),
+    ("<interpreter>", "</interpreter>", "python"),
+]
+
+
+@given(
+    turns=st.lists(st.tuples(_PLAIN, st.sampled_from(_KINDS), _PLAIN), min_size=1, max_size=6),
+    last=_PLAIN.filter(lambda t: t.strip() != ""),
+)
+def test_split_gives_back_every_generation_and_result_written_into_one_text(turns, last) -> None:
+    """Property: generations and results of any kinds written into one text with their markers come back one by
+    one, in order, each result named after its kind's tool."""
+    text = "".join(f"{gen}{opening}{result}{closing}" for gen, (opening, closing, _), result in turns) + last
+    parts = split({"role": "assistant", "content": text})
+    expected: list[dict] = []
+    for gen, (_, _, tool), result in turns:
+        expected += [{"role": "assistant", "content": gen}, {"role": "tool", "name": tool, "content": result}]
+    assert parts == [*expected, {"role": "assistant", "content": last}]
