@@ -91,10 +91,9 @@ def expand(m: Any) -> tuple[Any, ...] | list[dict]:
     """One message or log item in OpenAI chat form: the message itself when it is in that form (or is not a
     message: `convert_messages` reports it), else the messages it stands for (module docstring); an assistant
     message with tool results inline in its text is split at them (inline_tools.py)."""
-    out = _rewrite(m) if _foreign(m) else (m,)
-    if not any(_assistant(x) for x in out):
-        return out
-    return [y for x in out for y in ((inline_tools.split(x) or (x,)) if _assistant(x) else (x,))]
+    if not _foreign(m):
+        return (inline_tools.split(m) or (m,)) if isinstance(m, dict) and m.get("role") == "assistant" else (m,)
+    return [y for x in _rewrite(m) for y in ((inline_tools.split(x) or (x,)) if _assistant(x) else (x,))]
 
 
 def _assistant(m: Any) -> bool:
