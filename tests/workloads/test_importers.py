@@ -90,6 +90,9 @@ def test_tokenizer_json_path(tmp_path) -> None:
         ("Error: but the tool said it is fine", {"error": False}, "ok"),
         ("output", {"exit_code": 2}, "error"),
         ("The command timed out after 60 seconds", {"exit_code": 0}, "timeout"),
+        ("doc text " * 100 + "bash: foo: command not found", {}, "error"),  # a long line's end is read
+        ("doc text " * 100 + "the query timed out" + " doc text" * 100, {}, "ok"),  # not its middle
+        ("x" * 300 + "\nError: no such reservation", {}, "error"),
     ],
 )
 def test_status_rules(text, kw, status) -> None:

@@ -13,7 +13,8 @@ each importer marks what one record is with `one_record()`.
 Tool status (`StatusRules`): a return is `timeout` if a timeout flag or text says so, else `error` if an explicit
 error field, a non-zero exit code or a known error text says so, else `ok`. Texts are regular expressions matched
 (case-insensitively, per line) against the first and last lines of the return, where shells and tools put their
-verdict, not in the middle of a file listing that happens to contain the word "Error".
+verdict, not in the middle of a file listing that happens to contain the word "Error"; a line longer than 400
+characters is looked at by its first and last 200 (its two ends read as two lines).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ DEFAULT_TIMEOUT_PATTERNS: tuple[str, ...] = (
     r"execution time(d)? ?out",
 )
 _EDGE_LINES = 3  # lines looked at, at each end of a return
+_EDGE_CHARS = 200  # characters looked at, at each end of one of those lines
 # the key under which a message rewritten from another dialect lists the tools it called without a text of their
 # own to count (`openai_chat._gen_text` reads it): a ShareGPT function call's whole text is its generation
 CALL_NAMES = "_libra_call_names"
@@ -100,10 +102,18 @@ class StatusRules:
 
 
 def _edges(text: str) -> str:
+    """The first and last `_EDGE_LINES` lines of a return, each cut to its first and last `_EDGE_CHARS` characters
+    (a verdict opens or closes a line; a long line, a document or a minified file, is not searched whole)."""
     lines = text.strip().splitlines()
-    if len(lines) <= 2 * _EDGE_LINES:
-        return "\n".join(line.strip() for line in lines)
-    return "\n".join(line.strip() for line in lines[:_EDGE_LINES] + lines[-_EDGE_LINES:])
+    if len(lines) > 2 * _EDGE_LINES:
+        lines = lines[:_EDGE_LINES] + lines[-_EDGE_LINES:]
+    return "\n".join(_line_edges(line.strip()) for line in lines)
+
+
+def _line_edges(line: str) -> str:
+    if len(line) <= 2 * _EDGE_CHARS:
+        return line
+    return f"{line[:_EDGE_CHARS]}\n{line[-_EDGE_CHARS:]}"
 
 
 class CutTail(TraceError):

@@ -65,8 +65,9 @@ def split(message: dict) -> list[dict] | None:
         return None
     out: list[dict] = []
     pos = 0
+    ahead: dict[int, int] = {}  # each kind's next opening at or after pos (-1: none): the text is read once a kind
     while True:
-        found = _next_block(text, pos)
+        found = _next_block(text, pos, ahead)
         if found is None:
             break
         start, inner, end, tool = found
@@ -92,15 +93,19 @@ def split(message: dict) -> list[dict] | None:
     return out
 
 
-def _next_block(text: str, pos: int) -> tuple[int, str, int, str | None] | None:
-    """The first closed result block at or after `pos`: (its start, its inside, its end, its tool)."""
+def _next_block(text: str, pos: int, ahead: dict[int, int]) -> tuple[int, str, int, str | None] | None:
+    """The first closed result block at or after `pos`: (its start, its inside, its end, its tool); `ahead` keeps
+    where each kind opens next, found again only once `pos` has passed it."""
     best: tuple[int, str, int, str | None] | None = None
-    for opening, closing, tool in _BLOCKS:
-        start = text.find(opening, pos)
+    for kind, (opening, closing, tool) in enumerate(_BLOCKS):
+        start = ahead.get(kind)
+        if start is None or pos > start != -1:  # not looked for yet, or passed
+            start = ahead[kind] = text.find(opening, pos)
         if start == -1 or (best is not None and start >= best[0]):
             continue
         close = text.find(closing, start + len(opening))
-        if close == -1:
+        if close == -1:  # opened and never closed: no block of this kind from here on
+            ahead[kind] = -1
             continue
         best = (start, text[start + len(opening) : close], close + len(closing), tool)
     return best
