@@ -84,8 +84,11 @@ def test_a_verl_rollout_dump_of_search_r1_is_its_turns(tmp_path) -> None:
             "sun",
         ),
         ("<tool_call>not json</tool_call><tool_response>x</tool_response>ok", "tool", "x"),
+        ("<think>t</think><search>q</search>\n<result>d d</result>ok", "search", "d d"),
+        ('<tool_call>{"name": "calc"}</tool_call> <result>4</result>ok', "calc", "4"),
+        ("<code>print(1)</code><result>1</result>ok", "python", "1"),
     ],
-    ids=["search-o1", "r1-searcher", "retool", "tora", "hermes", "hermes-unnamed"],
+    ids=["search-o1", "r1-searcher", "retool", "tora", "hermes", "hermes-unnamed", "research", "recall", "code"],
 )
 def test_each_kind_of_block_is_a_return_of_its_tool(text, tool, inside) -> None:
     parts = split({"role": "assistant", "content": text})
@@ -105,8 +108,14 @@ def test_a_decoded_hermes_template_leaves_its_role_words_with_the_result() -> No
 
 @pytest.mark.parametrize(
     "text",
-    ["no tools at all", "<search>q</search><information>cut at the length limit", "<interpreter> and </information>"],
-    ids=["plain", "unclosed", "markers-out-of-place"],
+    [
+        "no tools at all",
+        "<search>q</search><information>cut at the length limit",
+        "<interpreter> and </information>",
+        "the <result> tag </result> in prose",  # a common tag: a result only right after a call
+        "<search>q</search><result>cut at the length limit",
+    ],
+    ids=["plain", "unclosed", "markers-out-of-place", "result-not-after-a-call", "result-unclosed"],
 )
 def test_text_without_a_closed_block_is_one_generation(text) -> None:
     assert split({"role": "assistant", "content": text}) is None

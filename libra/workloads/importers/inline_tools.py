@@ -11,7 +11,9 @@ the text before each block (the call included) a generation, the block's inside 
 - `<interpreter>` ... `</interpreter>`: ReTool; `python`;
 - a fenced `output` block: ToRA (tool-integrated reasoning); `python`;
 - `<tool_response>` ... `</tool_response>`: Hermes / Qwen tool templates decoded to text (verl's rollout dumps);
-  the name in the `<tool_call>` before it, else `tool`.
+  the name in the `<tool_call>` before it, else `tool`;
+- `<result>` ... `</result>`, only right after a call (`</search>`: ReSearch, `search`; `</tool_call>`: ReCall, the
+  call's name; `</code>` or `</python>`: `python`), a tag too common to split on anywhere else.
 
 A block must be closed: an opening marker without its closing one (a rollout cut at its length limit) is left in
 the generation. The markers are not counted (a few tokens a return; the status is read from the result's own
@@ -36,7 +38,7 @@ from typing import Any
 
 from libra.spec import checks
 
-# (opening marker, closing marker, tool name or None: the name in the <tool_call> before it)
+# (opening marker, closing marker, tool name or None: named by the call before it)
 _BLOCKS: tuple[tuple[str, str, str | None], ...] = (
     ("<information>", "</information>", "search"),
     ("<|begin_search_result|>", "<|end_search_result|>", "search"),
@@ -44,7 +46,11 @@ _BLOCKS: tuple[tuple[str, str, str | None], ...] = (
     ("<interpreter>", "</interpreter>", "python"),
     ("```output\n", "```", "python"),
     ("<tool_response>", "</tool_response>", None),
+    ("<result>", "</result>", None),  # only right after a call (_GUARDED)
 )
+_HERMES = "<tool_response>"
+# a block this common a tag opens counts only right after one of these calls, and the call names its tool
+_GUARDED = {"<result>": {"</search>": "search", "</tool_call>": None, "</code>": "python", "</python>": "python"}}
 _CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 # the role word a decoded Hermes template leaves on its own line before a result, and after it
 _ROLE_BEFORE = re.compile(r"(?:^|\n)(?:user|tool)\s*$")
@@ -73,7 +79,7 @@ def split(message: dict) -> list[dict] | None:
         start, inner, end, tool = found
         before = text[pos:start]
         name = tool or _called(before)
-        if tool is None:  # the role words of a decoded chat template, not counted
+        if text.startswith(_HERMES, start):  # the role words of a decoded chat template, not counted
             role = _ROLE_BEFORE.search(before)
             before = before[: role.start()] if role else before
             after = _ROLE_AFTER.match(text, end)
@@ -100,15 +106,32 @@ def _next_block(text: str, pos: int, ahead: dict[int, int]) -> tuple[int, str, i
     for kind, (opening, closing, tool) in enumerate(_BLOCKS):
         start = ahead.get(kind)
         if start is None or pos > start != -1:  # not looked for yet, or passed
-            start = ahead[kind] = text.find(opening, pos)
+            start = ahead[kind] = _opening(text, opening, pos)
         if start == -1 or (best is not None and start >= best[0]):
             continue
+        if tool is None and opening in _GUARDED:
+            tool = _GUARDED[opening].get(_call_before(text, start, _GUARDED[opening]) or "")
         close = text.find(closing, start + len(opening))
         if close == -1:  # opened and never closed: no block of this kind from here on
             ahead[kind] = -1
             continue
         best = (start, text[start + len(opening) : close], close + len(closing), tool)
     return best
+
+
+def _opening(text: str, opening: str, pos: int) -> int:
+    """Where `opening` is next at or after `pos` (-1: nowhere); a guarded one only right after its calls."""
+    start = text.find(opening, pos)
+    calls = _GUARDED.get(opening)
+    while calls is not None and start != -1 and _call_before(text, start, calls) is None:
+        start = text.find(opening, start + 1)
+    return start
+
+
+def _call_before(text: str, start: int, calls: dict[str, str | None]) -> str | None:
+    """The call closing in `calls` that `text` ends with before `start` (whitespace aside), else None."""
+    head = text[max(0, start - 64) : start].rstrip()
+    return next((c for c in calls if head.endswith(c)), None)
 
 
 def _called(before: str) -> str:
