@@ -176,3 +176,49 @@ def test_split_gives_back_every_generation_and_result_written_into_one_text(turn
     for gen, (_, _, tool), result in turns:
         expected += [{"role": "assistant", "content": gen}, {"role": "tool", "name": tool, "content": result}]
     assert parts == [*expected, {"role": "assistant", "content": last}]
+
+
+def _text(tokens: int, head: str = "") -> str:
+    """`head` padded with spaces and words to exactly `tokens` bytes4 tokens (4 ASCII characters each)."""
+    body = (head + " " + "word " * tokens)[: 4 * tokens]
+    return body if len(body) == 4 * tokens else body.ljust(4 * tokens)
+
+
+def test_a_synthetic_search_r1_step_dumped_as_verl_writes_it_imports_to_the_same_trajectories(tmp_path) -> None:
+    """Two synthetic search-r1 steps written as verl's rollout_data_dir lines (each search result inline in
+    `<information>`, an error or a timeout said in its text): every trajectory comes back with its prompt's
+    tokens, each turn's generation, tool, status and return tokens, its step and its reward, and the samples of one
+    prompt under one prompt id."""
+    from libra.workloads.generators import WorkloadGenerator
+
+    gen = WorkloadGenerator("search-r1", seed=3, num_prompts=4, samples_per_prompt=3)
+    runs = [t for step in (0, 1) for t in gen.step(step)]
+    said = {"ok": "", "error": "Error: the search backend failed", "timeout": "Search timed out"}
+    lines = []
+    for t in runs:
+        output = "".join(
+            _text(x.gen_tokens, "<search>q</search>")
+            + (f"<information>{_text(x.tool_tokens, said[x.tool_status])}</information>" if x.tool else "")
+            for x in t.turns
+        )
+        lines.append(
+            {
+                "input": _text(t.prompt_tokens, f"question {t.prompt_id}"),
+                "output": output,
+                "score": t.reward,
+                "step": t.step,
+            }
+        )
+    back = _write(tmp_path, "dump.jsonl", lines)
+    names = {t.prompt_id: b.prompt_id for t, b in zip(runs, back, strict=True)}
+    assert len(set(names.values())) == len(names)  # one id per prompt, none shared between prompts
+    for t, b in zip(runs, back, strict=True):
+        assert (b.prompt_id, b.prompt_tokens, b.step, b.reward) == (
+            names[t.prompt_id],
+            t.prompt_tokens,
+            t.step,
+            t.reward,
+        )
+        assert [(x.gen_tokens, x.tool, x.tool_status, x.tool_tokens) for x in b.turns] == [
+            (x.gen_tokens, x.tool, x.tool_status, x.tool_tokens) for x in t.turns
+        ]
