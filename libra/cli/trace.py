@@ -80,8 +80,8 @@ def _add_import_args(p: argparse.ArgumentParser) -> None:
         "Responses logs, Claude Code / Codex CLI / Gemini CLI / Qwen Code session logs, codex exec --json output, "
         "OpenHands event streams and outputs, "
         "LangChain serialized messages, smolagents messages and memory steps, Moatless Tools trajectories, "
-        "and Inspect AI evaluation logs, "
-        "JSON or .eval archives)",
+        "Inspect AI evaluation logs, JSON or .eval archives, and text rollouts with tool results inline "
+        "(Search-R1 and the like; verl's rollout_data_dir dumps))",
     )
     p.add_argument("--out", default="imported-trace.jsonl", help="output trace (default imported-trace.jsonl)")
     p.add_argument(

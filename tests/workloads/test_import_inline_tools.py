@@ -222,3 +222,11 @@ def test_a_synthetic_search_r1_step_dumped_as_verl_writes_it_imports_to_the_same
         assert [(x.gen_tokens, x.tool, x.tool_status, x.tool_tokens) for x in b.turns] == [
             (x.gen_tokens, x.tool, x.tool_status, x.tool_tokens) for x in t.turns
         ]
+
+
+def test_a_rollout_dump_given_as_verl_token_records_says_which_format_reads_it(tmp_path) -> None:
+    path = tmp_path / "3.jsonl"
+    path.write_text(json.dumps({"input": PROMPT, "output": SEARCHES, "score": 1.0, "step": 3}) + "\n")
+    with pytest.raises(ValueError, match=r"rollout_data_dir dump, text: import it with --format openai"):
+        import_files("verl", [path])
+    assert len(import_files("openai", [path], tokenizer=B4)[0].turns) == 3

@@ -103,7 +103,9 @@ def _one(rec: dict, path: Path, line: int, where: str, n: int) -> Trajectory:
         return parse_line(json.dumps(rec), path, line)
     extra_fields: dict = rec["extra_fields"] if isinstance(rec.get("extra_fields"), dict) else {}
     if "response_mask" not in rec:
-        raise TraceError(path, line, f"{where}response_mask", "missing: not a verl rollout record")
+        dump = isinstance(rec.get("input"), str) and isinstance(rec.get("output"), str)
+        hint = " (a rollout_data_dir dump, text: import it with --format openai)" if dump else ""
+        raise TraceError(path, line, f"{where}response_mask", f"missing: not a verl rollout record{hint}")
     mask = _ints(rec["response_mask"], path, line, f"{where}response_mask")
     if any(b not in (0, 1) for b in mask):
         raise TraceError(path, line, f"{where}response_mask", "must hold only 0 and 1")
