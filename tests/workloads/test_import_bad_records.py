@@ -59,6 +59,9 @@ def test_records_without_an_id_keep_the_name_of_their_place_in_the_file(tmp_path
     lines[1] = NOT_A_RECORD
     runs, seen = _kept(tmp_path, "run.jsonl", "\n".join(lines) + "\n")
     assert [t.prompt_id for t in runs] == ["run-0", "run-2", "run-3"] and len(seen) == 1
+    lines[1] = BAD_JSON  # a bad line read ahead of the record before it (the reader looks at two lines first)
+    runs, seen = _kept(tmp_path, "ahead.jsonl", "\n".join(lines) + "\n")
+    assert [t.prompt_id for t in runs] == ["ahead-0", "ahead-2", "ahead-3"] and len(seen) == 1
 
 
 def test_a_bad_first_line_of_json_lines_is_left_out_alone(tmp_path) -> None:

@@ -24,6 +24,7 @@ from libra.workloads.importers.common import (
     BadRecord,
     CutTail,
     StatusRules,
+    file_error,
     keeping_cut_tails,
     keeping_good_records,
 )
@@ -88,8 +89,7 @@ def import_files(
                 found = list(_IMPORTERS[fmt](path, count=count, rules=rules))
                 bad[bad_before:] = sorted(bad[bad_before:], key=lambda e: e.line or 0)  # (read ahead: out of order)
                 if not found and len(bad) > bad_before:  # no record of it is a trajectory: the file is bad
-                    first = bad[bad_before]
-                    raise TraceError(first.path, first.line, first.field, first.message)
+                    raise file_error(bad[bad_before])
             except TraceError as exc:
                 if on_error is None:
                     raise

@@ -22,10 +22,10 @@ from typing import Any
 
 from libra.spec import checks
 from libra.workloads.importers.common import (
+    Places,
     Return,
     Segment,
     StatusRules,
-    bad_records_noted,
     build_trajectory,
     iter_records,
     one_record,
@@ -114,15 +114,13 @@ def _field(traj: dict, key: str) -> Any:
 
 def import_atif(path: Path, *, count: Callable[[str], int], rules: StatusRules) -> Iterator[Trajectory]:
     """Trajectories of one file of ATIF trajectories (module docstring)."""
-    good = 0  # records read; with those left out (bad_records_noted), an id-less record is named by its place
-    mark = bad_records_noted()
+    places = Places()
     for line, value in iter_records(path):
         with one_record():  # a line that holds no trajectory is left out alone where bad records are
             for where, traj in _trajectories(value, path, line):
                 with one_record():
-                    n = good + bad_records_noted() - mark
-                    yield _trajectory(traj, where, path, line, n, count=count, rules=rules)
-                    good += 1
+                    yield _trajectory(traj, where, path, line, places.of(line), count=count, rules=rules)
+                    places.kept()
 
 
 def _trajectory(

@@ -163,13 +163,16 @@ def one_record() -> Iterator[None]:
     `BadRecord` and the rest of the block skipped (the record left out); else it goes on up (the file is bad)."""
     try:
         yield
-    except CutTail:
-        raise
     except TraceError as exc:
         bad = _BAD_RECORDS.get()
         if bad is None:
             raise
         bad.append(BadRecord(exc.path, exc.line, exc.field, exc.message))
+
+
+def file_error(note: TraceError) -> TraceError:
+    """A bad record's error as the error of its whole file (what leaves the file out)."""
+    return TraceError(note.path, note.line, note.field, note.message)
 
 
 def whole_lines(records: Iterator[tuple[int, Any]], path: Path, since: int) -> Iterator[tuple[int, Any]]:
@@ -180,7 +183,7 @@ def whole_lines(records: Iterator[tuple[int, Any]], path: Path, since: int) -> I
     bad = _BAD_RECORDS.get()
     mine = [b for b in (bad or [])[since:] if b.path == str(path)]
     if mine:
-        raise TraceError(mine[0].path, mine[0].line, mine[0].field, mine[0].message)
+        raise file_error(mine[0])
 
 
 def forget_bad_records(since: int) -> None:
@@ -194,6 +197,26 @@ def bad_records_noted() -> int:
     """How many bad records have been noted (0 outside `keeping_good_records`): a mark for `whole_lines`."""
     bad = _BAD_RECORDS.get()
     return len(bad) if bad is not None else 0
+
+
+class Places:
+    """The place of each record of one file, the records left out as bad counted, so that an id-less record keeps
+    its name (`FILE-N`) whatever is left out before it. Made before the file is read; `kept()` after each record
+    read."""
+
+    def __init__(self) -> None:
+        self._kept = 0
+        self._mark = bad_records_noted()
+
+    def of(self, line: int | None) -> int:
+        """The place of the record read now, at `line`: a bad line read ahead of it (a later line) not counted."""
+        bad = _BAD_RECORDS.get()
+        if not bad or len(bad) == self._mark:
+            return self._kept
+        return self._kept + sum(1 for b in bad[self._mark :] if line is None or b.line is None or b.line <= line)
+
+    def kept(self) -> None:
+        self._kept += 1
 
 
 def read_text(path: Path) -> str:

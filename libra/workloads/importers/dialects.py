@@ -92,7 +92,7 @@ def expand(m: Any) -> tuple[Any, ...] | list[dict]:
     message: `convert_messages` reports it), else the messages it stands for (module docstring); an assistant
     message with tool results inline in its text is split at them (inline_tools.py)."""
     if not _foreign(m):
-        return (inline_tools.split(m) or (m,)) if isinstance(m, dict) and m.get("role") == "assistant" else (m,)
+        return (inline_tools.split(m) or (m,)) if _assistant(m) else (m,)
     return [y for x in _rewrite(m) for y in ((inline_tools.split(x) or (x,)) if _assistant(x) else (x,))]
 
 

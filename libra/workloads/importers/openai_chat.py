@@ -47,6 +47,7 @@ from libra.workloads.importers.chat_messages import (
     reward_of,
 )
 from libra.workloads.importers.common import (
+    Places,
     StatusRules,
     bad_records_noted,
     build_trajectory,
@@ -210,6 +211,7 @@ def import_openai(
                 )
         return
     mark = bad_records_noted()  # a session log's lines are one trajectory: a bad one leaves the file out
+    places = Places()  # (made before the file is read)
     stream = iter_records(path)
     head = list(itertools.islice(stream, 2))  # the first two records tell a session log (read lazily after them)
     own = _own_format(head[0][1]) if head else None
@@ -237,16 +239,15 @@ def import_openai(
     if len(head) == 2 and _is_event(head[0][1]):
         yield from _sessions(records, path, count=count, rules=rules, user_tool=user_tool)
         return
-    good = 0  # records read; with those left out (bad_records_noted), an id-less record is named by its place
     for line, value in records:
         with one_record():  # a record that is not a trajectory is left out alone where bad records are
             for where, record in _records(value, path, line):
                 with one_record():
-                    n = good + bad_records_noted() - mark
+                    n = places.of(line)
                     yield _trajectory(
                         record, path=path, line=line, where=where, n=n, count=count, rules=rules, user_tool=user_tool
                     )
-                    good += 1
+                    places.kept()
 
 
 def _trajectory(
@@ -284,7 +285,7 @@ def _trajectory(
     pid = rec[key] if key else None
     sample = next((rec[k] for k in SAMPLE_KEYS if isinstance(rec.get(k), int)), None)
     step = rec.get(inline_tools.STEP) if isinstance(rec, dict) else None  # a text rollout's RL step
-    used = (*_SYSTEM_KEYS, "instruction", inline_tools.STEP) if openhands else (*_SYSTEM_KEYS, inline_tools.STEP)
+    used = (*_SYSTEM_KEYS, inline_tools.STEP, *(("instruction",) if openhands else ()))
     meta = meta_of(rec, (key, *used) if key else used)
     return build_trajectory(
         prompt_id=str(pid) if pid is not None else f"{path.stem}-{n}",

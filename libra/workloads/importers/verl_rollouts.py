@@ -26,9 +26,9 @@ from typing import Any
 
 from libra.spec import checks
 from libra.workloads.importers.common import (
+    Places,
     Return,
     Segment,
-    bad_records_noted,
     build_trajectory,
     iter_records,
     one_record,
@@ -175,8 +175,7 @@ def _count_or_none(value: Any) -> int | None:
 
 def import_verl(path: Path, **_: Any) -> Iterator[Trajectory]:
     """Trajectories of one verl rollout export (module docstring); no tokenizer needed."""
-    good = 0  # records read; with those left out (bad_records_noted), an id-less record is named by its place
-    mark = bad_records_noted()
+    places = Places()
     for line, value in iter_records(path):
         items = value if isinstance(value, list) else [value]
         for i, rec in enumerate(items):
@@ -184,5 +183,5 @@ def import_verl(path: Path, **_: Any) -> Iterator[Trajectory]:
             with one_record():  # a bad record is left out alone where bad records are
                 if not isinstance(rec, dict):
                     raise TraceError(path, line, where.rstrip(".") or None, "each record must be an object")
-                yield _one(rec, path, line, where, good + bad_records_noted() - mark)
-                good += 1
+                yield _one(rec, path, line, where, places.of(line))
+                places.kept()
